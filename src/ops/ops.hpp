@@ -1,0 +1,144 @@
+// The op table: every numerical operation the layers perform.
+//
+// Layers call these functions and nothing below them. Each op checks its
+// arguments, then dispatches by the tensors' memory space: host tensors go
+// to the portable Kokkos kernels in kernels/kokkos/, device tensors to the
+// CUDA kernels in kernels/cuda/ (when built). Floating tensors may be fp32
+// or fp64 on the host (fp64 is used by the gradient checks); all tensors of
+// one call share a dtype unless stated. Integer index tensors are int32.
+//
+// Conventions: row-major; "[N, H]" means N rows of H features; "accumulate"
+// means the op adds into its output (gradients), otherwise it overwrites.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/tensor.hpp"
+
+namespace meshtron::ops {
+
+// ------------------------------------------------------------------ GEMM ---
+/// C = alpha * op(A) * op(B) + beta * C, with op(X) = X or X^T.
+/// A, B, C are 2-D ([rows, cols] as stored); beta = 1 accumulates.
+void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
+          Tensor& C, double alpha = 1.0, double beta = 0.0);
+
+/// Batched GEMM over the leading dimension: A [batch, ...], B [batch, ...],
+/// C [batch, ...]; each batch entry as gemm() above.
+void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
+                  Tensor& C, double alpha = 1.0, double beta = 0.0);
+
+// ------------------------------------------------------------- LayerNorm ---
+/// y = (x - mean) * rstd * gamma + beta over the last dim of x [N, H].
+/// Saves mean [N] and rstd [N] (always fp32/fp64 as x) for the backward.
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       double eps, Tensor& y, Tensor& mean, Tensor& rstd);
+/// dx = d/dx (overwrite); dgamma, dbeta accumulate.
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                        const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                        Tensor& dgamma, Tensor& dbeta);
+
+// --------------------------------------------------------------- Softmax ---
+/// Scale, causal mask and softmax over the last dim of scores [B, S, S]
+/// (B = batch x heads): probs[b,i,j] = softmax_j(scale * s[b,i,j]) for j <= i,
+/// and exactly 0 for j > i.
+void scaled_causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs);
+/// dscores = scale * probs * (dprobs - sum_j(dprobs * probs)) (overwrite).
+void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs,
+                                    double scale, Tensor& dscores);
+
+// ------------------------------------------------------ GeLU and biases ---
+/// GPT-2's tanh GeLU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(const Tensor& x, Tensor& y);
+/// dx = dy * gelu'(x) (overwrite).
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+/// y[n, c] += bias[c] for y [N, C] (in place).
+void bias_add(Tensor& y, const Tensor& bias);
+/// dbias[c] += sum_n dy[n, c] (accumulate).
+void bias_backward(const Tensor& dy, Tensor& dbias);
+/// out = a + b (elementwise; out may alias a or b).
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+/// y += alpha * x (elementwise, accumulate).
+void axpy(double alpha, const Tensor& x, Tensor& y);
+/// x *= alpha (in place).
+void scale(Tensor& x, double alpha);
+
+// --------------------------------------------------------------- Dropout ---
+/// Where a dropout call sits in the global (unsharded) problem, so that the
+/// mask of every element depends on its global position, never on the rank.
+/// The tensor is viewed as [A, B, C] (A * B * C = numel); element (a, b, c)
+/// has global linear index ((a + a_offset) * b_global + (b + b_offset))
+/// * c_global + (c + c_offset), and its keep/drop decision is bit 0.. of
+/// Philox4x32-10(key = seed, counter = {index lo, index hi, step, stream}).
+struct DropoutSite {
+  std::uint64_t seed = 0;
+  std::uint32_t step = 0;    ///< training iteration
+  std::uint32_t stream = 0;  ///< layer * 16 + site within the layer
+  index_t a = 1, b = 1, c = 1;            ///< local view [A, B, C]
+  index_t a_offset = 0, b_offset = 0, c_offset = 0;
+  index_t b_global = 1, c_global = 1;
+};
+/// y = x * keep / (1 - p), keep ~ Bernoulli(1 - p) from the site's counter.
+/// p = 0 copies. y may alias x.
+void dropout_forward(const Tensor& x, double p, const DropoutSite& site, Tensor& y);
+/// dx = dy * keep / (1 - p) with the same mask (recomputed, not stored).
+void dropout_backward(const Tensor& dy, double p, const DropoutSite& site, Tensor& dx);
+/// The keep decision for one global linear index (exposed for tests).
+bool dropout_keep(std::uint64_t seed, std::uint32_t step, std::uint32_t stream,
+                  std::uint64_t global_index, double p);
+
+// ------------------------------------------------------------- Embedding ---
+/// out[n, :] = table[ids[n] - vocab_begin, :] if the id is in this shard's
+/// rows [vocab_begin, vocab_begin + table.rows), else 0. ids int32 [N].
+void embedding_forward(const Tensor& ids, const Tensor& table,
+                       index_t vocab_begin, Tensor& out);
+/// dtable[ids[n] - vocab_begin, :] += dout[n, :] for ids in the shard.
+void embedding_backward(const Tensor& ids, const Tensor& dout,
+                        index_t vocab_begin, Tensor& dtable);
+/// out[n, :] += table[n mod S, :] for out [N = batch * S, H]
+/// (learned absolute position embedding, positions 0..S-1 per sample).
+void position_embedding_forward(const Tensor& table, index_t seq_len, Tensor& out);
+/// dtable[n mod S, :] += dout[n, :] (accumulate).
+void position_embedding_backward(const Tensor& dout, index_t seq_len, Tensor& dtable);
+
+// ------------------------------------------- Cross-entropy (vocab-parallel) ---
+// The loss over a vocabulary split across ranks is computed in three local
+// passes with two all-reduces between them (max, then sum), as Megatron's
+// vocab_parallel_cross_entropy. On one rank the all-reduces are identities.
+// logits [N, V_local] hold global vocabulary rows [vocab_begin, +V_local);
+// columns at or past `vocab_valid` (global index) are padding, ignored.
+
+/// row_max[n] = max_v logits[n, v] over valid columns (overwrite).
+void cross_entropy_row_max(const Tensor& logits, index_t vocab_begin,
+                           index_t vocab_valid, Tensor& row_max);
+/// sum_exp[n] = sum_v exp(logits[n, v] - row_max[n]) over valid columns;
+/// target_logit[n] = logits[n, t - vocab_begin] - row_max[n] if target t is in
+/// this shard, else 0. targets int32 [N] (overwrite both).
+void cross_entropy_partials(const Tensor& logits, const Tensor& targets,
+                            const Tensor& row_max, index_t vocab_begin,
+                            index_t vocab_valid, Tensor& sum_exp,
+                            Tensor& target_logit);
+/// loss[n] = log(sum_exp[n]) - target_logit[n] (global sums given).
+void cross_entropy_loss(const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss);
+/// dlogits[n, v] = dloss[n] * (softmax[n, v] - [v == target]) with softmax
+/// from row_max and the global sum_exp; 0 in padded columns (overwrite).
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
+                            const Tensor& row_max, const Tensor& sum_exp,
+                            const Tensor& dloss, index_t vocab_begin,
+                            index_t vocab_valid, Tensor& dlogits);
+
+// ----------------------------------------------------------------- AdamW ---
+struct AdamWParams {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  std::int64_t step = 1;  ///< 1-based, for bias correction
+};
+/// torch.optim.AdamW: p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+/// p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                const AdamWParams& hp);
+
+// ------------------------------------------------------------ Reductions ---
+/// Sum of squares of all elements, in double.
+double sum_of_squares(const Tensor& x);
+
+}  // namespace meshtron::ops

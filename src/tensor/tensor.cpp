@@ -1,0 +1,136 @@
+#include "tensor/tensor.hpp"
+
+#include <cstdlib>
+#include <sstream>
+
+namespace meshtron {
+
+index_t shape_numel(const Shape& shape) {
+  index_t n = 1;
+  for (index_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_string(const Shape& shape) {
+  std::ostringstream os;
+  os << '[';
+  for (std::size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+namespace {
+void* allocate(std::size_t bytes, MemorySpace space) {
+  MESH_VERIFY(space == MemorySpace::Host,
+              "device allocation goes through the CUDA allocator");
+  // 64-byte alignment: cache lines and AVX-512 loads in the host kernels.
+  const std::size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  MESH_VERIFY(p != nullptr, "out of host memory allocating " << bytes << " bytes");
+  return p;
+}
+}  // namespace
+
+Tensor Tensor::empty(Shape shape, DType dtype, MemorySpace space) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.space_ = space;
+  t.storage_ = std::shared_ptr<void>(allocate(t.bytes(), space), std::free);
+  t.data_ = t.storage_.get();
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype, MemorySpace space) {
+  Tensor t = empty(std::move(shape), dtype, space);
+  std::memset(t.data_, 0, t.bytes());
+  return t;
+}
+
+Tensor Tensor::view(void* data, Shape shape, DType dtype, MemorySpace space) {
+  Tensor t;
+  t.data_ = data;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.space_ = space;
+  return t;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  MESH_VERIFY(shape_numel(shape) == numel(), "cannot reshape " << shape_string(shape_)
+                                             << " to " << shape_string(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::slice_rows(index_t begin, index_t end) const {
+  MESH_VERIFY(rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0],
+              "slice_rows(" << begin << ", " << end << ") of " << shape_string(shape_));
+  Tensor t = *this;
+  const index_t row = numel() / (shape_[0] == 0 ? 1 : shape_[0]);
+  t.data_ = static_cast<char*>(data_) + std::size_t(begin * row) * dtype_size(dtype_);
+  t.shape_[0] = end - begin;
+  return t;
+}
+
+double element_as_double(const Tensor& t, index_t i) {
+  const void* p = t.raw();
+  switch (t.dtype()) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::F64: return static_cast<const double*>(p)[i];
+    case DType::BF16: return float(static_cast<const bf16*>(p)[i]);
+    case DType::F16: return float(static_cast<const fp16*>(p)[i]);
+    case DType::I32: return static_cast<const std::int32_t*>(p)[i];
+    case DType::I64: return double(static_cast<const std::int64_t*>(p)[i]);
+    case DType::U16: return static_cast<const std::uint16_t*>(p)[i];
+    case DType::U8: return static_cast<const std::uint8_t*>(p)[i];
+  }
+  return 0;
+}
+
+void set_element_from_double(Tensor& t, index_t i, double v) {
+  void* p = t.raw();
+  switch (t.dtype()) {
+    case DType::F32: static_cast<float*>(p)[i] = float(v); break;
+    case DType::F64: static_cast<double*>(p)[i] = v; break;
+    case DType::BF16: static_cast<bf16*>(p)[i] = bf16(float(v)); break;
+    case DType::F16: static_cast<fp16*>(p)[i] = fp16(float(v)); break;
+    case DType::I32: static_cast<std::int32_t*>(p)[i] = std::int32_t(v); break;
+    case DType::I64: static_cast<std::int64_t*>(p)[i] = std::int64_t(v); break;
+    case DType::U16: static_cast<std::uint16_t*>(p)[i] = std::uint16_t(v); break;
+    case DType::U8: static_cast<std::uint8_t*>(p)[i] = std::uint8_t(v); break;
+  }
+}
+
+void Tensor::fill(double value) {
+  MESH_VERIFY(is_host(), "fill() on a device tensor");
+  for (index_t i = 0; i < numel(); ++i) set_element_from_double(*this, i, value);
+}
+
+std::vector<double> Tensor::to_doubles() const {
+  MESH_VERIFY(is_host(), "to_doubles() on a device tensor");
+  std::vector<double> out(static_cast<std::size_t>(numel()));
+  for (index_t i = 0; i < numel(); ++i) out[std::size_t(i)] = element_as_double(*this, i);
+  return out;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  MESH_VERIFY(is_host() && src.is_host(), "copy_from() between device tensors");
+  MESH_VERIFY(src.numel() == numel(), "copy_from: " << shape_string(src.shape())
+                                      << " into " << shape_string(shape_));
+  if (src.dtype() == dtype_) {
+    std::memcpy(data_, src.raw(), bytes());
+    return;
+  }
+  for (index_t i = 0; i < numel(); ++i)
+    set_element_from_double(*this, i, element_as_double(src, i));
+}
+
+Tensor Tensor::to(DType dtype) const {
+  Tensor out = empty(shape_, dtype, space_);
+  out.copy_from(*this);
+  return out;
+}
+
+}  // namespace meshtron

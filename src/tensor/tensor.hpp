@@ -1,0 +1,82 @@
+// Tensor: a typed, shaped block of memory in one memory space.
+//
+// A Tensor either owns its buffer (shared, reference-counted: copies of a
+// Tensor alias the same memory, as torch.Tensor does) or is a non-owning
+// view of memory that someone else keeps alive. Row-major, contiguous.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "tensor/types.hpp"
+
+namespace meshtron {
+
+using Shape = std::vector<index_t>;
+
+index_t shape_numel(const Shape& shape);
+std::string shape_string(const Shape& shape);
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  /// Owning, uninitialised.
+  static Tensor empty(Shape shape, DType dtype = DType::F32,
+                      MemorySpace space = MemorySpace::Host);
+  /// Owning, zero-filled.
+  static Tensor zeros(Shape shape, DType dtype = DType::F32,
+                      MemorySpace space = MemorySpace::Host);
+  /// Non-owning view of `data` (not owned; must outlive every use).
+  static Tensor view(void* data, Shape shape, DType dtype,
+                     MemorySpace space = MemorySpace::Host);
+
+  bool defined() const { return data_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  index_t dim(int i) const { return shape_.at(i < 0 ? shape_.size() + i : i); }
+  int rank() const { return int(shape_.size()); }
+  index_t numel() const { return shape_numel(shape_); }
+  std::size_t bytes() const { return std::size_t(numel()) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  MemorySpace space() const { return space_; }
+  bool is_host() const { return space_ == MemorySpace::Host; }
+
+  void* raw() const { return data_; }
+  template <class T>
+  T* data() const {
+    MESH_VERIFY(dtype_v<T> == dtype_, "tensor holds " << dtype_name(dtype_)
+                                      << ", accessed as " << dtype_name(dtype_v<T>));
+    return static_cast<T*>(data_);
+  }
+
+  /// Same memory, another shape with the same element count.
+  Tensor reshape(Shape shape) const;
+  /// Rows [begin, end) along dimension 0, sharing memory.
+  Tensor slice_rows(index_t begin, index_t end) const;
+
+  /// Host only: set every element to `value` (converted to the dtype).
+  void fill(double value);
+  /// Host only: copy of the elements as doubles (for tests and checks).
+  std::vector<double> to_doubles() const;
+  /// Host only: deep copy into a new owning tensor of `dtype`.
+  Tensor to(DType dtype) const;
+  Tensor clone() const { return to(dtype_); }
+  /// Host only: copy elements (converting dtype) from `src` of equal numel.
+  void copy_from(const Tensor& src);
+
+ private:
+  std::shared_ptr<void> storage_;  ///< Owned buffer, or null for a view.
+  void* data_ = nullptr;           ///< Not owned when storage_ is null.
+  Shape shape_;
+  DType dtype_ = DType::F32;
+  MemorySpace space_ = MemorySpace::Host;
+};
+
+/// Element i of a host tensor of any floating dtype, as double.
+double element_as_double(const Tensor& t, index_t i);
+void set_element_from_double(Tensor& t, index_t i, double v);
+
+}  // namespace meshtron
