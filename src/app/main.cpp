@@ -1,3 +1,63 @@
+// meshtron: one MPI program, several subcommands.
+//
+//   mpirun -np 8 meshtron info  input_decks/gpt-tiny.deck --set parallel.tensor_parallel=2
+//   mpirun -np 4 meshtron train input_decks/gpt-tiny.deck
+//
+// Errors in user input are detected identically on every rank; they are
+// printed once (rank 0) as one line and every rank exits with status 1.
 #include <mpi.h>
+
+#include <Kokkos_Core.hpp>
 #include <cstdio>
-int main(int argc, char** argv) { MPI_Init(&argc, &argv); MPI_Finalize(); return 0; }
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "app/commands.hpp"
+#include "common/error.hpp"
+
+namespace {
+
+void print_usage() {
+  std::puts(
+      "usage: meshtron <command> [args]\n"
+      "  info  DECK [--set section.key=value ...] [--help-deck]\n"
+      "        print the resolved deck and the rank map\n"
+      "  train DECK [--set section.key=value ...]\n"
+      "        train the model the deck describes\n"
+      "Launch through MPI: mpirun -np N meshtron ... or srun meshtron ...");
+}
+
+int dispatch(const std::string& command, const std::vector<std::string>& args) {
+  if (command == "info") return meshtron::app::run_info(args);
+  if (command == "train") return meshtron::app::run_train(args);
+  throw meshtron::UserError("unknown command '" + command +
+                            "' (run meshtron --help for the list)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    if (rank == 0) print_usage();
+    MPI_Finalize();
+    return argc < 2 ? 1 : 0;
+  }
+  int status = 0;
+  {
+    Kokkos::ScopeGuard kokkos;
+    try {
+      status = dispatch(argv[1], std::vector<std::string>(argv + 2, argv + argc));
+    } catch (const meshtron::UserError& e) {
+      if (rank == 0) std::fprintf(stderr, "meshtron: error: %s\n", e.what());
+      status = 1;
+    } catch (const std::exception& e) {
+      meshtron::fatal(std::string("unexpected exception: ") + e.what(), __FILE__, __LINE__);
+    }
+  }
+  MPI_Finalize();
+  return status;
+}

@@ -1,0 +1,361 @@
+#include "config/run_config.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <set>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace po = boost::program_options;
+
+namespace meshtron {
+
+namespace {
+
+std::string to_text(const std::string& v) { return v; }
+std::string to_text(bool v) { return v ? "true" : "false"; }
+std::string to_text(double v) {
+  std::ostringstream os;
+  os << std::setprecision(10) << v;
+  return os.str();
+}
+template <class T>
+std::string to_text(T v) { return std::to_string(v); }
+
+/// Binds deck keys to RunConfig fields: one call per key registers its type,
+/// default and documentation with program_options and remembers how to print
+/// the resolved value.
+class DeckSchema {
+ public:
+  explicit DeckSchema(RunConfig& c) : options_("input deck keys") { bind(c); }
+
+  const po::options_description& options() const { return options_; }
+
+  std::string resolved_text() const {
+    std::ostringstream os;
+    std::string section;
+    for (const auto& k : keys_) {
+      const std::string s = k.name.substr(0, k.name.find('.'));
+      if (s != section) os << (section.empty() ? "" : "\n") << "[" << (section = s) << "]\n";
+      os << "  " << std::left << std::setw(30) << k.name.substr(s.size() + 1) << " = "
+         << k.print() << "\n";
+    }
+    return os.str();
+  }
+
+  std::string help() const {
+    std::ostringstream os;
+    for (const auto& k : keys_)
+      os << std::left << std::setw(40) << k.name << " " << std::setw(7) << k.type
+         << " default " << std::setw(12) << k.default_text << " " << k.doc << "\n";
+    return os.str();
+  }
+
+ private:
+  struct Key {
+    std::string name, type, default_text, doc;
+    std::function<std::string()> print;
+  };
+
+  template <class T>
+  void key(const std::string& name, T* field, const char* type, const std::string& doc) {
+    const T def = *field;
+    options_.add_options()(name.c_str(), po::value<T>(field)->default_value(def),
+                           doc.c_str());
+    keys_.push_back({name, type, to_text(def), doc, [field] { return to_text(*field); }});
+  }
+
+  void bind(RunConfig& c);
+
+  po::options_description options_;
+  std::vector<Key> keys_;
+
+ public:
+  std::string data_parallel_text = "auto";
+};
+
+void DeckSchema::bind(RunConfig& c) {
+  auto& r = c.run;
+  key("run.name", &r.name, "string", "run name (run folder under output_dir)");
+  key("run.device", &r.device, "string", "cpu | cuda");
+  key("run.seed", &r.seed, "uint", "seed of initialisation, dropout and data order");
+  key("run.output_dir", &r.output_dir, "string", "folder for run logs and metrics");
+
+  auto& m = c.model;
+  key("model.arch", &m.arch, "string", "model family: gpt");
+  key("model.num_layers", &m.num_layers, "int", "transformer layers");
+  key("model.hidden_size", &m.hidden_size, "int", "hidden size h");
+  key("model.num_attention_heads", &m.num_attention_heads, "int", "attention heads");
+  key("model.ffn_hidden_size", &m.ffn_hidden_size, "int", "MLP inner size (0 = 4h)");
+  key("model.seq_length", &m.seq_length, "int", "sequence length s");
+  key("model.max_position_embeddings", &m.max_position_embeddings, "int",
+      "learned positions (0 = seq_length)");
+  key("model.vocab_size", &m.vocab_size, "int", "vocabulary (0 = tokenizer's)");
+  key("model.make_vocab_size_divisible_by", &m.make_vocab_size_divisible_by, "int",
+      "pad the vocabulary to a multiple of this x tensor_parallel");
+  key("model.hidden_dropout", &m.hidden_dropout, "float", "dropout after attention/MLP");
+  key("model.attention_dropout", &m.attention_dropout, "float", "dropout on attention probs");
+  key("model.layernorm_epsilon", &m.layernorm_epsilon, "float", "layernorm epsilon");
+  key("model.init_method_std", &m.init_method_std, "float", "stddev of weight init");
+
+  auto& p = c.parallel;
+  key("parallel.tensor_parallel", &p.tensor_parallel, "int", "tensor-parallel degree tp");
+  key("parallel.pipeline_parallel", &p.pipeline_parallel, "int", "pipeline stages pp");
+  options_.add_options()("parallel.data_parallel",
+                         po::value<std::string>(&data_parallel_text)->default_value("auto"),
+                         "data-parallel degree dp, or auto = world / (tp * pp)");
+  keys_.push_back({"parallel.data_parallel", "int", "auto",
+                   "data-parallel degree dp (auto = world / (tp * pp))",
+                   [&p] { return std::to_string(p.data_parallel); }});
+  key("parallel.sequence_parallel", &p.sequence_parallel, "bool",
+      "shard norms/dropout over the sequence on the tp group (needs tp > 1)");
+  key("parallel.schedule", &p.schedule, "string", "gpipe | 1f1b | interleaved");
+  key("parallel.virtual_stages", &p.virtual_stages, "int",
+      "model chunks per pipeline rank (interleaved)");
+  key("parallel.distributed_optimizer", &p.distributed_optimizer, "bool",
+      "shard fp32 master weights and Adam states over dp (ZeRO-1)");
+
+  auto& t = c.training;
+  key("training.micro_batch_size", &t.micro_batch_size, "int", "samples per micro-batch");
+  key("training.global_batch_size", &t.global_batch_size, "int",
+      "samples per step over all dp ranks (0 = micro x dp)");
+  key("training.train_iters", &t.train_iters, "int", "optimizer steps");
+  key("training.precision", &t.precision, "string", "fp32 | bf16 | fp16");
+  key("training.clip_grad", &t.clip_grad, "float", "clip global grad norm (0 = off)");
+  key("training.recompute", &t.recompute, "string", "none | selective | full");
+  key("training.recompute_num_layers", &t.recompute_num_layers, "int",
+      "layers recomputed with full (0 = all)");
+  key("training.check_for_nan", &t.check_for_nan, "bool", "skip steps with NaN/Inf");
+  key("training.max_nan_skips", &t.max_nan_skips, "int", "abort after this many skips");
+  key("training.eval_interval", &t.eval_interval, "int", "evaluate every N steps (0 = off)");
+  key("training.eval_iters", &t.eval_iters, "int", "batches per evaluation");
+
+  auto& o = c.optimizer;
+  key("optimizer.type", &o.type, "string", "adamw");
+  key("optimizer.lr", &o.lr, "float", "peak learning rate");
+  key("optimizer.min_lr", &o.min_lr, "float", "learning rate at the end of decay");
+  key("optimizer.beta1", &o.beta1, "float", "Adam beta1");
+  key("optimizer.beta2", &o.beta2, "float", "Adam beta2");
+  key("optimizer.eps", &o.eps, "float", "Adam epsilon");
+  key("optimizer.weight_decay", &o.weight_decay, "float",
+      "decoupled weight decay (not on biases and norms)");
+
+  auto& l = c.lr_schedule;
+  key("lr_schedule.warmup_iters", &l.warmup_iters, "int", "linear warmup steps");
+  key("lr_schedule.decay_style", &l.decay_style, "string", "constant | linear | cosine");
+  key("lr_schedule.decay_iters", &l.decay_iters, "int",
+      "step at which lr reaches min_lr (0 = train_iters)");
+
+  auto& d = c.data;
+  key("data.source", &d.source, "string", "synthetic | indexed");
+  key("data.path", &d.path, "string", "indexed dataset prefix (without .bin/.idx)");
+  key("data.split", &d.split, "string", "train,valid,test weights by documents");
+  key("data.tokenizer", &d.tokenizer, "string", "gpt2");
+  key("data.vocab_file", &d.vocab_file, "string", "encoder.json / vocab.json");
+  key("data.merge_file", &d.merge_file, "string", "vocab.bpe / merges.txt");
+
+  auto& k = c.checkpoint;
+  key("checkpoint.save_dir", &k.save_dir, "string", "folder of checkpoints");
+  key("checkpoint.save_interval", &k.save_interval, "int", "save every N steps (0 = end)");
+  key("checkpoint.load", &k.load, "string", "\"\" | auto (latest) | path");
+  key("checkpoint.keep_last", &k.keep_last, "int", "checkpoints kept");
+
+  auto& g = c.logging;
+  key("logging.log_interval", &g.log_interval, "int", "print a step line every N steps");
+  key("logging.metrics_file", &g.metrics_file, "string", "JSON lines in the run folder");
+  key("logging.progress", &g.progress, "string", "progress bar: auto | on | off");
+}
+
+std::string read_file_or_throw(const std::string& path) {
+  std::ifstream in(path);
+  MESH_REQUIRE(in.good(), "cannot open input deck '" << path << "'");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+/// "section.key=value" -> a config-file line; rejects malformed overrides.
+std::string override_line(const std::string& o) {
+  const auto eq = o.find('=');
+  MESH_REQUIRE(eq != std::string::npos && o.find('.') < eq,
+               "--set expects section.key=value, got '" << o << "'");
+  return o + "\n";
+}
+
+int parse_data_parallel(const std::string& text) {
+  if (text == "auto") return 0;
+  try {
+    std::size_t used = 0;
+    const int v = std::stoi(text, &used);
+    if (used == text.size() && v >= 1) return v;
+  } catch (const std::exception&) {
+  }
+  throw UserError(MESH_MSG("parallel.data_parallel = '" << text
+                           << "' is neither a positive integer nor auto"));
+}
+
+}  // namespace
+
+RunConfig RunConfig::from_text(const std::string& text,
+                               const std::vector<std::string>& overrides,
+                               const std::string& origin) {
+  RunConfig c;
+  c.deck_path = origin;
+  c.deck_text = text;
+  c.overrides = overrides;
+  DeckSchema schema(c);
+  po::variables_map vm;
+  // store() keeps the first value it sees, so overrides go in before the deck.
+  std::string override_text;
+  for (const auto& o : overrides) override_text += override_line(o);
+  try {
+    std::istringstream over(override_text);
+    po::store(po::parse_config_file(over, schema.options(), false), vm);
+  } catch (const po::error& e) {
+    throw UserError(MESH_MSG("--set: " << e.what()));
+  }
+  try {
+    std::istringstream deck(text);
+    po::store(po::parse_config_file(deck, schema.options(), false), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UserError(MESH_MSG(origin << ": " << e.what()));
+  }
+  c.parallel.data_parallel = parse_data_parallel(schema.data_parallel_text);
+  return c;
+}
+
+RunConfig RunConfig::from_file(const std::string& path,
+                               const std::vector<std::string>& overrides) {
+  return from_text(read_file_or_throw(path), overrides, path);
+}
+
+std::string RunConfig::resolved_text() const {
+  RunConfig copy = *this;  // the schema binds to fields; bind to a copy
+  DeckSchema schema(copy);
+  return schema.resolved_text();
+}
+
+std::string RunConfig::schema_help() {
+  RunConfig c;
+  return DeckSchema(c).help();
+}
+
+namespace {
+
+void require_one_of(const std::string& key, const std::string& value,
+                    std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return;
+    list += (list.empty() ? "" : " | ") + std::string(a);
+  }
+  throw UserError(MESH_MSG(key << " = '" << value << "' is not one of " << list));
+}
+
+void require_probability(const std::string& key, double p) {
+  MESH_REQUIRE(p >= 0.0 && p < 1.0, key << " = " << p << " must be in [0, 1)");
+}
+
+void require_positive(const std::string& key, long v) {
+  MESH_REQUIRE(v >= 1, key << " = " << v << " must be at least 1");
+}
+
+}  // namespace
+
+void RunConfig::validate(int world_size) {
+  auto& m = model;
+  auto& p = parallel;
+  auto& t = training;
+  require_one_of("run.device", run.device, {"cpu", "cuda"});
+  require_one_of("model.arch", m.arch, {"gpt"});
+  require_positive("model.num_layers", m.num_layers);
+  require_positive("model.hidden_size", m.hidden_size);
+  require_positive("model.num_attention_heads", m.num_attention_heads);
+  require_positive("model.seq_length", m.seq_length);
+  require_positive("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+  MESH_REQUIRE(m.vocab_size >= 0, "model.vocab_size = " << m.vocab_size << " is negative");
+  MESH_REQUIRE(m.hidden_size % m.num_attention_heads == 0,
+               "model.hidden_size (" << m.hidden_size
+                                     << ") is not divisible by model.num_attention_heads ("
+                                     << m.num_attention_heads << ")");
+  MESH_REQUIRE(m.seq_length <= m.max_positions(),
+               "model.seq_length (" << m.seq_length << ") exceeds model.max_position_embeddings ("
+                                    << m.max_positions() << ")");
+  require_probability("model.hidden_dropout", m.hidden_dropout);
+  require_probability("model.attention_dropout", m.attention_dropout);
+
+  MESH_REQUIRE(m.num_attention_heads % p.tensor_parallel == 0,
+               "parallel.tensor_parallel (" << p.tensor_parallel
+                   << ") does not divide model.num_attention_heads ("
+                   << m.num_attention_heads << ")");
+  MESH_REQUIRE(m.ffn() % p.tensor_parallel == 0,
+               "parallel.tensor_parallel (" << p.tensor_parallel
+                   << ") does not divide the MLP size (" << m.ffn() << ")");
+  MESH_REQUIRE(!p.sequence_parallel || p.tensor_parallel > 1,
+               "parallel.sequence_parallel = true needs parallel.tensor_parallel > 1 (got "
+                   << p.tensor_parallel << ")");
+  MESH_REQUIRE(!p.sequence_parallel || m.seq_length % p.tensor_parallel == 0,
+               "parallel.sequence_parallel: model.seq_length (" << m.seq_length
+                   << ") is not divisible by parallel.tensor_parallel ("
+                   << p.tensor_parallel << ")");
+  // World-size arithmetic last, so a tp that cannot split the heads is
+  // reported as such rather than as a world-size mismatch.
+  const ParallelDegrees d = Topology::resolve(p.degrees(), world_size);
+  p.data_parallel = d.data_parallel;
+  require_one_of("parallel.schedule", p.schedule, {"gpipe", "1f1b", "interleaved"});
+  require_positive("parallel.virtual_stages", p.virtual_stages);
+  MESH_REQUIRE(p.schedule == "interleaved" || p.virtual_stages == 1,
+               "parallel.virtual_stages = " << p.virtual_stages
+                   << " needs parallel.schedule = interleaved (got " << p.schedule << ")");
+  const int chunks = p.pipeline_parallel * p.virtual_stages;
+  MESH_REQUIRE(m.num_layers % chunks == 0,
+               "model.num_layers (" << m.num_layers << ") is not divisible by "
+                   << "parallel.pipeline_parallel (" << p.pipeline_parallel
+                   << ") x parallel.virtual_stages (" << p.virtual_stages << ") = " << chunks);
+
+  require_positive("training.micro_batch_size", t.micro_batch_size);
+  require_positive("training.train_iters", t.train_iters);
+  if (t.global_batch_size == 0) t.global_batch_size = t.micro_batch_size * p.data_parallel;
+  MESH_REQUIRE(t.global_batch_size % (t.micro_batch_size * p.data_parallel) == 0,
+               "training.global_batch_size (" << t.global_batch_size
+                   << ") is not divisible by training.micro_batch_size ("
+                   << t.micro_batch_size << ") x data_parallel (" << p.data_parallel << ")");
+  require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
+  require_one_of("training.recompute", t.recompute, {"none", "selective", "full"});
+  MESH_REQUIRE(t.clip_grad >= 0, "training.clip_grad = " << t.clip_grad << " is negative");
+  MESH_REQUIRE(run.device == "cuda" || t.precision == "fp32",
+               "training.precision = " << t.precision
+                   << " needs run.device = cuda (the host path computes in fp32)");
+
+  auto& o = optimizer;
+  require_one_of("optimizer.type", o.type, {"adamw"});
+  MESH_REQUIRE(o.lr > 0 && o.min_lr >= 0 && o.min_lr <= o.lr,
+               "optimizer: need 0 <= min_lr (" << o.min_lr << ") <= lr (" << o.lr
+                                               << ") and lr > 0");
+  MESH_REQUIRE(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
+               "optimizer.beta1 (" << o.beta1 << ") and beta2 (" << o.beta2
+                                   << ") must be in [0, 1)");
+  require_one_of("lr_schedule.decay_style", lr_schedule.decay_style,
+                 {"constant", "linear", "cosine"});
+  if (lr_schedule.decay_iters == 0) lr_schedule.decay_iters = t.train_iters;
+  MESH_REQUIRE(lr_schedule.warmup_iters >= 0 &&
+                   lr_schedule.warmup_iters <= lr_schedule.decay_iters,
+               "lr_schedule.warmup_iters (" << lr_schedule.warmup_iters
+                   << ") must be in [0, decay_iters = " << lr_schedule.decay_iters << "]");
+
+  require_one_of("data.source", data.source, {"synthetic", "indexed"});
+  MESH_REQUIRE(data.source != "indexed" || !data.path.empty(),
+               "data.source = indexed needs data.path (the .bin/.idx prefix)");
+  require_one_of("data.tokenizer", data.tokenizer, {"gpt2"});
+  MESH_REQUIRE(checkpoint.keep_last >= 1,
+               "checkpoint.keep_last = " << checkpoint.keep_last << " must be at least 1");
+  require_positive("logging.log_interval", logging.log_interval);
+  require_one_of("logging.progress", logging.progress, {"auto", "on", "off"});
+}
+
+}  // namespace meshtron

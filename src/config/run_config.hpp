@@ -1,0 +1,148 @@
+// RunConfig: the typed, validated contents of an input deck.
+//
+// A deck is an INI file whose sections mirror meshtron's modules:
+//   [run] [model] [parallel] [training] [optimizer] [lr_schedule] [data]
+//   [checkpoint] [logging]
+// Every key is typed, defaulted and documented (`meshtron info --help-deck`
+// prints them all); unknown keys are errors; `--set section.key=value` on the
+// command line overrides the deck. Parsing and validation are deterministic,
+// so every rank reaches the same verdict and errors are raised collectively.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/topology.hpp"
+
+namespace meshtron {
+
+struct RunSection {
+  std::string name = "meshtron";
+  std::string device = "cpu";  ///< cpu | cuda
+  std::uint64_t seed = 1234;
+  std::string output_dir = "runs";
+};
+
+struct ModelSection {
+  std::string arch = "gpt";
+  int num_layers = 2;
+  int hidden_size = 64;
+  int num_attention_heads = 4;
+  int ffn_hidden_size = 0;  ///< 0 = 4 * hidden_size
+  int seq_length = 64;
+  int max_position_embeddings = 0;  ///< 0 = seq_length
+  int vocab_size = 0;               ///< 0 = from the tokenizer (GPT-2: 50257)
+  int make_vocab_size_divisible_by = 128;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  double layernorm_epsilon = 1e-5;
+  double init_method_std = 0.02;
+
+  int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  int max_positions() const {
+    return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
+  }
+};
+
+struct ParallelSection {
+  int tensor_parallel = 1;
+  int pipeline_parallel = 1;
+  int data_parallel = 0;  ///< 0 = auto (deck value "auto")
+  bool sequence_parallel = false;
+  std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
+  int virtual_stages = 1;
+  bool distributed_optimizer = false;
+
+  ParallelDegrees degrees() const {
+    return {tensor_parallel, pipeline_parallel, data_parallel};
+  }
+};
+
+struct TrainingSection {
+  int micro_batch_size = 2;
+  int global_batch_size = 0;  ///< 0 = micro_batch_size * data_parallel
+  int train_iters = 100;
+  std::string precision = "fp32";  ///< fp32 | bf16 | fp16
+  double clip_grad = 1.0;          ///< 0 disables clipping
+  std::string recompute = "none";  ///< none | selective | full
+  int recompute_num_layers = 0;
+  bool check_for_nan = true;
+  int max_nan_skips = 10;
+  int eval_interval = 0;  ///< 0 disables evaluation
+  int eval_iters = 10;
+};
+
+struct OptimizerSection {
+  std::string type = "adamw";
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+struct LrScheduleSection {
+  int warmup_iters = 0;
+  std::string decay_style = "cosine";  ///< constant | linear | cosine
+  int decay_iters = 0;                 ///< 0 = training.train_iters
+};
+
+struct DataSection {
+  std::string source = "synthetic";  ///< synthetic | indexed
+  std::string path;                  ///< indexed dataset prefix (no .bin/.idx)
+  std::string split = "969,30,1";
+  std::string tokenizer = "gpt2";
+  std::string vocab_file;
+  std::string merge_file;
+};
+
+struct CheckpointSection {
+  std::string save_dir = "checkpoints";
+  int save_interval = 0;  ///< 0 = only at the end when save_dir is set
+  std::string load;       ///< "" | auto | path
+  int keep_last = 3;
+};
+
+struct LoggingSection {
+  int log_interval = 1;
+  std::string metrics_file = "metrics.jsonl";
+  std::string progress = "auto";  ///< auto | on | off
+};
+
+struct RunConfig {
+  RunSection run;
+  ModelSection model;
+  ParallelSection parallel;
+  TrainingSection training;
+  OptimizerSection optimizer;
+  LrScheduleSection lr_schedule;
+  DataSection data;
+  CheckpointSection checkpoint;
+  LoggingSection logging;
+
+  std::string deck_path;
+  std::string deck_text;               ///< the deck as read, for checkpoints
+  std::vector<std::string> overrides;  ///< "section.key=value" in order
+
+  /// Parse a deck file with overrides; throws UserError naming the key.
+  static RunConfig from_file(const std::string& path,
+                             const std::vector<std::string>& overrides = {});
+  /// Parse deck text (tests); `origin` names it in messages.
+  static RunConfig from_text(const std::string& text,
+                             const std::vector<std::string>& overrides = {},
+                             const std::string& origin = "<deck>");
+
+  /// Check the values against each other and the world size; throws
+  /// UserError whose message names every offending value. Resolves "auto"
+  /// data_parallel and the derived defaults (global batch, decay iters).
+  void validate(int world_size);
+
+  /// The resolved deck, one "section.key = value" per line, grouped.
+  std::string resolved_text() const;
+  /// Documentation of every key: name, type, default, meaning.
+  static std::string schema_help();
+};
+
+}  // namespace meshtron

@@ -1,0 +1,40 @@
+// Hugging Face GPT-2 config.json, read into a plain struct and written back.
+//
+// Only the keys that fix the architecture and its initialisation are kept;
+// a missing key takes transformers' GPT2Config default (listed below), and
+// "n_inner": null means 4 * n_embd, which reading resolves.
+#pragma once
+
+#include <string>
+
+#include "tensor/types.hpp"
+
+namespace meshtron::io {
+
+struct HfGpt2Config {
+  index_t vocab_size = 50257;
+  index_t n_positions = 1024;  ///< context length (learned position table)
+  index_t n_embd = 768;
+  index_t n_layer = 12;
+  index_t n_head = 12;
+  index_t n_inner = 0;  ///< MLP width; 0 in a file (null) means 4 * n_embd
+  double layer_norm_epsilon = 1e-5;
+  std::string activation_function = "gelu_new";
+  bool tie_word_embeddings = true;  ///< lm_head.weight shares wte
+  double initializer_range = 0.02;
+
+  /// n_inner with the 0 → 4 * n_embd rule applied.
+  index_t mlp_width() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
+};
+
+/// Read `path` (a config.json, or a model folder holding one). Throws
+/// UserError naming the file and key for a missing file, bad JSON, a
+/// model_type other than "gpt2", a value of the wrong type, a size that is
+/// not positive, or n_embd not divisible by n_head. n_inner is resolved.
+HfGpt2Config read_hf_gpt2_config(const std::string& path);
+
+/// Write `config` as a config.json that transformers' GPT2LMHeadModel
+/// loads (architectures, model_type and every field above).
+void write_hf_gpt2_config(const std::string& path, const HfGpt2Config& config);
+
+}  // namespace meshtron::io

@@ -1,0 +1,149 @@
+#include "parallel/communicator.hpp"
+
+#include <algorithm>
+#include <mutex>
+
+#include "common/error.hpp"
+
+namespace meshtron {
+
+namespace {
+
+// Reduction of 16-bit floats: widen to fp32, combine, round back once.
+template <class Half, bool kMax>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const Half* a = static_cast<const Half*>(in);
+  Half* b = static_cast<Half*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = float(a[i]), y = float(b[i]);
+    b[i] = Half(kMax ? std::max(x, y) : x + y);
+  }
+}
+
+struct HalfTypes {
+  MPI_Datatype bf16_type, fp16_type;
+  MPI_Op bf16_sum, bf16_max, fp16_sum, fp16_max;
+};
+
+// Created on first use and kept for the life of MPI (freed by MPI_Finalize).
+const HalfTypes& half_types() {
+  static HalfTypes t = [] {
+    HalfTypes h{};
+    MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &h.bf16_type));
+    MPI_CHECK(MPI_Type_commit(&h.bf16_type));
+    MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &h.fp16_type));
+    MPI_CHECK(MPI_Type_commit(&h.fp16_type));
+    MPI_CHECK(MPI_Op_create(&half_reduce<bf16, false>, 1, &h.bf16_sum));
+    MPI_CHECK(MPI_Op_create(&half_reduce<bf16, true>, 1, &h.bf16_max));
+    MPI_CHECK(MPI_Op_create(&half_reduce<fp16, false>, 1, &h.fp16_sum));
+    MPI_CHECK(MPI_Op_create(&half_reduce<fp16, true>, 1, &h.fp16_max));
+    return h;
+  }();
+  return t;
+}
+
+int checked_count(std::size_t count) {
+  MESH_VERIFY(count <= std::size_t(std::numeric_limits<int>::max()),
+              "message of " << count << " elements exceeds MPI's int count");
+  return int(count);
+}
+
+}  // namespace
+
+MPI_Datatype mpi_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::U16: return MPI_UINT16_T;
+    case DType::U8: return MPI_UINT8_T;
+    case DType::BF16: return half_types().bf16_type;
+    case DType::F16: return half_types().fp16_type;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  const bool is_max = op == ReduceOp::Max;
+  if (dtype == DType::BF16) return is_max ? half_types().bf16_max : half_types().bf16_sum;
+  if (dtype == DType::F16) return is_max ? half_types().fp16_max : half_types().fp16_sum;
+  return is_max ? MPI_MAX : MPI_SUM;
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MESH_VERIFY(comm != MPI_COMM_NULL, "MpiCommunicator over MPI_COMM_NULL");
+  MPI_CHECK(MPI_Comm_rank(comm, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm, &size_));
+}
+
+void MpiCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
+  record(CollectiveKind::AllReduce, count * dtype_size(dtype));
+  if (size_ == 1) return;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count), mpi_datatype(dtype),
+                          mpi_op(op, dtype), comm_));
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                     DType dtype, ReduceOp op) {
+  record(CollectiveKind::ReduceScatter, recv_count * size_ * dtype_size(dtype));
+  if (size_ == 1) {
+    if (send != recv) std::memcpy(recv, send, recv_count * dtype_size(dtype));
+    return;
+  }
+  MPI_CHECK(MPI_Reduce_scatter_block(send, recv, checked_count(recv_count),
+                                     mpi_datatype(dtype), mpi_op(op, dtype), comm_));
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
+                                 DType dtype) {
+  record(CollectiveKind::AllGather, send_count * size_ * dtype_size(dtype));
+  if (size_ == 1) {
+    if (send != recv) std::memcpy(recv, send, send_count * dtype_size(dtype));
+    return;
+  }
+  MPI_CHECK(MPI_Allgather(send, checked_count(send_count), mpi_datatype(dtype), recv,
+                          checked_count(send_count), mpi_datatype(dtype), comm_));
+}
+
+void MpiCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
+  record(CollectiveKind::Broadcast, count * dtype_size(dtype));
+  if (size_ == 1) return;
+  MPI_CHECK(MPI_Bcast(buf, checked_count(count), mpi_datatype(dtype), root, comm_));
+}
+
+void MpiCommunicator::barrier() {
+  record(CollectiveKind::Barrier, 0);
+  MPI_CHECK(MPI_Barrier(comm_));
+}
+
+void MpiCommunicator::send(const void* buf, std::size_t count, DType dtype, int peer,
+                           int tag) {
+  record(CollectiveKind::Send, count * dtype_size(dtype));
+  MPI_CHECK(MPI_Send(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_));
+}
+
+void MpiCommunicator::recv(void* buf, std::size_t count, DType dtype, int peer, int tag) {
+  record(CollectiveKind::Recv, count * dtype_size(dtype));
+  MPI_CHECK(MPI_Recv(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_,
+                     MPI_STATUS_IGNORE));
+}
+
+void MpiCommunicator::batch_p2p(std::span<const P2POp> ops) {
+  std::size_t bytes = 0;
+  std::vector<MPI_Request> requests(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& op = ops[i];
+    bytes += op.count * dtype_size(op.dtype);
+    if (op.kind == P2POp::Send)
+      MPI_CHECK(MPI_Isend(op.buffer, checked_count(op.count), mpi_datatype(op.dtype),
+                          op.peer, op.tag, comm_, &requests[i]));
+    else
+      MPI_CHECK(MPI_Irecv(op.buffer, checked_count(op.count), mpi_datatype(op.dtype),
+                          op.peer, op.tag, comm_, &requests[i]));
+  }
+  record(CollectiveKind::BatchP2P, bytes);
+  MPI_CHECK(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+}
+
+}  // namespace meshtron

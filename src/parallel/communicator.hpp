@@ -1,0 +1,127 @@
+// Communicator: the collectives and point-to-point operations of one group
+// of ranks (a tp, dp, pp, model-parallel or embedding group).
+//
+// Layers never call MPI or NCCL; they go through the mapping pairs in
+// mappings.hpp, which go through a Communicator. The MPI backend serves the
+// host path; the NCCL backend (GPU path) implements the same interface.
+// Every operation is counted by kind, so tests can assert how many
+// collectives a layer issues.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "tensor/tensor.hpp"
+
+namespace meshtron {
+
+enum class ReduceOp { Sum, Max };
+
+enum class CollectiveKind : int {
+  AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, Send, Recv, BatchP2P,
+  kCount
+};
+
+/// Per-kind operation counts and payload bytes since the last reset().
+struct CommStats {
+  std::array<long, int(CollectiveKind::kCount)> calls{};
+  std::array<long, int(CollectiveKind::kCount)> bytes{};
+  long count(CollectiveKind k) const { return calls[int(k)]; }
+  void reset() { *this = CommStats{}; }
+};
+
+/// One send or receive of a batched point-to-point exchange.
+struct P2POp {
+  enum Kind { Send, Recv } kind;
+  void* buffer;  ///< Not owned.
+  std::size_t count;
+  DType dtype;
+  int peer;  ///< rank in this communicator
+  int tag = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  /// In place: buf[i] = op over ranks of buf[i].
+  virtual void all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) = 0;
+  /// send holds size() * recv_count elements; rank r receives block r reduced.
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                              DType dtype, ReduceOp op) = 0;
+  /// recv holds size() * send_count elements, block r from rank r.
+  virtual void all_gather(const void* send, void* recv, std::size_t send_count,
+                          DType dtype) = 0;
+  virtual void broadcast(void* buf, std::size_t count, DType dtype, int root) = 0;
+  virtual void barrier() = 0;
+  virtual void send(const void* buf, std::size_t count, DType dtype, int peer,
+                    int tag = 0) = 0;
+  virtual void recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0) = 0;
+  /// Post all sends and receives, then wait for all (pipeline p2p).
+  virtual void batch_p2p(std::span<const P2POp> ops) = 0;
+
+  // Tensor conveniences (whole tensor as the payload).
+  void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) {
+    all_reduce(t.raw(), std::size_t(t.numel()), t.dtype(), op);
+  }
+  void broadcast(Tensor& t, int root) {
+    broadcast(t.raw(), std::size_t(t.numel()), t.dtype(), root);
+  }
+  double all_reduce_scalar(double v, ReduceOp op = ReduceOp::Sum) {
+    all_reduce(&v, 1, DType::F64, op);
+    return v;
+  }
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_.reset(); }
+
+ protected:
+  void record(CollectiveKind k, std::size_t bytes) {
+    ++stats_.calls[int(k)];
+    stats_.bytes[int(k)] += long(bytes);
+  }
+
+ private:
+  CommStats stats_;
+};
+
+/// MPI backend over an MPI communicator (not owned: Topology owns it).
+/// bf16 and fp16 payloads are reduced in fp32 by a user-defined MPI_Op.
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  MPI_Comm comm() const { return comm_; }
+
+  void all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                      DType dtype, ReduceOp op) override;
+  void all_gather(const void* send, void* recv, std::size_t send_count,
+                  DType dtype) override;
+  void broadcast(void* buf, std::size_t count, DType dtype, int root) override;
+  void barrier() override;
+  void send(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
+  void recv(void* buf, std::size_t count, DType dtype, int peer, int tag) override;
+  void batch_p2p(std::span<const P2POp> ops) override;
+  using Communicator::all_reduce;
+  using Communicator::broadcast;
+
+ private:
+  MPI_Comm comm_;  ///< Not owned.
+  int rank_ = 0, size_ = 1;
+};
+
+/// MPI datatype carrying one element of `dtype` (bf16/fp16 as 2-byte types).
+MPI_Datatype mpi_datatype(DType dtype);
+/// MPI_Op for `op` on `dtype` (custom ops for bf16/fp16).
+MPI_Op mpi_op(ReduceOp op, DType dtype);
+
+}  // namespace meshtron

@@ -1,0 +1,128 @@
+// Input-deck parsing and every validation error.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/error.hpp"
+#include "config/run_config.hpp"
+
+namespace meshtron {
+namespace {
+
+const char* kDeck = R"(
+[model]
+num_layers = 4
+hidden_size = 64
+num_attention_heads = 4
+seq_length = 32
+[parallel]
+tensor_parallel = 2
+pipeline_parallel = 2
+data_parallel = auto
+[training]
+micro_batch_size = 2
+global_batch_size = 8
+train_iters = 10
+)";
+
+RunConfig parse(std::vector<std::string> overrides = {}) {
+  return RunConfig::from_text(kDeck, overrides);
+}
+
+/// The validation message for the deck with `overrides` on `world` ranks.
+std::string error_of(std::vector<std::string> overrides, int world = 8) {
+  try {
+    RunConfig c = parse(overrides);
+    c.validate(world);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, ParsesTypedValuesAndDefaults) {
+  RunConfig c = parse();
+  EXPECT_EQ(c.model.num_layers, 4);
+  EXPECT_EQ(c.parallel.tensor_parallel, 2);
+  EXPECT_EQ(c.parallel.data_parallel, 0);  // auto until validated
+  EXPECT_EQ(c.optimizer.type, "adamw");    // default
+  EXPECT_DOUBLE_EQ(c.model.hidden_dropout, 0.1);
+  c.validate(8);
+  EXPECT_EQ(c.parallel.data_parallel, 2);
+  EXPECT_EQ(c.lr_schedule.decay_iters, 10);  // defaults to train_iters
+  EXPECT_EQ(c.model.ffn(), 256);
+}
+
+TEST(Config, OverridesWinOverTheDeck) {
+  RunConfig c = parse({"model.num_layers=8", "parallel.sequence_parallel=true",
+                       "optimizer.lr=1e-2"});
+  EXPECT_EQ(c.model.num_layers, 8);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-2);
+}
+
+TEST(Config, ResolvedTextEchoesEverySection) {
+  RunConfig c = parse();
+  c.validate(8);
+  const std::string text = c.resolved_text();
+  for (const char* s : {"[run]", "[model]", "[parallel]", "[training]", "[optimizer]",
+                        "[lr_schedule]", "[data]", "[checkpoint]", "[logging]"})
+    EXPECT_NE(text.find(s), std::string::npos) << s;
+  EXPECT_NE(text.find("data_parallel                  = 2"), std::string::npos) << text;
+  EXPECT_NE(RunConfig::schema_help().find("model.hidden_size"), std::string::npos);
+}
+
+TEST(Config, UnknownKeysAndBadValuesAreErrors) {
+  EXPECT_THROW(RunConfig::from_text("[model]\nnum_layer = 3\n"), UserError);
+  EXPECT_THROW(RunConfig::from_text("[modle]\nnum_layers = 3\n"), UserError);
+  EXPECT_THROW(RunConfig::from_text("[model]\nnum_layers = three\n"), UserError);
+  EXPECT_THROW(parse({"model.nope=1"}), UserError);
+  EXPECT_THROW(parse({"no_equals_sign"}), UserError);
+  EXPECT_THROW(parse({"parallel.data_parallel=two"}), UserError);
+  EXPECT_THROW(RunConfig::from_file("/nonexistent/deck.ini"), UserError);
+}
+
+struct ValidationCase {
+  std::vector<std::string> overrides;
+  int world;
+  const char* must_mention;
+};
+
+class ConfigValidation : public ::testing::TestWithParam<ValidationCase> {};
+
+TEST_P(ConfigValidation, NamesTheOffendingValues) {
+  const auto& p = GetParam();
+  const std::string msg = error_of(p.overrides, p.world);
+  EXPECT_NE(msg.find(p.must_mention), std::string::npos)
+      << "message: '" << msg << "' should mention '" << p.must_mention << "'";
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Errors, ConfigValidation,
+    ::testing::Values(
+        ValidationCase{{}, 6, "world size 6"},
+        ValidationCase{{"parallel.data_parallel=3"}, 8, "data_parallel (3)"},
+        ValidationCase{{"parallel.tensor_parallel=3"}, 12, "num_attention_heads (4)"},
+        ValidationCase{{"parallel.pipeline_parallel=3", "parallel.tensor_parallel=1"}, 3,
+                       "num_layers (4)"},
+        ValidationCase{{"parallel.tensor_parallel=1", "parallel.sequence_parallel=true"},
+                       4, "sequence_parallel"},
+        ValidationCase{{"model.hidden_size=66"}, 8, "hidden_size (66)"},
+        ValidationCase{{"model.seq_length=64", "model.max_position_embeddings=32"}, 8,
+                       "max_position_embeddings (32)"},
+        ValidationCase{{"training.global_batch_size=6"}, 8, "global_batch_size (6)"},
+        ValidationCase{{"parallel.schedule=zigzag"}, 8, "zigzag"},
+        ValidationCase{{"parallel.virtual_stages=2"}, 8, "interleaved"},
+        ValidationCase{{"parallel.schedule=interleaved", "parallel.virtual_stages=4"}, 8,
+                       "virtual_stages (4)"},
+        ValidationCase{{"training.precision=fp8"}, 8, "fp8"},
+        ValidationCase{{"training.precision=bf16"}, 8, "run.device = cuda"},
+        ValidationCase{{"model.hidden_dropout=1.5"}, 8, "hidden_dropout"},
+        ValidationCase{{"optimizer.min_lr=1"}, 8, "min_lr"},
+        ValidationCase{{"lr_schedule.decay_style=step"}, 8, "decay_style"},
+        ValidationCase{{"data.source=indexed"}, 8, "data.path"},
+        ValidationCase{{"run.device=tpu"}, 8, "tpu"}));
+
+}  // namespace
+}  // namespace meshtron
