@@ -1,0 +1,136 @@
+// ================================================================= Dropout ==
+//
+// Counter-based dropout: the keep decision of an element is a pure function
+// of (seed, step, stream, global element index), computed with the
+// Philox4x32-10 generator, so it depends on where the element sits in the
+// global (unsharded) tensor and never on the rank that holds it or on the
+// order of evaluation. The backward recomputes the mask instead of storing it.
+//
+// Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as
+// easy as 1, 2, 3", SC 2011) maps a 128-bit counter and a 64-bit key to 128
+// random bits by 10 rounds of
+//   (hi0, lo0) = M0 * c0,  (hi1, lo1) = M1 * c2          (32x32 -> 64 bit)
+//   c <- (hi1 ^ c1 ^ k0,  lo1,  hi0 ^ c3 ^ k1,  lo0)
+// with M0 = 0xD2511F53, M1 = 0xCD9E8D57, and the key bumped between rounds
+// by the Weyl constants k0 += 0x9E3779B9, k1 += 0xBB67AE85.
+//
+// meshtron's use:
+//   key     = {seed lo32, seed hi32}
+//   counter = {index lo32, index hi32, step, stream}
+//   u       = (first output word >> 8) * 2^-24     (24 bits -> [0, 1))
+//   keep    = u >= p
+//   y       = x * keep / (1 - p)
+// The tensor is viewed as [A, B, C] placed at (a_off, b_off, c_off) inside a
+// global [*, B_global, C_global] tensor; the global index of local (a, b, c) is
+//   ((a + a_off) * B_global + (b + b_off)) * C_global + (c + c_off).
+#pragma once
+
+#include "kernels/kokkos/common.hpp"
+
+namespace meshtron::kernels {
+
+// ------------------------------------------------------ Philox4x32-10 ----
+
+struct Philox4x32Block {
+  std::uint32_t w[4];
+};
+
+namespace philox_constants {
+inline constexpr std::uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
+inline constexpr std::uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+}  // namespace philox_constants
+
+KOKKOS_INLINE_FUNCTION Philox4x32Block philox4x32_round(const Philox4x32Block& c, std::uint32_t k0,
+                                                        std::uint32_t k1) {
+  const std::uint64_t p0 = std::uint64_t(philox_constants::M0) * c.w[0];
+  const std::uint64_t p1 = std::uint64_t(philox_constants::M1) * c.w[2];
+  const std::uint32_t hi0 = std::uint32_t(p0 >> 32), lo0 = std::uint32_t(p0);
+  const std::uint32_t hi1 = std::uint32_t(p1 >> 32), lo1 = std::uint32_t(p1);
+  return {{hi1 ^ c.w[1] ^ k0, lo1, hi0 ^ c.w[3] ^ k1, lo0}};
+}
+
+/// Philox4x32 with 10 rounds: 128 random bits for (counter, key).
+KOKKOS_INLINE_FUNCTION Philox4x32Block philox4x32_10(Philox4x32Block counter, std::uint32_t k0,
+                                                     std::uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {  // key schedule: bump before every round but the first
+      k0 += philox_constants::W0;
+      k1 += philox_constants::W1;
+    }
+    counter = philox4x32_round(counter, k0, k1);
+  }
+  return counter;
+}
+
+/// The top 24 bits of a word as a uniform float in [0, 1) (exact in float).
+KOKKOS_INLINE_FUNCTION double uniform_from_bits(std::uint32_t bits) {
+  return double(bits >> 8) * (1.0 / 16777216.0);
+}
+
+/// Keep decision of one element (see the file comment).
+KOKKOS_INLINE_FUNCTION bool dropout_keep(std::uint64_t seed, std::uint32_t step,
+                                         std::uint32_t stream, std::uint64_t index, double p) {
+  const Philox4x32Block counter{{std::uint32_t(index), std::uint32_t(index >> 32), step, stream}};
+  const Philox4x32Block r = philox4x32_10(counter, std::uint32_t(seed), std::uint32_t(seed >> 32));
+  return uniform_from_bits(r.w[0]) >= p;
+}
+
+// ------------------------------------------------------------ the kernel ---
+
+/// Placement of a local [A, B, C] view inside the global tensor.
+struct DropoutPlacement {
+  std::uint64_t seed;
+  std::uint32_t step, stream;
+  kindex b, c;  // local extents (A is the range length)
+  kindex a_offset, b_offset, c_offset;
+  kindex b_global, c_global;
+};
+
+/// out = in * keep / (1 - p): the forward (in = x) and the backward
+/// (in = dy) are the same operation with the same mask.
+template <class ExecSpace, class T>
+struct DropoutApply {
+  Vector<const T, ExecSpace> in;
+  DropoutPlacement site;
+  double p;
+  T keep_scale;  // 1 / (1 - p)
+  Vector<T, ExecSpace> out;
+
+  KOKKOS_INLINE_FUNCTION std::uint64_t global_index(kindex i) const {
+    const kindex c = i % site.c, b = (i / site.c) % site.b, a = i / (site.c * site.b);
+    return std::uint64_t(((a + site.a_offset) * site.b_global + (b + site.b_offset)) *
+                             site.c_global +
+                         (c + site.c_offset));
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex i) const {
+    const bool keep = dropout_keep(site.seed, site.step, site.stream, global_index(i), p);
+    out(i) = keep ? in(i)*keep_scale : T(0);
+  }
+};
+
+/// p == 0: no mask, no scaling (out may alias in).
+template <class ExecSpace, class T>
+struct DropoutCopy {
+  Vector<const T, ExecSpace> in;
+  Vector<T, ExecSpace> out;
+  KOKKOS_INLINE_FUNCTION void operator()(kindex i) const { out(i) = in(i); }
+};
+
+// ---------------------------------------------------------------- launchers
+
+/// n = A * B * C elements; p in [0, 1). p == 0 is a plain copy.
+template <class ExecSpace, class T>
+void dropout_apply(const T* in, kindex n, double p, const DropoutPlacement& site, T* out) {
+  if (p == 0.0) {
+    Kokkos::parallel_for(
+        "meshtron::dropout_copy", Range<ExecSpace>(0, n),
+        DropoutCopy<ExecSpace, T>{as_vector<ExecSpace>(in, n), as_vector<ExecSpace>(out, n)});
+    return;
+  }
+  DropoutApply<ExecSpace, T> f{as_vector<ExecSpace>(in, n), site, p, T(1.0 / (1.0 - p)),
+                               as_vector<ExecSpace>(out, n)};
+  Kokkos::parallel_for("meshtron::dropout", Range<ExecSpace>(0, n), f);
+}
+
+}  // namespace meshtron::kernels

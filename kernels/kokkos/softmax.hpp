@@ -1,0 +1,82 @@
+// ==================================================== Scaled causal softmax ==
+//
+// Attention scores [B, S, S] (B = batch x heads) are viewed as B*S rows of S
+// columns; row r is query position i = r mod S and may attend to keys
+// j = 0..i only. One row per work item:
+//   m        = max_{j<=i} scale * s[j]                (for exp stability)
+//   p[j]     = exp(scale * s[j] - m) / sum_{k<=i} exp(scale * s[k] - m)
+//   p[j > i] = 0 exactly (never exp(-inf) arithmetic)
+// The normaliser sums the stored (rounded) exponentials in double so that
+// each row sums to 1 to the output precision.
+//
+// Backward (softmax Jacobian, then the chain rule through the scale):
+//   ds[j] = scale * p[j] * (dp[j] - sum_k dp[k] p[k]),  0 for j > i.
+#pragma once
+
+#include "kernels/kokkos/common.hpp"
+
+namespace meshtron::kernels {
+
+template <class ExecSpace, class T>
+struct ScaledCausalSoftmaxForward {
+  Matrix<const T, ExecSpace> scores;  // [B*S, S]
+  T scale;
+  Matrix<T, ExecSpace> probs;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
+    const kindex S = scores.extent(1);
+    const kindex last = r % S;  // query position: keys 0..last are visible
+    T row_max = scale * scores(r, 0);
+    for (kindex j = 1; j <= last; ++j) row_max = kmath::fmax(row_max, scale * scores(r, j));
+    accum_t sum = 0;
+    for (kindex j = 0; j <= last; ++j) {
+      const T e = kmath::exp(scale * scores(r, j) - row_max);
+      probs(r, j) = e;
+      sum += e;
+    }
+    const T inv_sum = T(1.0 / sum);
+    for (kindex j = 0; j <= last; ++j) probs(r, j) *= inv_sum;
+    for (kindex j = last + 1; j < S; ++j) probs(r, j) = T(0);
+  }
+};
+
+template <class ExecSpace, class T>
+struct ScaledCausalSoftmaxBackward {
+  Matrix<const T, ExecSpace> dprobs, probs;  // [B*S, S]
+  T scale;
+  Matrix<T, ExecSpace> dscores;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
+    const kindex S = probs.extent(1);
+    const kindex last = r % S;
+    accum_t dot = 0;
+    for (kindex j = 0; j <= last; ++j) dot += accum_t(dprobs(r, j)) * probs(r, j);
+    for (kindex j = 0; j <= last; ++j)
+      dscores(r, j) = T(scale * (probs(r, j) * (dprobs(r, j) - dot)));
+    for (kindex j = last + 1; j < S; ++j) dscores(r, j) = T(0);
+  }
+};
+
+// ---------------------------------------------------------------- launchers
+
+/// scores, probs: [batch_heads, S, S].
+template <class ExecSpace, class T>
+void scaled_causal_softmax_forward(const T* scores, kindex batch_heads, kindex S, double scale,
+                                   T* probs) {
+  const kindex rows = batch_heads * S;
+  ScaledCausalSoftmaxForward<ExecSpace, T> f{as_matrix<ExecSpace>(scores, rows, S), T(scale),
+                                             as_matrix<ExecSpace>(probs, rows, S)};
+  Kokkos::parallel_for("meshtron::softmax_forward", Range<ExecSpace>(0, rows), f);
+}
+
+template <class ExecSpace, class T>
+void scaled_causal_softmax_backward(const T* dprobs, const T* probs, kindex batch_heads, kindex S,
+                                    double scale, T* dscores) {
+  const kindex rows = batch_heads * S;
+  ScaledCausalSoftmaxBackward<ExecSpace, T> f{as_matrix<ExecSpace>(dprobs, rows, S),
+                                              as_matrix<ExecSpace>(probs, rows, S), T(scale),
+                                              as_matrix<ExecSpace>(dscores, rows, S)};
+  Kokkos::parallel_for("meshtron::softmax_backward", Range<ExecSpace>(0, rows), f);
+}
+
+}  // namespace meshtron::kernels

@@ -1,0 +1,107 @@
+#include "model/embedding.hpp"
+
+#include <algorithm>
+
+#include "model/linear.hpp"
+
+namespace meshtron {
+
+index_t vocab_begin(const GptConfig& c, const TensorParallelGroup& tp) {
+  return index_t(c.padded_vocab_size / tp.size()) * tp.rank();
+}
+
+Parameter make_word_embedding(const GptConfig& c, const LayerContext& ctx, DType dtype) {
+  const index_t rows = c.padded_vocab_size / ctx.tp.size();
+  Parameter p;
+  p.name = "embedding.word.weight";
+  p.global_shape = {c.vocab_size, c.hidden_size};
+  p.value = Tensor::zeros({rows, c.hidden_size}, dtype);
+  p.grad = Tensor::zeros({rows, c.hidden_size}, dtype);
+  p.shard.split_dim = 0;
+  const index_t begin = vocab_begin(c, ctx.tp);
+  p.padded_rows = std::clamp<index_t>(begin + rows - c.vocab_size, 0, rows);
+  return p;
+}
+
+Embedding::Embedding(const GptConfig& c, const LayerContext& ctx, DType dtype)
+    : word(make_word_embedding(c, ctx, dtype)), config_(c) {
+  position.name = "embedding.position.weight";
+  position.global_shape = {c.max_positions, c.hidden_size};
+  position.value = Tensor::zeros(position.global_shape, dtype);
+  position.grad = Tensor::zeros(position.global_shape, dtype);
+}
+
+Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const {
+  const index_t n = ids.numel();
+  c.ids = ids;
+  c.positions = Tensor::empty({n}, DType::I32);
+  auto* pos = c.positions.data<std::int32_t>();
+  for (index_t t = 0; t < n; ++t) pos[t] = std::int32_t(t / ctx.micro_batch);  // [s, b] rows
+
+  Tensor partial = Tensor::empty({n, config_.hidden_size}, word.value.dtype());
+  ops::embedding_forward(ids, word.value, vocab_begin(config_, ctx.tp), partial);
+  Tensor full = mapping::reduce_from_tp(ctx.tp, partial);
+  Tensor positions = Tensor::empty(full.shape(), full.dtype());
+  ops::embedding_forward(c.positions, position.value, 0, positions);
+  ops::add(full, positions, full);
+  Tensor x = ctx.sequence_parallel ? mapping::scatter_to_sp(ctx.tp, full) : full;
+  if (!ctx.training || config_.hidden_dropout == 0) return x;
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  ops::dropout_forward(x, config_.hidden_dropout,
+                       ctx.hidden_site(kStreamEmbedding, config_.hidden_size), y);
+  return y;
+}
+
+void Embedding::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
+  Tensor dx = dy;
+  if (ctx.training && config_.hidden_dropout > 0) {
+    dx = Tensor::empty(dy.shape(), dy.dtype());
+    ops::dropout_backward(dy, config_.hidden_dropout,
+                          ctx.hidden_site(kStreamEmbedding, config_.hidden_size), dx);
+  }
+  Tensor dfull = ctx.sequence_parallel ? mapping::scatter_to_sp_backward(ctx.tp, dx) : dx;
+  ops::embedding_backward(c.positions, dfull, 0, position.grad);
+  Tensor dpartial = mapping::reduce_from_tp_backward(ctx.tp, dfull);
+  ops::embedding_backward(c.ids, dpartial, vocab_begin(config_, ctx.tp), word.grad);
+}
+
+LmHeadLoss::LmHeadLoss(const GptConfig& c, Parameter& w) : word(&w), config_(c) {}
+
+Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext& ctx,
+                           Cache& c) const {
+  c.x_full = ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, x)
+                                   : mapping::copy_to_tp(ctx.tp, x);
+  const index_t n = c.x_full.dim(0), vocab_local = word->value.dim(0);
+  const index_t begin = vocab_begin(config_, ctx.tp);
+  c.targets = targets;
+  c.logits = Tensor::empty({n, vocab_local}, x.dtype());
+  ops::gemm(c.x_full, false, word->value, true, c.logits);
+
+  Tensor local_max = Tensor::empty({n}, x.dtype());
+  ops::cross_entropy_row_max(c.logits, begin, config_.vocab_size, local_max);
+  c.row_max = mapping::reduce_max_from_tp(ctx.tp, local_max);
+  // sum_exp and the target logit travel in one all-reduce: [2, n].
+  Tensor partials = Tensor::empty({2, n}, x.dtype());
+  Tensor sum_exp = partials.slice_rows(0, 1).reshape({n});
+  Tensor target_logit = partials.slice_rows(1, 2).reshape({n});
+  ops::cross_entropy_partials(c.logits, targets, c.row_max, begin, config_.vocab_size,
+                              sum_exp, target_logit);
+  Tensor totals = mapping::reduce_from_tp(ctx.tp, partials);
+  c.sum_exp = totals.slice_rows(0, 1).reshape({n});
+  Tensor loss = Tensor::empty({n}, x.dtype());
+  ops::cross_entropy_loss(c.sum_exp, totals.slice_rows(1, 2).reshape({n}), loss);
+  return loss;
+}
+
+Tensor LmHeadLoss::backward(const Tensor& dloss, LayerContext& ctx, const Cache& c) {
+  const index_t begin = vocab_begin(config_, ctx.tp);
+  Tensor dlogits = Tensor::empty(c.logits.shape(), c.logits.dtype());
+  ops::cross_entropy_backward(c.logits, c.targets, c.row_max, c.sum_exp, dloss, begin,
+                              config_.vocab_size, dlogits);
+  ops::gemm(dlogits, true, c.x_full, false, word->grad, 1.0, 1.0);  // dW += dL^T X
+  Tensor dx_full = matmul(dlogits, word->value);                      // dX = dL W
+  return ctx.sequence_parallel ? mapping::all_gather_from_sp_backward(ctx.tp, dx_full)
+                               : mapping::copy_to_tp_backward(ctx.tp, dx_full);
+}
+
+}  // namespace meshtron

@@ -1,0 +1,60 @@
+// Vocab-parallel token embedding plus learned absolute positions (GPT-2).
+//
+// The word table [V_pad, h] is split by rows: rank i holds token ids
+// [i V_pad/tp, (i+1) V_pad/tp). Each rank looks up the ids it owns (zeros for
+// the others) and reduce_from_tp sums the partial rows, so exactly one rank
+// contributes each token. Positions are replicated. Under sequence
+// parallelism the sum is scattered to sequence shards before dropout.
+#pragma once
+
+#include "model/gpt_config.hpp"
+#include "model/layer_context.hpp"
+#include "model/parameter.hpp"
+
+namespace meshtron {
+
+/// The word-embedding parameter of a vocab-parallel table (shared by the
+/// embedding and, tied, by the LM head).
+Parameter make_word_embedding(const GptConfig& c, const LayerContext& ctx, DType dtype);
+index_t vocab_begin(const GptConfig& c, const TensorParallelGroup& tp);
+
+class Embedding {
+ public:
+  struct Cache {
+    Tensor ids, positions;  ///< int32 [s*b], rows in [s, b] order
+  };
+  Embedding(const GptConfig& config, const LayerContext& ctx, DType dtype);
+  /// ids int32 [s*b] in [s, b] order -> hidden [s/sp * b, h].
+  Tensor forward(const Tensor& ids, LayerContext& ctx, Cache& cache) const;
+  void backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  void collect(ParameterList& out) { out.push_back(&word); out.push_back(&position); }
+
+  Parameter word;      ///< [V_pad/tp, h], split by rows
+  Parameter position;  ///< [max_positions, h], replicated
+
+ private:
+  GptConfig config_;
+};
+
+/// The output layer and loss: logits = x W_word^T on each rank's vocabulary
+/// shard, and vocab-parallel cross-entropy (two all-reduces of [s*b] scalars;
+/// the logits are never gathered).
+class LmHeadLoss {
+ public:
+  struct Cache {
+    Tensor x_full, logits, targets, row_max, sum_exp;
+  };
+  LmHeadLoss(const GptConfig& config, Parameter& word);
+  /// x [s/sp * b, h] -> per-token loss [s*b] (same on every tp rank).
+  Tensor forward(const Tensor& x, const Tensor& targets, LayerContext& ctx,
+                 Cache& cache) const;
+  /// dloss [s*b] -> dx [s/sp * b, h]; accumulates into the word gradient.
+  Tensor backward(const Tensor& dloss, LayerContext& ctx, const Cache& cache);
+
+  Parameter* word;  ///< Not owned (the tied embedding table).
+
+ private:
+  GptConfig config_;
+};
+
+}  // namespace meshtron

@@ -1,0 +1,79 @@
+#include "model/gpt_model.hpp"
+
+#include <cmath>
+
+namespace meshtron {
+
+GptModel::GptModel(const GptConfig& c, const StagePlacement& placement, LayerContext& ctx,
+                   DType dtype, std::uint64_t seed)
+    : config_(c), placement_(placement) {
+  if (placement.has_embedding) embedding_.emplace(c, ctx, dtype);
+  layers_.reserve(std::size_t(placement.num_layers));
+  for (int i = 0; i < placement.num_layers; ++i)
+    layers_.emplace_back(placement.first_layer + i, c, ctx, dtype);
+  if (placement.has_head) {
+    final_norm_.emplace("final_norm", c.hidden_size, c.layernorm_epsilon, dtype,
+                        ctx.sequence_parallel);
+    Parameter* word = nullptr;
+    if (embedding_) {
+      word = &embedding_->word;
+    } else {
+      head_copy_.emplace(make_word_embedding(c, ctx, dtype));
+      word = &*head_copy_;
+    }
+    head_.emplace(c, *word);
+  }
+  initialise(ctx, seed);
+}
+
+void GptModel::initialise(LayerContext& ctx, std::uint64_t seed) {
+  // GPT-2 / Megatron: N(0, std) for weights, output projections scaled by
+  // 1/sqrt(2 L) (one residual branch pair per layer), zeros for biases, ones
+  // for norm weights (set by LayerNorm). Keyed by name and global index, so
+  // every decomposition builds the same global model.
+  const double out_std = config_.init_std / std::sqrt(2.0 * config_.num_layers);
+  const int r = ctx.tp.rank(), p = ctx.tp.size();
+  if (embedding_) {
+    init_normal(embedding_->word, seed, config_.init_std, r, p);
+    init_normal(embedding_->position, seed, config_.init_std, r, p);
+  }
+  if (head_copy_) init_normal(*head_copy_, seed, config_.init_std, r, p);
+  for (auto& layer : layers_) {
+    init_normal(layer.attention.qkv.weight, seed, config_.init_std, r, p);
+    init_normal(layer.attention.proj.weight, seed, out_std, r, p);
+    init_normal(layer.mlp.fc.weight, seed, config_.init_std, r, p);
+    init_normal(layer.mlp.proj.weight, seed, out_std, r, p);
+  }
+}
+
+ParameterList GptModel::parameters() {
+  ParameterList out;
+  if (embedding_) embedding_->collect(out);
+  for (auto& layer : layers_) layer.collect(out);
+  if (final_norm_) final_norm_->collect(out);
+  if (head_copy_) out.push_back(&*head_copy_);
+  return out;
+}
+
+Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContext& ctx,
+                         Cache& cache) const {
+  cache.layers.resize(layers_.size());
+  Tensor x = embedding_ ? embedding_->forward(input, ctx, cache.embedding) : input;
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    x = layers_[i].forward(x, ctx, cache.layers[i]);
+  if (!head_) return x;
+  Tensor normed = final_norm_->forward(x, cache.final_norm);
+  return head_->forward(normed, targets, ctx, cache.head);
+}
+
+Tensor GptModel::backward(const Tensor& dout, LayerContext& ctx, const Cache& cache) {
+  Tensor dx = dout;
+  if (head_) dx = final_norm_->backward(head_->backward(dout, ctx, cache.head), cache.final_norm);
+  for (std::size_t i = layers_.size(); i-- > 0;)
+    dx = layers_[i].backward(dx, ctx, cache.layers[i]);
+  if (!embedding_) return dx;
+  embedding_->backward(dx, ctx, cache.embedding);
+  return Tensor();
+}
+
+}  // namespace meshtron

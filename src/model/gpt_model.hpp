@@ -1,0 +1,72 @@
+// GptModel: the part of a GPT-2 model one pipeline stage holds.
+//
+//   first stage:  token + position embedding
+//   every stage:  its contiguous block of transformer layers
+//   last stage:   final LayerNorm, LM head tied to the word embedding, loss
+//
+// With pp = 1 the head uses the embedding's own table. With pp > 1 the last
+// stage keeps a copy initialised identically, and the two gradients are
+// summed over the embedding group before the optimizer (Megatron's
+// word_embeddings_for_head), so the copies stay equal.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "model/embedding.hpp"
+#include "model/transformer_layer.hpp"
+
+namespace meshtron {
+
+struct StagePlacement {
+  int first_layer = 0;     ///< global index of this stage's first layer
+  int num_layers = 0;
+  bool has_embedding = true;
+  bool has_head = true;
+  static StagePlacement whole_model(int num_layers) { return {0, num_layers, true, true}; }
+};
+
+class GptModel {
+ public:
+  /// Activations one micro-batch keeps between its forward and backward.
+  struct Cache {
+    Embedding::Cache embedding;
+    std::vector<TransformerLayer::Cache> layers;
+    LayerNorm::Cache final_norm;
+    LmHeadLoss::Cache head;
+  };
+
+  GptModel(const GptConfig& config, const StagePlacement& placement, LayerContext& ctx,
+           DType dtype, std::uint64_t seed);
+
+  /// First stage: `input` is token ids int32 [s*b] in [s, b] order; other
+  /// stages: the previous stage's hidden states. Last stage: returns the
+  /// per-token loss [s*b] (needs `targets`); others: hidden states.
+  Tensor forward(const Tensor& input, const Tensor& targets, LayerContext& ctx,
+                 Cache& cache) const;
+  /// Last stage: `dout` is dloss [s*b]; others: d hidden. Returns d input
+  /// hidden (empty tensor on the first stage). Accumulates parameter grads.
+  Tensor backward(const Tensor& dout, LayerContext& ctx, const Cache& cache);
+
+  /// All parameters of this stage (the tied head weight once).
+  ParameterList parameters();
+  const GptConfig& config() const { return config_; }
+  const StagePlacement& placement() const { return placement_; }
+  /// The word-embedding table the head uses (this stage's copy), or null.
+  Parameter* head_word_weight() { return head_ ? head_->word : nullptr; }
+  Embedding* embedding() { return embedding_ ? &*embedding_ : nullptr; }
+
+ private:
+  void initialise(LayerContext& ctx, std::uint64_t seed);
+
+  GptConfig config_;
+  StagePlacement placement_;
+  std::optional<Embedding> embedding_;
+  std::vector<TransformerLayer> layers_;
+  std::optional<LayerNorm> final_norm_;
+  std::optional<Parameter> head_copy_;  ///< word table copy on a last stage without embedding
+  std::optional<LmHeadLoss> head_;
+};
+
+}  // namespace meshtron

@@ -1,0 +1,51 @@
+// What every layer needs to know about the micro-batch it is processing and
+// where it sits in the decomposition. Built by the schedule, passed down.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/ops.hpp"
+#include "parallel/mappings.hpp"
+
+namespace meshtron {
+
+struct LayerContext {
+  TensorParallelGroup& tp;        ///< Not owned.
+  bool sequence_parallel = false;
+  bool training = true;           ///< dropout on
+  std::uint64_t seed = 0;
+  std::uint32_t step = 0;         ///< iteration (dropout counter)
+  index_t seq_length = 0;         ///< s, global
+  index_t micro_batch = 0;        ///< b
+  index_t sample_offset = 0;      ///< global index of sample 0 within the step
+  index_t global_batch = 0;       ///< samples in the step over all dp ranks
+
+  int sp_size() const { return sequence_parallel ? tp.size() : 1; }
+  int sp_rank() const { return sequence_parallel ? tp.rank() : 0; }
+  /// Tokens (rows) this rank holds in the residual stream: s/sp x b.
+  index_t local_tokens() const { return seq_length / sp_size() * micro_batch; }
+
+  /// Dropout site of a [s_local, b, h] activation in [s, b, h] order.
+  ops::DropoutSite hidden_site(std::uint32_t stream, index_t hidden) const {
+    ops::DropoutSite s;
+    s.seed = seed;
+    s.step = step;
+    s.stream = stream;
+    s.a = seq_length / sp_size();
+    s.b = micro_batch;
+    s.c = hidden;
+    s.a_offset = sp_rank() * s.a;
+    s.b_offset = sample_offset;
+    s.b_global = global_batch;
+    s.c_global = hidden;
+    return s;
+  }
+};
+
+/// Dropout streams: layer * kStreamsPerLayer + site.
+constexpr std::uint32_t kStreamsPerLayer = 16;
+constexpr std::uint32_t kStreamAttentionProbs = 1, kStreamAttentionOut = 2,
+                        kStreamMlpOut = 3;
+constexpr std::uint32_t kStreamEmbedding = 0xffff0u;
+
+}  // namespace meshtron

@@ -1,0 +1,43 @@
+#include "model/layer_norm.hpp"
+
+namespace meshtron {
+
+namespace {
+Parameter vector_param(const std::string& name, index_t n, DType dtype, double value,
+                       bool sp) {
+  Parameter p;
+  p.name = name;
+  p.global_shape = {n};
+  p.value = Tensor::empty({n}, dtype);
+  p.value.fill(value);
+  p.grad = Tensor::zeros({n}, dtype);
+  p.shard.tp_partial_grad = sp;
+  p.weight_decay = false;
+  return p;
+}
+}  // namespace
+
+LayerNorm::LayerNorm(const std::string& name, index_t hidden, double eps, DType dtype,
+                     bool sp)
+    : weight(vector_param(name + ".weight", hidden, dtype, 1.0, sp)),
+      bias(vector_param(name + ".bias", hidden, dtype, 0.0, sp)),
+      eps_(eps) {}
+
+Tensor LayerNorm::forward(const Tensor& x, Cache& cache) const {
+  const index_t n = x.dim(0);
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  cache.x = x;
+  cache.mean = Tensor::empty({n}, x.dtype());
+  cache.rstd = Tensor::empty({n}, x.dtype());
+  ops::layernorm_forward(x, weight.value, bias.value, eps_, y, cache.mean, cache.rstd);
+  return y;
+}
+
+Tensor LayerNorm::backward(const Tensor& dy, const Cache& cache) {
+  Tensor dx = Tensor::empty(dy.shape(), dy.dtype());
+  ops::layernorm_backward(dy, cache.x, weight.value, cache.mean, cache.rstd, dx,
+                          weight.grad, bias.grad);
+  return dx;
+}
+
+}  // namespace meshtron

@@ -1,0 +1,30 @@
+// LayerNorm over the hidden dimension. Its weights are replicated on every
+// tp rank; with sequence parallelism each rank normalises its own sequence
+// shard, so the weight gradients are partial sums (all-reduced over tp by the
+// optimizer step, flagged tp_partial_grad).
+#pragma once
+
+#include "model/layer_context.hpp"
+#include "model/parameter.hpp"
+
+namespace meshtron {
+
+class LayerNorm {
+ public:
+  struct Cache {
+    Tensor x, mean, rstd;
+  };
+  LayerNorm(const std::string& name, index_t hidden, double eps, DType dtype,
+            bool sequence_parallel);
+  Tensor forward(const Tensor& x, Cache& cache) const;
+  /// Returns dx; accumulates weight and bias gradients.
+  Tensor backward(const Tensor& dy, const Cache& cache);
+  void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
+
+  Parameter weight, bias;
+
+ private:
+  double eps_;
+};
+
+}  // namespace meshtron

@@ -1,0 +1,86 @@
+#include "model/linear.hpp"
+
+namespace meshtron {
+
+Tensor matmul(const Tensor& x, const Tensor& w) {
+  Tensor y = Tensor::empty({x.dim(0), w.dim(1)}, x.dtype());
+  ops::gemm(x, false, w, false, y);
+  return y;
+}
+
+namespace {
+
+Parameter make_param(const std::string& name, Shape global, Shape local, ShardSpec shard,
+                     bool decay, DType dtype) {
+  Parameter p;
+  p.name = name;
+  p.global_shape = std::move(global);
+  p.value = Tensor::zeros(local, dtype);
+  p.grad = Tensor::zeros(local, dtype);
+  p.shard = shard;
+  p.weight_decay = decay;
+  return p;
+}
+
+/// dW += X^T dY and db += colsum(dY).
+void accumulate_weight_grads(const Tensor& x, const Tensor& dy, Parameter& w,
+                             Parameter& b) {
+  ops::gemm(x, true, dy, false, w.grad, 1.0, 1.0);
+  ops::bias_backward(dy, b.grad);
+}
+
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(const std::string& name, index_t in, index_t out,
+                                           int fused_parts, const LayerContext& ctx,
+                                           DType dtype)
+    : weight(make_param(name + ".weight", {in, out}, {in, out / ctx.tp.size()},
+                        {1, fused_parts, false}, true, dtype)),
+      bias(make_param(name + ".bias", {out}, {out / ctx.tp.size()}, {0, fused_parts, false},
+                      false, dtype)) {}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
+                                     Cache& cache) const {
+  cache.x_full = ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, x)
+                                       : mapping::copy_to_tp(ctx.tp, x);
+  Tensor y = matmul(cache.x_full, weight.value);
+  ops::bias_add(y, bias.value);
+  return y;
+}
+
+Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
+                                      const Cache& cache) {
+  accumulate_weight_grads(cache.x_full, dy, weight, bias);
+  Tensor dx_full = Tensor::empty(cache.x_full.shape(), dy.dtype());
+  ops::gemm(dy, false, weight.value, true, dx_full);
+  return ctx.sequence_parallel ? mapping::all_gather_from_sp_backward(ctx.tp, dx_full)
+                               : mapping::copy_to_tp_backward(ctx.tp, dx_full);
+}
+
+RowParallelLinear::RowParallelLinear(const std::string& name, index_t in, index_t out,
+                                     const LayerContext& ctx, DType dtype)
+    : weight(make_param(name + ".weight", {in, out}, {in / ctx.tp.size(), out},
+                        {0, 1, false}, true, dtype)),
+      bias(make_param(name + ".bias", {out}, {out}, {-1, 1, ctx.sequence_parallel}, false,
+                      dtype)) {}
+
+Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cache) const {
+  cache.x = x;
+  Tensor partial = matmul(x, weight.value);
+  Tensor y = ctx.sequence_parallel ? mapping::reduce_scatter_to_sp(ctx.tp, partial)
+                                   : mapping::reduce_from_tp(ctx.tp, partial);
+  ops::bias_add(y, bias.value);
+  return y;
+}
+
+Tensor RowParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache) {
+  ops::bias_backward(dy, bias.grad);
+  Tensor dy_full = ctx.sequence_parallel ? mapping::reduce_scatter_to_sp_backward(ctx.tp, dy)
+                                         : mapping::reduce_from_tp_backward(ctx.tp, dy);
+  ops::gemm(cache.x, true, dy_full, false, weight.grad, 1.0, 1.0);
+  Tensor dx = Tensor::empty(cache.x.shape(), dy.dtype());
+  ops::gemm(dy_full, false, weight.value, true, dx);
+  return dx;
+}
+
+}  // namespace meshtron

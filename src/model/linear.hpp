@@ -1,0 +1,52 @@
+// Tensor-parallel linear layers (Shoeybi et al., 2019). Weights are stored
+// [in, out] (as Hugging Face's GPT-2 Conv1D), so Y = X W + b.
+#pragma once
+
+#include "model/layer_context.hpp"
+#include "model/parameter.hpp"
+
+namespace meshtron {
+
+/// ColumnParallelLinear: Y = X A + b with A split along its columns,
+///   A = [A_1, ..., A_p],  b = [b_1, ..., b_p],  Y_i = X A_i + b_i.
+/// Each rank needs all of X: copy_to_tp (or all_gather_from_sp under sequence
+/// parallelism) brings it, and the backward all-reduces (or reduce-scatters)
+/// dX = sum_i dY_i A_i^T. The output stays sharded by columns.
+/// `fused_parts` > 1 splits each of that many column blocks (fused q|k|v).
+class ColumnParallelLinear {
+ public:
+  struct Cache {
+    Tensor x_full;  ///< the gathered input, kept for dA = X^T dY
+  };
+  ColumnParallelLinear(const std::string& name, index_t in, index_t out, int fused_parts,
+                       const LayerContext& ctx, DType dtype);
+  Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
+
+  Parameter weight, bias;
+};
+
+/// RowParallelLinear: Y = X A + b with A split along its rows and X along its
+/// columns (the output of a ColumnParallelLinear),
+///   A = [A_1; ...; A_p],  X = [X_1, ..., X_p],  Y = sum_i X_i A_i + b.
+/// The sum is reduce_from_tp (or reduce_scatter_to_sp under sequence
+/// parallelism); b is replicated and added after the reduction.
+class RowParallelLinear {
+ public:
+  struct Cache {
+    Tensor x;
+  };
+  RowParallelLinear(const std::string& name, index_t in, index_t out,
+                    const LayerContext& ctx, DType dtype);
+  Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
+
+  Parameter weight, bias;
+};
+
+/// Y = X W for X [n, in], W [in, out] (helper shared by the layers).
+Tensor matmul(const Tensor& x, const Tensor& w);
+
+}  // namespace meshtron

@@ -1,0 +1,26 @@
+// MLP h -> ffn -> h: a ColumnParallelLinear (ffn split over tp), GPT-2's tanh
+// GeLU on the local columns, and a RowParallelLinear back to h.
+#pragma once
+
+#include "model/linear.hpp"
+
+namespace meshtron {
+
+class Mlp {
+ public:
+  struct Cache {
+    ColumnParallelLinear::Cache fc;
+    RowParallelLinear::Cache proj;
+    Tensor pre_gelu;
+  };
+  Mlp(const std::string& name, index_t hidden, index_t ffn, const LayerContext& ctx,
+      DType dtype);
+  Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  void collect(ParameterList& out) { fc.collect(out); proj.collect(out); }
+
+  ColumnParallelLinear fc;
+  RowParallelLinear proj;
+};
+
+}  // namespace meshtron

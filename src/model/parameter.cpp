@@ -1,0 +1,43 @@
+#include "model/parameter.hpp"
+
+#include <cmath>
+#include <numbers>
+
+namespace meshtron {
+
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t hash_name(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+/// Uniform in (0, 1) from 53 random bits; never exactly 0.
+double uniform(std::uint64_t bits) {
+  return (double(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+}  // namespace
+
+void init_normal(Parameter& p, std::uint64_t seed, double stddev, int tp_rank,
+                 int tp_size) {
+  const std::uint64_t key = splitmix64(seed ^ hash_name(p.name));
+  for_each_global_index(p, tp_rank, tp_size, [&](index_t local, index_t global) {
+    // Box-Muller on two independent uniforms keyed by the global index.
+    const std::uint64_t a = splitmix64(key ^ splitmix64(2 * std::uint64_t(global)));
+    const std::uint64_t b = splitmix64(key ^ splitmix64(2 * std::uint64_t(global) + 1));
+    const double z = std::sqrt(-2.0 * std::log(uniform(a))) *
+                     std::cos(2.0 * std::numbers::pi * uniform(b));
+    set_element_from_double(p.value, local, stddev * z);
+  });
+}
+
+}  // namespace meshtron

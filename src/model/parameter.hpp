@@ -1,0 +1,54 @@
+// Parameter: one trainable tensor of a layer, its gradient, and how its local
+// shard sits inside the global (unsharded) logical tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.hpp"
+
+namespace meshtron {
+
+/// How a parameter is laid out across the tensor-parallel group.
+struct ShardSpec {
+  /// Dimension split across tp ranks, or -1 when every tp rank holds all of it.
+  int split_dim = -1;
+  /// For fused QKV: the split dimension holds `fused_parts` equal blocks
+  /// (q, k, v), each split across tp; local = [q_r | k_r | v_r].
+  int fused_parts = 1;
+  /// Gradient is a partial sum over tp ranks and must be all-reduced over tp
+  /// before the optimizer (replicated weights applied to sequence shards).
+  bool tp_partial_grad = false;
+};
+
+struct Parameter {
+  std::string name;     ///< logical name, e.g. "layers.0.attention.qkv.weight"
+  Shape global_shape;   ///< unsharded, unpadded logical shape
+  Tensor value;         ///< this rank's shard
+  Tensor grad;          ///< same shape as value; accumulated over micro-batches
+  ShardSpec shard;
+  bool weight_decay = true;  ///< false for biases and norm parameters
+  /// Vocabulary rows beyond the real vocabulary (padding), present only in
+  /// the local shard of a vocab-parallel weight: excluded when saving.
+  index_t padded_rows = 0;
+
+  bool tp_replicated() const { return shard.split_dim < 0; }
+};
+
+/// A flat list of a model's parameters (pointers owned by the layers).
+using ParameterList = std::vector<Parameter*>;
+
+/// Deterministic N(0, std) initialisation keyed by (seed, name, global element
+/// index): the same global tensor on every decomposition, and each rank
+/// generates only its own shard.
+void init_normal(Parameter& p, std::uint64_t seed, double stddev, int tp_rank, int tp_size);
+
+/// Global linear index of each local element (row-major), for the shard map.
+/// Calls f(local_index, global_index) for every local element.
+template <class F>
+void for_each_global_index(const Parameter& p, int tp_rank, int tp_size, F&& f);
+
+}  // namespace meshtron
+
+#include "model/parameter_impl.hpp"

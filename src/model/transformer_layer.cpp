@@ -1,0 +1,67 @@
+#include "model/transformer_layer.hpp"
+
+namespace meshtron {
+
+TransformerLayer::TransformerLayer(int index, const GptConfig& c, const LayerContext& ctx,
+                                   DType dtype)
+    : ln_1("layers." + std::to_string(index) + ".ln_1", c.hidden_size, c.layernorm_epsilon,
+           dtype, ctx.sequence_parallel),
+      attention("layers." + std::to_string(index) + ".attention", index, c.hidden_size,
+                c.num_heads, c.attention_dropout, ctx, dtype),
+      ln_2("layers." + std::to_string(index) + ".ln_2", c.hidden_size, c.layernorm_epsilon,
+           dtype, ctx.sequence_parallel),
+      mlp("layers." + std::to_string(index) + ".mlp", c.hidden_size, c.ffn_hidden_size, ctx,
+          dtype),
+      index_(index),
+      hidden_dropout_(c.hidden_dropout) {}
+
+void TransformerLayer::collect(ParameterList& out) {
+  ln_1.collect(out);
+  attention.collect(out);
+  ln_2.collect(out);
+  mlp.collect(out);
+}
+
+Tensor TransformerLayer::dropout(const Tensor& x, std::uint32_t site,
+                                 const LayerContext& ctx) const {
+  if (!ctx.training || hidden_dropout_ == 0) return x;
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  ops::dropout_forward(
+      x, hidden_dropout_,
+      ctx.hidden_site(std::uint32_t(index_) * kStreamsPerLayer + site, x.dim(1)), y);
+  return y;
+}
+
+Tensor TransformerLayer::dropout_backward(const Tensor& dy, std::uint32_t site,
+                                          const LayerContext& ctx) const {
+  if (!ctx.training || hidden_dropout_ == 0) return dy;
+  Tensor dx = Tensor::empty(dy.shape(), dy.dtype());
+  ops::dropout_backward(
+      dy, hidden_dropout_,
+      ctx.hidden_site(std::uint32_t(index_) * kStreamsPerLayer + site, dy.dim(1)), dx);
+  return dx;
+}
+
+Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
+  Tensor attn = attention.forward(ln_1.forward(x, c.ln_1), ctx, c.attention);
+  Tensor h = Tensor::empty(x.shape(), x.dtype());
+  ops::add(x, dropout(attn, kStreamAttentionOut, ctx), h);
+  Tensor mlp_out = mlp.forward(ln_2.forward(h, c.ln_2), ctx, c.mlp);
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  ops::add(h, dropout(mlp_out, kStreamMlpOut, ctx), out);
+  return out;
+}
+
+Tensor TransformerLayer::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
+  // dh = dy + d(mlp branch); dx = dh + d(attention branch)
+  Tensor dh = ln_2.backward(mlp.backward(dropout_backward(dy, kStreamMlpOut, ctx), ctx, c.mlp),
+                            c.ln_2);
+  ops::add(dh, dy, dh);
+  Tensor dx = ln_1.backward(
+      attention.backward(dropout_backward(dh, kStreamAttentionOut, ctx), ctx, c.attention),
+      c.ln_1);
+  ops::add(dx, dh, dx);
+  return dx;
+}
+
+}  // namespace meshtron

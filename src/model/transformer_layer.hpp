@@ -1,0 +1,38 @@
+// One pre-LN GPT-2 block on the residual stream x ([s/sp * b, h] rows):
+//   x = x + dropout(attention(ln_1(x)))
+//   x = x + dropout(mlp(ln_2(x)))
+#pragma once
+
+#include "model/attention.hpp"
+#include "model/gpt_config.hpp"
+#include "model/layer_norm.hpp"
+#include "model/mlp.hpp"
+
+namespace meshtron {
+
+class TransformerLayer {
+ public:
+  struct Cache {
+    LayerNorm::Cache ln_1, ln_2;
+    Attention::Cache attention;
+    Mlp::Cache mlp;
+  };
+  /// `index` is the global layer number (names, dropout streams, init).
+  TransformerLayer(int index, const GptConfig& config, const LayerContext& ctx, DType dtype);
+  Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  void collect(ParameterList& out);
+
+  LayerNorm ln_1;
+  Attention attention;
+  LayerNorm ln_2;
+  Mlp mlp;
+
+ private:
+  Tensor dropout(const Tensor& x, std::uint32_t site, const LayerContext& ctx) const;
+  Tensor dropout_backward(const Tensor& dy, std::uint32_t site, const LayerContext& ctx) const;
+  int index_;
+  double hidden_dropout_;
+};
+
+}  // namespace meshtron

@@ -1,0 +1,102 @@
+#include "parallel/mappings.hpp"
+
+#include <cstring>
+
+#include "common/error.hpp"
+
+namespace meshtron::mapping {
+
+namespace {
+
+void require_divisible(const Tensor& x, int dim, int parts, const char* what) {
+  MESH_VERIFY(x.dim(dim) % parts == 0, what << ": dimension " << dim << " of "
+                                            << shape_string(x.shape())
+                                            << " is not divisible by tp = " << parts);
+}
+
+}  // namespace
+
+Tensor copy_to_tp(TensorParallelGroup&, const Tensor& x) { return x; }
+
+Tensor reduce_from_tp(TensorParallelGroup& g, const Tensor& x) {
+  if (g.size() == 1) return x;
+  Tensor out = x.clone();
+  g.comm.all_reduce(out);
+  return out;
+}
+
+Tensor scatter_to_sp(TensorParallelGroup& g, const Tensor& x) {
+  if (g.size() == 1) return x;
+  require_divisible(x, 0, g.size(), "scatter_to_sp");
+  const index_t rows = x.dim(0) / g.size();
+  return x.slice_rows(rows * g.rank(), rows * (g.rank() + 1)).clone();
+}
+
+Tensor gather_from_sp(TensorParallelGroup& g, const Tensor& x) {
+  if (g.size() == 1) return x;
+  Shape shape = x.shape();
+  shape[0] *= g.size();
+  Tensor out = Tensor::empty(shape, x.dtype(), x.space());
+  g.comm.all_gather(x.raw(), out.raw(), std::size_t(x.numel()), x.dtype());
+  return out;
+}
+
+Tensor reduce_scatter_to_sp(TensorParallelGroup& g, const Tensor& x) {
+  if (g.size() == 1) return x;
+  require_divisible(x, 0, g.size(), "reduce_scatter_to_sp");
+  Shape shape = x.shape();
+  shape[0] /= g.size();
+  Tensor out = Tensor::empty(shape, x.dtype(), x.space());
+  g.comm.reduce_scatter(x.raw(), out.raw(), std::size_t(out.numel()), x.dtype(),
+                        ReduceOp::Sum);
+  return out;
+}
+
+Tensor all_gather_from_sp(TensorParallelGroup& g, const Tensor& x) {
+  return gather_from_sp(g, x);
+}
+
+Tensor scatter_to_tp(TensorParallelGroup& g, const Tensor& x) {
+  if (g.size() == 1) return x;
+  require_divisible(x, x.rank() - 1, g.size(), "scatter_to_tp");
+  const index_t cols = x.dim(-1), part = cols / g.size(), rows = x.numel() / cols;
+  Shape shape = x.shape();
+  shape.back() = part;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.space());
+  const std::size_t es = dtype_size(x.dtype());
+  const char* src = static_cast<const char*>(x.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (index_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * part * es, src + (r * cols + g.rank() * part) * es, part * es);
+  return out;
+}
+
+Tensor gather_from_tp(TensorParallelGroup& g, const Tensor& x) {
+  if (g.size() == 1) return x;
+  const index_t part = x.dim(-1), rows = x.numel() / part, cols = part * g.size();
+  // All-gather the blocks rank-major, then interleave them into columns.
+  Tensor blocks = Tensor::empty({g.size(), rows, part}, x.dtype(), x.space());
+  g.comm.all_gather(x.raw(), blocks.raw(), std::size_t(x.numel()), x.dtype());
+  Shape shape = x.shape();
+  shape.back() = cols;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.space());
+  const std::size_t es = dtype_size(x.dtype());
+  const char* src = static_cast<const char*>(blocks.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int k = 0; k < g.size(); ++k)
+    for (index_t r = 0; r < rows; ++r)
+      std::memcpy(dst + (r * cols + k * part) * es, src + ((k * rows + r) * part) * es,
+                  part * es);
+  return out;
+}
+
+}  // namespace meshtron::mapping
+
+namespace meshtron::mapping {
+Tensor reduce_max_from_tp(TensorParallelGroup& g, const Tensor& x) {
+  if (g.size() == 1) return x;
+  Tensor out = x.clone();
+  g.comm.all_reduce(out, ReduceOp::Max);
+  return out;
+}
+}  // namespace meshtron::mapping

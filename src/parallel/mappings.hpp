@@ -1,0 +1,76 @@
+// The mapping pairs: the only way layers reach other ranks.
+//
+// Each function is one half of a pair whose backward is the other's forward
+// (Megatron's mappings.py):
+//
+//   copy_to_tp          fwd identity            bwd all-reduce
+//   reduce_from_tp      fwd all-reduce          bwd identity
+//   scatter_to_sp       fwd keep my row shard   bwd all-gather rows
+//   gather_from_sp      fwd all-gather rows     bwd keep my row shard
+//   reduce_scatter_to_sp fwd reduce-scatter rows bwd all-gather rows
+//   all_gather_from_sp  fwd all-gather rows     bwd reduce-scatter rows
+//   scatter_to_tp       fwd keep my column shard bwd all-gather columns
+//   gather_from_tp      fwd all-gather columns  bwd keep my column shard
+//
+// "Rows" are tokens in [s, b] order, so a sequence shard of s/tp positions is
+// a contiguous block of rows. Every function takes the tensor-parallel
+// Communicator and returns a new tensor (or the input itself for identities).
+#pragma once
+
+#include "parallel/communicator.hpp"
+#include "tensor/tensor.hpp"
+
+namespace meshtron {
+
+struct TensorParallelGroup {
+  Communicator& comm;  ///< Not owned.
+  int rank() const { return comm.rank(); }
+  int size() const { return comm.size(); }
+};
+
+namespace mapping {
+
+// Forward functions, named as Megatron names them.
+Tensor copy_to_tp(TensorParallelGroup& g, const Tensor& x);
+Tensor reduce_from_tp(TensorParallelGroup& g, const Tensor& x);
+Tensor scatter_to_sp(TensorParallelGroup& g, const Tensor& x);
+Tensor gather_from_sp(TensorParallelGroup& g, const Tensor& x);
+Tensor reduce_scatter_to_sp(TensorParallelGroup& g, const Tensor& x);
+Tensor all_gather_from_sp(TensorParallelGroup& g, const Tensor& x);
+Tensor scatter_to_tp(TensorParallelGroup& g, const Tensor& x);
+Tensor gather_from_tp(TensorParallelGroup& g, const Tensor& x);
+
+// Their backward functions (gradient in, gradient out).
+inline Tensor copy_to_tp_backward(TensorParallelGroup& g, const Tensor& dy) {
+  return reduce_from_tp(g, dy);
+}
+inline Tensor reduce_from_tp_backward(TensorParallelGroup& g, const Tensor& dy) {
+  return copy_to_tp(g, dy);
+}
+inline Tensor scatter_to_sp_backward(TensorParallelGroup& g, const Tensor& dy) {
+  return gather_from_sp(g, dy);
+}
+inline Tensor gather_from_sp_backward(TensorParallelGroup& g, const Tensor& dy) {
+  return scatter_to_sp(g, dy);
+}
+inline Tensor reduce_scatter_to_sp_backward(TensorParallelGroup& g, const Tensor& dy) {
+  return all_gather_from_sp(g, dy);
+}
+inline Tensor all_gather_from_sp_backward(TensorParallelGroup& g, const Tensor& dy) {
+  return reduce_scatter_to_sp(g, dy);
+}
+inline Tensor scatter_to_tp_backward(TensorParallelGroup& g, const Tensor& dy) {
+  return gather_from_tp(g, dy);
+}
+inline Tensor gather_from_tp_backward(TensorParallelGroup& g, const Tensor& dy) {
+  return scatter_to_tp(g, dy);
+}
+
+}  // namespace mapping
+}  // namespace meshtron
+
+namespace meshtron::mapping {
+/// Element-wise max over the tp group (vocab-parallel softmax statistics;
+/// the maximum carries no gradient, so there is no backward).
+Tensor reduce_max_from_tp(TensorParallelGroup& g, const Tensor& x);
+}  // namespace meshtron::mapping

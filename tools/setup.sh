@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install what meshtron needs on Debian 12 / Ubuntu 24.04 (as root or with
+# sudo). Installs only the packages that are missing; safe to run again.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git ca-certificates
+  libopenmpi-dev openmpi-bin            # MPI
+  libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 (checkpoints)
+  libboost-program-options-dev          # input decks
+  libtrilinos-kokkos-dev                # portable host kernels
+  libopenblas-dev                       # CBLAS GEMMs on the host
+  nlohmann-json3-dev libpcre2-dev       # safetensors headers, GPT-2 regex
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3                               # plotting helpers (optional use)
+)
+# Node.js and npm fetch the corpus and run the reference tokenizer; keep an
+# existing installation (e.g. NodeSource's), which conflicts with Debian's npm.
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all dependencies present"
+  exit 0
+fi
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
