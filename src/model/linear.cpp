@@ -41,17 +41,22 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, index_t in, 
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
                                      Cache& cache) const {
-  cache.x_full = ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, x)
-                                       : mapping::copy_to_tp(ctx.tp, x);
-  Tensor y = matmul(cache.x_full, weight.value);
+  const Tensor x_full = ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, x)
+                                              : mapping::copy_to_tp(ctx.tp, x);
+  cache.x = ctx.sequence_parallel ? x : x_full;
+  Tensor y = matmul(x_full, weight.value);
   ops::bias_add(y, bias.value);
   return y;
 }
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
                                       const Cache& cache) {
-  accumulate_weight_grads(cache.x_full, dy, weight, bias);
-  Tensor dx_full = Tensor::empty(cache.x_full.shape(), dy.dtype());
+  // Under sequence parallelism the input is gathered again (Megatron does the
+  // same) rather than kept whole between forward and backward.
+  const Tensor x_full =
+      ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, cache.x) : cache.x;
+  accumulate_weight_grads(x_full, dy, weight, bias);
+  Tensor dx_full = Tensor::empty(x_full.shape(), dy.dtype());
   ops::gemm(dy, false, weight.value, true, dx_full);
   return ctx.sequence_parallel ? mapping::all_gather_from_sp_backward(ctx.tp, dx_full)
                                : mapping::copy_to_tp_backward(ctx.tp, dx_full);

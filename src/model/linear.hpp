@@ -16,7 +16,10 @@ namespace meshtron {
 class ColumnParallelLinear {
  public:
   struct Cache {
-    Tensor x_full;  ///< the gathered input, kept for dA = X^T dY
+    /// The input kept for dA = X^T dY: the full X without sequence
+    /// parallelism; only this rank's sequence shard with it (re-gathered in
+    /// the backward, as Megatron does, so stored activations fall by tp).
+    Tensor x;
   };
   ColumnParallelLinear(const std::string& name, index_t in, index_t out, int fused_parts,
                        const LayerContext& ctx, DType dtype);

@@ -147,3 +147,22 @@ void MpiCommunicator::batch_p2p(std::span<const P2POp> ops) {
 }
 
 }  // namespace meshtron
+
+namespace meshtron {
+
+void MpiCommunicator::isend(const void* buf, std::size_t count, DType dtype, int peer,
+                            int tag) {
+  record(CollectiveKind::Send, count * dtype_size(dtype));
+  pending_sends_.emplace_back();
+  MPI_CHECK(MPI_Isend(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_,
+                      &pending_sends_.back()));
+}
+
+void MpiCommunicator::wait_sends() {
+  if (pending_sends_.empty()) return;
+  MPI_CHECK(MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(),
+                        MPI_STATUSES_IGNORE));
+  pending_sends_.clear();
+}
+
+}  // namespace meshtron

@@ -66,6 +66,12 @@ class Communicator {
   virtual void recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0) = 0;
   /// Post all sends and receives, then wait for all (pipeline p2p).
   virtual void batch_p2p(std::span<const P2POp> ops) = 0;
+  /// Start a send that completes in the background; the buffer must stay
+  /// alive and unchanged until wait_sends() (pipeline schedules use this so
+  /// that a stage never blocks on a send, only on the receive it needs).
+  virtual void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) = 0;
+  /// Complete every isend() posted so far.
+  virtual void wait_sends() = 0;
 
   // Tensor conveniences (whole tensor as the payload).
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) {
@@ -111,12 +117,15 @@ class MpiCommunicator final : public Communicator {
   void send(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
   void recv(void* buf, std::size_t count, DType dtype, int peer, int tag) override;
   void batch_p2p(std::span<const P2POp> ops) override;
+  void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
+  void wait_sends() override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
  private:
   MPI_Comm comm_;  ///< Not owned.
   int rank_ = 0, size_ = 1;
+  std::vector<MPI_Request> pending_sends_;
 };
 
 /// MPI datatype carrying one element of `dtype` (bf16/fp16 as 2-byte types).

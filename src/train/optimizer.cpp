@@ -1,8 +1,62 @@
 #include "train/optimizer.hpp"
 
 #include <cmath>
+#include <cstring>
 
 namespace meshtron {
+
+// ------------------------------------------------------------- shared ---
+
+bool counts_in_grad_norm(const Parameter& p, const OptimizerGroups& g,
+                         const Parameter* tied_head_copy) {
+  // A tensor held identically by several ranks counts once: tp-replicated
+  // ones on tp rank 0, the tied word table on the first stage only.
+  if (p.tp_replicated() && g.tp.rank() != 0) return false;
+  return &p != tied_head_copy;
+}
+
+void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp) {
+  for (Parameter* p : params) {
+    if (p->shard.tp_partial_grad) g.tp.all_reduce(p->grad);
+    const bool tied = p->name == "embedding.word.weight";
+    if (tied && g.embedding != nullptr) g.embedding->all_reduce(p->grad);
+    if (dp) g.dp.all_reduce(p->grad);
+  }
+}
+
+namespace {
+
+/// torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6).
+double clip_factor(double norm, double clip) {
+  return clip > 0 && norm > clip ? clip / (norm + 1e-6) : 1.0;
+}
+
+ops::AdamWParams adam_params(const AdamWConfig& c, double lr, bool decay, long step) {
+  ops::AdamWParams hp;
+  hp.lr = lr;
+  hp.beta1 = c.beta1;
+  hp.beta2 = c.beta2;
+  hp.eps = c.eps;
+  hp.weight_decay = decay ? c.weight_decay : 0.0;
+  hp.step = step;
+  return hp;
+}
+
+Tensor flat_view(const Tensor& t, index_t begin, index_t end) {
+  return t.reshape({t.numel()}).slice_rows(begin, end);
+}
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfig& config,
+                                          Parameter* tied_head_copy, bool distributed,
+                                          Communicator& dp) {
+  if (distributed)
+    return std::make_unique<DistributedAdamW>(std::move(params), config, tied_head_copy, dp);
+  return std::make_unique<AdamW>(std::move(params), config, tied_head_copy);
+}
+
+// ---------------------------------------------------------- replicated ---
 
 AdamW::AdamW(ParameterList params, const AdamWConfig& config, Parameter* tied_head_copy)
     : params_(std::move(params)), config_(config), tied_head_copy_(tied_head_copy) {
@@ -12,39 +66,44 @@ AdamW::AdamW(ParameterList params, const AdamWConfig& config, Parameter* tied_he
   }
 }
 
-std::size_t AdamW::state_bytes() const {
+std::size_t AdamW::moment_bytes() const {
   std::size_t n = 0;
   for (std::size_t i = 0; i < m_.size(); ++i) n += m_[i].bytes() + v_[i].bytes();
   return n;
 }
 
+// On the host path the fp32 parameters are themselves the master weights.
+std::size_t AdamW::state_bytes() const { return moment_bytes(); }
+
 void AdamW::zero_grad() {
   for (Parameter* p : params_) p->grad.fill(0.0);
 }
 
-void AdamW::reduce_gradients(OptimizerGroups& g) {
-  for (Parameter* p : params_) {
-    if (p->shard.tp_partial_grad) g.tp.all_reduce(p->grad);
-    const bool tied = p->name == "embedding.word.weight";
-    if (tied && g.embedding != nullptr) g.embedding->all_reduce(p->grad);
-    g.dp.all_reduce(p->grad);
+void AdamW::full_state(std::vector<Tensor>& m, std::vector<Tensor>& v, OptimizerGroups&) {
+  m.clear();
+  v.clear();
+  for (std::size_t i = 0; i < m_.size(); ++i) {
+    m.push_back(m_[i].clone());
+    v.push_back(v_[i].clone());
+  }
+}
+
+void AdamW::load_full_state(const std::vector<Tensor>& m, const std::vector<Tensor>& v) {
+  for (std::size_t i = 0; i < m_.size(); ++i) {
+    m_[i].copy_from(m[i]);
+    v_[i].copy_from(v[i]);
   }
 }
 
 double AdamW::global_grad_norm(OptimizerGroups& g) const {
   double local = 0;
-  for (Parameter* p : params_) {
-    // Count a tensor held identically by several ranks once: replicated ones
-    // on tp rank 0, the tied table on the first stage only.
-    if (p->tp_replicated() && g.tp.rank() != 0) continue;
-    if (p == tied_head_copy_) continue;
-    local += ops::sum_of_squares(p->grad);
-  }
+  for (Parameter* p : params_)
+    if (counts_in_grad_norm(*p, g, tied_head_copy_)) local += ops::sum_of_squares(p->grad);
   return std::sqrt(g.model.all_reduce_scalar(local));
 }
 
 StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite) {
-  reduce_gradients(groups);
+  reduce_model_gradients(params_, groups, /*dp=*/true);
   StepStats stats;
   stats.grad_norm = global_grad_norm(groups);
   if (skip_on_nonfinite && !std::isfinite(stats.grad_norm)) {
@@ -52,24 +111,136 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
     zero_grad();
     return stats;
   }
-  if (config_.clip_grad > 0 && stats.grad_norm > config_.clip_grad) {
-    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6).
-    const double factor = config_.clip_grad / (stats.grad_norm + 1e-6);
-    for (Parameter* p : params_) ops::scale(p->grad, factor);
-  }
+  const double factor = clip_factor(stats.grad_norm, config_.clip_grad);
   ++step_;
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    ops::AdamWParams hp;
-    hp.lr = lr;
-    hp.beta1 = config_.beta1;
-    hp.beta2 = config_.beta2;
-    hp.eps = config_.eps;
-    hp.weight_decay = params_[i]->weight_decay ? config_.weight_decay : 0.0;
-    hp.step = step_;
-    ops::adamw_step(params_[i]->value, params_[i]->grad, m_[i], v_[i], hp);
+    Parameter& p = *params_[i];
+    if (factor != 1.0) ops::scale(p.grad, factor);
+    ops::adamw_step(p.value, p.grad, m_[i], v_[i],
+                    adam_params(config_, lr, p.weight_decay, step_));
   }
   zero_grad();
   return stats;
+}
+
+// --------------------------------------------------------- distributed ---
+
+DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& config,
+                                   Parameter* tied_head_copy, Communicator& dp)
+    : params_(std::move(params)), config_(config), tied_head_copy_(tied_head_copy) {
+  for (Parameter* p : params_) {
+    offsets_.push_back(total_);
+    total_ += p->value.numel();
+  }
+  const int n = dp.size();
+  padded_total_ = (total_ + n - 1) / n * n;  // equal shards for reduce-scatter
+  shard_size_ = padded_total_ / n;
+  shard_begin_ = shard_size_ * dp.rank();
+  const DType dtype = params_.empty() ? DType::F32 : params_[0]->value.dtype();
+  Tensor flat = Tensor::zeros({padded_total_}, dtype);
+  pack(&Parameter::value, flat);
+  master_ = flat.slice_rows(shard_begin_, shard_begin_ + shard_size_).clone();
+  m_ = Tensor::zeros({shard_size_}, dtype);
+  v_ = Tensor::zeros({shard_size_}, dtype);
+}
+
+std::size_t DistributedAdamW::moment_bytes() const { return m_.bytes() + v_.bytes(); }
+
+std::size_t DistributedAdamW::state_bytes() const { return master_.bytes() + moment_bytes(); }
+
+void DistributedAdamW::zero_grad() {
+  for (Parameter* p : params_) p->grad.fill(0.0);
+}
+
+void DistributedAdamW::pack(Tensor Parameter::*field, Tensor& flat) const {
+  const std::size_t es = dtype_size(flat.dtype());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& t = params_[i]->*field;
+    std::memcpy(static_cast<char*>(flat.raw()) + offsets_[i] * es, t.raw(), t.bytes());
+  }
+}
+
+void DistributedAdamW::unpack(const Tensor& flat, Tensor Parameter::*field) {
+  const std::size_t es = dtype_size(flat.dtype());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Tensor& t = params_[i]->*field;
+    std::memcpy(t.raw(), static_cast<const char*>(flat.raw()) + offsets_[i] * es, t.bytes());
+  }
+}
+
+void DistributedAdamW::shard_segments(
+    const std::function<void(std::size_t, index_t, index_t, index_t)>& f) const {
+  const index_t shard_end = shard_begin_ + shard_size_;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const index_t begin = std::max(offsets_[i], shard_begin_);
+    const index_t end = std::min(offsets_[i] + params_[i]->value.numel(), shard_end);
+    if (begin < end) f(i, begin - offsets_[i], end - offsets_[i], begin - shard_begin_);
+  }
+}
+
+StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_nonfinite) {
+  reduce_model_gradients(params_, g, /*dp=*/false);
+  Tensor flat = Tensor::zeros({padded_total_}, master_.dtype());
+  pack(&Parameter::grad, flat);
+  Tensor grad = Tensor::empty({shard_size_}, master_.dtype());
+  g.dp.reduce_scatter(flat.raw(), grad.raw(), std::size_t(shard_size_), grad.dtype(),
+                      ReduceOp::Sum);
+
+  double local = 0;
+  shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
+    if (counts_in_grad_norm(*params_[i], g, tied_head_copy_))
+      local += ops::sum_of_squares(flat_view(grad, pos, pos + end - begin));
+  });
+  StepStats stats;
+  stats.grad_norm = std::sqrt(g.dp.all_reduce_scalar(g.model.all_reduce_scalar(local)));
+  zero_grad();
+  if (skip_on_nonfinite && !std::isfinite(stats.grad_norm)) {
+    stats.skipped = true;
+    return stats;
+  }
+  const double factor = clip_factor(stats.grad_norm, config_.clip_grad);
+  if (factor != 1.0) ops::scale(grad, factor);
+  ++step_;
+  shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
+    const index_t len = end - begin;
+    Tensor w = flat_view(master_, pos, pos + len), gr = flat_view(grad, pos, pos + len);
+    Tensor m = flat_view(m_, pos, pos + len), v = flat_view(v_, pos, pos + len);
+    ops::adamw_step(w, gr, m, v, adam_params(config_, lr, params_[i]->weight_decay, step_));
+  });
+  g.dp.all_gather(master_.raw(), flat.raw(), std::size_t(shard_size_), flat.dtype());
+  unpack(flat, &Parameter::value);
+  return stats;
+}
+
+void DistributedAdamW::full_state(std::vector<Tensor>& m, std::vector<Tensor>& v,
+                                  OptimizerGroups& g) {
+  auto gather = [&](const Tensor& shard, std::vector<Tensor>& out) {
+    Tensor flat = Tensor::empty({padded_total_}, shard.dtype());
+    g.dp.all_gather(shard.raw(), flat.raw(), std::size_t(shard_size_), shard.dtype());
+    out.clear();
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      out.push_back(flat_view(flat, offsets_[i], offsets_[i] + params_[i]->value.numel())
+                        .reshape(params_[i]->value.shape())
+                        .clone());
+  };
+  gather(m_, m);
+  gather(v_, v);
+}
+
+void DistributedAdamW::load_full_state(const std::vector<Tensor>& m,
+                                       const std::vector<Tensor>& v) {
+  auto scatter = [&](const std::vector<Tensor>& full, Tensor& shard) {
+    shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
+      Tensor dst = flat_view(shard, pos, pos + end - begin);
+      dst.copy_from(flat_view(full[i], begin, end));
+    });
+  };
+  scatter(m, m_);
+  scatter(v, v_);
+  // The master copy follows the (loaded) parameter values.
+  Tensor flat = Tensor::zeros({padded_total_}, master_.dtype());
+  pack(&Parameter::value, flat);
+  master_.copy_from(flat.slice_rows(shard_begin_, shard_begin_ + shard_size_));
 }
 
 }  // namespace meshtron

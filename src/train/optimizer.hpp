@@ -13,6 +13,8 @@
 //   5. AdamW with decoupled weight decay (none on biases and norms).
 #pragma once
 
+#include <memory>
+#include <functional>
 #include <vector>
 
 #include "model/parameter.hpp"
@@ -38,27 +40,55 @@ struct StepStats {
   bool skipped = false;  ///< NaN/Inf in the gradient norm: no update
 };
 
-class AdamW {
+/// What the trainer needs of an optimizer (replicated or distributed).
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// Reduce gradients, clip, update with learning rate `lr`; zero the grads.
+  virtual StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite) = 0;
+  virtual void zero_grad() = 0;
+  /// Bytes of optimizer state (fp32 master copies, Adam moments) on this rank.
+  virtual std::size_t state_bytes() const = 0;
+  /// Bytes of the Adam moments alone (m and v) on this rank.
+  virtual std::size_t moment_bytes() const = 0;
+  /// Adam moments in each parameter's local shape (gathered over dp if the
+  /// optimizer is distributed; collective then), for checkpoints.
+  virtual void full_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                          OptimizerGroups& groups) = 0;
+  /// Inverse of full_state (each rank keeps its part).
+  virtual void load_full_state(const std::vector<Tensor>& exp_avg,
+                               const std::vector<Tensor>& exp_avg_sq) = 0;
+  virtual long step_count() const = 0;
+  virtual void set_step_count(long s) = 0;
+};
+
+/// Sum of squared gradients over the parameters this rank counts in the
+/// global norm (tp-replicated ones on tp rank 0 only; not the tied copy).
+bool counts_in_grad_norm(const Parameter& p, const OptimizerGroups& g,
+                         const Parameter* tied_head_copy);
+
+/// Reductions 1-3 of the file comment, on every parameter; with `dp` false
+/// the data-parallel all-reduce is left to the caller (distributed optimizer).
+void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp);
+
+/// Replicated AdamW: every dp rank holds and steps the full optimizer state.
+class AdamW final : public Optimizer {
  public:
   /// `tied_head_copy` is the last stage's copy of the word table (pp > 1),
   /// whose norm is not counted twice; null otherwise.
   AdamW(ParameterList params, const AdamWConfig& config, Parameter* tied_head_copy);
 
-  /// Reduce gradients, clip, update with learning rate `lr`; then zero grads.
-  StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite);
-  void zero_grad();
+  StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite) override;
+  void zero_grad() override;
+  std::size_t state_bytes() const override;
+  std::size_t moment_bytes() const override;
+  void full_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                  OptimizerGroups& groups) override;
+  void load_full_state(const std::vector<Tensor>& exp_avg,
+                       const std::vector<Tensor>& exp_avg_sq) override;
+  long step_count() const override { return step_; }
+  void set_step_count(long s) override { step_ = s; }
 
-  long step_count() const { return step_; }
-  void set_step_count(long s) { step_ = s; }
-  /// Adam moments of parameter i (checkpointing).
-  Tensor& exp_avg(std::size_t i) { return m_[i]; }
-  Tensor& exp_avg_sq(std::size_t i) { return v_[i]; }
-  const ParameterList& params() const { return params_; }
-  /// Bytes of optimizer state held by this rank (moments).
-  std::size_t state_bytes() const;
-
-  /// Reductions 1-3 of the file comment (exposed for tests).
-  void reduce_gradients(OptimizerGroups& groups);
   /// Global gradient L2 norm over the grid (reduction 4).
   double global_grad_norm(OptimizerGroups& groups) const;
 
@@ -69,5 +99,45 @@ class AdamW {
   std::vector<Tensor> m_, v_;
   long step_ = 0;
 };
+
+/// Distributed AdamW (ZeRO-1, Megatron's distributed optimizer): gradients
+/// are packed into one contiguous fp32 buffer, reduce-scattered over dp, and
+/// each dp rank holds the fp32 master weights and Adam moments of its 1/dp
+/// of that buffer only; after the update the parameters are all-gathered.
+class DistributedAdamW final : public Optimizer {
+ public:
+  DistributedAdamW(ParameterList params, const AdamWConfig& config,
+                   Parameter* tied_head_copy, Communicator& dp);
+  StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite) override;
+  void zero_grad() override;
+  std::size_t state_bytes() const override;
+  std::size_t moment_bytes() const override;
+  void full_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                  OptimizerGroups& groups) override;
+  void load_full_state(const std::vector<Tensor>& exp_avg,
+                       const std::vector<Tensor>& exp_avg_sq) override;
+  long step_count() const override { return step_; }
+  void set_step_count(long s) override { step_ = s; }
+
+ private:
+  /// Copy every parameter's `Tensor Parameter::*field` into a flat buffer.
+  void pack(Tensor Parameter::*field, Tensor& flat) const;
+  void unpack(const Tensor& flat, Tensor Parameter::*field);
+  void shard_segments(const std::function<void(std::size_t param, index_t begin,
+                                                index_t end, index_t shard_pos)>& f) const;
+
+  ParameterList params_;
+  AdamWConfig config_;
+  Parameter* tied_head_copy_;  ///< Not owned.
+  std::vector<index_t> offsets_;  ///< start of each parameter in the flat buffer
+  index_t total_ = 0, padded_total_ = 0, shard_begin_ = 0, shard_size_ = 0;
+  Tensor master_, m_, v_;  ///< this rank's shard (fp32)
+  long step_ = 0;
+};
+
+/// The optimizer the deck asks for.
+std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfig& config,
+                                          Parameter* tied_head_copy, bool distributed,
+                                          Communicator& dp);
 
 }  // namespace meshtron

@@ -1,0 +1,121 @@
+#include "train/data_source.hpp"
+
+#include "common/error.hpp"
+#include "config/run_config.hpp"
+#include "data/gpt_dataset.hpp"
+#include "data/pretraining_sampler.hpp"
+
+namespace meshtron {
+
+MicroBatch to_seq_major(const Tensor& tokens, index_t sample_offset) {
+  const index_t b = tokens.dim(0), s = tokens.dim(1) - 1;
+  MicroBatch mb;
+  mb.ids = Tensor::empty({s * b}, DType::I32);
+  mb.targets = Tensor::empty({s * b}, DType::I32);
+  mb.sample_offset = sample_offset;
+  const auto* t = tokens.data<std::int32_t>();
+  auto* ids = mb.ids.data<std::int32_t>();
+  auto* targets = mb.targets.data<std::int32_t>();
+  for (index_t j = 0; j < b; ++j)
+    for (index_t i = 0; i < s; ++i) {
+      ids[i * b + j] = t[j * (s + 1) + i];
+      targets[i * b + j] = t[j * (s + 1) + i + 1];
+    }
+  return mb;
+}
+
+namespace {
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+class SyntheticData final : public DataSource {
+ public:
+  SyntheticData(const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {}
+  std::vector<MicroBatch> train_step(long step) override { return batch(2 * step); }
+  std::vector<MicroBatch> eval_batch(long k) override { return batch(2 * k + 1); }
+  int vocab_size() const override { return vocab_; }
+
+ private:
+  /// Samples of batch `stream`; an odd stream is evaluation data.
+  std::vector<MicroBatch> batch(long stream) {
+    std::vector<MicroBatch> out;
+    const index_t s1 = l_.seq_length + 1;
+    for (index_t m = 0; m < l_.micro_batches(); ++m) {
+      const index_t first = l_.sample_offset(m);
+      Tensor tokens = Tensor::empty({l_.micro_batch, s1}, DType::I32);
+      for (index_t j = 0; j < l_.micro_batch; ++j)
+        for (index_t i = 0; i < s1; ++i) {
+          const std::uint64_t key = mix(l_.seed ^ mix(std::uint64_t(stream) * l_.global_batch +
+                                                      std::uint64_t(first + j)));
+          tokens.data<std::int32_t>()[j * s1 + i] = std::int32_t(mix(key + i) % vocab_);
+        }
+      out.push_back(to_seq_major(tokens, first));
+    }
+    return out;
+  }
+  DataLayout l_;
+  int vocab_;
+};
+
+class IndexedData final : public DataSource {
+ public:
+  IndexedData(const RunConfig& run, const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {
+    auto indexed = std::make_shared<data::IndexedDataset>(run.data.path);
+    data::GptDatasetConfig cfg;
+    cfg.seq_length = l.seq_length;
+    cfg.seed = std::uint32_t(l.seed);
+    cfg.split = run.data.split;
+    const std::array<std::int64_t, 3> samples = {
+        std::int64_t(l.train_iters) * l.global_batch,
+        std::int64_t(std::max<long>(l.eval_batches, 1)) * l.global_batch, 0};
+    auto sets = data::build_gpt_datasets(indexed, samples, cfg);
+    train_ = std::move(sets[0]);
+    valid_ = std::move(sets[1]);
+    MESH_REQUIRE(train_ != nullptr, "data.split '" << run.data.split
+                                                   << "' leaves no training documents");
+  }
+  std::vector<MicroBatch> train_step(long step) override {
+    return batch(*train_, (step - 1) * l_.global_batch);
+  }
+  std::vector<MicroBatch> eval_batch(long k) override {
+    MESH_REQUIRE(valid_ != nullptr, "evaluation needs a validation split (data.split)");
+    return batch(*valid_, (k % std::max<long>(l_.eval_batches, 1)) * l_.global_batch);
+  }
+  int vocab_size() const override { return vocab_; }
+
+ private:
+  std::vector<MicroBatch> batch(const data::GptDataset& set, std::int64_t step_start) {
+    data::PretrainingSampler sampler(set.size(), 0, l_.global_batch, l_.micro_batch,
+                                     l_.dp_rank, l_.dp_size);
+    std::vector<MicroBatch> out;
+    for (index_t m = 0; m < l_.micro_batches(); ++m) {
+      const auto indices = sampler.micro_batch(step_start, m);
+      Tensor tokens = Tensor::empty({l_.micro_batch, l_.seq_length + 1}, DType::I32);
+      for (std::size_t j = 0; j < indices.size(); ++j)
+        set.sample(indices[j], tokens.data<std::int32_t>() + j * (l_.seq_length + 1));
+      out.push_back(to_seq_major(tokens, l_.sample_offset(m)));
+    }
+    return out;
+  }
+  DataLayout l_;
+  int vocab_;
+  std::unique_ptr<data::GptDataset> train_, valid_;
+};
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_synthetic_data(const DataLayout& layout, int vocab_size) {
+  return std::make_unique<SyntheticData>(layout, vocab_size);
+}
+
+std::unique_ptr<DataSource> make_indexed_data(const RunConfig& run, const DataLayout& layout,
+                                              int vocab_size) {
+  return std::make_unique<IndexedData>(run, layout, vocab_size);
+}
+
+}  // namespace meshtron

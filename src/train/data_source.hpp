@@ -1,0 +1,58 @@
+// Where a step's micro-batches come from: a Megatron-style indexed dataset
+// (sample builder + pretraining sampler) or deterministic synthetic tokens.
+// Either way, sample i of the run is the same on every decomposition, and a
+// dp rank reads only its own micro-batches.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tensor/tensor.hpp"
+
+namespace meshtron {
+
+struct RunConfig;
+namespace data { class GptDataset; }
+
+/// One micro-batch as the model consumes it: rows in [s, b] order.
+struct MicroBatch {
+  Tensor ids;      ///< int32 [s * b]
+  Tensor targets;  ///< int32 [s * b]
+  index_t sample_offset = 0;  ///< index of its first sample within the step
+};
+
+/// tokens [b, s+1] (sample-major, as read) -> ids / targets in [s, b] order.
+MicroBatch to_seq_major(const Tensor& tokens, index_t sample_offset);
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  /// This dp rank's micro-batches of training step `step` (1-based).
+  virtual std::vector<MicroBatch> train_step(long step) = 0;
+  /// This dp rank's micro-batches of evaluation batch `k` (valid split).
+  virtual std::vector<MicroBatch> eval_batch(long k) = 0;
+  /// Vocabulary size of the tokens.
+  virtual int vocab_size() const = 0;
+};
+
+struct DataLayout {
+  index_t seq_length, micro_batch, global_batch;
+  int dp_rank, dp_size;
+  long train_iters, eval_batches;
+  std::uint64_t seed;
+  /// Micro-batch m of this dp rank starts at sample m * mbs * dp + rank * mbs
+  /// of the step (Megatron's MegatronPretrainingSampler).
+  index_t sample_offset(index_t m) const {
+    return m * micro_batch * dp_size + dp_rank * micro_batch;
+  }
+  index_t micro_batches() const { return global_batch / (micro_batch * dp_size); }
+};
+
+/// Tokens hash(seed, sample, position) % vocab: for tests and smoke runs.
+std::unique_ptr<DataSource> make_synthetic_data(const DataLayout& layout, int vocab_size);
+/// The indexed dataset at run.data.path, split by run.data.split.
+std::unique_ptr<DataSource> make_indexed_data(const RunConfig& run, const DataLayout& layout,
+                                              int vocab_size);
+
+}  // namespace meshtron

@@ -1,0 +1,171 @@
+#include "train/trainer.hpp"
+
+#include <cmath>
+#include <map>
+
+#include "common/error.hpp"
+
+namespace meshtron {
+
+namespace {
+
+AdamWConfig adam_config(const RunConfig& run) {
+  const auto& o = run.optimizer;
+  return {o.beta1, o.beta2, o.eps, o.weight_decay, run.training.clip_grad};
+}
+
+double tensor_sum(const Tensor& t) {
+  double s = 0;
+  for (double v : t.to_doubles()) s += v;
+  return s;
+}
+
+}  // namespace
+
+Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype)
+    : run_(run), model_config_(model), rt_(rt), base_ctx_{rt.tp_group} {
+  base_ctx_.sequence_parallel = run.parallel.sequence_parallel;
+  base_ctx_.seed = run.run.seed;
+  base_ctx_.seq_length = model.seq_length;
+  base_ctx_.micro_batch = run.training.micro_batch_size;
+  base_ctx_.global_batch = run.training.global_batch_size;
+
+  const int pp = rt.topo.pp();
+  virtual_stages_ = run.parallel.schedule == "interleaved" ? run.parallel.virtual_stages : 1;
+  const int total_chunks = pp * virtual_stages_;
+  MESH_REQUIRE(model.num_layers % total_chunks == 0,
+               "model.num_layers (" << model.num_layers << ") is not divisible by "
+                                    << total_chunks << " pipeline chunks");
+  layers_per_chunk_ = model.num_layers / total_chunks;
+  for (int c = 0; c < virtual_stages_; ++c) {
+    const int g = global_chunk(c);
+    StagePlacement place{g * layers_per_chunk_, layers_per_chunk_, g == 0,
+                         g == total_chunks - 1};
+    chunks_.push_back(std::make_unique<GptModel>(model, place, base_ctx_, dtype, run.run.seed));
+  }
+  Parameter* tied_copy = nullptr;
+  for (auto& chunk : chunks_)
+    if (chunk->placement().has_head && !chunk->placement().has_embedding)
+      tied_copy = chunk->head_word_weight();
+  optimizer_ = make_optimizer(parameters(), adam_config(run), tied_copy,
+                              run.parallel.distributed_optimizer, rt.dp);
+  lr_ = LrSchedule{run.optimizer.lr, run.optimizer.min_lr, run.lr_schedule.warmup_iters,
+                   run.lr_schedule.decay_iters, run.lr_schedule.decay_style};
+}
+
+ParameterList Trainer::parameters() {
+  ParameterList out;
+  for (auto& chunk : chunks_)
+    for (Parameter* p : chunk->parameters()) out.push_back(p);
+  return out;
+}
+
+LayerContext Trainer::context_for(const MicroBatch& mb, long step, bool training) const {
+  LayerContext ctx = base_ctx_;
+  ctx.step = std::uint32_t(step);
+  ctx.training = training;
+  ctx.sample_offset = mb.sample_offset;
+  return ctx;
+}
+
+double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
+                             const std::vector<MicroBatch>& batch, long step, bool training) {
+  const int pp = rt_.topo.pp(), rank = rt_.topo.pp_rank();
+  const int total_chunks = pp * virtual_stages_;
+  const index_t tokens = base_ctx_.seq_length * base_ctx_.micro_batch;
+  const double dloss_value =
+      1.0 / double(base_ctx_.seq_length * run_.training.global_batch_size);
+  // Messages are tagged by (micro-batch, receiving chunk, direction).
+  auto tag = [&](int mb, int g, int dir) { return (mb * total_chunks + g) * 2 + dir; };
+
+  std::map<std::pair<int, int>, GptModel::Cache> caches;
+  std::vector<Tensor> in_flight_sends;  // kept alive until wait_sends()
+  double loss_sum = 0;
+  for (const PipelineTask& t : tasks) {
+    GptModel& chunk = *chunks_[std::size_t(t.chunk)];
+    const int g = global_chunk(t.chunk);
+    const MicroBatch& mb = batch[std::size_t(t.micro_batch)];
+    LayerContext ctx = context_for(mb, step, training);
+    const Shape hidden{ctx.local_tokens(), model_config_.hidden_size};
+    GptModel::Cache& cache = caches[{t.micro_batch, t.chunk}];
+    if (t.kind == PipelineTask::Forward) {
+      Tensor input = mb.ids;
+      if (!chunk.placement().has_embedding) {
+        input = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype());
+        rt_.pp.recv(input.raw(), std::size_t(input.numel()), input.dtype(),
+                    (rank + pp - 1) % pp, tag(t.micro_batch, g, 0));
+      }
+      Tensor out = chunk.forward(input, mb.targets, ctx, cache);
+      if (chunk.placement().has_head) {
+        loss_sum += tensor_sum(out);
+        if (!training) caches.erase({t.micro_batch, t.chunk});
+      } else {
+        rt_.pp.isend(out.raw(), std::size_t(out.numel()), out.dtype(), (rank + 1) % pp,
+                     tag(t.micro_batch, g + 1, 0));
+        in_flight_sends.push_back(out);
+        if (!training) caches.erase({t.micro_batch, t.chunk});
+      }
+    } else {
+      Tensor dout;
+      if (chunk.placement().has_head) {
+        dout = Tensor::empty({tokens}, chunk.parameters()[0]->value.dtype());
+        dout.fill(dloss_value);
+      } else {
+        dout = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype());
+        rt_.pp.recv(dout.raw(), std::size_t(dout.numel()), dout.dtype(), (rank + 1) % pp,
+                    tag(t.micro_batch, g, 1));
+      }
+      Tensor dx = chunk.backward(dout, ctx, cache);
+      caches.erase({t.micro_batch, t.chunk});
+      if (!chunk.placement().has_embedding) {
+        rt_.pp.isend(dx.raw(), std::size_t(dx.numel()), dx.dtype(), (rank + pp - 1) % pp,
+                     tag(t.micro_batch, g - 1, 1));
+        in_flight_sends.push_back(dx);
+      }
+    }
+  }
+  rt_.pp.wait_sends();
+  return loss_sum;
+}
+
+double Trainer::reduce_loss(double local_sum, index_t tokens) {
+  // Only the last stage holds losses (identical on its tp ranks): sum over
+  // the pipeline, then over dp.
+  const double stage_sum = rt_.pp.all_reduce_scalar(local_sum);
+  return rt_.dp.all_reduce_scalar(stage_sum) / double(tokens);
+}
+
+StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) {
+  ScheduleShape shape{run_.parallel.schedule, rt_.topo.pp(), virtual_stages_,
+                      int(batch.size())};
+  const auto tasks = schedule_tasks(shape, rt_.topo.pp_rank());
+  const double local = run_schedule(tasks, batch, step, /*training=*/true);
+  StepReport r;
+  r.step = step;
+  r.max_in_flight = max_in_flight(tasks);
+  r.loss = reduce_loss(local, base_ctx_.seq_length * run_.training.global_batch_size);
+  r.lr = lr_.at(step);
+  const bool guard = run_.training.check_for_nan;
+  if (guard && !std::isfinite(r.loss)) {
+    optimizer_->zero_grad();
+    r.skipped = true;
+    return r;
+  }
+  OptimizerGroups groups = rt_.optimizer_groups();
+  const StepStats stats = optimizer_->step(r.lr, groups, guard);
+  r.grad_norm = stats.grad_norm;
+  r.skipped = stats.skipped;
+  return r;
+}
+
+double Trainer::evaluate(const std::vector<MicroBatch>& batch) {
+  std::vector<PipelineTask> tasks;
+  for (int m = 0; m < int(batch.size()); ++m)
+    for (int c = 0; c < virtual_stages_; ++c) tasks.push_back({PipelineTask::Forward, m, c});
+  // Chunks must run in dependency order per micro-batch: forward of chunk c
+  // before c + 1, which the loop above gives.
+  const double local = run_schedule(tasks, batch, 0, /*training=*/false);
+  return reduce_loss(local, base_ctx_.seq_length * run_.training.global_batch_size);
+}
+
+}  // namespace meshtron

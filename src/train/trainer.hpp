@@ -1,0 +1,69 @@
+// Trainer: one training step = the pipeline schedule over this rank's
+// micro-batches, then the optimizer step. Works for any (tp, pp, dp),
+// with or without sequence parallelism and the distributed optimizer.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "config/run_config.hpp"
+#include "model/gpt_model.hpp"
+#include "train/data_source.hpp"
+#include "train/lr_schedule.hpp"
+#include "train/runtime.hpp"
+#include "train/schedule.hpp"
+
+namespace meshtron {
+
+struct StepReport {
+  long step = 0;
+  double loss = 0;       ///< mean over the global batch's tokens
+  double grad_norm = 0;  ///< before clipping
+  double lr = 0;
+  bool skipped = false;  ///< NaN/Inf: no update
+  int max_in_flight = 0; ///< micro-batches alive at once on this rank
+};
+
+class Trainer {
+ public:
+  Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype);
+
+  /// Forward, backward and update for step `step` (1-based) on `batch`
+  /// (this dp rank's micro-batches).
+  StepReport train_step(long step, const std::vector<MicroBatch>& batch);
+  /// Mean loss of `batch` without dropout or update.
+  double evaluate(const std::vector<MicroBatch>& batch);
+
+  /// This rank's parameters over all its model chunks.
+  ParameterList parameters();
+  std::vector<std::unique_ptr<GptModel>>& chunks() { return chunks_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const LrSchedule& schedule() const { return lr_; }
+  ParallelRuntime& runtime() { return rt_; }
+
+  /// Layers per model chunk and chunks per rank (interleaving makes more,
+  /// smaller stages).
+  int layers_per_chunk() const { return layers_per_chunk_; }
+
+ private:
+  /// Runs `tasks` over the micro-batches; returns the sum of per-token losses
+  /// on the last stage (0 elsewhere).
+  double run_schedule(const std::vector<PipelineTask>& tasks,
+                      const std::vector<MicroBatch>& batch, long step, bool training);
+  LayerContext context_for(const MicroBatch& mb, long step, bool training) const;
+  int global_chunk(int chunk) const { return chunk * rt_.topo.pp() + rt_.topo.pp_rank(); }
+  /// Sum over the pipeline and dp of a last-stage quantity: everyone's copy.
+  double reduce_loss(double local_sum, index_t tokens);
+
+  const RunConfig& run_;
+  GptConfig model_config_;
+  ParallelRuntime& rt_;
+  LayerContext base_ctx_;
+  int virtual_stages_ = 1;
+  int layers_per_chunk_ = 0;
+  std::vector<std::unique_ptr<GptModel>> chunks_;
+  std::unique_ptr<Optimizer> optimizer_;
+  LrSchedule lr_;
+};
+
+}  // namespace meshtron

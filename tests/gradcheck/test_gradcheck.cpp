@@ -1,0 +1,431 @@
+// fp64 finite-difference gradient checks of every layer and of the whole GPT
+// model, on one rank (tp = 1, MpiCommunicator over MPI_COMM_SELF).
+//
+// For each subject the scalar objective is L = sum(w ⊙ f(x, θ)) with a fixed
+// random w (for the model: the mean per-token loss, w = 1/n). The analytic
+// gradient is the layer's own backward with dy = w; the numerical one is the
+// central difference (L(v + h) - L(v - h)) / 2h, h = 1e-6, taken for every
+// element of the input and of every parameter (the largest tensor here has
+// 1,024 elements, so nothing is sampled; padded vocabulary rows and unused
+// position rows are therefore always among them).
+//
+// Metric, one number per tensor:
+//     max_i |a_i - n_i| / max(max_i |a_i|, max_i |n_i|, 1e-8)  <=  1e-6,
+// i.e. every element's error relative to the tensor's largest gradient. A
+// purely element-wise relative error cannot be used: some gradients are zero
+// in exact arithmetic (the key bias — softmax ignores a per-row shift — and
+// padded rows), and there both sides are rounding noise of ~1e-10.
+//
+// Dropout masks depend only on (seed, step, stream, position), never on the
+// values, so with dropout on the objective is still a smooth function of the
+// weights and finite differences apply; each dropout test also checks that
+// the mask really dropped something.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/gpt_model.hpp"
+#include "parallel/communicator.hpp"
+
+namespace meshtron {
+namespace {
+
+constexpr double kStep = 1e-6;       ///< h of the central difference
+constexpr double kTolerance = 1e-6;  ///< on the per-tensor metric above
+constexpr index_t kSeq = 6, kBatch = 2, kTokens = kSeq * kBatch;
+constexpr index_t kHidden = 16, kFfn = 64;
+constexpr int kHeads = 2, kVocab = 50;
+
+double dot(const Tensor& a, const Tensor& b) {
+  const double* pa = a.data<double>();
+  const double* pb = b.data<double>();
+  double sum = 0;
+  for (index_t i = 0; i < a.numel(); ++i) sum += pa[i] * pb[i];
+  return sum;
+}
+
+/// A function under test: its output from the current input and parameter
+/// values, and one forward + backward with a given dy that returns dx
+/// (undefined when there is no differentiable input) and accumulates the
+/// parameter gradients.
+struct Subject {
+  std::function<Tensor()> forward;
+  std::function<Tensor(const Tensor& dy)> forward_backward;
+  Tensor input;  ///< aliases the tensor `forward` reads; undefined if none
+  ParameterList params;
+};
+
+struct TensorError {
+  std::string name;
+  index_t checked = 0;
+  double error = 0;  ///< the per-tensor metric of the file comment
+};
+
+/// Lets a test corrupt the analytic gradients (dx and Parameter::grad) after
+/// the backward, to show that the check notices.
+using Tamper = std::function<void(Subject&, Tensor& dx)>;
+
+double central_difference(Tensor& value, index_t i, const std::function<double()>& objective) {
+  const double v = element_as_double(value, i);
+  set_element_from_double(value, i, v + kStep);
+  const double plus = objective();
+  set_element_from_double(value, i, v - kStep);
+  const double minus = objective();
+  set_element_from_double(value, i, v);
+  return (plus - minus) / (2 * kStep);
+}
+
+TensorError compare(const std::string& name, Tensor& value, const Tensor& analytic,
+                    const std::function<double()>& objective) {
+  EXPECT_EQ(value.shape(), analytic.shape()) << name;
+  double max_diff = 0, scale = 1e-8;
+  for (index_t i = 0; i < value.numel(); ++i) {
+    const double a = element_as_double(analytic, i);
+    const double n = central_difference(value, i, objective);
+    max_diff = std::max(max_diff, std::fabs(a - n));
+    scale = std::max({scale, std::fabs(a), std::fabs(n)});
+  }
+  return {name, value.numel(), max_diff / scale};
+}
+
+/// Analytic against numerical gradients of the input and every parameter.
+std::vector<TensorError> check_gradients(Subject& s, const Tensor& w,
+                                         const Tamper& tamper = {}) {
+  for (Parameter* p : s.params) p->grad.fill(0.0);
+  Tensor dx = s.forward_backward(w.clone());  // a backward must not see w change
+  if (tamper) tamper(s, dx);
+  const auto objective = [&] { return dot(w, s.forward()); };
+  std::vector<TensorError> errors;
+  if (s.input.defined()) errors.push_back(compare("input", s.input, dx, objective));
+  for (Parameter* p : s.params)
+    errors.push_back(compare(p->name, p->value, p->grad, objective));
+  return errors;
+}
+
+/// One forward + backward of a layer with forward(x, ctx, cache) and
+/// backward(dy, ctx, cache), as a Subject of its input x.
+template <class Layer>
+Subject layer_subject(Layer& layer, LayerContext& ctx, const Tensor& x) {
+  Subject s;
+  s.input = x;
+  layer.collect(s.params);
+  s.forward = [&layer, &ctx, x] {
+    typename Layer::Cache cache;
+    return layer.forward(x, ctx, cache);
+  };
+  s.forward_backward = [&layer, &ctx, x](const Tensor& dy) {
+    typename Layer::Cache cache;
+    layer.forward(x, ctx, cache);
+    return layer.backward(dy, ctx, cache);
+  };
+  return s;
+}
+
+class GradCheck : public ::testing::Test {
+ protected:
+  GradCheck() {
+    ctx.seq_length = kSeq;
+    ctx.micro_batch = kBatch;
+    ctx.global_batch = kBatch;
+    ctx.training = true;
+    ctx.seed = 20261122;
+    ctx.step = 3;
+  }
+
+  Tensor random(Shape shape, double mean = 0.0, double stddev = 1.0) {
+    Tensor t = Tensor::empty(std::move(shape), DType::F64);
+    std::normal_distribution<double> dist(mean, stddev);
+    double* p = t.data<double>();
+    for (index_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
+    return t;
+  }
+
+  /// Replace the values by random ones well away from initialisation (so
+  /// biases are nonzero and nonlinearities leave their linear regime); norm
+  /// weights around 1.
+  void randomize(const ParameterList& params, double stddev = 0.3) {
+    for (Parameter* p : params) {
+      const bool norm = p->name.find("ln_") != std::string::npos ||
+                        p->name.find("norm") != std::string::npos;
+      const bool norm_weight = norm && p->name.ends_with(".weight");
+      p->value.copy_from(random(p->value.shape(), norm_weight ? 1.0 : 0.0, stddev));
+    }
+  }
+
+  Tensor random_ids(int vocab) {
+    Tensor ids = Tensor::empty({kTokens}, DType::I32);
+    std::uniform_int_distribution<int> dist(0, vocab - 1);
+    auto* p = ids.data<std::int32_t>();
+    for (index_t i = 0; i < kTokens; ++i) p[i] = dist(rng);
+    p[0] = 0;                // the vocabulary's edges
+    p[kTokens - 1] = vocab - 1;
+    return ids;
+  }
+
+  GptConfig small_config(double dropout) const {
+    GptConfig c;
+    c.num_layers = 2;
+    c.hidden_size = int(kHidden);
+    c.num_heads = kHeads;
+    c.ffn_hidden_size = int(kFfn);
+    c.seq_length = int(kSeq);
+    c.max_positions = int(kSeq);
+    c.vocab_size = kVocab;
+    c.padded_vocab_size = padded_vocab_size(kVocab, 64, 1);  // 64: 14 padded rows
+    c.hidden_dropout = dropout;
+    c.attention_dropout = dropout;
+    return c;
+  }
+
+  /// Runs the check with dy = w, prints one line per tensor and expects each
+  /// within tolerance; returns the errors.
+  std::vector<TensorError> expect_gradients_match(const std::string& label, Subject& s,
+                                                  const Tensor& w) {
+    const auto errors = check_gradients(s, w);
+    for (const auto& e : errors) {
+      std::printf("[gradcheck] %-22s %-34s %5lld elements  max error %.2e\n", label.c_str(),
+                  e.name.c_str(), static_cast<long long>(e.checked), e.error);
+      EXPECT_LE(e.error, kTolerance) << label << ": " << e.name;
+    }
+    return errors;
+  }
+
+  /// The layer's output must change with ctx.training: dropout is really on.
+  void expect_dropout_active(Subject& s) {
+    const Tensor train = s.forward();
+    ctx.training = false;
+    const Tensor eval = s.forward();
+    ctx.training = true;
+    double diff = 0;
+    for (index_t i = 0; i < train.numel(); ++i)
+      diff += std::fabs(element_as_double(train, i) - element_as_double(eval, i));
+    EXPECT_GT(diff, 1e-3) << "dropout did not change the output";
+  }
+
+  MpiCommunicator self{MPI_COMM_SELF};
+  TensorParallelGroup tp{self};
+  LayerContext ctx{tp};
+  std::mt19937_64 rng{12345};
+};
+
+TEST_F(GradCheck, LayerNorm) {
+  LayerNorm norm("ln_1", kHidden, 1e-5, DType::F64, false);
+  Tensor x = random({kTokens, kHidden}, 0.5, 2.0);
+  Subject s;
+  s.input = x;
+  norm.collect(s.params);
+  randomize(s.params);
+  s.forward = [&] {
+    LayerNorm::Cache cache;
+    return norm.forward(x, cache);
+  };
+  s.forward_backward = [&](const Tensor& dy) {
+    LayerNorm::Cache cache;
+    norm.forward(x, cache);
+    return norm.backward(dy, cache);
+  };
+  expect_gradients_match("LayerNorm", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, ColumnParallelLinear) {
+  ColumnParallelLinear linear("column", kHidden, 3 * kHidden, 3, ctx, DType::F64);
+  Subject s = layer_subject(linear, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  expect_gradients_match("ColumnParallelLinear", s, random({kTokens, 3 * kHidden}));
+}
+
+TEST_F(GradCheck, RowParallelLinear) {
+  RowParallelLinear linear("row", kFfn, kHidden, ctx, DType::F64);
+  Subject s = layer_subject(linear, ctx, random({kTokens, kFfn}));
+  randomize(s.params);
+  expect_gradients_match("RowParallelLinear", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, Attention) {
+  Attention attention("attention", 0, kHidden, kHeads, 0.0, ctx, DType::F64);
+  Subject s = layer_subject(attention, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  expect_gradients_match("Attention", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, AttentionWithDropout) {
+  Attention attention("attention", 0, kHidden, kHeads, 0.3, ctx, DType::F64);
+  Subject s = layer_subject(attention, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  expect_dropout_active(s);
+  expect_gradients_match("Attention(p=0.3)", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, Mlp) {
+  Mlp mlp("mlp", kHidden, kFfn, ctx, DType::F64);
+  Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  expect_gradients_match("Mlp", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, TransformerLayerWithDropout) {
+  TransformerLayer layer(1, small_config(0.2), ctx, DType::F64);
+  Subject s = layer_subject(layer, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  expect_dropout_active(s);
+  expect_gradients_match("TransformerLayer(p=0.2)", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, EmbeddingWeights) {
+  GptConfig config = small_config(0.2);
+  config.max_positions = int(kSeq) + 2;  // two position rows no token uses
+  Embedding embedding(config, ctx, DType::F64);
+  const Tensor ids = random_ids(kVocab);
+  Subject s;
+  embedding.collect(s.params);
+  randomize(s.params);
+  s.forward = [&] {
+    Embedding::Cache cache;
+    return embedding.forward(ids, ctx, cache);
+  };
+  s.forward_backward = [&](const Tensor& dy) {
+    Embedding::Cache cache;
+    embedding.forward(ids, ctx, cache);
+    embedding.backward(dy, ctx, cache);
+    return Tensor();
+  };
+  expect_dropout_active(s);
+  expect_gradients_match("Embedding(p=0.2)", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, LmHeadLoss) {
+  const GptConfig config = small_config(0.0);
+  Parameter word = make_word_embedding(config, ctx, DType::F64);
+  ASSERT_EQ(word.padded_rows, 14);
+  LmHeadLoss head(config, word);
+  const Tensor targets = random_ids(kVocab);
+  Tensor x = random({kTokens, kHidden});
+  Subject s;
+  s.input = x;
+  s.params = {&word};
+  randomize(s.params, 1.0);  // padded rows too: their logits must be ignored
+  s.forward = [&] {
+    LmHeadLoss::Cache cache;
+    return head.forward(x, targets, ctx, cache);
+  };
+  s.forward_backward = [&](const Tensor& dy) {
+    LmHeadLoss::Cache cache;
+    head.forward(x, targets, ctx, cache);
+    return head.backward(dy, ctx, cache);
+  };
+  expect_gradients_match("LmHeadLoss", s, random({kTokens}));
+}
+
+/// The whole model: 2 layers, h 16, 2 heads, vocab 50 padded to 64, s 6,
+/// b 2, all dropouts on; objective = the mean per-token loss.
+class GptModelGradCheck : public GradCheck {
+ protected:
+  GptModelGradCheck()
+      : model(small_config(0.1), StagePlacement::whole_model(2), ctx, DType::F64, 7),
+        ids(random_ids(kVocab)),
+        targets(random_ids(kVocab)) {
+    s.params = model.parameters();
+    randomize(s.params);
+    s.forward = [this] {
+      GptModel::Cache cache;
+      return model.forward(ids, targets, ctx, cache);
+    };
+    s.forward_backward = [this](const Tensor& dy) {
+      GptModel::Cache cache;
+      model.forward(ids, targets, ctx, cache);
+      return model.backward(dy, ctx, cache);
+    };
+    mean_weights = Tensor::empty({kTokens}, DType::F64);
+    mean_weights.fill(1.0 / double(kTokens));
+  }
+
+  GptModel model;
+  Tensor ids, targets, mean_weights;
+  Subject s;
+};
+
+TEST_F(GptModelGradCheck, EveryParameter) {
+  ASSERT_EQ(model.config().padded_vocab_size, 64);
+  expect_dropout_active(s);
+  const auto errors = expect_gradients_match("GptModel(p=0.1)", s, mean_weights);
+  EXPECT_EQ(errors.size(), 2 + 2 * 12 + 2u);  // embedding, 2 layers, final norm
+}
+
+TEST_F(GptModelGradCheck, BackwardAccumulatesIntoGrad) {
+  for (Parameter* p : s.params) p->grad.fill(0.0);
+  s.forward_backward(mean_weights);
+  std::vector<std::vector<double>> once;
+  for (Parameter* p : s.params) once.push_back(p->grad.to_doubles());
+  s.forward_backward(mean_weights);
+  for (std::size_t k = 0; k < s.params.size(); ++k) {
+    const auto twice = s.params[k]->grad.to_doubles();
+    for (std::size_t i = 0; i < twice.size(); ++i)
+      ASSERT_NEAR(twice[i], 2 * once[k][i], 1e-14 * (1 + std::fabs(once[k][i])))
+          << s.params[k]->name << "[" << i << "]";
+  }
+}
+
+/// The check must fail when a backward is wrong. Corrupt the analytic
+/// gradients in three ways a buggy backward would: a small error in one
+/// element, dx off by a relative 1e-5, and a dropped term (bias gradient).
+TEST_F(GradCheck, RejectsWrongGradients) {
+  Mlp mlp("mlp", kHidden, kFfn, ctx, DType::F64);
+  Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  const Tensor w = random({kTokens, kHidden});
+  const auto error_of = [](const std::vector<TensorError>& errors, const std::string& name) {
+    for (const auto& e : errors)
+      if (e.name == name) return e.error;
+    ADD_FAILURE() << "no tensor " << name;
+    return 0.0;
+  };
+  const auto max_abs = [](const Tensor& t) {
+    double m = 0;
+    for (double v : t.to_doubles()) m = std::max(m, std::fabs(v));
+    return m;
+  };
+
+  auto errors = check_gradients(s, w, [&](Subject&, Tensor&) {
+    Tensor& g = mlp.fc.weight.grad;
+    set_element_from_double(g, 17, element_as_double(g, 17) + 1e-5 * max_abs(g));
+  });
+  EXPECT_GT(error_of(errors, "mlp.fc.weight"), kTolerance);
+  EXPECT_LE(error_of(errors, "mlp.proj.weight"), kTolerance);
+
+  errors = check_gradients(s, w, [](Subject&, Tensor& dx) { ops::scale(dx, 1 + 1e-5); });
+  EXPECT_GT(error_of(errors, "input"), kTolerance);
+
+  errors = check_gradients(s, w, [&](Subject&, Tensor&) { mlp.proj.bias.grad.fill(0.0); });
+  EXPECT_GT(error_of(errors, "mlp.proj.bias"), 0.5);
+  EXPECT_LE(error_of(errors, "mlp.fc.bias"), kTolerance);
+}
+
+/// A backward that is wrong in itself, not corrupted afterwards: attention
+/// whose backward recomputes its dropout mask for another step than the
+/// forward used (a mask mismatch, the classic dropout bug).
+TEST_F(GradCheck, RejectsDropoutMaskMismatch) {
+  Attention attention("attention", 0, kHidden, kHeads, 0.3, ctx, DType::F64);
+  Subject s = layer_subject(attention, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  const Tensor x = s.input;
+  s.forward_backward = [&](const Tensor& dy) {
+    Attention::Cache cache;
+    attention.forward(x, ctx, cache);
+    ++ctx.step;
+    Tensor dx = attention.backward(dy, ctx, cache);
+    --ctx.step;
+    return dx;
+  };
+  for (const auto& e : check_gradients(s, random({kTokens, kHidden})))
+    if (e.name != "attention.proj.weight" && e.name != "attention.proj.bias")
+      EXPECT_GT(e.error, 1e-3) << e.name;  // the q and k paths run through the mask
+}
+
+}  // namespace
+}  // namespace meshtron

@@ -1,0 +1,131 @@
+#include "decomposition.hpp"
+
+#include <cmath>
+
+#include "model/gpt_config.hpp"
+
+namespace meshtron::testing {
+
+std::string Layout::name() const {
+  std::string n = "gpt_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" +
+                  std::to_string(dp) + "_" + schedule;
+  if (distributed_optimizer) n += "_distopt";
+  if (sequence_parallel) n += "_sp";
+  return n;
+}
+
+RunConfig tiny_config(const Layout& l, int world) {
+  RunConfig c = RunConfig::from_text(R"(
+[run]
+seed = 42
+[model]
+num_layers = 8
+hidden_size = 32
+num_attention_heads = 8
+seq_length = 8
+vocab_size = 100
+make_vocab_size_divisible_by = 8
+hidden_dropout = 0.1
+attention_dropout = 0.1
+[training]
+micro_batch_size = 1
+global_batch_size = 16
+train_iters = 3
+clip_grad = 0.5
+[optimizer]
+lr = 3e-3
+min_lr = 3e-4
+weight_decay = 0.1
+
+[lr_schedule]
+warmup_iters = 1
+decay_style = cosine
+)",
+                                     {"parallel.tensor_parallel=" + std::to_string(l.tp),
+                                      "parallel.pipeline_parallel=" + std::to_string(l.pp),
+                                      "parallel.data_parallel=" + std::to_string(l.dp),
+                                      "parallel.schedule=" + l.schedule,
+                                      "parallel.virtual_stages=" +
+                                          std::string(l.schedule == "interleaved" ? "2" : "1"),
+                                      "parallel.distributed_optimizer=" +
+                                          std::string(l.distributed_optimizer ? "true" : "false"),
+                                      "parallel.sequence_parallel=" +
+                                          std::string(l.sequence_parallel ? "true" : "false")});
+  c.validate(world);
+  return c;
+}
+
+namespace {
+
+/// Global tensor of `name` assembled from every rank's shard (sum over the
+/// communicator, each element contributed by exactly one rank).
+std::vector<double> gather_global(Trainer& trainer, const std::string& name,
+                                  const Shape& global_shape, MPI_Comm comm) {
+  auto& topo = trainer.runtime().topo;
+  std::vector<double> global(std::size_t(shape_numel(global_shape)), 0.0);
+  for (Parameter* p : trainer.parameters()) {
+    if (p->name != name) continue;
+    const bool is_head_copy = [&] {
+      for (auto& chunk : trainer.chunks())
+        if (chunk->head_word_weight() == p && !chunk->placement().has_embedding) return true;
+      return false;
+    }();
+    if (topo.dp_rank() != 0 || is_head_copy || (p->tp_replicated() && topo.tp_rank() != 0))
+      continue;
+    for_each_global_index(*p, topo.tp_rank(), topo.tp(), [&](index_t local, index_t g) {
+      if (g < index_t(global.size()))
+        global[std::size_t(g)] = element_as_double(p->value, local);
+    });
+  }
+  MPI_Allreduce(MPI_IN_PLACE, global.data(), int(global.size()), MPI_DOUBLE, MPI_SUM, comm);
+  return global;
+}
+
+/// Names and global shapes of the whole model (from a 1-rank model).
+std::vector<std::pair<std::string, Shape>> all_parameters(const RunConfig& config) {
+  MpiCommunicator self(MPI_COMM_SELF);
+  TensorParallelGroup tp{self};
+  LayerContext ctx{tp};
+  const GptConfig model = GptConfig::from_run(config, 100, 1);
+  GptModel full(model, StagePlacement::whole_model(model.num_layers), ctx, DType::F32, 0);
+  std::vector<std::pair<std::string, Shape>> out;
+  for (Parameter* p : full.parameters()) out.push_back({p->name, p->global_shape});
+  return out;
+}
+
+}  // namespace
+
+RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int steps) {
+  int world = 1;
+  MPI_Comm_size(comm, &world);
+  const RunConfig config = tiny_config(layout, world);
+  ParallelRuntime rt(comm, config.parallel.degrees());
+  const GptConfig model = GptConfig::from_run(config, 100, rt.topo.tp());
+  Trainer trainer(config, model, rt, dtype);
+  DataLayout data{model.seq_length, config.training.micro_batch_size,
+                  config.training.global_batch_size, rt.topo.dp_rank(), rt.topo.dp(),
+                  config.training.train_iters, 1, config.run.seed};
+  auto source = make_synthetic_data(data, 100);
+  RunResult result;
+  for (long step = 1; step <= steps; ++step) {
+    const StepReport r = trainer.train_step(step, source->train_step(step));
+    result.losses.push_back(r.loss);
+    result.grad_norms.push_back(r.grad_norm);
+    result.max_in_flight.push_back(r.max_in_flight);
+  }
+  result.optimizer_state_bytes = trainer.optimizer().moment_bytes();
+  for (const auto& [name, shape] : all_parameters(config))
+    result.params[name] = gather_global(trainer, name, shape, comm);
+  return result;
+}
+
+double norm_rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += b[i] * b[i];
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+}  // namespace meshtron::testing

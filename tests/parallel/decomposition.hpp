@@ -1,0 +1,46 @@
+// Shared machinery of the decomposition-invariance tests: train a tiny GPT
+// for a few steps on a given (tp, pp, dp) layout, and gather its parameters
+// into global tensors to compare with the 1-rank reference run.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config/run_config.hpp"
+#include "train/trainer.hpp"
+
+namespace meshtron::testing {
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1;
+  std::string schedule = "1f1b";
+  bool distributed_optimizer = false;
+  bool sequence_parallel = false;
+  std::string name() const;  ///< gpt_tp2_pp2_dp2_1f1b_distopt_sp
+};
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::map<std::string, std::vector<double>> params;  ///< global, unpadded
+  std::vector<int> max_in_flight;                     ///< per step, this rank
+  std::size_t optimizer_state_bytes = 0;              ///< Adam moments, this rank
+};
+
+/// The tiny model: 8 layers, hidden 32, 8 heads, seq 8, vocab 100, dropout on,
+/// global batch 16, micro-batch 1, AdamW with clipping, 3 steps.
+RunConfig tiny_config(const Layout& layout, int world);
+
+/// Train `steps` steps on `comm` with `layout` in `dtype` (fp32, or fp64 for
+/// the strict check) and gather the parameters (collective over comm; every
+/// rank gets the full result).
+RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int steps = 3);
+
+/// Norm-wise relative error ||a - b||_2 / ||b||_2. Element-wise errors are
+/// not meaningful after AdamW in fp32: an element whose gradient is ~0 (the
+/// attention key bias, exactly 0 in exact arithmetic) is divided by its own
+/// tiny RMS, so summation-order rounding becomes an lr-sized step.
+double norm_rel_error(const std::vector<double>& a, const std::vector<double>& b);
+
+}  // namespace meshtron::testing
