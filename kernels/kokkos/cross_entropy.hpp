@@ -50,9 +50,10 @@ struct CrossEntropyPartials {
   Vector<T, ExecSpace> sum_exp, target_logit;
 
   KOKKOS_INLINE_FUNCTION void operator()(kindex n) const {
-    const accum_t m = row_max(n);
+    // exp in the storage precision (vectorisable, 1 ulp), the sum in double.
+    const T m = row_max(n);
     accum_t sum = 0;
-    for (kindex v = 0; v < shard.valid_local; ++v) sum += kmath::exp(logits(n, v) - m);
+    for (kindex v = 0; v < shard.valid_local; ++v) sum += accum_t(kmath::exp(logits(n, v) - m));
     sum_exp(n) = T(sum);
     const kindex t = kindex(targets(n)) - shard.vocab_begin;
     target_logit(n) = (t >= 0 && t < shard.valid_local) ? T(logits(n, t) - m) : T(0);
@@ -77,12 +78,12 @@ struct CrossEntropyBackward {
   Matrix<T, ExecSpace> dlogits;
 
   KOKKOS_INLINE_FUNCTION void operator()(kindex n) const {
-    const accum_t m = row_max(n), inv_z = 1.0 / accum_t(sum_exp(n)), d = dloss(n);
+    const T m = row_max(n);
+    const T scale = T(accum_t(dloss(n)) / accum_t(sum_exp(n)));  // dloss / Z
     const kindex t = kindex(targets(n)) - shard.vocab_begin;
-    for (kindex v = 0; v < shard.valid_local; ++v) {
-      const accum_t softmax = kmath::exp(logits(n, v) - m) * inv_z;
-      dlogits(n, v) = T(d * (softmax - (v == t ? 1.0 : 0.0)));
-    }
+    for (kindex v = 0; v < shard.valid_local; ++v)
+      dlogits(n, v) = scale * kmath::exp(logits(n, v) - m);
+    if (t >= 0 && t < shard.valid_local) dlogits(n, t) -= T(dloss(n));
     for (kindex v = shard.valid_local; v < kindex(dlogits.extent(1)); ++v) dlogits(n, v) = T(0);
   }
 };

@@ -1,10 +1,283 @@
+// meshtron train DECK [--set k=v ...]
+//
+//   1. read and validate the deck; build the topology and communicators
+//   2. build the model stage(s), optimizer and data source of this rank
+//   3. resume from a checkpoint when checkpoint.load asks for one
+//   4. train: step lines every log_interval, evaluation every eval_interval,
+//      checkpoints every save_interval, JSON lines in the run folder
+//   5. final summary
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
 #include "app/commands.hpp"
 #include "common/error.hpp"
+#include "data/gpt2_tokenizer.hpp"
+#include "io/checkpoint.hpp"
+#include "train/metrics.hpp"
+#include "train/trainer.hpp"
 
 namespace meshtron::app {
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Vocabulary size: the deck's, else the tokenizer's, else GPT-2's.
+int resolve_vocab(const RunConfig& c) {
+  if (c.model.vocab_size > 0) return c.model.vocab_size;
+  if (!c.data.vocab_file.empty() && !c.data.merge_file.empty())
+    return data::Gpt2Tokenizer::from_openai(c.data.vocab_file, c.data.merge_file).vocab_size();
+  return 50257;
+}
+
+std::unique_ptr<DataSource> make_data(const RunConfig& c, const ParallelRuntime& rt, int vocab) {
+  DataLayout layout{c.model.seq_length,
+                    c.training.micro_batch_size,
+                    c.training.global_batch_size,
+                    rt.topo.dp_rank(),
+                    rt.topo.dp(),
+                    c.training.train_iters,
+                    c.training.eval_iters,
+                    c.run.seed};
+  if (c.data.source == "indexed") return make_indexed_data(c, layout, vocab);
+  return make_synthetic_data(layout, vocab);
+}
+
+/// "number of parameters on (tensor, pipeline) model parallel rank (t, p): N"
+/// for every (t, p), as Megatron prints them (collective).
+std::string parameter_table(Trainer& trainer) {
+  auto& topo = trainer.runtime().topo;
+  double local = 0;
+  for (Parameter* p : trainer.parameters()) local += double(p->value.numel());
+  std::vector<double> all(std::size_t(topo.world_size()));
+  MPI_CHECK(MPI_Allgather(&local, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, topo.world_comm()));
+  std::ostringstream os;
+  for (int p = 0; p < topo.pp(); ++p)
+    for (int t = 0; t < topo.tp(); ++t)
+      os << " > number of parameters on (tensor, pipeline) model parallel rank (" << t << ", "
+         << p << "): " << std::int64_t(all[std::size_t(topo.rank_of({t, 0, p}))]) << "\n";
+  return os.str();
+}
+
+std::vector<io::CheckpointTensor> checkpoint_tensors(Trainer& trainer,
+                                                     std::vector<Tensor>& m,
+                                                     std::vector<Tensor>& v, bool saving) {
+  std::vector<io::CheckpointTensor> out;
+  const ParameterList params = trainer.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    // The last stage's copy of the tied word table is written by the first
+    // stage only, but loaded by both.
+    bool head_copy = false;
+    for (auto& chunk : trainer.chunks())
+      head_copy |= !chunk->placement().has_embedding && chunk->head_word_weight() == params[i];
+    if (saving && head_copy) continue;
+    out.push_back({params[i], &m[i], &v[i]});
+  }
+  return out;
+}
+
+class TrainRun {
+ public:
+  TrainRun(RunConfig config, int world)
+      : c_(std::move(config)),
+        rt_(MPI_COMM_WORLD, c_.parallel.degrees()),
+        vocab_(resolve_vocab(c_)),
+        model_(GptConfig::from_run(c_, vocab_, rt_.topo.tp())),
+        trainer_(c_, model_, rt_, DType::F32),
+        data_(make_data(c_, rt_, vocab_)),
+        rank0_(rt_.topo.world_rank() == 0),
+        world_(world) {}
+
+  int run() {
+    print_banner();
+    long start = resume();
+    open_metrics();
+    ProgressBar bar(c_.logging.progress, c_.training.train_iters);
+    const auto run_start = Clock::now();
+    for (long step = start + 1; step <= c_.training.train_iters; ++step) {
+      train_one(step);
+      if (rank0_) bar.update(step);
+      if (step % c_.logging.log_interval == 0 || step == c_.training.train_iters) {
+        if (rank0_) bar.clear();
+        log_step(step);
+      }
+      if (c_.training.eval_interval > 0 && step % c_.training.eval_interval == 0) {
+        if (rank0_) bar.clear();
+        evaluate(step);
+      }
+      if (c_.checkpoint.save_interval > 0 && step % c_.checkpoint.save_interval == 0)
+        save(step);
+    }
+    if (c_.checkpoint.save_interval == 0 && !c_.checkpoint.save_dir.empty() &&
+        start < c_.training.train_iters)
+      save(c_.training.train_iters);
+    summary(std::chrono::duration<double>(Clock::now() - run_start).count(), start);
+    return 0;
+  }
+
+ private:
+  void print_banner() {
+    const auto rows = gather_rank_map(rt_.topo, 0);
+    const std::string params = parameter_table(trainer_);
+    if (!rank0_) return;
+    const double peak = peak_tflops();
+    std::cout << "meshtron train " << c_.deck_path << "\n"
+              << c_.resolved_text() << "\n"
+              << format_rank_map(rows)
+              << " > " << padded_vocab_message(model_.vocab_size, model_.padded_vocab_size)
+              << "\n"
+              << params << " > model FLOPs per token F = 3 x 2 x [L(4h^2 + 2hf + 2sh) + hV] = "
+              << model_flops_per_token(model_) << "; MFU = F x tokens/s/rank / peak, peak = "
+              << peak << " TFLOP/s per rank\n";
+  }
+
+  double peak_tflops() const {
+    if (c_.logging.peak_tflops > 0) return c_.logging.peak_tflops;
+    return c_.run.device == "cuda" ? 989.0 : 0.08;
+  }
+
+  long resume() {
+    std::string path = c_.checkpoint.load;
+    if (path.empty()) return 0;
+    if (path == "auto" && !io::find_latest(c_.checkpoint.save_dir, path)) {
+      if (rank0_) std::cout << " > no checkpoint in " << c_.checkpoint.save_dir
+                            << ": starting from scratch\n";
+      return 0;
+    }
+    std::vector<Tensor> m, v;
+    OptimizerGroups groups = rt_.optimizer_groups();
+    trainer_.optimizer().full_state(m, v, groups);
+    io::TrainState state;
+    io::load_checkpoint(path, rt_.topo, checkpoint_tensors(trainer_, m, v, false), state, true);
+    trainer_.optimizer().load_full_state(m, v);
+    trainer_.optimizer().set_step_count(state.optimizer_step);
+    skipped_ = state.skipped_steps;
+    if (rank0_) std::cout << " > resumed from " << path << " at iteration " << state.iteration << "\n";
+    return long(state.iteration);
+  }
+
+  void save(long step) {
+    std::vector<Tensor> m, v;
+    OptimizerGroups groups = rt_.optimizer_groups();
+    trainer_.optimizer().full_state(m, v, groups);
+    io::TrainState state;
+    state.iteration = step;
+    state.consumed_samples = std::int64_t(step) * c_.training.global_batch_size;
+    state.optimizer_step = trainer_.optimizer().step_count();
+    state.seed = c_.run.seed;
+    state.skipped_steps = skipped_;
+    state.deck_text = c_.deck_text;
+    io::save_checkpoint(c_.checkpoint.save_dir, rt_.topo, checkpoint_tensors(trainer_, m, v, true),
+                        state, c_.checkpoint.keep_last);
+    if (rank0_) std::cout << " > saved checkpoint " << c_.checkpoint.save_dir << "/"
+                          << io::checkpoint_file_name(step) << "\n";
+  }
+
+  void open_metrics() {
+    if (!rank0_) return;
+    const std::filesystem::path dir = std::filesystem::path(c_.run.output_dir) / c_.run.name;
+    std::filesystem::create_directories(dir);
+    metrics_.open(dir / c_.logging.metrics_file, std::ios::app);
+    MESH_VERIFY(metrics_.good(), "cannot write " << (dir / c_.logging.metrics_file).string());
+  }
+
+  void train_one(long step) {
+    const auto t0 = Clock::now();
+    const StepReport r = trainer_.train_step(step, data_->train_step(step));
+    window_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    ++window_steps_;
+    last_ = r;
+    if (r.skipped) {
+      ++skipped_;
+      if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) ++nan_;
+    }
+    MESH_REQUIRE(skipped_ <= c_.training.max_nan_skips,
+                 "training.max_nan_skips (" << c_.training.max_nan_skips
+                     << ") exceeded at iteration " << step << ": loss " << r.loss
+                     << ", grad norm " << r.grad_norm);
+  }
+
+  void log_step(long step) {
+    StepLine line;
+    line.iteration = step;
+    line.train_iters = c_.training.train_iters;
+    line.consumed_samples = step * c_.training.global_batch_size;
+    line.ms_per_step = 1e3 * window_seconds_ / std::max(window_steps_, 1L);
+    const double tokens = double(c_.training.global_batch_size) * model_.seq_length;
+    line.tokens_per_s_per_rank = tokens / (line.ms_per_step / 1e3) / world_;
+    line.tflops_per_rank = line.tokens_per_s_per_rank * model_flops_per_token(model_) / 1e12;
+    line.mfu = line.tflops_per_rank / peak_tflops();
+    line.lr = last_.lr;
+    line.loss = last_.loss;
+    line.grad_norm = last_.grad_norm;
+    line.skipped = skipped_;
+    line.nan = nan_;
+    line.memory_mib = rt_.world.all_reduce_scalar(peak_rss_mib(), ReduceOp::Max);
+    total_seconds_ += window_seconds_;
+    window_seconds_ = 0;
+    window_steps_ = 0;
+    if (!rank0_) return;
+    std::cout << line.text() << std::endl;
+    metrics_ << line.json() << std::endl;
+  }
+
+  void evaluate(long step) {
+    double sum = 0;
+    for (int k = 0; k < c_.training.eval_iters; ++k) sum += trainer_.evaluate(data_->eval_batch(k));
+    const double loss = sum / c_.training.eval_iters;
+    last_eval_ = loss;
+    if (!rank0_) return;
+    std::cout << " validation loss at iteration " << step << " | lm loss " << std::fixed
+              << std::setprecision(4) << loss << " | lm loss PPL " << std::setprecision(2)
+              << std::exp(loss) << std::endl;
+    metrics_ << "{\"iteration\": " << step << ", \"eval_loss\": " << std::setprecision(10)
+             << loss << ", \"eval_ppl\": " << std::exp(loss) << "}" << std::endl;
+  }
+
+  void summary(double seconds, long start) {
+    if (!rank0_) return;
+    const long steps = c_.training.train_iters - start;
+    std::cout << " > done: " << steps << " steps in " << std::fixed << std::setprecision(1)
+              << seconds << " s (" << std::setprecision(0)
+              << double(steps) * c_.training.global_batch_size * model_.seq_length / seconds
+              << " tokens/s over " << world_ << " ranks), final loss " << std::setprecision(4)
+              << last_.loss;
+    if (!std::isnan(last_eval_)) std::cout << ", last validation loss " << last_eval_;
+    std::cout << ", skipped steps " << skipped_ << std::endl;
+  }
+
+  RunConfig c_;
+  ParallelRuntime rt_;
+  int vocab_;
+  GptConfig model_;
+  Trainer trainer_;
+  std::unique_ptr<DataSource> data_;
+  bool rank0_;
+  int world_;
+  std::ofstream metrics_;
+  StepReport last_;
+  long skipped_ = 0, nan_ = 0, window_steps_ = 0;
+  double window_seconds_ = 0, total_seconds_ = 0, last_eval_ = NAN;
+};
+
+}  // namespace
+
 int run_train(const std::vector<std::string>& args) {
-  throw UserError("train: the trainer is not built yet");
+  const DeckArgs parsed = parse_deck_args(args);
+  MESH_REQUIRE(!parsed.deck.empty(), "train: missing DECK argument");
+  MESH_REQUIRE(parsed.rest.empty(), "train: unknown argument '" << parsed.rest.front() << "'");
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  RunConfig config = RunConfig::from_file(parsed.deck, parsed.overrides);
+  config.validate(world);
+  MESH_REQUIRE(config.run.device == "cpu",
+               "run.device = cuda: this build trains on the host path only (the CUDA path "
+               "is issue 8); use run.device = cpu");
+  TrainRun run(std::move(config), world);
+  return run.run();
 }
 
 }  // namespace meshtron::app

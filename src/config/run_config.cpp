@@ -168,6 +168,8 @@ void DeckSchema::bind(RunConfig& c) {
   key("logging.log_interval", &g.log_interval, "int", "print a step line every N steps");
   key("logging.metrics_file", &g.metrics_file, "string", "JSON lines in the run folder");
   key("logging.progress", &g.progress, "string", "progress bar: auto | on | off");
+  key("logging.peak_tflops", &g.peak_tflops, "float",
+      "peak TFLOP/s per rank for MFU (0 = 989 on cuda, 0.08 on cpu)");
 }
 
 std::string read_file_or_throw(const std::string& path) {

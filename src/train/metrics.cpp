@@ -1,0 +1,77 @@
+#include "train/metrics.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iomanip>
+#include <sstream>
+
+namespace meshtron {
+
+double model_flops_per_token(const GptConfig& c) {
+  const double h = c.hidden_size, f = c.ffn_hidden_size, s = c.seq_length;
+  const double forward = c.num_layers * (4 * h * h + 2 * h * f + 2 * s * h) + h * c.padded_vocab_size;
+  return 3.0 * 2.0 * forward;
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+std::string StepLine::text() const {
+  std::ostringstream os;
+  os << std::fixed << " iteration " << std::setw(6) << iteration << "/" << train_iters
+     << " | consumed samples " << consumed_samples << std::setprecision(1)
+     << " | ms/step " << ms_per_step << " | tokens/s/rank " << std::setprecision(0)
+     << tokens_per_s_per_rank << std::setprecision(4) << " | TFLOP/s/rank " << tflops_per_rank
+     << std::setprecision(1) << " | MFU " << 100 * mfu << "%" << std::scientific
+     << std::setprecision(3) << " | lr " << lr << std::fixed << std::setprecision(4)
+     << " | loss " << loss << std::setprecision(3) << " | grad norm " << grad_norm
+     << std::setprecision(1) << " | loss scale " << loss_scale << " | skipped " << skipped
+     << " | nan " << nan << " | mem " << std::setprecision(0) << memory_mib << " MiB";
+  return os.str();
+}
+
+std::string StepLine::json() const {
+  std::ostringstream os;
+  os << std::setprecision(10) << "{\"iteration\": " << iteration
+     << ", \"consumed_samples\": " << consumed_samples << ", \"ms_per_step\": " << ms_per_step
+     << ", \"tokens_per_s_per_rank\": " << tokens_per_s_per_rank
+     << ", \"tflops_per_rank\": " << tflops_per_rank << ", \"mfu\": " << mfu
+     << ", \"lr\": " << lr << ", \"loss\": " << loss << ", \"grad_norm\": " << grad_norm
+     << ", \"loss_scale\": " << loss_scale << ", \"skipped\": " << skipped
+     << ", \"nan\": " << nan << ", \"memory_mib\": " << memory_mib << "}";
+  return os.str();
+}
+
+namespace {
+/// Open MPI's mpirun hands every rank a pseudo-terminal, even when its own
+/// output goes to a batch log, so isatty() cannot tell there: "auto" stays
+/// off under Open MPI (force the bar with logging.progress = on).
+bool stdout_is_terminal() {
+  return isatty(STDOUT_FILENO) && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr;
+}
+}  // namespace
+
+ProgressBar::ProgressBar(const std::string& mode, long total)
+    : enabled_(mode == "on" || (mode == "auto" && stdout_is_terminal())), total_(total) {}
+
+void ProgressBar::update(long done) {
+  if (!enabled_) return;
+  constexpr int kWidth = 40;
+  const int filled = int(kWidth * done / std::max(total_, 1L));
+  std::printf("\r[%s%s] %ld/%ld", std::string(std::size_t(filled), '#').c_str(),
+              std::string(std::size_t(kWidth - filled), '.').c_str(), done, total_);
+  std::fflush(stdout);
+}
+
+void ProgressBar::clear() {
+  if (!enabled_) return;
+  std::printf("\r%*s\r", 60, "");
+  std::fflush(stdout);
+}
+
+}  // namespace meshtron

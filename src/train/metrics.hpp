@@ -1,0 +1,47 @@
+// Step metrics: throughput, model FLOPs and MFU, and their output as a step
+// line (stdout) and as JSON lines (the run folder).
+//
+// Model FLOPs per token (stated on rank 0 at start; attention counted dense,
+// as Megatron-LM and the PaLM paper count it; backward = 2 x forward):
+//   F = 3 x 2 x [ L (4 h^2 + 2 h f + 2 s h) + h V ]
+// for L layers, hidden h, MLP width f, sequence s and padded vocabulary V.
+// MFU = achieved model FLOP/s per rank / peak FLOP/s per rank.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "model/gpt_config.hpp"
+
+namespace meshtron {
+
+double model_flops_per_token(const GptConfig& c);
+/// Peak resident memory of this process in MiB (getrusage).
+double peak_rss_mib();
+
+struct StepLine {
+  long iteration = 0, train_iters = 0;
+  long consumed_samples = 0;
+  double ms_per_step = 0, tokens_per_s_per_rank = 0, tflops_per_rank = 0, mfu = 0;
+  double lr = 0, loss = 0, grad_norm = 0, loss_scale = 1;
+  long skipped = 0, nan = 0;
+  double memory_mib = 0;
+
+  std::string text() const;
+  std::string json() const;
+};
+
+/// Prints a one-line progress bar ("\r[#####.....] 120/300") to stdout when
+/// it is a terminal (or when forced), nothing otherwise.
+class ProgressBar {
+ public:
+  ProgressBar(const std::string& mode, long total);
+  void update(long done);
+  void clear();
+
+ private:
+  bool enabled_ = false;
+  long total_ = 0;
+};
+
+}  // namespace meshtron
