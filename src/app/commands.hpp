@@ -20,5 +20,7 @@ DeckArgs parse_deck_args(const std::vector<std::string>& args);
 
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
+int run_preprocess(const std::vector<std::string>& args);
+int run_inspect(const std::vector<std::string>& args);
 
 }  // namespace meshtron::app

@@ -25,12 +25,18 @@ void print_usage() {
       "        print the resolved deck and the rank map\n"
       "  train DECK [--set section.key=value ...]\n"
       "        train the model the deck describes\n"
+      "  preprocess --input FILE... --output-prefix P --tokenizer gpt2 ...\n"
+      "        tokenize text into an indexed dataset (preprocess --help)\n"
+      "  inspect CKPT.h5\n"
+      "        print a checkpoint's state, tensors and checksum status\n"
       "Launch through MPI: mpirun -np N meshtron ... or srun meshtron ...");
 }
 
 int dispatch(const std::string& command, const std::vector<std::string>& args) {
   if (command == "info") return meshtron::app::run_info(args);
   if (command == "train") return meshtron::app::run_train(args);
+  if (command == "preprocess") return meshtron::app::run_preprocess(args);
+  if (command == "inspect") return meshtron::app::run_inspect(args);
   throw meshtron::UserError("unknown command '" + command +
                             "' (run meshtron --help for the list)");
 }

@@ -3,6 +3,9 @@
 #include <cstring>
 
 #include "common/error.hpp"
+#ifdef MESHTRON_HAVE_CUDA
+#include "ops/ops_cuda.hpp"
+#endif
 
 namespace meshtron::ops {
 
@@ -24,13 +27,21 @@ void for_each_head_vector(index_t s, index_t b, index_t heads, index_t d, int pa
 
 void split_heads(const Tensor& x, index_t s, index_t b, index_t heads, int parts,
                  Tensor* out) {
-  MESH_VERIFY(x.is_host(), "split_heads: host tensors only");
   const index_t d = x.dim(1) / (parts * heads);
   MESH_VERIFY(x.dim(0) == s * b && x.dim(1) == parts * heads * d,
               "split_heads: " << shape_string(x.shape()) << " vs s=" << s << " b=" << b
                               << " heads=" << heads << " parts=" << parts);
-  for (int p = 0; p < parts; ++p) out[p] = Tensor::empty({b * heads, s, d}, x.dtype());
+  for (int p = 0; p < parts; ++p) out[p] = Tensor::empty({b * heads, s, d}, x.dtype(), x.space());
   const std::size_t es = dtype_size(x.dtype()), bytes = std::size_t(d) * es;
+  if (!x.is_host()) {
+#ifdef MESHTRON_HAVE_CUDA
+    for (int p = 0; p < parts; ++p)
+      cuda::split_heads_part(x.raw(), es, s, b, heads, d, parts, p, out[p].raw());
+    return;
+#else
+    MESH_VERIFY(false, "split_heads: a device tensor, but the CUDA path is not built");
+#endif
+  }
   const char* src = static_cast<const char*>(x.raw());
   for_each_head_vector(s, b, heads, d, parts, [&](int p, index_t tok, index_t mat) {
     std::memcpy(static_cast<char*>(out[p].raw()) + mat * es, src + tok * es, bytes);
@@ -40,8 +51,23 @@ void split_heads(const Tensor& x, index_t s, index_t b, index_t heads, int parts
 void merge_heads(const Tensor* in, int parts, index_t s, index_t b, index_t heads,
                  Tensor& x) {
   const index_t d = in[0].dim(2);
-  x = Tensor::empty({s * b, parts * heads * d}, in[0].dtype());
+  for (int p = 0; p < parts; ++p)
+    MESH_VERIFY(in[p].shape() == in[0].shape() && in[p].space() == in[0].space() &&
+                    in[p].dtype() == in[0].dtype() && in[p].numel() == b * heads * s * d,
+                "merge_heads: part " << p << " is " << shape_string(in[p].shape())
+                                     << ", expected [" << b * heads << ", " << s << ", " << d
+                                     << "] like part 0");
+  x = Tensor::empty({s * b, parts * heads * d}, in[0].dtype(), in[0].space());
   const std::size_t es = dtype_size(x.dtype()), bytes = std::size_t(d) * es;
+  if (!x.is_host()) {
+#ifdef MESHTRON_HAVE_CUDA
+    for (int p = 0; p < parts; ++p)
+      cuda::merge_heads_part(in[p].raw(), es, s, b, heads, d, parts, p, x.raw());
+    return;
+#else
+    MESH_VERIFY(false, "merge_heads: a device tensor, but the CUDA path is not built");
+#endif
+  }
   char* dst = static_cast<char*>(x.raw());
   for_each_head_vector(s, b, heads, d, parts, [&](int p, index_t tok, index_t mat) {
     std::memcpy(dst + tok * es, static_cast<const char*>(in[p].raw()) + mat * es, bytes);

@@ -1,7 +1,17 @@
 // The op table's dispatch (see ops.hpp): check every argument once, with
 // messages that name the op, the argument and the shapes, then hand host
 // tensors to the portable Kokkos kernels (kernels/kokkos/) or to CBLAS, by
-// dtype. Device tensors stop with an error until the CUDA path is built.
+// dtype, and device tensors to the CUDA launchers (ops_cuda.hpp,
+// kernels/cuda/). Without MESHTRON_HAVE_CUDA device tensors stop with
+// "the CUDA path is not built". The shape checks are the same for both.
+//
+// Dtypes: all tensors of one call are in one memory space. Host: every
+// floating tensor shares one dtype, fp32 or fp64. Device: the activations
+// and weights ("storage") share fp32 or bf16; per-row statistics (mean,
+// rstd, row_max, sum_exp, target_logit, loss, dloss) are fp32; accumulated
+// parameter gradients (dgamma, dbeta, dbias, dtable) are fp32 or the
+// storage dtype; AdamW is fp32 throughout; a GEMM's C may be fp32 under
+// bf16 A and B (fused fp32 weight-gradient accumulation).
 //
 // Shape convention of the checks: ops "over the last dim" accept any rank,
 // the leading dimensions flattening into rows (x [B, S, H] is N = B*S rows
@@ -21,6 +31,9 @@
 #include "kernels/kokkos/layernorm.hpp"
 #include "kernels/kokkos/softmax.hpp"
 #include "ops/ops.hpp"
+#ifdef MESHTRON_HAVE_CUDA
+#include "ops/ops_cuda.hpp"
+#endif
 
 namespace meshtron::ops {
 namespace {
@@ -40,26 +53,63 @@ std::string describe(const Arg& a) {
                          << (a.t.defined() ? dtype_name(a.t.dtype()) : "undefined"));
 }
 
-void require_host(const char* op, const Arg& a) {
-  MESH_VERIFY(a.t.defined(), op << ": " << a.name << " is an undefined tensor");
-  MESH_VERIFY(a.t.is_host(),
-              op << ": " << describe(a) << " is in CUDA memory, but the CUDA path is not built");
+const char* space_name(const Tensor& t) { return t.is_host() ? "host" : "CUDA"; }
+
+/// True when the op runs on the device. Every argument must be defined and
+/// all in one memory space; device tensors need the CUDA path built.
+bool on_device(const char* op, std::initializer_list<Arg> args) {
+  const Arg& first = *args.begin();
+  for (const Arg& a : args) {
+    MESH_VERIFY(a.t.defined(), op << ": " << a.name << " is an undefined tensor");
+    MESH_VERIFY(a.t.space() == first.t.space(),
+                op << ": " << describe(first) << " is in " << space_name(first.t) << " memory but "
+                   << describe(a) << " is in " << space_name(a.t) << " memory");
+  }
+#ifndef MESHTRON_HAVE_CUDA
+  MESH_VERIFY(first.t.is_host(),
+              op << ": " << describe(first) << " is in CUDA memory, but the CUDA path is not built");
+#endif
+  return !first.t.is_host();
 }
 
-/// Host tensors sharing one floating dtype, fp32 or fp64 (the host path).
-void require_float_args(const char* op, std::initializer_list<Arg> args) {
-  for (const Arg& a : args) require_host(op, a);
+/// Floating tensors sharing one dtype: fp32 or fp64 on the host (the host
+/// path), fp32 or bf16 on the device. Returns whether they are on the device.
+bool require_float_args(const char* op, std::initializer_list<Arg> args) {
+  const bool device = on_device(op, args);
   const Arg& first = *args.begin();
-  MESH_VERIFY(first.t.dtype() == DType::F32 || first.t.dtype() == DType::F64,
-              op << ": the host path computes in fp32 or fp64, got " << describe(first));
+  if (device)
+    MESH_VERIFY(first.t.dtype() == DType::F32 || first.t.dtype() == DType::BF16,
+                op << ": the CUDA path stores fp32 or bf16, got " << describe(first));
+  else
+    MESH_VERIFY(first.t.dtype() == DType::F32 || first.t.dtype() == DType::F64,
+                op << ": the host path computes in fp32 or fp64, got " << describe(first));
   for (const Arg& a : args)
     MESH_VERIFY(a.t.dtype() == first.t.dtype(),
                 op << ": dtypes differ: " << describe(first) << " but " << describe(a));
+  return device;
 }
 
-/// Host int32 index tensor (token ids, targets).
+/// Per-row statistics: the storage dtype on the host, fp32 on the device.
+void require_stat_args(const char* op, bool device, const Arg& storage,
+                       std::initializer_list<Arg> args) {
+  const DType want = device ? DType::F32 : storage.t.dtype();
+  for (const Arg& a : args)
+    MESH_VERIFY(a.t.dtype() == want, op << ": " << describe(a) << " must be " << dtype_name(want)
+                                        << " (per-row statistics of " << describe(storage)
+                                        << ")");
+}
+
+/// Accumulated parameter gradients: the storage dtype, or fp32 on the device.
+void require_grad_args(const char* op, bool device, const Arg& storage,
+                       std::initializer_list<Arg> args) {
+  for (const Arg& a : args)
+    MESH_VERIFY(a.t.dtype() == storage.t.dtype() || (device && a.t.dtype() == DType::F32),
+                op << ": " << describe(a) << " must be " << dtype_name(storage.t.dtype())
+                   << (device ? " or fp32" : "") << " like " << describe(storage));
+}
+
+/// int32 index tensor (token ids, targets).
 void require_index_arg(const char* op, const Arg& a) {
-  require_host(op, a);
   MESH_VERIFY(a.t.dtype() == DType::I32, op << ": " << describe(a) << " must be int32");
 }
 
@@ -95,6 +145,14 @@ void with_float_type(DType dtype, F&& f) {
   else
     f(double{});
 }
+
+/// The device branch of an op: the call when the CUDA path is built. Where
+/// it is not, on_device() has already stopped the job, so this never runs.
+#ifdef MESHTRON_HAVE_CUDA
+#define ON_CUDA(...) __VA_ARGS__
+#else
+#define ON_CUDA(...) MESH_VERIFY(false, "unreachable: the CUDA path is not built")
+#endif
 
 // ------------------------------------------------------------------ GEMM ---
 
@@ -133,27 +191,53 @@ void cblas_gemm(bool ta, bool tb, const GemmShape& s, double alpha, const double
               int(s.ldc));
 }
 
-void check_gemm_operands(const char* op, const Tensor& A, const Tensor& B, const Tensor& C,
+/// Returns whether the GEMM runs on the device (where C may be fp32 under
+/// bf16 A and B).
+bool check_gemm_operands(const char* op, const Tensor& A, const Tensor& B, const Tensor& C,
                          int rank) {
   const Arg a{"A", A}, b{"B", B}, c{"C", C};
-  require_float_args(op, {a, b, c});
+  on_device(op, {a, b, c});
+  const bool device = require_float_args(op, {a, b});
+  require_grad_args(op, device, a, {c});
   for (const Arg& x : {a, b, c})
     MESH_VERIFY(x.t.rank() == rank, op << ": " << describe(x) << " must be " << rank << "-D");
   MESH_VERIFY(!overlaps(C, A) && !overlaps(C, B), op << ": C must not share memory with A or B");
   for (const Arg& x : {a, b, c})
     for (index_t d : x.t.shape())
       MESH_VERIFY(d <= index_t(INT32_MAX), op << ": " << describe(x) << " exceeds CBLAS's int");
+  return device;
 }
+
+#ifdef MESHTRON_HAVE_CUDA
+void cuda_gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C,
+               const GemmShape& s, index_t batch, double alpha, double beta) {
+  cuda::GemmArgs g{A.dtype(), C.dtype(), A.raw(), B.raw(), C.raw(), trans_a, trans_b,
+                   s.M,       s.N,       s.K,     s.lda,   s.ldb,   s.ldc};
+  g.batch = batch;
+  if (A.rank() == 3) {
+    g.stride_a = A.dim(1) * A.dim(2);
+    g.stride_b = B.dim(1) * B.dim(2);
+    g.stride_c = C.dim(1) * C.dim(2);
+  }
+  g.alpha = alpha;
+  g.beta = beta;
+  cuda::gemm(g);
+}
+#endif
 
 }  // namespace
 
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C, double alpha,
           double beta) {
   const char* op = "gemm";
-  check_gemm_operands(op, A, B, C, 2);
+  const bool device = check_gemm_operands(op, A, B, C, 2);
   const GemmShape s = gemm_shape(op, A.dim(0), A.dim(1), trans_a, B.dim(0), B.dim(1), trans_b,
                                  C.dim(0), C.dim(1), {"A", A}, {"B", B}, {"C", C});
   if (s.M == 0 || s.N == 0) return;
+  if (device) {
+    ON_CUDA(cuda_gemm(A, trans_a, B, trans_b, C, s, 1, alpha, beta));
+    return;
+  }
   with_float_type(A.dtype(), [&](auto zero) {
     using T = decltype(zero);
     cblas_gemm(trans_a, trans_b, s, alpha, A.data<T>(), B.data<T>(), beta, C.data<T>());
@@ -163,7 +247,7 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C,
                   double alpha, double beta) {
   const char* op = "gemm_batched";
-  check_gemm_operands(op, A, B, C, 3);
+  const bool device = check_gemm_operands(op, A, B, C, 3);
   const index_t batch = A.dim(0);
   MESH_VERIFY(B.dim(0) == batch && C.dim(0) == batch,
               op << ": batch sizes differ: A " << shape_string(A.shape()) << ", B "
@@ -171,6 +255,10 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, 
   const GemmShape s = gemm_shape(op, A.dim(1), A.dim(2), trans_a, B.dim(1), B.dim(2), trans_b,
                                  C.dim(1), C.dim(2), {"A", A}, {"B", B}, {"C", C});
   if (s.M == 0 || s.N == 0) return;
+  if (device) {
+    ON_CUDA(cuda_gemm(A, trans_a, B, trans_b, C, s, batch, alpha, beta));
+    return;
+  }
   with_float_type(A.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const index_t a_stride = A.dim(1) * A.dim(2), b_stride = B.dim(1) * B.dim(2),
@@ -188,7 +276,9 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const char* op = "layernorm_forward";
   const Arg ax{"x", x}, ag{"gamma", gamma}, ab{"beta", beta}, ay{"y", y}, am{"mean", mean},
       ar{"rstd", rstd};
-  require_float_args(op, {ax, ag, ab, ay, am, ar});
+  on_device(op, {ax, ag, ab, ay, am, ar});
+  const bool device = require_float_args(op, {ax, ag, ab, ay});
+  require_stat_args(op, device, ax, {am, ar});
   const index_t N = rows_of(op, ax), H = x.dim(-1);
   MESH_VERIFY(gamma.numel() == H && beta.numel() == H,
               op << ": " << describe(ag) << " and " << describe(ab) << " must hold " << H
@@ -197,6 +287,11 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   require_per_row(op, am, N, ax);
   require_per_row(op, ar, N, ax);
   MESH_VERIFY(eps > 0, op << ": eps must be positive, got " << eps);
+  if (device) {
+    ON_CUDA(cuda::layernorm_forward(x.dtype(), x.raw(), gamma.raw(), beta.raw(), N, H, eps,
+                                    y.raw(), mean.data<float>(), rstd.data<float>()));
+    return;
+  }
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::layernorm_forward<Host>(x.data<T>(), gamma.data<T>(), beta.data<T>(), N, H, eps,
@@ -209,7 +304,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   const char* op = "layernorm_backward";
   const Arg ady{"dy", dy}, ax{"x", x}, ag{"gamma", gamma}, am{"mean", mean}, ar{"rstd", rstd},
       adx{"dx", dx}, adg{"dgamma", dgamma}, adb{"dbeta", dbeta};
-  require_float_args(op, {ax, ady, ag, am, ar, adx, adg, adb});
+  on_device(op, {ax, ady, ag, am, ar, adx, adg, adb});
+  const bool device = require_float_args(op, {ax, ady, ag, adx});
+  require_stat_args(op, device, ax, {am, ar});
+  require_grad_args(op, device, ax, {adg, adb});
+  MESH_VERIFY(dgamma.dtype() == dbeta.dtype(),
+              op << ": " << describe(adg) << " and " << describe(adb) << " must share a dtype");
   const index_t N = rows_of(op, ax), H = x.dim(-1);
   MESH_VERIFY(
       dy.shape() == x.shape() && dx.shape() == x.shape(),
@@ -219,6 +319,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
                                      << " elements, the last dim of " << describe(ax));
   require_per_row(op, am, N, ax);
   require_per_row(op, ar, N, ax);
+  if (device) {
+    ON_CUDA(cuda::layernorm_backward(x.dtype(), dgamma.dtype(), dy.raw(), x.raw(), gamma.raw(),
+                                     mean.data<float>(), rstd.data<float>(), N, H, dx.raw(),
+                                     dgamma.raw(), dbeta.raw()));
+    return;
+  }
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::layernorm_backward<Host>(dy.data<T>(), x.data<T>(), gamma.data<T>(), mean.data<T>(),
@@ -242,10 +348,15 @@ index_t softmax_batch(const char* op, const Arg& scores) {
 void scaled_causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs) {
   const char* op = "scaled_causal_softmax_forward";
   const Arg as{"scores", scores}, ap{"probs", probs};
-  require_float_args(op, {as, ap});
+  const bool device = require_float_args(op, {as, ap});
   const index_t B = softmax_batch(op, as), S = scores.dim(-1);
   MESH_VERIFY(probs.shape() == scores.shape(),
               op << ": " << describe(ap) << " must match " << describe(as));
+  if (device) {
+    ON_CUDA(cuda::scaled_causal_softmax_forward(scores.dtype(), scores.raw(), B, S, scale,
+                                               probs.raw()));
+    return;
+  }
   with_float_type(scores.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::scaled_causal_softmax_forward<Host>(scores.data<T>(), B, S, scale, probs.data<T>());
@@ -256,11 +367,16 @@ void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, d
                                     Tensor& dscores) {
   const char* op = "scaled_causal_softmax_backward";
   const Arg adp{"dprobs", dprobs}, ap{"probs", probs}, ads{"dscores", dscores};
-  require_float_args(op, {ap, adp, ads});
+  const bool device = require_float_args(op, {ap, adp, ads});
   const index_t B = softmax_batch(op, ap), S = probs.dim(-1);
   MESH_VERIFY(
       dprobs.shape() == probs.shape() && dscores.shape() == probs.shape(),
       op << ": " << describe(adp) << " and " << describe(ads) << " must match " << describe(ap));
+  if (device) {
+    ON_CUDA(cuda::scaled_causal_softmax_backward(probs.dtype(), dprobs.raw(), probs.raw(), B, S,
+                                                scale, dscores.raw()));
+    return;
+  }
   with_float_type(probs.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::scaled_causal_softmax_backward<Host>(dprobs.data<T>(), probs.data<T>(), B, S, scale,
@@ -273,8 +389,12 @@ void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, d
 void gelu_forward(const Tensor& x, Tensor& y) {
   const char* op = "gelu_forward";
   const Arg ax{"x", x}, ay{"y", y};
-  require_float_args(op, {ax, ay});
+  const bool device = require_float_args(op, {ax, ay});
   require_same_numel(op, ax, ay);
+  if (device) {
+    ON_CUDA(cuda::gelu_forward(x.dtype(), x.raw(), x.numel(), y.raw()));
+    return;
+  }
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::gelu_forward<Host>(x.data<T>(), x.numel(), y.data<T>());
@@ -284,9 +404,13 @@ void gelu_forward(const Tensor& x, Tensor& y) {
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const char* op = "gelu_backward";
   const Arg ady{"dy", dy}, ax{"x", x}, adx{"dx", dx};
-  require_float_args(op, {ax, ady, adx});
+  const bool device = require_float_args(op, {ax, ady, adx});
   require_same_numel(op, ax, ady);
   require_same_numel(op, ax, adx);
+  if (device) {
+    ON_CUDA(cuda::gelu_backward(x.dtype(), dy.raw(), x.raw(), x.numel(), dx.raw()));
+    return;
+  }
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::gelu_backward<Host>(dy.data<T>(), x.data<T>(), x.numel(), dx.data<T>());
@@ -296,10 +420,14 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 void bias_add(Tensor& y, const Tensor& bias) {
   const char* op = "bias_add";
   const Arg ay{"y", y}, ab{"bias", bias};
-  require_float_args(op, {ay, ab});
+  const bool device = require_float_args(op, {ay, ab});
   const index_t N = rows_of(op, ay), C = y.dim(-1);
   MESH_VERIFY(bias.numel() == C, op << ": " << describe(ab) << " must hold " << C
                                     << " elements, the last dim of " << describe(ay));
+  if (device) {
+    ON_CUDA(cuda::bias_add(y.dtype(), y.raw(), bias.raw(), N, C));
+    return;
+  }
   with_float_type(y.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::bias_add<Host>(y.data<T>(), bias.data<T>(), N, C);
@@ -309,10 +437,16 @@ void bias_add(Tensor& y, const Tensor& bias) {
 void bias_backward(const Tensor& dy, Tensor& dbias) {
   const char* op = "bias_backward";
   const Arg ady{"dy", dy}, adb{"dbias", dbias};
-  require_float_args(op, {ady, adb});
+  on_device(op, {ady, adb});
+  const bool device = require_float_args(op, {ady});
+  require_grad_args(op, device, ady, {adb});
   const index_t N = rows_of(op, ady), C = dy.dim(-1);
   MESH_VERIFY(dbias.numel() == C, op << ": " << describe(adb) << " must hold " << C
                                      << " elements, the last dim of " << describe(ady));
+  if (device) {
+    ON_CUDA(cuda::bias_backward(dy.dtype(), dbias.dtype(), dy.raw(), N, C, dbias.raw()));
+    return;
+  }
   with_float_type(dy.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::bias_backward<Host>(dy.data<T>(), N, C, dbias.data<T>());
@@ -322,9 +456,13 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   const char* op = "add";
   const Arg aa{"a", a}, ab{"b", b}, ao{"out", out};
-  require_float_args(op, {aa, ab, ao});
+  const bool device = require_float_args(op, {aa, ab, ao});
   require_same_numel(op, aa, ab);
   require_same_numel(op, aa, ao);
+  if (device) {
+    ON_CUDA(cuda::add(a.dtype(), a.raw(), b.raw(), a.numel(), out.raw()));
+    return;
+  }
   with_float_type(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::add<Host>(a.data<T>(), b.data<T>(), a.numel(), out.data<T>());
@@ -334,8 +472,12 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 void axpy(double alpha, const Tensor& x, Tensor& y) {
   const char* op = "axpy";
   const Arg ax{"x", x}, ay{"y", y};
-  require_float_args(op, {ax, ay});
+  const bool device = require_float_args(op, {ax, ay});
   require_same_numel(op, ax, ay);
+  if (device) {
+    ON_CUDA(cuda::axpy(x.dtype(), alpha, x.raw(), x.numel(), y.raw()));
+    return;
+  }
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::axpy<Host>(alpha, x.data<T>(), x.numel(), y.data<T>());
@@ -343,7 +485,11 @@ void axpy(double alpha, const Tensor& x, Tensor& y) {
 }
 
 void scale(Tensor& x, double alpha) {
-  require_float_args("scale", {{"x", x}});
+  const bool device = require_float_args("scale", {{"x", x}});
+  if (device) {
+    ON_CUDA(cuda::scale(x.dtype(), x.raw(), x.numel(), alpha));
+    return;
+  }
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::scale<Host>(x.data<T>(), x.numel(), alpha);
@@ -354,7 +500,7 @@ void scale(Tensor& x, double alpha) {
 
 namespace {
 void check_dropout(const char* op, const Arg& in, double p, const DropoutSite& s, const Arg& out) {
-  require_float_args(op, {in, out});
+  (void)require_float_args(op, {in, out});
   require_same_numel(op, in, out);
   MESH_VERIFY(p >= 0.0 && p < 1.0, op << ": p must be in [0, 1), got " << p);
   MESH_VERIFY(s.a >= 0 && s.b > 0 && s.c > 0 && s.a * s.b * s.c == in.t.numel(),
@@ -368,6 +514,13 @@ void check_dropout(const char* op, const Arg& in, double p, const DropoutSite& s
 }
 
 void dropout_apply(const Tensor& in, double p, const DropoutSite& s, Tensor& out) {
+  if (!in.is_host()) {
+    ON_CUDA(cuda::dropout_apply(in.dtype(), in.raw(), in.numel(), p,
+                                {s.seed, s.step, s.stream, s.b, s.c, s.a_offset, s.b_offset,
+                                 s.c_offset, s.b_global, s.c_global},
+                                out.raw()));
+    return;
+  }
   const kernels::DropoutPlacement place{s.seed,     s.step,     s.stream,   s.b,        s.c,
                                         s.a_offset, s.b_offset, s.c_offset, s.b_global, s.c_global};
   with_float_type(in.dtype(), [&](auto zero) {
@@ -397,13 +550,19 @@ bool dropout_keep(std::uint64_t seed, std::uint32_t step, std::uint32_t stream,
 void embedding_forward(const Tensor& ids, const Tensor& table, index_t vocab_begin, Tensor& out) {
   const char* op = "embedding_forward";
   const Arg ai{"ids", ids}, at{"table", table}, ao{"out", out};
+  on_device(op, {ai, at, ao});
   require_index_arg(op, ai);
-  require_float_args(op, {at, ao});
+  const bool device = require_float_args(op, {at, ao});
   MESH_VERIFY(table.rank() == 2, op << ": " << describe(at) << " must be [V_local, H]");
   const index_t N = ids.numel(), V = table.dim(0), H = table.dim(1);
   MESH_VERIFY(out.rank() >= 1 && out.dim(-1) == H && out.numel() == N * H,
               op << ": " << describe(ao) << " must be [" << N << ", " << H << "] for "
                  << describe(ai) << " and " << describe(at));
+  if (device) {
+    ON_CUDA(cuda::embedding_forward(table.dtype(), ids.data<std::int32_t>(), N, table.raw(), V, H,
+                                    vocab_begin, out.raw()));
+    return;
+  }
   with_float_type(table.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::embedding_forward<Host>(ids.data<std::int32_t>(), N, table.data<T>(), V, H,
@@ -415,13 +574,20 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, index_t vocab_beg
                         Tensor& dtable) {
   const char* op = "embedding_backward";
   const Arg ai{"ids", ids}, ad{"dout", dout}, at{"dtable", dtable};
+  on_device(op, {ai, ad, at});
   require_index_arg(op, ai);
-  require_float_args(op, {at, ad});
+  const bool device = require_float_args(op, {ad});
+  require_grad_args(op, device, ad, {at});
   MESH_VERIFY(dtable.rank() == 2, op << ": " << describe(at) << " must be [V_local, H]");
   const index_t N = ids.numel(), V = dtable.dim(0), H = dtable.dim(1);
   MESH_VERIFY(dout.rank() >= 1 && dout.dim(-1) == H && dout.numel() == N * H,
               op << ": " << describe(ad) << " must be [" << N << ", " << H << "] for "
                  << describe(ai) << " and " << describe(at));
+  if (device) {
+    ON_CUDA(cuda::embedding_backward(dout.dtype(), dtable.dtype(), ids.data<std::int32_t>(), N,
+                                     dout.raw(), V, H, vocab_begin, dtable.raw()));
+    return;
+  }
   with_float_type(dtable.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::embedding_backward<Host>(ids.data<std::int32_t>(), N, dout.data<T>(), V, H,
@@ -431,9 +597,15 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, index_t vocab_beg
 
 namespace {
 /// out [N, H] with N a multiple of seq_len, table [P >= seq_len, H].
+/// In the backward `table` is dtable (a gradient: fp32 allowed on the device
+/// under bf16 dout) and `out` is dout.
 index_t check_position_embedding(const char* op, const Arg& table, index_t seq_len,
-                                 const Arg& out) {
-  require_float_args(op, {table, out});
+                                 const Arg& out, bool table_is_grad) {
+  on_device(op, {table, out});
+  if (table_is_grad)
+    require_grad_args(op, require_float_args(op, {out}), out, {table});
+  else
+    require_float_args(op, {table, out});
   MESH_VERIFY(table.t.rank() == 2 && seq_len > 0 && table.t.dim(0) >= seq_len,
               op << ": " << describe(table) << " must be [max_positions >= seq_len = " << seq_len
                  << ", H]");
@@ -447,7 +619,12 @@ index_t check_position_embedding(const char* op, const Arg& table, index_t seq_l
 
 void position_embedding_forward(const Tensor& table, index_t seq_len, Tensor& out) {
   const index_t N = check_position_embedding("position_embedding_forward", {"table", table},
-                                             seq_len, {"out", out});
+                                             seq_len, {"out", out}, false);
+  if (!table.is_host()) {
+    ON_CUDA(cuda::position_embedding_forward(table.dtype(), table.raw(), seq_len, N, table.dim(1),
+                                             out.raw()));
+    return;
+  }
   with_float_type(table.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::position_embedding_forward<Host>(table.data<T>(), table.dim(0), seq_len, N,
@@ -457,7 +634,12 @@ void position_embedding_forward(const Tensor& table, index_t seq_len, Tensor& ou
 
 void position_embedding_backward(const Tensor& dout, index_t seq_len, Tensor& dtable) {
   const index_t N = check_position_embedding("position_embedding_backward", {"dtable", dtable},
-                                             seq_len, {"dout", dout});
+                                             seq_len, {"dout", dout}, true);
+  if (!dout.is_host()) {
+    ON_CUDA(cuda::position_embedding_backward(dout.dtype(), dtable.dtype(), dout.raw(), N,
+                                              dtable.dim(1), seq_len, dtable.raw()));
+    return;
+  }
   with_float_type(dtable.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::position_embedding_backward<Host>(dout.data<T>(), N, dtable.dim(1), seq_len,
@@ -479,7 +661,9 @@ kernels::VocabShard vocab_shard(const char* op, const Arg& logits, index_t vocab
 }
 
 /// Every target names a real (unpadded) token of the global vocabulary.
+/// Device targets are checked on a host copy (N int32s; one synchronisation).
 void check_targets(const char* op, const Tensor& targets, index_t vocab_valid) {
+  if (!targets.is_host()) return check_targets(op, targets.to_host(), vocab_valid);
   const std::int32_t* t = targets.data<std::int32_t>();
   for (index_t n = 0; n < targets.numel(); ++n)
     MESH_VERIFY(t[n] >= 0 && t[n] < vocab_valid, op << ": targets[" << n << "] = " << t[n]
@@ -492,10 +676,17 @@ void cross_entropy_row_max(const Tensor& logits, index_t vocab_begin, index_t vo
                            Tensor& row_max) {
   const char* op = "cross_entropy_row_max";
   const Arg al{"logits", logits}, am{"row_max", row_max};
-  require_float_args(op, {al, am});
+  on_device(op, {al, am});
+  const bool device = require_float_args(op, {al});
+  require_stat_args(op, device, al, {am});
   const index_t N = rows_of(op, al);
   require_per_row(op, am, N, al);
   const kernels::VocabShard shard = vocab_shard(op, al, vocab_begin, vocab_valid);
+  if (device) {
+    ON_CUDA(cuda::cross_entropy_row_max(logits.dtype(), logits.raw(), N, logits.dim(-1),
+                                        shard.valid_local, row_max.data<float>()));
+    return;
+  }
   with_float_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::cross_entropy_row_max<Host>(logits.data<T>(), N, logits.dim(-1), shard,
@@ -509,12 +700,21 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
   const char* op = "cross_entropy_partials";
   const Arg al{"logits", logits}, at{"targets", targets}, am{"row_max", row_max},
       as{"sum_exp", sum_exp}, atl{"target_logit", target_logit};
-  require_float_args(op, {al, am, as, atl});
+  on_device(op, {al, at, am, as, atl});
+  const bool device = require_float_args(op, {al});
+  require_stat_args(op, device, al, {am, as, atl});
   require_index_arg(op, at);
   const index_t N = rows_of(op, al);
   for (const Arg& a : {at, am, as, atl}) require_per_row(op, a, N, al);
   const kernels::VocabShard shard = vocab_shard(op, al, vocab_begin, vocab_valid);
   check_targets(op, targets, vocab_valid);
+  if (device) {
+    ON_CUDA(cuda::cross_entropy_partials(logits.dtype(), logits.raw(), targets.data<std::int32_t>(),
+                                         row_max.data<float>(), N, logits.dim(-1), vocab_begin,
+                                         shard.valid_local, sum_exp.data<float>(),
+                                         target_logit.data<float>()));
+    return;
+  }
   with_float_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::cross_entropy_partials<Host>(logits.data<T>(), targets.data<std::int32_t>(),
@@ -526,9 +726,17 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
 void cross_entropy_loss(const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss) {
   const char* op = "cross_entropy_loss";
   const Arg as{"sum_exp", sum_exp}, at{"target_logit", target_logit}, al{"loss", loss};
-  require_float_args(op, {as, at, al});
+  const bool device = require_float_args(op, {as, at, al});
+  if (device)
+    MESH_VERIFY(sum_exp.dtype() == DType::F32,
+                op << ": per-row statistics are fp32 on the device, got " << describe(as));
   require_same_numel(op, as, at);
   require_same_numel(op, as, al);
+  if (device) {
+    ON_CUDA(cuda::cross_entropy_loss(sum_exp.data<float>(), target_logit.data<float>(), sum_exp.numel(),
+                                     loss.data<float>()));
+    return;
+  }
   with_float_type(sum_exp.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::cross_entropy_loss<Host>(sum_exp.data<T>(), target_logit.data<T>(), sum_exp.numel(),
@@ -542,7 +750,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   const char* op = "cross_entropy_backward";
   const Arg al{"logits", logits}, at{"targets", targets}, am{"row_max", row_max},
       as{"sum_exp", sum_exp}, ad{"dloss", dloss}, adl{"dlogits", dlogits};
-  require_float_args(op, {al, am, as, ad, adl});
+  on_device(op, {al, at, am, as, ad, adl});
+  const bool device = require_float_args(op, {al, adl});
+  require_stat_args(op, device, al, {am, as, ad});
   require_index_arg(op, at);
   const index_t N = rows_of(op, al);
   for (const Arg& a : {at, am, as, ad}) require_per_row(op, a, N, al);
@@ -550,6 +760,13 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
               op << ": " << describe(adl) << " must match " << describe(al));
   const kernels::VocabShard shard = vocab_shard(op, al, vocab_begin, vocab_valid);
   check_targets(op, targets, vocab_valid);
+  if (device) {
+    ON_CUDA(cuda::cross_entropy_backward(logits.dtype(), logits.raw(), targets.data<std::int32_t>(),
+                                         row_max.data<float>(), sum_exp.data<float>(),
+                                         dloss.data<float>(), N, logits.dim(-1), vocab_begin,
+                                         shard.valid_local, dlogits.raw()));
+    return;
+  }
   with_float_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::cross_entropy_backward<Host>(logits.data<T>(), targets.data<std::int32_t>(),
@@ -563,7 +780,11 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp) {
   const char* op = "adamw_step";
   const Arg ap{"param", param}, ag{"grad", grad}, am{"m", m}, av{"v", v};
-  require_float_args(op, {ap, ag, am, av});
+  const bool device = require_float_args(op, {ap, ag, am, av});
+  if (device)
+    MESH_VERIFY(param.dtype() == DType::F32,
+                op << ": the CUDA path keeps fp32 master weights, gradients and moments; got "
+                   << describe(ap));
   for (const Arg& a : {ag, am, av}) require_same_numel(op, ap, a);
   MESH_VERIFY(hp.step >= 1 && hp.lr >= 0 && hp.beta1 >= 0 && hp.beta1 < 1 && hp.beta2 >= 0 &&
                   hp.beta2 < 1 && hp.eps > 0 && hp.weight_decay >= 0,
@@ -572,6 +793,13 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
                  << " weight_decay=" << hp.weight_decay);
   const kernels::AdamWCoefficients k =
       kernels::adamw_coefficients(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step);
+  if (device) {
+    ON_CUDA(cuda::adamw_step(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
+                             param.numel(),
+                             {k.lr, k.beta1, k.beta2, k.eps, k.weight_decay, k.step_size,
+                              k.inv_sqrt_bias2}));
+    return;
+  }
   with_float_type(param.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::adamw_step<Host>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(),
@@ -582,8 +810,12 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 // ------------------------------------------------------------ Reductions ---
 
 double sum_of_squares(const Tensor& x) {
-  require_float_args("sum_of_squares", {{"x", x}});
+  const bool device = require_float_args("sum_of_squares", {{"x", x}});
   double total = 0;
+  if (device) {
+    ON_CUDA(total = cuda::sum_of_squares(x.dtype(), x.raw(), x.numel()));
+    return total;
+  }
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     total = kernels::sum_of_squares<Host>(x.data<T>(), x.numel());

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "tensor/device_allocator.hpp"
+
 namespace meshtron {
 
 index_t shape_numel(const Shape& shape) {
@@ -20,14 +22,14 @@ std::string shape_string(const Shape& shape) {
 }
 
 namespace {
-void* allocate(std::size_t bytes, MemorySpace space) {
-  MESH_VERIFY(space == MemorySpace::Host,
-              "device allocation goes through the CUDA allocator");
-  // 64-byte alignment: cache lines and AVX-512 loads in the host kernels.
+/// Host memory: 64-byte alignment for cache lines and AVX-512 loads in the
+/// host kernels. Device memory: the caching allocator (device_allocator.hpp).
+std::shared_ptr<void> allocate(std::size_t bytes, MemorySpace space) {
+  if (space == MemorySpace::Cuda) return {device::allocate(bytes), device::deallocate};
   const std::size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   MESH_VERIFY(p != nullptr, "out of host memory allocating " << bytes << " bytes");
-  return p;
+  return {p, std::free};
 }
 }  // namespace
 
@@ -36,14 +38,14 @@ Tensor Tensor::empty(Shape shape, DType dtype, MemorySpace space) {
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.space_ = space;
-  t.storage_ = std::shared_ptr<void>(allocate(t.bytes(), space), std::free);
+  t.storage_ = allocate(t.bytes(), space);
   t.data_ = t.storage_.get();
   return t;
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, MemorySpace space) {
   Tensor t = empty(std::move(shape), dtype, space);
-  std::memset(t.data_, 0, t.bytes());
+  t.fill(0.0);
   return t;
 }
 
@@ -104,27 +106,47 @@ void set_element_from_double(Tensor& t, index_t i, double v) {
 }
 
 void Tensor::fill(double value) {
-  MESH_VERIFY(is_host(), "fill() on a device tensor");
   if (value == 0.0) {  // all-zero bits are 0 in every dtype (zeroing gradients)
-    std::memset(data_, 0, bytes());
+    if (is_host())
+      std::memset(data_, 0, bytes());
+    else
+      device::zero_bytes(data_, bytes());
+    return;
+  }
+  if (!is_host()) {
+    Tensor staged = empty(shape_, dtype_);
+    staged.fill(value);
+    copy_from(staged);
     return;
   }
   for (index_t i = 0; i < numel(); ++i) set_element_from_double(*this, i, value);
 }
 
 std::vector<double> Tensor::to_doubles() const {
-  MESH_VERIFY(is_host(), "to_doubles() on a device tensor");
+  if (!is_host()) return to_host().to_doubles();
   std::vector<double> out(static_cast<std::size_t>(numel()));
   for (index_t i = 0; i < numel(); ++i) out[std::size_t(i)] = element_as_double(*this, i);
   return out;
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  MESH_VERIFY(is_host() && src.is_host(), "copy_from() between device tensors");
   MESH_VERIFY(src.numel() == numel(), "copy_from: " << shape_string(src.shape())
                                       << " into " << shape_string(shape_));
   if (src.dtype() == dtype_) {
-    std::memcpy(data_, src.raw(), bytes());
+    if (is_host() && src.is_host())
+      std::memcpy(data_, src.raw(), bytes());
+    else
+      device::copy_bytes(data_, src.raw(), bytes());
+    return;
+  }
+  if (!src.is_host()) {  // convert on the host: stage the source there first
+    copy_from(src.to_host());
+    return;
+  }
+  if (!is_host()) {  // convert into a host staging tensor, then upload it
+    Tensor staged = empty(shape_, dtype_);
+    staged.copy_from(src);
+    copy_from(staged);
     return;
   }
   for (index_t i = 0; i < numel(); ++i)
@@ -133,6 +155,12 @@ void Tensor::copy_from(const Tensor& src) {
 
 Tensor Tensor::to(DType dtype) const {
   Tensor out = empty(shape_, dtype, space_);
+  out.copy_from(*this);
+  return out;
+}
+
+Tensor Tensor::to_space(MemorySpace space) const {
+  Tensor out = empty(shape_, dtype_, space);
   out.copy_from(*this);
   return out;
 }

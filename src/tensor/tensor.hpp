@@ -57,14 +57,23 @@ class Tensor {
   /// Rows [begin, end) along dimension 0, sharing memory.
   Tensor slice_rows(index_t begin, index_t end) const;
 
-  /// Host only: set every element to `value` (converted to the dtype).
+  // The helpers below work in either space. On a device tensor they go
+  // through a host staging copy where a conversion is needed (they are for
+  // setup, tests and checkpoints, not for the training step's hot path);
+  // same-dtype copies and zero fills stay on the device.
+
+  /// Set every element to `value` (converted to the dtype).
   void fill(double value);
-  /// Host only: copy of the elements as doubles (for tests and checks).
+  /// Copy of the elements as doubles (for tests and checks).
   std::vector<double> to_doubles() const;
-  /// Host only: deep copy into a new owning tensor of `dtype`.
+  /// Deep copy into a new owning tensor of `dtype`, in the same space.
   Tensor to(DType dtype) const;
   Tensor clone() const { return to(dtype_); }
-  /// Host only: copy elements (converting dtype) from `src` of equal numel.
+  /// Deep copy into a new owning tensor of the same dtype in `space`.
+  Tensor to_space(MemorySpace space) const;
+  Tensor to_host() const { return to_space(MemorySpace::Host); }
+  Tensor to_device() const { return to_space(MemorySpace::Cuda); }
+  /// Copy elements (converting dtype, across spaces) from `src` of equal numel.
   void copy_from(const Tensor& src);
 
  private:

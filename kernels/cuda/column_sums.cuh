@@ -1,0 +1,78 @@
+// Column sums of an [N, C] matrix, deterministic and without atomics.
+//
+// Parameter gradients (dbias, dgamma, dbeta) are sums over all N tokens of
+// each column. One block per 32 columns would leave most of the GPU idle for
+// C = 768, so the rows are also split: pass 1 writes one fp32 partial sum
+// per (split, column), pass 2 adds the partials of each column in a fixed
+// order and accumulates into the gradient. Same inputs, same bits, every run
+// (atomics would make the order, and so the rounding, vary).
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+#include "tensor/device_allocator.hpp"
+
+namespace meshtron::cuda {
+
+inline constexpr int kColTile = 32, kRowLanes = 8;
+
+/// partial[(split * NV + v) * C + c] = sum_{rows r of split} src(r, c)[v].
+template <int NV, class Source>
+__global__ void column_partials_kernel(Source src, kindex N, kindex C, kindex rows_per_split,
+                                       float* partial) {
+  __shared__ float tile[NV][kRowLanes][kColTile + 1];
+  const kindex c = kindex(blockIdx.x) * kColTile + threadIdx.x;
+  const kindex r0 = kindex(blockIdx.y) * rows_per_split;
+  const kindex r1 = r0 + rows_per_split < N ? r0 + rows_per_split : N;
+  float acc[NV];
+  for (int v = 0; v < NV; ++v) acc[v] = 0.f;
+  if (c < C)
+    for (kindex r = r0 + threadIdx.y; r < r1; r += kRowLanes) src(r, c, acc);
+  for (int v = 0; v < NV; ++v) tile[v][threadIdx.y][threadIdx.x] = acc[v];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C)
+    for (int v = 0; v < NV; ++v) {
+      float s = 0.f;
+      for (int y = 0; y < kRowLanes; ++y) s += tile[v][y][threadIdx.x];
+      partial[(kindex(blockIdx.y) * NV + v) * C + c] = s;
+    }
+}
+
+/// out_v[c] += sum_split partial[(split * NV + v) * C + c], in split order.
+template <int NV, class G>
+__global__ void column_finalize_kernel(const float* partial, kindex splits, kindex C, G* out0,
+                                       G* out1) {
+  const kindex c = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  G* outs[2] = {out0, out1};
+  for (int v = 0; v < NV; ++v) {
+    float s = 0.f;
+    for (kindex k = 0; k < splits; ++k) s += partial[(k * NV + v) * C + c];
+    store_f(outs[v], c, load_f(outs[v], c) + s);
+  }
+}
+
+/// out_v[c] += sum_r src(r, c)[v] for r < N, c < C (src adds into acc[NV]).
+template <int NV, class Source, class G>
+void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr) {
+  if (C == 0) return;
+  constexpr kindex kTargetBlocks = 4 * 132;  // a few waves of a full H100
+  const kindex col_blocks = (C + kColTile - 1) / kColTile;
+  kindex splits = (kTargetBlocks + col_blocks - 1) / col_blocks;
+  const kindex max_splits = (N + kRowLanes - 1) / kRowLanes;
+  if (splits > max_splits) splits = max_splits;
+  if (splits < 1) splits = 1;
+  kindex rows_per_split = (N + splits - 1) / splits;
+  if (rows_per_split < 1) rows_per_split = 1;
+  splits = N > 0 ? (N + rows_per_split - 1) / rows_per_split : 1;
+
+  device::Buffer partial(std::size_t(splits * NV * C) * sizeof(float));
+  column_partials_kernel<NV><<<dim3(unsigned(col_blocks), unsigned(splits)),
+                               dim3(kColTile, kRowLanes), 0, kStream>>>(
+      src, N, C, rows_per_split, partial.as<float>());
+  MESH_CUDA_LAUNCHED();
+  column_finalize_kernel<NV><<<grid_for(C, 256), 256, 0, kStream>>>(partial.as<float>(), splits,
+                                                                   C, out0, out1);
+  MESH_CUDA_LAUNCHED();
+}
+
+}  // namespace meshtron::cuda

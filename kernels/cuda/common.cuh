@@ -1,0 +1,186 @@
+// Shared vocabulary of the CUDA kernels (kernels/cuda/*.cu).
+//
+// Storage types are float and __nv_bfloat16; every kernel loads through
+// load_f() and stores through store_f(), so the arithmetic is always fp32
+// (bf16 is a storage format only, as on the host path's types.hpp).
+// All work runs on the legacy default stream (see device_allocator.hpp for
+// why the caching allocator relies on that). Launchers check the launch with
+// CUDA_CHECK(cudaGetLastError()) right after it.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/error.hpp"
+#include "tensor/types.hpp"
+
+namespace meshtron::cuda {
+
+using kindex = std::int64_t;
+using bf16_t = __nv_bfloat16;
+
+inline constexpr cudaStream_t kStream = 0;  // legacy default stream
+
+// ------------------------------------------------------ storage <-> fp32 ---
+
+__device__ __forceinline__ float load_f(const float* p, kindex i) { return p[i]; }
+__device__ __forceinline__ float load_f(const bf16_t* p, kindex i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void store_f(float* p, kindex i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_f(bf16_t* p, kindex i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16_t v) { return __bfloat162float(v); }
+template <class T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16_t from_f<bf16_t>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// --------------------------------------------------------------- launches ---
+
+/// Blocks for n items at `threads` per block, capped for grid-stride loops.
+inline unsigned grid_for(kindex n, int threads, kindex cap = 65535LL * 8) {
+  kindex blocks = (n + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  return unsigned(blocks < cap ? blocks : cap);
+}
+
+#define MESH_CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+
+/// Grid-stride loop over [0, n): any grid size covers any n.
+#define GRID_STRIDE(i, n)                                                    \
+  for (::meshtron::cuda::kindex i = ::meshtron::cuda::kindex(blockIdx.x) * blockDim.x + \
+                                    threadIdx.x;                             \
+       i < (n); i += ::meshtron::cuda::kindex(gridDim.x) * blockDim.x)
+
+/// Calls f(T{}) with T = float or bf16_t for a device storage dtype.
+template <class F>
+void with_storage_type(DType dtype, const char* op, F&& f) {
+  if (dtype == DType::F32)
+    f(float{});
+  else if (dtype == DType::BF16)
+    f(bf16_t{});
+  else
+    MESH_VERIFY(false, op << ": the CUDA path stores fp32 or bf16, got " << dtype_name(dtype));
+}
+
+/// Calls f(T{}, G{}) where G, the dtype of accumulated parameter gradients,
+/// is the storage type or fp32 (fp32 main_grad under bf16 activations).
+template <class F>
+void with_storage_and_grad_type(DType dtype, DType grad_dtype, const char* op, F&& f) {
+  with_storage_type(dtype, op, [&](auto t) {
+    using T = decltype(t);
+    if (grad_dtype == DType::F32)
+      f(T{}, float{});
+    else if (grad_dtype == dtype)
+      f(T{}, T{});
+    else
+      MESH_VERIFY(false, op << ": gradients accumulate in fp32 or the input dtype, got "
+                            << dtype_name(grad_dtype));
+  });
+}
+
+// ------------------------------------------------------------ reductions ---
+
+template <class V>
+__device__ __forceinline__ V warp_sum(V v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+/// thread gets the result. `scratch` holds 32 values.
+template <class V>
+__device__ V block_sum(V v, V* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : V(0);
+  return warp_sum(v);
+}
+
+__device__ inline float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// ------------------------------------------------ vectorised elementwise ---
+//
+// A pure elementwise op reads and writes each element once, so its speed is
+// the memory system's, and that needs wide accesses: a warp of scalar bf16
+// loads asks for 64 bytes per instruction, a warp of 16-byte loads for 512.
+// map3() applies out[i] = f(a[i], b[i], c[i]) (unused inputs null) with one
+// 16-byte pack (4 fp32 or 8 bf16) per thread and iteration when every
+// pointer is 16-byte aligned, else element by element. Each thread reads
+// its pack before writing it, so out may alias an input.
+
+template <class T>
+inline constexpr int kPack = 16 / int(sizeof(T));
+template <class T>
+struct alignas(16) Pack {
+  T v[kPack<T>];
+};
+
+template <class T, class F>
+__global__ void map3_packed_kernel(F f, const T* a, const T* b, const T* c, kindex n, T* out) {
+  constexpr int V = kPack<T>;
+  const kindex packs = n / V;
+  GRID_STRIDE(k, packs) {
+    Pack<T> pa{}, pb{}, pc{}, po;
+    if (a) pa = reinterpret_cast<const Pack<T>*>(a)[k];
+    if (b) pb = reinterpret_cast<const Pack<T>*>(b)[k];
+    if (c) pc = reinterpret_cast<const Pack<T>*>(c)[k];
+#pragma unroll
+    for (int j = 0; j < V; ++j) po.v[j] = from_f<T>(f(to_f(pa.v[j]), to_f(pb.v[j]), to_f(pc.v[j])));
+    reinterpret_cast<Pack<T>*>(out)[k] = po;
+  }
+  if (blockIdx.x == 0)  // the n % V elements past the last whole pack
+    for (kindex i = packs * V + threadIdx.x; i < n; i += blockDim.x)
+      out[i] = from_f<T>(f(a ? to_f(a[i]) : 0.f, b ? to_f(b[i]) : 0.f, c ? to_f(c[i]) : 0.f));
+}
+
+template <class T, class F>
+__global__ void map3_scalar_kernel(F f, const T* a, const T* b, const T* c, kindex n, T* out) {
+  GRID_STRIDE(i, n)
+  out[i] = from_f<T>(f(a ? to_f(a[i]) : 0.f, b ? to_f(b[i]) : 0.f, c ? to_f(c[i]) : 0.f));
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+template <class T, class F>
+void map3(F f, const T* a, const T* b, const T* c, kindex n, T* out) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  const bool packed = (!a || aligned16(a)) && (!b || aligned16(b)) && (!c || aligned16(c)) &&
+                      aligned16(out);
+  if (packed)
+    map3_packed_kernel<T><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, kStream>>>(
+        f, a, b, c, n, out);
+  else
+    map3_scalar_kernel<T><<<grid_for(n, kThreads), kThreads, 0, kStream>>>(f, a, b, c, n, out);
+  MESH_CUDA_LAUNCHED();
+}
+
+}  // namespace meshtron::cuda

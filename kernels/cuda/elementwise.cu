@@ -1,0 +1,142 @@
+// ================================================== Elementwise and biases ==
+//
+// The memory-bound ops of kernels/kokkos/elementwise.hpp, fp32 arithmetic
+// for either storage type, grid-stride loops (any grid covers any n):
+//   bias_add        y[n, c] += bias[c]
+//   bias_backward   dbias[c] += sum_n dy[n, c]    (column_sums.cuh: split
+//                                                 rows, fixed-order finish)
+//   add             out = a + b    (out may alias a or b: each thread reads
+//                                  its elements before writing them)
+// The pure elementwise ones go through map3() (common.cuh): 16-byte packs.
+//   axpy            y += alpha x
+//   scale           x *= alpha
+//   sum_of_squares  sum x^2, each thread and block in double, block partials
+//                   summed by one block in a fixed order (deterministic:
+//                   the gradient-norm clip must not depend on scheduling)
+#include "kernels/cuda/column_sums.cuh"
+#include "ops/ops_cuda.hpp"
+
+namespace meshtron::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+/// Columns on grid x, rows grid-strided on grid y: no per-element division.
+template <class T>
+__global__ void bias_add_kernel(T* __restrict__ y, const T* __restrict__ bias, kindex N,
+                                kindex C) {
+  const kindex c = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const float b = load_f(bias, c);
+  for (kindex r = blockIdx.y; r < N; r += gridDim.y) store_f(y, r * C + c, load_f(y, r * C + c) + b);
+}
+
+template <class T>
+struct BiasTerms {
+  const T* dy;
+  kindex C;
+  __device__ void operator()(kindex r, kindex c, float* acc) const { acc[0] += load_f(dy, r * C + c); }
+};
+
+struct Add {
+  __device__ float operator()(float a, float b, float) const { return a + b; }
+};
+struct Axpy {  // inputs (y, x)
+  float alpha;
+  __device__ float operator()(float y, float x, float) const { return y + alpha * x; }
+};
+struct Scale {
+  float alpha;
+  __device__ float operator()(float x, float, float) const { return alpha * x; }
+};
+
+template <class T>
+__global__ void sum_of_squares_partial_kernel(const T* __restrict__ x, kindex n,
+                                              double* __restrict__ partial) {
+  __shared__ double scratch[32];
+  double acc = 0.0;
+  GRID_STRIDE(i, n) {
+    const double v = load_f(x, i);
+    acc += v * v;
+  }
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void sum_partials_kernel(const double* __restrict__ partial, int count,
+                                    double* __restrict__ total) {
+  __shared__ double scratch[32];
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) *total = acc;
+}
+
+}  // namespace
+
+void bias_add(DType t, void* y, const void* bias, index_t N, index_t C) {
+  if (N * C == 0) return;
+  with_storage_type(t, "bias_add", [&](auto zero) {
+    using T = decltype(zero);
+    const dim3 grid(unsigned((C + kThreads - 1) / kThreads), unsigned(N < 8192 ? N : 8192));
+    bias_add_kernel<T><<<grid, kThreads, 0, kStream>>>(static_cast<T*>(y),
+                                                       static_cast<const T*>(bias), N, C);
+    MESH_CUDA_LAUNCHED();
+  });
+}
+
+void bias_backward(DType t, DType g, const void* dy, index_t N, index_t C, void* dbias) {
+  with_storage_and_grad_type(t, g, "bias_backward", [&](auto tz, auto gz) {
+    using T = decltype(tz);
+    using G = decltype(gz);
+    column_sums<1>(BiasTerms<T>{static_cast<const T*>(dy), C}, N, C, static_cast<G*>(dbias));
+  });
+}
+
+void add(DType t, const void* a, const void* b, index_t n, void* out) {
+  if (n == 0) return;
+  with_storage_type(t, "add", [&](auto zero) {
+    using T = decltype(zero);
+    map3(Add{}, static_cast<const T*>(a), static_cast<const T*>(b),
+         static_cast<const T*>(nullptr), n, static_cast<T*>(out));
+  });
+}
+
+void axpy(DType t, double alpha, const void* x, index_t n, void* y) {
+  if (n == 0) return;
+  with_storage_type(t, "axpy", [&](auto zero) {
+    using T = decltype(zero);
+    map3(Axpy{float(alpha)}, static_cast<const T*>(y), static_cast<const T*>(x),
+         static_cast<const T*>(nullptr), n, static_cast<T*>(y));
+  });
+}
+
+void scale(DType t, void* x, index_t n, double alpha) {
+  if (n == 0) return;
+  with_storage_type(t, "scale", [&](auto zero) {
+    using T = decltype(zero);
+    map3(Scale{float(alpha)}, static_cast<const T*>(x), static_cast<const T*>(nullptr),
+         static_cast<const T*>(nullptr), n, static_cast<T*>(x));
+  });
+}
+
+double sum_of_squares(DType t, const void* x, index_t n) {
+  if (n == 0) return 0.0;
+  constexpr kindex kMaxBlocks = 1024;  // ~8 per SM: enough loads in flight
+  const unsigned blocks = grid_for(n, kThreads, kMaxBlocks);
+  device::Buffer partial((blocks + 1) * sizeof(double));
+  double* total_dev = partial.as<double>() + blocks;
+  with_storage_type(t, "sum_of_squares", [&](auto zero) {
+    using T = decltype(zero);
+    sum_of_squares_partial_kernel<T><<<blocks, kThreads, 0, kStream>>>(static_cast<const T*>(x),
+                                                                      n, partial.as<double>());
+    MESH_CUDA_LAUNCHED();
+  });
+  sum_partials_kernel<<<1, 1024, 0, kStream>>>(partial.as<double>(), int(blocks), total_dev);
+  MESH_CUDA_LAUNCHED();
+  double total = 0.0;
+  CUDA_CHECK(cudaMemcpy(&total, total_dev, sizeof(double), cudaMemcpyDeviceToHost));
+  return total;
+}
+
+}  // namespace meshtron::cuda

@@ -1,0 +1,116 @@
+// Launchers of the CUDA kernels (kernels/cuda/*.cu), called by the op table
+// (ops_host.cpp) for device tensors after it has checked every argument.
+//
+// Like the Kokkos launchers they take raw device pointers and extents, never
+// a Tensor, plus the storage dtype: `t` (fp32 or bf16) for activations and
+// weights, `g` (fp32 or t) for accumulated parameter gradients. Per-row
+// statistics (LayerNorm mean/rstd, cross-entropy row_max, sum_exp,
+// target_logit, loss, dloss) are always fp32 on the device. All launches go
+// to the legacy default stream and return without synchronising, except
+// sum_of_squares, which returns its value to the host.
+//
+// Only built with MESHTRON_HAVE_CUDA.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/types.hpp"
+
+namespace meshtron::cuda {
+
+// ------------------------------------------------------------------ GEMM ---
+/// Row-major C = alpha op(A) op(B) + beta C over `batch` matrices spaced by
+/// the strides (elements); A, B of dtype ab (fp32 or bf16), C of dtype c
+/// (ab, or fp32 when ab is bf16). fp32 runs without TF32 (CUBLAS_COMPUTE_32F);
+/// bf16 accumulates in fp32. lda/ldb/ldc are the stored row lengths.
+struct GemmArgs {
+  DType ab, c;
+  const void* A;
+  const void* B;
+  void* C;
+  bool trans_a, trans_b;
+  index_t M, N, K, lda, ldb, ldc;
+  index_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+  double alpha = 1.0, beta = 0.0;
+};
+void gemm(const GemmArgs& args);
+
+// ------------------------------------------------------------- LayerNorm ---
+void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, index_t N,
+                       index_t H, double eps, void* y, float* mean, float* rstd);
+void layernorm_backward(DType t, DType g, const void* dy, const void* x, const void* gamma,
+                        const float* mean, const float* rstd, index_t N, index_t H, void* dx,
+                        void* dgamma, void* dbeta);
+
+// --------------------------------------------------------------- Softmax ---
+void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t S,
+                                   double scale, void* probs);
+void scaled_causal_softmax_backward(DType t, const void* dprobs, const void* probs,
+                                    index_t batch_heads, index_t S, double scale, void* dscores);
+
+// ------------------------------------------------------ GeLU and biases ---
+void gelu_forward(DType t, const void* x, index_t n, void* y);
+void gelu_backward(DType t, const void* dy, const void* x, index_t n, void* dx);
+/// Fused y = gelu(x + bias) over x [N, C] (MLP's first GEMM epilogue); also
+/// writes pre = x + bias when pre is non-null (the backward's input).
+void bias_gelu_forward(DType t, const void* x, const void* bias, index_t N, index_t C, void* pre,
+                       void* y);
+void bias_add(DType t, void* y, const void* bias, index_t N, index_t C);
+void bias_backward(DType t, DType g, const void* dy, index_t N, index_t C, void* dbias);
+void add(DType t, const void* a, const void* b, index_t n, void* out);
+void axpy(DType t, double alpha, const void* x, index_t n, void* y);
+void scale(DType t, void* x, index_t n, double alpha);
+double sum_of_squares(DType t, const void* x, index_t n);
+
+// --------------------------------------------------------------- Dropout ---
+/// Same placement and Philox keying as kernels/kokkos/dropout.hpp.
+struct DropoutPlacement {
+  std::uint64_t seed;
+  std::uint32_t step, stream;
+  index_t b, c;
+  index_t a_offset, b_offset, c_offset;
+  index_t b_global, c_global;
+};
+void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPlacement& site,
+                   void* out);
+
+// ------------------------------------------------------------- Embedding ---
+void embedding_forward(DType t, const std::int32_t* ids, index_t N, const void* table,
+                       index_t V_local, index_t H, index_t vocab_begin, void* out);
+void embedding_backward(DType t, DType g, const std::int32_t* ids, index_t N, const void* dout,
+                        index_t V_local, index_t H, index_t vocab_begin, void* dtable);
+void position_embedding_forward(DType t, const void* table, index_t seq_len, index_t N, index_t H,
+                                void* out);
+void position_embedding_backward(DType t, DType g, const void* dout, index_t N, index_t H,
+                                 index_t seq_len, void* dtable);
+
+// --------------------------------------------------------- Cross-entropy ---
+/// valid_local: local columns [0, valid_local) are real tokens.
+void cross_entropy_row_max(DType t, const void* logits, index_t N, index_t V_local,
+                           index_t valid_local, float* row_max);
+void cross_entropy_partials(DType t, const void* logits, const std::int32_t* targets,
+                            const float* row_max, index_t N, index_t V_local, index_t vocab_begin,
+                            index_t valid_local, float* sum_exp, float* target_logit);
+void cross_entropy_loss(const float* sum_exp, const float* target_logit, index_t N, float* loss);
+void cross_entropy_backward(DType t, const void* logits, const std::int32_t* targets,
+                            const float* row_max, const float* sum_exp, const float* dloss,
+                            index_t N, index_t V_local, index_t vocab_begin, index_t valid_local,
+                            void* dlogits);
+
+// ----------------------------------------------------------------- AdamW ---
+struct AdamWCoefficients {
+  double lr, beta1, beta2, eps, weight_decay, step_size, inv_sqrt_bias2;
+};
+/// fp32 master weights, gradients and moments.
+void adamw_step(float* param, const float* grad, float* m, float* v, index_t n,
+                const AdamWCoefficients& k);
+
+// ----------------------------------------------------------- Head layout ---
+/// Token-major x [s*b, parts*heads*d] <-> head-major part [b*heads, s, d] for
+/// one part p; element_size 1, 2, 4 or 8 bytes.
+void split_heads_part(const void* x, std::size_t element_size, index_t s, index_t b,
+                      index_t heads, index_t d, int parts, int p, void* out);
+void merge_heads_part(const void* in, std::size_t element_size, index_t s, index_t b,
+                      index_t heads, index_t d, int parts, int p, void* x);
+
+}  // namespace meshtron::cuda

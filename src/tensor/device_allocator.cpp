@@ -1,0 +1,179 @@
+// Caching device allocator (see device_allocator.hpp for the design).
+#include "tensor/device_allocator.hpp"
+
+#include "common/error.hpp"
+
+#ifdef MESHTRON_HAVE_CUDA
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace meshtron::device {
+namespace {
+
+/// Rounded block size of a request (see the bucket comment in the header).
+std::size_t bucket_size(std::size_t bytes) {
+  constexpr std::size_t kSmall = 4096, kGrain = 512;
+  if (bytes <= kSmall) return bytes == 0 ? kGrain : (bytes + kGrain - 1) / kGrain * kGrain;
+  std::size_t octave = kSmall;
+  while (octave * 2 < bytes) octave *= 2;
+  const std::size_t step = octave / 4;  // four steps in [octave, 2 * octave]
+  return (bytes + step - 1) / step * step;
+}
+
+struct Block {
+  std::size_t size;
+  int device;
+};
+
+class CachingAllocator {
+ public:
+  void* allocate(std::size_t bytes) {
+    const std::size_t size = bucket_size(bytes);
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t block_size = size;  // a cached block may be one bucket larger
+    void* ptr = take_cached(device, block_size);
+    if (!ptr) ptr = malloc_fresh(size);
+    live_[ptr] = {block_size, device};
+    stats_.current_bytes += block_size;
+    if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
+    return ptr;
+  }
+
+  void deallocate(void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(ptr);
+    MESH_VERIFY(it != live_.end(), "device::deallocate of a pointer it did not allocate");
+    const Block b = it->second;
+    live_.erase(it);
+    stats_.current_bytes -= b.size;
+    stats_.cached_bytes += b.size;
+    free_[b.device][b.size].push_back(ptr);
+  }
+
+  void release_cached() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    release_cached_locked();
+  }
+
+  AllocatorStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_bytes = stats_.current_bytes;
+  }
+
+ private:
+  /// A cached block of `size`, or of a larger bucket if that wastes at most
+  /// a quarter (`size` becomes the block's real size); null if none.
+  void* take_cached(int device, std::size_t& size) {
+    auto& lists = free_[device];
+    auto it = lists.lower_bound(size);
+    if (it == lists.end() || it->first > size + size / 4) return nullptr;
+    void* ptr = it->second.back();
+    it->second.pop_back();
+    size = it->first;
+    stats_.cached_bytes -= size;
+    if (it->second.empty()) lists.erase(it);
+    return ptr;
+  }
+
+  void* malloc_fresh(std::size_t size) {
+    void* ptr = nullptr;
+    cudaError_t err = cudaMalloc(&ptr, size);
+    if (err == cudaErrorMemoryAllocation) {  // give the cache back, then retry once
+      (void)cudaGetLastError();
+      release_cached_locked();
+      err = cudaMalloc(&ptr, size);
+    }
+    MESH_VERIFY(err == cudaSuccess, "cudaMalloc(" << size << " bytes) failed: "
+                                                  << cudaGetErrorString(err) << " (in use "
+                                                  << stats_.current_bytes << " bytes)");
+    ++stats_.cuda_mallocs;
+    return ptr;
+  }
+
+  void release_cached_locked() {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (auto& [device, lists] : free_)
+      for (auto& [size, ptrs] : lists)
+        for (void* p : ptrs) CUDA_CHECK(cudaFree(p));
+    free_.clear();
+    stats_.cached_bytes = 0;
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<void*, Block> live_;
+  std::map<int, std::map<std::size_t, std::vector<void*>>> free_;  // device -> size -> blocks
+  AllocatorStats stats_;
+};
+
+/// Never destroyed: tensors freed during static destruction still find it,
+/// and nothing calls cudaFree after the CUDA runtime has shut down.
+CachingAllocator& allocator() {
+  static CachingAllocator* instance = new CachingAllocator;
+  return *instance;
+}
+
+}  // namespace
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver or no device: not an error here
+    return 0;
+  }
+  return count;
+}
+
+void* allocate(std::size_t bytes) { return allocator().allocate(bytes); }
+void deallocate(void* ptr) { allocator().deallocate(ptr); }
+void release_cached() { allocator().release_cached(); }
+AllocatorStats allocator_stats() { return allocator().stats(); }
+void reset_peak() { allocator().reset_peak(); }
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+void zero_bytes(void* ptr, std::size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, 0));
+}
+
+void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
+}  // namespace meshtron::device
+
+#else  // no CUDA path
+
+namespace meshtron::device {
+namespace {
+[[noreturn]] void not_built(const char* what) {
+  ::meshtron::fatal(MESH_MSG(what << ": device memory, but the CUDA path is not built"), __FILE__,
+                    __LINE__);
+}
+}  // namespace
+
+int cuda_device_count() { return 0; }
+void* allocate(std::size_t) { not_built("device::allocate"); }
+void deallocate(void*) { not_built("device::deallocate"); }
+void release_cached() {}
+AllocatorStats allocator_stats() { return {}; }
+void reset_peak() {}
+void copy_bytes(void*, const void*, std::size_t) { not_built("device::copy_bytes"); }
+void zero_bytes(void*, std::size_t) { not_built("device::zero_bytes"); }
+void synchronize() {}
+
+}  // namespace meshtron::device
+
+#endif

@@ -1,0 +1,74 @@
+// Device memory for Tensors in MemorySpace::Cuda: a caching allocator.
+//
+// cudaMalloc and cudaFree synchronise the device and cost tens to hundreds
+// of microseconds each, and a training step allocates and frees the same
+// activation sizes every micro-batch. So freed blocks are not returned to
+// CUDA but kept in size-bucketed free lists, one set per device, and handed
+// out again to later requests of a similar size; in steady state no
+// cudaMalloc or cudaFree happens. Only release_cached() (called on its own,
+// or when cudaMalloc reports out-of-memory) gives cached blocks back.
+//
+// Buckets: sizes are rounded up to 512 bytes below 4 KiB, and above that to
+// one of four steps per power of two (1, 1.25, 1.5, 1.75 x 2^k), so a block
+// wastes at most 25% and similar sizes share a bucket.
+//
+// Streams: every meshtron kernel and copy runs on the legacy default stream,
+// so a block freed by the host while a kernel that used it is still queued
+// is only reused by work queued after it, on the same stream: safe without
+// events. (A multi-stream design must record an event per freed block.)
+//
+// Without MESHTRON_HAVE_CUDA every function here stops with "CUDA path not
+// built" except cuda_device_count(), which returns 0.
+#pragma once
+
+#include <cstddef>
+
+namespace meshtron::device {
+
+/// Bytes held by the allocator, summed over devices.
+struct AllocatorStats {
+  std::size_t current_bytes = 0;  ///< handed out and not yet freed (rounded sizes)
+  std::size_t peak_bytes = 0;     ///< highest current_bytes so far
+  std::size_t cached_bytes = 0;   ///< freed, kept in the free lists
+  std::size_t cuda_mallocs = 0;   ///< cudaMalloc calls so far (cache misses)
+};
+
+/// Number of CUDA devices, 0 when the CUDA path is not built or no GPU is present.
+int cuda_device_count();
+
+/// A block of at least `bytes` on the current device (256-byte aligned).
+void* allocate(std::size_t bytes);
+/// Return a block from allocate() to its free list (never cudaFree).
+void deallocate(void* ptr);
+/// cudaFree every cached (free) block of every device.
+void release_cached();
+AllocatorStats allocator_stats();
+/// Peak back to the current value (benchmarks measure one phase at a time).
+void reset_peak();
+
+/// Copy between any two spaces (cudaMemcpyDefault); synchronous for the host.
+void copy_bytes(void* dst, const void* src, std::size_t bytes);
+/// Set `bytes` of device memory to zero (asynchronous on the default stream).
+void zero_bytes(void* ptr, std::size_t bytes);
+/// Wait for all device work (tests and benchmarks).
+void synchronize();
+
+/// An owned scratch buffer from the allocator (kernels' partial sums).
+class Buffer {
+ public:
+  explicit Buffer(std::size_t bytes) : ptr_(bytes ? allocate(bytes) : nullptr) {}
+  ~Buffer() {
+    if (ptr_) deallocate(ptr_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_;  ///< Owned.
+};
+
+}  // namespace meshtron::device

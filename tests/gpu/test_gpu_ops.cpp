@@ -1,0 +1,522 @@
+// GPU op table against the host op table (src/ops/ops.hpp).
+//
+// Every op runs twice on the same inputs: on host fp32 tensors (the Kokkos
+// and CBLAS path, itself tested against long-double loops in tests/ops) and
+// on device tensors in fp32 and bf16. bf16 inputs are drawn in fp32 and
+// rounded to bf16 once; the host reference sees the rounded values, so the
+// comparison measures the device kernels and their bf16 outputs only.
+// Shapes are not multiples of any block or warp size (N = 1, 3, 17, 33, 257;
+// H = 5, 64, 130, 768). Every device output is POISONED with NaN before the
+// call, so an element the kernel fails to write shows up as NaN, and NaN
+// never passes. Tolerance: max |dev - host| <= tol * max |host| with tol =
+// 1e-5 for fp32 (TF32 must be off in the GEMMs), 1e-2 for bf16. The dropout
+// mask must equal the host's element for element.
+//
+// Run: ctest -L gpu --output-on-failure   (skips, exit 0, without a GPU)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/head_layout.hpp"
+#include "ops/ops.hpp"
+#include "tensor/device_allocator.hpp"
+#ifdef MESHTRON_HAVE_CUDA
+#include "ops/ops_cuda.hpp"
+#endif
+
+namespace meshtron::ops {
+namespace {
+
+const std::vector<index_t> kRows = {1, 3, 17, 33, 257};
+const std::vector<index_t> kCols = {5, 64, 130, 768};
+const std::vector<DType> kDtypes = {DType::F32, DType::BF16};
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double tolerance(DType t) { return t == DType::F32 ? 1e-5 : 1e-2; }
+std::string name(DType t) { return std::string(dtype_name(t)); }
+
+/// One operand in both worlds: `host` fp32 holding exactly the values that
+/// `dev` (device, dtype dt) holds.
+struct Pair {
+  Tensor host, dev;
+};
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 engine(20251117);
+  return engine;
+}
+
+Tensor random_host(const Shape& shape, double lo = -1.0, double hi = 1.0) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  for (index_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(dist(rng()));
+  return t;
+}
+
+/// A random input (also used for accumulated outputs' initial values).
+Pair input(const Shape& shape, DType dt, double lo = -1.0, double hi = 1.0) {
+  const Tensor rounded = random_host(shape, lo, hi).to(dt);
+  return {rounded.to(DType::F32), rounded.to_device()};
+}
+
+/// An overwritten output: NaN on both sides, so unwritten elements show.
+Pair output(const Shape& shape, DType dt) {
+  Pair p{Tensor::empty(shape, DType::F32), Tensor::empty(shape, dt, MemorySpace::Cuda)};
+  p.host.fill(kNaN);
+  p.dev.fill(kNaN);
+  return p;
+}
+
+Tensor random_ids(index_t n, int lo, int hi) {
+  Tensor t = Tensor::empty({n}, DType::I32);
+  std::uniform_int_distribution<int> dist(lo, hi - 1);
+  for (index_t i = 0; i < n; ++i) t.data<std::int32_t>()[i] = dist(rng());
+  return t;
+}
+
+/// max |dev - host| <= tol * max |host|, and no NaN in the device output.
+void expect_close(const Tensor& dev, const Tensor& host, double tol, const std::string& what) {
+  ASSERT_EQ(dev.numel(), host.numel()) << what;
+  const std::vector<double> d = dev.to_doubles(), h = host.to_doubles();
+  double scale = 0, worst = 0;
+  index_t worst_at = -1, nans = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) scale = std::max(scale, std::abs(h[i]));
+  if (scale == 0) scale = 1;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    if (std::isnan(d[i])) {
+      ++nans;
+      continue;
+    }
+    const double err = std::abs(d[i] - h[i]) / scale;
+    if (err > worst) worst = err, worst_at = index_t(i);
+  }
+  EXPECT_EQ(nans, 0) << what << ": " << nans << " NaN of " << h.size() << " (unwritten?)";
+  EXPECT_LE(worst, tol) << what << ": element " << worst_at << " device "
+                        << (worst_at >= 0 ? d[std::size_t(worst_at)] : 0) << " host "
+                        << (worst_at >= 0 ? h[std::size_t(worst_at)] : 0) << " (scale " << scale
+                        << ")";
+}
+
+void expect_close(const Pair& p, DType dt, const std::string& what) {
+  expect_close(p.dev, p.host, tolerance(dt), what);
+}
+
+class GpuOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (device::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  }
+};
+
+// ================================================= tensors and allocator ==
+
+TEST_F(GpuOps, TensorCopiesFillAndConversionsAcrossSpaces) {
+  const Tensor h = random_host({33, 17});
+  const Tensor d = h.to_device();
+  EXPECT_FALSE(d.is_host());
+  expect_close(d, h, 0.0, "to_device/to_doubles round trip");
+  expect_close(d.to_host(), h, 0.0, "to_host");
+  expect_close(d.clone(), h, 0.0, "device clone");
+  const Tensor d_bf16 = d.to(DType::BF16);  // device -> device with conversion
+  EXPECT_EQ(d_bf16.space(), MemorySpace::Cuda);
+  expect_close(d_bf16, h.to(DType::BF16), 0.0, "device fp32 -> bf16");
+  Tensor z = Tensor::zeros({1000}, DType::F32, MemorySpace::Cuda);
+  for (double v : z.to_doubles()) ASSERT_EQ(v, 0.0);
+  z.fill(2.5);
+  for (double v : z.to_doubles()) ASSERT_EQ(v, 2.5);
+  Tensor dst = Tensor::empty({33, 17}, DType::F32, MemorySpace::Cuda);
+  dst.copy_from(d_bf16);
+  expect_close(dst, h.to(DType::BF16), 0.0, "copy_from bf16 device into fp32 device");
+  expect_close(d.slice_rows(3, 10), h.slice_rows(3, 10), 0.0, "slice_rows of a device tensor");
+}
+
+TEST_F(GpuOps, AllocatorReusesFreedBlocksWithoutCudaMalloc) {
+  device::release_cached();
+  const device::AllocatorStats before = device::allocator_stats();
+  EXPECT_EQ(before.cached_bytes, 0u);
+  for (int round = 0; round < 2; ++round) {  // round 1 must be served from the cache
+    std::vector<Tensor> live;
+    for (index_t n : {1, 100, 5000, 1 << 20, 3 << 20}) live.push_back(Tensor::empty({n}, DType::F32, MemorySpace::Cuda));
+    const device::AllocatorStats during = device::allocator_stats();
+    EXPECT_GE(during.current_bytes, before.current_bytes + sizeof(float) * ((1 << 20) + (3 << 20)));
+    EXPECT_GE(during.peak_bytes, during.current_bytes);
+    if (round == 1) EXPECT_EQ(during.cuda_mallocs, before.cuda_mallocs + 5) << "cache missed";
+  }
+  const device::AllocatorStats after = device::allocator_stats();
+  EXPECT_EQ(after.current_bytes, before.current_bytes);
+  EXPECT_GT(after.cached_bytes, 0u);
+  device::release_cached();
+  EXPECT_EQ(device::allocator_stats().cached_bytes, 0u);
+}
+
+// ================================================================= GEMM ==
+
+struct GemmCase {
+  index_t M, N, K;
+};
+const std::vector<GemmCase> kGemmCases = {{1, 5, 64},     {3, 64, 5},     {17, 130, 33},
+                                          {33, 768, 130}, {257, 130, 768}, {257, 768, 257}};
+
+Shape stored(index_t rows, index_t cols, bool trans) {
+  return trans ? Shape{cols, rows} : Shape{rows, cols};
+}
+
+TEST_F(GpuOps, GemmMatchesHostForAllTransposesAndDtypes) {
+  for (DType dt : kDtypes)
+    for (const GemmCase& g : kGemmCases)
+      for (int t = 0; t < 4; ++t) {
+        const bool ta = t & 1, tb = t & 2;
+        const std::string what = "gemm " + name(dt) + " M=" + std::to_string(g.M) +
+                                 " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K) +
+                                 " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
+        const Pair A = input(stored(g.M, g.K, ta), dt), B = input(stored(g.K, g.N, tb), dt);
+        Pair C = output({g.M, g.N}, dt);  // beta = 0: C is not read
+        gemm(A.host, ta, B.host, tb, C.host, 0.5, 0.0);
+        gemm(A.dev, ta, B.dev, tb, C.dev, 0.5, 0.0);
+        expect_close(C, dt, what);
+        // Accumulate (beta = 1) into C of the storage dtype and, under bf16,
+        // into an fp32 C (Megatron's main_grad).
+        for (DType cdt : {dt, DType::F32}) {
+          Pair acc = input({g.M, g.N}, cdt);
+          gemm(A.host, ta, B.host, tb, acc.host, 1.5, 1.0);
+          gemm(A.dev, ta, B.dev, tb, acc.dev, 1.5, 1.0);
+          expect_close(acc, dt, what + " accumulate into " + name(cdt));
+        }
+      }
+}
+
+TEST_F(GpuOps, BatchedGemmMatchesHost) {
+  for (DType dt : kDtypes)
+    for (const GemmCase& g : {GemmCase{17, 17, 64}, GemmCase{257, 257, 64}, GemmCase{33, 64, 257}})
+      for (int t = 0; t < 4; ++t) {
+        const bool ta = t & 1, tb = t & 2;
+        const index_t batch = 3;
+        Shape sa = stored(g.M, g.K, ta), sb = stored(g.K, g.N, tb);
+        sa.insert(sa.begin(), batch);
+        sb.insert(sb.begin(), batch);
+        const Pair A = input(sa, dt), B = input(sb, dt);
+        Pair C = output({batch, g.M, g.N}, dt);
+        gemm_batched(A.host, ta, B.host, tb, C.host, 1.0, 0.0);
+        gemm_batched(A.dev, ta, B.dev, tb, C.dev, 1.0, 0.0);
+        expect_close(C, dt, "gemm_batched " + name(dt) + " M=" + std::to_string(g.M) +
+                                " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+      }
+}
+
+TEST_F(GpuOps, GemmWithEmptyInnerDimensionScalesC) {
+  const Pair A = input({5, 0}, DType::F32), B = input({0, 7}, DType::F32);
+  Pair C = input({5, 7}, DType::F32);
+  gemm(A.host, false, B.host, false, C.host, 1.0, 0.5);
+  gemm(A.dev, false, B.dev, false, C.dev, 1.0, 0.5);
+  expect_close(C, DType::F32, "gemm K=0 beta=0.5");
+  Pair Z = output({5, 7}, DType::F32);
+  gemm(A.host, false, B.host, false, Z.host, 1.0, 0.0);
+  gemm(A.dev, false, B.dev, false, Z.dev, 1.0, 0.0);
+  expect_close(Z, DType::F32, "gemm K=0 beta=0 overwrites NaN");
+}
+
+// ============================================================ LayerNorm ==
+
+TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
+  for (DType dt : kDtypes)
+    for (index_t N : kRows)
+      for (index_t H : kCols)
+        for (DType gdt : {DType::F32, dt}) {
+          const std::string what = "layernorm " + name(dt) + " N=" + std::to_string(N) +
+                                   " H=" + std::to_string(H) + " grads " + name(gdt);
+          const Pair x = input({N, H}, dt, -2.0, 3.0), gamma = input({H}, dt),
+                     beta = input({H}, dt);
+          Pair y = output({N, H}, dt), mean = output({N}, DType::F32),
+               rstd = output({N}, DType::F32);
+          layernorm_forward(x.host, gamma.host, beta.host, 1e-5, y.host, mean.host, rstd.host);
+          layernorm_forward(x.dev, gamma.dev, beta.dev, 1e-5, y.dev, mean.dev, rstd.dev);
+          expect_close(y, dt, what + " y");
+          expect_close(mean, DType::F32, what + " mean");
+          expect_close(rstd, DType::F32, what + " rstd");
+
+          const Pair dy = input({N, H}, dt);
+          Pair dx = output({N, H}, dt), dgamma = input({H}, gdt), dbeta = input({H}, gdt);
+          // Both sides use the host's statistics, so that dx measures the backward only.
+          const Tensor mean_dev = mean.host.to_device(), rstd_dev = rstd.host.to_device();
+          layernorm_backward(dy.host, x.host, gamma.host, mean.host, rstd.host, dx.host,
+                             dgamma.host, dbeta.host);
+          layernorm_backward(dy.dev, x.dev, gamma.dev, mean_dev, rstd_dev, dx.dev, dgamma.dev,
+                             dbeta.dev);
+          expect_close(dx, dt, what + " dx");
+          expect_close(dgamma, gdt == DType::F32 ? dt : gdt, what + " dgamma");
+          expect_close(dbeta, gdt == DType::F32 ? dt : gdt, what + " dbeta");
+        }
+}
+
+// ============================================================== Softmax ==
+
+TEST_F(GpuOps, ScaledCausalSoftmaxForwardAndBackwardMatchHost) {
+  for (DType dt : kDtypes)
+    for (index_t S : kRows) {
+      const std::string what = "softmax " + name(dt) + " S=" + std::to_string(S);
+      const index_t B = 5;
+      const double scale = 0.125;
+      const Pair scores = input({B, S, S}, dt, -8.0, 8.0);
+      Pair probs = output({B, S, S}, dt);
+      scaled_causal_softmax_forward(scores.host, scale, probs.host);
+      scaled_causal_softmax_forward(scores.dev, scale, probs.dev);
+      expect_close(probs, dt, what + " probs");
+      const Pair dprobs = input({B, S, S}, dt);
+      const Pair p_in{probs.host, probs.host.to(dt).to_device()};
+      Pair dscores = output({B, S, S}, dt);
+      scaled_causal_softmax_backward(dprobs.host, probs.host.to(dt).to(DType::F32), scale,
+                                     dscores.host);
+      scaled_causal_softmax_backward(dprobs.dev, p_in.dev, scale, dscores.dev);
+      expect_close(dscores, dt, what + " dscores");
+    }
+}
+
+// ======================================================= GeLU, biases ... ==
+
+TEST_F(GpuOps, GeluAndElementwiseOpsMatchHost) {
+  for (DType dt : kDtypes)
+    for (index_t N : kRows)
+      for (index_t C : kCols) {
+        const std::string what = name(dt) + " [" + std::to_string(N) + ", " + std::to_string(C) + "]";
+        const Pair x = input({N, C}, dt, -5.0, 5.0), dy = input({N, C}, dt);
+        Pair y = output({N, C}, dt), dx = output({N, C}, dt);
+        gelu_forward(x.host, y.host);
+        gelu_forward(x.dev, y.dev);
+        expect_close(y, dt, "gelu_forward " + what);
+        gelu_backward(dy.host, x.host, dx.host);
+        gelu_backward(dy.dev, x.dev, dx.dev);
+        expect_close(dx, dt, "gelu_backward " + what);
+
+        Pair acc = input({N, C}, dt);
+        const Pair bias = input({C}, dt);
+        bias_add(acc.host, bias.host);
+        bias_add(acc.dev, bias.dev);
+        expect_close(acc, dt, "bias_add " + what);
+        for (DType gdt : {DType::F32, dt}) {
+          Pair dbias = input({C}, gdt);
+          bias_backward(dy.host, dbias.host);
+          bias_backward(dy.dev, dbias.dev);
+          expect_close(dbias, dt, "bias_backward " + what + " into " + name(gdt));
+        }
+
+        Pair sum = output({N, C}, dt);
+        add(x.host, dy.host, sum.host);
+        add(x.dev, dy.dev, sum.dev);
+        expect_close(sum, dt, "add " + what);
+        Pair alias = input({N, C}, dt);  // out aliases a
+        add(alias.host, dy.host, alias.host);
+        add(alias.dev, dy.dev, alias.dev);
+        expect_close(alias, dt, "add in place " + what);
+
+        Pair ax = input({N, C}, dt);
+        axpy(-0.75, x.host, ax.host);
+        axpy(-0.75, x.dev, ax.dev);
+        expect_close(ax, dt, "axpy " + what);
+        Pair sc = input({N, C}, dt);
+        scale(sc.host, 1.0 / 3.0);
+        scale(sc.dev, 1.0 / 3.0);
+        expect_close(sc, dt, "scale " + what);
+
+        const double ss_host = sum_of_squares(x.host), ss_dev = sum_of_squares(x.dev);
+        EXPECT_NEAR(ss_dev, ss_host, 1e-6 * ss_host) << "sum_of_squares " << what;
+      }
+}
+
+TEST_F(GpuOps, SumOfSquaresOfALargeTensorMatchesHost) {
+  const Pair x = input({(1 << 22) + 17}, DType::F32);
+  const double host = sum_of_squares(x.host), dev = sum_of_squares(x.dev);
+  EXPECT_NEAR(dev, host, 1e-9 * host);
+  EXPECT_EQ(dev, sum_of_squares(x.dev)) << "not deterministic";
+}
+
+#ifdef MESHTRON_HAVE_CUDA
+TEST_F(GpuOps, FusedBiasGeluEqualsBiasAddThenGelu) {
+  for (DType dt : kDtypes)
+    for (index_t N : {1, 17, 257})
+      for (index_t C : kCols) {
+        const Pair x = input({N, C}, dt, -4.0, 4.0), bias = input({C}, dt);
+        Pair pre = output({N, C}, dt), y = output({N, C}, dt);
+        pre.host.copy_from(x.host);
+        bias_add(pre.host, bias.host);
+        const Tensor pre_rounded = pre.host.to(dt).to(DType::F32);  // the device stores pre in dt
+        gelu_forward(pre_rounded, y.host);
+        cuda::bias_gelu_forward(dt, x.dev.raw(), bias.dev.raw(), N, C, pre.dev.raw(), y.dev.raw());
+        expect_close(pre, dt, "bias_gelu pre " + name(dt));
+        expect_close(y, dt, "bias_gelu y " + name(dt));
+      }
+}
+#endif
+
+// ============================================================== Dropout ==
+
+TEST_F(GpuOps, DropoutMaskIsIdenticalToTheHost) {
+  for (DType dt : kDtypes)
+    for (double p : {0.0, 0.1, 0.5})
+      for (index_t N : {3, 257}) {
+        DropoutSite site;
+        site.seed = 0x1234567890abcdefULL;
+        site.step = 7;
+        site.stream = 3 * 16 + 2;
+        site.a = 2, site.b = N, site.c = 130;
+        site.a_offset = 1, site.b_offset = 5, site.c_offset = 390;
+        site.b_global = N + 9, site.c_global = 768;
+        const std::string what = "dropout " + name(dt) + " p=" + std::to_string(p) +
+                                 " N=" + std::to_string(N);
+        // |x| in [0.5, 1.5]: never 0, so a zero output means a dropped element.
+        Tensor xh = random_host({2, N, 130}, 0.5, 1.5);
+        std::bernoulli_distribution sign(0.5);
+        for (index_t i = 0; i < xh.numel(); ++i)
+          if (sign(rng())) xh.data<float>()[i] = -xh.data<float>()[i];
+        const Tensor rounded = xh.to(dt);
+        const Pair x{rounded.to(DType::F32), rounded.to_device()};
+        Pair y = output(x.host.shape(), dt), dx = output(x.host.shape(), dt);
+        dropout_forward(x.host, p, site, y.host);
+        dropout_forward(x.dev, p, site, y.dev);
+        dropout_backward(x.host, p, site, dx.host);
+        dropout_backward(x.dev, p, site, dx.dev);
+        for (const Pair* out : {&y, &dx}) {
+          const std::vector<double> d = out->dev.to_doubles(), h = out->host.to_doubles();
+          index_t mismatches = 0, dropped = 0;
+          for (std::size_t i = 0; i < h.size(); ++i) {
+            mismatches += (d[i] == 0.0) != (h[i] == 0.0);
+            dropped += h[i] == 0.0;
+          }
+          EXPECT_EQ(mismatches, 0) << what << ": masks differ";
+          if (p > 0) EXPECT_GT(dropped, 0) << what;
+          expect_close(*out, dt, what);
+        }
+      }
+}
+
+// ============================================================ Embedding ==
+
+TEST_F(GpuOps, EmbeddingsForwardAndBackwardMatchHost) {
+  for (DType dt : kDtypes)
+    for (index_t N : kRows)
+      for (index_t H : kCols)
+        for (DType gdt : {DType::F32, dt}) {
+          const std::string what = name(dt) + " N=" + std::to_string(N) + " H=" +
+                                   std::to_string(H) + " grads " + name(gdt);
+          const index_t V = 37, vocab_begin = 10;
+          const Tensor ids_host = random_ids(N, 0, 60);  // some outside the shard
+          const Tensor ids_dev = ids_host.to_device();
+          const Pair table = input({V, H}, dt);
+          Pair out = output({N, H}, dt);
+          embedding_forward(ids_host, table.host, vocab_begin, out.host);
+          embedding_forward(ids_dev, table.dev, vocab_begin, out.dev);
+          expect_close(out, dt, "embedding_forward " + what);
+          const Pair dout = input({N, H}, dt);
+          Pair dtable = input({V, H}, gdt);
+          embedding_backward(ids_host, dout.host, vocab_begin, dtable.host);
+          embedding_backward(ids_dev, dout.dev, vocab_begin, dtable.dev);
+          expect_close(dtable, gdt == DType::F32 ? dt : gdt, "embedding_backward " + what);
+
+          for (index_t S : {index_t(1), index_t(3), index_t(17)}) {
+            const index_t rows = 3 * S;
+            const Pair pos = input({S + 2, H}, dt);
+            Pair acc = input({rows, H}, dt);
+            position_embedding_forward(pos.host, S, acc.host);
+            position_embedding_forward(pos.dev, S, acc.dev);
+            expect_close(acc, dt, "position_embedding_forward S=" + std::to_string(S) + what);
+            const Pair dpos_out = input({rows, H}, dt);
+            Pair dpos = input({S + 2, H}, gdt);
+            position_embedding_backward(dpos_out.host, S, dpos.host);
+            position_embedding_backward(dpos_out.dev, S, dpos.dev);
+            expect_close(dpos, gdt == DType::F32 ? dt : gdt,
+                         "position_embedding_backward S=" + std::to_string(S) + what);
+          }
+        }
+}
+
+// ======================================================== Cross-entropy ==
+
+TEST_F(GpuOps, VocabParallelCrossEntropyMatchesHost) {
+  struct Shard {
+    index_t V_local, vocab_begin, vocab_valid;
+  };
+  // Whole vocabulary; a middle shard; a last shard with padded columns.
+  const std::vector<Shard> shards = {{130, 0, 130}, {768, 768, 50257}, {3000, 1000, 3900}};
+  for (DType dt : kDtypes)
+    for (index_t N : kRows)
+      for (const Shard& s : shards) {
+        const std::string what = "cross_entropy " + name(dt) + " N=" + std::to_string(N) +
+                                 " V_local=" + std::to_string(s.V_local);
+        const Pair logits = input({N, s.V_local}, dt, -6.0, 6.0);
+        const Tensor targets = random_ids(N, int(s.vocab_begin), int(std::min(s.vocab_valid, s.vocab_begin + s.V_local)));
+        const Tensor targets_dev = targets.to_device();
+        Pair row_max = output({N}, DType::F32);
+        cross_entropy_row_max(logits.host, s.vocab_begin, s.vocab_valid, row_max.host);
+        cross_entropy_row_max(logits.dev, s.vocab_begin, s.vocab_valid, row_max.dev);
+        expect_close(row_max, DType::F32, what + " row_max");
+
+        Pair sum_exp = output({N}, DType::F32), target_logit = output({N}, DType::F32);
+        cross_entropy_partials(logits.host, targets, row_max.host, s.vocab_begin, s.vocab_valid,
+                               sum_exp.host, target_logit.host);
+        cross_entropy_partials(logits.dev, targets_dev, row_max.dev, s.vocab_begin,
+                               s.vocab_valid, sum_exp.dev, target_logit.dev);
+        expect_close(sum_exp, DType::F32, what + " sum_exp");
+        expect_close(target_logit, dt, what + " target_logit");
+
+        Pair loss = output({N}, DType::F32);
+        cross_entropy_loss(sum_exp.host, target_logit.host, loss.host);
+        cross_entropy_loss(sum_exp.dev, target_logit.dev, loss.dev);
+        expect_close(loss, DType::F32, what + " loss");
+
+        const Pair dloss = input({N}, DType::F32, 0.1, 1.0);
+        Pair dlogits = output({N, s.V_local}, dt);
+        cross_entropy_backward(logits.host, targets, row_max.host, sum_exp.host, dloss.host,
+                               s.vocab_begin, s.vocab_valid, dlogits.host);
+        cross_entropy_backward(logits.dev, targets_dev, row_max.dev, sum_exp.dev, dloss.dev,
+                               s.vocab_begin, s.vocab_valid, dlogits.dev);
+        expect_close(dlogits, dt, what + " dlogits");
+      }
+}
+
+// ================================================================ AdamW ==
+
+TEST_F(GpuOps, AdamWStepMatchesHost) {
+  for (index_t n : {index_t(1), index_t(3), index_t(257), index_t(100003)})
+    for (std::int64_t step : {1, 5}) {
+      Pair param = input({n}, DType::F32), m = input({n}, DType::F32, -0.1, 0.1),
+           v = input({n}, DType::F32, 0.0, 0.01);
+      const Pair grad = input({n}, DType::F32);
+      AdamWParams hp;
+      hp.lr = 3e-4, hp.weight_decay = 0.1, hp.step = step;
+      adamw_step(param.host, grad.host, m.host, v.host, hp);
+      adamw_step(param.dev, grad.dev, m.dev, v.dev, hp);
+      const std::string what = "adamw n=" + std::to_string(n) + " step=" + std::to_string(step);
+      expect_close(param, DType::F32, what + " param");
+      expect_close(m, DType::F32, what + " m");
+      expect_close(v, DType::F32, what + " v");
+    }
+}
+
+// ========================================================== Head layout ==
+
+TEST_F(GpuOps, SplitAndMergeHeadsMatchHostExactly) {
+  for (DType dt : kDtypes)
+    for (int parts : {1, 3}) {
+      const index_t s = 17, b = 3, heads = 5, d = 7;
+      const Pair x = input({s * b, parts * heads * d}, dt);
+      const Tensor x_host = x.host.to(dt);
+      Tensor host_parts[3], dev_parts[3];
+      split_heads(x_host, s, b, heads, parts, host_parts);
+      split_heads(x.dev, s, b, heads, parts, dev_parts);
+      for (int p = 0; p < parts; ++p) {
+        EXPECT_EQ(dev_parts[p].space(), MemorySpace::Cuda);
+        expect_close(dev_parts[p], host_parts[p], 0.0, "split_heads part " + std::to_string(p));
+      }
+      Tensor merged;
+      merge_heads(dev_parts, parts, s, b, heads, merged);
+      EXPECT_EQ(merged.space(), MemorySpace::Cuda);
+      expect_close(merged, x_host, 0.0, "merge_heads(split_heads(x)) " + name(dt));
+    }
+}
+
+}  // namespace
+}  // namespace meshtron::ops

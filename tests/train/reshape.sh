@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Reshape on load: save at (tp, pp, dp) = (2, 2, 2) with the distributed
+# optimizer after 3 steps; load at other layouts without it; the next 2 steps
+# match the uninterrupted (2, 2, 2) run.
+#   reshape.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
+set -euo pipefail
+meshtron=$1 work=$2; shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$work" && mkdir -p "$work"
+run() {
+  local np=$1 name=$2 tp=$3 pp=$4 distopt=$5 iters=$6 load=$7; shift 7
+  "$@" -np "$np" "$meshtron" train "$here/tiny.deck" --set training.train_iters="$iters" \
+    --set lr_schedule.decay_iters=5 --set parallel.tensor_parallel="$tp" \
+    --set parallel.pipeline_parallel="$pp" --set parallel.distributed_optimizer="$distopt" \
+    --set run.name="$name" --set run.output_dir="$work/runs" \
+    --set checkpoint.save_dir="$work/$name" --set checkpoint.load="$load"
+}
+run 8 whole 2 2 true 5 "" "$@"
+run 8 first 2 2 true 3 "" "$@"
+for layout in "8 1 1" "8 4 2" "8 1 4" "1 1 1"; do
+  read -r np tp pp <<<"$layout"
+  name=load_np${np}_tp${tp}_pp${pp}
+  mkdir -p "$work/$name" && cp "$work/first/iter_0000003.h5" "$work/$name/" && echo "iter_0000003.h5" > "$work/$name/latest"
+  run "$np" "$name" "$tp" "$pp" false 5 auto "$@"
+  python3 "$here/compare_losses.py" "$work/runs/whole/metrics.jsonl" "$work/runs/$name/metrics.jsonl" 4 5 1e-5
+done
+echo "reshape: every layout continues the (2, 2, 2) run"
