@@ -22,5 +22,6 @@ int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_preprocess(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
+int run_convert(const std::vector<std::string>& args);
 
 }  // namespace meshtron::app

@@ -29,6 +29,8 @@ void print_usage() {
       "        tokenize text into an indexed dataset (preprocess --help)\n"
       "  inspect CKPT.h5\n"
       "        print a checkpoint's state, tensors and checksum status\n"
+      "  convert --from hf DIR --to CKPT_DIR | --from CKPT.h5 --to hf DIR\n"
+      "        Hugging Face GPT-2 <-> meshtron checkpoint (one rank)\n"
       "Launch through MPI: mpirun -np N meshtron ... or srun meshtron ...");
 }
 
@@ -37,6 +39,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args) {
   if (command == "train") return meshtron::app::run_train(args);
   if (command == "preprocess") return meshtron::app::run_preprocess(args);
   if (command == "inspect") return meshtron::app::run_inspect(args);
+  if (command == "convert") return meshtron::app::run_convert(args);
   throw meshtron::UserError("unknown command '" + command +
                             "' (run meshtron --help for the list)");
 }

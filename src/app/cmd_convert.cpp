@@ -1,0 +1,163 @@
+// meshtron convert: Hugging Face GPT2LMHeadModel <-> meshtron checkpoint.
+//
+//   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
+//       config.json + model.safetensors -> CKPT_DIR/iter_0000000.h5 (+ latest);
+//       the checkpoint carries a deck describing the model, so
+//       `meshtron train` can start from it (checkpoint.load).
+//   meshtron convert --from CKPT.h5 --to hf MODEL_DIR
+//       -> config.json + model.safetensors that transformers loads unchanged
+//
+// Runs on one rank: the whole model is assembled on it (a checkpoint written
+// by any decomposition loads into one rank like into any other).
+#include <filesystem>
+#include <iostream>
+#include <regex>
+#include <set>
+
+#include "app/commands.hpp"
+#include "common/error.hpp"
+#include "io/checkpoint.hpp"
+#include "io/hf_config.hpp"
+#include "io/hf_gpt2.hpp"
+#include "io/safetensors.hpp"
+#include "model/gpt_model.hpp"
+
+namespace meshtron::app {
+
+namespace {
+
+struct ConvertArgs {
+  std::string from, to;
+  bool from_hf = false, to_hf = false;
+};
+
+ConvertArgs parse_convert_args(const std::vector<std::string>& args) {
+  ConvertArgs c;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    auto take = [&](std::string& path, bool& hf) {
+      MESH_REQUIRE(i + 1 < args.size(), args[i] << " needs a path");
+      if (args[i + 1] == "hf") {
+        hf = true;
+        ++i;
+        MESH_REQUIRE(i + 1 < args.size(), args[i - 1] << " hf needs a folder");
+      }
+      path = args[++i];
+    };
+    if (args[i] == "--from") take(c.from, c.from_hf);
+    else if (args[i] == "--to") take(c.to, c.to_hf);
+    else throw UserError("convert: unknown argument '" + args[i] + "'");
+  }
+  MESH_REQUIRE(!c.from.empty() && !c.to.empty(),
+               "convert: usage: --from hf DIR --to CKPT_DIR | --from CKPT.h5 --to hf DIR");
+  MESH_REQUIRE(c.from_hf != c.to_hf, "convert: exactly one side must be 'hf DIR'");
+  return c;
+}
+
+/// A deck that describes `c` (stored in the checkpoint, read back on export).
+std::string deck_for(const GptConfig& c) {
+  return MESH_MSG("# written by meshtron convert\n[model]\nnum_layers = "
+                  << c.num_layers << "\nhidden_size = " << c.hidden_size
+                  << "\nnum_attention_heads = " << c.num_heads
+                  << "\nffn_hidden_size = " << c.ffn_hidden_size
+                  << "\nseq_length = " << c.seq_length
+                  << "\nmax_position_embeddings = " << c.max_positions
+                  << "\nvocab_size = " << c.vocab_size
+                  << "\nlayernorm_epsilon = " << c.layernorm_epsilon
+                  << "\ninit_method_std = " << c.init_std << "\n");
+}
+
+/// A 1-rank model (tp = pp = dp = 1) of shape `c`, on the host.
+struct SingleRankModel {
+  explicit SingleRankModel(const GptConfig& c)
+      : self(MPI_COMM_SELF), tp{self}, ctx{tp},
+        model(c, StagePlacement::whole_model(c.num_layers), ctx, DType::F32, 0) {}
+  MpiCommunicator self;
+  TensorParallelGroup tp;
+  LayerContext ctx;
+  GptModel model;
+};
+
+int hf_to_checkpoint(const ConvertArgs& a) {
+  const io::HfGpt2Config hf = io::read_hf_gpt2_config(a.from);
+  const GptConfig c = GptConfig::from_hf(hf, int(hf.n_positions), 1, 1);
+  SingleRankModel m(c);
+  io::import_hf_gpt2(a.from, m.model.parameters(), 0, 1);
+  Topology topo(MPI_COMM_SELF, {1, 1, 1});
+  std::vector<io::CheckpointTensor> tensors;
+  for (Parameter* p : m.model.parameters()) tensors.push_back({p, nullptr, nullptr});
+  io::TrainState state;
+  state.deck_text = deck_for(c);
+  io::save_checkpoint(a.to, topo, tensors, state, /*keep_last=*/0);
+  std::cout << "converted " << a.from << " -> " << a.to << "/"
+            << io::checkpoint_file_name(0) << " (" << tensors.size() << " tensors)\n";
+  return 0;
+}
+
+/// The model shape from the checkpoint's tensors and its deck.
+GptConfig config_of_checkpoint(const io::CheckpointInfo& info) {
+  RunConfig deck = RunConfig::from_text(info.state.deck_text, {}, info.path + " (deck)");
+  std::map<std::string, Shape> shapes;
+  std::set<int> layers;
+  static const std::regex layer_re(R"(^model/layers\.(\d+)\.)");
+  for (const auto& t : info.tensors) {
+    shapes[t.path] = t.shape;
+    std::smatch m;
+    if (std::regex_search(t.path, m, layer_re)) layers.insert(std::stoi(m[1]));
+  }
+  MESH_REQUIRE(shapes.count("model/embedding.word.weight") && !layers.empty(),
+               info.path << ": not a GPT checkpoint (no word embedding or layers)");
+  GptConfig c;
+  c.num_layers = int(layers.size());
+  c.vocab_size = int(shapes["model/embedding.word.weight"][0]);
+  c.padded_vocab_size = c.vocab_size;
+  c.hidden_size = int(shapes["model/embedding.word.weight"][1]);
+  c.max_positions = int(shapes["model/embedding.position.weight"][0]);
+  c.seq_length = c.max_positions;
+  c.ffn_hidden_size = int(shapes["model/layers.0.mlp.fc.weight"][1]);
+  c.num_heads = deck.model.num_attention_heads;
+  c.layernorm_epsilon = deck.model.layernorm_epsilon;
+  c.init_std = deck.model.init_method_std;
+  return c;
+}
+
+int checkpoint_to_hf(const ConvertArgs& a) {
+  const io::CheckpointInfo info = io::inspect_checkpoint(a.from);
+  MESH_REQUIRE(info.checksums_ok(), a.from << ": checksum failure (run meshtron inspect)");
+  const GptConfig c = config_of_checkpoint(info);
+  SingleRankModel m(c);
+  Topology topo(MPI_COMM_SELF, {1, 1, 1});
+  std::vector<io::CheckpointTensor> tensors;
+  for (Parameter* p : m.model.parameters()) tensors.push_back({p, nullptr, nullptr});
+  io::TrainState state;
+  io::load_checkpoint(a.from, topo, tensors, state, /*load_optimizer=*/false);
+
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (Parameter* p : m.model.parameters()) out.push_back({io::hf_name_of(p->name), p->value});
+  std::filesystem::create_directories(a.to);
+  io::write_safetensors(a.to + "/model.safetensors", out, {{"format", "pt"}});
+  io::HfGpt2Config hf;
+  hf.vocab_size = c.vocab_size;
+  hf.n_positions = c.max_positions;
+  hf.n_embd = c.hidden_size;
+  hf.n_layer = c.num_layers;
+  hf.n_head = c.num_heads;
+  hf.n_inner = c.ffn_hidden_size;
+  hf.layer_norm_epsilon = c.layernorm_epsilon;
+  hf.initializer_range = c.init_std;
+  io::write_hf_gpt2_config(a.to + "/config.json", hf);
+  std::cout << "converted " << a.from << " (iteration " << info.state.iteration << ") -> "
+            << a.to << " (" << out.size() << " tensors)\n";
+  return 0;
+}
+
+}  // namespace
+
+int run_convert(const std::vector<std::string>& args) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MESH_REQUIRE(world == 1, "convert runs on one rank (got " << world << ")");
+  const ConvertArgs a = parse_convert_args(args);
+  return a.from_hf ? hf_to_checkpoint(a) : checkpoint_to_hf(a);
+}
+
+}  // namespace meshtron::app
