@@ -83,7 +83,8 @@ class TrainRun {
  public:
   TrainRun(RunConfig config, int world)
       : c_(std::move(config)),
-        rt_(MPI_COMM_WORLD, c_.parallel.degrees()),
+        rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
+            c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
         vocab_(resolve_vocab(c_)),
         model_(GptConfig::from_run(c_, vocab_, rt_.topo.tp())),
         trainer_(c_, model_, rt_, DType::F32),
@@ -120,7 +121,7 @@ class TrainRun {
 
  private:
   void print_banner() {
-    const auto rows = gather_rank_map(rt_.topo, 0);
+    const auto rows = gather_rank_map(rt_.topo, rt_.num_gpus());
     const std::string params = parameter_table(trainer_);
     if (!rank0_) return;
     const double peak = peak_tflops();
@@ -215,7 +216,7 @@ class TrainRun {
     line.grad_norm = last_.grad_norm;
     line.skipped = skipped_;
     line.nan = nan_;
-    line.memory_mib = rt_.world.all_reduce_scalar(peak_rss_mib(), ReduceOp::Max);
+    line.memory_mib = rt_.world.all_reduce_scalar(peak_memory_mib(rt_.space()), ReduceOp::Max);
     total_seconds_ += window_seconds_;
     window_seconds_ = 0;
     window_steps_ = 0;
@@ -273,9 +274,10 @@ int run_train(const std::vector<std::string>& args) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   RunConfig config = RunConfig::from_file(parsed.deck, parsed.overrides);
   config.validate(world);
-  MESH_REQUIRE(config.run.device == "cpu",
-               "run.device = cuda: this build trains on the host path only (the CUDA path "
-               "is issue 8); use run.device = cpu");
+  MESH_REQUIRE(config.training.precision == "fp32",
+               "training.precision = " << config.training.precision
+                   << ": the GPU path trains in fp32 for now (bf16 mixed precision is the "
+                      "rest of issue 8); use training.precision = fp32");
   TrainRun run(std::move(config), world);
   return run.run();
 }

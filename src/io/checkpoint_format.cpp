@@ -23,9 +23,9 @@ Tensor* tensor_of(const CheckpointTensor& t, TensorKind kind) {
 }
 
 Tensor host_f32(const Tensor& t) {
-  MESH_VERIFY(t.is_host(), "checkpoint I/O reads and writes host tensors; copy device "
-                           "tensors to the host first");
-  return t.dtype() == DType::F32 ? t : t.to(DType::F32);
+  // HDF5 reads and writes host memory: device tensors (GPU path) are staged.
+  const Tensor host = t.is_host() ? t : t.to_host();
+  return host.dtype() == DType::F32 ? host : host.to(DType::F32);
 }
 
 void write_metadata(hid_t file, const TrainState& s, const WriterTopology& topo,

@@ -40,16 +40,16 @@ Tensor Attention::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   c.k = parts[1];
   c.v = parts[2];
 
-  Tensor scores = Tensor::empty({b * heads_local_, s, s}, x.dtype());
+  Tensor scores = Tensor::empty({b * heads_local_, s, s}, x.dtype(), x.space());
   ops::gemm_batched(c.q, false, c.k, true, scores);
-  c.probs = Tensor::empty(scores.shape(), x.dtype());
+  c.probs = Tensor::empty(scores.shape(), x.dtype(), x.space());
   ops::scaled_causal_softmax_forward(scores, 1.0 / std::sqrt(double(head_dim_)), c.probs);
   c.probs_kept = c.probs;
   if (ctx.training && dropout_ > 0) {
-    c.probs_kept = Tensor::empty(c.probs.shape(), x.dtype());
+    c.probs_kept = Tensor::empty(c.probs.shape(), x.dtype(), x.space());
     ops::dropout_forward(c.probs, dropout_, probs_site(ctx), c.probs_kept);
   }
-  Tensor context = Tensor::empty({b * heads_local_, s, head_dim_}, x.dtype());
+  Tensor context = Tensor::empty({b * heads_local_, s, head_dim_}, x.dtype(), x.space());
   ops::gemm_batched(c.probs_kept, false, c.v, false, context);
   Tensor merged;
   ops::merge_heads(&context, 1, s, b, heads_local_, merged);
@@ -62,19 +62,19 @@ Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) 
   Tensor dcontext;
   ops::split_heads(dmerged, s, b, heads_local_, 1, &dcontext);
 
-  Tensor dprobs = Tensor::empty(c.probs.shape(), dy.dtype());
+  Tensor dprobs = Tensor::empty(c.probs.shape(), dy.dtype(), dy.space());
   ops::gemm_batched(dcontext, false, c.v, true, dprobs);   // dP = dC V^T
   Tensor dparts[3];
-  dparts[2] = Tensor::empty(c.v.shape(), dy.dtype());
+  dparts[2] = Tensor::empty(c.v.shape(), dy.dtype(), dy.space());
   ops::gemm_batched(c.probs_kept, true, dcontext, false, dparts[2]);  // dV = P^T dC
   if (ctx.training && dropout_ > 0)
     ops::dropout_backward(dprobs, dropout_, probs_site(ctx), dprobs);
 
-  Tensor dscores = Tensor::empty(c.probs.shape(), dy.dtype());
+  Tensor dscores = Tensor::empty(c.probs.shape(), dy.dtype(), dy.space());
   ops::scaled_causal_softmax_backward(dprobs, c.probs, 1.0 / std::sqrt(double(head_dim_)),
                                       dscores);
-  dparts[0] = Tensor::empty(c.q.shape(), dy.dtype());
-  dparts[1] = Tensor::empty(c.k.shape(), dy.dtype());
+  dparts[0] = Tensor::empty(c.q.shape(), dy.dtype(), dy.space());
+  dparts[1] = Tensor::empty(c.k.shape(), dy.dtype(), dy.space());
   ops::gemm_batched(dscores, false, c.k, false, dparts[0]);  // dQ = dS K
   ops::gemm_batched(dscores, true, c.q, false, dparts[1]);   // dK = dS^T Q
   Tensor dqkv;

@@ -15,8 +15,8 @@ Parameter make_word_embedding(const GptConfig& c, const LayerContext& ctx, DType
   Parameter p;
   p.name = "embedding.word.weight";
   p.global_shape = {c.vocab_size, c.hidden_size};
-  p.value = Tensor::zeros({rows, c.hidden_size}, dtype);
-  p.grad = Tensor::zeros({rows, c.hidden_size}, dtype);
+  p.value = Tensor::zeros({rows, c.hidden_size}, dtype, ctx.space);
+  p.grad = Tensor::zeros({rows, c.hidden_size}, dtype, ctx.space);
   p.shard.split_dim = 0;
   const index_t begin = vocab_begin(c, ctx.tp);
   p.padded_rows = std::clamp<index_t>(begin + rows - c.vocab_size, 0, rows);
@@ -27,26 +27,29 @@ Embedding::Embedding(const GptConfig& c, const LayerContext& ctx, DType dtype)
     : word(make_word_embedding(c, ctx, dtype)), config_(c) {
   position.name = "embedding.position.weight";
   position.global_shape = {c.max_positions, c.hidden_size};
-  position.value = Tensor::zeros(position.global_shape, dtype);
-  position.grad = Tensor::zeros(position.global_shape, dtype);
+  position.value = Tensor::zeros(position.global_shape, dtype, ctx.space);
+  position.grad = Tensor::zeros(position.global_shape, dtype, ctx.space);
 }
 
 Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const {
   const index_t n = ids.numel();
-  c.ids = ids;
-  c.positions = Tensor::empty({n}, DType::I32);
-  auto* pos = c.positions.data<std::int32_t>();
+  c.ids = in_space(ids, ctx.space);
+  // Position ids are built on the host and copied where the tables live.
+  Tensor positions_host = Tensor::empty({n}, DType::I32);
+  auto* pos = positions_host.data<std::int32_t>();
   for (index_t t = 0; t < n; ++t) pos[t] = std::int32_t(t / ctx.micro_batch);  // [s, b] rows
+  c.positions = in_space(positions_host, ctx.space);
 
-  Tensor partial = Tensor::empty({n, config_.hidden_size}, word.value.dtype());
-  ops::embedding_forward(ids, word.value, vocab_begin(config_, ctx.tp), partial);
+  Tensor partial =
+      Tensor::empty({n, config_.hidden_size}, word.value.dtype(), word.value.space());
+  ops::embedding_forward(c.ids, word.value, vocab_begin(config_, ctx.tp), partial);
   Tensor full = mapping::reduce_from_tp(ctx.tp, partial);
-  Tensor positions = Tensor::empty(full.shape(), full.dtype());
+  Tensor positions = Tensor::empty(full.shape(), full.dtype(), full.space());
   ops::embedding_forward(c.positions, position.value, 0, positions);
   ops::add(full, positions, full);
   Tensor x = ctx.sequence_parallel ? mapping::scatter_to_sp(ctx.tp, full) : full;
   if (!ctx.training || config_.hidden_dropout == 0) return x;
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
   ops::dropout_forward(x, config_.hidden_dropout,
                        ctx.hidden_site(kStreamEmbedding, config_.hidden_size), y);
   return y;
@@ -55,7 +58,7 @@ Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const 
 void Embedding::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   Tensor dx = dy;
   if (ctx.training && config_.hidden_dropout > 0) {
-    dx = Tensor::empty(dy.shape(), dy.dtype());
+    dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
     ops::dropout_backward(dy, config_.hidden_dropout,
                           ctx.hidden_site(kStreamEmbedding, config_.hidden_size), dx);
   }
@@ -73,29 +76,30 @@ Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext&
                                    : mapping::copy_to_tp(ctx.tp, x);
   const index_t n = c.x_full.dim(0), vocab_local = word->value.dim(0);
   const index_t begin = vocab_begin(config_, ctx.tp);
-  c.targets = targets;
-  c.logits = Tensor::empty({n, vocab_local}, x.dtype());
+  c.targets = in_space(targets, ctx.space);
+  c.logits = Tensor::empty({n, vocab_local}, x.dtype(), x.space());
   ops::gemm(c.x_full, false, word->value, true, c.logits);
 
-  Tensor local_max = Tensor::empty({n}, x.dtype());
+  const DType stats = stats_dtype(x);
+  Tensor local_max = Tensor::empty({n}, stats, x.space());
   ops::cross_entropy_row_max(c.logits, begin, config_.vocab_size, local_max);
   c.row_max = mapping::reduce_max_from_tp(ctx.tp, local_max);
   // sum_exp and the target logit travel in one all-reduce: [2, n].
-  Tensor partials = Tensor::empty({2, n}, x.dtype());
+  Tensor partials = Tensor::empty({2, n}, stats, x.space());
   Tensor sum_exp = partials.slice_rows(0, 1).reshape({n});
   Tensor target_logit = partials.slice_rows(1, 2).reshape({n});
-  ops::cross_entropy_partials(c.logits, targets, c.row_max, begin, config_.vocab_size,
+  ops::cross_entropy_partials(c.logits, c.targets, c.row_max, begin, config_.vocab_size,
                               sum_exp, target_logit);
   Tensor totals = mapping::reduce_from_tp(ctx.tp, partials);
   c.sum_exp = totals.slice_rows(0, 1).reshape({n});
-  Tensor loss = Tensor::empty({n}, x.dtype());
+  Tensor loss = Tensor::empty({n}, stats, x.space());
   ops::cross_entropy_loss(c.sum_exp, totals.slice_rows(1, 2).reshape({n}), loss);
   return loss;
 }
 
 Tensor LmHeadLoss::backward(const Tensor& dloss, LayerContext& ctx, const Cache& c) {
   const index_t begin = vocab_begin(config_, ctx.tp);
-  Tensor dlogits = Tensor::empty(c.logits.shape(), c.logits.dtype());
+  Tensor dlogits = Tensor::empty(c.logits.shape(), c.logits.dtype(), c.logits.space());
   ops::cross_entropy_backward(c.logits, c.targets, c.row_max, c.sum_exp, dloss, begin,
                               config_.vocab_size, dlogits);
   ops::gemm(dlogits, true, c.x_full, false, word->grad, 1.0, 1.0);  // dW += dL^T X

@@ -13,7 +13,7 @@ GptModel::GptModel(const GptConfig& c, const StagePlacement& placement, LayerCon
     layers_.emplace_back(placement.first_layer + i, c, ctx, dtype);
   if (placement.has_head) {
     final_norm_.emplace("final_norm", c.hidden_size, c.layernorm_epsilon, dtype,
-                        ctx.sequence_parallel);
+                        ctx.sequence_parallel, ctx.space);
     Parameter* word = nullptr;
     if (embedding_) {
       word = &embedding_->word;

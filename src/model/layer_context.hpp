@@ -19,6 +19,10 @@ struct LayerContext {
   index_t micro_batch = 0;        ///< b
   index_t sample_offset = 0;      ///< global index of sample 0 within the step
   index_t global_batch = 0;       ///< samples in the step over all dp ranks
+  /// Where the layers keep their parameters, gradients and activations.
+  /// Activations follow their inputs; inputs from elsewhere (token ids,
+  /// targets built on the host) are copied here by in_space().
+  MemorySpace space = MemorySpace::Host;
 
   int sp_size() const { return sequence_parallel ? tp.size() : 1; }
   int sp_rank() const { return sequence_parallel ? tp.rank() : 0; }
@@ -41,6 +45,16 @@ struct LayerContext {
     return s;
   }
 };
+
+/// `t` itself when it already lives in `space`, else a copy there.
+inline Tensor in_space(const Tensor& t, MemorySpace space) {
+  return t.space() == space ? t : t.to_space(space);
+}
+
+/// Dtype of per-row statistics (mean, rstd, softmax max and sums, loss) of
+/// an activation `x`: its own dtype on the host (fp32, or fp64 in gradient
+/// checks), always fp32 on the device (see ops_host.cpp's dtype rules).
+inline DType stats_dtype(const Tensor& x) { return x.is_host() ? x.dtype() : DType::F32; }
 
 /// Dropout streams: layer * kStreamsPerLayer + site.
 constexpr std::uint32_t kStreamsPerLayer = 16;

@@ -4,13 +4,13 @@ namespace meshtron {
 
 namespace {
 Parameter vector_param(const std::string& name, index_t n, DType dtype, double value,
-                       bool sp) {
+                       bool sp, MemorySpace space) {
   Parameter p;
   p.name = name;
   p.global_shape = {n};
-  p.value = Tensor::empty({n}, dtype);
+  p.value = Tensor::empty({n}, dtype, space);
   p.value.fill(value);
-  p.grad = Tensor::zeros({n}, dtype);
+  p.grad = Tensor::zeros({n}, dtype, space);
   p.shard.tp_partial_grad = sp;
   p.weight_decay = false;
   return p;
@@ -18,23 +18,23 @@ Parameter vector_param(const std::string& name, index_t n, DType dtype, double v
 }  // namespace
 
 LayerNorm::LayerNorm(const std::string& name, index_t hidden, double eps, DType dtype,
-                     bool sp)
-    : weight(vector_param(name + ".weight", hidden, dtype, 1.0, sp)),
-      bias(vector_param(name + ".bias", hidden, dtype, 0.0, sp)),
+                     bool sp, MemorySpace space)
+    : weight(vector_param(name + ".weight", hidden, dtype, 1.0, sp, space)),
+      bias(vector_param(name + ".bias", hidden, dtype, 0.0, sp, space)),
       eps_(eps) {}
 
 Tensor LayerNorm::forward(const Tensor& x, Cache& cache) const {
   const index_t n = x.dim(0);
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
   cache.x = x;
-  cache.mean = Tensor::empty({n}, x.dtype());
-  cache.rstd = Tensor::empty({n}, x.dtype());
+  cache.mean = Tensor::empty({n}, stats_dtype(x), x.space());
+  cache.rstd = Tensor::empty({n}, stats_dtype(x), x.space());
   ops::layernorm_forward(x, weight.value, bias.value, eps_, y, cache.mean, cache.rstd);
   return y;
 }
 
 Tensor LayerNorm::backward(const Tensor& dy, const Cache& cache) {
-  Tensor dx = Tensor::empty(dy.shape(), dy.dtype());
+  Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
   ops::layernorm_backward(dy, cache.x, weight.value, cache.mean, cache.rstd, dx,
                           weight.grad, bias.grad);
   return dx;

@@ -14,8 +14,9 @@ class LayerNorm {
   struct Cache {
     Tensor x, mean, rstd;
   };
+  /// Parameters in `space` (weight 1, bias 0).
   LayerNorm(const std::string& name, index_t hidden, double eps, DType dtype,
-            bool sequence_parallel);
+            bool sequence_parallel, MemorySpace space = MemorySpace::Host);
   Tensor forward(const Tensor& x, Cache& cache) const;
   /// Returns dx; accumulates weight and bias gradients.
   Tensor backward(const Tensor& dy, const Cache& cache);

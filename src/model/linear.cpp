@@ -3,7 +3,7 @@
 namespace meshtron {
 
 Tensor matmul(const Tensor& x, const Tensor& w) {
-  Tensor y = Tensor::empty({x.dim(0), w.dim(1)}, x.dtype());
+  Tensor y = Tensor::empty({x.dim(0), w.dim(1)}, x.dtype(), x.space());
   ops::gemm(x, false, w, false, y);
   return y;
 }
@@ -11,12 +11,12 @@ Tensor matmul(const Tensor& x, const Tensor& w) {
 namespace {
 
 Parameter make_param(const std::string& name, Shape global, Shape local, ShardSpec shard,
-                     bool decay, DType dtype) {
+                     bool decay, DType dtype, MemorySpace space) {
   Parameter p;
   p.name = name;
   p.global_shape = std::move(global);
-  p.value = Tensor::zeros(local, dtype);
-  p.grad = Tensor::zeros(local, dtype);
+  p.value = Tensor::zeros(local, dtype, space);
+  p.grad = Tensor::zeros(local, dtype, space);
   p.shard = shard;
   p.weight_decay = decay;
   return p;
@@ -35,9 +35,9 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, index_t in, 
                                            int fused_parts, const LayerContext& ctx,
                                            DType dtype)
     : weight(make_param(name + ".weight", {in, out}, {in, out / ctx.tp.size()},
-                        {1, fused_parts, false}, true, dtype)),
+                        {1, fused_parts, false}, true, dtype, ctx.space)),
       bias(make_param(name + ".bias", {out}, {out / ctx.tp.size()}, {0, fused_parts, false},
-                      false, dtype)) {}
+                      false, dtype, ctx.space)) {}
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
                                      Cache& cache) const {
@@ -56,7 +56,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
   const Tensor x_full =
       ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, cache.x) : cache.x;
   accumulate_weight_grads(x_full, dy, weight, bias);
-  Tensor dx_full = Tensor::empty(x_full.shape(), dy.dtype());
+  Tensor dx_full = Tensor::empty(x_full.shape(), dy.dtype(), dy.space());
   ops::gemm(dy, false, weight.value, true, dx_full);
   return ctx.sequence_parallel ? mapping::all_gather_from_sp_backward(ctx.tp, dx_full)
                                : mapping::copy_to_tp_backward(ctx.tp, dx_full);
@@ -65,9 +65,9 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
 RowParallelLinear::RowParallelLinear(const std::string& name, index_t in, index_t out,
                                      const LayerContext& ctx, DType dtype)
     : weight(make_param(name + ".weight", {in, out}, {in / ctx.tp.size(), out},
-                        {0, 1, false}, true, dtype)),
+                        {0, 1, false}, true, dtype, ctx.space)),
       bias(make_param(name + ".bias", {out}, {out}, {-1, 1, ctx.sequence_parallel}, false,
-                      dtype)) {}
+                      dtype, ctx.space)) {}
 
 Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cache) const {
   cache.x = x;
@@ -83,7 +83,7 @@ Tensor RowParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Ca
   Tensor dy_full = ctx.sequence_parallel ? mapping::reduce_scatter_to_sp_backward(ctx.tp, dy)
                                          : mapping::reduce_from_tp_backward(ctx.tp, dy);
   ops::gemm(cache.x, true, dy_full, false, weight.grad, 1.0, 1.0);
-  Tensor dx = Tensor::empty(cache.x.shape(), dy.dtype());
+  Tensor dx = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
   ops::gemm(dy_full, false, weight.value, true, dx);
   return dx;
 }

@@ -30,14 +30,17 @@ double uniform(std::uint64_t bits) {
 void init_normal(Parameter& p, std::uint64_t seed, double stddev, int tp_rank,
                  int tp_size) {
   const std::uint64_t key = splitmix64(seed ^ hash_name(p.name));
+  // Values are generated on the host; a device parameter gets them by one copy.
+  Tensor host = p.value.is_host() ? p.value : Tensor::empty(p.value.shape(), p.value.dtype());
   for_each_global_index(p, tp_rank, tp_size, [&](index_t local, index_t global) {
     // Box-Muller on two independent uniforms keyed by the global index.
     const std::uint64_t a = splitmix64(key ^ splitmix64(2 * std::uint64_t(global)));
     const std::uint64_t b = splitmix64(key ^ splitmix64(2 * std::uint64_t(global) + 1));
     const double z = std::sqrt(-2.0 * std::log(uniform(a))) *
                      std::cos(2.0 * std::numbers::pi * uniform(b));
-    set_element_from_double(p.value, local, stddev * z);
+    set_element_from_double(host, local, stddev * z);
   });
+  if (!p.value.is_host()) p.value.copy_from(host);
 }
 
 }  // namespace meshtron

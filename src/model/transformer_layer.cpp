@@ -5,11 +5,11 @@ namespace meshtron {
 TransformerLayer::TransformerLayer(int index, const GptConfig& c, const LayerContext& ctx,
                                    DType dtype)
     : ln_1("layers." + std::to_string(index) + ".ln_1", c.hidden_size, c.layernorm_epsilon,
-           dtype, ctx.sequence_parallel),
+           dtype, ctx.sequence_parallel, ctx.space),
       attention("layers." + std::to_string(index) + ".attention", index, c.hidden_size,
                 c.num_heads, c.attention_dropout, ctx, dtype),
       ln_2("layers." + std::to_string(index) + ".ln_2", c.hidden_size, c.layernorm_epsilon,
-           dtype, ctx.sequence_parallel),
+           dtype, ctx.sequence_parallel, ctx.space),
       mlp("layers." + std::to_string(index) + ".mlp", c.hidden_size, c.ffn_hidden_size, ctx,
           dtype),
       index_(index),
@@ -25,7 +25,7 @@ void TransformerLayer::collect(ParameterList& out) {
 Tensor TransformerLayer::dropout(const Tensor& x, std::uint32_t site,
                                  const LayerContext& ctx) const {
   if (!ctx.training || hidden_dropout_ == 0) return x;
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
   ops::dropout_forward(
       x, hidden_dropout_,
       ctx.hidden_site(std::uint32_t(index_) * kStreamsPerLayer + site, x.dim(1)), y);
@@ -35,7 +35,7 @@ Tensor TransformerLayer::dropout(const Tensor& x, std::uint32_t site,
 Tensor TransformerLayer::dropout_backward(const Tensor& dy, std::uint32_t site,
                                           const LayerContext& ctx) const {
   if (!ctx.training || hidden_dropout_ == 0) return dy;
-  Tensor dx = Tensor::empty(dy.shape(), dy.dtype());
+  Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
   ops::dropout_backward(
       dy, hidden_dropout_,
       ctx.hidden_site(std::uint32_t(index_) * kStreamsPerLayer + site, dy.dim(1)), dx);
@@ -44,10 +44,10 @@ Tensor TransformerLayer::dropout_backward(const Tensor& dy, std::uint32_t site,
 
 Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   Tensor attn = attention.forward(ln_1.forward(x, c.ln_1), ctx, c.attention);
-  Tensor h = Tensor::empty(x.shape(), x.dtype());
+  Tensor h = Tensor::empty(x.shape(), x.dtype(), x.space());
   ops::add(x, dropout(attn, kStreamAttentionOut, ctx), h);
   Tensor mlp_out = mlp.forward(ln_2.forward(h, c.ln_2), ctx, c.mlp);
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.space());
   ops::add(h, dropout(mlp_out, kStreamMlpOut, ctx), out);
   return out;
 }

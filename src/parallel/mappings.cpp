@@ -56,8 +56,13 @@ Tensor all_gather_from_sp(TensorParallelGroup& g, const Tensor& x) {
   return gather_from_sp(g, x);
 }
 
+// scatter_to_tp and gather_from_tp interleave columns with a host loop of
+// memcpy; a device tensor takes the same path through a host copy (neither
+// runs in the GPT training step: its logits are never gathered).
+
 Tensor scatter_to_tp(TensorParallelGroup& g, const Tensor& x) {
   if (g.size() == 1) return x;
+  if (!x.is_host()) return scatter_to_tp(g, x.to_host()).to_space(x.space());
   require_divisible(x, x.rank() - 1, g.size(), "scatter_to_tp");
   const index_t cols = x.dim(-1), part = cols / g.size(), rows = x.numel() / cols;
   Shape shape = x.shape();
@@ -73,6 +78,7 @@ Tensor scatter_to_tp(TensorParallelGroup& g, const Tensor& x) {
 
 Tensor gather_from_tp(TensorParallelGroup& g, const Tensor& x) {
   if (g.size() == 1) return x;
+  if (!x.is_host()) return gather_from_tp(g, x.to_host()).to_space(x.space());
   const index_t part = x.dim(-1), rows = x.numel() / part, cols = part * g.size();
   // All-gather the blocks rank-major, then interleave them into columns.
   Tensor blocks = Tensor::empty({g.size(), rows, part}, x.dtype(), x.space());

@@ -61,8 +61,8 @@ std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfi
 AdamW::AdamW(ParameterList params, const AdamWConfig& config, Parameter* tied_head_copy)
     : params_(std::move(params)), config_(config), tied_head_copy_(tied_head_copy) {
   for (Parameter* p : params_) {
-    m_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype()));
-    v_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype()));
+    m_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.space()));
+    v_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.space()));
   }
 }
 
@@ -137,11 +137,12 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
   shard_size_ = padded_total_ / n;
   shard_begin_ = shard_size_ * dp.rank();
   const DType dtype = params_.empty() ? DType::F32 : params_[0]->value.dtype();
-  Tensor flat = Tensor::zeros({padded_total_}, dtype);
+  space_ = params_.empty() ? MemorySpace::Host : params_[0]->value.space();
+  Tensor flat = Tensor::zeros({padded_total_}, dtype, space_);
   pack(&Parameter::value, flat);
   master_ = flat.slice_rows(shard_begin_, shard_begin_ + shard_size_).clone();
-  m_ = Tensor::zeros({shard_size_}, dtype);
-  v_ = Tensor::zeros({shard_size_}, dtype);
+  m_ = Tensor::zeros({shard_size_}, dtype, space_);
+  v_ = Tensor::zeros({shard_size_}, dtype, space_);
 }
 
 std::size_t DistributedAdamW::moment_bytes() const { return m_.bytes() + v_.bytes(); }
@@ -152,19 +153,19 @@ void DistributedAdamW::zero_grad() {
   for (Parameter* p : params_) p->grad.fill(0.0);
 }
 
+// copy_from is a memcpy on the host and a device-to-device cudaMemcpy on
+// the GPU (the flat buffer lives where the parameters do).
 void DistributedAdamW::pack(Tensor Parameter::*field, Tensor& flat) const {
-  const std::size_t es = dtype_size(flat.dtype());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& t = params_[i]->*field;
-    std::memcpy(static_cast<char*>(flat.raw()) + offsets_[i] * es, t.raw(), t.bytes());
+    flat_view(flat, offsets_[i], offsets_[i] + t.numel()).copy_from(t);
   }
 }
 
 void DistributedAdamW::unpack(const Tensor& flat, Tensor Parameter::*field) {
-  const std::size_t es = dtype_size(flat.dtype());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Tensor& t = params_[i]->*field;
-    std::memcpy(t.raw(), static_cast<const char*>(flat.raw()) + offsets_[i] * es, t.bytes());
+    t.copy_from(flat_view(flat, offsets_[i], offsets_[i] + t.numel()));
   }
 }
 
@@ -180,9 +181,9 @@ void DistributedAdamW::shard_segments(
 
 StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_nonfinite) {
   reduce_model_gradients(params_, g, /*dp=*/false);
-  Tensor flat = Tensor::zeros({padded_total_}, master_.dtype());
+  Tensor flat = Tensor::zeros({padded_total_}, master_.dtype(), space_);
   pack(&Parameter::grad, flat);
-  Tensor grad = Tensor::empty({shard_size_}, master_.dtype());
+  Tensor grad = Tensor::empty({shard_size_}, master_.dtype(), space_);
   g.dp.reduce_scatter(flat.raw(), grad.raw(), std::size_t(shard_size_), grad.dtype(),
                       ReduceOp::Sum);
 
@@ -215,7 +216,7 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
 void DistributedAdamW::full_state(std::vector<Tensor>& m, std::vector<Tensor>& v,
                                   OptimizerGroups& g) {
   auto gather = [&](const Tensor& shard, std::vector<Tensor>& out) {
-    Tensor flat = Tensor::empty({padded_total_}, shard.dtype());
+    Tensor flat = Tensor::empty({padded_total_}, shard.dtype(), space_);
     g.dp.all_gather(shard.raw(), flat.raw(), std::size_t(shard_size_), shard.dtype());
     out.clear();
     for (std::size_t i = 0; i < params_.size(); ++i)
@@ -238,7 +239,7 @@ void DistributedAdamW::load_full_state(const std::vector<Tensor>& m,
   scatter(m, m_);
   scatter(v, v_);
   // The master copy follows the (loaded) parameter values.
-  Tensor flat = Tensor::zeros({padded_total_}, master_.dtype());
+  Tensor flat = Tensor::zeros({padded_total_}, master_.dtype(), space_);
   pack(&Parameter::value, flat);
   master_.copy_from(flat.slice_rows(shard_begin_, shard_begin_ + shard_size_));
 }

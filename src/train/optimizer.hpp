@@ -132,6 +132,7 @@ class DistributedAdamW final : public Optimizer {
   std::vector<index_t> offsets_;  ///< start of each parameter in the flat buffer
   index_t total_ = 0, padded_total_ = 0, shard_begin_ = 0, shard_size_ = 0;
   Tensor master_, m_, v_;  ///< this rank's shard (fp32)
+  MemorySpace space_ = MemorySpace::Host;  ///< where the parameters and the buffers live
   long step_ = 0;
 };
 

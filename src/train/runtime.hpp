@@ -1,10 +1,16 @@
 // ParallelRuntime: the topology and one Communicator per group, built once
 // from MPI_COMM_WORLD (or any communicator: tests build a 1-rank reference
 // over MPI_COMM_SELF beside the decomposed run).
+//
+// On the host path every group is an MpiCommunicator. With space = Cuda the
+// runtime first selects this rank's GPU (local rank % GPUs on the node),
+// then builds an NcclCommunicator for the tp, dp, pp, model-parallel and
+// embedding groups (device buffers over NCCL, host scalars over MPI: see
+// communicator_nccl.hpp). `world` stays MPI: it carries host values only.
 #pragma once
 
 #include <memory>
-#include <optional>
+#include <vector>
 
 #include "parallel/communicator.hpp"
 #include "parallel/mappings.hpp"
@@ -14,30 +20,44 @@
 namespace meshtron {
 
 class ParallelRuntime {
+  // Declared first: the references below point into it.
+  std::vector<std::unique_ptr<Communicator>> owned_;  ///< Owned group communicators.
+  MemorySpace space_;
+  int gpu_ = -1;  ///< this rank's GPU, selected before the first NCCL communicator
+
  public:
-  ParallelRuntime(MPI_Comm world, const ParallelDegrees& degrees)
-      : topo(world, degrees),
-        world(topo.world_comm()),
-        tp(topo.tp_comm()),
-        dp(topo.dp_comm()),
-        pp(topo.pp_comm()),
-        model(topo.model_parallel_comm()),
-        tp_group{tp} {
-    // The tied word table needs a reduction only when first and last stage
-    // are different ranks.
-    if (topo.pp() > 1 && topo.in_embedding_group()) embedding.emplace(topo.embedding_comm());
-  }
+  /// Collective over `world`. Cuda needs the CUDA path built (UserError
+  /// otherwise) and a GPU on every rank.
+  ParallelRuntime(MPI_Comm world, const ParallelDegrees& degrees,
+                  MemorySpace space = MemorySpace::Host);
   ParallelRuntime(const ParallelRuntime&) = delete;
   ParallelRuntime& operator=(const ParallelRuntime&) = delete;
 
-  OptimizerGroups optimizer_groups() {
-    return {tp, dp, model, embedding ? &*embedding : nullptr};
-  }
+  OptimizerGroups optimizer_groups() { return {tp, dp, model, embedding}; }
+  /// Where the groups' collectives expect their tensors.
+  MemorySpace space() const { return space_; }
+  /// This rank's GPU, -1 on the host path.
+  int gpu() const { return gpu_; }
+  /// GPUs visible to this rank (0 on the host path), for the rank map.
+  int num_gpus() const;
 
   Topology topo;
-  MpiCommunicator world, tp, dp, pp, model;
-  std::optional<MpiCommunicator> embedding;
+  MpiCommunicator world;
+  Communicator &tp, &dp, &pp, &model;
+  /// First + last stage (tied word table) when pp > 1 and this rank is on
+  /// one of them; null otherwise (no reduction needed).
+  Communicator* embedding = nullptr;
   TensorParallelGroup tp_group;
+
+ private:
+  static MemorySpace checked_space(MemorySpace space);
+  /// The communicator of one group in this runtime's space.
+  Communicator& make(MPI_Comm comm);
 };
+
+/// Peak memory of this rank in MiB for the step line: the caching device
+/// allocator's peak bytes (device_allocator.hpp) on Cuda, the process's peak
+/// resident set (getrusage) on the host.
+double peak_memory_mib(MemorySpace space);
 
 }  // namespace meshtron

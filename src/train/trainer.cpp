@@ -1,5 +1,6 @@
 #include "train/trainer.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <map>
 
@@ -29,6 +30,7 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.seq_length = model.seq_length;
   base_ctx_.micro_batch = run.training.micro_batch_size;
   base_ctx_.global_batch = run.training.global_batch_size;
+  base_ctx_.space = run.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host;
 
   const int pp = rt.topo.pp();
   virtual_stages_ = run.parallel.schedule == "interleaved" ? run.parallel.virtual_stages : 1;
@@ -91,9 +93,8 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
     if (t.kind == PipelineTask::Forward) {
       Tensor input = mb.ids;
       if (!chunk.placement().has_embedding) {
-        input = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype());
-        rt_.pp.recv(input.raw(), std::size_t(input.numel()), input.dtype(),
-                    (rank + pp - 1) % pp, tag(t.micro_batch, g, 0));
+        input = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
+        receive(input, (rank + pp - 1) % pp, tag(t.micro_batch, g, 0));
       }
       Tensor out = chunk.forward(input, mb.targets, ctx, cache);
       if (chunk.placement().has_head) {
@@ -108,12 +109,11 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
     } else {
       Tensor dout;
       if (chunk.placement().has_head) {
-        dout = Tensor::empty({tokens}, chunk.parameters()[0]->value.dtype());
+        dout = Tensor::empty({tokens}, stats_dtype(cache.head.logits), ctx.space);
         dout.fill(dloss_value);
       } else {
-        dout = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype());
-        rt_.pp.recv(dout.raw(), std::size_t(dout.numel()), dout.dtype(), (rank + 1) % pp,
-                    tag(t.micro_batch, g, 1));
+        dout = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
+        receive(dout, (rank + 1) % pp, tag(t.micro_batch, g, 1));
       }
       Tensor dx = chunk.backward(dout, ctx, cache);
       caches.erase({t.micro_batch, t.chunk});
@@ -124,8 +124,16 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
       }
     }
   }
+  const auto t0 = std::chrono::steady_clock::now();
   rt_.pp.wait_sends();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return loss_sum;
+}
+
+void Trainer::receive(Tensor& t, int peer, int tag) {
+  const auto t0 = std::chrono::steady_clock::now();
+  rt_.pp.recv(t.raw(), std::size_t(t.numel()), t.dtype(), peer, tag);
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double Trainer::reduce_loss(double local_sum, index_t tokens) {
@@ -139,8 +147,12 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   ScheduleShape shape{run_.parallel.schedule, rt_.topo.pp(), virtual_stages_,
                       int(batch.size())};
   const auto tasks = schedule_tasks(shape, rt_.topo.pp_rank());
+  wait_seconds_ = 0;
+  const auto t0 = std::chrono::steady_clock::now();
   const double local = run_schedule(tasks, batch, step, /*training=*/true);
   StepReport r;
+  r.schedule_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.wait_seconds = wait_seconds_;
   r.step = step;
   r.max_in_flight = max_in_flight(tasks);
   r.loss = reduce_loss(local, base_ctx_.seq_length * run_.training.global_batch_size);

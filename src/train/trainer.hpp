@@ -22,6 +22,8 @@ struct StepReport {
   double lr = 0;
   bool skipped = false;  ///< NaN/Inf: no update
   int max_in_flight = 0; ///< micro-batches alive at once on this rank
+  double schedule_seconds = 0;  ///< forward + backward of all micro-batches
+  double wait_seconds = 0;      ///< of which blocked on pipeline receives (bubble)
 };
 
 class Trainer {
@@ -50,6 +52,8 @@ class Trainer {
   /// on the last stage (0 elsewhere).
   double run_schedule(const std::vector<PipelineTask>& tasks,
                       const std::vector<MicroBatch>& batch, long step, bool training);
+  /// A blocking receive from the pipeline neighbour, timed into wait_seconds_.
+  void receive(Tensor& t, int peer, int tag);
   LayerContext context_for(const MicroBatch& mb, long step, bool training) const;
   int global_chunk(int chunk) const { return chunk * rt_.topo.pp() + rt_.topo.pp_rank(); }
   /// Sum over the pipeline and dp of a last-stage quantity: everyone's copy.
@@ -64,6 +68,7 @@ class Trainer {
   std::vector<std::unique_ptr<GptModel>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   LrSchedule lr_;
+  double wait_seconds_ = 0;
 };
 
 }  // namespace meshtron

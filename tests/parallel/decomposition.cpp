@@ -72,9 +72,10 @@ std::vector<double> gather_global(Trainer& trainer, const std::string& name,
     }();
     if (topo.dp_rank() != 0 || is_head_copy || (p->tp_replicated() && topo.tp_rank() != 0))
       continue;
+    const Tensor value = p->value.is_host() ? p->value : p->value.to_host();
     for_each_global_index(*p, topo.tp_rank(), topo.tp(), [&](index_t local, index_t g) {
       if (g < index_t(global.size()))
-        global[std::size_t(g)] = element_as_double(p->value, local);
+        global[std::size_t(g)] = element_as_double(value, local);
     });
   }
   MPI_Allreduce(MPI_IN_PLACE, global.data(), int(global.size()), MPI_DOUBLE, MPI_SUM, comm);
@@ -95,11 +96,13 @@ std::vector<std::pair<std::string, Shape>> all_parameters(const RunConfig& confi
 
 }  // namespace
 
-RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int steps) {
+RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int steps,
+                       MemorySpace space) {
   int world = 1;
   MPI_Comm_size(comm, &world);
-  const RunConfig config = tiny_config(layout, world);
-  ParallelRuntime rt(comm, config.parallel.degrees());
+  RunConfig config = tiny_config(layout, world);
+  config.run.device = space == MemorySpace::Cuda ? "cuda" : "cpu";
+  ParallelRuntime rt(comm, config.parallel.degrees(), space);
   const GptConfig model = GptConfig::from_run(config, 100, rt.topo.tp());
   Trainer trainer(config, model, rt, dtype);
   DataLayout data{model.seq_length, config.training.micro_batch_size,

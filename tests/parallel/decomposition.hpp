@@ -34,8 +34,10 @@ RunConfig tiny_config(const Layout& layout, int world);
 
 /// Train `steps` steps on `comm` with `layout` in `dtype` (fp32, or fp64 for
 /// the strict check) and gather the parameters (collective over comm; every
-/// rank gets the full result).
-RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int steps = 3);
+/// rank gets the full result). `space` Cuda trains on the GPU path
+/// (run.device = cuda: device tensors, NCCL communicators).
+RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int steps = 3,
+                       MemorySpace space = MemorySpace::Host);
 
 /// Norm-wise relative error ||a - b||_2 / ||b||_2. Element-wise errors are
 /// not meaningful after AdamW in fp32: an element whose gradient is ~0 (the

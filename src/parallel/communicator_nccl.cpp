@@ -1,0 +1,192 @@
+// NCCL backend of Communicator (see communicator_nccl.hpp for the design).
+#ifdef MESHTRON_HAVE_CUDA
+
+#include "parallel/communicator_nccl.hpp"
+
+#include <cuda_runtime.h>
+
+#include "common/error.hpp"
+#include "tensor/device_allocator.hpp"
+
+namespace meshtron {
+
+namespace {
+
+constexpr cudaStream_t kStream = 0;  ///< the legacy default stream (see the header)
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U8: return ncclUint8;
+    case DType::U16: break;  // no 16-bit integer type in NCCL
+  }
+  MESH_VERIFY(false, "NCCL has no datatype for " << dtype_name(dtype));
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Max ? ncclMax : ncclSum; }
+
+std::size_t bytes_of(std::size_t count, DType dtype) { return count * dtype_size(dtype); }
+
+/// Device-to-device copy on the default stream (a group of one rank).
+void local_copy(void* dst, const void* src, std::size_t bytes) {
+  if (dst != src && bytes > 0)
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kStream));
+}
+
+/// The same answer on every rank of `comm` for "is this buffer on the
+/// device?" is required (NCCL on some ranks and MPI on others would hang);
+/// a buffer in different memory on different ranks is a programming error.
+bool device_buffer(const void* ptr) { return ptr != nullptr && is_device_pointer(ptr); }
+
+}  // namespace
+
+bool is_device_pointer(const void* ptr) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a pointer CUDA knows: host memory
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
+int select_gpu(const Topology& topo) {
+  const int count = device::cuda_device_count();
+  MESH_VERIFY(count > 0, "run.device = cuda, but rank " << topo.world_rank() << " on "
+                                                        << topo.host_name() << " sees no GPU");
+  const int gpu = topo.gpu_for_local_rank(count);
+  CUDA_CHECK(cudaSetDevice(gpu));
+  return gpu;
+}
+
+NcclCommunicator::NcclCommunicator(MPI_Comm comm) : host_(comm) {
+  if (size() == 1) return;
+  ncclUniqueId id;
+  if (rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  MPI_CHECK(MPI_Bcast(&id, int(sizeof(id)), MPI_BYTE, 0, comm));
+  NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  wait_sends();
+  if (!comm_) return;
+  // Finalize flushes outstanding operations; only then is Destroy safe.
+  ncclCommFinalize(comm_);
+  ncclCommDestroy(comm_);
+}
+
+void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
+  record(CollectiveKind::AllReduce, bytes_of(count, dtype));
+  if (!device_buffer(buf)) {
+    host_.all_reduce(buf, count, dtype, op);
+    return;
+  }
+  if (!comm_) return;
+  NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, kStream));
+}
+
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                      DType dtype, ReduceOp op) {
+  record(CollectiveKind::ReduceScatter, bytes_of(recv_count * size(), dtype));
+  if (!device_buffer(send)) {
+    host_.reduce_scatter(send, recv, recv_count, dtype, op);
+    return;
+  }
+  if (!comm_) return local_copy(recv, send, bytes_of(recv_count, dtype));
+  NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_,
+                               kStream));
+}
+
+void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
+                                  DType dtype) {
+  record(CollectiveKind::AllGather, bytes_of(send_count * size(), dtype));
+  if (!device_buffer(send)) {
+    host_.all_gather(send, recv, send_count, dtype);
+    return;
+  }
+  if (!comm_) return local_copy(recv, send, bytes_of(send_count, dtype));
+  NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, kStream));
+}
+
+void NcclCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
+  record(CollectiveKind::Broadcast, bytes_of(count, dtype));
+  if (!device_buffer(buf)) {
+    host_.broadcast(buf, count, dtype, root);
+    return;
+  }
+  if (!comm_) return;
+  NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, kStream));
+}
+
+void NcclCommunicator::barrier() {
+  record(CollectiveKind::Barrier, 0);
+  CUDA_CHECK(cudaStreamSynchronize(kStream));
+  host_.barrier();
+}
+
+void NcclCommunicator::send(const void* buf, std::size_t count, DType dtype, int peer, int tag) {
+  record(CollectiveKind::Send, bytes_of(count, dtype));
+  if (!device_buffer(buf)) return host_.send(buf, count, dtype, peer, tag);
+  std::vector<char> staged(bytes_of(count, dtype));
+  device::copy_bytes(staged.data(), buf, staged.size());
+  host_.send(staged.data(), count, dtype, peer, tag);
+}
+
+void NcclCommunicator::recv(void* buf, std::size_t count, DType dtype, int peer, int tag) {
+  record(CollectiveKind::Recv, bytes_of(count, dtype));
+  if (!device_buffer(buf)) return host_.recv(buf, count, dtype, peer, tag);
+  std::vector<char> staged(bytes_of(count, dtype));
+  host_.recv(staged.data(), count, dtype, peer, tag);
+  device::copy_bytes(buf, staged.data(), staged.size());
+}
+
+void NcclCommunicator::isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) {
+  record(CollectiveKind::Send, bytes_of(count, dtype));
+  if (!device_buffer(buf)) return host_.isend(buf, count, dtype, peer, tag);
+  // The copy waits for the kernels that wrote `buf`; the host copy stays
+  // alive (and unchanged) until wait_sends().
+  staged_sends_.emplace_back(bytes_of(count, dtype));
+  device::copy_bytes(staged_sends_.back().data(), buf, staged_sends_.back().size());
+  host_.isend(staged_sends_.back().data(), count, dtype, peer, tag);
+}
+
+void NcclCommunicator::wait_sends() {
+  host_.wait_sends();
+  staged_sends_.clear();
+}
+
+void NcclCommunicator::batch_p2p(std::span<const P2POp> ops) {
+  std::size_t bytes = 0;
+  bool device = false, host = false;
+  for (const P2POp& op : ops) {
+    bytes += bytes_of(op.count, op.dtype);
+    (device_buffer(op.buffer) ? device : host) = true;
+  }
+  MESH_VERIFY(!(device && host), "batch_p2p: mixes host and device buffers");
+  record(CollectiveKind::BatchP2P, bytes);
+  if (!device) {
+    host_.batch_p2p(ops);
+    return;
+  }
+  MESH_VERIFY(comm_ != nullptr, "batch_p2p on a group of one rank");
+  // One group: NCCL progresses every send and receive together, so no order
+  // among them can deadlock. Completes before returning, as the MPI backend.
+  NCCL_CHECK(ncclGroupStart());
+  for (const P2POp& op : ops) {
+    if (op.kind == P2POp::Send)
+      NCCL_CHECK(ncclSend(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, kStream));
+    else
+      NCCL_CHECK(ncclRecv(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, kStream));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  CUDA_CHECK(cudaStreamSynchronize(kStream));
+}
+
+}  // namespace meshtron
+
+#endif  // MESHTRON_HAVE_CUDA
