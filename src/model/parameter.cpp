@@ -1,24 +1,13 @@
 #include "model/parameter.hpp"
 
+#include "common/hash.hpp"
+
 #include <cmath>
 #include <numbers>
 
 namespace meshtron {
 
 namespace {
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-std::uint64_t hash_name(const std::string& s) {
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 /// Uniform in (0, 1) from 53 random bits; never exactly 0.
 double uniform(std::uint64_t bits) {
@@ -29,7 +18,7 @@ double uniform(std::uint64_t bits) {
 
 void init_normal(Parameter& p, std::uint64_t seed, double stddev, int tp_rank,
                  int tp_size) {
-  const std::uint64_t key = splitmix64(seed ^ hash_name(p.name));
+  const std::uint64_t key = splitmix64(seed ^ fnv1a(p.name));
   // Values are generated on the host; a device parameter gets them by one copy.
   Tensor host = p.value.is_host() ? p.value : Tensor::empty(p.value.shape(), p.value.dtype());
   for_each_global_index(p, tp_rank, tp_size, [&](index_t local, index_t global) {

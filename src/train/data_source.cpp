@@ -1,6 +1,7 @@
 #include "train/data_source.hpp"
 
 #include "common/error.hpp"
+#include "common/hash.hpp"
 #include "config/run_config.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/pretraining_sampler.hpp"
@@ -26,13 +27,6 @@ MicroBatch to_seq_major(const Tensor& tokens, index_t sample_offset) {
 
 namespace {
 
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 class SyntheticData final : public DataSource {
  public:
   SyntheticData(const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {}
@@ -50,9 +44,9 @@ class SyntheticData final : public DataSource {
       Tensor tokens = Tensor::empty({l_.micro_batch, s1}, DType::I32);
       for (index_t j = 0; j < l_.micro_batch; ++j)
         for (index_t i = 0; i < s1; ++i) {
-          const std::uint64_t key = mix(l_.seed ^ mix(std::uint64_t(stream) * l_.global_batch +
+          const std::uint64_t key = splitmix64(l_.seed ^ splitmix64(std::uint64_t(stream) * l_.global_batch +
                                                       std::uint64_t(first + j)));
-          tokens.data<std::int32_t>()[j * s1 + i] = std::int32_t(mix(key + i) % vocab_);
+          tokens.data<std::int32_t>()[j * s1 + i] = std::int32_t(splitmix64(key + i) % vocab_);
         }
       out.push_back(to_seq_major(tokens, first));
     }
