@@ -1,0 +1,80 @@
+"""PyTorch baseline for meshtron's end-to-end throughput (issue 9).
+
+Trains Hugging Face GPT2LMHeadModel (GPT-2 124M / 350M / 774M shapes,
+seq 1024) on synthetic tokens the way a strong PyTorch user would: bf16
+autocast, SDPA attention, fused AdamW, torch.compile. Prints one JSON line
+per model with tokens/s/GPU, ms/step, TFLOP/s/GPU and MFU, using the same
+model-FLOPs formula meshtron prints:
+    F = 3 x 2 x [L (4 h^2 + 2 h f + 2 s h) + h V]   per token
+with the padded vocabulary V = 50304 and peak 989 TFLOP/s (H100 dense bf16).
+
+    python3 perf/torch_baseline.py --models 124m 350m 774m --steps 20 --warmup 5
+
+Runs on the GPU node (torch + transformers); never part of meshtron itself.
+"""
+import argparse
+import json
+import time
+
+import torch
+import transformers
+
+SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20)}
+
+
+def flops_per_token(layers, hidden, seq, vocab=50304):
+    ffn = 4 * hidden
+    return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * ffn + 2 * seq * hidden) + hidden * vocab)
+
+
+def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12):
+    layers, hidden, heads = SHAPES[name]
+    config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq,
+                                     vocab_size=50304, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     attn_implementation="sdpa")
+    model = transformers.GPT2LMHeadModel(config).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    step_fn = torch.compile(model)
+    tokens = torch.randint(0, 50257, (steps + warmup, micro_batch, seq + 1), device="cuda")
+
+    def train_step(k):
+        x, y = tokens[k, :, :-1], tokens[k, :, 1:]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = step_fn(x).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for k in range(warmup):
+        train_step(k)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for k in range(warmup, warmup + steps):
+        loss = train_step(k)
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - t0) / steps
+    tps = micro_batch * seq / seconds
+    tflops = tps * flops_per_token(layers, hidden, seq) / 1e12
+    print(json.dumps({"model": name, "framework": "pytorch", "micro_batch": micro_batch, "seq": seq,
+                      "ms_per_step": round(1e3 * seconds, 2), "tokens_per_s_per_gpu": round(tps),
+                      "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops * 1e12 / peak, 4),
+                      "loss": round(loss.item(), 4), "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                      "torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
+    del model, opt, step_fn
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", nargs="+", default=["124m", "350m", "774m"])
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    for name in args.models:
+        run(name, args.micro_batch, args.steps, args.warmup)
