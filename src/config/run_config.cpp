@@ -329,6 +329,9 @@ void RunConfig::validate(int world_size) {
                    << t.micro_batch_size << ") x data_parallel (" << p.data_parallel << ")");
   require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
   require_one_of("training.recompute", t.recompute, {"none", "selective", "full"});
+  MESH_REQUIRE(t.recompute_num_layers >= 0,
+               "training.recompute_num_layers = " << t.recompute_num_layers
+                   << " is negative (0 recomputes every layer)");
   MESH_REQUIRE(t.clip_grad >= 0, "training.clip_grad = " << t.clip_grad << " is negative");
   MESH_REQUIRE(run.device == "cuda" || t.precision == "fp32",
                "training.precision = " << t.precision

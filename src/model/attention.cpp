@@ -31,6 +31,20 @@ ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
   return site;
 }
 
+void Attention::attention_probs(const Tensor& q, const Tensor& k, const LayerContext& ctx,
+                                Tensor& probs, Tensor& probs_kept) const {
+  const index_t s = ctx.seq_length;
+  Tensor scores = Tensor::empty({q.dim(0), s, s}, q.dtype(), q.space());
+  ops::gemm_batched(q, false, k, true, scores);
+  probs = Tensor::empty(scores.shape(), q.dtype(), q.space());
+  ops::scaled_causal_softmax_forward(scores, 1.0 / std::sqrt(double(head_dim_)), probs);
+  probs_kept = probs;
+  if (ctx.training && dropout_ > 0) {
+    probs_kept = Tensor::empty(probs.shape(), q.dtype(), q.space());
+    ops::dropout_forward(probs, dropout_, probs_site(ctx), probs_kept);
+  }
+}
+
 Tensor Attention::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   const index_t s = ctx.seq_length, b = ctx.micro_batch;
   Tensor qkv_out = qkv.forward(x, ctx, c.qkv);
@@ -40,17 +54,15 @@ Tensor Attention::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   c.k = parts[1];
   c.v = parts[2];
 
-  Tensor scores = Tensor::empty({b * heads_local_, s, s}, x.dtype(), x.space());
-  ops::gemm_batched(c.q, false, c.k, true, scores);
-  c.probs = Tensor::empty(scores.shape(), x.dtype(), x.space());
-  ops::scaled_causal_softmax_forward(scores, 1.0 / std::sqrt(double(head_dim_)), c.probs);
-  c.probs_kept = c.probs;
-  if (ctx.training && dropout_ > 0) {
-    c.probs_kept = Tensor::empty(c.probs.shape(), x.dtype(), x.space());
-    ops::dropout_forward(c.probs, dropout_, probs_site(ctx), c.probs_kept);
-  }
+  Tensor probs, probs_kept;
+  attention_probs(c.q, c.k, ctx, probs, probs_kept);
   Tensor context = Tensor::empty({b * heads_local_, s, head_dim_}, x.dtype(), x.space());
-  ops::gemm_batched(c.probs_kept, false, c.v, false, context);
+  ops::gemm_batched(probs_kept, false, c.v, false, context);
+  // Selective recompute keeps q, k, v only; the s x s tensors die here.
+  if (ctx.recompute != Recompute::Selective) {
+    c.probs = probs;
+    c.probs_kept = probs_kept;
+  }
   Tensor merged;
   ops::merge_heads(&context, 1, s, b, heads_local_, merged);
   return proj.forward(merged, ctx, c.proj);
@@ -62,16 +74,18 @@ Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) 
   Tensor dcontext;
   ops::split_heads(dmerged, s, b, heads_local_, 1, &dcontext);
 
-  Tensor dprobs = Tensor::empty(c.probs.shape(), dy.dtype(), dy.space());
+  Tensor probs = c.probs, probs_kept = c.probs_kept;
+  if (!probs.defined()) attention_probs(c.q, c.k, ctx, probs, probs_kept);
+  Tensor dprobs = Tensor::empty(probs.shape(), dy.dtype(), dy.space());
   ops::gemm_batched(dcontext, false, c.v, true, dprobs);   // dP = dC V^T
   Tensor dparts[3];
   dparts[2] = Tensor::empty(c.v.shape(), dy.dtype(), dy.space());
-  ops::gemm_batched(c.probs_kept, true, dcontext, false, dparts[2]);  // dV = P^T dC
+  ops::gemm_batched(probs_kept, true, dcontext, false, dparts[2]);  // dV = P^T dC
   if (ctx.training && dropout_ > 0)
     ops::dropout_backward(dprobs, dropout_, probs_site(ctx), dprobs);
 
-  Tensor dscores = Tensor::empty(c.probs.shape(), dy.dtype(), dy.space());
-  ops::scaled_causal_softmax_backward(dprobs, c.probs, 1.0 / std::sqrt(double(head_dim_)),
+  Tensor dscores = Tensor::empty(probs.shape(), dy.dtype(), dy.space());
+  ops::scaled_causal_softmax_backward(dprobs, probs, 1.0 / std::sqrt(double(head_dim_)),
                                       dscores);
   dparts[0] = Tensor::empty(c.q.shape(), dy.dtype(), dy.space());
   dparts[1] = Tensor::empty(c.k.shape(), dy.dtype(), dy.space());

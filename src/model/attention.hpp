@@ -15,8 +15,10 @@ class Attention {
     ColumnParallelLinear::Cache qkv;
     RowParallelLinear::Cache proj;
     Tensor q, k, v;    ///< [b * heads_local, s, d]
-    Tensor probs;      ///< softmax output before dropout
-    Tensor probs_kept; ///< after dropout (aliases probs when p = 0)
+    /// softmax output before dropout; undefined under selective recompute
+    /// (rebuilt from q and k in the backward)
+    Tensor probs;
+    Tensor probs_kept; ///< after dropout (aliases probs when p = 0); likewise
   };
   Attention(const std::string& name, int layer, index_t hidden, int heads,
             double dropout, const LayerContext& ctx, DType dtype);
@@ -29,6 +31,11 @@ class Attention {
 
  private:
   ops::DropoutSite probs_site(const LayerContext& ctx) const;
+  /// probs = softmax(q k^T / sqrt(d)) (causal) and probs_kept = dropout(probs)
+  /// (the same tensor when dropout is off): the part selective recompute
+  /// runs twice. Deterministic, so the rebuilt tensors equal the first ones.
+  void attention_probs(const Tensor& q, const Tensor& k, const LayerContext& ctx,
+                       Tensor& probs, Tensor& probs_kept) const;
   int layer_;
   int heads_local_;
   index_t head_dim_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "model/linear.hpp"
+#include "ops/cast.hpp"
 
 namespace meshtron {
 
@@ -16,7 +17,7 @@ Parameter make_word_embedding(const GptConfig& c, const LayerContext& ctx, DType
   p.name = "embedding.word.weight";
   p.global_shape = {c.vocab_size, c.hidden_size};
   p.value = Tensor::zeros({rows, c.hidden_size}, dtype, ctx.space);
-  p.grad = Tensor::zeros({rows, c.hidden_size}, dtype, ctx.space);
+  p.grad = Tensor::zeros({rows, c.hidden_size}, grad_dtype_for(dtype), ctx.space);
   p.shard.split_dim = 0;
   const index_t begin = vocab_begin(c, ctx.tp);
   p.padded_rows = std::clamp<index_t>(begin + rows - c.vocab_size, 0, rows);
@@ -28,7 +29,7 @@ Embedding::Embedding(const GptConfig& c, const LayerContext& ctx, DType dtype)
   position.name = "embedding.position.weight";
   position.global_shape = {c.max_positions, c.hidden_size};
   position.value = Tensor::zeros(position.global_shape, dtype, ctx.space);
-  position.grad = Tensor::zeros(position.global_shape, dtype, ctx.space);
+  position.grad = Tensor::zeros(position.global_shape, grad_dtype_for(dtype), ctx.space);
 }
 
 Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const {
@@ -77,10 +78,13 @@ Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext&
   const index_t n = c.x_full.dim(0), vocab_local = word->value.dim(0);
   const index_t begin = vocab_begin(config_, ctx.tp);
   c.targets = in_space(targets, ctx.space);
-  c.logits = Tensor::empty({n, vocab_local}, x.dtype(), x.space());
+  // Logits in the statistics dtype: fp32 on the device even under bf16
+  // operands (the GEMM accumulates and writes fp32), so the softmax and the
+  // loss never see bf16-rounded logits (Megatron upcasts them likewise).
+  const DType stats = stats_dtype(x);
+  c.logits = Tensor::empty({n, vocab_local}, stats, x.space());
   ops::gemm(c.x_full, false, word->value, true, c.logits);
 
-  const DType stats = stats_dtype(x);
   Tensor local_max = Tensor::empty({n}, stats, x.space());
   ops::cross_entropy_row_max(c.logits, begin, config_.vocab_size, local_max);
   c.row_max = mapping::reduce_max_from_tp(ctx.tp, local_max);
@@ -102,6 +106,11 @@ Tensor LmHeadLoss::backward(const Tensor& dloss, LayerContext& ctx, const Cache&
   Tensor dlogits = Tensor::empty(c.logits.shape(), c.logits.dtype(), c.logits.space());
   ops::cross_entropy_backward(c.logits, c.targets, c.row_max, c.sum_exp, dloss, begin,
                               config_.vocab_size, dlogits);
+  if (dlogits.dtype() != c.x_full.dtype()) {  // the GEMMs' operands share a dtype
+    Tensor low = Tensor::empty(dlogits.shape(), c.x_full.dtype(), dlogits.space());
+    ops::cast(dlogits, low);
+    dlogits = low;
+  }
   ops::gemm(dlogits, true, c.x_full, false, word->grad, 1.0, 1.0);  // dW += dL^T X
   Tensor dx_full = matmul(dlogits, word->value);                      // dX = dL W
   return ctx.sequence_parallel ? mapping::all_gather_from_sp_backward(ctx.tp, dx_full)

@@ -60,7 +60,8 @@ Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContex
   cache.layers.resize(layers_.size());
   Tensor x = embedding_ ? embedding_->forward(input, ctx, cache.embedding) : input;
   for (std::size_t i = 0; i < layers_.size(); ++i)
-    x = layers_[i].forward(x, ctx, cache.layers[i]);
+    x = ctx.recompute_layer(int(i)) ? layers_[i].forward_checkpointed(x, ctx, cache.layers[i])
+                                    : layers_[i].forward(x, ctx, cache.layers[i]);
   if (!head_) return x;
   Tensor normed = final_norm_->forward(x, cache.final_norm);
   return head_->forward(normed, targets, ctx, cache.head);

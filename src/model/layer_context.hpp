@@ -3,11 +3,27 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "ops/ops.hpp"
 #include "parallel/mappings.hpp"
 
 namespace meshtron {
+
+/// Activation recomputation (training.recompute), as Megatron-LM's:
+///   Selective  the attention core (scores, softmax, attention dropout,
+///              probs @ V) is recomputed in the backward from the kept q, k, v;
+///              the [b*heads, s, s] probabilities are never stored.
+///   Full       a transformer layer keeps only its input; its whole forward
+///              runs again at the start of its backward.
+enum class Recompute { None, Selective, Full };
+
+/// "none" | "selective" | "full" (validated by RunConfig).
+inline Recompute recompute_from_string(const std::string& s) {
+  if (s == "selective") return Recompute::Selective;
+  if (s == "full") return Recompute::Full;
+  return Recompute::None;
+}
 
 struct LayerContext {
   TensorParallelGroup& tp;        ///< Not owned.
@@ -23,6 +39,16 @@ struct LayerContext {
   /// Activations follow their inputs; inputs from elsewhere (token ids,
   /// targets built on the host) are copied here by in_space().
   MemorySpace space = MemorySpace::Host;
+  Recompute recompute = Recompute::None;
+  /// With Full: layers of each model chunk recomputed, counted from the
+  /// chunk's first (Megatron's "block" method); 0 = every layer.
+  int recompute_num_layers = 0;
+
+  /// Whether the `local_index`-th layer of a chunk keeps only its input.
+  bool recompute_layer(int local_index) const {
+    return recompute == Recompute::Full &&
+           (recompute_num_layers == 0 || local_index < recompute_num_layers);
+  }
 
   int sp_size() const { return sequence_parallel ? tp.size() : 1; }
   int sp_rank() const { return sequence_parallel ? tp.rank() : 0; }

@@ -10,7 +10,7 @@ Parameter vector_param(const std::string& name, index_t n, DType dtype, double v
   p.global_shape = {n};
   p.value = Tensor::empty({n}, dtype, space);
   p.value.fill(value);
-  p.grad = Tensor::zeros({n}, dtype, space);
+  p.grad = Tensor::zeros({n}, grad_dtype_for(dtype), space);
   p.shard.tp_partial_grad = sp;
   p.weight_decay = false;
   return p;

@@ -16,7 +16,7 @@ Parameter make_param(const std::string& name, Shape global, Shape local, ShardSp
   p.name = name;
   p.global_shape = std::move(global);
   p.value = Tensor::zeros(local, dtype, space);
-  p.grad = Tensor::zeros(local, dtype, space);
+  p.grad = Tensor::zeros(local, grad_dtype_for(dtype), space);
   p.shard = shard;
   p.weight_decay = decay;
   return p;

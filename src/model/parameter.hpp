@@ -22,11 +22,20 @@ struct ShardSpec {
   bool tp_partial_grad = false;
 };
 
+/// Dtype of a parameter's gradient for values of `value`: the value's own
+/// on the fp32/fp64 paths; fp32 under bf16/fp16 values (Megatron's
+/// main_grad: weight-gradient GEMMs accumulate into it in fp32).
+inline DType grad_dtype_for(DType value) {
+  return value == DType::BF16 || value == DType::F16 ? DType::F32 : value;
+}
+
 struct Parameter {
   std::string name;     ///< logical name, e.g. "layers.0.attention.qkv.weight"
   Shape global_shape;   ///< unsharded, unpadded logical shape
-  Tensor value;         ///< this rank's shard
-  Tensor grad;          ///< same shape as value; accumulated over micro-batches
+  Tensor value;         ///< this rank's shard (the compute copy under bf16)
+  /// Same shape as value, dtype grad_dtype_for(value); accumulated over
+  /// micro-batches.
+  Tensor grad;
   ShardSpec shard;
   bool weight_decay = true;  ///< false for biases and norm parameters
   /// Vocabulary rows beyond the real vocabulary (padding), present only in

@@ -52,7 +52,26 @@ Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) c
   return out;
 }
 
+Tensor TransformerLayer::forward_checkpointed(const Tensor& x, LayerContext& ctx,
+                                              Cache& c) const {
+  Cache discarded;  // freed on return: only the input outlives the forward
+  Tensor out = forward(x, ctx, discarded);
+  c = Cache{};
+  c.input = x;
+  c.checkpointed = true;
+  return out;
+}
+
 Tensor TransformerLayer::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
+  if (!c.checkpointed) return backward_stored(dy, ctx, c);
+  // Same inputs, same dropout counters (step, layer, global position), same
+  // kernels: the rebuilt activations equal the discarded ones bit for bit.
+  Cache rebuilt;
+  forward(c.input, ctx, rebuilt);
+  return backward_stored(dy, ctx, rebuilt);
+}
+
+Tensor TransformerLayer::backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   // dh = dy + d(mlp branch); dx = dh + d(attention branch)
   Tensor dh = ln_2.backward(mlp.backward(dropout_backward(dy, kStreamMlpOut, ctx), ctx, c.mlp),
                             c.ln_2);

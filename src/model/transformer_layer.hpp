@@ -16,10 +16,17 @@ class TransformerLayer {
     LayerNorm::Cache ln_1, ln_2;
     Attention::Cache attention;
     Mlp::Cache mlp;
+    /// Full recompute: the layer input, the only tensor kept (everything
+    /// above is empty then and rebuilt by the backward).
+    Tensor input;
+    bool checkpointed = false;
   };
   /// `index` is the global layer number (names, dropout streams, init).
   TransformerLayer(int index, const GptConfig& config, const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  /// Full recompute: the same output as forward(), keeping only x in `cache`.
+  Tensor forward_checkpointed(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  /// Runs the forward again first when `cache` is checkpointed.
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   void collect(ParameterList& out);
 
@@ -31,6 +38,7 @@ class TransformerLayer {
  private:
   Tensor dropout(const Tensor& x, std::uint32_t site, const LayerContext& ctx) const;
   Tensor dropout_backward(const Tensor& dy, std::uint32_t site, const LayerContext& ctx) const;
+  Tensor backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   int index_;
   double hidden_dropout_;
 };

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "ops/cast.hpp"
+
 namespace meshtron {
 
 // ------------------------------------------------------------- shared ---
@@ -61,8 +63,11 @@ std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfi
 AdamW::AdamW(ParameterList params, const AdamWConfig& config, Parameter* tied_head_copy)
     : params_(std::move(params)), config_(config), tied_head_copy_(tied_head_copy) {
   for (Parameter* p : params_) {
-    m_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.space()));
-    v_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.space()));
+    // Moments and master weights in the gradient's dtype (fp32 under bf16).
+    const DType dtype = p->grad.dtype();
+    m_.push_back(Tensor::zeros(p->value.shape(), dtype, p->value.space()));
+    v_.push_back(Tensor::zeros(p->value.shape(), dtype, p->value.space()));
+    master_.push_back(p->value.dtype() == dtype ? Tensor() : p->value.to(dtype));
   }
 }
 
@@ -72,8 +77,12 @@ std::size_t AdamW::moment_bytes() const {
   return n;
 }
 
-// On the host path the fp32 parameters are themselves the master weights.
-std::size_t AdamW::state_bytes() const { return moment_bytes(); }
+// In fp32 the parameters are themselves the master weights.
+std::size_t AdamW::state_bytes() const {
+  std::size_t n = moment_bytes();
+  for (const Tensor& w : master_) n += w.defined() ? w.bytes() : 0;
+  return n;
+}
 
 void AdamW::zero_grad() {
   for (Parameter* p : params_) p->grad.fill(0.0);
@@ -92,6 +101,8 @@ void AdamW::load_full_state(const std::vector<Tensor>& m, const std::vector<Tens
   for (std::size_t i = 0; i < m_.size(); ++i) {
     m_[i].copy_from(m[i]);
     v_[i].copy_from(v[i]);
+    // The master follows the (loaded) parameter values.
+    if (master_[i].defined()) master_[i].copy_from(params_[i]->value);
   }
 }
 
@@ -116,8 +127,10 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     if (factor != 1.0) ops::scale(p.grad, factor);
-    ops::adamw_step(p.value, p.grad, m_[i], v_[i],
+    Tensor& weights = master_[i].defined() ? master_[i] : p.value;
+    ops::adamw_step(weights, p.grad, m_[i], v_[i],
                     adam_params(config_, lr, p.weight_decay, step_));
+    if (master_[i].defined()) ops::cast(master_[i], p.value);  // the bf16 compute copy
   }
   zero_grad();
   return stats;
@@ -136,7 +149,9 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
   padded_total_ = (total_ + n - 1) / n * n;  // equal shards for reduce-scatter
   shard_size_ = padded_total_ / n;
   shard_begin_ = shard_size_ * dp.rank();
-  const DType dtype = params_.empty() ? DType::F32 : params_[0]->value.dtype();
+  // Master weights, moments and the flat buffers in the gradient's dtype
+  // (fp32 under bf16 values).
+  const DType dtype = params_.empty() ? DType::F32 : params_[0]->grad.dtype();
   space_ = params_.empty() ? MemorySpace::Host : params_[0]->value.space();
   Tensor flat = Tensor::zeros({padded_total_}, dtype, space_);
   pack(&Parameter::value, flat);
@@ -165,7 +180,8 @@ void DistributedAdamW::pack(Tensor Parameter::*field, Tensor& flat) const {
 void DistributedAdamW::unpack(const Tensor& flat, Tensor Parameter::*field) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Tensor& t = params_[i]->*field;
-    t.copy_from(flat_view(flat, offsets_[i], offsets_[i] + t.numel()));
+    // A copy, or the bf16 compute copy of the fp32 master (on the device).
+    ops::cast(flat_view(flat, offsets_[i], offsets_[i] + t.numel()).reshape(t.shape()), t);
   }
 }
 

@@ -11,6 +11,12 @@
 //      tp-replicated parameter and the tied embedding once, and gradients are
 //      clipped to training.clip_grad;
 //   5. AdamW with decoupled weight decay (none on biases and norms).
+//
+// Mixed precision (bf16 parameter values, fp32 gradients: see
+// grad_dtype_for in model/parameter.hpp): the optimizer keeps fp32 master
+// weights and fp32 moments, steps the master, and writes the bf16 compute
+// copy back into Parameter::value (ops::cast). In fp32/fp64 the parameter
+// values are their own master weights.
 #pragma once
 
 #include <memory>
@@ -97,6 +103,8 @@ class AdamW final : public Optimizer {
   AdamWConfig config_;
   Parameter* tied_head_copy_;  ///< Not owned.
   std::vector<Tensor> m_, v_;
+  /// fp32 master weights where a value is bf16 (undefined tensors otherwise).
+  std::vector<Tensor> master_;
   long step_ = 0;
 };
 

@@ -31,6 +31,8 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.micro_batch = run.training.micro_batch_size;
   base_ctx_.global_batch = run.training.global_batch_size;
   base_ctx_.space = run.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host;
+  base_ctx_.recompute = recompute_from_string(run.training.recompute);
+  base_ctx_.recompute_num_layers = run.training.recompute_num_layers;
 
   const int pp = rt.topo.pp();
   virtual_stages_ = run.parallel.schedule == "interleaved" ? run.parallel.virtual_stages : 1;

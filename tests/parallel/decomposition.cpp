@@ -15,6 +15,15 @@ std::string Layout::name() const {
 }
 
 RunConfig tiny_config(const Layout& l, int world) {
+  std::vector<std::string> overrides{
+      "parallel.tensor_parallel=" + std::to_string(l.tp),
+      "parallel.pipeline_parallel=" + std::to_string(l.pp),
+      "parallel.data_parallel=" + std::to_string(l.dp),
+      "parallel.schedule=" + l.schedule,
+      "parallel.virtual_stages=" + std::string(l.schedule == "interleaved" ? "2" : "1"),
+      "parallel.distributed_optimizer=" + std::string(l.distributed_optimizer ? "true" : "false"),
+      "parallel.sequence_parallel=" + std::string(l.sequence_parallel ? "true" : "false")};
+  overrides.insert(overrides.end(), l.overrides.begin(), l.overrides.end());
   RunConfig c = RunConfig::from_text(R"(
 [run]
 seed = 42
@@ -41,16 +50,7 @@ weight_decay = 0.1
 warmup_iters = 1
 decay_style = cosine
 )",
-                                     {"parallel.tensor_parallel=" + std::to_string(l.tp),
-                                      "parallel.pipeline_parallel=" + std::to_string(l.pp),
-                                      "parallel.data_parallel=" + std::to_string(l.dp),
-                                      "parallel.schedule=" + l.schedule,
-                                      "parallel.virtual_stages=" +
-                                          std::string(l.schedule == "interleaved" ? "2" : "1"),
-                                      "parallel.distributed_optimizer=" +
-                                          std::string(l.distributed_optimizer ? "true" : "false"),
-                                      "parallel.sequence_parallel=" +
-                                          std::string(l.sequence_parallel ? "true" : "false")});
+                                     overrides);
   c.validate(world);
   return c;
 }

@@ -17,6 +17,8 @@ struct Layout {
   std::string schedule = "1f1b";
   bool distributed_optimizer = false;
   bool sequence_parallel = false;
+  /// Further deck overrides ("training.recompute=full", ...), applied last.
+  std::vector<std::string> overrides = {};
   std::string name() const;  ///< gpt_tp2_pp2_dp2_1f1b_distopt_sp
 };
 
