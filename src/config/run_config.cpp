@@ -118,6 +118,8 @@ void DeckSchema::bind(RunConfig& c) {
       "model chunks per pipeline rank (interleaved)");
   key("parallel.distributed_optimizer", &p.distributed_optimizer, "bool",
       "shard fp32 master weights and Adam states over dp (ZeRO-1)");
+  key("parallel.pipeline_layers", &p.pipeline_layers, "string",
+      "layers per pipeline stage, e.g. 5,7 (empty = uniform split)");
 
   auto& t = c.training;
   key("training.micro_batch_size", &t.micro_batch_size, "int", "samples per micro-batch");
@@ -315,10 +317,24 @@ void RunConfig::validate(int world_size) {
                "parallel.virtual_stages = " << p.virtual_stages
                    << " needs parallel.schedule = interleaved (got " << p.schedule << ")");
   const int chunks = p.pipeline_parallel * p.virtual_stages;
-  MESH_REQUIRE(m.num_layers % chunks == 0,
-               "model.num_layers (" << m.num_layers << ") is not divisible by "
-                   << "parallel.pipeline_parallel (" << p.pipeline_parallel
-                   << ") x parallel.virtual_stages (" << p.virtual_stages << ") = " << chunks);
+  if (p.pipeline_layers.empty()) {
+    MESH_REQUIRE(m.num_layers % chunks == 0,
+                 "model.num_layers (" << m.num_layers << ") is not divisible by "
+                     << "parallel.pipeline_parallel (" << p.pipeline_parallel
+                     << ") x parallel.virtual_stages (" << p.virtual_stages << ") = " << chunks
+                     << "; name an uneven split with parallel.pipeline_layers");
+  } else {
+    MESH_REQUIRE(p.virtual_stages == 1, "parallel.pipeline_layers = " << p.pipeline_layers
+                                            << " cannot be combined with virtual stages");
+    const std::vector<int> split = p.stage_layers(m.num_layers);
+    int sum = 0;
+    for (int n : split) sum += n;
+    MESH_REQUIRE(int(split.size()) == p.pipeline_parallel && sum == m.num_layers,
+                 "parallel.pipeline_layers = " << p.pipeline_layers << " names "
+                     << split.size() << " stages with " << sum
+                     << " layers; need parallel.pipeline_parallel (" << p.pipeline_parallel
+                     << ") stages with model.num_layers (" << m.num_layers << ") layers");
+  }
 
   require_positive("training.micro_batch_size", t.micro_batch_size);
   require_positive("training.train_iters", t.train_iters);
@@ -361,6 +377,26 @@ void RunConfig::validate(int world_size) {
                "checkpoint.keep_last = " << checkpoint.keep_last << " must be at least 1");
   require_positive("logging.log_interval", logging.log_interval);
   require_one_of("logging.progress", logging.progress, {"auto", "on", "off"});
+}
+
+std::vector<int> ParallelSection::stage_layers(int num_layers) const {
+  if (pipeline_layers.empty())
+    return std::vector<int>(std::size_t(pipeline_parallel), num_layers / pipeline_parallel);
+  std::vector<int> out;
+  std::stringstream in(pipeline_layers);
+  for (std::string item; std::getline(in, item, ',');) {
+    std::size_t used = 0;
+    int n = -1;
+    try {
+      n = std::stoi(item, &used);
+    } catch (const std::exception&) {
+    }
+    MESH_REQUIRE(n >= 1 && used == item.size(),
+                 "parallel.pipeline_layers = " << pipeline_layers << ": '" << item
+                                               << "' is not a positive layer count");
+    out.push_back(n);
+  }
+  return out;
 }
 
 }  // namespace meshtron

@@ -53,6 +53,13 @@ struct ParallelSection {
   std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
   int virtual_stages = 1;
   bool distributed_optimizer = false;
+  /// Layers per pipeline stage, e.g. "5,7" for an uneven split of 12 layers
+  /// over 2 stages; "" = uniform (num_layers must then divide evenly).
+  std::string pipeline_layers;
+
+  /// Layers of each stage (uniform when pipeline_layers is empty);
+  /// valid after RunConfig::validate.
+  std::vector<int> stage_layers(int num_layers) const;
 
   ParallelDegrees degrees() const {
     return {tensor_parallel, pipeline_parallel, data_parallel};

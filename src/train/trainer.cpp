@@ -37,14 +37,16 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   const int pp = rt.topo.pp();
   virtual_stages_ = run.parallel.schedule == "interleaved" ? run.parallel.virtual_stages : 1;
   const int total_chunks = pp * virtual_stages_;
-  MESH_REQUIRE(model.num_layers % total_chunks == 0,
-               "model.num_layers (" << model.num_layers << ") is not divisible by "
-                                    << total_chunks << " pipeline chunks");
-  layers_per_chunk_ = model.num_layers / total_chunks;
+  // Layers of each global chunk: uniform, or the deck's uneven split.
+  std::vector<int> chunk_layers(std::size_t(total_chunks), model.num_layers / total_chunks);
+  if (!run.parallel.pipeline_layers.empty())
+    chunk_layers = run.parallel.stage_layers(model.num_layers);
+  layers_per_chunk_ = chunk_layers[std::size_t(global_chunk(0))];
   for (int c = 0; c < virtual_stages_; ++c) {
     const int g = global_chunk(c);
-    StagePlacement place{g * layers_per_chunk_, layers_per_chunk_, g == 0,
-                         g == total_chunks - 1};
+    int first = 0;
+    for (int k = 0; k < g; ++k) first += chunk_layers[std::size_t(k)];
+    StagePlacement place{first, chunk_layers[std::size_t(g)], g == 0, g == total_chunks - 1};
     chunks_.push_back(std::make_unique<GptModel>(model, place, base_ctx_, dtype, run.run.seed));
   }
   Parameter* tied_copy = nullptr;

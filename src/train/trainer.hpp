@@ -43,8 +43,8 @@ class Trainer {
   const LrSchedule& schedule() const { return lr_; }
   ParallelRuntime& runtime() { return rt_; }
 
-  /// Layers per model chunk and chunks per rank (interleaving makes more,
-  /// smaller stages).
+  /// Layers of this rank's first model chunk (interleaving makes more,
+  /// smaller chunks; parallel.pipeline_layers may make stages unequal).
   int layers_per_chunk() const { return layers_per_chunk_; }
 
  private:

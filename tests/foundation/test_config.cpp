@@ -122,7 +122,19 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"optimizer.min_lr=1"}, 8, "min_lr"},
         ValidationCase{{"lr_schedule.decay_style=step"}, 8, "decay_style"},
         ValidationCase{{"data.source=indexed"}, 8, "data.path"},
-        ValidationCase{{"run.device=tpu"}, 8, "tpu"}));
+        ValidationCase{{"run.device=tpu"}, 8, "tpu"},
+        ValidationCase{{"parallel.pipeline_layers=1,2"}, 8, "pipeline_layers = 1,2 names 2 stages with 3 layers"},
+        ValidationCase{{"parallel.pipeline_layers=4,x"}, 8, "'x' is not a positive layer count"},
+        ValidationCase{{"parallel.pipeline_layers=0,4"}, 8, "'0' is not a positive layer count"}));
+
+TEST(Config, NamedUnevenPipelineSplit) {
+  RunConfig c = parse({"parallel.pipeline_layers=1,3"});
+  c.validate(8);
+  EXPECT_EQ(c.parallel.stage_layers(4), (std::vector<int>{1, 3}));
+  RunConfig uniform = parse();
+  uniform.validate(8);
+  EXPECT_EQ(uniform.parallel.stage_layers(4), (std::vector<int>{2, 2}));
+}
 
 }  // namespace
 }  // namespace meshtron

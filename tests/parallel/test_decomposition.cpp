@@ -85,6 +85,15 @@ TEST_P(Decomposition, MatchesSingleRankRun) {
 INSTANTIATE_TEST_SUITE_P(Layouts, Decomposition, ::testing::ValuesIn(all_layouts(world_size())),
                          [](const auto& info) { return info.param.name(); });
 
+TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
+  const int world = world_size();
+  if (world % 2) GTEST_SKIP() << "needs an even world";
+  Layout uneven{1, 2, world / 2, "1f1b"};
+  uneven.overrides = {"parallel.pipeline_layers=3,5"};
+  expect_same_run(train_layout(MPI_COMM_WORLD, uneven, DType::F64), reference(DType::F64),
+                  1e-10, 1e-10);
+}
+
 TEST(Reference, LossesAreFiniteAndTrainingMovesTheModel) {
   const RunResult& ref = reference(DType::F32);
   for (double l : ref.losses) EXPECT_TRUE(std::isfinite(l));
