@@ -158,6 +158,15 @@ void MpiCommunicator::isend(const void* buf, std::size_t count, DType dtype, int
                       &pending_sends_.back()));
 }
 
+void MpiCommunicator::progress() {
+  if (pending_sends_.empty()) return;
+  // Completed requests become MPI_REQUEST_NULL, which Waitall skips.
+  std::vector<int> indices(pending_sends_.size());
+  int done = 0;
+  MPI_CHECK(MPI_Testsome(int(pending_sends_.size()), pending_sends_.data(), &done,
+                         indices.data(), MPI_STATUSES_IGNORE));
+}
+
 void MpiCommunicator::wait_sends() {
   if (pending_sends_.empty()) return;
   MPI_CHECK(MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(),

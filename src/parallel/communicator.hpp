@@ -72,6 +72,11 @@ class Communicator {
   virtual void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) = 0;
   /// Complete every isend() posted so far.
   virtual void wait_sends() = 0;
+  /// Let posted sends advance without blocking. MPI moves a large message
+  /// (rendezvous protocol) only while its sender is inside the MPI library,
+  /// so a pipeline stage that computes for long between MPI calls would
+  /// starve its neighbour; the schedule calls this between tasks.
+  virtual void progress() {}
 
   // Tensor conveniences (whole tensor as the payload).
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) {
@@ -119,6 +124,7 @@ class MpiCommunicator final : public Communicator {
   void batch_p2p(std::span<const P2POp> ops) override;
   void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
   void wait_sends() override;
+  void progress() override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
 

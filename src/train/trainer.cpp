@@ -88,6 +88,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
   std::vector<Tensor> in_flight_sends;  // kept alive until wait_sends()
   double loss_sum = 0;
   for (const PipelineTask& t : tasks) {
+    rt_.pp.progress();  // advance the sends of earlier tasks
     GptModel& chunk = *chunks_[std::size_t(t.chunk)];
     const int g = global_chunk(t.chunk);
     const MicroBatch& mb = batch[std::size_t(t.micro_batch)];
