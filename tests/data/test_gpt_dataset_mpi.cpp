@@ -2,6 +2,8 @@
 // in one shared folder, then reads its dp shard; the shards gathered equal
 // what one rank reads alone.
 #include <gtest/gtest.h>
+
+#include "common/mpi_test_util.hpp"
 #include <mpi.h>
 
 #include <filesystem>
@@ -18,11 +20,7 @@ int world_rank() {
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   return r;
 }
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing_util::world_size;
 
 /// A folder every rank sees (one host): named after rank 0's pid, created by
 /// rank 0 with a dataset in it, removed by rank 0 at the end.

@@ -5,6 +5,8 @@
 //   pipeline group iff r % (tp*dp) == q % (tp*dp)
 //   model group    iff (r / tp) % dp == (q / tp) % dp
 #include <gtest/gtest.h>
+
+#include "common/mpi_test_util.hpp"
 #include <mpi.h>
 
 #include <algorithm>
@@ -16,11 +18,7 @@
 namespace meshtron {
 namespace {
 
-int world_size() {
-  int n;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing_util::world_size;
 
 /// World ranks of the members of `comm`, in comm rank order.
 std::vector<int> members(MPI_Comm comm) {

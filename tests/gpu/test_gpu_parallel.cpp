@@ -14,6 +14,8 @@
 //    a bug common to both GPU runs cannot pass.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include "common/mpi_test_util.hpp"
 #include <mpi.h>
 
 #include <algorithm>
@@ -26,11 +28,7 @@
 namespace meshtron {
 namespace {
 
-int world_size() {
-  int n;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing_util::world_size;
 
 /// Skip unless there are exactly two ranks and at least two GPUs (the same
 /// answer on both ranks of one node).

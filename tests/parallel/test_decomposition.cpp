@@ -13,6 +13,8 @@
 //  * fp64 (same code, double precision): losses, gradient norms and every
 //    parameter to 1e-10, which rules out any real decomposition error.
 #include <gtest/gtest.h>
+
+#include "common/mpi_test_util.hpp"
 #include <mpi.h>
 
 #include <cmath>
@@ -22,11 +24,7 @@
 namespace meshtron::testing {
 namespace {
 
-int world_size() {
-  int n;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing_util::world_size;
 
 const RunResult& reference(DType dtype) {
   static const RunResult fp32 = train_layout(MPI_COMM_SELF, Layout{}, DType::F32);

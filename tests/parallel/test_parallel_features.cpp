@@ -2,6 +2,8 @@
 // collectives a layer issues, how activation memory falls with sequence
 // parallelism, the pipeline schedules' shapes, and optimizer-state bytes.
 #include <gtest/gtest.h>
+
+#include "common/mpi_test_util.hpp"
 #include <mpi.h>
 
 #include "decomposition.hpp"
@@ -10,11 +12,7 @@
 namespace meshtron::testing {
 namespace {
 
-int world_size() {
-  int n;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing_util::world_size;
 
 /// Bytes of every tensor a layer keeps between forward and backward.
 std::size_t cache_bytes(const TransformerLayer::Cache& c) {

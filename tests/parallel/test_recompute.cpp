@@ -11,6 +11,8 @@
 //    [b*heads, s, s] probability tensors (before and after dropout), full
 //    keeps only the [s*b, h] layer input.
 #include <gtest/gtest.h>
+
+#include "common/mpi_test_util.hpp"
 #include <mpi.h>
 
 #include <cstdio>
@@ -22,11 +24,7 @@
 namespace meshtron::testing {
 namespace {
 
-int world_size() {
-  int n;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing_util::world_size;
 
 int world_rank() {
   int r;
