@@ -1,6 +1,6 @@
 // ==================================================================== cast ==
 //
-// dst[i] = src[i] converted (fp32 <-> bf16, round to nearest even), one
+// dst[i] = src[i] converted (fp32 <-> bf16 or fp16, round to nearest even), one
 // grid-stride pass; the launcher of ops::cast (src/ops/cast.hpp).
 #include "kernels/cuda/common.cuh"
 #include "ops/cast.hpp"
@@ -21,16 +21,21 @@ void cast(DType from, const void* src, DType to, void* dst, index_t n) {
   if (n == 0) return;
   constexpr int threads = 256;
   const unsigned grid = grid_for(n, threads);
-  if (from == DType::F32 && to == DType::BF16)
-    cast_kernel<<<grid, threads, 0, kStream>>>(static_cast<const float*>(src),
-                                               static_cast<bf16_t*>(dst), n);
-  else if (from == DType::BF16 && to == DType::F32)
-    cast_kernel<<<grid, threads, 0, kStream>>>(static_cast<const bf16_t*>(src),
-                                               static_cast<float*>(dst), n);
-  else
-    MESH_VERIFY(false, "cuda::cast: only fp32 <-> bf16, got " << dtype_name(from) << " -> "
+  const DType half = from == DType::F32 ? to : from;
+  MESH_VERIFY((from == DType::F32) != (to == DType::F32) &&
+                  (half == DType::BF16 || half == DType::F16),
+              "cuda::cast: only fp32 <-> bf16 or fp16, got " << dtype_name(from) << " -> "
                                                              << dtype_name(to));
-  MESH_CUDA_LAUNCHED();
+  with_storage_type(half, "cast", [&](auto zero) {
+    using H = decltype(zero);
+    if (from == DType::F32)
+      cast_kernel<<<grid, threads, 0, kStream>>>(static_cast<const float*>(src),
+                                                 static_cast<H*>(dst), n);
+    else
+      cast_kernel<<<grid, threads, 0, kStream>>>(static_cast<const H*>(src),
+                                                 static_cast<float*>(dst), n);
+    MESH_CUDA_LAUNCHED();
+  });
 }
 
 }  // namespace meshtron::cuda

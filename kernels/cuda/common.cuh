@@ -1,14 +1,16 @@
 // Shared vocabulary of the CUDA kernels (kernels/cuda/*.cu).
 //
-// Storage types are float and __nv_bfloat16; every kernel loads through
-// load_f() and stores through store_f(), so the arithmetic is always fp32
-// (bf16 is a storage format only, as on the host path's types.hpp).
+// Storage types are float, __nv_bfloat16 and __half; every kernel loads
+// through load_f() and stores through store_f(), so the arithmetic is always
+// fp32 (bf16 and fp16 are storage formats only, as on the host path's
+// types.hpp).
 // All work runs on the legacy default stream (see device_allocator.hpp for
 // why the caching allocator relies on that). Launchers check the launch with
 // CUDA_CHECK(cudaGetLastError()) right after it.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,6 +22,7 @@ namespace meshtron::cuda {
 
 using kindex = std::int64_t;
 using bf16_t = __nv_bfloat16;
+using f16_t = __half;
 
 inline constexpr cudaStream_t kStream = 0;  // legacy default stream
 
@@ -29,13 +32,16 @@ __device__ __forceinline__ float load_f(const float* p, kindex i) { return p[i];
 __device__ __forceinline__ float load_f(const bf16_t* p, kindex i) {
   return __bfloat162float(p[i]);
 }
+__device__ __forceinline__ float load_f(const f16_t* p, kindex i) { return __half2float(p[i]); }
 __device__ __forceinline__ void store_f(float* p, kindex i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f(bf16_t* p, kindex i, float v) {
   p[i] = __float2bfloat16_rn(v);
 }
+__device__ __forceinline__ void store_f(f16_t* p, kindex i, float v) { p[i] = __float2half_rn(v); }
 
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(bf16_t v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(f16_t v) { return __half2float(v); }
 template <class T>
 __device__ __forceinline__ T from_f(float v);
 template <>
@@ -45,6 +51,16 @@ __device__ __forceinline__ float from_f<float>(float v) {
 template <>
 __device__ __forceinline__ bf16_t from_f<bf16_t>(float v) {
   return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ f16_t from_f<f16_t>(float v) {
+  return __float2half_rn(v);
+}
+
+/// v rounded to the storage type T and back (identity for fp32).
+template <class T>
+__device__ __forceinline__ float round_to(float v) {
+  return to_f(from_f<T>(v));
 }
 
 // --------------------------------------------------------------- launches ---
@@ -64,19 +80,22 @@ inline unsigned grid_for(kindex n, int threads, kindex cap = 65535LL * 8) {
                                     threadIdx.x;                             \
        i < (n); i += ::meshtron::cuda::kindex(gridDim.x) * blockDim.x)
 
-/// Calls f(T{}) with T = float or bf16_t for a device storage dtype.
+/// Calls f(T{}) with T = float, bf16_t or f16_t for a device storage dtype.
 template <class F>
 void with_storage_type(DType dtype, const char* op, F&& f) {
   if (dtype == DType::F32)
     f(float{});
   else if (dtype == DType::BF16)
     f(bf16_t{});
+  else if (dtype == DType::F16)
+    f(f16_t{});
   else
-    MESH_VERIFY(false, op << ": the CUDA path stores fp32 or bf16, got " << dtype_name(dtype));
+    MESH_VERIFY(false,
+                op << ": the CUDA path stores fp32, bf16 or fp16, got " << dtype_name(dtype));
 }
 
 /// Calls f(T{}, G{}) where G, the dtype of accumulated parameter gradients,
-/// is the storage type or fp32 (fp32 main_grad under bf16 activations).
+/// is the storage type or fp32 (fp32 main_grad under bf16/fp16 activations).
 template <class F>
 void with_storage_and_grad_type(DType dtype, DType grad_dtype, const char* op, F&& f) {
   with_storage_type(dtype, op, [&](auto t) {

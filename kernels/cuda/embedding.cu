@@ -6,7 +6,7 @@
 //   backward  dtable[ids[n] - vocab_begin, h] += dout[n, h]. Repeated tokens
 //             collide on a row, so the adds are fp32 atomics: the sum is
 //             exact up to the order of rounding, which varies between runs
-//             (the host walks tokens in order). A bf16 dtable is never the
+//             (the host walks tokens in order). A bf16/fp16 dtable is never the
 //             target of the atomics (each bf16 add would round, and a row
 //             hit k times would lose ~k/2 bf16 ulps): the sums go to an fp32
 //             scratch table, added to dtable with one rounding at the end.
@@ -47,8 +47,9 @@ __global__ void embedding_backward_kernel(const std::int32_t* __restrict__ ids, 
   }
 }
 
-__global__ void add_fp32_into_bf16_kernel(const float* __restrict__ sums, kindex n,
-                                          bf16_t* __restrict__ dtable) {
+template <class T>
+__global__ void add_fp32_into_half_kernel(const float* __restrict__ sums, kindex n,
+                                          T* __restrict__ dtable) {
   GRID_STRIDE(i, n) store_f(dtable, i, load_f(dtable, i) + sums[i]);
 }
 
@@ -103,8 +104,8 @@ void embedding_backward(DType t, DType g, const std::int32_t* ids, index_t N, co
       embedding_backward_kernel<T><<<grid, kThreads, 0, kStream>>>(
           ids, N, static_cast<const T*>(dout), V_local, H, vocab_begin, sums.as<float>());
       MESH_CUDA_LAUNCHED();
-      add_fp32_into_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, kStream>>>(
-          sums.as<float>(), n, static_cast<bf16_t*>(dtable));
+      add_fp32_into_half_kernel<G><<<grid_for(n, kThreads), kThreads, 0, kStream>>>(
+          sums.as<float>(), n, static_cast<G*>(dtable));
       MESH_CUDA_LAUNCHED();
     }
   });

@@ -42,7 +42,7 @@ __global__ void bias_gelu_forward_kernel(const T* __restrict__ x, const T* __res
     if (pre) store_f(pre, i, v);
     // Round the pre-activation to storage first, so that y = gelu(pre)
     // exactly as the unfused bias_add then gelu_forward would compute it.
-    store_f(y, i, gelu(sizeof(T) == 4 ? v : __bfloat162float(__float2bfloat16_rn(v))));
+    store_f(y, i, gelu(round_to<T>(v)));
   }
 }
 

@@ -40,9 +40,14 @@ namespace {
 constexpr std::size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt's advice for Hopper
 
 cudaDataType_t cuda_type(DType t) {
-  MESH_VERIFY(t == DType::F32 || t == DType::BF16,
-              "gemm: the CUDA path takes fp32 or bf16, got " << dtype_name(t));
-  return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: break;
+  }
+  MESH_VERIFY(false, "gemm: the CUDA path takes fp32, bf16 or fp16, got " << dtype_name(t));
+  return CUDA_R_32F;
 }
 
 /// Largest power of two (<= 256) dividing the address: cuBLASLt's kernels

@@ -33,14 +33,14 @@ int resolve_vocab(const RunConfig& c) {
   return 50257;
 }
 
-/// Dtype of the parameter values and activations: fp32, or bf16 mixed
-/// precision on the GPU (fp32 master weights, moments and gradients live in
-/// the optimizer and Parameter::grad; see train/optimizer.hpp).
+/// Dtype of the parameter values and activations: fp32, or bf16 / fp16
+/// mixed precision on the GPU (fp32 master weights, moments and gradients
+/// live in the optimizer and Parameter::grad; see train/optimizer.hpp; fp16
+/// adds dynamic loss scaling, train/loss_scaler.hpp).
 DType compute_dtype(const RunConfig& c) {
-  MESH_REQUIRE(c.training.precision != "fp16",
-               "training.precision = fp16: fp16 with dynamic loss scaling is not implemented "
-               "yet; use training.precision = bf16 (or fp32)");
-  return c.training.precision == "bf16" ? DType::BF16 : DType::F32;
+  if (c.training.precision == "bf16") return DType::BF16;
+  if (c.training.precision == "fp16") return DType::F16;
+  return DType::F32;
 }
 
 std::unique_ptr<DataSource> make_data(const RunConfig& c, const ParallelRuntime& rt, int vocab) {
@@ -166,6 +166,7 @@ class TrainRun {
     trainer_.optimizer().load_full_state(m, v);
     trainer_.optimizer().set_step_count(state.optimizer_step);
     skipped_ = state.skipped_steps;
+    if (DynamicLossScaler* scaler = trainer_.loss_scaler()) scaler->set_scale(state.loss_scale);
     if (rank0_) std::cout << " > resumed from " << path << " at iteration " << state.iteration << "\n";
     return long(state.iteration);
   }
@@ -180,11 +181,18 @@ class TrainRun {
     state.optimizer_step = trainer_.optimizer().step_count();
     state.seed = c_.run.seed;
     state.skipped_steps = skipped_;
+    state.loss_scale = current_loss_scale();
     state.deck_text = c_.deck_text;
     io::save_checkpoint(c_.checkpoint.save_dir, rt_.topo, checkpoint_tensors(trainer_, m, v, true),
                         state, c_.checkpoint.keep_last);
     if (rank0_) std::cout << " > saved checkpoint " << c_.checkpoint.save_dir << "/"
                           << io::checkpoint_file_name(step) << "\n";
+  }
+
+  /// The scale of the next step's backward (1 without an fp16 loss scaler).
+  double current_loss_scale() {
+    DynamicLossScaler* scaler = trainer_.loss_scaler();
+    return scaler ? scaler->scale() : 1.0;
   }
 
   void open_metrics() {
@@ -203,9 +211,14 @@ class TrainRun {
     last_ = r;
     if (r.skipped) {
       ++skipped_;
-      if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) ++nan_;
+      // An fp16 overflow is the loss scaler's routine (Megatron counts it as
+      // skipped, not as NaN) and does not count towards max_nan_skips.
+      if (r.overflow)
+        ++overflows_;
+      else if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+        ++nan_;
     }
-    MESH_REQUIRE(skipped_ <= c_.training.max_nan_skips,
+    MESH_REQUIRE(skipped_ - overflows_ <= c_.training.max_nan_skips,
                  "training.max_nan_skips (" << c_.training.max_nan_skips
                      << ") exceeded at iteration " << step << ": loss " << r.loss
                      << ", grad norm " << r.grad_norm);
@@ -224,6 +237,7 @@ class TrainRun {
     line.lr = last_.lr;
     line.loss = last_.loss;
     line.grad_norm = last_.grad_norm;
+    line.loss_scale = current_loss_scale();  // after the step's update, as Megatron logs it
     line.skipped = skipped_;
     line.nan = nan_;
     line.memory_mib = rt_.world.all_reduce_scalar(peak_memory_mib(rt_.space()), ReduceOp::Max);
@@ -270,7 +284,7 @@ class TrainRun {
   int world_;
   std::ofstream metrics_;
   StepReport last_;
-  long skipped_ = 0, nan_ = 0, window_steps_ = 0;
+  long skipped_ = 0, nan_ = 0, overflows_ = 0, window_steps_ = 0;
   double window_seconds_ = 0, total_seconds_ = 0, last_eval_ = NAN;
 };
 

@@ -9,7 +9,8 @@ void cast(const Tensor& src, Tensor& dst) {
   MESH_VERIFY(src.space() == dst.space(), "cast: src and dst are in different memory spaces");
 #ifdef MESHTRON_HAVE_CUDA
   const auto on_device_pair = [](DType a, DType b) {
-    return (a == DType::F32 && b == DType::BF16) || (a == DType::BF16 && b == DType::F32);
+    const auto half = [](DType t) { return t == DType::BF16 || t == DType::F16; };
+    return (a == DType::F32 && half(b)) || (half(a) && b == DType::F32);
   };
   if (!src.is_host() && on_device_pair(src.dtype(), dst.dtype())) {
     cuda::cast(src.dtype(), src.raw(), dst.dtype(), dst.raw(), src.numel());

@@ -2,7 +2,7 @@
 // (ops_host.cpp) for device tensors after it has checked every argument.
 //
 // Like the Kokkos launchers they take raw device pointers and extents, never
-// a Tensor, plus the storage dtype: `t` (fp32 or bf16) for activations and
+// a Tensor, plus the storage dtype: `t` (fp32, bf16 or fp16) for activations and
 // weights, `g` (fp32 or t) for accumulated parameter gradients. Per-row
 // statistics (LayerNorm mean/rstd, cross-entropy row_max, sum_exp,
 // target_logit, loss, dloss) are always fp32 on the device. All launches go
@@ -20,9 +20,9 @@ namespace meshtron::cuda {
 
 // ------------------------------------------------------------------ GEMM ---
 /// Row-major C = alpha op(A) op(B) + beta C over `batch` matrices spaced by
-/// the strides (elements); A, B of dtype ab (fp32 or bf16), C of dtype c
-/// (ab, or fp32 when ab is bf16). fp32 runs without TF32 (CUBLAS_COMPUTE_32F);
-/// bf16 accumulates in fp32. lda/ldb/ldc are the stored row lengths.
+/// the strides (elements); A, B of dtype ab (fp32, bf16 or fp16), C of dtype c
+/// (ab, or fp32 when ab is bf16 or fp16). fp32 runs without TF32 (CUBLAS_COMPUTE_32F);
+/// bf16 and fp16 accumulate in fp32. lda/ldb/ldc are the stored row lengths.
 struct GemmArgs {
   DType ab, c;
   const void* A;

@@ -7,7 +7,7 @@
 //
 // Dtypes: all tensors of one call are in one memory space. Host: every
 // floating tensor shares one dtype, fp32 or fp64. Device: the activations
-// and weights ("storage") share fp32 or bf16; per-row statistics (mean,
+// and weights ("storage") share fp32, bf16 or fp16; per-row statistics (mean,
 // rstd, row_max, sum_exp, target_logit, loss, dloss) are fp32; accumulated
 // parameter gradients (dgamma, dbeta, dbias, dtable) are fp32 or the
 // storage dtype; AdamW is fp32 throughout; a GEMM's C may be fp32 under
@@ -73,13 +73,14 @@ bool on_device(const char* op, std::initializer_list<Arg> args) {
 }
 
 /// Floating tensors sharing one dtype: fp32 or fp64 on the host (the host
-/// path), fp32 or bf16 on the device. Returns whether they are on the device.
+/// path), fp32, bf16 or fp16 on the device. Returns whether they are on the device.
 bool require_float_args(const char* op, std::initializer_list<Arg> args) {
   const bool device = on_device(op, args);
   const Arg& first = *args.begin();
   if (device)
-    MESH_VERIFY(first.t.dtype() == DType::F32 || first.t.dtype() == DType::BF16,
-                op << ": the CUDA path stores fp32 or bf16, got " << describe(first));
+    MESH_VERIFY(first.t.dtype() == DType::F32 || first.t.dtype() == DType::BF16 ||
+                    first.t.dtype() == DType::F16,
+                op << ": the CUDA path stores fp32, bf16 or fp16, got " << describe(first));
   else
     MESH_VERIFY(first.t.dtype() == DType::F32 || first.t.dtype() == DType::F64,
                 op << ": the host path computes in fp32 or fp64, got " << describe(first));

@@ -113,8 +113,11 @@ double AdamW::global_grad_norm(OptimizerGroups& g) const {
   return std::sqrt(g.model.all_reduce_scalar(local));
 }
 
-StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite) {
+StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
+                      double unscale) {
   reduce_model_gradients(params_, groups, /*dp=*/true);
+  if (unscale != 1.0)  // inf/NaN stay inf/NaN: the norm still sees an overflow
+    for (Parameter* p : params_) ops::scale(p->grad, unscale);
   StepStats stats;
   stats.grad_norm = global_grad_norm(groups);
   if (skip_on_nonfinite && !std::isfinite(stats.grad_norm)) {
@@ -130,7 +133,7 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
     Tensor& weights = master_[i].defined() ? master_[i] : p.value;
     ops::adamw_step(weights, p.grad, m_[i], v_[i],
                     adam_params(config_, lr, p.weight_decay, step_));
-    if (master_[i].defined()) ops::cast(master_[i], p.value);  // the bf16 compute copy
+    if (master_[i].defined()) ops::cast(master_[i], p.value);  // the bf16/fp16 compute copy
   }
   zero_grad();
   return stats;
@@ -180,7 +183,7 @@ void DistributedAdamW::pack(Tensor Parameter::*field, Tensor& flat) const {
 void DistributedAdamW::unpack(const Tensor& flat, Tensor Parameter::*field) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Tensor& t = params_[i]->*field;
-    // A copy, or the bf16 compute copy of the fp32 master (on the device).
+    // A copy, or the bf16/fp16 compute copy of the fp32 master (on the device).
     ops::cast(flat_view(flat, offsets_[i], offsets_[i] + t.numel()).reshape(t.shape()), t);
   }
 }
@@ -195,13 +198,15 @@ void DistributedAdamW::shard_segments(
   }
 }
 
-StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_nonfinite) {
+StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_nonfinite,
+                                 double unscale) {
   reduce_model_gradients(params_, g, /*dp=*/false);
   Tensor flat = Tensor::zeros({padded_total_}, master_.dtype(), space_);
   pack(&Parameter::grad, flat);
   Tensor grad = Tensor::empty({shard_size_}, master_.dtype(), space_);
   g.dp.reduce_scatter(flat.raw(), grad.raw(), std::size_t(shard_size_), grad.dtype(),
                       ReduceOp::Sum);
+  if (unscale != 1.0) ops::scale(grad, unscale);
 
   double local = 0;
   shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {

@@ -7,14 +7,15 @@
 //      group (first + last pipeline stage) when pp > 1;
 //   3. all gradients are all-reduced over dp (the loss is already divided
 //      by the global token count, so the sum is the mean gradient);
-//   4. the global L2 norm is computed over the whole grid, counting every
+//   4. under fp16 the gradients are unscaled (x 1/loss scale);
+//   5. the global L2 norm is computed over the whole grid, counting every
 //      tp-replicated parameter and the tied embedding once, and gradients are
 //      clipped to training.clip_grad;
-//   5. AdamW with decoupled weight decay (none on biases and norms).
+//   6. AdamW with decoupled weight decay (none on biases and norms).
 //
-// Mixed precision (bf16 parameter values, fp32 gradients: see
+// Mixed precision (bf16 or fp16 parameter values, fp32 gradients: see
 // grad_dtype_for in model/parameter.hpp): the optimizer keeps fp32 master
-// weights and fp32 moments, steps the master, and writes the bf16 compute
+// weights and fp32 moments, steps the master, and writes the bf16/fp16 compute
 // copy back into Parameter::value (ops::cast). In fp32/fp64 the parameter
 // values are their own master weights.
 #pragma once
@@ -50,8 +51,11 @@ struct StepStats {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  /// Reduce gradients, clip, update with learning rate `lr`; zero the grads.
-  virtual StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite) = 0;
+  /// Reduce gradients, multiply them by `unscale` (1 / loss scale under
+  /// fp16, see train/loss_scaler.hpp), clip, update with learning rate `lr`;
+  /// zero the grads.
+  virtual StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
+                         double unscale = 1.0) = 0;
   virtual void zero_grad() = 0;
   /// Bytes of optimizer state (fp32 master copies, Adam moments) on this rank.
   virtual std::size_t state_bytes() const = 0;
@@ -84,7 +88,8 @@ class AdamW final : public Optimizer {
   /// whose norm is not counted twice; null otherwise.
   AdamW(ParameterList params, const AdamWConfig& config, Parameter* tied_head_copy);
 
-  StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite) override;
+  StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
+                 double unscale = 1.0) override;
   void zero_grad() override;
   std::size_t state_bytes() const override;
   std::size_t moment_bytes() const override;
@@ -116,7 +121,8 @@ class DistributedAdamW final : public Optimizer {
  public:
   DistributedAdamW(ParameterList params, const AdamWConfig& config,
                    Parameter* tied_head_copy, Communicator& dp);
-  StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite) override;
+  StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
+                 double unscale = 1.0) override;
   void zero_grad() override;
   std::size_t state_bytes() const override;
   std::size_t moment_bytes() const override;

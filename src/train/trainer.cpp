@@ -23,8 +23,10 @@ double tensor_sum(const Tensor& t) {
 
 }  // namespace
 
-Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype)
+Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype,
+                 const LossScalerConfig& scaler)
     : run_(run), model_config_(model), rt_(rt), base_ctx_{rt.tp_group} {
+  if (dtype == DType::F16) scaler_.emplace(scaler);
   base_ctx_.sequence_parallel = run.parallel.sequence_parallel;
   base_ctx_.seed = run.run.seed;
   base_ctx_.seq_length = model.seq_length;
@@ -79,8 +81,9 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
   const int pp = rt_.topo.pp(), rank = rt_.topo.pp_rank();
   const int total_chunks = pp * virtual_stages_;
   const index_t tokens = base_ctx_.seq_length * base_ctx_.micro_batch;
-  const double dloss_value =
-      1.0 / double(base_ctx_.seq_length * run_.training.global_batch_size);
+  // Under fp16 the backward starts from the scaled dloss (loss_scaler.hpp).
+  const double dloss_value = (scaler_ ? scaler_->scale() : 1.0) /
+                             double(base_ctx_.seq_length * run_.training.global_batch_size);
   // Messages are tagged by (micro-batch, receiving chunk, direction).
   auto tag = [&](int mb, int g, int dir) { return (mb * total_chunks + g) * 2 + dir; };
 
@@ -162,6 +165,7 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   r.max_in_flight = max_in_flight(tasks);
   r.loss = reduce_loss(local, base_ctx_.seq_length * run_.training.global_batch_size);
   r.lr = lr_.at(step);
+  r.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const bool guard = run_.training.check_for_nan;
   if (guard && !std::isfinite(r.loss)) {
     optimizer_->zero_grad();
@@ -169,9 +173,15 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
     return r;
   }
   OptimizerGroups groups = rt_.optimizer_groups();
-  const StepStats stats = optimizer_->step(r.lr, groups, guard);
+  // The loss scaler always skips a non-finite step: overflow is its signal.
+  const StepStats stats = optimizer_->step(r.lr, groups, guard || scaler_.has_value(),
+                                           scaler_ ? scaler_->inverse_scale() : 1.0);
   r.grad_norm = stats.grad_norm;
   r.skipped = stats.skipped;
+  if (scaler_) {
+    r.overflow = stats.skipped;
+    scaler_->update(stats.skipped);
+  }
   return r;
 }
 

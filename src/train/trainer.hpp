@@ -4,11 +4,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "config/run_config.hpp"
 #include "model/gpt_model.hpp"
 #include "train/data_source.hpp"
+#include "train/loss_scaler.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/runtime.hpp"
 #include "train/schedule.hpp"
@@ -21,6 +23,8 @@ struct StepReport {
   double grad_norm = 0;  ///< before clipping
   double lr = 0;
   bool skipped = false;  ///< NaN/Inf: no update
+  bool overflow = false; ///< skipped by the fp16 loss scaler (counted apart from NaN)
+  double loss_scale = 1; ///< the scale this step's backward ran with
   int max_in_flight = 0; ///< micro-batches alive at once on this rank
   double schedule_seconds = 0;  ///< forward + backward of all micro-batches
   double wait_seconds = 0;      ///< of which blocked on pipeline receives (bubble)
@@ -28,7 +32,9 @@ struct StepReport {
 
 class Trainer {
  public:
-  Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype);
+  /// `dtype` F16 adds a dynamic loss scaler (`scaler`'s settings).
+  Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype,
+          const LossScalerConfig& scaler = {});
 
   /// Forward, backward and update for step `step` (1-based) on `batch`
   /// (this dp rank's micro-batches).
@@ -41,6 +47,8 @@ class Trainer {
   std::vector<std::unique_ptr<GptModel>>& chunks() { return chunks_; }
   Optimizer& optimizer() { return *optimizer_; }
   const LrSchedule& schedule() const { return lr_; }
+  /// The fp16 loss scaler; null under fp32 and bf16 (scale 1).
+  DynamicLossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
   ParallelRuntime& runtime() { return rt_; }
 
   /// Layers of this rank's first model chunk (interleaving makes more,
@@ -68,6 +76,7 @@ class Trainer {
   std::vector<std::unique_ptr<GptModel>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   LrSchedule lr_;
+  std::optional<DynamicLossScaler> scaler_;  ///< fp16 only
   double wait_seconds_ = 0;
 };
 

@@ -1,4 +1,4 @@
-// bf16 mixed precision and activation recomputation on ONE GPU.
+// bf16 and fp16 mixed precision and activation recomputation on ONE GPU.
 //
 //  * The HF golden GPT-2 (validation/gpt2-golden) with bf16 values and
 //    activations: parameters bf16, gradients fp32 (main_grad), logits and
@@ -16,6 +16,13 @@
 //    backward adds rows with atomics, so its order differs between runs,
 //    recompute or not: a second none run is the control), and the
 //    allocator's peak bytes fall none > selective > full.
+//
+//  * fp16 with dynamic loss scaling (train/loss_scaler.hpp): the golden
+//    GPT-2 in fp16 (loss within 1e-2, gradients within 0.1); the tiny GPT
+//    20 steps in fp16 at scale 2^16 (no skips, loss falls, tracks fp32 to
+//    5e-2); an initial scale of 2^40 overflows: each overflowing step is
+//    skipped with the Adam step untouched and halves the scale, until the
+//    steps succeed.
 //
 // Skips (exit 0) without a GPU (and the golden case without its files).
 #include <gtest/gtest.h>
@@ -46,9 +53,11 @@ double norm_rel(const std::vector<double>& a, const std::vector<double>& b) {
   return testing::norm_rel_error(a, b);
 }
 
-TEST(GpuBf16, GoldenGpt2LossWithinOnePercent) {
-  REQUIRE_GPU();
-  if (!std::filesystem::exists(kGolden + "/golden.safetensors")) GTEST_SKIP() << "no golden files";
+/// The HF golden GPT-2 with `dtype` (bf16 or fp16) values and activations:
+/// step-1 loss within 1e-2 relative of transformers' fp32 loss, every
+/// gradient finite and within 0.1 norm-wise of the golden one.
+void check_golden_in(DType dtype) {
+  const char* name = dtype == DType::BF16 ? "bf16" : "fp16";
   io::SafetensorsFile golden(kGolden + "/golden.safetensors");
   MpiCommunicator self(MPI_COMM_SELF);
   TensorParallelGroup tp{self};
@@ -59,7 +68,7 @@ TEST(GpuBf16, GoldenGpt2LossWithinOnePercent) {
   ctx.space = MemorySpace::Cuda;
   const GptConfig config =
       GptConfig::from_hf(io::read_hf_gpt2_config(kGolden), kSeq, /*divisible_by=*/128, 1);
-  GptModel model(config, StagePlacement::whole_model(config.num_layers), ctx, DType::BF16, 1);
+  GptModel model(config, StagePlacement::whole_model(config.num_layers), ctx, dtype, 1);
   io::import_hf_gpt2(kGolden, model.parameters(), 0, 1);
 
   // Golden tokens of step 0 in [s, b] order.
@@ -80,8 +89,8 @@ TEST(GpuBf16, GoldenGpt2LossWithinOnePercent) {
   for (double v : loss.to_doubles()) mean += v / double(loss.numel());
   const double expected = golden.load("losses", DType::F32).to_doubles()[0];
   const double rel = std::fabs(mean - expected) / expected;
-  std::printf("bf16 golden loss %.6f vs transformers fp32 %.6f: relative %.2e\n", mean, expected,
-              rel);
+  std::printf("%s golden loss %.6f vs transformers fp32 %.6f: relative %.2e\n", name, mean,
+              expected, rel);
   EXPECT_LE(rel, 1e-2);
 
   Tensor dloss = Tensor::empty(loss.shape(), DType::F32, MemorySpace::Cuda);
@@ -89,7 +98,7 @@ TEST(GpuBf16, GoldenGpt2LossWithinOnePercent) {
   model.backward(dloss, ctx, cache);
   double worst = 0;
   for (Parameter* p : model.parameters()) {
-    EXPECT_EQ(p->value.dtype(), DType::BF16) << p->name;
+    EXPECT_EQ(p->value.dtype(), dtype) << p->name;
     EXPECT_EQ(p->grad.dtype(), DType::F32) << p->name;
     std::vector<double> ours = p->grad.to_doubles();
     const auto theirs = golden.load("grad." + io::hf_name_of(p->name), DType::F32).to_doubles();
@@ -99,7 +108,19 @@ TEST(GpuBf16, GoldenGpt2LossWithinOnePercent) {
     worst = std::max(worst, e);
     EXPECT_LE(e, 0.1) << p->name;
   }
-  std::printf("bf16 golden gradients: worst norm-wise relative error %.2e\n", worst);
+  std::printf("%s golden gradients: worst norm-wise relative error %.2e\n", name, worst);
+}
+
+TEST(GpuBf16, GoldenGpt2LossWithinOnePercent) {
+  REQUIRE_GPU();
+  if (!std::filesystem::exists(kGolden + "/golden.safetensors")) GTEST_SKIP() << "no golden files";
+  check_golden_in(DType::BF16);
+}
+
+TEST(GpuFp16, GoldenGpt2LossWithinOnePercent) {
+  REQUIRE_GPU();
+  if (!std::filesystem::exists(kGolden + "/golden.safetensors")) GTEST_SKIP() << "no golden files";
+  check_golden_in(DType::F16);
 }
 
 TEST(GpuBf16, AdamWStepsFp32MasterAndWritesBf16Copy) {
@@ -132,8 +153,19 @@ TEST(GpuBf16, AdamWStepsFp32MasterAndWritesBf16Copy) {
   EXPECT_LT(moved, 1000);
 }
 
+struct MemoriseRun {
+  std::vector<StepReport> steps;
+  long optimizer_steps = 0;
+  std::vector<double> losses() const {
+    std::vector<double> out;
+    for (const StepReport& r : steps) out.push_back(r.loss);
+    return out;
+  }
+};
+
 /// Trains the tiny GPT on the GPU on one fixed batch (memorisation).
-std::vector<double> memorise(DType dtype, const std::string& precision, int steps) {
+MemoriseRun memorise_run(DType dtype, const std::string& precision, int steps,
+                         const LossScalerConfig& scaler = {}) {
   testing::Layout layout;
   layout.overrides = {"run.device=cuda", "training.precision=" + precision,
                       "training.train_iters=" + std::to_string(steps), "optimizer.lr=1e-2",
@@ -141,14 +173,19 @@ std::vector<double> memorise(DType dtype, const std::string& precision, int step
   RunConfig config = testing::tiny_config(layout, 1);
   ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), MemorySpace::Cuda);
   const GptConfig model = GptConfig::from_run(config, 100, 1);
-  Trainer trainer(config, model, rt, dtype);
+  Trainer trainer(config, model, rt, dtype, scaler);
   DataLayout data{model.seq_length, config.training.micro_batch_size,
                   config.training.global_batch_size, 0, 1, steps, 1, config.run.seed};
   auto source = make_synthetic_data(data, 100);
   const auto batch = source->train_step(1);
-  std::vector<double> losses;
-  for (long step = 1; step <= steps; ++step) losses.push_back(trainer.train_step(step, batch).loss);
-  return losses;
+  MemoriseRun run;
+  for (long step = 1; step <= steps; ++step) run.steps.push_back(trainer.train_step(step, batch));
+  run.optimizer_steps = trainer.optimizer().step_count();
+  return run;
+}
+
+std::vector<double> memorise(DType dtype, const std::string& precision, int steps) {
+  return memorise_run(dtype, precision, steps).losses();
 }
 
 TEST(GpuBf16, TinyGptTrainingLossFallsAndStaysFinite) {
@@ -162,6 +199,64 @@ TEST(GpuBf16, TinyGptTrainingLossFallsAndStaysFinite) {
     std::printf("step %2d loss bf16 %.5f fp32 %.5f\n", k + 1, bf16[k], fp32[k]);
   }
   EXPECT_LT(bf16.back(), bf16.front() - 0.2);
+}
+
+TEST(GpuFp16, TinyGptTrainingWithLossScalingFallsAndStaysFinite) {
+  REQUIRE_GPU();
+  const int steps = 20;
+  const MemoriseRun fp16 = memorise_run(DType::F16, "fp16", steps);
+  const auto fp32 = memorise(DType::F32, "fp32", steps);
+  const auto losses = fp16.losses();
+  for (int k = 0; k < steps; ++k) {
+    const StepReport& r = fp16.steps[std::size_t(k)];
+    EXPECT_TRUE(std::isfinite(r.loss)) << "step " << k + 1;
+    EXPECT_FALSE(r.skipped) << "step " << k + 1;  // 2^16 does not overflow this model
+    EXPECT_EQ(r.loss_scale, 65536.0) << "step " << k + 1;  // scaling active throughout
+    EXPECT_TRUE(std::isfinite(r.grad_norm)) << "step " << k + 1;
+    EXPECT_LE(std::fabs(r.loss - fp32[k]) / fp32[k], 5e-2) << "step " << k + 1;
+    std::printf("step %2d loss fp16 %.5f fp32 %.5f (scale %.0f, grad norm %.4f)\n", k + 1,
+                r.loss, fp32[k], r.loss_scale, r.grad_norm);
+  }
+  EXPECT_EQ(fp16.optimizer_steps, steps);
+  EXPECT_LT(losses.back(), losses.front() - 0.2);
+}
+
+TEST(GpuFp16, HugeInitialScaleOverflowsIsSkippedAndBacksOff) {
+  REQUIRE_GPU();
+  const int steps = 40;
+  LossScalerConfig scaler;
+  scaler.initial_scale = std::ldexp(1.0, 40);  // dloss x 2^40 overflows fp16 (max 65504)
+  const MemoriseRun run = memorise_run(DType::F16, "fp16", steps, scaler);
+  ASSERT_TRUE(run.steps[0].skipped);
+  EXPECT_TRUE(run.steps[0].overflow);
+  EXPECT_FALSE(std::isfinite(run.steps[0].grad_norm));
+  // Every skip halves the scale for the next step and nothing else changes
+  // it (the growth interval, 1000, is not reached). The leading skips run
+  // down from 2^40; near the threshold a step may still overflow once the
+  // weights move (on an H100: 19 skips, good at 2^21, one more skip, then
+  // good at 2^20), and the run ends in good steps.
+  int leading = 0;
+  while (leading < steps && run.steps[std::size_t(leading)].skipped) ++leading;
+  int skipped = 0;
+  for (int k = 0; k < steps; ++k) {
+    const StepReport& r = run.steps[std::size_t(k)];
+    skipped += r.skipped;
+    EXPECT_EQ(r.overflow, r.skipped) << "step " << k + 1;
+    EXPECT_EQ(std::isfinite(r.grad_norm), !r.skipped) << "step " << k + 1;
+    EXPECT_TRUE(std::isfinite(r.loss)) << "step " << k + 1;
+    if (k == 0) continue;
+    const StepReport& prev = run.steps[std::size_t(k - 1)];
+    EXPECT_EQ(r.loss_scale, prev.skipped ? prev.loss_scale / 2 : prev.loss_scale)
+        << "step " << k + 1;
+  }
+  std::printf("scale 2^40: %d leading skips, %d skips in all, final scale 2^%d\n", leading,
+              skipped, int(std::log2(run.steps.back().loss_scale)));
+  EXPECT_GT(leading, 5);
+  for (int k = steps - 10; k < steps; ++k)
+    EXPECT_FALSE(run.steps[std::size_t(k)].skipped) << "step " << k + 1;
+  // Skipped steps leave the Adam step count (and so the weights) alone.
+  EXPECT_EQ(run.optimizer_steps, steps - skipped);
+  EXPECT_LT(run.steps.back().loss, run.steps[std::size_t(leading)].loss);
 }
 
 struct RecomputeRun {

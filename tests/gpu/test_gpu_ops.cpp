@@ -2,14 +2,14 @@
 //
 // Every op runs twice on the same inputs: on host fp32 tensors (the Kokkos
 // and CBLAS path, itself tested against long-double loops in tests/ops) and
-// on device tensors in fp32 and bf16. bf16 inputs are drawn in fp32 and
-// rounded to bf16 once; the host reference sees the rounded values, so the
-// comparison measures the device kernels and their bf16 outputs only.
+// on device tensors in fp32, bf16 and fp16. bf16/fp16 inputs are drawn in
+// fp32 and rounded once; the host reference sees the rounded values, so the
+// comparison measures the device kernels and their 16-bit outputs only.
 // Shapes are not multiples of any block or warp size (N = 1, 3, 17, 33, 257;
 // H = 5, 64, 130, 768). Every device output is POISONED with NaN before the
 // call, so an element the kernel fails to write shows up as NaN, and NaN
 // never passes. Tolerance: max |dev - host| <= tol * max |host| with tol =
-// 1e-5 for fp32 (TF32 must be off in the GEMMs), 1e-2 for bf16. The dropout
+// 1e-5 for fp32 (TF32 must be off in the GEMMs), 1e-2 for bf16 and fp16. The dropout
 // mask must equal the host's element for element.
 //
 // Run: ctest -L gpu --output-on-failure   (skips, exit 0, without a GPU)
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cast.hpp"
 #include "ops/head_layout.hpp"
 #include "ops/ops.hpp"
 #include "tensor/device_allocator.hpp"
@@ -34,7 +35,7 @@ namespace {
 
 const std::vector<index_t> kRows = {1, 3, 17, 33, 257};
 const std::vector<index_t> kCols = {5, 64, 130, 768};
-const std::vector<DType> kDtypes = {DType::F32, DType::BF16};
+const std::vector<DType> kDtypes = {DType::F32, DType::BF16, DType::F16};
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 double tolerance(DType t) { return t == DType::F32 ? 1e-5 : 1e-2; }
@@ -133,6 +134,28 @@ TEST_F(GpuOps, TensorCopiesFillAndConversionsAcrossSpaces) {
   dst.copy_from(d_bf16);
   expect_close(dst, h.to(DType::BF16), 0.0, "copy_from bf16 device into fp32 device");
   expect_close(d.slice_rows(3, 10), h.slice_rows(3, 10), 0.0, "slice_rows of a device tensor");
+}
+
+TEST_F(GpuOps, CastKernelRoundsLikeTheHostConversion) {
+  // ops::cast on the device (kernels/cuda/cast.cu) against the host's
+  // software bf16/fp16 rounding (tensor/types.hpp), both ways, bit for bit;
+  // the range covers fp16 subnormals and overflow to inf.
+  Tensor h = random_host({4099}, -2.0, 2.0);
+  for (index_t i = 0; i < h.numel(); i += 7) h.data<float>()[i] *= float(i % 3 == 0 ? 1e-6 : 1e5);
+  for (DType half : {DType::BF16, DType::F16}) {
+    const Tensor d = h.to_device();
+    Tensor narrow = Tensor::empty(h.shape(), half, MemorySpace::Cuda);
+    ops::cast(d, narrow);
+    const Tensor expected = h.to(half);
+    const auto got = narrow.to_doubles(), want = expected.to_doubles();
+    int differ = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      differ += !(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])));
+    EXPECT_EQ(differ, 0) << "fp32 -> " << name(half);
+    Tensor wide = Tensor::empty(h.shape(), DType::F32, MemorySpace::Cuda);
+    ops::cast(narrow, wide);
+    EXPECT_EQ(wide.to_doubles(), want) << name(half) << " -> fp32";
+  }
 }
 
 TEST_F(GpuOps, AllocatorReusesFreedBlocksWithoutCudaMalloc) {
