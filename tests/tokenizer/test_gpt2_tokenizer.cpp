@@ -17,6 +17,7 @@
 
 #include "common/error.hpp"
 #include "data/gpt2_tokenizer.hpp"
+#include "tokenizer_test_data.hpp"
 
 namespace fs = std::filesystem;
 using meshtron::UserError;
@@ -30,10 +31,7 @@ using Words = std::vector<std::string_view>;
 
 namespace {
 
-fs::path data_dir() {
-  const char* env = std::getenv("MESHTRON_DATA_DIR");
-  return env && *env ? fs::path(env) : fs::path(MESHTRON_SOURCE_DIR) / "data";
-}
+using meshtron::data::testing_data::data_dir;
 
 /// A scratch folder removed at the end of the test.
 struct ScratchDir {
@@ -275,12 +273,7 @@ TEST(Gpt2TokenizerLoad, MissingOrCorruptFilesNameTheFile) {
 
 class Gpt2Vocab : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    const fs::path dir = data_dir();
-    if (fs::exists(dir / "encoder.json") && fs::exists(dir / "vocab.bpe"))
-      tokenizer_ = new Gpt2Tokenizer(Gpt2Tokenizer::from_openai(
-          (dir / "encoder.json").string(), (dir / "vocab.bpe").string()));
-  }
+  static void SetUpTestSuite() { tokenizer_ = meshtron::data::testing_data::load_gpt2_vocab().release(); }
   static void TearDownTestSuite() {
     delete tokenizer_;
     tokenizer_ = nullptr;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "data/gpt2_tokenizer.hpp"
+#include "tokenizer_test_data.hpp"
 
 namespace fs = std::filesystem;
 using meshtron::data::Gpt2Tokenizer;
@@ -27,10 +28,7 @@ namespace {
 
 const fs::path kSourceDir = MESHTRON_SOURCE_DIR;
 
-fs::path data_dir() {
-  const char* env = std::getenv("MESHTRON_DATA_DIR");
-  return env && *env ? fs::path(env) : kSourceDir / "data";
-}
+using meshtron::data::testing_data::data_dir;
 
 std::string read_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -68,12 +66,7 @@ std::vector<std::string> jsonl_texts(const fs::path& path) {
 
 class ReferenceEncoder : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    const fs::path dir = data_dir();
-    if (fs::exists(dir / "encoder.json") && fs::exists(dir / "vocab.bpe"))
-      tokenizer_ = new Gpt2Tokenizer(Gpt2Tokenizer::from_openai(
-          (dir / "encoder.json").string(), (dir / "vocab.bpe").string()));
-  }
+  static void SetUpTestSuite() { tokenizer_ = meshtron::data::testing_data::load_gpt2_vocab().release(); }
   static void TearDownTestSuite() {
     delete tokenizer_;
     tokenizer_ = nullptr;
