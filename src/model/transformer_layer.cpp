@@ -22,23 +22,24 @@ void TransformerLayer::collect(ParameterList& out) {
   mlp.collect(out);
 }
 
-Tensor TransformerLayer::dropout(const Tensor& x, std::uint32_t site,
+ops::DropoutSite TransformerLayer::site(std::uint32_t site_in_layer, const LayerContext& ctx,
+                                        index_t hidden) const {
+  return ctx.hidden_site(std::uint32_t(index_) * kStreamsPerLayer + site_in_layer, hidden);
+}
+
+Tensor TransformerLayer::dropout(const Tensor& x, std::uint32_t site_in_layer,
                                  const LayerContext& ctx) const {
   if (!ctx.training || hidden_dropout_ == 0) return x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
-  ops::dropout_forward(
-      x, hidden_dropout_,
-      ctx.hidden_site(std::uint32_t(index_) * kStreamsPerLayer + site, x.dim(1)), y);
+  ops::dropout_forward(x, hidden_dropout_, site(site_in_layer, ctx, x.dim(1)), y);
   return y;
 }
 
-Tensor TransformerLayer::dropout_backward(const Tensor& dy, std::uint32_t site,
+Tensor TransformerLayer::dropout_backward(const Tensor& dy, std::uint32_t site_in_layer,
                                           const LayerContext& ctx) const {
   if (!ctx.training || hidden_dropout_ == 0) return dy;
   Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
-  ops::dropout_backward(
-      dy, hidden_dropout_,
-      ctx.hidden_site(std::uint32_t(index_) * kStreamsPerLayer + site, dy.dim(1)), dx);
+  ops::dropout_backward(dy, hidden_dropout_, site(site_in_layer, ctx, dy.dim(1)), dx);
   return dx;
 }
 
