@@ -11,14 +11,15 @@
 //   2. partials       local sum of exp(l - m), and l[t] - m where t is
 //                     local (0 elsewhere) -> all-reduce(sum)  -> Z, l[t] - m
 //   3. loss           log Z - (l[t] - m)
-// and the backward from (m, Z). One row per work item; sums and
-// exponentials in double (accum_t). A row with no valid column on this shard
+// and the backward from (m, Z). One row per work item; row sums end in
+// double (accum_t). A row with no valid column on this shard
 // has local max -inf and local sum 0.
 #pragma once
 
 #include <cmath>
 
 #include "kernels/kokkos/common.hpp"
+#include "kernels/kokkos/vector_math.hpp"
 
 namespace meshtron::kernels {
 
@@ -35,9 +36,7 @@ struct CrossEntropyRowMax {
   Vector<T, ExecSpace> row_max;
 
   KOKKOS_INLINE_FUNCTION void operator()(kindex n) const {
-    T m = -T(HUGE_VAL);
-    for (kindex v = 0; v < shard.valid_local; ++v) m = kmath::fmax(m, logits(n, v));
-    row_max(n) = m;
+    row_max(n) = row_maximum(&logits(n, 0), shard.valid_local);
   }
 };
 
@@ -50,11 +49,8 @@ struct CrossEntropyPartials {
   Vector<T, ExecSpace> sum_exp, target_logit;
 
   KOKKOS_INLINE_FUNCTION void operator()(kindex n) const {
-    // exp in the storage precision (vectorisable, 1 ulp), the sum in double.
     const T m = row_max(n);
-    accum_t sum = 0;
-    for (kindex v = 0; v < shard.valid_local; ++v) sum += accum_t(kmath::exp(logits(n, v) - m));
-    sum_exp(n) = T(sum);
+    sum_exp(n) = T(row_sum_exp(&logits(n, 0), shard.valid_local, m));
     const kindex t = kindex(targets(n)) - shard.vocab_begin;
     target_logit(n) = (t >= 0 && t < shard.valid_local) ? T(logits(n, t) - m) : T(0);
   }
@@ -81,8 +77,7 @@ struct CrossEntropyBackward {
     const T m = row_max(n);
     const T scale = T(accum_t(dloss(n)) / accum_t(sum_exp(n)));  // dloss / Z
     const kindex t = kindex(targets(n)) - shard.vocab_begin;
-    for (kindex v = 0; v < shard.valid_local; ++v)
-      dlogits(n, v) = scale * kmath::exp(logits(n, v) - m);
+    scaled_exp_row(&logits(n, 0), shard.valid_local, m, scale, &dlogits(n, 0));
     if (t >= 0 && t < shard.valid_local) dlogits(n, t) -= T(dloss(n));
     for (kindex v = shard.valid_local; v < kindex(dlogits.extent(1)); ++v) dlogits(n, v) = T(0);
   }

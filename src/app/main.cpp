@@ -8,8 +8,10 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <malloc.h>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -44,9 +46,21 @@ int dispatch(const std::string& command, const std::vector<std::string>& args) {
                             "' (run meshtron --help for the list)");
 }
 
+/// Host tensors of a training step (logits, their gradient: tens of MB) are
+/// freed and allocated again every micro-batch. glibc serves blocks that
+/// large with fresh mmap()s, so every step paid page faults and page zeroing
+/// (about 10 % of a CPU step). Serving them from the heap and never trimming
+/// it keeps the pages: the heap settles at the step's peak, like the device
+/// caching allocator.
+void keep_freed_host_memory() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  keep_freed_host_memory();
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
