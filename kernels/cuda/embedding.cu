@@ -3,18 +3,28 @@
 // As kernels/kokkos/embedding.hpp, with one thread per (token, feature):
 //   forward   out[n, h] = table[ids[n] - vocab_begin, h] if in this shard,
 //             else 0 (the tp all-reduce sums the one non-zero row)
-//   backward  dtable[ids[n] - vocab_begin, h] += dout[n, h]. Repeated tokens
-//             collide on a row, so the adds are fp32 atomics: the sum is
-//             exact up to the order of rounding, which varies between runs
-//             (the host walks tokens in order). A bf16/fp16 dtable is never the
-//             target of the atomics (each bf16 add would round, and a row
-//             hit k times would lose ~k/2 bf16 ulps): the sums go to an fp32
-//             scratch table, added to dtable with one rounding at the end.
+//   backward  dtable[r, h] += sum_{n: ids[n] - vocab_begin = r} dout[n, h],
+//             deterministic: repeated ids add in token order, every run.
+//             Atomics would make the order (so the fp32 rounding) depend on
+//             thread scheduling, and a recompute run could not reproduce a
+//             plain one bit for bit. Instead:
+//               1. key[n] = shard row of ids[n] (V for ids outside the
+//                  shard), value[n] = n;
+//               2. a stable radix sort of (key, n) over the key's low bits
+//                  (cub::DeviceRadixSort, scratch from the caching
+//                  allocator, no host synchronisation): equal rows become a
+//                  contiguous run, in increasing token order;
+//               3. one thread per (sorted position, feature); the thread at
+//                  the start of a run walks it: acc = dtable[r, h], then
+//                  acc += dout[n, h] token by token, one store. In fp32 this
+//                  is the host's order and rounding exactly; a bf16/fp16
+//                  dtable is rounded once, at the store.
+//             Used for word ids and, through the model, for positions.
 // Learned positions, out [N = batch * S, H]:
 //   forward   out[n, h] += table[n mod S, h]
 //   backward  dtable[s, h] += sum_{n mod S = s} dout[n, h], one thread per
 //             (s, h) walking the batch in order (no collisions, no atomics)
-#include <type_traits>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/common.cuh"
 #include "tensor/device_allocator.hpp"
@@ -36,22 +46,67 @@ __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ ids, k
   }
 }
 
-template <class T>
-__global__ void embedding_backward_kernel(const std::int32_t* __restrict__ ids, kindex N,
-                                          const T* __restrict__ dout, kindex V, kindex H,
-                                          kindex vocab_begin, float* __restrict__ dtable) {
-  GRID_STRIDE(i, N * H) {
-    const kindex n = i / H, h = i % H;
+/// Step 1: sort keys (shard row, or V for "not in this shard") and token indices.
+__global__ void embedding_keys_kernel(const std::int32_t* __restrict__ ids, kindex N, kindex V,
+                                      kindex vocab_begin, std::uint32_t* __restrict__ rows,
+                                      std::int32_t* __restrict__ tokens) {
+  GRID_STRIDE(n, N) {
     const kindex row = kindex(ids[n]) - vocab_begin;
-    if (row >= 0 && row < V) atomicAdd(dtable + row * H + h, load_f(dout, i));
+    rows[n] = std::uint32_t(row >= 0 && row < V ? row : V);
+    tokens[n] = std::int32_t(n);
   }
 }
 
-template <class T>
-__global__ void add_fp32_into_half_kernel(const float* __restrict__ sums, kindex n,
-                                          T* __restrict__ dtable) {
-  GRID_STRIDE(i, n) store_f(dtable, i, load_f(dtable, i) + sums[i]);
+/// Step 3: the first thread of each run of equal rows sums the run in token order.
+template <class T, class G>
+__global__ void embedding_runs_kernel(const std::uint32_t* __restrict__ rows,
+                                      const std::int32_t* __restrict__ tokens, kindex N,
+                                      const T* __restrict__ dout, kindex V, kindex H,
+                                      G* __restrict__ dtable) {
+  GRID_STRIDE(i, N * H) {
+    const kindex j = i / H, h = i % H;
+    const std::uint32_t row = rows[j];
+    if (row >= V || (j > 0 && rows[j - 1] == row)) continue;
+    float acc = load_f(dtable, kindex(row) * H + h);
+    for (kindex k = j; k < N && rows[k] == row; ++k)
+      acc += load_f(dout, kindex(tokens[k]) * H + h);
+    store_f(dtable, kindex(row) * H + h, acc);
+  }
 }
+
+/// Bits that hold every key 0..V (V is the out-of-shard key).
+int key_bits(kindex V) {
+  int bits = 1;
+  while (bits < 32 && (kindex(1) << bits) <= V) ++bits;
+  return bits;
+}
+
+/// Sorted (row, token) pairs of the backward, in allocator scratch.
+struct SortedRows {
+  device::Buffer rows, tokens;
+  SortedRows(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin)
+      : rows(std::size_t(N) * sizeof(std::uint32_t)),
+        tokens(std::size_t(N) * sizeof(std::int32_t)) {
+    MESH_VERIFY(N < (kindex(1) << 31) && V < (kindex(1) << 31) - 1,
+                "embedding_backward: " << N << " tokens or " << V << " rows exceed int32");
+    device::Buffer rows_in(std::size_t(N) * sizeof(std::uint32_t));
+    device::Buffer tokens_in(std::size_t(N) * sizeof(std::int32_t));
+    embedding_keys_kernel<<<grid_for(N, kThreads), kThreads, 0, kStream>>>(
+        ids, N, V, vocab_begin, rows_in.as<std::uint32_t>(), tokens_in.as<std::int32_t>());
+    MESH_CUDA_LAUNCHED();
+    const int n = int(N), end_bit = key_bits(V);
+    std::size_t scratch_bytes = 0;  // a size query: launches nothing
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        nullptr, scratch_bytes, rows_in.as<std::uint32_t>(), rows.as<std::uint32_t>(),
+        tokens_in.as<std::int32_t>(), tokens.as<std::int32_t>(), n, 0, end_bit, kStream));
+    device::Buffer scratch(scratch_bytes);
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        scratch.as<void>(), scratch_bytes, rows_in.as<std::uint32_t>(), rows.as<std::uint32_t>(),
+        tokens_in.as<std::int32_t>(), tokens.as<std::int32_t>(), n, 0, end_bit, kStream));
+    // The scratch buffers go back to the allocator here, reused only by work
+    // queued after the sort on the same stream (device_allocator.hpp).
+  }
+};
 
 template <class T>
 __global__ void position_forward_kernel(const T* __restrict__ table, kindex S, kindex N, kindex H,
@@ -92,22 +147,11 @@ void embedding_backward(DType t, DType g, const std::int32_t* ids, index_t N, co
   with_storage_and_grad_type(t, g, "embedding_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    const unsigned grid = grid_for(N * H, kThreads);
-    if constexpr (std::is_same_v<G, float>) {
-      embedding_backward_kernel<T><<<grid, kThreads, 0, kStream>>>(
-          ids, N, static_cast<const T*>(dout), V_local, H, vocab_begin, static_cast<float*>(dtable));
-      MESH_CUDA_LAUNCHED();
-    } else {
-      const kindex n = V_local * H;
-      device::Buffer sums(std::size_t(n) * sizeof(float));
-      device::zero_bytes(sums.as<float>(), std::size_t(n) * sizeof(float));
-      embedding_backward_kernel<T><<<grid, kThreads, 0, kStream>>>(
-          ids, N, static_cast<const T*>(dout), V_local, H, vocab_begin, sums.as<float>());
-      MESH_CUDA_LAUNCHED();
-      add_fp32_into_half_kernel<G><<<grid_for(n, kThreads), kThreads, 0, kStream>>>(
-          sums.as<float>(), n, static_cast<G*>(dtable));
-      MESH_CUDA_LAUNCHED();
-    }
+    const SortedRows sorted(ids, N, V_local, vocab_begin);
+    embedding_runs_kernel<T, G><<<grid_for(N * H, kThreads), kThreads, 0, kStream>>>(
+        sorted.rows.as<std::uint32_t>(), sorted.tokens.as<std::int32_t>(), N,
+        static_cast<const T*>(dout), V_local, H, static_cast<G*>(dtable));
+    MESH_CUDA_LAUNCHED();
   });
 }
 

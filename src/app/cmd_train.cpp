@@ -18,6 +18,7 @@
 #include "io/checkpoint.hpp"
 #include "train/metrics.hpp"
 #include "train/trainer.hpp"
+#include "train/trainer_checkpoint.hpp"
 
 namespace meshtron::app {
 
@@ -70,23 +71,6 @@ std::string parameter_table(Trainer& trainer) {
       os << " > number of parameters on (tensor, pipeline) model parallel rank (" << t << ", "
          << p << "): " << std::int64_t(all[std::size_t(topo.rank_of({t, 0, p}))]) << "\n";
   return os.str();
-}
-
-std::vector<io::CheckpointTensor> checkpoint_tensors(Trainer& trainer,
-                                                     std::vector<Tensor>& m,
-                                                     std::vector<Tensor>& v, bool saving) {
-  std::vector<io::CheckpointTensor> out;
-  const ParameterList params = trainer.parameters();
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    // The last stage's copy of the tied word table is written by the first
-    // stage only, but loaded by both.
-    bool head_copy = false;
-    for (auto& chunk : trainer.chunks())
-      head_copy |= !chunk->placement().has_embedding && chunk->head_word_weight() == params[i];
-    if (saving && head_copy) continue;
-    out.push_back({params[i], &m[i], &v[i]});
-  }
-  return out;
 }
 
 class TrainRun {
@@ -158,33 +142,20 @@ class TrainRun {
                             << ": starting from scratch\n";
       return 0;
     }
-    std::vector<Tensor> m, v;
-    OptimizerGroups groups = rt_.optimizer_groups();
-    trainer_.optimizer().full_state(m, v, groups);
-    io::TrainState state;
-    io::load_checkpoint(path, rt_.topo, checkpoint_tensors(trainer_, m, v, false), state, true);
-    trainer_.optimizer().load_full_state(m, v);
-    trainer_.optimizer().set_step_count(state.optimizer_step);
+    const io::TrainState state = load_trainer_checkpoint(trainer_, path);
     skipped_ = state.skipped_steps;
-    if (DynamicLossScaler* scaler = trainer_.loss_scaler()) scaler->set_scale(state.loss_scale);
     if (rank0_) std::cout << " > resumed from " << path << " at iteration " << state.iteration << "\n";
     return long(state.iteration);
   }
 
   void save(long step) {
-    std::vector<Tensor> m, v;
-    OptimizerGroups groups = rt_.optimizer_groups();
-    trainer_.optimizer().full_state(m, v, groups);
     io::TrainState state;
     state.iteration = step;
     state.consumed_samples = std::int64_t(step) * c_.training.global_batch_size;
-    state.optimizer_step = trainer_.optimizer().step_count();
     state.seed = c_.run.seed;
     state.skipped_steps = skipped_;
-    state.loss_scale = current_loss_scale();
     state.deck_text = c_.deck_text;
-    io::save_checkpoint(c_.checkpoint.save_dir, rt_.topo, checkpoint_tensors(trainer_, m, v, true),
-                        state, c_.checkpoint.keep_last);
+    save_trainer_checkpoint(trainer_, c_.checkpoint.save_dir, state, c_.checkpoint.keep_last);
     if (rank0_) std::cout << " > saved checkpoint " << c_.checkpoint.save_dir << "/"
                           << io::checkpoint_file_name(step) << "\n";
   }

@@ -3,7 +3,9 @@
 // Layout of save_dir/iter_0000100.h5 (format_version 1):
 //
 //   /                      attrs format_version, has_optimizer_state
-//   /model/<name>          fp32, the GLOBAL, UNSHARDED, UNPADDED logical shape
+//   /model/<name>          fp32, the GLOBAL, UNSHARDED, UNPADDED logical shape;
+//                          under bf16/fp16 training the fp32 MASTER weights
+//                          (as Megatron saves them), so a resume is exact
 //   /optimizer/exp_avg/<name>, /optimizer/exp_avg_sq/<name>   same shapes
 //   /train_state           attrs iteration, consumed_samples, optimizer_step,
 //                          seed, loss_scale, skipped_steps;
@@ -44,11 +46,14 @@ constexpr int kCheckpointFormatVersion = 1;
 
 /// One parameter and its Adam moments. exp_avg / exp_avg_sq are null when
 /// there is no optimizer state; otherwise they have param->value's local
-/// shape and shard layout. None owned.
+/// shape and shard layout. `master`, when set (bf16/fp16 values), is the
+/// fp32 master of param->value in the same shape: it is what /model/<name>
+/// holds, a load fills it and sets param->value to its rounding. None owned.
 struct CheckpointTensor {
   Parameter* param = nullptr;
   Tensor* exp_avg = nullptr;
   Tensor* exp_avg_sq = nullptr;
+  Tensor* master = nullptr;
 };
 
 /// Scalars and blobs of the training loop. Saved from world rank 0's copy.

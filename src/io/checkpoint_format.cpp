@@ -15,7 +15,7 @@ const char* kind_group(TensorKind kind) {
 
 Tensor* tensor_of(const CheckpointTensor& t, TensorKind kind) {
   switch (kind) {
-    case TensorKind::Value: return &t.param->value;
+    case TensorKind::Value: return t.master ? t.master : &t.param->value;
     case TensorKind::ExpAvg: return t.exp_avg;
     case TensorKind::ExpAvgSq: return t.exp_avg_sq;
   }

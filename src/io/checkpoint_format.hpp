@@ -22,7 +22,8 @@ constexpr std::array<TensorKind, 3> kAllKinds = {TensorKind::Value, TensorKind::
 
 /// Group of a kind: "model", "optimizer/exp_avg", "optimizer/exp_avg_sq".
 const char* kind_group(TensorKind kind);
-/// The tensor of `kind` in `t` (null when it has no optimizer state).
+/// The tensor of `kind` in `t`: the value's fp32 master when `t` has one;
+/// null for a moment when there is no optimizer state.
 Tensor* tensor_of(const CheckpointTensor& t, TensorKind kind);
 
 /// Writing topology as stored in /topology.

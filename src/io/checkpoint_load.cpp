@@ -106,6 +106,10 @@ std::string read_tensors(hid_t file, const std::string& path,
         return "checkpoint '" + path + "': reading tensor '" + kind_group(kind) + "/" + g.name +
                "' failed: " + error;
       target->copy_from(shard);  // a host shard; copy_from uploads it to a device target
+      // A master's 16-bit value: its rounding (the optimizer's load redoes
+      // this on the device, as its step does).
+      if (kind == TensorKind::Value && it->second->master)
+        it->second->param->value.copy_from(shard);
     }
   }
   return "";

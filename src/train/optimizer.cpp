@@ -1,5 +1,6 @@
 #include "train/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -88,21 +89,33 @@ void AdamW::zero_grad() {
   for (Parameter* p : params_) p->grad.fill(0.0);
 }
 
-void AdamW::full_state(std::vector<Tensor>& m, std::vector<Tensor>& v, OptimizerGroups&) {
+void AdamW::full_state(std::vector<Tensor>& m, std::vector<Tensor>& v,
+                       std::vector<Tensor>& master, OptimizerGroups&) {
   m.clear();
   v.clear();
+  master.clear();
   for (std::size_t i = 0; i < m_.size(); ++i) {
     m.push_back(m_[i].clone());
     v.push_back(v_[i].clone());
   }
+  const bool mixed = std::any_of(master_.begin(), master_.end(),
+                                 [](const Tensor& w) { return w.defined(); });
+  if (mixed)
+    for (const Tensor& w : master_) master.push_back(w.defined() ? w.clone() : Tensor());
 }
 
-void AdamW::load_full_state(const std::vector<Tensor>& m, const std::vector<Tensor>& v) {
+void AdamW::load_full_state(const std::vector<Tensor>& m, const std::vector<Tensor>& v,
+                            const std::vector<Tensor>& master) {
   for (std::size_t i = 0; i < m_.size(); ++i) {
     m_[i].copy_from(m[i]);
     v_[i].copy_from(v[i]);
-    // The master follows the (loaded) parameter values.
-    if (master_[i].defined()) master_[i].copy_from(params_[i]->value);
+    if (!master_[i].defined()) continue;
+    if (i < master.size() && master[i].defined()) {
+      master_[i].copy_from(master[i]);
+      ops::cast(master_[i], params_[i]->value);  // as step() writes the compute copy
+    } else {
+      master_[i].copy_from(params_[i]->value);  // follows the (loaded) values
+    }
   }
 }
 
@@ -234,31 +247,50 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
   return stats;
 }
 
+bool DistributedAdamW::mixed_precision() const {
+  return !params_.empty() && params_[0]->value.dtype() != master_.dtype();
+}
+
+std::vector<Tensor> DistributedAdamW::gather_per_parameter(const Tensor& shard,
+                                                           Communicator& dp) const {
+  Tensor flat = Tensor::empty({padded_total_}, shard.dtype(), space_);
+  dp.all_gather(shard.raw(), flat.raw(), std::size_t(shard_size_), shard.dtype());
+  std::vector<Tensor> out;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    out.push_back(flat_view(flat, offsets_[i], offsets_[i] + params_[i]->value.numel())
+                      .reshape(params_[i]->value.shape())
+                      .clone());
+  return out;
+}
+
+void DistributedAdamW::scatter_per_parameter(const std::vector<Tensor>& full,
+                                             Tensor& shard) const {
+  shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
+    Tensor dst = flat_view(shard, pos, pos + end - begin);
+    dst.copy_from(flat_view(full[i], begin, end));
+  });
+}
+
 void DistributedAdamW::full_state(std::vector<Tensor>& m, std::vector<Tensor>& v,
-                                  OptimizerGroups& g) {
-  auto gather = [&](const Tensor& shard, std::vector<Tensor>& out) {
-    Tensor flat = Tensor::empty({padded_total_}, shard.dtype(), space_);
-    g.dp.all_gather(shard.raw(), flat.raw(), std::size_t(shard_size_), shard.dtype());
-    out.clear();
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      out.push_back(flat_view(flat, offsets_[i], offsets_[i] + params_[i]->value.numel())
-                        .reshape(params_[i]->value.shape())
-                        .clone());
-  };
-  gather(m_, m);
-  gather(v_, v);
+                                  std::vector<Tensor>& master, OptimizerGroups& g) {
+  m = gather_per_parameter(m_, g.dp);
+  v = gather_per_parameter(v_, g.dp);
+  master.clear();
+  if (mixed_precision()) master = gather_per_parameter(master_, g.dp);
 }
 
 void DistributedAdamW::load_full_state(const std::vector<Tensor>& m,
-                                       const std::vector<Tensor>& v) {
-  auto scatter = [&](const std::vector<Tensor>& full, Tensor& shard) {
-    shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
-      Tensor dst = flat_view(shard, pos, pos + end - begin);
-      dst.copy_from(flat_view(full[i], begin, end));
-    });
-  };
-  scatter(m, m_);
-  scatter(v, v_);
+                                       const std::vector<Tensor>& v,
+                                       const std::vector<Tensor>& master) {
+  scatter_per_parameter(m, m_);
+  scatter_per_parameter(v, v_);
+  if (mixed_precision() && !master.empty()) {
+    // Every dp rank holds the full local master: no all-gather needed to
+    // write the 16-bit values (the same rounding step() applies).
+    scatter_per_parameter(master, master_);
+    for (std::size_t i = 0; i < params_.size(); ++i) ops::cast(master[i], params_[i]->value);
+    return;
+  }
   // The master copy follows the (loaded) parameter values.
   Tensor flat = Tensor::zeros({padded_total_}, master_.dtype(), space_);
   pack(&Parameter::value, flat);

@@ -61,13 +61,19 @@ class Optimizer {
   virtual std::size_t state_bytes() const = 0;
   /// Bytes of the Adam moments alone (m and v) on this rank.
   virtual std::size_t moment_bytes() const = 0;
-  /// Adam moments in each parameter's local shape (gathered over dp if the
-  /// optimizer is distributed; collective then), for checkpoints.
+  /// Adam moments and, when the parameter values are bf16/fp16, the fp32
+  /// master weights, in each parameter's local shape (gathered over dp if
+  /// the optimizer is distributed; collective then), for checkpoints.
+  /// `master` is left empty when the values are their own master (fp32).
   virtual void full_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
-                          OptimizerGroups& groups) = 0;
-  /// Inverse of full_state (each rank keeps its part).
+                          std::vector<Tensor>& master, OptimizerGroups& groups) = 0;
+  /// Inverse of full_state (each rank keeps its part). A non-empty `master`
+  /// sets the master weights and makes each 16-bit value their rounding
+  /// (exactly what a step writes), so a resumed run continues bit for bit;
+  /// an empty one makes the master follow the (loaded) parameter values.
   virtual void load_full_state(const std::vector<Tensor>& exp_avg,
-                               const std::vector<Tensor>& exp_avg_sq) = 0;
+                               const std::vector<Tensor>& exp_avg_sq,
+                               const std::vector<Tensor>& master = {}) = 0;
   virtual long step_count() const = 0;
   virtual void set_step_count(long s) = 0;
 };
@@ -94,9 +100,9 @@ class AdamW final : public Optimizer {
   std::size_t state_bytes() const override;
   std::size_t moment_bytes() const override;
   void full_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
-                  OptimizerGroups& groups) override;
-  void load_full_state(const std::vector<Tensor>& exp_avg,
-                       const std::vector<Tensor>& exp_avg_sq) override;
+                  std::vector<Tensor>& master, OptimizerGroups& groups) override;
+  void load_full_state(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                       const std::vector<Tensor>& master = {}) override;
   long step_count() const override { return step_; }
   void set_step_count(long s) override { step_ = s; }
 
@@ -127,9 +133,9 @@ class DistributedAdamW final : public Optimizer {
   std::size_t state_bytes() const override;
   std::size_t moment_bytes() const override;
   void full_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
-                  OptimizerGroups& groups) override;
-  void load_full_state(const std::vector<Tensor>& exp_avg,
-                       const std::vector<Tensor>& exp_avg_sq) override;
+                  std::vector<Tensor>& master, OptimizerGroups& groups) override;
+  void load_full_state(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                       const std::vector<Tensor>& master = {}) override;
   long step_count() const override { return step_; }
   void set_step_count(long s) override { step_ = s; }
 
@@ -139,6 +145,12 @@ class DistributedAdamW final : public Optimizer {
   void unpack(const Tensor& flat, Tensor Parameter::*field);
   void shard_segments(const std::function<void(std::size_t param, index_t begin,
                                                 index_t end, index_t shard_pos)>& f) const;
+  /// The full flat buffer of a shard, cut into each parameter's local shape.
+  std::vector<Tensor> gather_per_parameter(const Tensor& shard, Communicator& dp) const;
+  /// This rank's part of per-parameter tensors, into `shard`.
+  void scatter_per_parameter(const std::vector<Tensor>& full, Tensor& shard) const;
+  /// bf16/fp16 values: the master is more than a copy of them.
+  bool mixed_precision() const;
 
   ParameterList params_;
   AdamWConfig config_;
