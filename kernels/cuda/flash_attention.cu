@@ -197,19 +197,21 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
 
 // ----------------------------------------------------------------- forward ---
 
-template <int D>
+/// Tiling of the forward: `Warps` warps of 16 query rows each, key blocks
+/// of `Bc`.
+template <int D, int Warps, int Bc>
 struct FwdTiles {
-  static constexpr int kWarps = 8, kBr = 16 * kWarps, kBc = 64, kLd = D + kPad;
+  static constexpr int kD = D, kWarps = Warps, kBr = 16 * kWarps, kBc = Bc, kLd = D + kPad;
   static constexpr std::size_t kSmem = std::size_t(kBr + 4 * kBc) * kLd * 2;  // Q, 2 x (K, V)
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(FwdTiles<D>::kWarps * 32)
+template <class T, class Tile>
+__global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_forward_kernel(const T* __restrict__ q, const T* __restrict__ k,
                          const T* __restrict__ v, kindex S, float scale_log2, T* __restrict__ out,
                          float* __restrict__ lse) {
-  using Tile = FwdTiles<D>;
-  constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
+  constexpr int D = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd,
+                kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + kBr * kLd;      // [2][kBc][kLd]
@@ -312,9 +314,11 @@ __global__ void row_dot_kernel(const T* __restrict__ dout, const T* __restrict__
   if (lane == 0) delta[r] = sum;
 }
 
-template <int D>
+/// Tiling of the dK/dV pass: `Warps` warps of 16 keys each, query blocks
+/// of `Br`.
+template <int D, int Warps, int Br>
 struct DkDvTiles {
-  static constexpr int kWarps = 8, kBc = 16 * kWarps, kBr = D == 64 ? 64 : 32, kLd = D + kPad;
+  static constexpr int kD = D, kWarps = Warps, kBc = 16 * kWarps, kBr = Br, kLd = D + kPad;
   // K, V, then 2 stages of (Q, dO) and 2 stages of (lse, delta).
   static constexpr std::size_t kSmem =
       std::size_t(2 * kBc + 4 * kBr) * kLd * 2 + std::size_t(4 * kBr) * sizeof(float);
@@ -332,15 +336,15 @@ __device__ __forceinline__ void load_row_stats(float* sL, float* sDelta, const f
   }
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(DkDvTiles<D>::kWarps * 32)
+template <class T, class Tile>
+__global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                const T* __restrict__ v, const T* __restrict__ dout,
                                const float* __restrict__ lse, const float* __restrict__ delta,
                                kindex S, float scale, float scale_log2, T* __restrict__ dk,
                                T* __restrict__ dv) {
-  using Tile = DkDvTiles<D>;
-  constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
+  constexpr int D = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd,
+                kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kBc * kLd;
@@ -417,20 +421,22 @@ __global__ void __launch_bounds__(DkDvTiles<D>::kWarps * 32)
   store_rows<T, D>(dv, dv_acc, key_lo, S, 1.f, 1.f, lane);
 }
 
-template <int D>
+/// Tiling of the dQ pass: `Warps` warps of 16 query rows each, key blocks
+/// of `Bc`.
+template <int D, int Warps, int Bc>
 struct DqTiles {
-  static constexpr int kWarps = 8, kBr = 16 * kWarps, kBc = 64, kLd = D + kPad;
+  static constexpr int kD = D, kWarps = Warps, kBr = 16 * kWarps, kBc = Bc, kLd = D + kPad;
   static constexpr std::size_t kSmem = std::size_t(2 * kBr + 4 * kBc) * kLd * 2;  // Q, dO, 2 x (K, V)
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(DqTiles<D>::kWarps * 32)
+template <class T, class Tile>
+__global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dq_kernel(const T* __restrict__ q, const T* __restrict__ k,
                              const T* __restrict__ v, const T* __restrict__ dout,
                              const float* __restrict__ lse, const float* __restrict__ delta,
                              kindex S, float scale, float scale_log2, T* __restrict__ dq) {
-  using Tile = DqTiles<D>;
-  constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
+  constexpr int D = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd,
+                kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kBr * kLd;
@@ -503,6 +509,14 @@ __global__ void __launch_bounds__(DqTiles<D>::kWarps * 32)
 
 // ---------------------------------------------------------------- dispatch ---
 
+// The tilings in use (measured on an H100; see perf/bench_cuda_ops.cpp).
+template <int D>
+using FwdTiling = FwdTiles<D, 8, 64>;
+template <int D>
+using DkDvTiling = DkDvTiles<D, 8, D == 64 ? 64 : 32>;
+template <int D>
+using DqTiling = DqTiles<D, 8, 64>;
+
 /// Calls f(T{}, std::integral_constant<int, D>{}) for bf16/fp16 and D = 64/128.
 template <class F>
 void with_flash_types(DType t, index_t D, const char* op, F&& f) {
@@ -539,6 +553,49 @@ void check_extents(const char* op, const void* const* ptrs, int n, index_t B) {
   MESH_VERIFY(B <= 65535, op << ": " << B << " batch x heads exceed the grid's 65535");
 }
 
+/// The three passes of the backward on one tiling, as launched below.
+struct FlashArgs {
+  const void *q, *k, *v, *dout, *out;
+  const float* lse;
+  float* delta;
+  void *o, *dq, *dk, *dv;
+  index_t B, S;
+  double scale;
+};
+
+template <class T, class Tile>
+void launch_forward(const FlashArgs& a) {
+  launch(flash_forward_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
+         Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
+         static_cast<const T*>(a.v), kindex(a.S), float(a.scale * kLog2e),
+         static_cast<T*>(a.o), const_cast<float*>(a.lse));
+}
+
+template <class T, int D>
+void launch_row_dot(const FlashArgs& a) {
+  row_dot_kernel<T><<<grid_for(a.B * a.S, 8, 1LL << 31), 256, 0, kStream>>>(
+      static_cast<const T*>(a.dout), static_cast<const T*>(a.out), a.B * a.S, D, a.delta);
+  MESH_CUDA_LAUNCHED();
+}
+
+template <class T, class Tile>
+void launch_dkdv(const FlashArgs& a) {
+  launch(flash_backward_dkdv_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
+         Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
+         static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
+         static_cast<const float*>(a.delta), kindex(a.S), float(a.scale),
+         float(a.scale * kLog2e), static_cast<T*>(a.dk), static_cast<T*>(a.dv));
+}
+
+template <class T, class Tile>
+void launch_dq(const FlashArgs& a) {
+  launch(flash_backward_dq_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
+         Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
+         static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
+         static_cast<const float*>(a.delta), kindex(a.S), float(a.scale),
+         float(a.scale * kLog2e), static_cast<T*>(a.dq));
+}
+
 }  // namespace
 
 void fused_attention_forward(DType t, const void* q, const void* k, const void* v, index_t B,
@@ -547,13 +604,11 @@ void fused_attention_forward(DType t, const void* q, const void* k, const void* 
   if (B == 0 || S == 0) return;
   const void* ptrs[] = {q, k, v, out};
   check_extents(op, ptrs, 4, B);
+  const FlashArgs a{q, k, v, nullptr, nullptr, lse, nullptr, out, nullptr, nullptr, nullptr,
+                    B, S, scale};
   with_flash_types(t, D, op, [&](auto zero, auto dim) {
     using T = decltype(zero);
-    constexpr int kD = decltype(dim)::value;
-    using Tile = FwdTiles<kD>;
-    launch(flash_forward_kernel<T, kD>, dim3(blocks_of(S, Tile::kBr), unsigned(B)),
-           Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(q), static_cast<const T*>(k),
-           static_cast<const T*>(v), kindex(S), float(scale * kLog2e), static_cast<T*>(out), lse);
+    launch_forward<T, FwdTiling<decltype(dim)::value>>(a);
   });
 }
 
@@ -565,23 +620,13 @@ void fused_attention_backward(DType t, const void* dout, const void* q, const vo
   if (B == 0 || S == 0) return;
   const void* ptrs[] = {dout, q, k, v, out, dq, dk, dv};
   check_extents(op, ptrs, 8, B);
+  const FlashArgs a{q, k, v, dout, out, lse, delta, nullptr, dq, dk, dv, B, S, scale};
   with_flash_types(t, D, op, [&](auto zero, auto dim) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
-    const T *tq = static_cast<const T*>(q), *tk = static_cast<const T*>(k),
-            *tv = static_cast<const T*>(v), *tdo = static_cast<const T*>(dout);
-    const float fs = float(scale), fs2 = float(scale * kLog2e);
-    row_dot_kernel<T><<<grid_for(B * S, 8, 1LL << 31), 256, 0, kStream>>>(
-        tdo, static_cast<const T*>(out), B * S, int(kD), delta);
-    MESH_CUDA_LAUNCHED();
-    using KV = DkDvTiles<kD>;
-    launch(flash_backward_dkdv_kernel<T, kD>, dim3(blocks_of(S, KV::kBc), unsigned(B)),
-           KV::kWarps * 32, KV::kSmem, tq, tk, tv, tdo, lse, static_cast<const float*>(delta),
-           kindex(S), fs, fs2, static_cast<T*>(dk), static_cast<T*>(dv));
-    using Q = DqTiles<kD>;
-    launch(flash_backward_dq_kernel<T, kD>, dim3(blocks_of(S, Q::kBr), unsigned(B)),
-           Q::kWarps * 32, Q::kSmem, tq, tk, tv, tdo, lse, static_cast<const float*>(delta),
-           kindex(S), fs, fs2, static_cast<T*>(dq));
+    launch_row_dot<T, kD>(a);
+    launch_dkdv<T, DkDvTiling<kD>>(a);
+    launch_dq<T, DqTiling<kD>>(a);
   });
 }
 

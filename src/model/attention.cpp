@@ -71,7 +71,7 @@ Tensor Attention::core_forward_unfused(const LayerContext& ctx, Cache& c) const 
   const bool keep = ctx.recompute != Recompute::Selective;
   c.probs = keep ? probs : Tensor();
   c.probs_kept = keep ? probs_kept : Tensor();
-  c.context = c.lse = Tensor();  // the backward takes the unfused path
+  c.lse = Tensor();  // the backward takes the unfused path
   return context;
 }
 
@@ -91,7 +91,6 @@ Tensor Attention::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
     c.lse = Tensor::empty({c.q.dim(0), s}, stats_dtype(x), x.space());
     ops::fused_attention_forward(c.q, c.k, c.v, 1.0 / std::sqrt(double(head_dim_)), context,
                                  c.lse);
-    c.context = context;
     c.probs = c.probs_kept = Tensor();
   } else {
     context = core_forward_unfused(ctx, c);
@@ -109,8 +108,10 @@ Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) 
 
   Tensor dparts[3];
   if (c.lse.defined()) {  // the forward ran the fused core
+    Tensor context;  // proj's input is the merged context: split it back
+    ops::split_heads(c.proj.x, s, b, heads_local_, 1, &context);
     for (int p = 0; p < 3; ++p) dparts[p] = Tensor::empty(c.q.shape(), dy.dtype(), dy.space());
-    ops::fused_attention_backward(dcontext, c.q, c.k, c.v, c.context, c.lse,
+    ops::fused_attention_backward(dcontext, c.q, c.k, c.v, context, c.lse,
                                   1.0 / std::sqrt(double(head_dim_)), dparts[0], dparts[1],
                                   dparts[2]);
   } else {

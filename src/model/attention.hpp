@@ -36,9 +36,10 @@ class Attention {
     /// (rebuilt from q and k in the backward)
     Tensor probs;
     Tensor probs_kept; ///< after dropout (aliases probs when p = 0); likewise
-    /// Fused core only (then probs stay undefined): the context
-    /// [b * heads_local, s, d] and its rows' log-sum-exp [b * heads_local, s].
-    Tensor context, lse;
+    /// Fused core only (then probs stay undefined): the log-sum-exp of each
+    /// row of scores [b * heads_local, s]. The backward also needs the
+    /// context, which it rebuilds from proj's kept input (split_heads).
+    Tensor lse;
   };
   Attention(const std::string& name, int layer, index_t hidden, int heads,
             double dropout, const LayerContext& ctx, DType dtype,
