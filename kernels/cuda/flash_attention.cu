@@ -15,21 +15,24 @@
 // Global -> shared copies are cp.async (16 bytes, zero-filled past S),
 // double-buffered: the next tile loads while the current one is used.
 //
-// Forward: one CTA per 128 query rows; it walks the key/value blocks up to
-// the causal diagonal only, keeping the running row max m and sum l (log2
-// domain, exp2f) in registers; lse = (m + log2 l) ln 2.
+// Forward: one CTA per block of query rows (16 per warp); it walks the
+// key/value blocks up to the causal diagonal only, keeping the running row
+// max m and sum l (log2 domain, exp2f) in registers; lse = (m + log2 l) ln 2.
 //
 // Backward, deterministic (no atomics; the same bits every run):
 //   1. delta_i = dout_i . out_i                            (one warp per row)
-//   2. dK, dV: one CTA per 128 keys, walking the query blocks from the
-//      diagonal to the end; P^T, dP^T and dS^T are rebuilt per tile from
-//      the saved lse; dV += P^T dO, dK += dS^T Q stay in registers.
-//   3. dQ: one CTA per 128 queries, walking the key blocks up to the
+//   2. dK, dV: one CTA per block of keys (16 per warp), walking the query
+//      blocks from the diagonal to the end; P^T, dP^T and dS^T are rebuilt
+//      per tile from the saved lse; dV += P^T dO, dK += dS^T Q stay in
+//      registers.
+//   3. dQ: one CTA per block of queries, walking the key blocks up to the
 //      diagonal (rebuilding S and dP once more); dQ += dS K in registers.
 // Step 3 repeats two of step 2's GEMMs (7 GEMMs in all instead of 5 with
 // fp32 atomics into dQ) for a result that does not depend on scheduling.
 //
 // Grids run the heaviest CTAs (longest causal walk) first.
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "ops/ops_cuda.hpp"
 
@@ -138,8 +141,8 @@ __device__ __forceinline__ void mma_rab(float (&acc)[N / 8][4], const std::uint3
 #pragma unroll
     for (int nb = 0; nb < N / 16; ++nb) {
       std::uint32_t bf[4];
-      ldsm_x4_trans(bf, b + (kk * 16 + lane % 8 + (lane / 8 % 2) * 8) * ldb + nb * 16 +
-                            (lane / 16) * 8);
+      ldsm_x4_trans(
+          bf, b + (kk * 16 + lane % 8 + (lane / 8 % 2) * 8) * ldb + nb * 16 + (lane / 16) * 8);
       mma16816<T>(acc[2 * nb], a[kk], bf[0], bf[1]);
       mma16816<T>(acc[2 * nb + 1], a[kk], bf[2], bf[3]);
     }
@@ -207,9 +210,8 @@ struct FwdTiles {
 
 template <class T, class Tile>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
-    flash_forward_kernel(const T* __restrict__ q, const T* __restrict__ k,
-                         const T* __restrict__ v, kindex S, float scale_log2, T* __restrict__ out,
-                         float* __restrict__ lse) {
+    flash_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                         kindex S, float scale_log2, T* __restrict__ out, float* __restrict__ lse) {
   constexpr int D = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd,
                 kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -348,8 +350,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kBc * kLd;
-  T* sQ = sV + kBc * kLd;      // [2][kBr][kLd]
-  T* sdO = sQ + 2 * kBr * kLd;  // [2][kBr][kLd]
+  T* sQ = sV + kBc * kLd;                                     // [2][kBr][kLd]
+  T* sdO = sQ + 2 * kBr * kLd;                                // [2][kBr][kLd]
   float* sL = reinterpret_cast<float*>(sdO + 2 * kBr * kLd);  // [2][kBr]
   float* sDelta = sL + 2 * kBr;                               // [2][kBr]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -426,7 +428,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 template <int D, int Warps, int Bc>
 struct DqTiles {
   static constexpr int kD = D, kWarps = Warps, kBr = 16 * kWarps, kBc = Bc, kLd = D + kPad;
-  static constexpr std::size_t kSmem = std::size_t(2 * kBr + 4 * kBc) * kLd * 2;  // Q, dO, 2 x (K, V)
+  static constexpr std::size_t kSmem =
+      std::size_t(2 * kBr + 4 * kBc) * kLd * 2;  // Q, dO, 2 x (K, V)
 };
 
 template <class T, class Tile>
@@ -509,21 +512,29 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 
 // ---------------------------------------------------------------- dispatch ---
 
-// The tilings in use (measured on an H100; see perf/bench_cuda_ops.cpp).
+// The tilings in use: the fastest of a sweep on an H100 at B = 96..128,
+// S = 1024 and 2048 (perf/bench_cuda_ops.cpp's attention cases), among
+// 4 or 8 warps and blocks of 32..128. Alternatives measured (forward,
+// dK/dV, dQ ms at B = 8x12, S = 1024, D = 64 | B = 8x16, D = 128):
+//   forward 8 warps, Bc 64: 0.114 | 0.225; 4 warps, Bc 64: 0.101 | 0.212;
+//           8 warps, Bc 128: 0.109 | 0.203
+//   dK/dV   8 warps, Br 64|32: backward 0.343 | 0.768; 4 warps, same: 0.330 | 0.716;
+//           4 warps, Br 128|64: 0.334 | 0.677
+//   dQ      8 warps, Bc 64: backward 0.343 | 0.768; 4 warps, Bc 128|32: 0.306 | 0.772
 template <int D>
-using FwdTiling = FwdTiles<D, 8, 64>;
+using FwdTiling = std::conditional_t<D == 64, FwdTiles<64, 4, 64>, FwdTiles<D, 8, 128>>;
 template <int D>
-using DkDvTiling = DkDvTiles<D, 8, D == 64 ? 64 : 32>;
+using DkDvTiling = DkDvTiles<D, 4, 64>;
 template <int D>
-using DqTiling = DqTiles<D, 8, 64>;
+using DqTiling = std::conditional_t<D == 64, DqTiles<64, 4, 128>, DqTiles<D, 8, 64>>;
 
 /// Calls f(T{}, std::integral_constant<int, D>{}) for bf16/fp16 and D = 64/128.
 template <class F>
 void with_flash_types(DType t, index_t D, const char* op, F&& f) {
   MESH_VERIFY(t == DType::BF16 || t == DType::F16,
               op << ": the fused CUDA kernel stores bf16 or fp16, got " << dtype_name(t));
-  MESH_VERIFY(D == 64 || D == 128, op << ": the fused CUDA kernel has head dims 64 and 128, got "
-                                      << D);
+  MESH_VERIFY(D == 64 || D == 128,
+              op << ": the fused CUDA kernel has head dims 64 and 128, got " << D);
   auto with_d = [&](auto zero) {
     if (D == 64)
       f(zero, std::integral_constant<int, 64>{});
@@ -567,8 +578,8 @@ template <class T, class Tile>
 void launch_forward(const FlashArgs& a) {
   launch(flash_forward_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
-         static_cast<const T*>(a.v), kindex(a.S), float(a.scale * kLog2e),
-         static_cast<T*>(a.o), const_cast<float*>(a.lse));
+         static_cast<const T*>(a.v), kindex(a.S), float(a.scale * kLog2e), static_cast<T*>(a.o),
+         const_cast<float*>(a.lse));
 }
 
 template <class T, int D>
@@ -583,8 +594,8 @@ void launch_dkdv(const FlashArgs& a) {
   launch(flash_backward_dkdv_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
-         static_cast<const float*>(a.delta), kindex(a.S), float(a.scale),
-         float(a.scale * kLog2e), static_cast<T*>(a.dk), static_cast<T*>(a.dv));
+         static_cast<const float*>(a.delta), kindex(a.S), float(a.scale), float(a.scale * kLog2e),
+         static_cast<T*>(a.dk), static_cast<T*>(a.dv));
 }
 
 template <class T, class Tile>
@@ -592,8 +603,8 @@ void launch_dq(const FlashArgs& a) {
   launch(flash_backward_dq_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
-         static_cast<const float*>(a.delta), kindex(a.S), float(a.scale),
-         float(a.scale * kLog2e), static_cast<T*>(a.dq));
+         static_cast<const float*>(a.delta), kindex(a.S), float(a.scale), float(a.scale * kLog2e),
+         static_cast<T*>(a.dq));
 }
 
 }  // namespace
@@ -604,8 +615,8 @@ void fused_attention_forward(DType t, const void* q, const void* k, const void* 
   if (B == 0 || S == 0) return;
   const void* ptrs[] = {q, k, v, out};
   check_extents(op, ptrs, 4, B);
-  const FlashArgs a{q, k, v, nullptr, nullptr, lse, nullptr, out, nullptr, nullptr, nullptr,
-                    B, S, scale};
+  const FlashArgs a{q,   k,       v,       nullptr, nullptr, lse, nullptr,
+                    out, nullptr, nullptr, nullptr, B,       S,   scale};
   with_flash_types(t, D, op, [&](auto zero, auto dim) {
     using T = decltype(zero);
     launch_forward<T, FwdTiling<decltype(dim)::value>>(a);
@@ -614,8 +625,8 @@ void fused_attention_forward(DType t, const void* q, const void* k, const void* 
 
 void fused_attention_backward(DType t, const void* dout, const void* q, const void* k,
                               const void* v, const void* out, const float* lse, index_t B,
-                              index_t S, index_t D, double scale, float* delta, void* dq,
-                              void* dk, void* dv) {
+                              index_t S, index_t D, double scale, float* delta, void* dq, void* dk,
+                              void* dv) {
   const char* op = "fused_attention_backward";
   if (B == 0 || S == 0) return;
   const void* ptrs[] = {dout, q, k, v, out, dq, dk, dv};

@@ -138,13 +138,12 @@ void causal_attention_backward(const T* dout, const T* q, const T* k, const T* v
   const kindex rows = B * S;
   Scratch<ExecSpace> acc_a("meshtron::attention_acc_a", rows, D),
       acc_b("meshtron::attention_acc_b", rows, D);
-  Kokkos::View<accum_t*, typename ExecSpace::memory_space> delta("meshtron::attention_delta",
-                                                                 rows);
-  CausalAttentionBackwardQuery<ExecSpace, T> fq{dout, q, k, v, out, lse, S, D, scale, acc_a, delta,
-                                                dq};
+  Kokkos::View<accum_t*, typename ExecSpace::memory_space> delta("meshtron::attention_delta", rows);
+  CausalAttentionBackwardQuery<ExecSpace, T> fq{dout, q, k,     v,     out,   lse,
+                                                S,    D, scale, acc_a, delta, dq};
   Kokkos::parallel_for("meshtron::attention_backward_dq", Range<ExecSpace>(0, rows), fq);
-  CausalAttentionBackwardKey<ExecSpace, T> fk{dout, q, k, v, lse, S, D, scale, acc_a, acc_b,
-                                              delta, dk, dv};
+  CausalAttentionBackwardKey<ExecSpace, T> fk{dout,  q,     k,     v,     lse, S, D,
+                                              scale, acc_a, acc_b, delta, dk,  dv};
   Kokkos::parallel_for("meshtron::attention_backward_dkdv", Range<ExecSpace>(0, rows), fk);
   Kokkos::fence();
 }

@@ -22,9 +22,9 @@
 #include <random>
 #include <vector>
 
+#include "../parallel/decomposition.hpp"
 #include "common/error.hpp"
 #include "ops/ops.hpp"
-#include "../parallel/decomposition.hpp"
 
 namespace meshtron {
 namespace {
@@ -86,8 +86,8 @@ const Shape3 kShapes[] = {{1, 1, 4}, {3, 17, 8}, {2, 64, 16}, {1, 100, 64}};
 TEST(FusedAttentionHost, ForwardEqualsUnfusedComposition) {
   for (const Shape3& s : kShapes) {
     const double scale = 1.0 / std::sqrt(double(s.D));
-    const Tensor q = random_tensor({s.B, s.S, s.D}, 1, -2, 2), k = random_tensor(q.shape(), 2, -2, 2),
-                 v = random_tensor(q.shape(), 3);
+    const Tensor q = random_tensor({s.B, s.S, s.D}, 1, -2, 2),
+                 k = random_tensor(q.shape(), 2, -2, 2), v = random_tensor(q.shape(), 3);
     Tensor out = Tensor::empty(q.shape(), DType::F64), lse = Tensor::empty({s.B, s.S}, DType::F64);
     ops::fused_attention_forward(q, k, v, scale, out, lse);
     const Unfused u = unfused_forward(q, k, v, scale);
@@ -99,8 +99,9 @@ TEST(FusedAttentionHost, ForwardEqualsUnfusedComposition) {
 TEST(FusedAttentionHost, BackwardEqualsUnfusedBackward) {
   for (const Shape3& s : kShapes) {
     const double scale = 1.0 / std::sqrt(double(s.D));
-    const Tensor q = random_tensor({s.B, s.S, s.D}, 4, -2, 2), k = random_tensor(q.shape(), 5, -2, 2),
-                 v = random_tensor(q.shape(), 6), dout = random_tensor(q.shape(), 7);
+    const Tensor q = random_tensor({s.B, s.S, s.D}, 4, -2, 2),
+                 k = random_tensor(q.shape(), 5, -2, 2), v = random_tensor(q.shape(), 6),
+                 dout = random_tensor(q.shape(), 7);
     Tensor out = Tensor::empty(q.shape(), DType::F64), lse = Tensor::empty({s.B, s.S}, DType::F64);
     ops::fused_attention_forward(q, k, v, scale, out, lse);
     Tensor dq = Tensor::empty(q.shape(), DType::F64), dk = dq.clone(), dv = dq.clone();

@@ -73,9 +73,9 @@ struct Case {
 struct UnfusedErrors {
   double out, dq, dk, dv;
 };
-UnfusedErrors unfused_errors(const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& dout, double scale, const Tensor& out_ref,
-                             const Tensor& dq_ref, const Tensor& dk_ref, const Tensor& dv_ref) {
+UnfusedErrors unfused_errors(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                             double scale, const Tensor& out_ref, const Tensor& dq_ref,
+                             const Tensor& dk_ref, const Tensor& dv_ref) {
   const index_t B = q.dim(0), S = q.dim(1);
   const DType dt = q.dtype();
   Tensor scores = Tensor::empty({B, S, S}, dt, MemorySpace::Cuda), probs = scores.clone();
@@ -90,8 +90,7 @@ UnfusedErrors unfused_errors(const Tensor& q, const Tensor& k, const Tensor& v,
   ops::scaled_causal_softmax_backward(dprobs, probs, scale, dscores);
   ops::gemm_batched(dscores, false, k, false, dq);
   ops::gemm_batched(dscores, true, q, false, dk);
-  return {norm_rel(out, out_ref), norm_rel(dq, dq_ref), norm_rel(dk, dk_ref),
-          norm_rel(dv, dv_ref)};
+  return {norm_rel(out, out_ref), norm_rel(dq, dq_ref), norm_rel(dk, dk_ref), norm_rel(dv, dv_ref)};
 }
 
 void check_case(const Case& c, std::uint64_t seed) {
@@ -102,9 +101,11 @@ void check_case(const Case& c, std::uint64_t seed) {
                k = random_rounded(shape, c.dt, seed + 1, -2, 2),
                v = random_rounded(shape, c.dt, seed + 2, -1, 1),
                dout = random_rounded(shape, c.dt, seed + 3, -1, 1);
-  Tensor out_ref = Tensor::empty(shape, DType::F64), lse_ref = Tensor::empty({c.B, c.S}, DType::F64);
+  Tensor out_ref = Tensor::empty(shape, DType::F64),
+         lse_ref = Tensor::empty({c.B, c.S}, DType::F64);
   ops::fused_attention_forward(q, k, v, scale, out_ref, lse_ref);
-  Tensor dq_ref = Tensor::empty(shape, DType::F64), dk_ref = dq_ref.clone(), dv_ref = dq_ref.clone();
+  Tensor dq_ref = Tensor::empty(shape, DType::F64), dk_ref = dq_ref.clone(),
+         dv_ref = dq_ref.clone();
   ops::fused_attention_backward(dout, q, k, v, out_ref, lse_ref, scale, dq_ref, dk_ref, dv_ref);
 
   const Tensor dq_ = q.to(c.dt).to_device(), dk_ = k.to(c.dt).to_device(),
@@ -125,10 +126,12 @@ void check_case(const Case& c, std::uint64_t seed) {
   EXPECT_LE(e_dq, 1e-2) << what;
   EXPECT_LE(e_dk, 1e-2) << what;
   EXPECT_LE(e_dv, 1e-2) << what;
-  const UnfusedErrors u = unfused_errors(dq_, dk_, dv_, ddo, scale, out_ref, dq_ref, dk_ref, dv_ref);
-  std::printf("%-24s fused: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e | unfused: out %.2e "
-              "dq %.2e dk %.2e dv %.2e\n",
-              what.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, u.out, u.dq, u.dk, u.dv);
+  const UnfusedErrors u =
+      unfused_errors(dq_, dk_, dv_, ddo, scale, out_ref, dq_ref, dk_ref, dv_ref);
+  std::printf(
+      "%-24s fused: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e | unfused: out %.2e "
+      "dq %.2e dk %.2e dv %.2e\n",
+      what.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, u.out, u.dq, u.dk, u.dv);
 
   // Deterministic backward: the same bits again.
   Tensor gq2 = poisoned(shape, c.dt), gk2 = poisoned(shape, c.dt), gv2 = poisoned(shape, c.dt);
@@ -140,20 +143,19 @@ void check_case(const Case& c, std::uint64_t seed) {
 
 TEST(GpuFlashAttention, MatchesHostReferenceBf16) {
   REQUIRE_GPU();
-  const Case cases[] = {{1, 64, 64, DType::BF16},    {3, 128, 64, DType::BF16},
-                        {3, 1000, 64, DType::BF16},  {12, 1024, 64, DType::BF16},
-                        {1, 64, 128, DType::BF16},   {3, 128, 128, DType::BF16},
-                        {3, 1000, 128, DType::BF16}, {1, 1024, 128, DType::BF16},
-                        {12, 200, 128, DType::BF16}, {1, 1, 64, DType::BF16},
-                        {2, 17, 128, DType::BF16}};
+  const Case cases[] = {
+      {1, 64, 64, DType::BF16},    {3, 128, 64, DType::BF16},   {3, 1000, 64, DType::BF16},
+      {12, 1024, 64, DType::BF16}, {1, 64, 128, DType::BF16},   {3, 128, 128, DType::BF16},
+      {3, 1000, 128, DType::BF16}, {1, 1024, 128, DType::BF16}, {12, 200, 128, DType::BF16},
+      {1, 1, 64, DType::BF16},     {2, 17, 128, DType::BF16}};
   std::uint64_t seed = 100;
   for (const Case& c : cases) check_case(c, seed += 10);
 }
 
 TEST(GpuFlashAttention, MatchesHostReferenceFp16) {
   REQUIRE_GPU();
-  const Case cases[] = {{3, 1000, 64, DType::F16}, {3, 1000, 128, DType::F16},
-                        {12, 128, 64, DType::F16}};
+  const Case cases[] = {
+      {3, 1000, 64, DType::F16}, {3, 1000, 128, DType::F16}, {12, 128, 64, DType::F16}};
   std::uint64_t seed = 900;
   for (const Case& c : cases) check_case(c, seed += 10);
 }
@@ -189,8 +191,14 @@ ModelRun train_gpt(const std::string& backend, const std::string& precision, DTy
   ModelRun run;
   {
     Trainer trainer(config, model, rt, dtype);
-    DataLayout data{model.seq_length, config.training.micro_batch_size,
-                    config.training.global_batch_size, 0, 1, steps, 1, config.run.seed};
+    DataLayout data{model.seq_length,
+                    config.training.micro_batch_size,
+                    config.training.global_batch_size,
+                    0,
+                    1,
+                    steps,
+                    1,
+                    config.run.seed};
     auto source = make_synthetic_data(data, 100);
     for (long step = 1; step <= steps; ++step)
       run.losses.push_back(trainer.train_step(step, source->train_step(step)).loss);
