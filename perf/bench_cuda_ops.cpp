@@ -10,8 +10,17 @@
 // GEMMs report TFLOP/s (2 M N K / time). Times are medians of 20 runs timed
 // with CUDA events after 3 warm-ups; inputs are random (never zeros).
 //
+// Attention core, fused (ops::fused_attention_*, FlashAttention-2 kernels)
+// against unfused (the path of src/model/attention.cpp: batched cuBLASLt
+// GEMMs q k^T and P V, the softmax kernel, and the [B, S, S] tensors), bf16,
+// forward and backward, at GPT-2 124M shapes (B = 8 x 12 heads, S = 1024,
+// D = 64) and at D = 128 (B = 8 x 16 heads). TFLOP/s count the causal work
+// only: 4 B S^2 D / 2 forward, 2.5 times that backward, for both paths (so
+// the unfused path, which computes the full S x S, is credited with half).
+//
 // Run: ./perf/bench_cuda_ops        (prints "skipped" without a GPU)
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -196,10 +205,82 @@ void bench_gemm() {
   }
 }
 
+struct AttentionTimes {
+  double fwd_ms, bwd_ms;
+};
+
+AttentionTimes time_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& dout, double scale) {
+  const index_t B = q.dim(0), S = q.dim(1);
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), MemorySpace::Cuda);
+  Tensor lse = Tensor::empty({B, S}, DType::F32, MemorySpace::Cuda);
+  Tensor dq = out.clone(), dk = out.clone(), dv = out.clone();
+  const double fwd = median_ms([&] { ops::fused_attention_forward(q, k, v, scale, out, lse); });
+  const double bwd = median_ms(
+      [&] { ops::fused_attention_backward(dout, q, k, v, out, lse, scale, dq, dk, dv); });
+  return {fwd, bwd};
+}
+
+AttentionTimes time_unfused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& dout, double scale) {
+  using namespace ops;
+  const index_t B = q.dim(0), S = q.dim(1);
+  Tensor scores = Tensor::empty({B, S, S}, q.dtype(), MemorySpace::Cuda), probs = scores.clone();
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), MemorySpace::Cuda);
+  Tensor dq = out.clone(), dk = out.clone(), dv = out.clone();
+  const double fwd = median_ms([&] {
+    gemm_batched(q, false, k, true, scores);
+    scaled_causal_softmax_forward(scores, scale, probs);
+    gemm_batched(probs, false, v, false, out);
+  });
+  Tensor& dprobs = scores;  // the scores are dead after the forward, as in Attention
+  Tensor dscores = Tensor::empty({B, S, S}, q.dtype(), MemorySpace::Cuda);
+  const double bwd = median_ms([&] {
+    gemm_batched(dout, false, v, true, dprobs);
+    gemm_batched(probs, true, dout, false, dv);
+    scaled_causal_softmax_backward(dprobs, probs, scale, dscores);
+    gemm_batched(dscores, false, k, false, dq);
+    gemm_batched(dscores, true, q, false, dk);
+  });
+  return {fwd, bwd};
+}
+
+void bench_attention() {
+  std::printf("\n%-44s %9s %9s %9s %9s %9s %9s\n", "causal attention core, bf16", "fwd ms",
+              "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms", "f+b TF/s");
+  struct Case {
+    const char* what;
+    index_t B, S, D;
+  };
+  const Case cases[] = {{"B=8x12 S=1024 D=64 (GPT-2 124M)", 96, 1024, 64},
+                        {"B=8x16 S=1024 D=128", 128, 1024, 128},
+                        {"B=4x12 S=2048 D=64", 48, 2048, 64}};
+  for (const Case& c : cases) {
+    const Shape shape{c.B, c.S, c.D};
+    const Tensor q = random_device(shape, DType::BF16, -2, 2), k = random_device(shape, DType::BF16, -2, 2),
+                 v = random_device(shape, DType::BF16), dout = random_device(shape, DType::BF16);
+    const double scale = 1.0 / std::sqrt(double(c.D));
+    const double fwd_flop = 4.0 * double(c.B) * double(c.S) * double(c.S) * double(c.D) / 2;
+    const double bwd_flop = 2.5 * fwd_flop;
+    auto row = [&](const char* path, const AttentionTimes& t) {
+      std::printf("%-34s %-9s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f\n", c.what, path, t.fwd_ms,
+                  fwd_flop / (t.fwd_ms * 1e9), t.bwd_ms, bwd_flop / (t.bwd_ms * 1e9),
+                  t.fwd_ms + t.bwd_ms, (fwd_flop + bwd_flop) / ((t.fwd_ms + t.bwd_ms) * 1e9));
+    };
+    const AttentionTimes fused = time_fused_attention(q, k, v, dout, scale);
+    row("fused", fused);
+    const AttentionTimes unfused = time_unfused_attention(q, k, v, dout, scale);
+    row("unfused", unfused);
+    std::printf("%-34s speed-up fused/unfused: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx\n", c.what,
+                unfused.fwd_ms / fused.fwd_ms, unfused.bwd_ms / fused.bwd_ms,
+                (unfused.fwd_ms + unfused.bwd_ms) / (fused.fwd_ms + fused.bwd_ms));
+  }
+}
+
 }  // namespace
 }  // namespace meshtron
 
-int main() {
+int main(int argc, char** argv) {
   using namespace meshtron;
   if (device::cuda_device_count() == 0) {
     std::printf("bench_cuda_ops: skipped (no CUDA device)\n");
@@ -211,8 +292,13 @@ int main() {
   const double copy_gbps = copy_bandwidth_gbps();
   std::printf("baseline: device-to-device cudaMemcpy of 1 GiB: %.1f GB/s (read + write)\n",
               copy_gbps);
-  bench_memory_bound(copy_gbps);
-  bench_gemm();
+  // `bench_cuda_ops attention` runs the attention section alone.
+  const bool attention_only = argc > 1 && std::string(argv[1]) == "attention";
+  if (!attention_only) {
+    bench_memory_bound(copy_gbps);
+    bench_gemm();
+  }
+  bench_attention();
   const device::AllocatorStats st = device::allocator_stats();
   std::printf("\nallocator: peak %.2f GiB, %zu cudaMalloc calls\n", double(st.peak_bytes) / (1 << 30),
               st.cuda_mallocs);

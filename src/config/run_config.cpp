@@ -99,6 +99,8 @@ void DeckSchema::bind(RunConfig& c) {
       "pad the vocabulary to a multiple of this x tensor_parallel");
   key("model.hidden_dropout", &m.hidden_dropout, "float", "dropout after attention/MLP");
   key("model.attention_dropout", &m.attention_dropout, "float", "dropout on attention probs");
+  key("model.attention_backend", &m.attention_backend, "string",
+      "auto | fused | unfused attention core (auto = fused where supported)");
   key("model.layernorm_epsilon", &m.layernorm_epsilon, "float", "layernorm epsilon");
   key("model.init_method_std", &m.init_method_std, "float", "stddev of weight init");
 
@@ -277,6 +279,7 @@ void RunConfig::validate(int world_size) {
   auto& t = training;
   require_one_of("run.device", run.device, {"cpu", "cuda"});
   require_one_of("model.arch", m.arch, {"gpt"});
+  require_one_of("model.attention_backend", m.attention_backend, {"auto", "fused", "unfused"});
   require_positive("model.num_layers", m.num_layers);
   require_positive("model.hidden_size", m.hidden_size);
   require_positive("model.num_attention_heads", m.num_attention_heads);

@@ -36,6 +36,11 @@ struct ModelSection {
   int make_vocab_size_divisible_by = 128;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
+  /// auto | fused | unfused: the attention core as one fused kernel
+  /// (ops::fused_attention_*) or as GEMMs + softmax with [s, s] tensors;
+  /// auto = fused where ops::fused_attention_supported (device, bf16/fp16,
+  /// head dim 64/128, no attention dropout), else unfused.
+  std::string attention_backend = "auto";
   double layernorm_epsilon = 1e-5;
   double init_method_std = 0.02;
 

@@ -7,13 +7,28 @@
 namespace meshtron {
 
 Attention::Attention(const std::string& name, int layer, index_t hidden, int heads,
-                     double dropout, const LayerContext& ctx, DType dtype)
+                     double dropout, const LayerContext& ctx, DType dtype,
+                     AttentionBackend backend)
     : qkv(name + ".qkv", hidden, 3 * hidden, /*fused_parts=*/3, ctx, dtype),
       proj(name + ".proj", hidden, hidden, ctx, dtype),
       layer_(layer),
       heads_local_(heads / ctx.tp.size()),
       head_dim_(hidden / heads),
-      dropout_(dropout) {}
+      dropout_(dropout),
+      backend_(backend) {}
+
+bool Attention::use_fused(const Tensor& q, const LayerContext& ctx) const {
+  if (backend_ == AttentionBackend::Unfused) return false;
+  const bool supported =
+      ops::fused_attention_supported(q.dtype(), q.space(), head_dim_, dropout_, ctx.training);
+  if (backend_ == AttentionBackend::Auto) return supported && !q.is_host();
+  MESH_REQUIRE(supported, "model.attention_backend = fused needs no attention dropout in training "
+                          "and, on the GPU, bf16 or fp16 with head dim 64 or 128; got "
+                              << dtype_name(q.dtype()) << " on the "
+                              << (q.is_host() ? "host" : "GPU") << ", head dim " << head_dim_
+                              << ", attention_dropout " << dropout_);
+  return true;
+}
 
 ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
   // probs [b, heads_local, s*s]: global index ((sample * heads + head) * s*s + ij).
@@ -45,6 +60,21 @@ void Attention::attention_probs(const Tensor& q, const Tensor& k, const LayerCon
   }
 }
 
+/// context = dropout(softmax(q k^T / sqrt(d))) v, keeping the probabilities
+/// in the cache unless selective recompute rebuilds them in the backward.
+Tensor Attention::core_forward_unfused(const LayerContext& ctx, Cache& c) const {
+  Tensor probs, probs_kept;
+  attention_probs(c.q, c.k, ctx, probs, probs_kept);
+  Tensor context = Tensor::empty(c.q.shape(), c.q.dtype(), c.q.space());
+  ops::gemm_batched(probs_kept, false, c.v, false, context);
+  // Selective recompute keeps q, k, v only; the s x s tensors die here.
+  const bool keep = ctx.recompute != Recompute::Selective;
+  c.probs = keep ? probs : Tensor();
+  c.probs_kept = keep ? probs_kept : Tensor();
+  c.lse = Tensor();  // the backward takes the unfused path
+  return context;
+}
+
 Tensor Attention::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   const index_t s = ctx.seq_length, b = ctx.micro_batch;
   Tensor qkv_out = qkv.forward(x, ctx, c.qkv);
@@ -54,14 +84,16 @@ Tensor Attention::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   c.k = parts[1];
   c.v = parts[2];
 
-  Tensor probs, probs_kept;
-  attention_probs(c.q, c.k, ctx, probs, probs_kept);
-  Tensor context = Tensor::empty({b * heads_local_, s, head_dim_}, x.dtype(), x.space());
-  ops::gemm_batched(probs_kept, false, c.v, false, context);
-  // Selective recompute keeps q, k, v only; the s x s tensors die here.
-  if (ctx.recompute != Recompute::Selective) {
-    c.probs = probs;
-    c.probs_kept = probs_kept;
+  Tensor context;
+  if (use_fused(c.q, ctx)) {
+    // Nothing s x s is stored, so selective recompute has nothing to drop.
+    context = Tensor::empty(c.q.shape(), x.dtype(), x.space());
+    c.lse = Tensor::empty({c.q.dim(0), s}, stats_dtype(x), x.space());
+    ops::fused_attention_forward(c.q, c.k, c.v, 1.0 / std::sqrt(double(head_dim_)), context,
+                                 c.lse);
+    c.probs = c.probs_kept = Tensor();
+  } else {
+    context = core_forward_unfused(ctx, c);
   }
   Tensor merged;
   ops::merge_heads(&context, 1, s, b, heads_local_, merged);
@@ -74,26 +106,42 @@ Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) 
   Tensor dcontext;
   ops::split_heads(dmerged, s, b, heads_local_, 1, &dcontext);
 
+  Tensor dparts[3];
+  if (c.lse.defined()) {  // the forward ran the fused core
+    Tensor context;  // proj's input is the merged context: split it back
+    ops::split_heads(c.proj.x, s, b, heads_local_, 1, &context);
+    for (int p = 0; p < 3; ++p) dparts[p] = Tensor::empty(c.q.shape(), dy.dtype(), dy.space());
+    ops::fused_attention_backward(dcontext, c.q, c.k, c.v, context, c.lse,
+                                  1.0 / std::sqrt(double(head_dim_)), dparts[0], dparts[1],
+                                  dparts[2]);
+  } else {
+    core_backward_unfused(dcontext, ctx, c, dparts);
+  }
+  Tensor dqkv;
+  ops::merge_heads(dparts, 3, s, b, heads_local_, dqkv);
+  return qkv.backward(dqkv, ctx, c.qkv);
+}
+
+/// dq, dk, dv of the unfused core from dcontext (rebuilding the
+/// probabilities first under selective recompute).
+void Attention::core_backward_unfused(const Tensor& dcontext, const LayerContext& ctx,
+                                      const Cache& c, Tensor (&dparts)[3]) const {
   Tensor probs = c.probs, probs_kept = c.probs_kept;
   if (!probs.defined()) attention_probs(c.q, c.k, ctx, probs, probs_kept);
-  Tensor dprobs = Tensor::empty(probs.shape(), dy.dtype(), dy.space());
+  Tensor dprobs = Tensor::empty(probs.shape(), dcontext.dtype(), dcontext.space());
   ops::gemm_batched(dcontext, false, c.v, true, dprobs);   // dP = dC V^T
-  Tensor dparts[3];
-  dparts[2] = Tensor::empty(c.v.shape(), dy.dtype(), dy.space());
+  dparts[2] = Tensor::empty(c.v.shape(), dcontext.dtype(), dcontext.space());
   ops::gemm_batched(probs_kept, true, dcontext, false, dparts[2]);  // dV = P^T dC
   if (ctx.training && dropout_ > 0)
     ops::dropout_backward(dprobs, dropout_, probs_site(ctx), dprobs);
 
-  Tensor dscores = Tensor::empty(probs.shape(), dy.dtype(), dy.space());
+  Tensor dscores = Tensor::empty(probs.shape(), dcontext.dtype(), dcontext.space());
   ops::scaled_causal_softmax_backward(dprobs, probs, 1.0 / std::sqrt(double(head_dim_)),
                                       dscores);
-  dparts[0] = Tensor::empty(c.q.shape(), dy.dtype(), dy.space());
-  dparts[1] = Tensor::empty(c.k.shape(), dy.dtype(), dy.space());
+  dparts[0] = Tensor::empty(c.q.shape(), dcontext.dtype(), dcontext.space());
+  dparts[1] = Tensor::empty(c.k.shape(), dcontext.dtype(), dcontext.space());
   ops::gemm_batched(dscores, false, c.k, false, dparts[0]);  // dQ = dS K
   ops::gemm_batched(dscores, true, c.q, false, dparts[1]);   // dK = dS^T Q
-  Tensor dqkv;
-  ops::merge_heads(dparts, 3, s, b, heads_local_, dqkv);
-  return qkv.backward(dqkv, ctx, c.qkv);
 }
 
 }  // namespace meshtron

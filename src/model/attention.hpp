@@ -3,11 +3,28 @@
 // (softmax(q k^T / sqrt(d)) v) runs locally per head, and a RowParallelLinear
 // sums the heads' contributions. One all-reduce forward and one backward
 // (reduce-scatter / all-gather pairs under sequence parallelism).
+//
+// The core runs either unfused (scores GEMM, scaled causal softmax, dropout,
+// probs @ V, keeping the [b*heads, s, s] probabilities for the backward) or
+// fused (ops::fused_attention_*: FlashAttention-2 on the GPU, keeping only
+// the context and the per-row log-sum-exp). model.attention_backend picks;
+// auto takes the fused kernel on the device wherever it is supported.
 #pragma once
+
+#include <string>
 
 #include "model/linear.hpp"
 
 namespace meshtron {
+
+enum class AttentionBackend { Auto, Fused, Unfused };
+
+/// "auto" | "fused" | "unfused" (validated by RunConfig).
+inline AttentionBackend attention_backend_from_string(const std::string& s) {
+  if (s == "fused") return AttentionBackend::Fused;
+  if (s == "unfused") return AttentionBackend::Unfused;
+  return AttentionBackend::Auto;
+}
 
 class Attention {
  public:
@@ -19,9 +36,14 @@ class Attention {
     /// (rebuilt from q and k in the backward)
     Tensor probs;
     Tensor probs_kept; ///< after dropout (aliases probs when p = 0); likewise
+    /// Fused core only (then probs stay undefined): the log-sum-exp of each
+    /// row of scores [b * heads_local, s]. The backward also needs the
+    /// context, which it rebuilds from proj's kept input (split_heads).
+    Tensor lse;
   };
   Attention(const std::string& name, int layer, index_t hidden, int heads,
-            double dropout, const LayerContext& ctx, DType dtype);
+            double dropout, const LayerContext& ctx, DType dtype,
+            AttentionBackend backend = AttentionBackend::Auto);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   void collect(ParameterList& out) { qkv.collect(out); proj.collect(out); }
@@ -36,10 +58,17 @@ class Attention {
   /// runs twice. Deterministic, so the rebuilt tensors equal the first ones.
   void attention_probs(const Tensor& q, const Tensor& k, const LayerContext& ctx,
                        Tensor& probs, Tensor& probs_kept) const;
+  /// Whether this forward runs the fused core (backend, tensors, dropout);
+  /// "fused" where the fused op cannot run is a UserError.
+  bool use_fused(const Tensor& q, const LayerContext& ctx) const;
+  Tensor core_forward_unfused(const LayerContext& ctx, Cache& c) const;
+  void core_backward_unfused(const Tensor& dcontext, const LayerContext& ctx, const Cache& c,
+                             Tensor (&dparts)[3]) const;
   int layer_;
   int heads_local_;
   index_t head_dim_;
   double dropout_;
+  AttentionBackend backend_;
 };
 
 }  // namespace meshtron

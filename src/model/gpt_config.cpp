@@ -31,6 +31,7 @@ GptConfig GptConfig::from_run(const RunConfig& run, int vocab_size, int tp) {
   c.init_std = m.init_method_std;
   c.hidden_dropout = m.hidden_dropout;
   c.attention_dropout = m.attention_dropout;
+  c.attention_backend = m.attention_backend;
   return c;
 }
 

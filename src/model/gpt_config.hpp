@@ -25,6 +25,7 @@ struct GptConfig {
   double init_std = 0.02;
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;
+  std::string attention_backend = "auto";  ///< auto | fused | unfused (model.attention_backend)
 
   int head_dim() const { return hidden_size / num_heads; }
 

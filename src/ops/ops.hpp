@@ -47,6 +47,27 @@ void scaled_causal_softmax_forward(const Tensor& scores, double scale, Tensor& p
 void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs,
                                     double scale, Tensor& dscores);
 
+// ------------------------------------------------------- Fused attention ---
+/// Causal self-attention without the [S, S] tensors (FlashAttention-2 on the
+/// device): out[b, i] = sum_{j<=i} softmax_j(scale q[b,i] . k[b,j]) v[b, j]
+/// for q, k, v, out [B, S, D] (B = batch x heads, ops::split_heads' layout);
+/// lse [B, S] = log-sum-exp over j <= i of scale q[b,i] . k[b,j] (natural log;
+/// the storage dtype on the host, fp32 on the device). Same numbers as
+/// gemm_batched + scaled_causal_softmax_forward + gemm_batched.
+void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                             Tensor& out, Tensor& lse);
+/// dq, dk, dv (overwrite) from dout and the forward's out and lse. The
+/// device kernels are deterministic (no atomics).
+void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
+                              Tensor& dq, Tensor& dk, Tensor& dv);
+/// Whether the fused op takes these tensors: on the host any fp32/fp64 head
+/// dim (the reference implementation); on the device bf16 or fp16 with head
+/// dim 64 or 128, when the CUDA path is built. Never while attention dropout
+/// is active (training with p > 0): the fused kernels apply no dropout.
+bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim,
+                               double attention_dropout, bool training);
+
 // ------------------------------------------------------ GeLU and biases ---
 /// GPT-2's tanh GeLU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const Tensor& x, Tensor& y);

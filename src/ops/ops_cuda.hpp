@@ -48,6 +48,17 @@ void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_he
 void scaled_causal_softmax_backward(DType t, const void* dprobs, const void* probs,
                                     index_t batch_heads, index_t S, double scale, void* dscores);
 
+// ------------------------------------------------------- Fused attention ---
+/// kernels/cuda/flash_attention.cu: t bf16 or fp16, D 64 or 128; q, k, v,
+/// out, dout, dq, dk, dv [B, S, D] 16-byte aligned; lse [B, S]; delta is a
+/// [B, S] fp32 workspace of the backward.
+void fused_attention_forward(DType t, const void* q, const void* k, const void* v, index_t B,
+                             index_t S, index_t D, double scale, void* out, float* lse);
+void fused_attention_backward(DType t, const void* dout, const void* q, const void* k,
+                              const void* v, const void* out, const float* lse, index_t B,
+                              index_t S, index_t D, double scale, float* delta, void* dq,
+                              void* dk, void* dv);
+
 // ------------------------------------------------------ GeLU and biases ---
 void gelu_forward(DType t, const void* x, index_t n, void* y);
 void gelu_backward(DType t, const void* dy, const void* x, index_t n, void* dx);

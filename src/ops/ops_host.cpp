@@ -23,6 +23,7 @@
 #include <initializer_list>
 
 #include "kernels/kokkos/adamw.hpp"
+#include "kernels/kokkos/attention.hpp"
 #include "kernels/kokkos/cross_entropy.hpp"
 #include "kernels/kokkos/dropout.hpp"
 #include "kernels/kokkos/elementwise.hpp"
@@ -382,6 +383,91 @@ void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, d
     using T = decltype(zero);
     kernels::scaled_causal_softmax_backward<Host>(dprobs.data<T>(), probs.data<T>(), B, S, scale,
                                                   dscores.data<T>());
+  });
+}
+
+// ------------------------------------------------------- Fused attention ---
+
+bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim,
+                               double attention_dropout, bool training) {
+  if (training && attention_dropout > 0) return false;
+  if (space == MemorySpace::Host) return dtype == DType::F32 || dtype == DType::F64;
+#ifdef MESHTRON_HAVE_CUDA
+  return (dtype == DType::BF16 || dtype == DType::F16) && (head_dim == 64 || head_dim == 128);
+#else
+  return false;
+#endif
+}
+
+namespace {
+/// q [B, S, D] with every `same` tensor of its shape and `lse` holding B*S
+/// rows; the device kernel's dtypes and head dims. Returns whether on the device.
+bool check_attention(const char* op, const Arg& q, std::initializer_list<Arg> same,
+                     const Arg& lse) {
+  MESH_VERIFY(q.t.rank() == 3 && q.t.dim(1) > 0 && q.t.dim(2) > 0,
+              op << ": " << describe(q) << " must be [batch x heads, S, head_dim]");
+  for (const Arg& a : same)
+    MESH_VERIFY(a.t.shape() == q.t.shape(), op << ": " << describe(a) << " must match "
+                                               << describe(q));
+  const bool device = !q.t.is_host();
+  require_stat_args(op, device, q, {lse});
+  require_per_row(op, lse, q.t.dim(0) * q.t.dim(1), q);
+  if (device)
+    MESH_VERIFY(fused_attention_supported(q.t.dtype(), q.t.space(), q.t.dim(2), 0.0, false),
+                op << ": the CUDA kernel takes bf16 or fp16 with head_dim 64 or 128, got "
+                   << describe(q));
+  return device;
+}
+}  // namespace
+
+void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                             Tensor& out, Tensor& lse) {
+  const char* op = "fused_attention_forward";
+  const Arg aq{"q", q}, ak{"k", k}, av{"v", v}, ao{"out", out}, al{"lse", lse};
+  on_device(op, {aq, ak, av, ao, al});
+  require_float_args(op, {aq, ak, av, ao});
+  const bool device = check_attention(op, aq, {ak, av, ao}, al);
+  for (const Arg& a : {aq, ak, av})
+    MESH_VERIFY(!overlaps(out, a.t), op << ": out must not share memory with " << a.name);
+  const index_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
+  if (device) {
+    ON_CUDA(cuda::fused_attention_forward(q.dtype(), q.raw(), k.raw(), v.raw(), B, S, D, scale,
+                                          out.raw(), lse.data<float>()));
+    return;
+  }
+  with_float_type(q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::causal_attention_forward<Host>(q.data<T>(), k.data<T>(), v.data<T>(), B, S, D, scale,
+                                            out.data<T>(), lse.data<T>());
+  });
+}
+
+void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
+                              Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* op = "fused_attention_backward";
+  const Arg ado{"dout", dout}, aq{"q", q}, ak{"k", k}, av{"v", v}, ao{"out", out},
+      al{"lse", lse}, adq{"dq", dq}, adk{"dk", dk}, adv{"dv", dv};
+  on_device(op, {aq, ado, ak, av, ao, al, adq, adk, adv});
+  require_float_args(op, {aq, ado, ak, av, ao, adq, adk, adv});
+  const bool device = check_attention(op, aq, {ado, ak, av, ao, adq, adk, adv}, al);
+  for (const Arg& g : {adq, adk, adv})
+    for (const Arg& a : {ado, aq, ak, av, ao})
+      MESH_VERIFY(!overlaps(g.t, a.t), op << ": " << g.name << " must not share memory with "
+                                          << a.name);
+  const index_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
+  if (device) {
+    Tensor delta = Tensor::empty({B, S}, DType::F32, q.space());
+    ON_CUDA(cuda::fused_attention_backward(q.dtype(), dout.raw(), q.raw(), k.raw(), v.raw(),
+                                           out.raw(), lse.data<float>(), B, S, D, scale,
+                                           delta.data<float>(), dq.raw(), dk.raw(), dv.raw()));
+    return;
+  }
+  with_float_type(q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::causal_attention_backward<Host>(dout.data<T>(), q.data<T>(), k.data<T>(),
+                                             v.data<T>(), out.data<T>(), lse.data<T>(), B, S, D,
+                                             scale, dq.data<T>(), dk.data<T>(), dv.data<T>());
   });
 }
 

@@ -1,0 +1,151 @@
+// ============================================== Fused causal attention ==
+//
+// The reference (host) implementation of ops::fused_attention_forward and
+// _backward: the same numbers as the unfused composition (scores GEMM,
+// scaled causal softmax, probs @ V) without any [S, S] tensor. q, k, v, out
+// are [B, S, D] (B = batch x heads), lse is [B, S].
+//
+// Forward, one query row i per work item (two passes over keys j <= i):
+//   x_ij   = scale * q_i . k_j
+//   m_i    = max_j x_ij;  l_i = sum_j exp(x_ij - m_i)
+//   out_i  = sum_j exp(x_ij - m_i) v_j / l_i;   lse_i = m_i + log(l_i)
+// Backward, with P_ij = exp(x_ij - lse_i) rebuilt from the saved lse:
+//   dP_ij  = dout_i . v_j;   delta_i = dout_i . out_i  (= sum_j P_ij dP_ij)
+//   dx_ij  = P_ij (dP_ij - delta_i)
+//   dq_i   = scale sum_{j<=i} dx_ij k_j                 (per query row)
+//   dk_j   = scale sum_{i>=j} dx_ij q_i,  dv_j = sum_{i>=j} P_ij dout_i
+//                                                       (per key row)
+// Every dot product and sum accumulates in double (accum_t); the row
+// accumulators live in scratch Views of [B*S, D] doubles owned by the
+// launchers, so each work item writes only its own row (no atomics).
+#pragma once
+
+#include "kernels/kokkos/common.hpp"
+
+namespace meshtron::kernels {
+
+template <class ExecSpace>
+using Scratch = Kokkos::View<accum_t**, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
+
+/// a_row . b_row over D features, in double.
+template <class T>
+KOKKOS_INLINE_FUNCTION accum_t row_dot(const T* a, const T* b, kindex D) {
+  accum_t s = 0;
+  for (kindex d = 0; d < D; ++d) s += accum_t(a[d]) * accum_t(b[d]);
+  return s;
+}
+
+template <class ExecSpace, class T>
+struct CausalAttentionForward {
+  const T *q, *k, *v;
+  kindex S, D;
+  accum_t scale;
+  Scratch<ExecSpace> acc;  // [B*S, D]
+  T *out, *lse;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
+    const kindex i = r % S, first = r - i;  // row of key 0 in this batch entry
+    const T* qi = q + r * D;
+    accum_t m = scale * row_dot(qi, k + first * D, D);
+    for (kindex j = 1; j <= i; ++j) m = kmath::fmax(m, scale * row_dot(qi, k + (first + j) * D, D));
+    accum_t l = 0;
+    for (kindex d = 0; d < D; ++d) acc(r, d) = 0;
+    for (kindex j = 0; j <= i; ++j) {
+      const accum_t e = kmath::exp(scale * row_dot(qi, k + (first + j) * D, D) - m);
+      l += e;
+      const T* vj = v + (first + j) * D;
+      for (kindex d = 0; d < D; ++d) acc(r, d) += e * accum_t(vj[d]);
+    }
+    for (kindex d = 0; d < D; ++d) out[r * D + d] = T(acc(r, d) / l);
+    lse[r] = T(m + kmath::log(l));
+  }
+};
+
+/// Per query row: delta_i, then dq_i.
+template <class ExecSpace, class T>
+struct CausalAttentionBackwardQuery {
+  const T *dout, *q, *k, *v, *out, *lse;
+  kindex S, D;
+  accum_t scale;
+  Scratch<ExecSpace> acc;  // [B*S, D]
+  Kokkos::View<accum_t*, typename ExecSpace::memory_space> delta;
+  T* dq;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
+    const kindex i = r % S, first = r - i;
+    const T *qi = q + r * D, *doi = dout + r * D;
+    const accum_t delta_i = row_dot(doi, out + r * D, D);
+    delta(r) = delta_i;
+    for (kindex d = 0; d < D; ++d) acc(r, d) = 0;
+    for (kindex j = 0; j <= i; ++j) {
+      const T *kj = k + (first + j) * D, *vj = v + (first + j) * D;
+      const accum_t p = kmath::exp(scale * row_dot(qi, kj, D) - accum_t(lse[r]));
+      const accum_t dx = p * (row_dot(doi, vj, D) - delta_i);
+      for (kindex d = 0; d < D; ++d) acc(r, d) += dx * accum_t(kj[d]);
+    }
+    for (kindex d = 0; d < D; ++d) dq[r * D + d] = T(scale * acc(r, d));
+  }
+};
+
+/// Per key row: dk_j and dv_j (after the query pass has filled delta).
+template <class ExecSpace, class T>
+struct CausalAttentionBackwardKey {
+  const T *dout, *q, *k, *v, *lse;
+  kindex S, D;
+  accum_t scale;
+  Scratch<ExecSpace> acc_k, acc_v;  // [B*S, D]
+  Kokkos::View<const accum_t*, typename ExecSpace::memory_space> delta;
+  T *dk, *dv;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
+    const kindex j = r % S, first = r - j;
+    const T *kj = k + r * D, *vj = v + r * D;
+    for (kindex d = 0; d < D; ++d) acc_k(r, d) = acc_v(r, d) = 0;
+    for (kindex i = j; i < S; ++i) {
+      const kindex ri = first + i;
+      const T *qi = q + ri * D, *doi = dout + ri * D;
+      const accum_t p = kmath::exp(scale * row_dot(qi, kj, D) - accum_t(lse[ri]));
+      const accum_t dx = p * (row_dot(doi, vj, D) - delta(ri));
+      for (kindex d = 0; d < D; ++d) {
+        acc_k(r, d) += dx * accum_t(qi[d]);
+        acc_v(r, d) += p * accum_t(doi[d]);
+      }
+    }
+    for (kindex d = 0; d < D; ++d) {
+      dk[r * D + d] = T(scale * acc_k(r, d));
+      dv[r * D + d] = T(acc_v(r, d));
+    }
+  }
+};
+
+// ---------------------------------------------------------------- launchers
+
+/// q, k, v, out: [B, S, D]; lse: [B, S].
+template <class ExecSpace, class T>
+void causal_attention_forward(const T* q, const T* k, const T* v, kindex B, kindex S, kindex D,
+                              double scale, T* out, T* lse) {
+  const kindex rows = B * S;
+  Scratch<ExecSpace> acc("meshtron::attention_acc", rows, D);
+  CausalAttentionForward<ExecSpace, T> f{q, k, v, S, D, scale, acc, out, lse};
+  Kokkos::parallel_for("meshtron::attention_forward", Range<ExecSpace>(0, rows), f);
+  Kokkos::fence();
+}
+
+template <class ExecSpace, class T>
+void causal_attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
+                               const T* lse, kindex B, kindex S, kindex D, double scale, T* dq,
+                               T* dk, T* dv) {
+  const kindex rows = B * S;
+  Scratch<ExecSpace> acc_a("meshtron::attention_acc_a", rows, D),
+      acc_b("meshtron::attention_acc_b", rows, D);
+  Kokkos::View<accum_t*, typename ExecSpace::memory_space> delta("meshtron::attention_delta", rows);
+  CausalAttentionBackwardQuery<ExecSpace, T> fq{dout, q, k,     v,     out,   lse,
+                                                S,    D, scale, acc_a, delta, dq};
+  Kokkos::parallel_for("meshtron::attention_backward_dq", Range<ExecSpace>(0, rows), fq);
+  CausalAttentionBackwardKey<ExecSpace, T> fk{dout,  q,     k,     v,     lse, S, D,
+                                              scale, acc_a, acc_b, delta, dk,  dv};
+  Kokkos::parallel_for("meshtron::attention_backward_dkdv", Range<ExecSpace>(0, rows), fk);
+  Kokkos::fence();
+}
+
+}  // namespace meshtron::kernels
