@@ -58,14 +58,16 @@ def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12):
     seconds = (time.perf_counter() - t0) / steps
     tps = micro_batch * seq / seconds
     tflops = tps * flops_per_token(layers, hidden, seq) / 1e12
-    print(json.dumps({"model": name, "framework": "pytorch", "micro_batch": micro_batch, "seq": seq,
-                      "ms_per_step": round(1e3 * seconds, 2), "tokens_per_s_per_gpu": round(tps),
-                      "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops * 1e12 / peak, 4),
-                      "loss": round(loss.item(), 4), "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-                      "torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
+    row = {"model": name, "framework": "pytorch", "micro_batch": micro_batch, "seq": seq,
+           "ms_per_step": round(1e3 * seconds, 2), "tokens_per_s_per_gpu": round(tps),
+           "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops * 1e12 / peak, 4),
+           "loss": round(loss.item(), 4), "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+           "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+    print(json.dumps(row), flush=True)
     del model, opt, step_fn
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    return row
 
 
 if __name__ == "__main__":

@@ -1,0 +1,119 @@
+"""End-to-end GPU throughput of meshtron against PyTorch, in one run (issue 9).
+
+For each model (GPT-2 124M / 350M / 774M shapes, seq 1024, bf16, dropout 0,
+synthetic tokens) it trains meshtron for --warmup + --steps steps on one GPU,
+then the same model in PyTorch (perf/torch_baseline.py: transformers
+GPT2LMHeadModel, bf16 autocast, SDPA, fused AdamW, torch.compile), and prints
+tokens/s/GPU, ms/step, TFLOP/s/GPU, MFU and the ratio meshtron / PyTorch.
+With --gpus 2 it also trains meshtron with dp 2 and with tp 2 and prints the
+scaling against one GPU (throughput of 2 GPUs / throughput of 1).
+
+FLOPs per token, as meshtron prints them (no attention-mask discount):
+    F = 3 x 2 x [L (4 h^2 + 2 h f + 2 s h) + h V],  V = 50304 (padded)
+MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
+
+    python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 124m 350m 774m
+    python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 774m --gpus 2 --no-torch
+
+Runs on the GPU node; PyTorch is the baseline here, never part of meshtron.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+PEAK = 989e12
+DECKS = {"124m": "input_decks/gpt2-124m.deck", "350m": "input_decks/gpt2-350m.deck",
+         "774m": "input_decks/gpt2-774m.deck"}
+SHAPES = {"124m": (12, 768), "350m": (24, 1024), "774m": (36, 1280)}
+
+
+def flops_per_token(name, seq=1024, vocab=50304):
+    layers, hidden = SHAPES[name]
+    return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * 4 * hidden + 2 * seq * hidden) + hidden * vocab)
+
+
+def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none", extra=()):
+    """Train `steps + warmup` steps; return the mean ms/step of the last `steps` (from the JSONL)."""
+    out = tempfile.mkdtemp(prefix="e2e_")
+    ranks = tp * dp
+    sets = {"run.output_dir": out, "data.source": "synthetic", "data.vocab_file": "", "data.merge_file": "",
+            "training.train_iters": steps + warmup, "training.micro_batch_size": micro_batch,
+            "training.global_batch_size": micro_batch * dp, "training.precision": "bf16",
+            "training.recompute": recompute, "training.eval_interval": 0, "lr_schedule.warmup_iters": 1,
+            "checkpoint.save_dir": "", "checkpoint.load": "", "logging.log_interval": 1,
+            "logging.progress": "off", "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
+            "parallel.tensor_parallel": tp, "parallel.data_parallel": dp,
+            "parallel.distributed_optimizer": "true" if dp > 1 else "false"}
+    cmd = ["mpirun", "-np", str(ranks), binary, "train", DECKS[name]]
+    for key, value in sets.items():
+        cmd += ["--set", f"{key}={value}"]
+    cmd += list(extra)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+        return None
+    lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"ms_per_step"' in l]
+    timed = [l for l in lines if l["iteration"] > warmup]
+    ms = sum(l["ms_per_step"] for l in timed) / len(timed)
+    return {"ms_per_step": ms, "memory_mib": max(l["memory_mib"] for l in timed), "loss": timed[-1]["loss"]}
+
+
+def report(name, framework, micro_batch, gpus, ms, extra=None):
+    tps_gpu = micro_batch * 1024 / (ms / 1e3)
+    row = {"model": name, "framework": framework, "gpus": gpus, "micro_batch": micro_batch,
+           "ms_per_step": round(ms, 2), "tokens_per_s_per_gpu": round(tps_gpu),
+           "tflops_per_gpu": round(tps_gpu * flops_per_token(name) / 1e12, 1),
+           "mfu": round(tps_gpu * flops_per_token(name) / PEAK, 4)}
+    row.update(extra or {})
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--meshtron", default="build-gpu/meshtron")
+    parser.add_argument("--models", nargs="+", default=["124m", "350m", "774m"])
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--recompute", default="none")
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args()
+
+    for name in args.models:
+        mb = args.micro_batch
+        one = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, recompute=args.recompute)
+        if one is None:
+            print(json.dumps({"model": name, "framework": "meshtron", "error": "run failed"}))
+            continue
+        mine = report(name, "meshtron", mb, 1, one["ms_per_step"],
+                      {"memory_mib": round(one["memory_mib"]), "recompute": args.recompute})
+        if not args.no_torch:
+            import torch_baseline  # imports torch only when asked for
+            base = torch_baseline.run(name, mb, args.steps, args.warmup)
+            ratio = mine["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
+            print(json.dumps({"model": name, "ratio_meshtron_over_pytorch": round(ratio, 3)}), flush=True)
+        if args.gpus >= 2:
+            for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1)):
+                two = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, tp=tp, dp=dp,
+                                   recompute=args.recompute)
+                if two is None:
+                    print(json.dumps({"model": name, "layout": label, "error": "run failed"}))
+                    continue
+                # dp2 trains 2 micro-batches per step on 2 GPUs; tp2 one micro-batch on 2 GPUs.
+                tokens = mb * 1024 * dp
+                speedup = (tokens / two["ms_per_step"]) / (mb * 1024 / one["ms_per_step"])
+                print(json.dumps({"model": name, "layout": label, "ms_per_step": round(two["ms_per_step"], 2),
+                                  "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
+                                  "speedup_over_1_gpu": round(speedup, 3),
+                                  "memory_mib": round(two["memory_mib"])}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
