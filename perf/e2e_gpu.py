@@ -18,6 +18,7 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
 Runs on the GPU node; PyTorch is the baseline here, never part of meshtron.
 """
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -57,7 +58,8 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
     if proc.returncode != 0:
         print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
         return None
-    lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"ms_per_step"' in l]
+    metrics = glob.glob(os.path.join(out, "**", "metrics.jsonl"), recursive=True)  # out/<run name>/
+    lines = [json.loads(l) for l in open(metrics[0]) if '"ms_per_step"' in l]
     timed = [l for l in lines if l["iteration"] > warmup]
     ms = sum(l["ms_per_step"] for l in timed) / len(timed)
     return {"ms_per_step": ms, "memory_mib": max(l["memory_mib"] for l in timed), "loss": timed[-1]["loss"]}
