@@ -7,7 +7,8 @@
 //   partials   sum_exp = sum exp(l - m) (0 if none), target_logit = l[t] - m
 //              if the target is local, else 0
 //   loss       log(sum_exp) - target_logit
-//   backward   dlogits = dloss exp(l - m) / Z - dloss [v == t], 0 in padding
+//   backward   dlogits = dloss exp(l - m) / Z - dloss [v == t], 0 in padding;
+//              written in bf16/fp16 straight from fp32 logits when asked
 // One block per row: a row is a whole vocabulary shard (thousands of
 // columns), read with coalesced strides by 256 threads and reduced through
 // shared memory.
@@ -56,16 +57,16 @@ __global__ void loss_kernel(const float* __restrict__ sum_exp,
   GRID_STRIDE(n, N) loss[n] = float(log(double(sum_exp[n])) - double(target_logit[n]));
 }
 
-template <class T>
+template <class T, class O>
 __global__ void backward_kernel(const T* __restrict__ logits,
                                 const std::int32_t* __restrict__ targets,
                                 const float* __restrict__ row_max,
                                 const float* __restrict__ sum_exp,
                                 const float* __restrict__ dloss, kindex V, kindex vocab_begin,
-                                kindex valid, T* __restrict__ dlogits) {
+                                kindex valid, O* __restrict__ dlogits) {
   const kindex n = blockIdx.x;
   const T* l = logits + n * V;
-  T* d = dlogits + n * V;
+  O* d = dlogits + n * V;
   const float m = row_max[n], dl = dloss[n];
   const float scale = float(double(dl) / double(sum_exp[n]));  // dloss / Z
   const kindex t = kindex(targets[n]) - vocab_begin;
@@ -108,17 +109,21 @@ void cross_entropy_loss(const float* sum_exp, const float* target_logit, index_t
   MESH_CUDA_LAUNCHED();
 }
 
-void cross_entropy_backward(DType t, const void* logits, const std::int32_t* targets,
+void cross_entropy_backward(DType t, DType out, const void* logits, const std::int32_t* targets,
                             const float* row_max, const float* sum_exp, const float* dloss,
                             index_t N, index_t V_local, index_t vocab_begin, index_t valid_local,
                             void* dlogits) {
   if (N == 0) return;
+  // dlogits in the logits' dtype, or 16-bit from fp32 logits (rounded once).
   with_storage_type(t, "cross_entropy_backward", [&](auto zero) {
     using T = decltype(zero);
-    backward_kernel<T><<<unsigned(N), kThreads, 0, kStream>>>(
-        static_cast<const T*>(logits), targets, row_max, sum_exp, dloss, V_local, vocab_begin,
-        valid_local, static_cast<T*>(dlogits));
-    MESH_CUDA_LAUNCHED();
+    with_storage_type(out, "cross_entropy_backward", [&](auto out_zero) {
+      using O = decltype(out_zero);
+      backward_kernel<T, O><<<unsigned(N), kThreads, 0, kStream>>>(
+          static_cast<const T*>(logits), targets, row_max, sum_exp, dloss, V_local, vocab_begin,
+          valid_local, static_cast<O*>(dlogits));
+      MESH_CUDA_LAUNCHED();
+    });
   });
 }
 

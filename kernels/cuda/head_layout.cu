@@ -5,28 +5,28 @@
 // out [b*heads, s, d] that the attention core's batched GEMMs read. One
 // thread per element of the head-major tensor, indexed so that consecutive
 // threads touch consecutive features d of one head vector on both sides
-// (coalesced reads and writes). Elements are moved as raw words of 1, 2, 4
-// or 8 bytes: the layout change is the same for every dtype.
+// (coalesced reads and writes). Elements are moved as raw words, as wide as
+// the head vector and alignment allow (16 bytes for bf16 heads of 64: a
+// 2-byte-per-thread copy with 64-bit index math ran at a third of the copy
+// bandwidth): the layout change is the same for every dtype.
 #include "kernels/cuda/common.cuh"
 #include "ops/ops_cuda.hpp"
 
 namespace meshtron::cuda {
 namespace {
 
-/// Offset in x of element (bh, si, di) of head-major part p.
-__device__ __forceinline__ kindex token_offset(kindex bh, kindex si, kindex di, kindex b,
-                                               kindex heads, kindex d, kindex row, int p) {
-  const kindex bi = bh / heads, h = bh % heads;
-  return (si * b + bi) * row + (kindex(p) * heads + h) * d + di;
-}
-
-template <class W, bool kSplit>
-__global__ void head_layout_kernel(const W* __restrict__ src, kindex s, kindex b, kindex heads,
-                                   kindex d, int parts, int p, W* __restrict__ dst) {
-  const kindex row = kindex(parts) * heads * d;
-  GRID_STRIDE(i, b * heads * s * d) {  // i indexes the head-major tensor
-    const kindex di = i % d, si = (i / d) % s, bh = i / (d * s);
-    const kindex tok = token_offset(bh, si, di, b, heads, d, row, p);
+/// Moves head vectors as words of W bytes; I is the index type (32-bit
+/// whenever the tensor allows: 64-bit division costs more than the copy).
+template <class W, bool kSplit, class I>
+__global__ void head_layout_kernel(const W* __restrict__ src, I s, I b, I heads, I d, I parts,
+                                   I p, W* __restrict__ dst) {
+  const I row = parts * heads * d;  // words per token row of x
+  const I n = b * heads * s * d;
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x) {
+    // i indexes the head-major tensor [b*heads, s, d]; tok the token-major x.
+    const I di = i % d, si = (i / d) % s, bh = i / (d * s);
+    const I bi = bh / heads, h = bh % heads;
+    const I tok = (si * b + bi) * row + (p * heads + h) * d + di;
     if (kSplit)
       dst[i] = src[tok];
     else
@@ -34,23 +34,42 @@ __global__ void head_layout_kernel(const W* __restrict__ src, kindex s, kindex b
   }
 }
 
+/// Widest word (16, 8, 4, 2 or 1 bytes) that divides a head vector and
+/// both base addresses, so every word is aligned on both sides.
+std::size_t word_bytes(std::size_t vector_bytes, const void* a, const void* b) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(a) | reinterpret_cast<std::uintptr_t>(b);
+  std::size_t w = 16;
+  while (w > 1 && (vector_bytes % w != 0 || addr % w != 0)) w /= 2;
+  return w;
+}
+
 template <bool kSplit>
 void launch(const void* src, std::size_t element_size, index_t s, index_t b, index_t heads,
             index_t d, int parts, int p, void* dst) {
-  const kindex n = b * heads * s * d;
-  if (n == 0) return;
+  if (b * heads * s * d == 0) return;
+  const std::size_t w = word_bytes(std::size_t(d) * element_size, src, dst);
+  const index_t dw = index_t(std::size_t(d) * element_size / w);  // words per head vector
+  const kindex n = b * heads * s * dw, x_words = s * b * parts * heads * dw;
   const unsigned blocks = grid_for(n, 256);
-  auto go = [&](auto word) {
+  auto go = [&](auto word, auto index) {
     using W = decltype(word);
-    head_layout_kernel<W, kSplit><<<blocks, 256, 0, kStream>>>(
-        static_cast<const W*>(src), s, b, heads, d, parts, p, static_cast<W*>(dst));
+    using I = decltype(index);
+    head_layout_kernel<W, kSplit, I><<<blocks, 256, 0, kStream>>>(
+        static_cast<const W*>(src), I(s), I(b), I(heads), I(dw), I(parts), I(p),
+        static_cast<W*>(dst));
   };
-  switch (element_size) {
-    case 1: go(std::uint8_t{}); break;
-    case 2: go(std::uint16_t{}); break;
-    case 4: go(std::uint32_t{}); break;
-    case 8: go(std::uint64_t{}); break;
-    default: MESH_VERIFY(false, "head layout: element size " << element_size);
+  auto with_index = [&](auto word) {
+    if (x_words < (kindex(1) << 31))
+      go(word, std::uint32_t{});
+    else
+      go(word, kindex{});
+  };
+  switch (w) {
+    case 1: with_index(std::uint8_t{}); break;
+    case 2: with_index(std::uint16_t{}); break;
+    case 4: with_index(std::uint32_t{}); break;
+    case 8: with_index(std::uint64_t{}); break;
+    default: with_index(uint4{}); break;
   }
   MESH_CUDA_LAUNCHED();
 }

@@ -103,14 +103,11 @@ Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext&
 
 Tensor LmHeadLoss::backward(const Tensor& dloss, LayerContext& ctx, const Cache& c) {
   const index_t begin = vocab_begin(config_, ctx.tp);
-  Tensor dlogits = Tensor::empty(c.logits.shape(), c.logits.dtype(), c.logits.space());
+  // dlogits in the GEMMs' operand dtype (bf16 under mixed precision): the
+  // kernel rounds the fp32 softmax gradient once, as a cast would.
+  Tensor dlogits = Tensor::empty(c.logits.shape(), c.x_full.dtype(), c.logits.space());
   ops::cross_entropy_backward(c.logits, c.targets, c.row_max, c.sum_exp, dloss, begin,
                               config_.vocab_size, dlogits);
-  if (dlogits.dtype() != c.x_full.dtype()) {  // the GEMMs' operands share a dtype
-    Tensor low = Tensor::empty(dlogits.shape(), c.x_full.dtype(), dlogits.space());
-    ops::cast(dlogits, low);
-    dlogits = low;
-  }
   ops::gemm(dlogits, true, c.x_full, false, word->grad, 1.0, 1.0);  // dW += dL^T X
   Tensor dx_full = matmul(dlogits, word->value);                      // dX = dL W
   return ctx.sequence_parallel ? mapping::all_gather_from_sp_backward(ctx.tp, dx_full)

@@ -103,7 +103,7 @@ void cross_entropy_partials(DType t, const void* logits, const std::int32_t* tar
                             const float* row_max, index_t N, index_t V_local, index_t vocab_begin,
                             index_t valid_local, float* sum_exp, float* target_logit);
 void cross_entropy_loss(const float* sum_exp, const float* target_logit, index_t N, float* loss);
-void cross_entropy_backward(DType t, const void* logits, const std::int32_t* targets,
+void cross_entropy_backward(DType t, DType out, const void* logits, const std::int32_t* targets,
                             const float* row_max, const float* sum_exp, const float* dloss,
                             index_t N, index_t V_local, index_t vocab_begin, index_t valid_local,
                             void* dlogits);

@@ -838,7 +838,12 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   const Arg al{"logits", logits}, at{"targets", targets}, am{"row_max", row_max},
       as{"sum_exp", sum_exp}, ad{"dloss", dloss}, adl{"dlogits", dlogits};
   on_device(op, {al, at, am, as, ad, adl});
-  const bool device = require_float_args(op, {al, adl});
+  const bool device = require_float_args(op, {al});
+  // On the device fp32 logits may give 16-bit dlogits directly (the operand
+  // dtype of the LM head's backward GEMMs): no fp32 gradient, no cast pass.
+  const bool narrowed = device && logits.dtype() == DType::F32 &&
+                        (dlogits.dtype() == DType::BF16 || dlogits.dtype() == DType::F16);
+  if (!narrowed) require_float_args(op, {al, adl});
   require_stat_args(op, device, al, {am, as, ad});
   require_index_arg(op, at);
   const index_t N = rows_of(op, al);
@@ -848,7 +853,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   const kernels::VocabShard shard = vocab_shard(op, al, vocab_begin, vocab_valid);
   check_targets(op, targets, vocab_valid);
   if (device) {
-    ON_CUDA(cuda::cross_entropy_backward(logits.dtype(), logits.raw(), targets.data<std::int32_t>(),
+    ON_CUDA(cuda::cross_entropy_backward(logits.dtype(), dlogits.dtype(), logits.raw(),
+                                         targets.data<std::int32_t>(),
                                          row_max.data<float>(), sum_exp.data<float>(),
                                          dloss.data<float>(), N, logits.dim(-1), vocab_begin,
                                          shard.valid_local, dlogits.raw()));

@@ -529,6 +529,12 @@ TEST_F(GpuOps, VocabParallelCrossEntropyMatchesHost) {
         cross_entropy_backward(logits.dev, targets_dev, row_max.dev, sum_exp.dev, dloss.dev,
                                s.vocab_begin, s.vocab_valid, dlogits.dev);
         expect_close(dlogits, dt, what + " dlogits");
+        if (dt == DType::F32) {  // fp32 logits -> bf16 dlogits (the LM head under bf16)
+          Pair narrow = output({N, s.V_local}, DType::BF16);
+          cross_entropy_backward(logits.dev, targets_dev, row_max.dev, sum_exp.dev, dloss.dev,
+                                 s.vocab_begin, s.vocab_valid, narrow.dev);
+          expect_close(narrow.dev, dlogits.host, tolerance(DType::BF16), what + " bf16 dlogits");
+        }
       }
 }
 
