@@ -49,6 +49,7 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
             "checkpoint.save_dir": "", "checkpoint.load": "", "logging.log_interval": 1,
             "logging.progress": "off", "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
             "parallel.tensor_parallel": tp, "parallel.data_parallel": dp,
+            "parallel.sequence_parallel": "true" if tp > 1 else "false",
             "parallel.distributed_optimizer": "true" if dp > 1 else "false"}
     cmd = ["mpirun", "-np", str(ranks), binary, "train", DECKS[name]]
     for key, value in sets.items():
