@@ -13,6 +13,8 @@
 //   sum_of_squares  sum x^2, each thread and block in double, block partials
 //                   summed by one block in a fixed order (deterministic:
 //                   the gradient-norm clip must not depend on scheduling)
+#include <vector>
+
 #include "kernels/cuda/column_sums.cuh"
 #include "ops/ops_cuda.hpp"
 
@@ -121,18 +123,33 @@ void scale(DType t, void* x, index_t n, double alpha) {
 }
 
 double sum_of_squares(DType t, const void* x, index_t n) {
-  if (n == 0) return 0.0;
+  return sum_of_squares_many(1, &t, &x, &n);
+}
+
+double sum_of_squares_many(int count, const DType* types, const void* const* xs,
+                           const index_t* ns) {
   constexpr kindex kMaxBlocks = 1024;  // ~8 per SM: enough loads in flight
-  const unsigned blocks = grid_for(n, kThreads, kMaxBlocks);
-  device::Buffer partial((blocks + 1) * sizeof(double));
-  double* total_dev = partial.as<double>() + blocks;
-  with_storage_type(t, "sum_of_squares", [&](auto zero) {
-    using T = decltype(zero);
-    sum_of_squares_partial_kernel<T><<<blocks, kThreads, 0, kStream>>>(static_cast<const T*>(x),
-                                                                      n, partial.as<double>());
-    MESH_CUDA_LAUNCHED();
-  });
-  sum_partials_kernel<<<1, 1024, 0, kStream>>>(partial.as<double>(), int(blocks), total_dev);
+  std::vector<unsigned> blocks(std::size_t(count), 0);
+  kindex slots = 0;
+  for (int k = 0; k < count; ++k) {
+    if (ns[k] > 0) blocks[k] = grid_for(ns[k], kThreads, kMaxBlocks);
+    slots += blocks[k];
+  }
+  if (slots == 0) return 0.0;
+  device::Buffer partial(std::size_t(slots + 1) * sizeof(double));
+  double* total_dev = partial.as<double>() + slots;
+  kindex at = 0;
+  for (int k = 0; k < count; ++k) {
+    if (blocks[k] == 0) continue;
+    with_storage_type(types[k], "sum_of_squares", [&](auto zero) {
+      using T = decltype(zero);
+      sum_of_squares_partial_kernel<T><<<blocks[k], kThreads, 0, kStream>>>(
+          static_cast<const T*>(xs[k]), ns[k], partial.as<double>() + at);
+      MESH_CUDA_LAUNCHED();
+    });
+    at += blocks[k];
+  }
+  sum_partials_kernel<<<1, 1024, 0, kStream>>>(partial.as<double>(), int(slots), total_dev);
   MESH_CUDA_LAUNCHED();
   double total = 0.0;
   CUDA_CHECK(cudaMemcpy(&total, total_dev, sizeof(double), cudaMemcpyDeviceToHost));

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tensor/tensor.hpp"
 
@@ -162,5 +163,9 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
 // ------------------------------------------------------------ Reductions ---
 /// Sum of squares of all elements, in double.
 double sum_of_squares(const Tensor& x);
+/// sum over the tensors of sum_of_squares(x), with one device-to-host copy
+/// for device tensors (a gradient norm over a model's ~150 tensors would
+/// otherwise wait for the GPU 150 times). Tensors share a memory space.
+double sum_of_squares(const std::vector<Tensor>& xs);
 
 }  // namespace meshtron::ops

@@ -7,7 +7,7 @@
 // statistics (LayerNorm mean/rstd, cross-entropy row_max, sum_exp,
 // target_logit, loss, dloss) are always fp32 on the device. All launches go
 // to the legacy default stream and return without synchronising, except
-// sum_of_squares, which returns its value to the host.
+// sum_of_squares(_many), which return their value to the host.
 //
 // Only built with MESHTRON_HAVE_CUDA.
 #pragma once
@@ -72,6 +72,10 @@ void add(DType t, const void* a, const void* b, index_t n, void* out);
 void axpy(DType t, double alpha, const void* x, index_t n, void* y);
 void scale(DType t, void* x, index_t n, double alpha);
 double sum_of_squares(DType t, const void* x, index_t n);
+/// The sum over `count` tensors, block partials of all of them reduced in one
+/// fixed order, one copy to the host.
+double sum_of_squares_many(int count, const DType* types, const void* const* xs,
+                           const index_t* ns);
 
 // --------------------------------------------------------------- Dropout ---
 /// Same placement and Philox keying as kernels/kokkos/dropout.hpp.

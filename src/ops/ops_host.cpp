@@ -916,4 +916,27 @@ double sum_of_squares(const Tensor& x) {
   return total;
 }
 
+double sum_of_squares(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return 0.0;
+  if (xs.front().space() == MemorySpace::Cuda) {
+    std::vector<DType> types;
+    std::vector<const void*> data;
+    std::vector<index_t> sizes;
+    for (const Tensor& x : xs) {
+      require_float_args("sum_of_squares", {{"x", x}});
+      MESH_VERIFY(x.space() == MemorySpace::Cuda, "sum_of_squares: tensors in different spaces");
+      types.push_back(x.dtype());
+      data.push_back(x.raw());
+      sizes.push_back(x.numel());
+    }
+    double total = 0;
+    ON_CUDA(total = cuda::sum_of_squares_many(int(xs.size()), types.data(), data.data(),
+                                              sizes.data()));
+    return total;
+  }
+  double total = 0;  // the host sums tensor by tensor, as before
+  for (const Tensor& x : xs) total += sum_of_squares(x);
+  return total;
+}
+
 }  // namespace meshtron::ops

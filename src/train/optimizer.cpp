@@ -120,10 +120,10 @@ void AdamW::load_full_state(const std::vector<Tensor>& m, const std::vector<Tens
 }
 
 double AdamW::global_grad_norm(OptimizerGroups& g) const {
-  double local = 0;
+  std::vector<Tensor> counted;
   for (Parameter* p : params_)
-    if (counts_in_grad_norm(*p, g, tied_head_copy_)) local += ops::sum_of_squares(p->grad);
-  return std::sqrt(g.model.all_reduce_scalar(local));
+    if (counts_in_grad_norm(*p, g, tied_head_copy_)) counted.push_back(p->grad);
+  return std::sqrt(g.model.all_reduce_scalar(ops::sum_of_squares(counted)));
 }
 
 StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
@@ -221,11 +221,12 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
                       ReduceOp::Sum);
   if (unscale != 1.0) ops::scale(grad, unscale);
 
-  double local = 0;
+  std::vector<Tensor> counted;
   shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
     if (counts_in_grad_norm(*params_[i], g, tied_head_copy_))
-      local += ops::sum_of_squares(flat_view(grad, pos, pos + end - begin));
+      counted.push_back(flat_view(grad, pos, pos + end - begin));
   });
+  const double local = ops::sum_of_squares(counted);
   StepStats stats;
   stats.grad_norm = std::sqrt(g.dp.all_reduce_scalar(g.model.all_reduce_scalar(local)));
   zero_grad();

@@ -357,6 +357,24 @@ TEST_F(GpuOps, SumOfSquaresOfALargeTensorMatchesHost) {
   EXPECT_EQ(dev, sum_of_squares(x.dev)) << "not deterministic";
 }
 
+TEST_F(GpuOps, SumOfSquaresOfManyTensorsMatchesHost) {
+  // Mixed dtypes and sizes, an empty tensor, one sum with a single copy back.
+  std::vector<Tensor> host, dev;
+  for (auto [n, dt] : {std::pair{index_t(1 << 20), DType::F32}, {index_t(0), DType::F32},
+                       {index_t(1000), DType::BF16}, {index_t(3), DType::F16},
+                       {index_t(777777), DType::BF16}}) {
+    const Pair x = input({n}, dt);
+    host.push_back(x.host);
+    dev.push_back(x.dev);
+  }
+  double expected = 0;
+  for (const Tensor& h : host) expected += sum_of_squares(h);
+  const double got = sum_of_squares(dev);
+  EXPECT_NEAR(got, expected, 1e-6 * expected);
+  EXPECT_EQ(got, sum_of_squares(dev)) << "not deterministic";
+  EXPECT_EQ(sum_of_squares(host), expected);
+}
+
 #ifdef MESHTRON_HAVE_CUDA
 TEST_F(GpuOps, FusedBiasGeluEqualsBiasAddThenGelu) {
   for (DType dt : kDtypes)
