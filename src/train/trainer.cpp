@@ -89,7 +89,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
 
   std::map<std::pair<int, int>, GptModel::Cache> caches;
   std::vector<Tensor> in_flight_sends;  // kept alive until wait_sends()
-  double loss_sum = 0;
+  std::vector<Tensor> losses;  // per-token losses of the micro-batches this rank heads
   for (const PipelineTask& t : tasks) {
     rt_.pp.progress();  // advance the sends of earlier tasks
     GptModel& chunk = *chunks_[std::size_t(t.chunk)];
@@ -106,7 +106,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
       }
       Tensor out = chunk.forward(input, mb.targets, ctx, cache);
       if (chunk.placement().has_head) {
-        loss_sum += tensor_sum(out);
+        losses.push_back(out);  // summed after the schedule: no host wait mid-step
         if (!training) caches.erase({t.micro_batch, t.chunk});
       } else {
         rt_.pp.isend(out.raw(), std::size_t(out.numel()), out.dtype(), (rank + 1) % pp,
@@ -135,6 +135,8 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
   const auto t0 = std::chrono::steady_clock::now();
   rt_.pp.wait_sends();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double loss_sum = 0;
+  for (const Tensor& l : losses) loss_sum += tensor_sum(l);
   return loss_sum;
 }
 
