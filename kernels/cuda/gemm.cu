@@ -12,14 +12,25 @@
 // bf16 it accumulates in fp32 and may write C in bf16 or fp32 (the fp32
 // main_grad of Megatron's fused weight-gradient accumulation, beta = 1).
 //
+// Bias epilogue (gemm_bias, a linear layer's forward): row-major C [M, N]
+// plus bias [N] broadcast over its rows is, column-major, C^T [N, M] plus a
+// bias of length m = N broadcast over its columns, which is exactly
+// CUBLASLT_EPILOGUE_BIAS ("bias vector length must match matrix D rows").
+// The bias has D's dtype (cuBLASLt's default, set explicitly). Where the
+// heuristic offers no algorithm with the epilogue (e.g. for an oddly aligned
+// bias), the GEMM runs plain and the bias_add kernel follows.
+//
 // The handle, a 32 MiB workspace and the heuristic's choice per problem
-// (shape, dtypes, transposes, batch, pointer alignment) are cached: after
-// the first call of a shape, a GEMM is descriptor setup plus one launch.
+// (shape, dtypes, transposes, batch, pointer alignment, epilogue) are
+// cached: after the first call of a shape, a GEMM is descriptor setup plus
+// one launch.
 #include <cublasLt.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
@@ -60,10 +71,12 @@ std::uint32_t alignment_of(const void* p) {
   return align;
 }
 
-/// Everything the heuristic's choice depends on.
+/// Everything the heuristic's choice depends on (the last two: whether the
+/// bias epilogue is on, and the bias pointer's alignment, which cuBLASLt
+/// reads from the descriptor when it chooses).
 using ProblemKey = std::tuple<int, int, bool, bool, index_t, index_t, index_t, index_t, index_t,
                               index_t, index_t, index_t, index_t, index_t, std::uint32_t,
-                              std::uint32_t, std::uint32_t, bool>;
+                              std::uint32_t, std::uint32_t, bool, bool, std::uint32_t>;
 
 /// RAII for the four descriptors of one call.
 struct Descriptors {
@@ -93,9 +106,24 @@ void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, index_t st
   }
 }
 
+/// Turns on the bias epilogue: bias [m = N] of D's dtype, one per row of the
+/// column-major D = C^T, i.e. one per column of our row-major C.
+void set_bias_epilogue(cublasLtMatmulDesc_t op, const void* bias, DType c) {
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const std::int32_t bias_type = cuda_type(c);
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                              sizeof(epilogue)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof(bias)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                              &bias_type, sizeof(bias_type)));
+}
+
 class GemmEngine {
  public:
-  void run(const GemmArgs& g) {
+  /// Launches the GEMM. Returns false, launching nothing, only when a bias
+  /// epilogue was asked for and cuBLASLt has no algorithm for it.
+  bool run(const GemmArgs& g) {
     std::lock_guard<std::mutex> lock(mutex_);
     init();
     Descriptors d;
@@ -112,16 +140,20 @@ class GemmEngine {
     make_layout(&d.a, cuda_type(g.ab), b_rows, b_cols, g.ldb, g.batch, g.stride_b);
     make_layout(&d.b, cuda_type(g.ab), a_rows, a_cols, g.lda, g.batch, g.stride_a);
     make_layout(&d.c, cuda_type(g.c), g.M, g.N, g.ldc, g.batch, g.stride_c);
+    if (g.bias) set_bias_epilogue(d.op, g.bias, g.c);
 
     const std::uint32_t align_a = alignment_of(g.B), align_b = alignment_of(g.A),
                         align_c = alignment_of(g.C);
+    const std::uint32_t align_bias = g.bias ? alignment_of(g.bias) : 0;
     const ProblemKey key{int(g.ab), int(g.c), g.trans_a, g.trans_b, g.M, g.N, g.K, g.lda, g.ldb,
                          g.ldc, g.batch, g.stride_a, g.stride_b, g.stride_c, align_a, align_b,
-                         align_c, g.beta != 0.0};
-    const cublasLtMatmulAlgo_t algo = choose(key, d, align_a, align_b, align_c);
+                         align_c, g.beta != 0.0, g.bias != nullptr, align_bias};
+    const std::optional<cublasLtMatmulAlgo_t> algo = choose(key, d, align_a, align_b, align_c);
+    if (!algo) return false;
     const float alpha = float(g.alpha), beta = float(g.beta);
     CUBLAS_CHECK(cublasLtMatmul(handle_, d.op, &alpha, g.B, d.a, g.A, d.b, &beta, g.C, d.c, g.C,
-                                d.c, &algo, workspace_, kWorkspaceBytes, kStream));
+                                d.c, &*algo, workspace_, kWorkspaceBytes, kStream));
+    return true;
   }
 
  private:
@@ -131,8 +163,11 @@ class GemmEngine {
     workspace_ = device::allocate(kWorkspaceBytes);  // kept for the process's life
   }
 
-  cublasLtMatmulAlgo_t choose(const ProblemKey& key, const Descriptors& d, std::uint32_t align_a,
-                              std::uint32_t align_b, std::uint32_t align_c) {
+  /// The heuristic's first algorithm, cached per key; nullopt (also cached)
+  /// only for a bias epilogue without one. Without a bias, none is fatal.
+  std::optional<cublasLtMatmulAlgo_t> choose(const ProblemKey& key, const Descriptors& d,
+                                             std::uint32_t align_a, std::uint32_t align_b,
+                                             std::uint32_t align_c) {
     auto it = algos_.find(key);
     if (it != algos_.end()) return it->second;
     cublasLtMatmulPreference_t pref = nullptr;
@@ -153,6 +188,11 @@ class GemmEngine {
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c,
                                                              pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    const bool with_bias = std::get<18>(key);
+    if (with_bias && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
+      algos_.emplace(key, std::nullopt);
+      return std::nullopt;
+    }
     MESH_VERIFY(st == CUBLAS_STATUS_SUCCESS && found > 0,
                 "gemm: cuBLASLt found no algorithm (status " << int(st) << ") for M="
                                                             << std::get<4>(key) << " N="
@@ -165,8 +205,10 @@ class GemmEngine {
   std::mutex mutex_;
   cublasLtHandle_t handle_ = nullptr;  ///< Owned; never destroyed (see allocator).
   void* workspace_ = nullptr;          ///< Owned, from the caching allocator.
-  std::map<ProblemKey, cublasLtMatmulAlgo_t> algos_;
+  std::map<ProblemKey, std::optional<cublasLtMatmulAlgo_t>> algos_;
 };
+
+std::atomic<std::uint64_t> bias_fallbacks{0};
 
 GemmEngine& engine() {
   static GemmEngine* instance = new GemmEngine;
@@ -194,6 +236,10 @@ void gemm(const GemmArgs& args) {
   MESH_VERIFY(args.c == args.ab || args.c == DType::F32,
               "gemm: C must be " << dtype_name(args.ab) << " or fp32, got "
                                  << dtype_name(args.c));
+  MESH_VERIFY(!args.bias || (args.batch == 1 && args.ldc == args.N),
+              "gemm: a bias epilogue takes one contiguous C, got batch " << args.batch
+                                                                          << ", ldc " << args.ldc
+                                                                          << ", N " << args.N);
   if (args.K == 0) {
     with_storage_type(args.c, "gemm", [&](auto zero) {
       using T = decltype(zero);
@@ -203,9 +249,18 @@ void gemm(const GemmArgs& args) {
           float(args.beta));
       MESH_CUDA_LAUNCHED();
     });
+    if (args.bias) bias_add(args.c, args.C, args.bias, args.M, args.N);
     return;
   }
-  engine().run(args);
+  if (engine().run(args)) return;
+  // No algorithm fuses this bias: the plain GEMM, then the bias kernel.
+  ++bias_fallbacks;
+  GemmArgs plain = args;
+  plain.bias = nullptr;
+  engine().run(plain);
+  bias_add(args.c, args.C, args.bias, args.M, args.N);
 }
+
+std::uint64_t gemm_bias_fallbacks() { return bias_fallbacks.load(); }
 
 }  // namespace meshtron::cuda

@@ -8,6 +8,12 @@ Tensor matmul(const Tensor& x, const Tensor& w) {
   return y;
 }
 
+Tensor matmul_bias(const Tensor& x, const Tensor& w, const Tensor& b) {
+  Tensor y = Tensor::empty({x.dim(0), w.dim(1)}, x.dtype(), x.space());
+  ops::gemm_bias(x, false, w, false, b, y);
+  return y;
+}
+
 namespace {
 
 Parameter make_param(const std::string& name, Shape global, Shape local, ShardSpec shard,
@@ -44,9 +50,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
   const Tensor x_full = ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, x)
                                               : mapping::copy_to_tp(ctx.tp, x);
   cache.x = ctx.sequence_parallel ? x : x_full;
-  Tensor y = matmul(x_full, weight.value);
-  ops::bias_add(y, bias.value);
-  return y;
+  return matmul_bias(x_full, weight.value, bias.value);
 }
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
@@ -71,6 +75,9 @@ RowParallelLinear::RowParallelLinear(const std::string& name, index_t in, index_
 
 Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cache) const {
   cache.x = x;
+  // On one tp rank the reduction is the identity, so the bias can ride in
+  // the GEMM's epilogue; otherwise it is added once, after the sum.
+  if (ctx.tp.size() == 1) return matmul_bias(x, weight.value, bias.value);
   Tensor partial = matmul(x, weight.value);
   Tensor y = ctx.sequence_parallel ? mapping::reduce_scatter_to_sp(ctx.tp, partial)
                                    : mapping::reduce_from_tp(ctx.tp, partial);

@@ -51,5 +51,8 @@ class RowParallelLinear {
 
 /// Y = X W for X [n, in], W [in, out] (helper shared by the layers).
 Tensor matmul(const Tensor& x, const Tensor& w);
+/// Y = X W + b (b [out] broadcast over rows), the bias fused into the GEMM
+/// on the device (ops::gemm_bias).
+Tensor matmul_bias(const Tensor& x, const Tensor& w, const Tensor& b);
 
 }  // namespace meshtron

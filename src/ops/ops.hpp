@@ -24,6 +24,13 @@ namespace meshtron::ops {
 void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
           Tensor& C, double alpha = 1.0, double beta = 0.0);
 
+/// C = op(A) * op(B) + bias, bias [N] broadcast over C's M rows (a linear
+/// layer's forward). bias has C's dtype. On the device the bias add is the
+/// GEMM's epilogue (one cuBLASLt call); on the host it is gemm() then
+/// bias_add(), bit for bit.
+void gemm_bias(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, const Tensor& bias,
+               Tensor& C);
+
 /// Batched GEMM over the leading dimension: A [batch, ...], B [batch, ...],
 /// C [batch, ...]; each batch entry as gemm() above.
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,

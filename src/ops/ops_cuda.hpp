@@ -23,6 +23,8 @@ namespace meshtron::cuda {
 /// the strides (elements); A, B of dtype ab (fp32, bf16 or fp16), C of dtype c
 /// (ab, or fp32 when ab is bf16 or fp16). fp32 runs without TF32 (CUBLAS_COMPUTE_32F);
 /// bf16 and fp16 accumulate in fp32. lda/ldb/ldc are the stored row lengths.
+/// A non-null `bias` [N] (dtype c, batch 1 only) is added to every row of C
+/// in the GEMM's epilogue: C = alpha op(A) op(B) + beta C + bias.
 struct GemmArgs {
   DType ab, c;
   const void* A;
@@ -32,8 +34,12 @@ struct GemmArgs {
   index_t M, N, K, lda, ldb, ldc;
   index_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
   double alpha = 1.0, beta = 0.0;
+  const void* bias = nullptr;
 };
 void gemm(const GemmArgs& args);
+/// How many bias GEMMs ran as plain GEMM + bias_add because cuBLASLt had no
+/// algorithm with the bias epilogue (so tests can insist the fused path ran).
+std::uint64_t gemm_bias_fallbacks();
 
 // ------------------------------------------------------------- LayerNorm ---
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, index_t N,

@@ -212,7 +212,8 @@ bool check_gemm_operands(const char* op, const Tensor& A, const Tensor& B, const
 
 #ifdef MESHTRON_HAVE_CUDA
 void cuda_gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C,
-               const GemmShape& s, index_t batch, double alpha, double beta) {
+               const GemmShape& s, index_t batch, double alpha, double beta,
+               const void* bias = nullptr) {
   cuda::GemmArgs g{A.dtype(), C.dtype(), A.raw(), B.raw(), C.raw(), trans_a, trans_b,
                    s.M,       s.N,       s.K,     s.lda,   s.ldb,   s.ldc};
   g.batch = batch;
@@ -223,6 +224,7 @@ void cuda_gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
   }
   g.alpha = alpha;
   g.beta = beta;
+  g.bias = bias;
   cuda::gemm(g);
 }
 #endif
@@ -244,6 +246,27 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
     using T = decltype(zero);
     cblas_gemm(trans_a, trans_b, s, alpha, A.data<T>(), B.data<T>(), beta, C.data<T>());
   });
+}
+
+void gemm_bias(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, const Tensor& bias,
+               Tensor& C) {
+  const char* op = "gemm_bias";
+  const bool device = check_gemm_operands(op, A, B, C, 2);
+  const GemmShape s = gemm_shape(op, A.dim(0), A.dim(1), trans_a, B.dim(0), B.dim(1), trans_b,
+                                 C.dim(0), C.dim(1), {"A", A}, {"B", B}, {"C", C});
+  const Arg ac{"C", C}, ab{"bias", bias};
+  on_device(op, {ac, ab});
+  MESH_VERIFY(bias.dtype() == C.dtype() && bias.numel() == s.N,
+              op << ": " << describe(ab) << " must hold " << s.N << " elements of C's dtype, one "
+                 << "per column of " << describe(ac));
+  MESH_VERIFY(!overlaps(C, bias), op << ": C must not share memory with bias");
+  if (s.M == 0 || s.N == 0) return;
+  if (device) {
+    ON_CUDA(cuda_gemm(A, trans_a, B, trans_b, C, s, 1, 1.0, 0.0, bias.raw()));
+    return;
+  }
+  gemm(A, trans_a, B, trans_b, C);
+  bias_add(C, bias);
 }
 
 void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C,

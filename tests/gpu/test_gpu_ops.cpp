@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <string>
@@ -229,6 +230,81 @@ TEST_F(GpuOps, BatchedGemmMatchesHost) {
         expect_close(C, dt, "gemm_batched " + name(dt) + " M=" + std::to_string(g.M) +
                                 " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
       }
+}
+
+#ifdef MESHTRON_HAVE_CUDA  // for the fallback counter
+TEST_F(GpuOps, GemmBiasEpilogueMatchesHostGemmThenBiasAdd) {
+  // gemm_bias runs CUBLASLT_EPILOGUE_BIAS: our per-column bias [N] must be
+  // cuBLASLt's per-row bias of the column-major C^T [N, M]. Odd N and M != N
+  // catch a bias read along the wrong axis; C fp32 under bf16/fp16 A, B (an
+  // fp32 bias) is the other dtype combination the op admits. A plain gemm
+  // of the same shape runs before and after, so that the cached heuristic
+  // choice of one cannot serve the other.
+  const std::uint64_t fallbacks_before = cuda::gemm_bias_fallbacks();
+  const std::vector<GemmCase> cases = {{1, 5, 64},      {3, 33, 5},      {17, 130, 33},
+                                       {33, 769, 130},  {257, 768, 257}, {257, 2304, 768},
+                                       {130, 17, 3072}};
+  for (DType dt : kDtypes)
+    for (const GemmCase& g : cases)
+      for (int t = 0; t < 4; ++t)
+        for (DType cdt : dt == DType::F32 ? std::vector<DType>{dt} : std::vector<DType>{dt, DType::F32}) {
+          const bool ta = t & 1, tb = t & 2;
+          const std::string what = "gemm_bias " + name(dt) + " C " + name(cdt) +
+                                   " M=" + std::to_string(g.M) + " N=" + std::to_string(g.N) +
+                                   " K=" + std::to_string(g.K) + " ta=" + std::to_string(ta) +
+                                   " tb=" + std::to_string(tb);
+          const Pair A = input(stored(g.M, g.K, ta), dt), B = input(stored(g.K, g.N, tb), dt);
+          const Pair bias = input({g.N}, cdt, -2.0, 2.0);
+          Pair plain = output({g.M, g.N}, cdt);
+          gemm(A.host, ta, B.host, tb, plain.host);
+          gemm(A.dev, ta, B.dev, tb, plain.dev);
+          expect_close(plain, dt, what + " (plain gemm before)");
+          Pair C = output({g.M, g.N}, cdt);
+          gemm_bias(A.host, ta, B.host, tb, bias.host, C.host);
+          gemm_bias(A.dev, ta, B.dev, tb, bias.dev, C.dev);
+          expect_close(C, dt, what);
+          Pair again = output({g.M, g.N}, cdt);
+          gemm(A.dev, ta, B.dev, tb, again.dev);
+          expect_close(again.dev, plain.host, tolerance(dt), what + " (plain gemm after)");
+        }
+  std::cout << "gemm_bias: " << cuda::gemm_bias_fallbacks() - fallbacks_before
+            << " of the calls above fell back to gemm + bias_add\n";
+  // The model's shapes (GPT-2 124M: qkv, proj, fc, fc-proj, aligned
+  // allocations, no transposes) must take the fused epilogue.
+  for (DType dt : kDtypes)
+    for (const GemmCase& g : {GemmCase{1024, 2304, 768}, GemmCase{1024, 768, 768},
+                              GemmCase{1024, 3072, 768}, GemmCase{1024, 768, 3072}}) {
+      const Pair A = input({g.M, g.K}, dt), B = input({g.K, g.N}, dt), bias = input({g.N}, dt);
+      Pair C = output({g.M, g.N}, dt);
+      const std::uint64_t before = cuda::gemm_bias_fallbacks();
+      gemm_bias(A.dev, false, B.dev, false, bias.dev, C.dev);
+      EXPECT_EQ(cuda::gemm_bias_fallbacks(), before)
+          << name(dt) << " M=" << g.M << " N=" << g.N << " K=" << g.K
+          << ": cuBLASLt offered no bias-epilogue algorithm";
+      gemm_bias(A.host, false, B.host, false, bias.host, C.host);
+      expect_close(C, dt, "gemm_bias model shape " + name(dt) + " N=" + std::to_string(g.N));
+    }
+}
+#endif
+
+TEST_F(GpuOps, GemmBiasWithMisalignedBiasOrEmptyInnerDimension) {
+  // A bias view only 2-byte (bf16, fp16) or 4-byte (fp32) aligned, row 1 of [2, 33]:
+  // the heuristic must see the real alignment (or the op must fall back to
+  // gemm + bias_add); either way the numbers are the host's.
+  for (DType dt : kDtypes) {
+    const index_t M = 17, N = 33, K = 64;
+    const Pair A = input({M, K}, dt), B = input({K, N}, dt), rows = input({2, N}, dt);
+    const Pair bias{rows.host.slice_rows(1, 2), rows.dev.slice_rows(1, 2)};
+    Pair C = output({M, N}, dt);
+    gemm_bias(A.host, false, B.host, false, bias.host, C.host);
+    gemm_bias(A.dev, false, B.dev, false, bias.dev, C.dev);
+    expect_close(C, dt, "gemm_bias misaligned bias " + name(dt));
+    const Pair A0 = input({M, 0}, dt), B0 = input({0, N}, dt);
+    Pair C0 = output({M, N}, dt);
+    gemm_bias(A0.host, false, B0.host, false, bias.host, C0.host);
+    gemm_bias(A0.dev, false, B0.dev, false, bias.dev, C0.dev);
+    expect_close(C0, dt, "gemm_bias K=0 is the bias alone " + name(dt));
+  }
 }
 
 TEST_F(GpuOps, GemmWithEmptyInnerDimensionScalesC) {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -187,6 +188,37 @@ TYPED_TEST(OpsTyped, GemmBatchedMatchesOneGemmPerBatch) {
         expect_close(C.to_doubles(), want, this->tol,
                      MESH_MSG("gemm_batched M=" << g.M << " N=" << g.N << " K=" << g.K
                                                 << " ta=" << ta << " tb=" << tb));
+      }
+}
+
+TYPED_TEST(OpsTyped, GemmBiasEqualsGemmThenBiasAddBitwise) {
+  // The host gemm_bias is defined as gemm then bias_add; the linear layers
+  // switched to it, so their host numbers must not move by one ulp. The
+  // naive loops check that the pair itself is right.
+  for (const GemmCase& g : kGemmCases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const Shape a_shape = ta ? Shape{g.K, g.M} : Shape{g.M, g.K};
+        const Shape b_shape = tb ? Shape{g.N, g.K} : Shape{g.K, g.N};
+        const Tensor A = random_tensor(a_shape, this->dtype, this->rng);
+        const Tensor B = random_tensor(b_shape, this->dtype, this->rng);
+        const Tensor bias = random_tensor({g.N}, this->dtype, this->rng);
+        Tensor fused = Tensor::empty({g.M, g.N}, this->dtype);
+        Tensor twostep = Tensor::empty({g.M, g.N}, this->dtype);
+        fused.fill(std::numeric_limits<double>::quiet_NaN());
+        twostep.fill(std::numeric_limits<double>::quiet_NaN());
+        gemm_bias(A, ta, B, tb, bias, fused);
+        gemm(A, ta, B, tb, twostep);
+        bias_add(twostep, bias);
+        const std::string what = MESH_MSG("gemm_bias M=" << g.M << " N=" << g.N << " K=" << g.K
+                                                         << " ta=" << ta << " tb=" << tb);
+        EXPECT_EQ(fused.to_doubles(), twostep.to_doubles()) << what;
+        Values want = naive_gemm(A.to_doubles(), A.dim(1), ta, B.to_doubles(), B.dim(1), tb,
+                                 Values(std::size_t(g.M * g.N), 0.0), g.M, g.N, g.K, 1.0, 0.0);
+        const Values bv = bias.to_doubles();
+        for (index_t i = 0; i < g.M; ++i)
+          for (index_t j = 0; j < g.N; ++j) want[i * g.N + j] += bv[j];
+        expect_close(fused.to_doubles(), want, this->tol, what + " vs naive");
       }
 }
 
@@ -1089,6 +1121,9 @@ TEST(OpsDeathTest, ShapeAndDtypeErrorsNameTheOpAndShapes) {
   Tensor C = Tensor::zeros({3, 3});
   EXPECT_DEATH(gemm(x, false, x, false, C),
                "gemm: op\\(A\\) is \\[3, 4\\] and op\\(B\\) is \\[3, 4\\]");
+  Tensor w = Tensor::zeros({4, 5}), out = Tensor::zeros({3, 5});
+  EXPECT_DEATH(gemm_bias(x, false, w, false, beta, out),
+               "gemm_bias: bias \\[4\\] fp32 must hold 5 elements");
   Tensor x64 = Tensor::zeros({3, 4}, DType::F64);
   EXPECT_DEATH(add(x, x64, y), "add: dtypes differ");
   Tensor x_cuda = Tensor::view(x.raw(), {3, 4}, DType::F32, MemorySpace::Cuda);
