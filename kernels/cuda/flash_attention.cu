@@ -174,6 +174,23 @@ __device__ __forceinline__ void load_tile(T* tile, const T* g, kindex row0, kind
   }
 }
 
+/// Double buffering of the key/value blocks in the loops over key blocks
+/// (forward and dQ pass): start block j + 1 into the other stage of sK/sV
+/// ([2][Bc][D + kPad] each), then wait until block j has landed.
+template <class T, int Bc, int D, int kThreads>
+__device__ __forceinline__ void prefetch_next_kv(T* sK, T* sV, const T* k, const T* v, int j,
+                                                 int n_kv, kindex S) {
+  if (j + 1 < n_kv) {
+    const int stage = (j + 1) % 2;
+    load_tile<T, Bc, D, kThreads>(sK + stage * Bc * (D + kPad), k, kindex(j + 1) * Bc, S);
+    load_tile<T, Bc, D, kThreads>(sV + stage * Bc * (D + kPad), v, kindex(j + 1) * Bc, S);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
 /// Stores a warp's 16 x D fp32 tile (rows row_lo + ..., times `mul`) as T,
 /// rows at or past S skipped.
 template <class T, int D>
@@ -234,15 +251,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   for (int j = 0; j < n_kv; ++j) {
-    if (j + 1 < n_kv) {
-      const int st = (j + 1) % 2;
-      load_tile<T, kBc, D, kThreads>(sK + st * kBc * kLd, k, kindex(j + 1) * kBc, S);
-      load_tile<T, kBc, D, kThreads>(sV + st * kBc * kLd, v, kindex(j + 1) * kBc, S);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    prefetch_next_kv<T, kBc, D, kThreads>(sK, sV, k, v, j, n_kv, S);
     __syncthreads();
     const kindex k0 = kindex(j) * kBc;
     if (k0 <= row_lo + 15) {  // some key of the block is visible to some row of the warp
@@ -470,15 +479,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   const T* sdOw = sdO + warp * 16 * kLd;
   float dq_acc[D / 8][4] = {};
   for (int j = 0; j < n_kv; ++j) {
-    if (j + 1 < n_kv) {
-      const int st = (j + 1) % 2;
-      load_tile<T, kBc, D, kThreads>(sK + st * kBc * kLd, k, kindex(j + 1) * kBc, S);
-      load_tile<T, kBc, D, kThreads>(sV + st * kBc * kLd, v, kindex(j + 1) * kBc, S);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    prefetch_next_kv<T, kBc, D, kThreads>(sK, sV, k, v, j, n_kv, S);
     __syncthreads();
     const kindex k0 = kindex(j) * kBc;
     if (k0 <= row_lo + 15) {
