@@ -28,7 +28,8 @@ void print_info(const io::CheckpointInfo& info, std::ostream& out) {
       << "iteration: " << s.iteration << "\n"
       << "consumed samples: " << s.consumed_samples << "\n"
       << "optimizer step: " << s.optimizer_step << "  skipped steps: " << s.skipped_steps
-      << "  loss scale: " << s.loss_scale << "  seed: " << s.seed << "\n"
+      << "  loss scale: " << s.loss_scale << " (" << s.loss_scale_good_steps
+      << " good steps since its last change)  seed: " << s.seed << "\n"
       << "written by: tp=" << info.tp << " pp=" << info.pp << " dp=" << info.dp
       << " (world " << info.world << ")\n"
       << "optimizer state: " << (info.has_optimizer_state ? "yes" : "no") << "\n"

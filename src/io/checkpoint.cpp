@@ -45,15 +45,16 @@ void broadcast_string(MPI_Comm comm, std::string& s) {
 /// Every rank writes the same attributes, so take world rank 0's state.
 TrainState broadcast_state(MPI_Comm comm, const TrainState& in) {
   TrainState s = in;
-  std::int64_t ints[5] = {s.iteration, s.consumed_samples, s.optimizer_step, s.skipped_steps,
-                          std::int64_t(s.seed)};
-  MPI_CHECK(MPI_Bcast(ints, 5, MPI_INT64_T, 0, comm));
+  std::int64_t ints[6] = {s.iteration,     s.consumed_samples,    s.optimizer_step,
+                          s.skipped_steps, std::int64_t(s.seed), s.loss_scale_good_steps};
+  MPI_CHECK(MPI_Bcast(ints, 6, MPI_INT64_T, 0, comm));
   MPI_CHECK(MPI_Bcast(&s.loss_scale, 1, MPI_DOUBLE, 0, comm));
   s.iteration = ints[0];
   s.consumed_samples = ints[1];
   s.optimizer_step = ints[2];
   s.skipped_steps = ints[3];
   s.seed = std::uint64_t(ints[4]);
+  s.loss_scale_good_steps = ints[5];
   broadcast_string(comm, s.deck_text);
   broadcast_string(comm, s.data_sampler_state);
   return s;

@@ -8,7 +8,8 @@
 //                          (as Megatron saves them), so a resume is exact
 //   /optimizer/exp_avg/<name>, /optimizer/exp_avg_sq/<name>   same shapes
 //   /train_state           attrs iteration, consumed_samples, optimizer_step,
-//                          seed, loss_scale, skipped_steps;
+//                          seed, loss_scale, loss_scale_good_steps,
+//                          skipped_steps;
 //                          datasets deck_text, data_sampler_state (uint8 bytes)
 //   /topology              attrs tp, pp, dp, world (the writing decomposition)
 //
@@ -63,6 +64,9 @@ struct TrainState {
   std::int64_t optimizer_step = 0;
   std::uint64_t seed = 0;
   double loss_scale = 1.0;
+  /// fp16 loss scaler's good steps since its last change (growth resumes
+  /// where it stopped); absent in older files, read as 0.
+  std::int64_t loss_scale_good_steps = 0;
   std::int64_t skipped_steps = 0;
   std::string deck_text;
   std::string data_sampler_state;  ///< opaque bytes

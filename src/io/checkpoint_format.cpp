@@ -40,6 +40,7 @@ void write_metadata(hid_t file, const TrainState& s, const WriterTopology& topo,
   write_attribute(state.id(), "optimizer_step", s.optimizer_step);
   write_attribute(state.id(), "seed", s.seed);
   write_attribute(state.id(), "loss_scale", s.loss_scale);
+  write_attribute(state.id(), "loss_scale_good_steps", s.loss_scale_good_steps);
   write_attribute(state.id(), "skipped_steps", s.skipped_steps);
   MESH_VERIFY(h5::write_bytes(state.id(), "deck_text", s.deck_text, is_rank0) &&
                   h5::write_bytes(state.id(), "data_sampler_state", s.data_sampler_state,
@@ -95,6 +96,9 @@ std::string read_metadata(hid_t file, const std::string& path, TrainState& s,
   read_into(state.id(), "seed", s.seed, missing);
   read_into(state.id(), "loss_scale", s.loss_scale, missing);
   read_into(state.id(), "skipped_steps", s.skipped_steps, missing);
+  // Optional (added within format version 1): files without it read as 0.
+  if (!h5::read_attribute(state.id(), "loss_scale_good_steps", s.loss_scale_good_steps))
+    s.loss_scale_good_steps = 0;
   read_into(grid.id(), "tp", tp, missing);
   read_into(grid.id(), "pp", pp, missing);
   read_into(grid.id(), "dp", dp, missing);

@@ -39,4 +39,13 @@ void DynamicLossScaler::set_scale(double scale) {
   good_steps_ = 0;
 }
 
+void DynamicLossScaler::restore(double scale, long good_steps_in_a_row) {
+  set_scale(scale);
+  MESH_REQUIRE(good_steps_in_a_row >= 0 && good_steps_in_a_row < config_.growth_interval,
+               "loss scaler: cannot restore " << good_steps_in_a_row
+                                              << " good steps (growth interval "
+                                              << config_.growth_interval << ")");
+  good_steps_ = good_steps_in_a_row;
+}
+
 }  // namespace meshtron

@@ -38,8 +38,11 @@ class DynamicLossScaler {
   /// and the scale backs off; otherwise good steps accumulate towards growth.
   void update(bool found_overflow);
 
-  /// Restores the scale of a checkpoint (the good-step count restarts).
+  /// Sets the scale (the good-step count restarts).
   void set_scale(double scale);
+  /// Restores a checkpoint's scale and good-step count, so that growth
+  /// happens at the step an uninterrupted run would grow.
+  void restore(double scale, long good_steps_in_a_row);
 
   long skipped_steps() const { return skipped_; }
   long good_steps_in_a_row() const { return good_steps_; }

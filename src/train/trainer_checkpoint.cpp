@@ -43,6 +43,7 @@ void save_trainer_checkpoint(Trainer& trainer, const std::string& save_dir, io::
   state.optimizer_step = trainer.optimizer().step_count();
   DynamicLossScaler* scaler = trainer.loss_scaler();
   state.loss_scale = scaler ? scaler->scale() : 1.0;  // the next step's scale
+  state.loss_scale_good_steps = scaler ? scaler->good_steps_in_a_row() : 0;
   io::save_checkpoint(save_dir, trainer.runtime().topo, checkpoint_tensors(trainer, s, true),
                       state, keep_last);
 }
@@ -54,7 +55,8 @@ io::TrainState load_trainer_checkpoint(Trainer& trainer, const std::string& path
                       /*load_optimizer=*/true);
   trainer.optimizer().load_full_state(s.exp_avg, s.exp_avg_sq, s.master);
   trainer.optimizer().set_step_count(state.optimizer_step);
-  if (DynamicLossScaler* scaler = trainer.loss_scaler()) scaler->set_scale(state.loss_scale);
+  if (DynamicLossScaler* scaler = trainer.loss_scaler())
+    scaler->restore(state.loss_scale, state.loss_scale_good_steps);
   return state;
 }
 

@@ -77,6 +77,7 @@ inline io::TrainState sample_state(std::int64_t iteration) {
   s.optimizer_step = iteration - 1;
   s.seed = 0xfedcba9876543210ull;  // needs all 64 bits
   s.loss_scale = 32768.5;
+  s.loss_scale_good_steps = 517;
   s.skipped_steps = 3;
   s.deck_text = "[model]\nnum_layers = 4\n# iteration " + std::to_string(iteration) + "\n";
   s.data_sampler_state = std::string("\0\x01\xff sampler", 11);  // binary-safe

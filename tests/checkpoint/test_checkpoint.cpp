@@ -74,6 +74,23 @@ TEST_F(CheckpointTest, FileHoldsEachTensorOnceInGlobalUnpaddedShape) {
   }
 }
 
+TEST_F(CheckpointTest, FileWithoutLossScaleGoodStepsReadsThemAsZero) {
+  // Files written before the attribute existed (same format version) load.
+  const FakeModelSpec spec;
+  const std::string path =
+      save_fake(dir_, save_layout(world_size()), spec, true, sample_state(4), 0, kSmallChunks);
+  if (world_rank() == 0) {
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    ASSERT_GE(H5Adelete_by_name(file, "train_state", "loss_scale_good_steps", H5P_DEFAULT), 0);
+    H5Fclose(file);
+    io::TrainState expected = sample_state(4);
+    expected.loss_scale_good_steps = 0;
+    EXPECT_EQ(io::inspect_checkpoint(path).state, expected);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_F(CheckpointTest, LatestMarkerAndKeepLast) {
   const FakeModelSpec spec;
   std::string latest;

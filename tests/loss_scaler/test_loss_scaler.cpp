@@ -92,6 +92,23 @@ TEST(LossScaler, SetScaleRestoresAndRestartsGrowthCount) {
   EXPECT_THROW(s.set_scale(0.0), UserError);
 }
 
+TEST(LossScaler, RestoreResumesTheGrowthCountWhereItStopped) {
+  LossScalerConfig c;
+  c.growth_interval = 4;
+  DynamicLossScaler straight(c), resumed(c);
+  for (int k = 0; k < 3; ++k) straight.update(false);  // 3 good steps, then "save"
+  resumed.restore(straight.scale(), straight.good_steps_in_a_row());
+  for (int k = 0; k < 6; ++k) {
+    straight.update(false);
+    resumed.update(false);
+    EXPECT_EQ(resumed.scale(), straight.scale()) << k;
+    EXPECT_EQ(resumed.good_steps_in_a_row(), straight.good_steps_in_a_row()) << k;
+  }
+  EXPECT_EQ(straight.scale(), 2.0 * 65536.0 * 2.0);  // grew at steps 4 and 8
+  EXPECT_THROW(resumed.restore(1024.0, 4), UserError);
+  EXPECT_THROW(resumed.restore(1024.0, -1), UserError);
+}
+
 TEST(LossScaler, RejectsBadConfig) {
   LossScalerConfig c;
   c.growth_interval = 0;
