@@ -14,6 +14,16 @@ double uniform(std::uint64_t bits) {
   return (double(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
+/// Rows past the real vocabulary (padding to a multiple of 128 x tp) are
+/// never read by the embedding nor by the loss, so they start at 0 and stay
+/// there: a checkpoint (real rows only) then restores every row exactly.
+void zero_padded_rows(const Parameter& p, Tensor& host) {
+  if (p.padded_rows == 0) return;
+  const index_t rows = host.dim(0), per_row = host.numel() / rows;
+  for (index_t i = (rows - p.padded_rows) * per_row; i < host.numel(); ++i)
+    set_element_from_double(host, i, 0.0);
+}
+
 }  // namespace
 
 void init_normal(Parameter& p, std::uint64_t seed, double stddev, int tp_rank,
@@ -29,6 +39,7 @@ void init_normal(Parameter& p, std::uint64_t seed, double stddev, int tp_rank,
                      std::cos(2.0 * std::numbers::pi * uniform(b));
     set_element_from_double(host, local, stddev * z);
   });
+  zero_padded_rows(p, host);
   if (!p.value.is_host()) p.value.copy_from(host);
 }
 

@@ -299,6 +299,20 @@ TEST_F(GradCheck, EmbeddingWeights) {
   expect_gradients_match("Embedding(p=0.2)", s, random({kTokens, kHidden}));
 }
 
+TEST_F(GradCheck, InitLeavesPaddedVocabularyRowsAtZero) {
+  const GptConfig config = small_config(0.0);
+  Parameter word = make_word_embedding(config, ctx, DType::F64);
+  ASSERT_EQ(word.padded_rows, 14);
+  init_normal(word, 99, 0.02, 0, 1);
+  const index_t rows = word.value.dim(0), cols = word.value.dim(1);
+  const double* w = word.value.data<double>();
+  double real = 0, padded = 0;
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) (r < rows - 14 ? real : padded) += std::abs(w[r * cols + c]);
+  EXPECT_GT(real, 0.0);
+  EXPECT_EQ(padded, 0.0);  // checkpoints hold real rows only: a restart restores every row
+}
+
 TEST_F(GradCheck, LmHeadLoss) {
   const GptConfig config = small_config(0.0);
   Parameter word = make_word_embedding(config, ctx, DType::F64);
