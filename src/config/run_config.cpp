@@ -120,6 +120,10 @@ void DeckSchema::bind(RunConfig& c) {
       "model chunks per pipeline rank (interleaved)");
   key("parallel.distributed_optimizer", &p.distributed_optimizer, "bool",
       "shard fp32 master weights and Adam states over dp (ZeRO-1)");
+  key("parallel.overlap_grad_reduce", &p.overlap_grad_reduce, "bool",
+      "reduce-scatter gradient buckets during the last backward (distributed optimizer)");
+  key("parallel.grad_bucket_size", &p.grad_bucket_size, "int",
+      "elements per gradient bucket (overlap_grad_reduce)");
   key("parallel.pipeline_layers", &p.pipeline_layers, "string",
       "layers per pipeline stage, e.g. 5,7 (empty = uniform split)");
 
@@ -303,6 +307,10 @@ void RunConfig::validate(int world_size) {
   MESH_REQUIRE(m.ffn() % p.tensor_parallel == 0,
                "parallel.tensor_parallel (" << p.tensor_parallel
                    << ") does not divide the MLP size (" << m.ffn() << ")");
+  MESH_REQUIRE(!p.overlap_grad_reduce || p.distributed_optimizer,
+               "parallel.overlap_grad_reduce = true needs parallel.distributed_optimizer = true");
+  MESH_REQUIRE(p.grad_bucket_size > 0,
+               "parallel.grad_bucket_size must be positive (got " << p.grad_bucket_size << ")");
   MESH_REQUIRE(!p.sequence_parallel || p.tensor_parallel > 1,
                "parallel.sequence_parallel = true needs parallel.tensor_parallel > 1 (got "
                    << p.tensor_parallel << ")");

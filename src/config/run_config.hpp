@@ -58,6 +58,12 @@ struct ParallelSection {
   std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
   int virtual_stages = 1;
   bool distributed_optimizer = false;
+  /// Start each gradient bucket's dp reduce-scatter during the last
+  /// backward (Megatron's --overlap-grad-reduce; distributed optimizer only).
+  bool overlap_grad_reduce = false;
+  /// Elements per gradient bucket under overlap_grad_reduce (Megatron's
+  /// --ddp-bucket-size; 40 M).
+  long grad_bucket_size = 40000000;
   /// Layers per pipeline stage, e.g. "5,7" for an uneven split of 12 layers
   /// over 2 stages; "" = uniform (num_layers must then divide evenly).
   std::string pipeline_layers;

@@ -67,13 +67,31 @@ Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContex
   return head_->forward(normed, targets, ctx, cache.head);
 }
 
-Tensor GptModel::backward(const Tensor& dout, LayerContext& ctx, const Cache& cache) {
+Tensor GptModel::backward(const Tensor& dout, LayerContext& ctx, const Cache& cache,
+                          const std::function<void(const ParameterList&)>& grads_done) {
+  auto report = [&](auto&& collect) {
+    if (!grads_done) return;
+    ParameterList done;
+    collect(done);
+    grads_done(done);
+  };
   Tensor dx = dout;
-  if (head_) dx = final_norm_->backward(head_->backward(dout, ctx, cache.head), cache.final_norm);
-  for (std::size_t i = layers_.size(); i-- > 0;)
+  if (head_) {
+    dx = final_norm_->backward(head_->backward(dout, ctx, cache.head), cache.final_norm);
+    // The head's word table is final here only as the last stage's copy;
+    // with pp = 1 it is the embedding's table, reported with the embedding.
+    report([&](ParameterList& out) {
+      final_norm_->collect(out);
+      if (head_copy_) out.push_back(&*head_copy_);
+    });
+  }
+  for (std::size_t i = layers_.size(); i-- > 0;) {
     dx = layers_[i].backward(dx, ctx, cache.layers[i]);
+    report([&](ParameterList& out) { layers_[i].collect(out); });
+  }
   if (!embedding_) return dx;
   embedding_->backward(dx, ctx, cache.embedding);
+  report([&](ParameterList& out) { embedding_->collect(out); });
   return Tensor();
 }
 

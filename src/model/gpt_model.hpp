@@ -10,6 +10,7 @@
 // word_embeddings_for_head), so the copies stay equal.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -47,7 +48,11 @@ class GptModel {
                  Cache& cache) const;
   /// Last stage: `dout` is dloss [s*b]; others: d hidden. Returns d input
   /// hidden (empty tensor on the first stage). Accumulates parameter grads.
-  Tensor backward(const Tensor& dout, LayerContext& ctx, const Cache& cache);
+  /// `grads_done`, if set, is called with each part's parameters (head and
+  /// final norm, each layer, the embedding) as soon as their gradient
+  /// accumulation is over: the hook of the overlapped gradient reduction.
+  Tensor backward(const Tensor& dout, LayerContext& ctx, const Cache& cache,
+                  const std::function<void(const ParameterList&)>& grads_done = {});
 
   /// All parameters of this stage (the tied head weight once).
   ParameterList parameters();

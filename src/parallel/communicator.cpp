@@ -158,13 +158,52 @@ void MpiCommunicator::isend(const void* buf, std::size_t count, DType dtype, int
                       &pending_sends_.back()));
 }
 
-void MpiCommunicator::progress() {
-  if (pending_sends_.empty()) return;
-  // Completed requests become MPI_REQUEST_NULL, which Waitall skips.
-  std::vector<int> indices(pending_sends_.size());
+namespace {
+
+/// Test without blocking; completed requests become MPI_REQUEST_NULL, which
+/// Waitall skips.
+void test_some(std::vector<MPI_Request>& requests) {
+  if (requests.empty()) return;
+  std::vector<int> indices(requests.size());
   int done = 0;
-  MPI_CHECK(MPI_Testsome(int(pending_sends_.size()), pending_sends_.data(), &done,
-                         indices.data(), MPI_STATUSES_IGNORE));
+  MPI_CHECK(MPI_Testsome(int(requests.size()), requests.data(), &done, indices.data(),
+                         MPI_STATUSES_IGNORE));
+}
+
+}  // namespace
+
+void MpiCommunicator::progress() {
+  test_some(pending_sends_);
+  test_some(pending_collectives_);  // Open MPI advances a collective only inside MPI calls
+}
+
+void MpiCommunicator::ireduce_scatter(const void* send, void* recv,
+                                      std::span<const std::size_t> recv_counts, DType dtype,
+                                      ReduceOp op) {
+  MESH_VERIFY(int(recv_counts.size()) == size_,
+              "ireduce_scatter: " << recv_counts.size() << " counts for " << size_ << " ranks");
+  std::size_t total = 0;
+  std::vector<int> counts;
+  for (std::size_t c : recv_counts) {
+    total += c;
+    counts.push_back(checked_count(c));
+  }
+  record(CollectiveKind::ReduceScatter, total * dtype_size(dtype));
+  record_nonblocking();
+  if (size_ == 1) {
+    if (send != recv) std::memcpy(recv, send, total * dtype_size(dtype));
+    return;
+  }
+  pending_collectives_.emplace_back();
+  MPI_CHECK(MPI_Ireduce_scatter(send, recv, counts.data(), mpi_datatype(dtype),
+                                mpi_op(op, dtype), comm_, &pending_collectives_.back()));
+}
+
+void MpiCommunicator::wait_collectives() {
+  if (pending_collectives_.empty()) return;
+  MPI_CHECK(MPI_Waitall(int(pending_collectives_.size()), pending_collectives_.data(),
+                        MPI_STATUSES_IGNORE));
+  pending_collectives_.clear();
 }
 
 void MpiCommunicator::wait_sends() {

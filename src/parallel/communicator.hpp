@@ -78,6 +78,21 @@ class Communicator {
   /// starve its neighbour; the schedule calls this between tasks.
   virtual void progress() {}
 
+  /// Start a reduce-scatter in which rank r receives recv_counts[r] elements
+  /// (send holds the blocks of ranks 0, 1, ... back to back; a count may be
+  /// 0) and return at once. Both buffers must stay alive and unchanged until
+  /// wait_collectives(). The overlapped gradient reduction (optimizer.hpp)
+  /// starts one per bucket during the backward. Counted as a ReduceScatter.
+  virtual void ireduce_scatter(const void* send, void* recv,
+                               std::span<const std::size_t> recv_counts, DType dtype,
+                               ReduceOp op) = 0;
+  /// Complete every ireduce_scatter() started so far (on the GPU path: make
+  /// the compute stream wait for them).
+  virtual void wait_collectives() = 0;
+  /// ireduce_scatter() calls since the last reset_stats() (tests check that
+  /// buckets start before the backward ends).
+  long nonblocking_started() const { return nonblocking_started_; }
+
   // Tensor conveniences (whole tensor as the payload).
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) {
     all_reduce(t.raw(), std::size_t(t.numel()), t.dtype(), op);
@@ -91,16 +106,21 @@ class Communicator {
   }
 
   const CommStats& stats() const { return stats_; }
-  void reset_stats() { stats_.reset(); }
+  void reset_stats() {
+    stats_.reset();
+    nonblocking_started_ = 0;
+  }
 
  protected:
   void record(CollectiveKind k, std::size_t bytes) {
     ++stats_.calls[int(k)];
     stats_.bytes[int(k)] += long(bytes);
   }
+  void record_nonblocking() { ++nonblocking_started_; }
 
  private:
   CommStats stats_;
+  long nonblocking_started_ = 0;
 };
 
 /// MPI backend over an MPI communicator (not owned: Topology owns it).
@@ -125,6 +145,9 @@ class MpiCommunicator final : public Communicator {
   void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
   void wait_sends() override;
   void progress() override;
+  void ireduce_scatter(const void* send, void* recv, std::span<const std::size_t> recv_counts,
+                       DType dtype, ReduceOp op) override;
+  void wait_collectives() override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
@@ -132,6 +155,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;  ///< Not owned.
   int rank_ = 0, size_ = 1;
   std::vector<MPI_Request> pending_sends_;
+  std::vector<MPI_Request> pending_collectives_;
 };
 
 /// MPI datatype carrying one element of `dtype` (bf16/fp16 as 2-byte types).

@@ -74,10 +74,18 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm) : host_(comm) {
 
 NcclCommunicator::~NcclCommunicator() {
   wait_sends();
-  if (!comm_) return;
-  // Finalize flushes outstanding operations; only then is Destroy safe.
-  ncclCommFinalize(comm_);
-  ncclCommDestroy(comm_);
+  wait_collectives();
+  if (comm_) {
+    // Finalize flushes outstanding operations; only then is Destroy safe.
+    ncclCommFinalize(comm_);
+    ncclCommDestroy(comm_);
+  }
+  // Streams after the communicator (NCCL's teardown order).
+  if (comm_stream_) {
+    cudaEventDestroy(inputs_ready_);
+    cudaEventDestroy(reduced_);
+    cudaStreamDestroy(comm_stream_);
+  }
 }
 
 void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
@@ -158,6 +166,47 @@ void NcclCommunicator::isend(const void* buf, std::size_t count, DType dtype, in
 void NcclCommunicator::wait_sends() {
   host_.wait_sends();
   staged_sends_.clear();
+}
+
+void NcclCommunicator::ireduce_scatter(const void* send, void* recv,
+                                       std::span<const std::size_t> recv_counts, DType dtype,
+                                       ReduceOp op) {
+  MESH_VERIFY(int(recv_counts.size()) == size(),
+              "ireduce_scatter: " << recv_counts.size() << " counts for " << size() << " ranks");
+  std::size_t total = 0;
+  for (std::size_t c : recv_counts) total += c;
+  if (!device_buffer(send)) return host_.ireduce_scatter(send, recv, recv_counts, dtype, op);
+  record(CollectiveKind::ReduceScatter, bytes_of(total, dtype));
+  record_nonblocking();
+  if (!comm_) return local_copy(recv, send, bytes_of(total, dtype));
+  if (!comm_stream_) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
+  }
+  CUDA_CHECK(cudaEventRecord(inputs_ready_, kStream));
+  CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
+  const char* block = static_cast<const char*>(send);
+  NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size(); ++r) {
+    const std::size_t count = recv_counts[std::size_t(r)];
+    if (count > 0)
+      NCCL_CHECK(ncclReduce(block, recv, count, nccl_type(dtype), nccl_op(op), r, comm_,
+                            comm_stream_));
+    block += bytes_of(count, dtype);
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  // Operations on one stream complete in order: the event after the last
+  // call covers every earlier one.
+  CUDA_CHECK(cudaEventRecord(reduced_, comm_stream_));
+  collectives_pending_ = true;
+}
+
+void NcclCommunicator::wait_collectives() {
+  host_.wait_collectives();
+  if (!collectives_pending_) return;
+  CUDA_CHECK(cudaStreamWaitEvent(kStream, reduced_, 0));
+  collectives_pending_ = false;
 }
 
 void NcclCommunicator::batch_p2p(std::span<const P2POp> ops) {

@@ -21,6 +21,17 @@
 //   batch_p2p: NCCL, one ncclGroup
 //   send, recv, isend: MPI through a host copy (see below)
 //
+// Overlapped gradient reduce-scatter (ireduce_scatter). The one exception
+// to the single stream: it runs on comm_stream_, a cudaStreamNonBlocking
+// stream (a blocking stream would serialize with the legacy default stream
+// and overlap nothing). An event recorded on the default stream orders it
+// after the kernels that wrote `send`; wait_collectives() makes the default
+// stream wait on the event recorded after it, before anything reads `recv`.
+// The per-rank counts are one ncclReduce per receiving rank in one group
+// (ncclReduceScatter needs equal counts); for dp = 2 each element is a + b,
+// the same bits as the single ncclReduceScatter. The caller keeps both
+// buffers alive (and, for `send`, unchanged) until wait_collectives().
+//
 // Point-to-point. ncclSend and ncclRecv block the GPU stream until the
 // matching call on the peer runs, and the operations of one communicator run
 // in the order they were issued. The pipeline executor (trainer.cpp) posts a
@@ -47,6 +58,7 @@
 
 #ifdef MESHTRON_HAVE_CUDA
 
+#include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <vector>
@@ -79,6 +91,9 @@ class NcclCommunicator final : public Communicator {
   void batch_p2p(std::span<const P2POp> ops) override;
   void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
   void wait_sends() override;
+  void ireduce_scatter(const void* send, void* recv, std::span<const std::size_t> recv_counts,
+                       DType dtype, ReduceOp op) override;
+  void wait_collectives() override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
@@ -86,6 +101,9 @@ class NcclCommunicator final : public Communicator {
   MpiCommunicator host_;        ///< Host buffers and staged point-to-point.
   ncclComm_t comm_ = nullptr;   ///< Owned; null for a group of one rank.
   std::vector<std::vector<char>> staged_sends_;  ///< host copies until wait_sends()
+  cudaStream_t comm_stream_ = nullptr;  ///< Owned; ireduce_scatter only (made on first use).
+  cudaEvent_t inputs_ready_ = nullptr, reduced_ = nullptr;  ///< Owned.
+  bool collectives_pending_ = false;
 };
 
 /// True when `ptr` points into device memory (cudaPointerGetAttributes).

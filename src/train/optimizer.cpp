@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/error.hpp"
 #include "ops/cast.hpp"
 
 namespace meshtron {
@@ -18,11 +19,21 @@ bool counts_in_grad_norm(const Parameter& p, const OptimizerGroups& g,
   return &p != tied_head_copy;
 }
 
+namespace {
+
+bool is_tied_word_table(const Parameter& p) { return p.name == "embedding.word.weight"; }
+
+/// Reductions 1-2 of the file comment on one parameter.
+void reduce_model_gradient(Parameter& p, OptimizerGroups& g) {
+  if (p.shard.tp_partial_grad) g.tp.all_reduce(p.grad);
+  if (is_tied_word_table(p) && g.embedding != nullptr) g.embedding->all_reduce(p.grad);
+}
+
+}  // namespace
+
 void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp) {
   for (Parameter* p : params) {
-    if (p->shard.tp_partial_grad) g.tp.all_reduce(p->grad);
-    const bool tied = p->name == "embedding.word.weight";
-    if (tied && g.embedding != nullptr) g.embedding->all_reduce(p->grad);
+    reduce_model_gradient(*p, g);
     if (dp) g.dp.all_reduce(p->grad);
   }
 }
@@ -53,9 +64,10 @@ Tensor flat_view(const Tensor& t, index_t begin, index_t end) {
 
 std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfig& config,
                                           Parameter* tied_head_copy, bool distributed,
-                                          Communicator& dp) {
+                                          Communicator& dp, index_t bucket_elements) {
   if (distributed)
-    return std::make_unique<DistributedAdamW>(std::move(params), config, tied_head_copy, dp);
+    return std::make_unique<DistributedAdamW>(std::move(params), config, tied_head_copy, dp,
+                                              bucket_elements);
   return std::make_unique<AdamW>(std::move(params), config, tied_head_copy);
 }
 
@@ -155,8 +167,9 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
 // --------------------------------------------------------- distributed ---
 
 DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& config,
-                                   Parameter* tied_head_copy, Communicator& dp)
-    : params_(std::move(params)), config_(config), tied_head_copy_(tied_head_copy) {
+                                   Parameter* tied_head_copy, Communicator& dp,
+                                   index_t bucket_elements)
+    : params_(std::move(params)), config_(config), tied_head_copy_(tied_head_copy), dp_(&dp) {
   for (Parameter* p : params_) {
     offsets_.push_back(total_);
     total_ += p->value.numel();
@@ -174,6 +187,96 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
   master_ = flat.slice_rows(shard_begin_, shard_begin_ + shard_size_).clone();
   m_ = Tensor::zeros({shard_size_}, dtype, space_);
   v_ = Tensor::zeros({shard_size_}, dtype, space_);
+  if (bucket_elements > 0 && !params_.empty()) {
+    make_buckets(bucket_elements);
+    grad_flat_ = Tensor::zeros({padded_total_}, dtype, space_);  // padding stays 0
+    grad_shard_ = Tensor::zeros({shard_size_}, dtype, space_);
+  }
+}
+
+// Walk the parameters backwards (the backward finishes the last ones first)
+// and close a bucket once it holds bucket_elements; the tied word table is
+// always a bucket of its own. The first bucket also covers the padding.
+void DistributedAdamW::make_buckets(index_t bucket_elements) {
+  bucket_of_.assign(params_.size(), 0);
+  Bucket current;
+  index_t size = 0;
+  auto close = [&] {
+    if (current.params.empty()) return;
+    const std::size_t first = current.params.back(), last = current.params.front();
+    current.begin = offsets_[first];
+    current.end = buckets_.empty() ? padded_total_
+                                   : offsets_[last] + params_[last]->value.numel();
+    for (std::size_t i : current.params) bucket_of_[i] = buckets_.size();
+    buckets_.push_back(current);
+    current = Bucket{};
+    size = 0;
+  };
+  for (std::size_t i = params_.size(); i-- > 0;) {
+    const bool tied = is_tied_word_table(*params_[i]);
+    if (tied) close();
+    current.params.push_back(i);
+    current.tied = tied;
+    size += params_[i]->value.numel();
+    if (tied || size >= bucket_elements) close();
+  }
+  close();
+}
+
+void DistributedAdamW::grads_ready(const ParameterList& ready, OptimizerGroups& g) {
+  if (buckets_.empty()) return;
+  for (const Parameter* p : ready) {
+    const auto it = std::find(params_.begin(), params_.end(), p);
+    MESH_VERIFY(it != params_.end(), "grads_ready: " << p->name << " is not optimized here");
+    Bucket& b = buckets_[bucket_of_[std::size_t(it - params_.begin())]];
+    ++b.ready;
+    // The tied table's embedding-group all-reduce would wait for the other
+    // pipeline end, still in its backward: left to step().
+    const bool deferred = b.tied && g.embedding != nullptr;
+    if (b.ready == b.params.size() && !b.started && !deferred) {
+      start_bucket(b, g);
+      ++started_early_;
+    }
+  }
+}
+
+void DistributedAdamW::start_bucket(Bucket& b, OptimizerGroups& g) {
+  for (std::size_t i : b.params) {
+    Parameter& p = *params_[i];
+    reduce_model_gradient(p, g);
+    flat_view(grad_flat_, offsets_[i], offsets_[i] + p.grad.numel()).copy_from(p.grad);
+  }
+  // Rank r receives the bucket's overlap with its shard [r S, (r + 1) S):
+  // consecutive pieces in rank order, as the single reduce-scatter has them.
+  const int n = g.dp.size();
+  std::vector<std::size_t> counts(std::size_t(n), 0);
+  for (int r = 0; r < n; ++r) {
+    const index_t lo = std::max(b.begin, shard_size_ * r);
+    const index_t hi = std::min(b.end, shard_size_ * (r + 1));
+    counts[std::size_t(r)] = std::size_t(std::max<index_t>(hi - lo, 0));
+  }
+  const index_t mine = std::clamp(b.begin - shard_begin_, index_t(0), shard_size_);
+  g.dp.ireduce_scatter(flat_view(grad_flat_, b.begin, b.end).raw(),
+                       flat_view(grad_shard_, mine, mine).raw(), counts, grad_shard_.dtype(),
+                       ReduceOp::Sum);
+  b.started = true;
+}
+
+void DistributedAdamW::finish_buckets(OptimizerGroups& g) {
+  for (Bucket& b : buckets_)
+    if (!b.started) start_bucket(b, g);
+  g.dp.wait_collectives();
+  started_early_last_ = started_early_;
+  started_early_ = 0;
+  for (Bucket& b : buckets_) b.ready = 0, b.started = false;
+}
+
+void DistributedAdamW::reset_buckets(Communicator& dp) {
+  if (buckets_.empty()) return;
+  dp.wait_collectives();
+  started_early_last_ = started_early_;
+  started_early_ = 0;
+  for (Bucket& b : buckets_) b.ready = 0, b.started = false;
 }
 
 std::size_t DistributedAdamW::moment_bytes() const { return m_.bytes() + v_.bytes(); }
@@ -181,6 +284,7 @@ std::size_t DistributedAdamW::moment_bytes() const { return m_.bytes() + v_.byte
 std::size_t DistributedAdamW::state_bytes() const { return master_.bytes() + moment_bytes(); }
 
 void DistributedAdamW::zero_grad() {
+  reset_buckets(*dp_);  // a step given up (NaN loss) may have buckets in flight
   for (Parameter* p : params_) p->grad.fill(0.0);
 }
 
@@ -213,12 +317,19 @@ void DistributedAdamW::shard_segments(
 
 StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_nonfinite,
                                  double unscale) {
-  reduce_model_gradients(params_, g, /*dp=*/false);
-  Tensor flat = Tensor::zeros({padded_total_}, master_.dtype(), space_);
-  pack(&Parameter::grad, flat);
-  Tensor grad = Tensor::empty({shard_size_}, master_.dtype(), space_);
-  g.dp.reduce_scatter(flat.raw(), grad.raw(), std::size_t(shard_size_), grad.dtype(),
-                      ReduceOp::Sum);
+  Tensor flat, grad;
+  if (buckets_.empty()) {
+    reduce_model_gradients(params_, g, /*dp=*/false);
+    flat = Tensor::zeros({padded_total_}, master_.dtype(), space_);
+    pack(&Parameter::grad, flat);
+    grad = Tensor::empty({shard_size_}, master_.dtype(), space_);
+    g.dp.reduce_scatter(flat.raw(), grad.raw(), std::size_t(shard_size_), grad.dtype(),
+                        ReduceOp::Sum);
+  } else {
+    finish_buckets(g);
+    flat = grad_flat_;  // reused for the parameter all-gather below, as without overlap
+    grad = grad_shard_;
+  }
   if (unscale != 1.0) ops::scale(grad, unscale);
 
   std::vector<Tensor> counted;

@@ -76,6 +76,13 @@ class Optimizer {
                                const std::vector<Tensor>& master = {}) = 0;
   virtual long step_count() const = 0;
   virtual void set_step_count(long s) = 0;
+  /// Overlapped gradient reduction: the executor reports parameters whose
+  /// gradient is final for this step (during the last backward); the
+  /// optimizer may start reducing them. Ignored unless overlap is on.
+  virtual void grads_ready(const ParameterList& /*params*/, OptimizerGroups& /*groups*/) {}
+  /// Buckets whose reduction started in grads_ready (before step()) during
+  /// the last step; 0 without overlap.
+  virtual int buckets_started_early() const { return 0; }
 };
 
 /// Sum of squared gradients over the parameters this rank counts in the
@@ -123,10 +130,22 @@ class AdamW final : public Optimizer {
 /// are packed into one contiguous fp32 buffer, reduce-scattered over dp, and
 /// each dp rank holds the fp32 master weights and Adam moments of its 1/dp
 /// of that buffer only; after the update the parameters are all-gathered.
+///
+/// Overlap (bucket_elements > 0, parallel.overlap_grad_reduce): the flat
+/// buffer is cut into buckets of about bucket_elements, in reverse parameter
+/// order (the order the backward finishes them). When grads_ready() has
+/// reported every parameter of a bucket, its reductions 1-2 run, its
+/// gradients are packed and its part of the reduce-scatter starts
+/// (Communicator::ireduce_scatter, rank r receiving the bucket's overlap with
+/// shard r), so the shard layout and every sum are those of the single
+/// reduce-scatter; step() starts the buckets not yet started and waits for
+/// all. The bucket holding the tied word table is its own bucket and, when
+/// pp > 1, always waits for step(): its embedding-group all-reduce needs the
+/// other end of the pipeline, which is still in its backward.
 class DistributedAdamW final : public Optimizer {
  public:
   DistributedAdamW(ParameterList params, const AdamWConfig& config,
-                   Parameter* tied_head_copy, Communicator& dp);
+                   Parameter* tied_head_copy, Communicator& dp, index_t bucket_elements = 0);
   StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
                  double unscale = 1.0) override;
   void zero_grad() override;
@@ -138,8 +157,26 @@ class DistributedAdamW final : public Optimizer {
                        const std::vector<Tensor>& master = {}) override;
   long step_count() const override { return step_; }
   void set_step_count(long s) override { step_ = s; }
+  void grads_ready(const ParameterList& params, OptimizerGroups& groups) override;
+  int buckets_started_early() const override { return started_early_last_; }
+  int bucket_count() const { return int(buckets_.size()); }
 
  private:
+  struct Bucket {
+    index_t begin = 0, end = 0;        ///< range of the flat buffer
+    std::vector<std::size_t> params;   ///< indices into params_
+    std::size_t ready = 0;             ///< parameters reported this step
+    bool started = false;
+    bool tied = false;                 ///< holds the tied word table
+  };
+  void make_buckets(index_t bucket_elements);
+  /// Reductions 1-2, pack and ireduce_scatter of one bucket.
+  void start_bucket(Bucket& b, OptimizerGroups& g);
+  /// Start every bucket not started yet, wait for all; the reduced shard is
+  /// then in grad_shard_.
+  void finish_buckets(OptimizerGroups& g);
+  /// Wait for buckets in flight (a step given up) and forget the step.
+  void reset_buckets(Communicator& dp);
   /// Copy every parameter's `Tensor Parameter::*field` into a flat buffer.
   void pack(Tensor Parameter::*field, Tensor& flat) const;
   void unpack(const Tensor& flat, Tensor Parameter::*field);
@@ -160,11 +197,18 @@ class DistributedAdamW final : public Optimizer {
   Tensor master_, m_, v_;  ///< this rank's shard (fp32)
   MemorySpace space_ = MemorySpace::Host;  ///< where the parameters and the buffers live
   long step_ = 0;
+  // Overlap only (buckets_ empty otherwise).
+  std::vector<Bucket> buckets_;  ///< in the order the backward completes them
+  std::vector<std::size_t> bucket_of_;  ///< per parameter
+  Tensor grad_flat_, grad_shard_;  ///< kept: in-flight reductions read/write them
+  Communicator* dp_ = nullptr;  ///< Not owned; to wait in zero_grad().
+  int started_early_ = 0, started_early_last_ = 0;
 };
 
 /// The optimizer the deck asks for.
+/// `bucket_elements` > 0 turns on the overlapped reduction (distributed only).
 std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfig& config,
                                           Parameter* tied_head_copy, bool distributed,
-                                          Communicator& dp);
+                                          Communicator& dp, index_t bucket_elements = 0);
 
 }  // namespace meshtron

@@ -15,6 +15,16 @@ AdamWConfig adam_config(const RunConfig& run) {
   return {o.beta1, o.beta2, o.eps, o.weight_decay, run.training.clip_grad};
 }
 
+/// Per task: is it the last backward of its model chunk?
+std::vector<bool> last_backward_per_chunk(const std::vector<PipelineTask>& tasks) {
+  std::vector<bool> last(tasks.size(), false);
+  std::map<int, std::size_t> latest;  // chunk -> index of its latest backward
+  for (std::size_t k = 0; k < tasks.size(); ++k)
+    if (tasks[k].kind == PipelineTask::Backward) latest[tasks[k].chunk] = k;
+  for (const auto& [chunk, k] : latest) last[k] = true;
+  return last;
+}
+
 double tensor_sum(const Tensor& t) {
   double s = 0;
   for (double v : t.to_doubles()) s += v;
@@ -55,8 +65,10 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   for (auto& chunk : chunks_)
     if (chunk->placement().has_head && !chunk->placement().has_embedding)
       tied_copy = chunk->head_word_weight();
+  const index_t bucket_elements =
+      run.parallel.overlap_grad_reduce ? index_t(run.parallel.grad_bucket_size) : 0;
   optimizer_ = make_optimizer(parameters(), adam_config(run), tied_copy,
-                              run.parallel.distributed_optimizer, rt.dp);
+                              run.parallel.distributed_optimizer, rt.dp, bucket_elements);
   lr_ = LrSchedule{run.optimizer.lr, run.optimizer.min_lr, run.lr_schedule.warmup_iters,
                    run.lr_schedule.decay_iters, run.lr_schedule.decay_style};
 }
@@ -90,8 +102,19 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
   std::map<std::pair<int, int>, GptModel::Cache> caches;
   std::vector<Tensor> in_flight_sends;  // kept alive until wait_sends()
   std::vector<Tensor> losses;  // per-token losses of the micro-batches this rank heads
-  for (const PipelineTask& t : tasks) {
+  // A chunk's gradients are final during its last backward task: that task
+  // reports them to the optimizer, which may start reducing them
+  // (parallel.overlap_grad_reduce; earlier micro-batches only accumulate).
+  const std::vector<bool> final_backward = last_backward_per_chunk(tasks);
+  OptimizerGroups groups = rt_.optimizer_groups();
+  auto grads_done = [&](const ParameterList& done) {
+    optimizer_->grads_ready(done, groups);
+    rt_.dp.progress();  // Open MPI advances the started buckets only inside MPI calls
+  };
+  for (std::size_t k = 0; k < tasks.size(); ++k) {
+    const PipelineTask& t = tasks[k];
     rt_.pp.progress();  // advance the sends of earlier tasks
+    rt_.dp.progress();  // and the gradient buckets
     GptModel& chunk = *chunks_[std::size_t(t.chunk)];
     const int g = global_chunk(t.chunk);
     const MicroBatch& mb = batch[std::size_t(t.micro_batch)];
@@ -123,7 +146,8 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
         dout = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
         receive(dout, (rank + 1) % pp, tag(t.micro_batch, g, 1));
       }
-      Tensor dx = chunk.backward(dout, ctx, cache);
+      Tensor dx = training && final_backward[k] ? chunk.backward(dout, ctx, cache, grads_done)
+                                                : chunk.backward(dout, ctx, cache);
       caches.erase({t.micro_batch, t.chunk});
       if (!chunk.placement().has_embedding) {
         rt_.pp.isend(dx.raw(), std::size_t(dx.numel()), dx.dtype(), (rank + pp - 1) % pp,
