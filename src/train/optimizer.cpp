@@ -265,14 +265,16 @@ void DistributedAdamW::start_bucket(Bucket& b, OptimizerGroups& g) {
 void DistributedAdamW::finish_buckets(OptimizerGroups& g) {
   for (Bucket& b : buckets_)
     if (!b.started) start_bucket(b, g);
-  g.dp.wait_collectives();
-  started_early_last_ = started_early_;
-  started_early_ = 0;
-  for (Bucket& b : buckets_) b.ready = 0, b.started = false;
+  reset_buckets(g.dp);
 }
 
+// Called by finish_buckets, and by zero_grad() (after step(), where nothing
+// is in flight, or for a step given up, whose buckets must complete before
+// anything touches the buffers again).
 void DistributedAdamW::reset_buckets(Communicator& dp) {
-  if (buckets_.empty()) return;
+  const bool in_step = std::any_of(buckets_.begin(), buckets_.end(),
+                                   [](const Bucket& b) { return b.ready > 0 || b.started; });
+  if (!in_step) return;
   dp.wait_collectives();
   started_early_last_ = started_early_;
   started_early_ = 0;

@@ -111,12 +111,17 @@ RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int ste
   auto source = make_synthetic_data(data, 100);
   RunResult result;
   for (long step = 1; step <= steps; ++step) {
+    rt.dp.reset_stats();
     const StepReport r = trainer.train_step(step, source->train_step(step));
+    result.buckets_started_early.push_back(trainer.optimizer().buckets_started_early());
+    result.dp_nonblocking_started.push_back(rt.dp.nonblocking_started());
     result.losses.push_back(r.loss);
     result.grad_norms.push_back(r.grad_norm);
     result.max_in_flight.push_back(r.max_in_flight);
   }
   result.optimizer_state_bytes = trainer.optimizer().moment_bytes();
+  if (auto* d = dynamic_cast<DistributedAdamW*>(&trainer.optimizer()))
+    result.bucket_count = d->bucket_count();
   for (const auto& [name, shape] : all_parameters(config))
     result.params[name] = gather_global(trainer, name, shape, comm);
   return result;

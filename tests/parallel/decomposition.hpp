@@ -28,6 +28,11 @@ struct RunResult {
   std::map<std::string, std::vector<double>> params;  ///< global, unpadded
   std::vector<int> max_in_flight;                     ///< per step, this rank
   std::size_t optimizer_state_bytes = 0;              ///< Adam moments, this rank
+  /// Overlapped gradient reduction, per step on this rank: buckets started
+  /// during the backward, and non-blocking reduce-scatters the dp group began.
+  std::vector<int> buckets_started_early;
+  std::vector<long> dp_nonblocking_started;
+  int bucket_count = 0;  ///< 0 without overlap
 };
 
 /// The tiny model: 8 layers, hidden 32, 8 heads, seq 8, vocab 100, dropout on,
