@@ -14,6 +14,7 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
 
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 124m 350m 774m
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 774m --gpus 2 --no-torch
+    python3 perf/e2e_gpu.py ... --set parallel.overlap_grad_reduce=true   # any deck override
 
 Runs on the GPU node; PyTorch is the baseline here, never part of meshtron.
 """
@@ -87,11 +88,17 @@ def main():
     parser.add_argument("--recompute", default="none")
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra deck override for every meshtron run, e.g. "
+                             "parallel.overlap_grad_reduce=true (with it, also "
+                             "parallel.distributed_optimizer=true; repeatable)")
     args = parser.parse_args()
+    extra = [arg for kv in args.set for arg in ("--set", kv)]
 
     for name in args.models:
         mb = args.micro_batch
-        one = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, recompute=args.recompute)
+        one = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, recompute=args.recompute,
+                           extra=extra)
         if one is None:
             print(json.dumps({"model": name, "framework": "meshtron", "error": "run failed"}))
             continue
@@ -105,7 +112,7 @@ def main():
         if args.gpus >= 2:
             for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1)):
                 two = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, tp=tp, dp=dp,
-                                   recompute=args.recompute)
+                                   recompute=args.recompute, extra=extra)
                 if two is None:
                     print(json.dumps({"model": name, "layout": label, "error": "run failed"}))
                     continue
