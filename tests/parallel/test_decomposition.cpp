@@ -19,31 +19,13 @@
 
 #include <cmath>
 
-#include "decomposition.hpp"
+#include "decomposition_expect.hpp"
 
 namespace meshtron::testing {
 namespace {
 
 using testing_util::world_size;
 
-const RunResult& reference(DType dtype) {
-  static const RunResult fp32 = train_layout(MPI_COMM_SELF, Layout{}, DType::F32);
-  static const RunResult fp64 = train_layout(MPI_COMM_SELF, Layout{}, DType::F64);
-  return dtype == DType::F64 ? fp64 : fp32;
-}
-
-void expect_same_run(const RunResult& got, const RunResult& ref, double step_tol,
-                     double param_tol) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size());
-  for (std::size_t k = 0; k < ref.losses.size(); ++k) {
-    EXPECT_NEAR(got.losses[k], ref.losses[k], step_tol * std::fabs(ref.losses[k]))
-        << "step " << k + 1;
-    EXPECT_NEAR(got.grad_norms[k], ref.grad_norms[k], step_tol * ref.grad_norms[k])
-        << "step " << k + 1;
-  }
-  for (const auto& [name, values] : ref.params)
-    EXPECT_LE(norm_rel_error(got.params.at(name), values), param_tol) << name;
-}
 
 std::vector<Layout> all_layouts(int world) {
   std::vector<Layout> out;
@@ -71,12 +53,12 @@ TEST_P(Decomposition, MatchesSingleRankRun) {
   {
     SCOPED_TRACE("fp32");
     expect_same_run(train_layout(MPI_COMM_WORLD, GetParam(), DType::F32),
-                    reference(DType::F32), 1e-5, 1e-4);
+                    single_rank_reference(DType::F32), 1e-5, 1e-4);
   }
   {
     SCOPED_TRACE("fp64");
     expect_same_run(train_layout(MPI_COMM_WORLD, GetParam(), DType::F64),
-                    reference(DType::F64), 1e-10, 1e-10);
+                    single_rank_reference(DType::F64), 1e-10, 1e-10);
   }
 }
 
@@ -88,12 +70,12 @@ TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
   if (world % 2) GTEST_SKIP() << "needs an even world";
   Layout uneven{1, 2, world / 2, "1f1b"};
   uneven.overrides = {"parallel.pipeline_layers=3,5"};
-  expect_same_run(train_layout(MPI_COMM_WORLD, uneven, DType::F64), reference(DType::F64),
-                  1e-10, 1e-10);
+  expect_same_run(train_layout(MPI_COMM_WORLD, uneven, DType::F64),
+                  single_rank_reference(DType::F64), 1e-10, 1e-10);
 }
 
 TEST(Reference, LossesAreFiniteAndTrainingMovesTheModel) {
-  const RunResult& ref = reference(DType::F32);
+  const RunResult& ref = single_rank_reference(DType::F32);
   for (double l : ref.losses) EXPECT_TRUE(std::isfinite(l));
   EXPECT_GT(ref.losses[0], 4.0);  // ~ln(100) at initialisation
   const RunResult one_step = train_layout(MPI_COMM_SELF, Layout{}, DType::F32, 1);

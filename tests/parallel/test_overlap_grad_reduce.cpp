@@ -18,7 +18,7 @@
 #include <cmath>
 
 #include "common/mpi_test_util.hpp"
-#include "decomposition.hpp"
+#include "decomposition_expect.hpp"
 
 namespace meshtron::testing {
 namespace {
@@ -29,24 +29,6 @@ using testing_util::world_size;
 const std::vector<std::string> kOverlap = {"parallel.overlap_grad_reduce=true",
                                            "parallel.grad_bucket_size=20000"};
 
-const RunResult& reference(DType dtype) {
-  static const RunResult fp32 = train_layout(MPI_COMM_SELF, Layout{}, DType::F32);
-  static const RunResult fp64 = train_layout(MPI_COMM_SELF, Layout{}, DType::F64);
-  return dtype == DType::F64 ? fp64 : fp32;
-}
-
-void expect_same_run(const RunResult& got, const RunResult& ref, double step_tol,
-                     double param_tol) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size());
-  for (std::size_t k = 0; k < ref.losses.size(); ++k) {
-    EXPECT_NEAR(got.losses[k], ref.losses[k], step_tol * std::fabs(ref.losses[k]))
-        << "step " << k + 1;
-    EXPECT_NEAR(got.grad_norms[k], ref.grad_norms[k], step_tol * ref.grad_norms[k])
-        << "step " << k + 1;
-  }
-  for (const auto& [name, values] : ref.params)
-    EXPECT_LE(norm_rel_error(got.params.at(name), values), param_tol) << name;
-}
 
 void expect_bitwise_equal(const RunResult& got, const RunResult& ref) {
   EXPECT_EQ(got.losses, ref.losses);
@@ -81,12 +63,12 @@ TEST_P(OverlapGradReduce, MatchesSingleRankRun) {
   const RunResult fp32 = train_layout(MPI_COMM_WORLD, GetParam(), DType::F32);
   {
     SCOPED_TRACE("fp32");
-    expect_same_run(fp32, reference(DType::F32), 1e-5, 1e-4);
+    expect_same_run(fp32, single_rank_reference(DType::F32), 1e-5, 1e-4);
   }
   {
     SCOPED_TRACE("fp64");
     expect_same_run(train_layout(MPI_COMM_WORLD, GetParam(), DType::F64),
-                    reference(DType::F64), 1e-10, 1e-10);
+                    single_rank_reference(DType::F64), 1e-10, 1e-10);
   }
   // Several buckets, all but (with pp > 1) the tied word table's started
   // during the backward, and each one a non-blocking reduce-scatter.
