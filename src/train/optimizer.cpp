@@ -198,7 +198,6 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
 // and close a bucket once it holds bucket_elements; the tied word table is
 // always a bucket of its own. The first bucket also covers the padding.
 void DistributedAdamW::make_buckets(index_t bucket_elements) {
-  bucket_of_.assign(params_.size(), 0);
   Bucket current;
   index_t size = 0;
   auto close = [&] {
@@ -207,7 +206,7 @@ void DistributedAdamW::make_buckets(index_t bucket_elements) {
     current.begin = offsets_[first];
     current.end = buckets_.empty() ? padded_total_
                                    : offsets_[last] + params_[last]->value.numel();
-    for (std::size_t i : current.params) bucket_of_[i] = buckets_.size();
+    for (std::size_t i : current.params) bucket_of_[params_[i]] = buckets_.size();
     buckets_.push_back(current);
     current = Bucket{};
     size = 0;
@@ -226,9 +225,9 @@ void DistributedAdamW::make_buckets(index_t bucket_elements) {
 void DistributedAdamW::grads_ready(const ParameterList& ready, OptimizerGroups& g) {
   if (buckets_.empty()) return;
   for (const Parameter* p : ready) {
-    const auto it = std::find(params_.begin(), params_.end(), p);
-    MESH_VERIFY(it != params_.end(), "grads_ready: " << p->name << " is not optimized here");
-    Bucket& b = buckets_[bucket_of_[std::size_t(it - params_.begin())]];
+    const auto it = bucket_of_.find(p);
+    MESH_VERIFY(it != bucket_of_.end(), "grads_ready: " << p->name << " is not optimized here");
+    Bucket& b = buckets_[it->second];
     ++b.ready;
     // The tied table's embedding-group all-reduce would wait for the other
     // pipeline end, still in its backward: left to step().

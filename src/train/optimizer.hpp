@@ -21,6 +21,7 @@
 #pragma once
 
 #include <memory>
+#include <unordered_map>
 #include <functional>
 #include <vector>
 
@@ -199,7 +200,7 @@ class DistributedAdamW final : public Optimizer {
   long step_ = 0;
   // Overlap only (buckets_ empty otherwise).
   std::vector<Bucket> buckets_;  ///< in the order the backward completes them
-  std::vector<std::size_t> bucket_of_;  ///< per parameter
+  std::unordered_map<const Parameter*, std::size_t> bucket_of_;  ///< parameter -> bucket
   Tensor grad_flat_, grad_shard_;  ///< kept: in-flight reductions read/write them
   Communicator* dp_ = nullptr;  ///< Not owned; to wait in zero_grad().
   int started_early_ = 0, started_early_last_ = 0;
