@@ -21,8 +21,9 @@
 //     instead of 2- or 4-byte accesses;
 //   - one (c, b, a) division pair per pack instead of per element: within
 //     the pack the local coordinates advance by one with carries (c wraps at
-//     C into b, b wraps at B into a), giving exactly the global index the
-//     per-element formula gives;
+//     C into b, b wraps at B into a), and the global index is the row's
+//     start (64-bit multiplies, redone only on a carry) plus c: in exact
+//     integer arithmetic the same number the per-element formula gives;
 //   - V independent Philox chains per thread, which the compiler
 //     interleaves (instruction-level parallelism for the 10 serial rounds).
 // Every element's decision and value are computed by the same functions
@@ -94,6 +95,11 @@ __device__ __forceinline__ std::uint64_t global_index(const DropoutPlacement& s,
                        (c + s.c_offset));
 }
 
+/// global_index(s, a, b, 0).
+__device__ __forceinline__ kindex row_start(const DropoutPlacement& s, kindex a, kindex b) {
+  return ((a + s.a_offset) * s.b_global + (b + s.b_offset)) * s.c_global + s.c_offset;
+}
+
 /// Packs of V = 16 / sizeof(T) elements; in, out 16-byte aligned. The
 /// n % V tail goes element by element (block 0), like map3_packed_kernel.
 template <class T, class I>
@@ -106,11 +112,13 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
     const Pack<T> pin = reinterpret_cast<const Pack<T>*>(in)[k];
     const I first = I(k * V);
     I c = first % sc, ab = first / sc, b = ab % sb, a = ab / sb;
+    // global = row_start(a, b) + c: exact integer arithmetic, equal to
+    // global_index(s, a, b, c); row_start changes only when c carries.
+    kindex row = row_start(s, kindex(a), kindex(b));
     Pack<T> pout;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const bool keep = keep_element(s, global_index(s, kindex(a), kindex(b), kindex(c)),
-                                     threshold);
+      const bool keep = keep_element(s, std::uint64_t(row + kindex(c)), threshold);
       pout.v[j] = from_f<T>(keep ? to_f(pin.v[j]) * keep_scale : 0.f);
       if (++c == sc) {  // next element: carry c into b, b into a
         c = 0;
@@ -118,6 +126,7 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
           b = 0;
           ++a;
         }
+        row = row_start(s, kindex(a), kindex(b));
       }
     }
     reinterpret_cast<Pack<T>*>(out)[k] = pout;
