@@ -23,7 +23,7 @@
 // not bit for bit, and every run gives the same bits.
 // The packed backward also fuses dgamma and dbeta: each lane owns the same
 // columns in every row, so it accumulates its columns' terms over the rows
-// of its warp in registers; a block adds its 8 warps in warp order through
+// of its warp in registers; a block adds its 8 or 16 warps in warp order through
 // shared memory and writes one fp32 partial row per block (132 blocks at
 // most), and column_sums adds the partials in block order into the
 // gradients. Fixed grid (a function of N only), fixed orders, no atomics:
@@ -114,10 +114,11 @@ struct LayerNormParamTerms {
 // ------------------------------------------------------------ packed paths ---
 
 constexpr int kMaxPacksPerLane = 8;
-// The packed backward holds dy, x, gamma and 2 K V fp32 column sums per
-// lane: ~150 registers for bf16 at K = 3 (H = 768), so one 256-thread block
-// per SM is resident; 132 blocks are one wave of an H100 and 132 partial
-// rows. 16-bit rows with K > 4 would spill (ptxas), so they stay scalar.
+// The packed backward holds dy, x and 2 K V fp32 column sums per lane:
+// 128 registers for bf16 at K = 3 (H = 768), so one 512-thread block per
+// SM is resident (backward_warps); 132 blocks are one wave of an H100 and
+// 132 partial rows. 16-bit rows with K > 4 would spill (ptxas), so they
+// stay scalar.
 constexpr kindex kBackwardBlocks = 132;
 
 /// Loads packs lane, lane + 32, ... (< P) of a row into r.
@@ -178,18 +179,27 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
   }
 }
 
+/// Warps per block of the packed backward: 16 (512 threads, so at most 128
+/// registers) where ptxas (nvcc 13, sm_90) fits the kernel in 128 registers
+/// without spills (bf16/fp16 K <= 3, fp32 K <= 6: H <= 768 either way),
+/// else 8. Either way one block per SM is resident.
+constexpr int backward_warps(std::size_t type_bytes, int K) {
+  return (type_bytes == 2 ? K <= 3 : K <= 6) ? 16 : 8;
+}
+
 /// dx as layernorm_backward_dx_kernel, plus per-block partial column sums
 /// partial[(block * 2 + 0) * H + c] (dgamma terms) and [... + 1] (dbeta).
-/// Warp w of the grid takes rows w, w + (warps in the grid), ...
-template <class T, int K>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+/// Warp w of the grid takes rows w, w + (warps in the grid), ... gamma is
+/// re-read per row (an L1 hit) rather than held, to save 4 K registers.
+template <class T, int K, int W = backward_warps(sizeof(T), K)>
+__global__ void __launch_bounds__(W * 32)
     layernorm_backward_packed_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                      const T* __restrict__ gamma,
                                      const float* __restrict__ mean,
                                      const float* __restrict__ rstd, kindex N, kindex H,
                                      T* __restrict__ dx, float* __restrict__ partial) {
   constexpr int V = kPack<T>;
-  __shared__ float stage[2][kWarpsPerBlock][32 * V];
+  __shared__ float stage[2][W][32 * V];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, P = int(H / V);
   float acc_dgamma[K][V], acc_dbeta[K][V];
 #pragma unroll
@@ -197,36 +207,38 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int j = 0; j < V; ++j) acc_dgamma[k][j] = acc_dbeta[k][j] = 0.f;
 
-  const kindex warps = kindex(gridDim.x) * kWarpsPerBlock;
-  for (kindex row = kindex(blockIdx.x) * kWarpsPerBlock + warp; row < N; row += warps) {
-    Pack<T> dyr[K], xr[K], gr[K];
+  const kindex warps = kindex(gridDim.x) * W;
+  for (kindex row = kindex(blockIdx.x) * W + warp; row < N; row += warps) {
+    Pack<T> dyr[K], xr[K];
     load_row(dy + row * H, P, lane, dyr);
     load_row(x + row * H, P, lane, xr);
-    load_row(gamma, P, lane, gr);
     const float mu = mean[row], rs = rstd[row];
     float sum_g = 0.f, sum_g_xhat = 0.f;
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (lane + 32 * k < P)
+      if (lane + 32 * k < P) {
+        const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[lane + 32 * k];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const float d = to_f(dyr[k].v[j]), xv = to_f(xr[k].v[j]);
-          const float g = d * to_f(gr[k].v[j]);
+          const float g = d * to_f(gp.v[j]);
           sum_g += g;
           sum_g_xhat += g * (xv - mu) * rs;
           acc_dgamma[k][j] += d * (xv - mu) * rs;  // LayerNormParamTerms' terms
           acc_dbeta[k][j] += d;
         }
+      }
     const float mean_g = warp_sum(sum_g) / float(H);
     const float mean_g_xhat = warp_sum(sum_g_xhat) / float(H);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int p = lane + 32 * k;
       if (p >= P) continue;
+      const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
       Pack<T> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float g = to_f(dyr[k].v[j]) * to_f(gr[k].v[j]);
+        const float g = to_f(dyr[k].v[j]) * to_f(gp.v[j]);
         const float xhat = (to_f(xr[k].v[j]) - mu) * rs;
         out.v[j] = from_f<T>(rs * (g - mean_g - xhat * mean_g_xhat));
       }
@@ -244,13 +256,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       stage[1][warp][lane * V + j] = acc_dbeta[k][j];
     }
     __syncthreads();
-    for (int q = threadIdx.x; q < 32 * V; q += kWarpsPerBlock * 32) {
+    for (int q = threadIdx.x; q < 32 * V; q += W * 32) {
       const kindex c = kindex(32 * V) * k + q;
       if (c >= H) continue;
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
         float s = 0.f;
-        for (int w = 0; w < kWarpsPerBlock; ++w) s += stage[v][w][q];
+        for (int w = 0; w < W; ++w) s += stage[v][w][q];
         partial[(kindex(blockIdx.x) * 2 + v) * H + c] = s;
       }
     }
@@ -331,15 +343,16 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
     using G = decltype(gz);
     const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx}, sizeof(T) == 4 ? kMaxPacksPerLane : 4) : 0;
     if (k != 0) {
-      const kindex row_blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
+      const int W = backward_warps(sizeof(T), k);
+      const kindex row_blocks = (N + W - 1) / W;
       const kindex blocks = row_blocks < kBackwardBlocks ? row_blocks : kBackwardBlocks;
       device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
       with_packs_per_lane(k, [&](auto kc) {
-        layernorm_backward_packed_kernel<T, decltype(kc)::value>
-            <<<unsigned(blocks), kWarpsPerBlock * 32, 0, kStream>>>(
-                static_cast<const T*>(dy), static_cast<const T*>(x),
-                static_cast<const T*>(gamma), mean, rstd, N, H, static_cast<T*>(dx),
-                partial.as<float>());
+        constexpr int K = decltype(kc)::value;
+        static_assert(backward_warps(sizeof(T), K) * 32 <= 1024);
+        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), W * 32, 0, kStream>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma),
+            mean, rstd, N, H, static_cast<T*>(dx), partial.as<float>());
         MESH_CUDA_LAUNCHED();
       });
       column_sums<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H,

@@ -355,11 +355,11 @@ TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
 
 // The packed layernorm kernels (kernels/cuda/layernorm.cu) take H a
 // multiple of 16 bytes up to 1024 fp32 / 2048 bf16 (backward: 1024 for
-// 16-bit types), K = 1..8 packs per lane; 1100 rows > 132 blocks x 8 warps,
-// so some warps of the fused backward take two rows. The backward's
+// 16-bit types), K = 1..8 packs per lane; 2500 rows > 132 blocks x 16
+// warps, so some warps of the fused backward take two rows. The backward's
 // dgamma/dbeta partials are added in a fixed order: two calls, same bits.
 TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
-  const index_t N = 1100;
+  const index_t N = 2500;
   for (DType dt : kDtypes)
     for (index_t H : {index_t(256), index_t(768), index_t(1024), index_t(1536), index_t(2048)}) {
       const std::string what = "layernorm " + name(dt) + " N=" + std::to_string(N) +
