@@ -166,14 +166,15 @@ void embedding_forward(DType t, const std::int32_t* ids, index_t N, const void* 
     if (H % kPack<T> == 0 && aligned16(table) && aligned16(out)) {
       const kindex packs = N * (H / kPack<T>);
       const auto* tab = static_cast<const T*>(table);
-      if (packs < kindex(UINT32_MAX))
+      T* o = static_cast<T*>(out);
+      if (packs < kindex(UINT32_MAX))  // 32-bit index division where it fits
         embedding_forward_packed_kernel<T, std::uint32_t>
             <<<grid_for(packs, kThreads), kThreads, 0, kStream>>>(ids, N, tab, V_local, H,
-                                                                  vocab_begin, static_cast<T*>(out));
+                                                                  vocab_begin, o);
       else
         embedding_forward_packed_kernel<T, std::uint64_t>
             <<<grid_for(packs, kThreads), kThreads, 0, kStream>>>(ids, N, tab, V_local, H,
-                                                                  vocab_begin, static_cast<T*>(out));
+                                                                  vocab_begin, o);
       MESH_CUDA_LAUNCHED();
       return;
     }

@@ -11,23 +11,25 @@
 // block barrier). The second and third passes re-read the row from L1/L2.
 //
 // Packed paths (taken when H is a multiple of V = 16 / sizeof(T), every
-// pointer is 16-byte aligned and a row fits in 32 * 8 packs, i.e. H <= 1024
-// fp32 / 2048 bf16; backward of 16-bit types H <= 1024): still one warp per row, but lane l loads packs
-// l, l + 32, ... (K of them, K a template constant) with 16-byte loads and
-// keeps the row in registers, so DRAM sees each row once and the loads are
-// wide. The formulas and the points where values round to T are the
-// scalar kernels' (same expressions, fp32 statistics); only the order in
-// which each lane adds its elements before the warp reduction differs
-// (lane l owns elements l V .. l V + V - 1, l V + 32 V, ... instead of
-// l, l + 32, ...), so results agree with the scalar path to fp32 rounding,
-// not bit for bit, and every run gives the same bits.
+// pointer is 16-byte aligned and a row fits in 32 * 8 packs: H <= 1024
+// fp32 / 2048 bf16, and H <= 1024 for the backward of 16-bit types): still
+// one warp per row, but lane l loads packs l, l + 32, ... (K of them, K a
+// template constant) with 16-byte loads and keeps the row in registers, so
+// DRAM sees each row once and the loads are wide. The formulas and the
+// points where values round to T are the scalar kernels' (same
+// expressions, fp32 statistics); only the order in which each lane adds
+// its elements before the warp reduction differs (lane l owns elements
+// l V .. l V + V - 1, l V + 32 V, ... instead of l, l + 32, ...), so the
+// results agree with the scalar path to fp32 rounding, not bit for bit,
+// and every run gives the same bits.
 // The packed backward also fuses dgamma and dbeta: each lane owns the same
 // columns in every row, so it accumulates its columns' terms over the rows
-// of its warp in registers; a block adds its 8 or 16 warps in warp order through
-// shared memory and writes one fp32 partial row per block (132 blocks at
-// most), and column_sums adds the partials in block order into the
-// gradients. Fixed grid (a function of N only), fixed orders, no atomics:
-// deterministic. dy and x are read once instead of twice.
+// of its warp in registers; a block adds its 8 or 16 warps in warp order
+// through shared memory and writes one fp32 partial row per block (132
+// blocks at most), and column_sums adds the partials in block order into
+// the gradients. The grid is a function of (N, H, dtype) only, the orders
+// are fixed, there are no atomics: deterministic. dy and x are read once
+// instead of twice.
 // Other shapes (odd H, views from slice_rows that are not 16-byte aligned,
 // very wide rows) take the scalar kernels, unchanged.
 #include <initializer_list>
@@ -341,7 +343,8 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
   with_storage_and_grad_type(t, g, "layernorm_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx}, sizeof(T) == 4 ? kMaxPacksPerLane : 4) : 0;
+    const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 4;  // 16-bit K > 4 would spill
+    const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx}, max_k) : 0;
     if (k != 0) {
       const int W = backward_warps(sizeof(T), k);
       const kindex row_blocks = (N + W - 1) / W;
