@@ -8,6 +8,11 @@
 //   add             out = a + b    (out may alias a or b: each thread reads
 //                                  its elements before writing them)
 // The pure elementwise ones go through map3() (common.cuh): 16-byte packs.
+// bias_add has a packed kernel too (C a multiple of V = 16 / sizeof(T) and
+// y, bias 16-byte aligned): one thread per pack of columns, its bias pack
+// in registers, rows on grid y; per element the same y + bias in fp32 and
+// one rounding to T as the scalar kernel, so the same bits. Otherwise the
+// scalar kernel.
 //   axpy            y += alpha x
 //   scale           x *= alpha
 //   sum_of_squares  sum x^2, each thread and block in double, block partials
@@ -31,6 +36,23 @@ __global__ void bias_add_kernel(T* __restrict__ y, const T* __restrict__ bias, k
   if (c >= C) return;
   const float b = load_f(bias, c);
   for (kindex r = blockIdx.y; r < N; r += gridDim.y) store_f(y, r * C + c, load_f(y, r * C + c) + b);
+}
+
+/// bias_add on packs: column pack cp = grid x, rows grid-strided on y.
+template <class T>
+__global__ void bias_add_packed_kernel(T* __restrict__ y, const T* __restrict__ bias, kindex N,
+                                       kindex packs_per_row) {
+  const kindex cp = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (cp >= packs_per_row) return;
+  const Pack<T> b = reinterpret_cast<const Pack<T>*>(bias)[cp];
+  Pack<T>* rows = reinterpret_cast<Pack<T>*>(y);
+  for (kindex r = blockIdx.y; r < N; r += gridDim.y) {
+    const Pack<T> in = rows[r * packs_per_row + cp];
+    Pack<T> out;
+#pragma unroll
+    for (int j = 0; j < kPack<T>; ++j) out.v[j] = from_f<T>(to_f(in.v[j]) + to_f(b.v[j]));
+    rows[r * packs_per_row + cp] = out;
+  }
 }
 
 template <class T>
@@ -80,7 +102,17 @@ void bias_add(DType t, void* y, const void* bias, index_t N, index_t C) {
   if (N * C == 0) return;
   with_storage_type(t, "bias_add", [&](auto zero) {
     using T = decltype(zero);
-    const dim3 grid(unsigned((C + kThreads - 1) / kThreads), unsigned(N < 8192 ? N : 8192));
+    const unsigned row_blocks = unsigned(N < 8192 ? N : 8192);
+    if (C % kPack<T> == 0 && aligned16(y) && aligned16(bias)) {
+      constexpr int kPackThreads = 128;  // C = 768 bf16 is 96 packs
+      const kindex packs = C / kPack<T>;
+      const dim3 grid(unsigned((packs + kPackThreads - 1) / kPackThreads), row_blocks);
+      bias_add_packed_kernel<T><<<grid, kPackThreads, 0, kStream>>>(
+          static_cast<T*>(y), static_cast<const T*>(bias), N, packs);
+      MESH_CUDA_LAUNCHED();
+      return;
+    }
+    const dim3 grid(unsigned((C + kThreads - 1) / kThreads), row_blocks);
     bias_add_kernel<T><<<grid, kThreads, 0, kStream>>>(static_cast<T*>(y),
                                                        static_cast<const T*>(bias), N, C);
     MESH_CUDA_LAUNCHED();

@@ -20,6 +20,11 @@
 //                  is the host's order and rounding exactly; a bf16/fp16
 //                  dtable is rounded once, at the store.
 //             Used for word ids and, through the model, for positions.
+// Forward, packed (H a multiple of V = 16 / sizeof(T), table and out
+// 16-byte aligned): one thread per 16-byte pack of an output row, 32-bit
+// index math when the pack count fits; each element goes through the same
+// load_f / store_f conversions as the scalar kernel (an exact round trip
+// for every finite value), so the same bits. Otherwise the scalar kernel.
 // Learned positions, out [N = batch * S, H]:
 //   forward   out[n, h] += table[n mod S, h]
 //   backward  dtable[s, h] += sum_{n mod S = s} dout[n, h], one thread per
@@ -43,6 +48,29 @@ __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ ids, k
     const kindex n = i / H, h = i % H;
     const kindex row = kindex(ids[n]) - vocab_begin;
     store_f(out, i, row >= 0 && row < V ? load_f(table, row * H + h) : 0.f);
+  }
+}
+
+template <class T, class I>
+__global__ void embedding_forward_packed_kernel(const std::int32_t* __restrict__ ids, kindex N,
+                                                const T* __restrict__ table, kindex V,
+                                                kindex H, kindex vocab_begin,
+                                                T* __restrict__ out) {
+  const I row_packs = I(H / kPack<T>);
+  const kindex packs = N * kindex(row_packs);
+  GRID_STRIDE(k, packs) {
+    const I n = I(k) / row_packs, q = I(k) - n * row_packs;
+    const kindex row = kindex(ids[n]) - vocab_begin;
+    Pack<T> o;
+    if (row >= 0 && row < V) {
+      const Pack<T> t = reinterpret_cast<const Pack<T>*>(table)[row * kindex(row_packs) + q];
+#pragma unroll
+      for (int j = 0; j < kPack<T>; ++j) o.v[j] = from_f<T>(to_f(t.v[j]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPack<T>; ++j) o.v[j] = from_f<T>(0.f);
+    }
+    reinterpret_cast<Pack<T>*>(out)[k] = o;
   }
 }
 
@@ -135,6 +163,21 @@ void embedding_forward(DType t, const std::int32_t* ids, index_t N, const void* 
   if (N * H == 0) return;
   with_storage_type(t, "embedding_forward", [&](auto zero) {
     using T = decltype(zero);
+    if (H % kPack<T> == 0 && aligned16(table) && aligned16(out)) {
+      const kindex packs = N * (H / kPack<T>);
+      const auto* tab = static_cast<const T*>(table);
+      T* o = static_cast<T*>(out);
+      if (packs < kindex(UINT32_MAX))  // 32-bit index division where it fits
+        embedding_forward_packed_kernel<T, std::uint32_t>
+            <<<grid_for(packs, kThreads), kThreads, 0, kStream>>>(ids, N, tab, V_local, H,
+                                                                  vocab_begin, o);
+      else
+        embedding_forward_packed_kernel<T, std::uint64_t>
+            <<<grid_for(packs, kThreads), kThreads, 0, kStream>>>(ids, N, tab, V_local, H,
+                                                                  vocab_begin, o);
+      MESH_CUDA_LAUNCHED();
+      return;
+    }
     embedding_forward_kernel<T><<<grid_for(N * H, kThreads), kThreads, 0, kStream>>>(
         ids, N, static_cast<const T*>(table), V_local, H, vocab_begin, static_cast<T*>(out));
     MESH_CUDA_LAUNCHED();

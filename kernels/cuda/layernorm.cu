@@ -9,6 +9,32 @@
 // One warp per row: rows of a transformer are 768..12288 wide, enough work
 // for 32 lanes, and a warp reduces with shuffles alone (no shared memory, no
 // block barrier). The second and third passes re-read the row from L1/L2.
+//
+// Packed paths (taken when H is a multiple of V = 16 / sizeof(T), every
+// pointer is 16-byte aligned and a row fits in 32 * 8 packs: H <= 1024
+// fp32 / 2048 bf16, and H <= 1024 for the backward of 16-bit types): still
+// one warp per row, but lane l loads packs l, l + 32, ... (K of them, K a
+// template constant) with 16-byte loads and keeps the row in registers, so
+// DRAM sees each row once and the loads are wide. The formulas and the
+// points where values round to T are the scalar kernels' (same
+// expressions, fp32 statistics); only the order in which each lane adds
+// its elements before the warp reduction differs (lane l owns elements
+// l V .. l V + V - 1, l V + 32 V, ... instead of l, l + 32, ...), so the
+// results agree with the scalar path to fp32 rounding, not bit for bit,
+// and every run gives the same bits.
+// The packed backward also fuses dgamma and dbeta: each lane owns the same
+// columns in every row, so it accumulates its columns' terms over the rows
+// of its warp in registers; a block adds its 8 or 16 warps in warp order
+// through shared memory and writes one fp32 partial row per block (132
+// blocks at most), and column_sums adds the partials in block order into
+// the gradients. The grid is a function of (N, H, dtype) only, the orders
+// are fixed, there are no atomics: deterministic. dy and x are read once
+// instead of twice.
+// Other shapes (odd H, views from slice_rows that are not 16-byte aligned,
+// very wide rows) take the scalar kernels, unchanged.
+#include <initializer_list>
+#include <type_traits>
+
 #include "kernels/cuda/column_sums.cuh"
 #include "ops/ops_cuda.hpp"
 
@@ -87,6 +113,205 @@ struct LayerNormParamTerms {
   }
 };
 
+// ------------------------------------------------------------ packed paths ---
+
+constexpr int kMaxPacksPerLane = 8;
+// The packed backward holds dy, x and 2 K V fp32 column sums per lane:
+// 128 registers for bf16 at K = 3 (H = 768), so one 512-thread block per
+// SM is resident (backward_warps); 132 blocks are one wave of an H100 and
+// 132 partial rows. 16-bit rows with K > 4 would spill (ptxas), so they
+// stay scalar.
+constexpr kindex kBackwardBlocks = 132;
+
+/// Loads packs lane, lane + 32, ... (< P) of a row into r.
+template <class T, int K>
+__device__ __forceinline__ void load_row(const T* row, int P, int lane, Pack<T> (&r)[K]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int p = lane + 32 * k;
+    if (p < P) r[k] = reinterpret_cast<const Pack<T>*>(row)[p];
+  }
+}
+
+template <class T, int K>
+__global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
+                                                const T* __restrict__ gamma,
+                                                const T* __restrict__ beta, kindex N, kindex H,
+                                                float eps, T* __restrict__ y,
+                                                float* __restrict__ mean,
+                                                float* __restrict__ rstd) {
+  constexpr int V = kPack<T>;
+  const kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31, P = int(H / V);
+  if (row >= N) return;
+  Pack<T> xr[K];
+  load_row(x + row * H, P, lane, xr);
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < P)
+#pragma unroll
+      for (int j = 0; j < V; ++j) sum += to_f(xr[k].v[j]);
+  const float mu = warp_sum(sum) / float(H);
+  float sq = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < P)
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = to_f(xr[k].v[j]) - mu;
+        sq += d * d;
+      }
+  const float rs = rsqrtf(warp_sum(sq) / float(H) + eps);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int p = lane + 32 * k;
+    if (p >= P) continue;
+    const Pack<T> g = reinterpret_cast<const Pack<T>*>(gamma)[p];
+    const Pack<T> b = reinterpret_cast<const Pack<T>*>(beta)[p];
+    Pack<T> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      out.v[j] = from_f<T>((to_f(xr[k].v[j]) - mu) * rs * to_f(g.v[j]) + to_f(b.v[j]));
+    reinterpret_cast<Pack<T>*>(y + row * H)[p] = out;
+  }
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+/// Warps per block of the packed backward: 16 (512 threads, so at most 128
+/// registers) where ptxas (nvcc 13, sm_90) fits the kernel in 128 registers
+/// without spills (bf16/fp16 K <= 3, fp32 K <= 6: H <= 768 either way),
+/// else 8. Either way one block per SM is resident.
+constexpr int backward_warps(std::size_t type_bytes, int K) {
+  return (type_bytes == 2 ? K <= 3 : K <= 6) ? 16 : 8;
+}
+
+/// dx as layernorm_backward_dx_kernel, plus per-block partial column sums
+/// partial[(block * 2 + 0) * H + c] (dgamma terms) and [... + 1] (dbeta).
+/// Warp w of the grid takes rows w, w + (warps in the grid), ... gamma is
+/// re-read per row (an L1 hit) rather than held, to save 4 K registers.
+template <class T, int K, int W = backward_warps(sizeof(T), K)>
+__global__ void __launch_bounds__(W * 32)
+    layernorm_backward_packed_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                     const T* __restrict__ gamma,
+                                     const float* __restrict__ mean,
+                                     const float* __restrict__ rstd, kindex N, kindex H,
+                                     T* __restrict__ dx, float* __restrict__ partial) {
+  constexpr int V = kPack<T>;
+  __shared__ float stage[2][W][32 * V];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, P = int(H / V);
+  float acc_dgamma[K][V], acc_dbeta[K][V];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc_dgamma[k][j] = acc_dbeta[k][j] = 0.f;
+
+  const kindex warps = kindex(gridDim.x) * W;
+  for (kindex row = kindex(blockIdx.x) * W + warp; row < N; row += warps) {
+    Pack<T> dyr[K], xr[K];
+    load_row(dy + row * H, P, lane, dyr);
+    load_row(x + row * H, P, lane, xr);
+    const float mu = mean[row], rs = rstd[row];
+    float sum_g = 0.f, sum_g_xhat = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < P) {
+        const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[lane + 32 * k];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float d = to_f(dyr[k].v[j]), xv = to_f(xr[k].v[j]);
+          const float g = d * to_f(gp.v[j]);
+          sum_g += g;
+          sum_g_xhat += g * (xv - mu) * rs;
+          acc_dgamma[k][j] += d * (xv - mu) * rs;  // LayerNormParamTerms' terms
+          acc_dbeta[k][j] += d;
+        }
+      }
+    const float mean_g = warp_sum(sum_g) / float(H);
+    const float mean_g_xhat = warp_sum(sum_g_xhat) / float(H);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int p = lane + 32 * k;
+      if (p >= P) continue;
+      const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
+      Pack<T> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float g = to_f(dyr[k].v[j]) * to_f(gp.v[j]);
+        const float xhat = (to_f(xr[k].v[j]) - mu) * rs;
+        out.v[j] = from_f<T>(rs * (g - mean_g - xhat * mean_g_xhat));
+      }
+      reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
+    }
+  }
+
+  // Block partials, pack slot by pack slot: column c = 32 V k + q for the
+  // q-th value of slot k (q = lane V + j). Warps are added in warp order.
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      stage[0][warp][lane * V + j] = acc_dgamma[k][j];
+      stage[1][warp][lane * V + j] = acc_dbeta[k][j];
+    }
+    __syncthreads();
+    for (int q = threadIdx.x; q < 32 * V; q += W * 32) {
+      const kindex c = kindex(32 * V) * k + q;
+      if (c >= H) continue;
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        float s = 0.f;
+        for (int w = 0; w < W; ++w) s += stage[v][w][q];
+        partial[(kindex(blockIdx.x) * 2 + v) * H + c] = s;
+      }
+    }
+    __syncthreads();  // stage is rewritten for the next slot
+  }
+}
+
+/// Row r of the partials as column_sums' source (acc[0] dgamma, acc[1] dbeta).
+struct BlockPartialTerms {
+  const float* partial;
+  kindex H;
+  __device__ void operator()(kindex r, kindex c, float* acc) const {
+    acc[0] += partial[(r * 2) * H + c];
+    acc[1] += partial[(r * 2 + 1) * H + c];
+  }
+};
+
+/// Smallest instantiated K >= packs / 32, or 0 when it exceeds max_k.
+int packs_per_lane(kindex packs, int max_k) {
+  const kindex need = (packs + 31) / 32;
+  for (int k : {1, 2, 3, 4, 6, kMaxPacksPerLane})
+    if (need <= k) return k <= max_k ? k : 0;
+  return 0;
+}
+
+/// Calls f(std::integral_constant<int, K>{}) for K = packs_per_lane(...).
+template <class F>
+void with_packs_per_lane(int k, F&& f) {
+  switch (k) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    default: f(std::integral_constant<int, kMaxPacksPerLane>{}); break;
+  }
+}
+
+/// K for the packed kernels, or 0 for the scalar ones.
+template <class T>
+int packed_k(kindex H, std::initializer_list<const void*> pointers, int max_k) {
+  if (H % kPack<T> != 0) return 0;
+  for (const void* p : pointers)
+    if (!aligned16(p)) return 0;
+  return packs_per_lane(H / kPack<T>, max_k);
+}
+
 }  // namespace
 
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, index_t N,
@@ -94,8 +319,18 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
   if (N == 0) return;
   with_storage_type(t, "layernorm_forward", [&](auto zero) {
     using T = decltype(zero);
-    layernorm_forward_kernel<T><<<grid_for(N, kWarpsPerBlock, 1LL << 31), kWarpsPerBlock * 32, 0,
-                                  kStream>>>(
+    const unsigned blocks = grid_for(N, kWarpsPerBlock, 1LL << 31);
+    if (const int k = packed_k<T>(H, {x, gamma, beta, y}, kMaxPacksPerLane)) {
+      with_packs_per_lane(k, [&](auto kc) {
+        layernorm_forward_packed_kernel<T, decltype(kc)::value>
+            <<<blocks, kWarpsPerBlock * 32, 0, kStream>>>(
+                static_cast<const T*>(x), static_cast<const T*>(gamma),
+                static_cast<const T*>(beta), N, H, float(eps), static_cast<T*>(y), mean, rstd);
+        MESH_CUDA_LAUNCHED();
+      });
+      return;
+    }
+    layernorm_forward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, kStream>>>(
         static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), N, H,
         float(eps), static_cast<T*>(y), mean, rstd);
     MESH_CUDA_LAUNCHED();
@@ -108,6 +343,25 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
   with_storage_and_grad_type(t, g, "layernorm_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
+    const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 4;  // 16-bit K > 4 would spill
+    const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx}, max_k) : 0;
+    if (k != 0) {
+      const int W = backward_warps(sizeof(T), k);
+      const kindex row_blocks = (N + W - 1) / W;
+      const kindex blocks = row_blocks < kBackwardBlocks ? row_blocks : kBackwardBlocks;
+      device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
+      with_packs_per_lane(k, [&](auto kc) {
+        constexpr int K = decltype(kc)::value;
+        static_assert(backward_warps(sizeof(T), K) * 32 <= 1024);
+        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), W * 32, 0, kStream>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma),
+            mean, rstd, N, H, static_cast<T*>(dx), partial.as<float>());
+        MESH_CUDA_LAUNCHED();
+      });
+      column_sums<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H,
+                     static_cast<G*>(dgamma), static_cast<G*>(dbeta));
+      return;
+    }
     if (N > 0) {
       layernorm_backward_dx_kernel<T><<<grid_for(N, kWarpsPerBlock, 1LL << 31),
                                         kWarpsPerBlock * 32, 0, kStream>>>(

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -352,6 +353,49 @@ TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
         }
 }
 
+// The packed layernorm kernels (kernels/cuda/layernorm.cu) take H a
+// multiple of 16 bytes up to 1024 fp32 / 2048 bf16 (backward: 1024 for
+// 16-bit types), K = 1..8 packs per lane; 2500 rows > 132 blocks x 16
+// warps, so some warps of the fused backward take two rows. The backward's
+// dgamma/dbeta partials are added in a fixed order: two calls, same bits.
+TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
+  const index_t N = 2500;
+  for (DType dt : kDtypes)
+    for (index_t H : {index_t(256), index_t(768), index_t(1024), index_t(1536), index_t(2048)}) {
+      const std::string what = "layernorm " + name(dt) + " N=" + std::to_string(N) +
+                               " H=" + std::to_string(H);
+      const Pair x = input({N, H}, dt, -2.0, 3.0), gamma = input({H}, dt), beta = input({H}, dt);
+      Pair y = output({N, H}, dt), mean = output({N}, DType::F32), rstd = output({N}, DType::F32);
+      layernorm_forward(x.host, gamma.host, beta.host, 1e-5, y.host, mean.host, rstd.host);
+      layernorm_forward(x.dev, gamma.dev, beta.dev, 1e-5, y.dev, mean.dev, rstd.dev);
+      expect_close(y, dt, what + " y");
+      expect_close(mean, DType::F32, what + " mean");
+      expect_close(rstd, DType::F32, what + " rstd");
+
+      const Pair dy = input({N, H}, dt);
+      Pair dx = output({N, H}, dt), dgamma = input({H}, DType::F32), dbeta = input({H}, DType::F32);
+      const Tensor mean_dev = mean.host.to_device(), rstd_dev = rstd.host.to_device();
+      const Tensor dgamma0 = dgamma.dev.clone(), dbeta0 = dbeta.dev.clone();
+      layernorm_backward(dy.host, x.host, gamma.host, mean.host, rstd.host, dx.host, dgamma.host,
+                         dbeta.host);
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean_dev, rstd_dev, dx.dev, dgamma.dev,
+                         dbeta.dev);
+      expect_close(dx, dt, what + " dx");
+      expect_close(dgamma, dt, what + " dgamma");
+      expect_close(dbeta, dt, what + " dbeta");
+
+      Tensor dx2 = Tensor::empty({N, H}, dt, MemorySpace::Cuda), dgamma2 = dgamma0.clone(),
+             dbeta2 = dbeta0.clone();
+      dx2.fill(kNaN);
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean_dev, rstd_dev, dx2, dgamma2, dbeta2);
+      EXPECT_TRUE(dx2.to_doubles() == dx.dev.to_doubles()) << what << ": dx differs between calls";
+      EXPECT_TRUE(dgamma2.to_doubles() == dgamma.dev.to_doubles())
+          << what << ": dgamma differs between calls";
+      EXPECT_TRUE(dbeta2.to_doubles() == dbeta.dev.to_doubles())
+          << what << ": dbeta differs between calls";
+    }
+}
+
 // ============================================================== Softmax ==
 
 TEST_F(GpuOps, ScaledCausalSoftmaxForwardAndBackwardMatchHost) {
@@ -508,6 +552,47 @@ TEST_F(GpuOps, DropoutMaskIsIdenticalToTheHost) {
           expect_close(*out, dt, what);
         }
       }
+}
+
+// kernels/cuda/dropout.cu has a packed kernel (16-byte aligned in and out;
+// index carries within a pack) and the scalar one (anything else). Both
+// must give the host's mask: rows of 768 (packs never cross a row), and a
+// view from slice_rows(1, ...) of 130-wide rows (start 260 or 520 bytes in:
+// not 16-byte aligned, so the scalar kernel), placed at b_offset = 1.
+TEST_F(GpuOps, DropoutPackedAndUnalignedPathsGiveTheHostMask) {
+  for (DType dt : kDtypes)
+    for (index_t C : {index_t(768), index_t(130)}) {
+      const index_t rows = 41;
+      const bool sliced = C == 130;
+      DropoutSite site;
+      site.seed = 0xfeedbeef12345ULL;
+      site.step = 11;
+      site.stream = 5;
+      site.a = 1, site.b = sliced ? rows - 1 : rows, site.c = C;
+      site.b_offset = sliced ? 1 : 0;
+      site.b_global = rows, site.c_global = C;
+      const std::string what = "dropout " + name(dt) + " C=" + std::to_string(C) +
+                               (sliced ? " unaligned view" : " packed");
+      Tensor xh = random_host({rows, C}, 0.5, 1.5);
+      const Tensor rounded = xh.to(dt);
+      const Tensor x_host_full = rounded.to(DType::F32), x_dev_full = rounded.to_device();
+      const Tensor x_host = sliced ? x_host_full.slice_rows(1, rows) : x_host_full;
+      const Tensor x_dev = sliced ? x_dev_full.slice_rows(1, rows) : x_dev_full;
+      if (sliced)
+        ASSERT_NE(reinterpret_cast<std::uintptr_t>(x_dev.raw()) % 16, 0u) << what;
+      Pair y = output(x_host.shape(), dt);
+      dropout_forward(x_host, 0.3, site, y.host);
+      dropout_forward(x_dev, 0.3, site, y.dev);
+      const std::vector<double> d = y.dev.to_doubles(), h = y.host.to_doubles();
+      index_t mismatches = 0, dropped = 0;
+      for (std::size_t i = 0; i < h.size(); ++i) {
+        mismatches += (d[i] == 0.0) != (h[i] == 0.0);
+        dropped += h[i] == 0.0;
+      }
+      EXPECT_EQ(mismatches, 0) << what << ": masks differ";
+      EXPECT_GT(dropped, 0) << what;
+      expect_close(y, dt, what);
+    }
 }
 
 // ============================================================ Embedding ==
