@@ -186,5 +186,23 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{1, 1, 2, "1f1b", true, false}),
     [](const auto& info) { return info.param.name(); });
 
+// Overlapped gradient reduction on the device: the buckets' reduce-scatters
+// run as grouped ncclReduce on the communicator's non-blocking stream while
+// the backward continues; the result must equal the 1-GPU run, and the
+// buckets must really have started from the backward hook.
+TEST(GpuTraining, OverlappedGradReduceMatchesOneGpuRun) {
+  REQUIRE_TWO_GPUS();
+  Layout layout{1, 1, 2, "1f1b", true, false};
+  layout.overrides = {"parallel.overlap_grad_reduce=true", "parallel.grad_bucket_size=20000"};
+  const RunResult got =
+      testing::train_layout(MPI_COMM_WORLD, layout, DType::F32, 3, MemorySpace::Cuda);
+  ASSERT_GE(got.bucket_count, 3);
+  for (std::size_t k = 0; k < got.buckets_started_early.size(); ++k) {
+    EXPECT_GE(got.buckets_started_early[k], got.bucket_count - 1) << "step " << k + 1;
+    EXPECT_EQ(got.dp_nonblocking_started[k], got.bucket_count) << "step " << k + 1;
+  }
+  if (is_rank0()) expect_same_run(got, one_gpu_reference());
+}
+
 }  // namespace
 }  // namespace meshtron
