@@ -12,7 +12,7 @@
 //
 // Packed paths (taken when H is a multiple of V = 16 / sizeof(T), every
 // pointer is 16-byte aligned and a row fits in 32 * 8 packs: H <= 1024
-// fp32 / 2048 bf16, and H <= 1024 for the backward of 16-bit types): still
+// fp32 / 2048 bf16, and H <= 1536 for the backward of 16-bit types): still
 // one warp per row, but lane l loads packs l, l + 32, ... (K of them, K a
 // template constant) with 16-byte loads and keeps the row in registers, so
 // DRAM sees each row once and the loads are wide. The formulas and the
@@ -119,8 +119,9 @@ constexpr int kMaxPacksPerLane = 8;
 // The packed backward holds dy, x and 2 K V fp32 column sums per lane:
 // 128 registers for bf16 at K = 3 (H = 768), so one 512-thread block per
 // SM is resident (backward_warps); 132 blocks are one wave of an H100 and
-// 132 partial rows. 16-bit rows with K > 4 would spill (ptxas), so they
-// stay scalar.
+// 132 partial rows. 16-bit rows with K = 8 would spill (ptxas: 192 bytes),
+// so rows wider than 32 x 6 packs (H > 1536 in bf16/fp16) stay scalar; K = 6
+// (8-warp blocks, no spills) covers GPT-2 774M's H = 1280.
 constexpr kindex kBackwardBlocks = 132;
 
 /// Loads packs lane, lane + 32, ... (< P) of a row into r.
@@ -343,7 +344,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
   with_storage_and_grad_type(t, g, "layernorm_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 4;  // 16-bit K > 4 would spill
+    const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 6;  // 16-bit K = 8 spills
     const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx}, max_k) : 0;
     if (k != 0) {
       const int W = backward_warps(sizeof(T), k);

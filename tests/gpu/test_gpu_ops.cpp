@@ -361,7 +361,7 @@ TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
 TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
   const index_t N = 2500;
   for (DType dt : kDtypes)
-    for (index_t H : {index_t(256), index_t(768), index_t(1024), index_t(1536), index_t(2048)}) {
+    for (index_t H : {index_t(256), index_t(768), index_t(1024), index_t(1280), index_t(1536), index_t(2048)}) {
       const std::string what = "layernorm " + name(dt) + " N=" + std::to_string(N) +
                                " H=" + std::to_string(H);
       const Pair x = input({N, H}, dt, -2.0, 3.0), gamma = input({H}, dt), beta = input({H}, dt);
