@@ -4,7 +4,8 @@
 // for either storage type, grid-stride loops (any grid covers any n):
 //   bias_add        y[n, c] += bias[c]
 //   bias_backward   dbias[c] += sum_n dy[n, c]    (column_sums.cuh: split
-//                                                 rows, fixed-order finish)
+//                                                 rows, 16-byte packs of
+//                                                 columns, fixed-order finish)
 //   add             out = a + b    (out may alias a or b: each thread reads
 //                                  its elements before writing them)
 // The pure elementwise ones go through map3() (common.cuh): 16-byte packs.
@@ -54,13 +55,6 @@ __global__ void bias_add_packed_kernel(T* __restrict__ y, const T* __restrict__ 
     rows[r * packs_per_row + cp] = out;
   }
 }
-
-template <class T>
-struct BiasTerms {
-  const T* dy;
-  kindex C;
-  __device__ void operator()(kindex r, kindex c, float* acc) const { acc[0] += load_f(dy, r * C + c); }
-};
 
 struct Add {
   __device__ float operator()(float a, float b, float) const { return a + b; }
@@ -123,7 +117,7 @@ void bias_backward(DType t, DType g, const void* dy, index_t N, index_t C, void*
   with_storage_and_grad_type(t, g, "bias_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    column_sums<1>(BiasTerms<T>{static_cast<const T*>(dy), C}, N, C, static_cast<G*>(dbias));
+    plain_column_sums(static_cast<const T*>(dy), N, C, static_cast<G*>(dbias));
   });
 }
 

@@ -635,6 +635,30 @@ TEST_F(GpuOps, EmbeddingsForwardAndBackwardMatchHost) {
         }
 }
 
+// bias_backward reads 16-byte packs of columns where it can (C % V == 0,
+// aligned) and single columns otherwise; both add every column's rows in
+// the same order, so the same data at a misaligned address (the scalar
+// path) must give the same bits.
+TEST_F(GpuOps, BiasBackwardPackedAndScalarPathsGiveTheSameBits) {
+  for (DType dt : kDtypes) {
+    const index_t N = 8192, C = 1280;
+    const Tensor flat = input({N * C + 1}, dt).dev;
+    const Tensor aligned = flat.slice_rows(0, N * C).reshape({N, C});
+    Tensor shifted = Tensor::empty({N * C + 1}, dt, MemorySpace::Cuda);
+    shifted.slice_rows(1, N * C + 1).copy_from(aligned.reshape({N * C}));
+    const Tensor misaligned = shifted.slice_rows(1, N * C + 1).reshape({N, C});
+    Tensor packed = Tensor::zeros({C}, DType::F32, MemorySpace::Cuda);
+    Tensor scalar = Tensor::zeros({C}, DType::F32, MemorySpace::Cuda);
+    bias_backward(aligned, packed);
+    bias_backward(misaligned, scalar);
+    EXPECT_TRUE(packed.to_doubles() == scalar.to_doubles()) << name(dt);
+    const Tensor host = aligned.to_host().to(DType::F32);
+    Tensor reference = Tensor::zeros({C}, DType::F32, MemorySpace::Host);
+    bias_backward(host, reference);
+    expect_close(Pair{reference, packed}, dt, "bias_backward packed " + name(dt));
+  }
+}
+
 // The backward sums repeated ids in token order (kernels/cuda/embedding.cu):
 // into an fp32 table it is the host's result bit for bit (same order, same
 // roundings; bf16/fp16 dout are exact fp32 numbers),
