@@ -16,7 +16,7 @@
 // scalar kernel.
 //   axpy            y += alpha x
 //   scale           x *= alpha
-//   sum_of_squares  sum x^2, each thread and block in double, block partials
+//   sum_of_squares  sum x^2 (16-byte packs), each thread and block in double, block partials
 //                   summed by one block in a fixed order (deterministic:
 //                   the gradient-norm clip must not depend on scheduling)
 #include <vector>
@@ -73,7 +73,20 @@ __global__ void sum_of_squares_partial_kernel(const T* __restrict__ x, kindex n,
                                               double* __restrict__ partial) {
   __shared__ double scratch[32];
   double acc = 0.0;
-  GRID_STRIDE(i, n) {
+  // 16-byte packs where x is aligned (gradients always are), the rest (and
+  // any unaligned tensor) element by element.
+  constexpr int V = kPack<T>;
+  const kindex packs = (reinterpret_cast<std::uintptr_t>(x) & 15u) == 0 ? n / V : 0;
+  GRID_STRIDE(k, packs) {
+    const Pack<T> p = reinterpret_cast<const Pack<T>*>(x)[k];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const double v = to_f(p.v[j]);
+      acc += v * v;
+    }
+  }
+  for (kindex i = packs * V + kindex(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += kindex(gridDim.x) * blockDim.x) {
     const double v = load_f(x, i);
     acc += v * v;
   }
