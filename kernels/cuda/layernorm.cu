@@ -70,12 +70,19 @@ __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __res
   }
 }
 
+/// dx as stored: the layernorm gradient rounded to T, plus the residual
+/// branch's gradient at element i when there is one (the rounding add() does).
+template <class T>
+__device__ __forceinline__ float with_residual(float dx, const T* residual, kindex i) {
+  return residual ? round_to<T>(dx) + load_f(residual, i) : dx;
+}
+
 template <class T>
 __global__ void layernorm_backward_dx_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                              const T* __restrict__ gamma,
                                              const float* __restrict__ mean,
                                              const float* __restrict__ rstd, kindex N, kindex H,
-                                             T* __restrict__ dx) {
+                                             T* __restrict__ dx, const T* __restrict__ residual) {
   const kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
@@ -94,7 +101,7 @@ __global__ void layernorm_backward_dx_kernel(const T* __restrict__ dy, const T* 
   for (kindex h = lane; h < H; h += 32) {
     const float g = load_f(dyr, h) * load_f(gamma, h);
     const float xhat = (load_f(xr, h) - mu) * rs;
-    store_f(dxr, h, rs * (g - mean_g - xhat * mean_g_xhat));
+    store_f(dxr, h, with_residual<T>(rs * (g - mean_g - xhat * mean_g_xhat), residual, row * H + h));
   }
 }
 
@@ -200,7 +207,8 @@ __global__ void __launch_bounds__(W * 32)
                                      const T* __restrict__ gamma,
                                      const float* __restrict__ mean,
                                      const float* __restrict__ rstd, kindex N, kindex H,
-                                     T* __restrict__ dx, float* __restrict__ partial) {
+                                     T* __restrict__ dx, const T* __restrict__ residual,
+                                     float* __restrict__ partial) {
   constexpr int V = kPack<T>;
   __shared__ float stage[2][W][32 * V];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, P = int(H / V);
@@ -238,12 +246,15 @@ __global__ void __launch_bounds__(W * 32)
       const int p = lane + 32 * k;
       if (p >= P) continue;
       const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
+      Pack<T> res{};
+      if (residual) res = reinterpret_cast<const Pack<T>*>(residual + row * H)[p];
       Pack<T> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float g = to_f(dyr[k].v[j]) * to_f(gp.v[j]);
         const float xhat = (to_f(xr[k].v[j]) - mu) * rs;
-        out.v[j] = from_f<T>(rs * (g - mean_g - xhat * mean_g_xhat));
+        const float d = rs * (g - mean_g - xhat * mean_g_xhat);
+        out.v[j] = from_f<T>(residual ? round_to<T>(d) + to_f(res.v[j]) : d);
       }
       reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
     }
@@ -340,12 +351,15 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
 
 void layernorm_backward(DType t, DType g, const void* dy, const void* x, const void* gamma,
                         const float* mean, const float* rstd, index_t N, index_t H, void* dx,
-                        void* dgamma, void* dbeta) {
+                        void* dgamma, void* dbeta, const void* residual_grad) {
   with_storage_and_grad_type(t, g, "layernorm_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
     const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 6;  // 16-bit K = 8 spills
-    const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx}, max_k) : 0;
+    const T* residual = static_cast<const T*>(residual_grad);
+    const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx, residual_grad ? residual_grad : dx},
+                                      max_k)
+                        : 0;
     if (k != 0) {
       const int W = backward_warps(sizeof(T), k);
       const kindex row_blocks = (N + W - 1) / W;
@@ -356,7 +370,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
         static_assert(backward_warps(sizeof(T), K) * 32 <= 1024);
         layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), W * 32, 0, kStream>>>(
             static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma),
-            mean, rstd, N, H, static_cast<T*>(dx), partial.as<float>());
+            mean, rstd, N, H, static_cast<T*>(dx), residual, partial.as<float>());
         MESH_CUDA_LAUNCHED();
       });
       column_sums<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H,
@@ -367,7 +381,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
       layernorm_backward_dx_kernel<T><<<grid_for(N, kWarpsPerBlock, 1LL << 31),
                                         kWarpsPerBlock * 32, 0, kStream>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma), mean,
-          rstd, N, H, static_cast<T*>(dx));
+          rstd, N, H, static_cast<T*>(dx), residual);
       MESH_CUDA_LAUNCHED();
     }
     column_sums<2>(LayerNormParamTerms<T>{static_cast<const T*>(dy), static_cast<const T*>(x),

@@ -33,10 +33,10 @@ Tensor LayerNorm::forward(const Tensor& x, Cache& cache) const {
   return y;
 }
 
-Tensor LayerNorm::backward(const Tensor& dy, const Cache& cache) {
+Tensor LayerNorm::backward(const Tensor& dy, const Cache& cache, const Tensor* residual_grad) {
   Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
   ops::layernorm_backward(dy, cache.x, weight.value, cache.mean, cache.rstd, dx,
-                          weight.grad, bias.grad);
+                          weight.grad, bias.grad, residual_grad);
   return dx;
 }
 

@@ -18,8 +18,9 @@ class LayerNorm {
   LayerNorm(const std::string& name, index_t hidden, double eps, DType dtype,
             bool sequence_parallel, MemorySpace space = MemorySpace::Host);
   Tensor forward(const Tensor& x, Cache& cache) const;
-  /// Returns dx; accumulates weight and bias gradients.
-  Tensor backward(const Tensor& dy, const Cache& cache);
+  /// Returns dx (+ residual_grad, summed in the same kernel, when given);
+  /// accumulates weight and bias gradients.
+  Tensor backward(const Tensor& dy, const Cache& cache, const Tensor* residual_grad = nullptr);
   void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
 
   Parameter weight, bias;

@@ -74,15 +74,13 @@ Tensor TransformerLayer::backward(const Tensor& dy, LayerContext& ctx, const Cac
 }
 
 Tensor TransformerLayer::backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  // dh = dy + d(mlp branch); dx = dh + d(attention branch)
+  // dh = dy + d(mlp branch); dx = dh + d(attention branch). The residual
+  // sums happen inside the layernorm backwards (one pass fewer each).
   Tensor dh = ln_2.backward(mlp.backward(dropout_backward(dy, kStreamMlpOut, ctx), ctx, c.mlp),
-                            c.ln_2);
-  ops::add(dh, dy, dh);
-  Tensor dx = ln_1.backward(
+                            c.ln_2, &dy);
+  return ln_1.backward(
       attention.backward(dropout_backward(dh, kStreamAttentionOut, ctx), ctx, c.attention),
-      c.ln_1);
-  ops::add(dx, dh, dx);
-  return dx;
+      c.ln_1, &dh);
 }
 
 }  // namespace meshtron

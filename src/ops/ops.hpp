@@ -41,10 +41,13 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
 /// Saves mean [N] and rstd [N] (always fp32/fp64 as x) for the backward.
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        double eps, Tensor& y, Tensor& mean, Tensor& rstd);
-/// dx = d/dx (overwrite); dgamma, dbeta accumulate.
+/// dx = d/dx (overwrite); dgamma, dbeta accumulate. With `residual_grad`
+/// (the gradient of a residual branch around the layernorm, x's shape),
+/// dx = (d/dx rounded to dx's dtype) + residual_grad: the same bits as the
+/// backward followed by add(), without the extra pass over memory.
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                         const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                        Tensor& dgamma, Tensor& dbeta);
+                        Tensor& dgamma, Tensor& dbeta, const Tensor* residual_grad = nullptr);
 
 // --------------------------------------------------------------- Softmax ---
 /// Scale, causal mask and softmax over the last dim of scores [B, S, S]

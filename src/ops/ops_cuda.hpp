@@ -46,7 +46,7 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
                        index_t H, double eps, void* y, float* mean, float* rstd);
 void layernorm_backward(DType t, DType g, const void* dy, const void* x, const void* gamma,
                         const float* mean, const float* rstd, index_t N, index_t H, void* dx,
-                        void* dgamma, void* dbeta);
+                        void* dgamma, void* dbeta, const void* residual_grad);
 
 // --------------------------------------------------------------- Softmax ---
 void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t S,

@@ -325,7 +325,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                        const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+                        const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                        const Tensor* residual_grad) {
   const char* op = "layernorm_backward";
   const Arg ady{"dy", dy}, ax{"x", x}, ag{"gamma", gamma}, am{"mean", mean}, ar{"rstd", rstd},
       adx{"dx", dx}, adg{"dgamma", dgamma}, adb{"dbeta", dbeta};
@@ -344,10 +345,18 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
                                      << " elements, the last dim of " << describe(ax));
   require_per_row(op, am, N, ax);
   require_per_row(op, ar, N, ax);
+  if (residual_grad) {
+    const Arg arg{"residual_grad", *residual_grad};
+    on_device(op, {ax, arg});
+    require_float_args(op, {ax, arg});
+    MESH_VERIFY(residual_grad->shape() == x.shape(),
+                op << ": " << describe(arg) << " must match " << describe(ax));
+  }
   if (device) {
     ON_CUDA(cuda::layernorm_backward(x.dtype(), dgamma.dtype(), dy.raw(), x.raw(), gamma.raw(),
                                      mean.data<float>(), rstd.data<float>(), N, H, dx.raw(),
-                                     dgamma.raw(), dbeta.raw()));
+                                     dgamma.raw(), dbeta.raw(),
+                                     residual_grad ? residual_grad->raw() : nullptr));
     return;
   }
   with_float_type(x.dtype(), [&](auto zero) {
@@ -356,6 +365,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
                                       rstd.data<T>(), N, H, dx.data<T>(), dgamma.data<T>(),
                                       dbeta.data<T>());
   });
+  if (residual_grad) add(dx, *residual_grad, dx);
 }
 
 // --------------------------------------------------------------- Softmax ---

@@ -398,6 +398,39 @@ TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
 
 // ============================================================== Softmax ==
 
+// The transformer layer's residual gradient rides in the layernorm
+// backward: dx = round(layernorm dx) + residual must be the bits of the
+// backward followed by add(), on the packed (H = 1280) and scalar (H = 130)
+// paths, and match the host.
+TEST_F(GpuOps, LayerNormBackwardWithResidualEqualsBackwardThenAdd) {
+  const index_t N = 300;
+  for (DType dt : kDtypes)
+    for (index_t H : {index_t(130), index_t(1280)}) {
+      const std::string what = name(dt) + " H=" + std::to_string(H);
+      const Pair x = input({N, H}, dt, -2.0, 3.0), gamma = input({H}, dt), beta = input({H}, dt);
+      const Pair dy = input({N, H}, dt), residual = input({N, H}, dt);
+      Pair y = output({N, H}, dt), mean = output({N}, DType::F32), rstd = output({N}, DType::F32);
+      layernorm_forward(x.host, gamma.host, beta.host, 1e-5, y.host, mean.host, rstd.host);
+      layernorm_forward(x.dev, gamma.dev, beta.dev, 1e-5, y.dev, mean.dev, rstd.dev);
+      Tensor two_pass = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
+      Tensor dg1 = Tensor::zeros({H}, DType::F32, MemorySpace::Cuda), db1 = dg1.clone();
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, two_pass, dg1, db1);
+      add(two_pass, residual.dev, two_pass);
+
+      Pair fused = output({N, H}, dt);
+      Tensor dg2 = Tensor::zeros({H}, DType::F32, MemorySpace::Cuda), db2 = dg2.clone();
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, fused.dev, dg2, db2,
+                         &residual.dev);
+      EXPECT_TRUE(fused.dev.to_doubles() == two_pass.to_doubles()) << what;
+      EXPECT_TRUE(dg2.to_doubles() == dg1.to_doubles()) << what;
+
+      Tensor dgh = Tensor::zeros({H}, DType::F32), dbh = dgh.clone();
+      layernorm_backward(dy.host, x.host, gamma.host, mean.host, rstd.host, fused.host, dgh, dbh,
+                         &residual.host);
+      expect_close(fused, dt, "layernorm_backward + residual " + what);
+    }
+}
+
 TEST_F(GpuOps, ScaledCausalSoftmaxForwardAndBackwardMatchHost) {
   for (DType dt : kDtypes)
     for (index_t S : kRows) {
