@@ -7,21 +7,26 @@
 // ever reaches memory.
 //
 // Tensor cores: mma.sync.m16n8k16 (bf16/fp16 in, fp32 out), operands read
-// from shared memory with ldmatrix. Every warp owns 16 rows of the output
-// tile. A score tile's fp32 accumulator fragment has exactly the layout of
-// the A operand of the next mma, so P (or dS) goes from one GEMM to the
-// next in registers, rounded to the storage type. Shared tiles have rows of
+// from shared memory with ldmatrix. Every warp owns 16 or 32 rows (one or
+// two m16 tiles: with two, each B fragment read feeds two MMAs) of the
+// output tile; operands the warp reuses in every step of its walk (Q, or K
+// and V, or Q and dO) may stay in registers. A score tile's fp32
+// accumulator fragment has exactly the layout of the A operand of the next
+// mma, so P (or dS) goes from one GEMM to the next in registers, rounded to
+// the storage type. Shared tiles have rows of
 // D + 8 elements, so the 8 rows one ldmatrix reads fall in distinct banks.
 // Global -> shared copies are cp.async (16 bytes, zero-filled past S),
 // double-buffered: the next tile loads while the current one is used.
 //
-// Forward: one CTA per block of query rows (16 per warp); it walks the
+// Forward: one CTA per block of query rows (16 or 32 per warp); it walks the
 // key/value blocks up to the causal diagonal only, keeping the running row
-// max m and sum l (log2 domain, exp2f) in registers; lse = (m + log2 l) ln 2.
+// max m and sum l (log2 domain, ex2.approx; the softmax scale folded into the
+// exponent's fma) in registers; lse = (m + log2 l) ln 2. The causal mask is
+// applied only to the blocks the diagonal crosses.
 //
 // Backward, deterministic (no atomics; the same bits every run):
-//   1. delta_i = dout_i . out_i                            (one warp per row)
-//   2. dK, dV: one CTA per block of keys (16 per warp), walking the query
+//   1. delta_i = dout_i . out_i                    (D / 8 lanes per row)
+//   2. dK, dV: one CTA per block of keys (16 or 32 per warp), walking the query
 //      blocks from the diagonal to the end; P^T, dP^T and dS^T are rebuilt
 //      per tile from the saved lse; dV += P^T dO, dK += dS^T Q stay in
 //      registers.
@@ -31,7 +36,6 @@
 // fp32 atomics into dQ) for a result that does not depend on scheduling.
 //
 // Grids run the heaviest CTAs (longest causal walk) first.
-#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -636,62 +640,43 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 
 // ---------------------------------------------------------------- dispatch ---
 
-// The tilings in use: the fastest of a sweep on an H100 at B = 96..128,
-// S = 1024 and 2048 (perf/bench_cuda_ops.cpp's attention cases), among
-// 4 or 8 warps and blocks of 32..128. Alternatives measured (forward,
-// dK/dV, dQ ms at B = 8x12, S = 1024, D = 64 | B = 8x16, D = 128):
-//   forward 8 warps, Bc 64: 0.114 | 0.225; 4 warps, Bc 64: 0.101 | 0.212;
-//           8 warps, Bc 128: 0.109 | 0.203
-//   dK/dV   8 warps, Br 64|32: backward 0.343 | 0.768; 4 warps, same: 0.330 | 0.716;
-//           4 warps, Br 128|64: 0.334 | 0.677
-//   dQ      8 warps, Bc 64: backward 0.343 | 0.768; 4 warps, Bc 128|32: 0.306 | 0.772
+// The tilings in use: the fastest of two sweeps on an H100 at B = 96..128,
+// S = 1024 and 2048 (perf/bench_cuda_ops.cpp's attention cases). Times are
+// ms at B = 8x12, S = 1024, D = 64 | B = 8x16, S = 1024, D = 128; Wn = n
+// warps, Mm = 16m rows (or keys) per warp, +regs = the loop-invariant A
+// operand (Q; K and V; Q and dO) held in registers.
+// First sweep (16 rows per warp, A operands re-read from shared memory, the
+// scale applied by a separate multiply, exp2f):
+//   forward W8 Bc64: 0.114 | 0.225; W4 Bc64: 0.101 | 0.212; W8 Bc128: 0.109 | 0.203
+//   dK/dV   W8 Br64|32: backward 0.343 | 0.768; W4, same: 0.330 | 0.716;
+//           W4 Br128|64: 0.334 | 0.677
+//   dQ      W8 Bc64: backward 0.343 | 0.768; W4 Bc128|32: 0.306 | 0.772
+// Second sweep (scale folded into one fma, ex2.approx, 16-byte row_dot; the
+// backward column with the other pass at its default):
+//   forward D64: W4 M1 Bc64 0.088; +regs 0.089; W4 M2 Bc64 +regs 0.085 (S = 2048:
+//           0.143 against 0.157); W4 M2 Bc64 0.088; W8 M2 Bc64 +regs 0.096;
+//           W4 M2 Bc32 +regs 0.104; W4 M1 Bc128 +regs 0.091
+//           D128: W8 M1 Bc128 0.194; W4 M2 Bc32 0.192; W8 M2 Bc32 0.211;
+//           W8 M1 Bc64 +regs 0.218; W8 M1 Bc32 +regs 0.237
+//   dK/dV   D64: W4 M1 Br64 0.273; +regs 0.276; W4 M2 Br32 0.288; W8 M2 Br32 0.318;
+//           W2 M2 Br32 0.285; W4 M1 Br32 +regs 0.278
+//           D128: W4 M1 Br64 0.615; W4 M1 Br32 0.656; +regs 0.652; W8 M1 Br16 0.874
+//   dQ      D64: W4 M1 Bc128 0.272; W4 M1 Bc64 +regs 0.284; W4 M2 Bc64 0.269;
+//           W4 M2 Bc32 +regs 0.280; W8 M2 Bc64 0.282; W4 M2 Bc32 0.274;
+//           W8 M2 Bc32 +regs 0.293
+//           D128: W8 M1 Bc64 0.615; W4 M2 Bc32 0.618; W8 M2 Bc32 0.613;
+//           W8 M1 Bc32 +regs 0.618; W4 M1 Bc64 +regs 0.577
+// Two m-tiles per warp halve the B-fragment reads per MMA but cost occupancy
+// (220-255 registers: 2 CTAs of 4 warps per SM); only the D = 64 forward and
+// dQ gain from them.
 template <int D>
-using FwdTiling =
-    std::conditional_t<D == 64, FwdTiles<64, 4, 1, 64, false>, FwdTiles<D, 8, 1, 128, false>>;
+using FwdTiling = std::conditional_t<D == 64, FwdTiles<64, 4, 2, 64, true>,
+                                     FwdTiles<D, 8, 1, 128, false>>;
 template <int D>
 using DkDvTiling = DkDvTiles<D, 4, 1, 64, false>;
 template <int D>
 using DqTiling =
-    std::conditional_t<D == 64, DqTiles<64, 4, 1, 128, false>, DqTiles<D, 8, 1, 64, false>>;
-
-// SWEEP (temporary): MESHTRON_FLASH_{FWD,DKDV,DQ}=i picks variant i (bf16 only).
-int sweep_variant(const char* name) {
-  const char* s = std::getenv(name);
-  return s ? std::atoi(s) : 0;
-}
-template <class... Tiles>
-struct TileList {};
-template <class Launcher, class First, class... Rest>
-void launch_variant(int i, TileList<First, Rest...>, Launcher&& l) {
-  if (i == 0 || sizeof...(Rest) == 0)
-    l(First{});
-  else if constexpr (sizeof...(Rest) > 0)
-    launch_variant(i - 1, TileList<Rest...>{}, l);
-}
-template <int D>
-using FwdSweep = std::conditional_t<
-    D == 64,
-    TileList<FwdTiling<64>, FwdTiles<64, 4, 1, 64, true>, FwdTiles<64, 4, 2, 64, true>,
-             FwdTiles<64, 4, 2, 64, false>, FwdTiles<64, 8, 2, 64, true>,
-             FwdTiles<64, 4, 2, 32, true>, FwdTiles<64, 4, 1, 128, true>>,
-    TileList<FwdTiling<D>, FwdTiles<D, 4, 2, 32, false>, FwdTiles<D, 8, 2, 32, false>,
-             FwdTiles<D, 8, 1, 64, true>, FwdTiles<D, 8, 1, 32, true>>>;
-template <int D>
-using DkDvSweep = std::conditional_t<
-    D == 64,
-    TileList<DkDvTiling<64>, DkDvTiles<64, 4, 1, 64, true>, DkDvTiles<64, 4, 2, 32, false>,
-             DkDvTiles<64, 8, 2, 32, false>, DkDvTiles<64, 2, 2, 32, false>,
-             DkDvTiles<64, 4, 1, 32, true>>,
-    TileList<DkDvTiling<D>, DkDvTiles<D, 4, 1, 32, false>, DkDvTiles<D, 4, 1, 32, true>,
-             DkDvTiles<D, 8, 1, 16, false>>>;
-template <int D>
-using DqSweep = std::conditional_t<
-    D == 64,
-    TileList<DqTiling<64>, DqTiles<64, 4, 1, 64, true>, DqTiles<64, 4, 2, 64, false>,
-             DqTiles<64, 4, 2, 32, true>, DqTiles<64, 8, 2, 64, false>,
-             DqTiles<64, 4, 2, 32, false>, DqTiles<64, 8, 2, 32, true>>,
-    TileList<DqTiling<D>, DqTiles<D, 4, 2, 32, false>, DqTiles<D, 8, 2, 32, false>,
-             DqTiles<D, 8, 1, 32, true>, DqTiles<D, 4, 1, 64, true>>>;
+    std::conditional_t<D == 64, DqTiles<64, 4, 2, 64, false>, DqTiles<D, 4, 1, 64, true>>;
 
 /// Calls f(T{}, std::integral_constant<int, D>{}) for bf16/fp16 and D = 64/128.
 template <class F>
@@ -786,11 +771,7 @@ void fused_attention_forward(DType t, const void* q, const void* k, const void* 
   with_flash_types(t, D, op, [&](auto zero, auto dim) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
-    if constexpr (std::is_same_v<T, bf16_t>)
-      launch_variant(sweep_variant("MESHTRON_FLASH_FWD"), FwdSweep<kD>{},
-                     [&](auto tile) { launch_forward<T, decltype(tile)>(a); });
-    else
-      launch_forward<T, FwdTiling<kD>>(a);
+    launch_forward<T, FwdTiling<kD>>(a);
   });
 }
 
@@ -807,15 +788,8 @@ void fused_attention_backward(DType t, const void* dout, const void* q, const vo
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
     launch_row_dot<T, kD>(a);
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      launch_variant(sweep_variant("MESHTRON_FLASH_DKDV"), DkDvSweep<kD>{},
-                     [&](auto tile) { launch_dkdv<T, decltype(tile)>(a); });
-      launch_variant(sweep_variant("MESHTRON_FLASH_DQ"), DqSweep<kD>{},
-                     [&](auto tile) { launch_dq<T, decltype(tile)>(a); });
-    } else {
-      launch_dkdv<T, DkDvTiling<kD>>(a);
-      launch_dq<T, DqTiling<kD>>(a);
-    }
+    launch_dkdv<T, DkDvTiling<kD>>(a);
+    launch_dq<T, DqTiling<kD>>(a);
   });
 }
 
