@@ -19,6 +19,7 @@
 // the unfused path, which computes the full S x S, is credited with half).
 //
 // Run: ./perf/bench_cuda_ops        (prints "skipped" without a GPU)
+//      ./perf/bench_cuda_ops attention [fused]   (attention only [fused rows only])
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -245,7 +246,7 @@ AttentionTimes time_unfused_attention(const Tensor& q, const Tensor& k, const Te
   return {fwd, bwd};
 }
 
-void bench_attention() {
+void bench_attention(bool fused_only) {
   std::printf("\n%-44s %9s %9s %9s %9s %9s %9s\n", "causal attention core, bf16", "fwd ms",
               "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms", "f+b TF/s");
   struct Case {
@@ -269,6 +270,7 @@ void bench_attention() {
     };
     const AttentionTimes fused = time_fused_attention(q, k, v, dout, scale);
     row("fused", fused);
+    if (fused_only) continue;
     const AttentionTimes unfused = time_unfused_attention(q, k, v, dout, scale);
     row("unfused", unfused);
     std::printf("%-34s speed-up fused/unfused: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx\n", c.what,
@@ -292,13 +294,15 @@ int main(int argc, char** argv) {
   const double copy_gbps = copy_bandwidth_gbps();
   std::printf("baseline: device-to-device cudaMemcpy of 1 GiB: %.1f GB/s (read + write)\n",
               copy_gbps);
-  // `bench_cuda_ops attention` runs the attention section alone.
+  // `bench_cuda_ops attention` runs the attention section alone;
+  // `bench_cuda_ops attention fused` skips its unfused rows.
   const bool attention_only = argc > 1 && std::string(argv[1]) == "attention";
+  const bool fused_only = attention_only && argc > 2 && std::string(argv[2]) == "fused";
   if (!attention_only) {
     bench_memory_bound(copy_gbps);
     bench_gemm();
   }
-  bench_attention();
+  bench_attention(fused_only);
   const device::AllocatorStats st = device::allocator_stats();
   std::printf("\nallocator: peak %.2f GiB, %zu cudaMalloc calls\n", double(st.peak_bytes) / (1 << 30),
               st.cuda_mallocs);

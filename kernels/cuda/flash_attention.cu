@@ -7,21 +7,26 @@
 // ever reaches memory.
 //
 // Tensor cores: mma.sync.m16n8k16 (bf16/fp16 in, fp32 out), operands read
-// from shared memory with ldmatrix. Every warp owns 16 rows of the output
-// tile. A score tile's fp32 accumulator fragment has exactly the layout of
-// the A operand of the next mma, so P (or dS) goes from one GEMM to the
-// next in registers, rounded to the storage type. Shared tiles have rows of
+// from shared memory with ldmatrix. Every warp owns 16 or 32 rows (one or
+// two m16 tiles: with two, each B fragment read feeds two MMAs) of the
+// output tile; operands the warp reuses in every step of its walk (Q, or K
+// and V, or Q and dO) may stay in registers. A score tile's fp32
+// accumulator fragment has exactly the layout of the A operand of the next
+// mma, so P (or dS) goes from one GEMM to the next in registers, rounded to
+// the storage type. Shared tiles have rows of
 // D + 8 elements, so the 8 rows one ldmatrix reads fall in distinct banks.
 // Global -> shared copies are cp.async (16 bytes, zero-filled past S),
 // double-buffered: the next tile loads while the current one is used.
 //
-// Forward: one CTA per block of query rows (16 per warp); it walks the
+// Forward: one CTA per block of query rows (16 or 32 per warp); it walks the
 // key/value blocks up to the causal diagonal only, keeping the running row
-// max m and sum l (log2 domain, exp2f) in registers; lse = (m + log2 l) ln 2.
+// max m and sum l (log2 domain, ex2.approx; the softmax scale folded into the
+// exponent's fma) in registers; lse = (m + log2 l) ln 2. The causal mask is
+// applied only to the blocks the diagonal crosses.
 //
 // Backward, deterministic (no atomics; the same bits every run):
-//   1. delta_i = dout_i . out_i                            (one warp per row)
-//   2. dK, dV: one CTA per block of keys (16 per warp), walking the query
+//   1. delta_i = dout_i . out_i                    (D / 8 lanes per row)
+//   2. dK, dV: one CTA per block of keys (16 or 32 per warp), walking the query
 //      blocks from the diagonal to the end; P^T, dP^T and dS^T are rebuilt
 //      per tile from the saved lse; dV += P^T dO, dK += dS^T Q stay in
 //      registers.
@@ -108,34 +113,63 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ------------------------------------------------------- warp-level GEMMs ---
 //
-// A warp's accumulator acc[N/8][4] is a 16 x N fp32 tile: lane (g = lane/4,
-// t = lane%4) holds rows g (elements 0, 1) and g + 8 (elements 2, 3) of
-// columns nb*8 + 2t and nb*8 + 2t + 1 of each 8-column block nb.
+// A warp's accumulator acc[M][N/8][4] is a 16M x N fp32 tile made of M
+// m-tiles of 16 rows: in m-tile mi, lane (g = lane/4, t = lane%4) holds rows
+// 16 mi + g (elements 0, 1) and 16 mi + g + 8 (elements 2, 3) of columns
+// nb*8 + 2t and nb*8 + 2t + 1 of each 8-column block nb. With M = 2 every B
+// fragment read from shared memory feeds two MMAs instead of one: at these
+// shapes the kernels are bound by ldmatrix bandwidth, not by the MMAs.
 
-/// acc (16 x N) += A B^T: A is 16 x K at `a` (row-major, stride lda), B is
-/// N x K at `b` (row-major, stride ldb): e.g. S = Q K^T.
-template <class T, int N, int K>
-__device__ __forceinline__ void mma_abt(float (&acc)[N / 8][4], const T* a, int lda, const T* b,
-                                        int ldb, int lane) {
+/// A-operand fragments of the 16M x K tile at `a` (row-major, stride lda).
+template <class T, int M, int K>
+__device__ __forceinline__ void load_a(std::uint32_t (&af)[M][K / 16][4], const T* a, int lda,
+                                       int lane) {
 #pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    std::uint32_t af[4];
-    ldsm_x4(af, a + (lane % 16) * lda + kk * 16 + (lane / 16) * 8);
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk)
+      ldsm_x4(af[mi][kk], a + (mi * 16 + lane % 16) * lda + kk * 16 + (lane / 16) * 8);
+}
+
+/// acc (16M x N) += A B^T: A in registers (16M x K, from load_a), B is N x K
+/// at `b` (row-major, stride ldb): e.g. S = Q K^T.
+template <class T, int M, int N, int K>
+__device__ __forceinline__ void mma_rabt(float (&acc)[M][N / 8][4],
+                                         const std::uint32_t (&af)[M][K / 16][4], const T* b,
+                                         int ldb, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
 #pragma unroll
     for (int nb = 0; nb < N / 16; ++nb) {
       std::uint32_t bf[4];
       ldsm_x4(bf, b + (nb * 16 + lane % 8 + (lane / 16) * 8) * ldb + kk * 16 + (lane / 8 % 2) * 8);
-      mma16816<T>(acc[2 * nb], af, bf[0], bf[1]);
-      mma16816<T>(acc[2 * nb + 1], af, bf[2], bf[3]);
+#pragma unroll
+      for (int mi = 0; mi < M; ++mi) {
+        mma16816<T>(acc[mi][2 * nb], af[mi][kk], bf[0], bf[1]);
+        mma16816<T>(acc[mi][2 * nb + 1], af[mi][kk], bf[2], bf[3]);
+      }
     }
+}
+
+/// acc (16M x N) += A B^T with A read from shared memory (stride lda) one
+/// 16-column step at a time (fewer registers than mma_rabt).
+template <class T, int M, int N, int K>
+__device__ __forceinline__ void mma_abt(float (&acc)[M][N / 8][4], const T* a, int lda, const T* b,
+                                        int ldb, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    std::uint32_t af[M][1][4];
+    load_a<T, M, 16>(af, a + kk * 16, lda, lane);
+    mma_rabt<T, M, N, 16>(acc, af, b + kk * 16, ldb, lane);
   }
 }
 
-/// acc (16 x N) += A B: A in registers (16 x K, from to_a_operand), B is
+/// acc (16M x N) += A B: A in registers (16M x K, from to_a_operand), B is
 /// K x N at `b` (row-major, stride ldb): e.g. O += P V.
-template <class T, int N, int K>
-__device__ __forceinline__ void mma_rab(float (&acc)[N / 8][4], const std::uint32_t (&a)[K / 16][4],
-                                        const T* b, int ldb, int lane) {
+template <class T, int M, int N, int K>
+__device__ __forceinline__ void mma_rab(float (&acc)[M][N / 8][4],
+                                        const std::uint32_t (&a)[M][K / 16][4], const T* b, int ldb,
+                                        int lane) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk)
 #pragma unroll
@@ -143,22 +177,36 @@ __device__ __forceinline__ void mma_rab(float (&acc)[N / 8][4], const std::uint3
       std::uint32_t bf[4];
       ldsm_x4_trans(
           bf, b + (kk * 16 + lane % 8 + (lane / 8 % 2) * 8) * ldb + nb * 16 + (lane / 16) * 8);
-      mma16816<T>(acc[2 * nb], a[kk], bf[0], bf[1]);
-      mma16816<T>(acc[2 * nb + 1], a[kk], bf[2], bf[3]);
+#pragma unroll
+      for (int mi = 0; mi < M; ++mi) {
+        mma16816<T>(acc[mi][2 * nb], a[mi][kk], bf[0], bf[1]);
+        mma16816<T>(acc[mi][2 * nb + 1], a[mi][kk], bf[2], bf[3]);
+      }
     }
 }
 
-/// The 16 x N accumulator tile as the A operand (16 x K = N) of the next mma.
-template <class T, int N>
-__device__ __forceinline__ void to_a_operand(std::uint32_t (&a)[N / 16][4],
-                                             const float (&c)[N / 8][4]) {
+/// The 16M x N accumulator tile as the A operand (16M x K = N) of the next mma.
+template <class T, int M, int N>
+__device__ __forceinline__ void to_a_operand(std::uint32_t (&a)[M][N / 16][4],
+                                             const float (&c)[M][N / 8][4]) {
 #pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    a[kk][0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
-    a[kk][1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
-    a[kk][2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-    a[kk][3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
-  }
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+      a[mi][kk][0] = pack2<T>(c[mi][2 * kk][0], c[mi][2 * kk][1]);
+      a[mi][kk][1] = pack2<T>(c[mi][2 * kk][2], c[mi][2 * kk][3]);
+      a[mi][kk][2] = pack2<T>(c[mi][2 * kk + 1][0], c[mi][2 * kk + 1][1]);
+      a[mi][kk][3] = pack2<T>(c[mi][2 * kk + 1][2], c[mi][2 * kk + 1][3]);
+    }
+}
+
+/// 2^x on the special function unit (ex2.approx, flush-to-zero): exp2f would
+/// add a range fix-up for results below 2^-126, which round to 0 in bf16/fp16
+/// P anyway. The same instruction on the same input gives the same bits.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 /// Rows [row0, row0 + R) of a [S, D] matrix into a shared tile of stride
@@ -191,25 +239,36 @@ __device__ __forceinline__ void prefetch_next_kv(T* sK, T* sV, const T* k, const
   }
 }
 
-/// Stores a warp's 16 x D fp32 tile (rows row_lo + ..., times `mul`) as T,
-/// rows at or past S skipped.
-template <class T, int D>
-__device__ __forceinline__ void store_rows(T* g, const float (&acc)[D / 8][4], kindex row_lo,
-                                           kindex S, float mul0, float mul1, int lane) {
+/// Stores a warp's 16M x D fp32 tile (rows row_lo + ..., row r of m-tile mi
+/// times mul[mi][r >= 8]) as T, rows at or past S skipped.
+template <class T, int M, int D>
+__device__ __forceinline__ void store_rows(T* g, const float (&acc)[M][D / 8][4], kindex row_lo,
+                                           kindex S, const float (&mul)[M][2], int lane) {
   const int r = lane / 4, c = (lane % 4) * 2;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const kindex row = row_lo + r + 8 * h;
-    if (row >= S) continue;
-    const float mul = h ? mul1 : mul0;
+  for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-    for (int nb = 0; nb < D / 8; ++nb)
-      *reinterpret_cast<std::uint32_t*>(g + row * D + nb * 8 + c) =
-          pack2<T>(acc[nb][2 * h] * mul, acc[nb][2 * h + 1] * mul);
-  }
+    for (int h = 0; h < 2; ++h) {
+      const kindex row = row_lo + mi * 16 + r + 8 * h;
+      if (row >= S) continue;
+#pragma unroll
+      for (int nb = 0; nb < D / 8; ++nb)
+        *reinterpret_cast<std::uint32_t*>(g + row * D + nb * 8 + c) =
+            pack2<T>(acc[mi][nb][2 * h] * mul[mi][h], acc[mi][nb][2 * h + 1] * mul[mi][h]);
+    }
 }
 
-/// Row (h = 0: g, h = 1: g + 8) and column offsets of accumulator element e.
+template <int M>
+struct Uniform {  // mul of store_rows: the same factor on every row
+  float v[M][2];
+  __device__ explicit Uniform(float x) {
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi) v[mi][0] = v[mi][1] = x;
+  }
+};
+
+/// Row (within the m-tile: h = 0: g, h = 1: g + 8) and column offsets of
+/// accumulator element e.
 __device__ __forceinline__ int elem_row(int lane, int e) { return lane / 4 + (e >= 2 ? 8 : 0); }
 __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
   return nb * 8 + (lane % 4) * 2 + (e & 1);
@@ -217,11 +276,14 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
 
 // ----------------------------------------------------------------- forward ---
 
-/// Tiling of the forward: `Warps` warps of 16 query rows each, key blocks
-/// of `Bc`.
-template <int D, int Warps, int Bc>
+/// Tiling of the forward: `Warps` warps of 16 M query rows each, key blocks
+/// of `Bc`; QRegs keeps the warp's Q fragments in registers for the whole
+/// walk (instead of re-reading them from shared memory per key block).
+template <int D, int Warps, int M, int Bc, bool QRegs>
 struct FwdTiles {
-  static constexpr int kD = D, kWarps = Warps, kBr = 16 * kWarps, kBc = Bc, kLd = D + kPad;
+  static constexpr int kD = D, kWarps = Warps, kM = M, kRows = 16 * M, kBr = kRows * Warps,
+                       kBc = Bc, kLd = D + kPad;
+  static constexpr bool kQRegs = QRegs;
   static constexpr std::size_t kSmem = std::size_t(kBr + 4 * kBc) * kLd * 2;  // Q, 2 x (K, V)
 };
 
@@ -229,8 +291,8 @@ template <class T, class Tile>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                          kindex S, float scale_log2, T* __restrict__ out, float* __restrict__ lse) {
-  constexpr int D = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd,
-                kThreads = Tile::kWarps * 32;
+  constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
+                kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + kBr * kLd;      // [2][kBc][kLd]
@@ -246,90 +308,123 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   load_tile<T, kBc, D, kThreads>(sV, v, 0, S);
   cp_async_commit();
 
-  const kindex row_lo = q0 + warp * 16;  // this warp's rows row_lo .. row_lo + 15
-  const T* sQw = sQ + warp * 16 * kLd;
-  float o[D / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const kindex row_lo = q0 + warp * kRows;  // this warp's rows row_lo .. row_lo + kRows - 1
+  const T* sQw = sQ + warp * kRows * kLd;
+  std::uint32_t qf[M][Tile::kQRegs ? D / 16 : 1][4];
+  float o[M][D / 8][4] = {};
+  // Running max (of the raw scores, times scale_log2) and sum of rows g, g + 8.
+  float m[M][2], l[M][2];
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.f;
   for (int j = 0; j < n_kv; ++j) {
     prefetch_next_kv<T, kBc, D, kThreads>(sK, sV, k, v, j, n_kv, S);
     __syncthreads();
+    if constexpr (Tile::kQRegs)
+      if (j == 0) load_a<T, M, D>(qf, sQw, kLd, lane);
     const kindex k0 = kindex(j) * kBc;
-    if (k0 <= row_lo + 15) {  // some key of the block is visible to some row of the warp
+    if (k0 <= row_lo + kRows - 1) {  // some key of the block is visible to some row of the warp
       const T* sKs = sK + (j % 2) * kBc * kLd;
       const T* sVs = sV + (j % 2) * kBc * kLd;
-      float s[kBc / 8][4] = {};
-      mma_abt<T, kBc, D>(s, sQw, kLd, sKs, kLd, lane);
-      const bool diagonal = k0 + kBc - 1 > row_lo;
+      float s[M][kBc / 8][4] = {};
+      if constexpr (Tile::kQRegs)
+        mma_rabt<T, M, kBc, D>(s, qf, sKs, kLd, lane);
+      else
+        mma_abt<T, M, kBc, D>(s, sQw, kLd, sKs, kLd, lane);
+      if (k0 + kBc - 1 > row_lo) {  // the diagonal crosses the warp's tile
 #pragma unroll
-      for (int nb = 0; nb < kBc / 8; ++nb)
+        for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nb][e] *= scale_log2;
-          if (diagonal && k0 + elem_col(lane, nb, e) > row_lo + elem_row(lane, e))
-            s[nb][e] = -INFINITY;
-        }
+          for (int nb = 0; nb < kBc / 8; ++nb)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // online softmax of rows g (h = 0) and g + 8 (h = 1)
-        float mx = m[h];
-#pragma unroll
-        for (int nb = 0; nb < kBc / 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * h], s[nb][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float ref = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet
-        const float alpha = exp2f(m[h] - ref);
-        m[h] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int nb = 0; nb < kBc / 8; ++nb) {
-          s[nb][2 * h] = exp2f(s[nb][2 * h] - ref);
-          s[nb][2 * h + 1] = exp2f(s[nb][2 * h + 1] - ref);
-          sum += s[nb][2 * h] + s[nb][2 * h + 1];
-        }
-        l[h] = l[h] * alpha + sum;  // this lane's columns; the quad is summed at the end
-#pragma unroll
-        for (int nb = 0; nb < D / 8; ++nb) o[nb][2 * h] *= alpha, o[nb][2 * h + 1] *= alpha;
+            for (int e = 0; e < 4; ++e)
+              if (k0 + elem_col(lane, nb, e) > row_lo + mi * 16 + elem_row(lane, e))
+                s[mi][nb][e] = -INFINITY;
       }
-      std::uint32_t p[kBc / 16][4];
-      to_a_operand<T, kBc>(p, s);
-      mma_rab<T, D, kBc>(o, p, sVs, kLd, lane);
+#pragma unroll
+      for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // online softmax of rows g (h = 0) and g + 8 (h = 1)
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nb = 0; nb < kBc / 8; ++nb)
+            mx = fmaxf(mx, fmaxf(s[mi][nb][2 * h], s[mi][nb][2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m[mi][h], mx * scale_log2);
+          const float ref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet
+          const float alpha = fast_exp2(m[mi][h] - ref);
+          m[mi][h] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int nb = 0; nb < kBc / 8; ++nb)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              float& x = s[mi][nb][2 * h + c];
+              x = fast_exp2(fmaf(x, scale_log2, -ref));
+              sum += x;
+            }
+          l[mi][h] = l[mi][h] * alpha + sum;  // this lane's columns; the quad is summed at the end
+#pragma unroll
+          for (int nb = 0; nb < D / 8; ++nb) o[mi][nb][2 * h] *= alpha, o[mi][nb][2 * h + 1] *= alpha;
+        }
+      std::uint32_t p[M][kBc / 16][4];
+      to_a_operand<T, M, kBc>(p, s);
+      mma_rab<T, M, D, kBc>(o, p, sVs, kLd, lane);
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
+  float inv_l[M][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-  store_rows<T, D>(out, o, row_lo, S, 1.f / l[0], 1.f / l[1], lane);
-  if (lane % 4 == 0)
+  for (int mi = 0; mi < M; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const kindex row = row_lo + lane / 4 + 8 * h;
-      if (row < S) lse[row] = (m[h] + log2f(l[h])) * kLn2;
+      l[mi][h] += __shfl_xor_sync(0xffffffffu, l[mi][h], 1);
+      l[mi][h] += __shfl_xor_sync(0xffffffffu, l[mi][h], 2);
+      inv_l[mi][h] = 1.f / l[mi][h];
     }
+  store_rows<T, M, D>(out, o, row_lo, S, inv_l, lane);
+  if (lane % 4 == 0)
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const kindex row = row_lo + mi * 16 + lane / 4 + 8 * h;
+        if (row < S) lse[row] = (m[mi][h] + log2f(l[mi][h])) * kLn2;
+      }
 }
 
 // ---------------------------------------------------------------- backward ---
 
-/// delta[r] = dout[r, :] . out[r, :] in fp32, one warp per row.
-template <class T>
+/// delta[r] = dout[r, :] . out[r, :] in fp32: D / 8 lanes per row, each
+/// reading 16 bytes of both.
+template <class T, int D>
 __global__ void row_dot_kernel(const T* __restrict__ dout, const T* __restrict__ out, kindex rows,
-                               int D, float* __restrict__ delta) {
-  const kindex r = kindex(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
+                               float* __restrict__ delta) {
+  constexpr int kLanes = D / 8;
+  const kindex r = (kindex(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
+  const int c = int(threadIdx.x % kLanes) * 8;
   float sum = 0.f;
-  for (int c = lane; c < D; c += 32) sum += load_f(dout, r * D + c) * load_f(out, r * D + c);
-  sum = warp_sum(sum);
-  if (lane == 0) delta[r] = sum;
+  if (r < rows) {
+    const uint4 a = *reinterpret_cast<const uint4*>(dout + r * D + c);
+    const uint4 b = *reinterpret_cast<const uint4*>(out + r * D + c);
+    const T* ea = reinterpret_cast<const T*>(&a);
+    const T* eb = reinterpret_cast<const T*>(&b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += load_f(ea, i) * load_f(eb, i);
+  }
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (r < rows && c == 0) delta[r] = sum;
 }
 
-/// Tiling of the dK/dV pass: `Warps` warps of 16 keys each, query blocks
-/// of `Br`.
-template <int D, int Warps, int Br>
+/// Tiling of the dK/dV pass: `Warps` warps of 16 M keys each, query blocks
+/// of `Br`; KVRegs keeps the warp's K and V fragments in registers.
+template <int D, int Warps, int M, int Br, bool KVRegs>
 struct DkDvTiles {
-  static constexpr int kD = D, kWarps = Warps, kBc = 16 * kWarps, kBr = Br, kLd = D + kPad;
+  static constexpr int kD = D, kWarps = Warps, kM = M, kRows = 16 * M, kBc = kRows * Warps,
+                       kBr = Br, kLd = D + kPad;
+  static constexpr bool kKVRegs = KVRegs;
   // K, V, then 2 stages of (Q, dO) and 2 stages of (lse, delta).
   static constexpr std::size_t kSmem =
       std::size_t(2 * kBc + 4 * kBr) * kLd * 2 + std::size_t(4 * kBr) * sizeof(float);
@@ -354,8 +449,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
                                const float* __restrict__ lse, const float* __restrict__ delta,
                                kindex S, float scale, float scale_log2, T* __restrict__ dk,
                                T* __restrict__ dv) {
-  constexpr int D = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd,
-                kThreads = Tile::kWarps * 32;
+  constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
+                kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kBc * kLd;
@@ -377,10 +472,11 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   cp_async_commit();
   load_row_stats<kBr>(sL, sDelta, lse, delta, kindex(qb_begin) * kBr, S);
 
-  const kindex key_lo = k0 + warp * 16;  // this warp's keys key_lo .. key_lo + 15
-  const T* sKw = sK + warp * 16 * kLd;
-  const T* sVw = sV + warp * 16 * kLd;
-  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  const kindex key_lo = k0 + warp * kRows;  // this warp's keys key_lo .. key_lo + kRows - 1
+  const T* sKw = sK + warp * kRows * kLd;
+  const T* sVw = sV + warp * kRows * kLd;
+  std::uint32_t kf[M][Tile::kKVRegs ? D / 16 : 1][4], vf[M][Tile::kKVRegs ? D / 16 : 1][4];
+  float dk_acc[M][D / 8][4] = {}, dv_acc[M][D / 8][4] = {};
   for (int qb = qb_begin; qb < qb_end; ++qb) {
     const int st = (qb - qb_begin) % 2;
     if (qb + 1 < qb_end) {
@@ -394,6 +490,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
       cp_async_wait<0>();
     }
     __syncthreads();
+    if constexpr (Tile::kKVRegs)
+      if (qb == qb_begin) load_a<T, M, D>(kf, sKw, kLd, lane), load_a<T, M, D>(vf, sVw, kLd, lane);
     const kindex q0 = kindex(qb) * kBr;
     if (q0 + kBr - 1 >= key_lo) {  // some query of the block sees some key of the warp
       const T* sQs = sQ + st * kBr * kLd;
@@ -401,42 +499,54 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
       const float* sLs = sL + st * kBr;
       const float* sDs = sDelta + st * kBr;
       // P^T = exp2(scale log2e K Q^T - lse log2e), keys as rows.
-      float pt[kBr / 8][4] = {};
-      mma_abt<T, kBr, D>(pt, sKw, kLd, sQs, kLd, lane);
-      const bool diagonal = key_lo + 15 > q0;
+      float pt[M][kBr / 8][4] = {};
+      if constexpr (Tile::kKVRegs)
+        mma_rabt<T, M, kBr, D>(pt, kf, sQs, kLd, lane);
+      else
+        mma_abt<T, M, kBr, D>(pt, sKw, kLd, sQs, kLd, lane);
+      const bool diagonal = key_lo + kRows - 1 > q0;
 #pragma unroll
-      for (int nb = 0; nb < kBr / 8; ++nb)
+      for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = elem_col(lane, nb, e);
-          float x = pt[nb][e] * scale_log2 - sLs[col];
-          if (diagonal && key_lo + elem_row(lane, e) > q0 + col) x = -INFINITY;
-          pt[nb][e] = exp2f(x);
-        }
-      std::uint32_t a[kBr / 16][4];
-      to_a_operand<T, kBr>(a, pt);
-      mma_rab<T, D, kBr>(dv_acc, a, sdOs, kLd, lane);  // dV += P^T dO
-      float dpt[kBr / 8][4] = {};
-      mma_abt<T, kBr, D>(dpt, sVw, kLd, sdOs, kLd, lane);  // dP^T = V dO^T
+        for (int nb = 0; nb < kBr / 8; ++nb)
 #pragma unroll
-      for (int nb = 0; nb < kBr / 8; ++nb)
+          for (int e = 0; e < 4; ++e) {
+            const int col = elem_col(lane, nb, e);
+            float x = fmaf(pt[mi][nb][e], scale_log2, -sLs[col]);
+            if (diagonal && key_lo + mi * 16 + elem_row(lane, e) > q0 + col) x = -INFINITY;
+            pt[mi][nb][e] = fast_exp2(x);
+          }
+      std::uint32_t a[M][kBr / 16][4];
+      to_a_operand<T, M, kBr>(a, pt);
+      mma_rab<T, M, D, kBr>(dv_acc, a, sdOs, kLd, lane);  // dV += P^T dO
+      float dpt[M][kBr / 8][4] = {};
+      if constexpr (Tile::kKVRegs)
+        mma_rabt<T, M, kBr, D>(dpt, vf, sdOs, kLd, lane);
+      else
+        mma_abt<T, M, kBr, D>(dpt, sVw, kLd, sdOs, kLd, lane);  // dP^T = V dO^T
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dpt[nb][e] = pt[nb][e] * (dpt[nb][e] - sDs[elem_col(lane, nb, e)]);  // dS^T / scale
-      to_a_operand<T, kBr>(a, dpt);
-      mma_rab<T, D, kBr>(dk_acc, a, sQs, kLd, lane);  // dK += dS^T Q
+      for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+        for (int nb = 0; nb < kBr / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)  // dS^T / scale
+            dpt[mi][nb][e] = pt[mi][nb][e] * (dpt[mi][nb][e] - sDs[elem_col(lane, nb, e)]);
+      to_a_operand<T, M, kBr>(a, dpt);
+      mma_rab<T, M, D, kBr>(dk_acc, a, sQs, kLd, lane);  // dK += dS^T Q
     }
     __syncthreads();
   }
-  store_rows<T, D>(dk, dk_acc, key_lo, S, scale, scale, lane);
-  store_rows<T, D>(dv, dv_acc, key_lo, S, 1.f, 1.f, lane);
+  store_rows<T, M, D>(dk, dk_acc, key_lo, S, Uniform<M>(scale).v, lane);
+  store_rows<T, M, D>(dv, dv_acc, key_lo, S, Uniform<M>(1.f).v, lane);
 }
 
-/// Tiling of the dQ pass: `Warps` warps of 16 query rows each, key blocks
-/// of `Bc`.
-template <int D, int Warps, int Bc>
+/// Tiling of the dQ pass: `Warps` warps of 16 M query rows each, key blocks
+/// of `Bc`; QRegs keeps the warp's Q and dO fragments in registers.
+template <int D, int Warps, int M, int Bc, bool QRegs>
 struct DqTiles {
-  static constexpr int kD = D, kWarps = Warps, kBr = 16 * kWarps, kBc = Bc, kLd = D + kPad;
+  static constexpr int kD = D, kWarps = Warps, kM = M, kRows = 16 * M, kBr = kRows * Warps,
+                       kBc = Bc, kLd = D + kPad;
+  static constexpr bool kQRegs = QRegs;
   static constexpr std::size_t kSmem =
       std::size_t(2 * kBr + 4 * kBc) * kLd * 2;  // Q, dO, 2 x (K, V)
 };
@@ -447,8 +557,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
                              const T* __restrict__ v, const T* __restrict__ dout,
                              const float* __restrict__ lse, const float* __restrict__ delta,
                              kindex S, float scale, float scale_log2, T* __restrict__ dq) {
-  constexpr int D = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kLd = Tile::kLd,
-                kThreads = Tile::kWarps * 32;
+  constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
+                kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kBr * kLd;
@@ -467,67 +577,106 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   load_tile<T, kBc, D, kThreads>(sV, v, 0, S);
   cp_async_commit();
 
-  const kindex row_lo = q0 + warp * 16;
-  float lse2[2], dl[2];
+  const kindex row_lo = q0 + warp * kRows;
+  float lse2[M][2], dl[M][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const kindex row = row_lo + lane / 4 + 8 * h;
-    lse2[h] = row < S ? lse[row] * kLog2e : INFINITY;
-    dl[h] = row < S ? delta[row] : 0.f;
-  }
-  const T* sQw = sQ + warp * 16 * kLd;
-  const T* sdOw = sdO + warp * 16 * kLd;
-  float dq_acc[D / 8][4] = {};
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const kindex row = row_lo + mi * 16 + lane / 4 + 8 * h;
+      lse2[mi][h] = row < S ? lse[row] * kLog2e : INFINITY;
+      dl[mi][h] = row < S ? delta[row] : 0.f;
+    }
+  const T* sQw = sQ + warp * kRows * kLd;
+  const T* sdOw = sdO + warp * kRows * kLd;
+  std::uint32_t qf[M][Tile::kQRegs ? D / 16 : 1][4], dof[M][Tile::kQRegs ? D / 16 : 1][4];
+  float dq_acc[M][D / 8][4] = {};
   for (int j = 0; j < n_kv; ++j) {
     prefetch_next_kv<T, kBc, D, kThreads>(sK, sV, k, v, j, n_kv, S);
     __syncthreads();
+    if constexpr (Tile::kQRegs)
+      if (j == 0) load_a<T, M, D>(qf, sQw, kLd, lane), load_a<T, M, D>(dof, sdOw, kLd, lane);
     const kindex k0 = kindex(j) * kBc;
-    if (k0 <= row_lo + 15) {
+    if (k0 <= row_lo + kRows - 1) {
       const T* sKs = sK + (j % 2) * kBc * kLd;
       const T* sVs = sV + (j % 2) * kBc * kLd;
-      float p[kBc / 8][4] = {};
-      mma_abt<T, kBc, D>(p, sQw, kLd, sKs, kLd, lane);  // S = Q K^T
+      float p[M][kBc / 8][4] = {};
+      if constexpr (Tile::kQRegs)
+        mma_rabt<T, M, kBc, D>(p, qf, sKs, kLd, lane);
+      else
+        mma_abt<T, M, kBc, D>(p, sQw, kLd, sKs, kLd, lane);  // S = Q K^T
       const bool diagonal = k0 + kBc - 1 > row_lo;
 #pragma unroll
-      for (int nb = 0; nb < kBc / 8; ++nb)
+      for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = p[nb][e] * scale_log2 - lse2[e / 2];
-          if (diagonal && k0 + elem_col(lane, nb, e) > row_lo + elem_row(lane, e)) x = -INFINITY;
-          p[nb][e] = exp2f(x);
-        }
-      float dp[kBc / 8][4] = {};
-      mma_abt<T, kBc, D>(dp, sdOw, kLd, sVs, kLd, lane);  // dP = dO V^T
+        for (int nb = 0; nb < kBc / 8; ++nb)
 #pragma unroll
-      for (int nb = 0; nb < kBc / 8; ++nb)
+          for (int e = 0; e < 4; ++e) {
+            float x = fmaf(p[mi][nb][e], scale_log2, -lse2[mi][e / 2]);
+            if (diagonal && k0 + elem_col(lane, nb, e) > row_lo + mi * 16 + elem_row(lane, e))
+              x = -INFINITY;
+            p[mi][nb][e] = fast_exp2(x);
+          }
+      float dp[M][kBc / 8][4] = {};
+      if constexpr (Tile::kQRegs)
+        mma_rabt<T, M, kBc, D>(dp, dof, sVs, kLd, lane);
+      else
+        mma_abt<T, M, kBc, D>(dp, sdOw, kLd, sVs, kLd, lane);  // dP = dO V^T
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dp[nb][e] = p[nb][e] * (dp[nb][e] - dl[e / 2]);  // dS / scale
-      std::uint32_t a[kBc / 16][4];
-      to_a_operand<T, kBc>(a, dp);
-      mma_rab<T, D, kBc>(dq_acc, a, sKs, kLd, lane);  // dQ += dS K
+      for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+        for (int nb = 0; nb < kBc / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)  // dS / scale
+            dp[mi][nb][e] = p[mi][nb][e] * (dp[mi][nb][e] - dl[mi][e / 2]);
+      std::uint32_t a[M][kBc / 16][4];
+      to_a_operand<T, M, kBc>(a, dp);
+      mma_rab<T, M, D, kBc>(dq_acc, a, sKs, kLd, lane);  // dQ += dS K
     }
     __syncthreads();
   }
-  store_rows<T, D>(dq, dq_acc, row_lo, S, scale, scale, lane);
+  store_rows<T, M, D>(dq, dq_acc, row_lo, S, Uniform<M>(scale).v, lane);
 }
 
 // ---------------------------------------------------------------- dispatch ---
 
-// The tilings in use: the fastest of a sweep on an H100 at B = 96..128,
-// S = 1024 and 2048 (perf/bench_cuda_ops.cpp's attention cases), among
-// 4 or 8 warps and blocks of 32..128. Alternatives measured (forward,
-// dK/dV, dQ ms at B = 8x12, S = 1024, D = 64 | B = 8x16, D = 128):
-//   forward 8 warps, Bc 64: 0.114 | 0.225; 4 warps, Bc 64: 0.101 | 0.212;
-//           8 warps, Bc 128: 0.109 | 0.203
-//   dK/dV   8 warps, Br 64|32: backward 0.343 | 0.768; 4 warps, same: 0.330 | 0.716;
-//           4 warps, Br 128|64: 0.334 | 0.677
-//   dQ      8 warps, Bc 64: backward 0.343 | 0.768; 4 warps, Bc 128|32: 0.306 | 0.772
+// The tilings in use: the fastest of two sweeps on an H100 at B = 96..128,
+// S = 1024 and 2048 (perf/bench_cuda_ops.cpp's attention cases). Times are
+// ms at B = 8x12, S = 1024, D = 64 | B = 8x16, S = 1024, D = 128; Wn = n
+// warps, Mm = 16m rows (or keys) per warp, +regs = the loop-invariant A
+// operand (Q; K and V; Q and dO) held in registers.
+// First sweep (16 rows per warp, A operands re-read from shared memory, the
+// scale applied by a separate multiply, exp2f):
+//   forward W8 Bc64: 0.114 | 0.225; W4 Bc64: 0.101 | 0.212; W8 Bc128: 0.109 | 0.203
+//   dK/dV   W8 Br64|32: backward 0.343 | 0.768; W4, same: 0.330 | 0.716;
+//           W4 Br128|64: 0.334 | 0.677
+//   dQ      W8 Bc64: backward 0.343 | 0.768; W4 Bc128|32: 0.306 | 0.772
+// Second sweep (scale folded into one fma, ex2.approx, 16-byte row_dot; the
+// backward column with the other pass at its default):
+//   forward D64: W4 M1 Bc64 0.088; +regs 0.089; W4 M2 Bc64 +regs 0.085 (S = 2048:
+//           0.143 against 0.157); W4 M2 Bc64 0.088; W8 M2 Bc64 +regs 0.096;
+//           W4 M2 Bc32 +regs 0.104; W4 M1 Bc128 +regs 0.091
+//           D128: W8 M1 Bc128 0.194; W4 M2 Bc32 0.192; W8 M2 Bc32 0.211;
+//           W8 M1 Bc64 +regs 0.218; W8 M1 Bc32 +regs 0.237
+//   dK/dV   D64: W4 M1 Br64 0.273; +regs 0.276; W4 M2 Br32 0.288; W8 M2 Br32 0.318;
+//           W2 M2 Br32 0.285; W4 M1 Br32 +regs 0.278
+//           D128: W4 M1 Br64 0.615; W4 M1 Br32 0.656; +regs 0.652; W8 M1 Br16 0.874
+//   dQ      D64: W4 M1 Bc128 0.272; W4 M1 Bc64 +regs 0.284; W4 M2 Bc64 0.269;
+//           W4 M2 Bc32 +regs 0.280; W8 M2 Bc64 0.282; W4 M2 Bc32 0.274;
+//           W8 M2 Bc32 +regs 0.293
+//           D128: W8 M1 Bc64 0.615; W4 M2 Bc32 0.618; W8 M2 Bc32 0.613;
+//           W8 M1 Bc32 +regs 0.618; W4 M1 Bc64 +regs 0.577
+// Two m-tiles per warp halve the B-fragment reads per MMA but cost occupancy
+// (220-255 registers: 2 CTAs of 4 warps per SM); only the D = 64 forward and
+// dQ gain from them.
 template <int D>
-using FwdTiling = std::conditional_t<D == 64, FwdTiles<64, 4, 64>, FwdTiles<D, 8, 128>>;
+using FwdTiling = std::conditional_t<D == 64, FwdTiles<64, 4, 2, 64, true>,
+                                     FwdTiles<D, 8, 1, 128, false>>;
 template <int D>
-using DkDvTiling = DkDvTiles<D, 4, 64>;
+using DkDvTiling = DkDvTiles<D, 4, 1, 64, false>;
 template <int D>
-using DqTiling = std::conditional_t<D == 64, DqTiles<64, 4, 128>, DqTiles<D, 8, 64>>;
+using DqTiling =
+    std::conditional_t<D == 64, DqTiles<64, 4, 2, 64, false>, DqTiles<D, 4, 1, 64, true>>;
 
 /// Calls f(T{}, std::integral_constant<int, D>{}) for bf16/fp16 and D = 64/128.
 template <class F>
@@ -585,8 +734,9 @@ void launch_forward(const FlashArgs& a) {
 
 template <class T, int D>
 void launch_row_dot(const FlashArgs& a) {
-  row_dot_kernel<T><<<grid_for(a.B * a.S, 8, 1LL << 31), 256, 0, kStream>>>(
-      static_cast<const T*>(a.dout), static_cast<const T*>(a.out), a.B * a.S, D, a.delta);
+  const kindex rows = a.B * a.S;
+  row_dot_kernel<T, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, kStream>>>(
+      static_cast<const T*>(a.dout), static_cast<const T*>(a.out), rows, a.delta);
   MESH_CUDA_LAUNCHED();
 }
 
@@ -620,7 +770,8 @@ void fused_attention_forward(DType t, const void* q, const void* k, const void* 
                     out, nullptr, nullptr, nullptr, B,       S,   scale};
   with_flash_types(t, D, op, [&](auto zero, auto dim) {
     using T = decltype(zero);
-    launch_forward<T, FwdTiling<decltype(dim)::value>>(a);
+    constexpr int kD = decltype(dim)::value;
+    launch_forward<T, FwdTiling<kD>>(a);
   });
 }
 

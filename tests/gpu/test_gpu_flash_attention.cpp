@@ -1,8 +1,8 @@
 // The fused causal attention kernels (kernels/cuda/flash_attention.cu) on ONE
 // GPU, against the host op (kernels/kokkos/attention.hpp) in fp64.
 //
-//  * forward and backward on fresh random inputs at S in {64, 128, 1000 (not a
-//    multiple of any tile), 1024}, head dims 64 and 128, batch x heads in
+//  * forward and backward on fresh random inputs at S in {64, 128, 300, 1000
+//    (not multiples of the 128-row tiles), 1024}, head dims 64 and 128, batch x heads in
 //    {1, 3, 12}, bf16 (and fp16 on some shapes): the inputs are rounded to
 //    the storage type once and the host reference computes from the same
 //    rounded values in fp64. out, lse, dq, dk, dv within 1e-2 norm-wise
@@ -147,7 +147,7 @@ TEST(GpuFlashAttention, MatchesHostReferenceBf16) {
       {1, 64, 64, DType::BF16},    {3, 128, 64, DType::BF16},   {3, 1000, 64, DType::BF16},
       {12, 1024, 64, DType::BF16}, {1, 64, 128, DType::BF16},   {3, 128, 128, DType::BF16},
       {3, 1000, 128, DType::BF16}, {1, 1024, 128, DType::BF16}, {12, 200, 128, DType::BF16},
-      {1, 1, 64, DType::BF16},     {2, 17, 128, DType::BF16}};
+      {1, 1, 64, DType::BF16},     {2, 17, 128, DType::BF16},   {5, 300, 64, DType::BF16}};
   std::uint64_t seed = 100;
   for (const Case& c : cases) check_case(c, seed += 10);
 }
