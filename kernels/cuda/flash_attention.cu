@@ -209,16 +209,31 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-/// Rows [row0, row0 + R) of a [S, D] matrix into a shared tile of stride
-/// D + kPad; rows at or past S become zeros. All threads of the CTA take part.
+/// Where the [S, D] matrix of (sample x head) bh starts and how far apart
+/// its rows are, in elements: row s of bh is at base(bh) + s * ld. The
+/// head-major layout [B * heads, S, D] is {ld D, batch S D, head 0, heads 1};
+/// the linear layers' token-major [s * b, parts * heads * D] (rows in
+/// [s, b] order) is read in place with {ld b parts heads D, batch parts
+/// heads D, head D, heads}, so no split/merge copies are needed.
+struct HeadStrides {
+  kindex ld = 0, batch = 0, head = 0;
+  int heads = 1;
+  __host__ __device__ kindex base(kindex bh) const {
+    return (bh / heads) * batch + (bh % heads) * head;
+  }
+};
+
+/// Rows [row0, row0 + R) of a [S, D] matrix (rows ld apart) into a shared
+/// tile of stride D + kPad; rows at or past S become zeros. All threads of
+/// the CTA take part.
 template <class T, int R, int D, int kThreads>
-__device__ __forceinline__ void load_tile(T* tile, const T* g, kindex row0, kindex S) {
+__device__ __forceinline__ void load_tile(T* tile, const T* g, kindex row0, kindex S, kindex ld) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
 #pragma unroll
   for (int c = threadIdx.x; c < R * kChunks; c += kThreads) {
     const int r = c / kChunks, col = (c % kChunks) * 8;
     const bool valid = row0 + r < S;
-    cp_async16(tile + r * (D + kPad) + col, g + (valid ? row0 + r : 0) * D + col, valid);
+    cp_async16(tile + r * (D + kPad) + col, g + (valid ? row0 + r : 0) * ld + col, valid);
   }
 }
 
@@ -227,11 +242,11 @@ __device__ __forceinline__ void load_tile(T* tile, const T* g, kindex row0, kind
 /// ([2][Bc][D + kPad] each), then wait until block j has landed.
 template <class T, int Bc, int D, int kThreads>
 __device__ __forceinline__ void prefetch_next_kv(T* sK, T* sV, const T* k, const T* v, int j,
-                                                 int n_kv, kindex S) {
+                                                 int n_kv, kindex S, kindex ld) {
   if (j + 1 < n_kv) {
     const int stage = (j + 1) % 2;
-    load_tile<T, Bc, D, kThreads>(sK + stage * Bc * (D + kPad), k, kindex(j + 1) * Bc, S);
-    load_tile<T, Bc, D, kThreads>(sV + stage * Bc * (D + kPad), v, kindex(j + 1) * Bc, S);
+    load_tile<T, Bc, D, kThreads>(sK + stage * Bc * (D + kPad), k, kindex(j + 1) * Bc, S, ld);
+    load_tile<T, Bc, D, kThreads>(sV + stage * Bc * (D + kPad), v, kindex(j + 1) * Bc, S, ld);
     cp_async_commit();
     cp_async_wait<1>();
   } else {
@@ -242,8 +257,9 @@ __device__ __forceinline__ void prefetch_next_kv(T* sK, T* sV, const T* k, const
 /// Stores a warp's 16M x D fp32 tile (rows row_lo + ..., row r of m-tile mi
 /// times mul[mi][r >= 8]) as T, rows at or past S skipped.
 template <class T, int M, int D>
-__device__ __forceinline__ void store_rows(T* g, const float (&acc)[M][D / 8][4], kindex row_lo,
-                                           kindex S, const float (&mul)[M][2], int lane) {
+__device__ __forceinline__ void store_rows(T* g, kindex ld, const float (&acc)[M][D / 8][4],
+                                           kindex row_lo, kindex S, const float (&mul)[M][2],
+                                           int lane) {
   const int r = lane / 4, c = (lane % 4) * 2;
 #pragma unroll
   for (int mi = 0; mi < M; ++mi)
@@ -253,7 +269,7 @@ __device__ __forceinline__ void store_rows(T* g, const float (&acc)[M][D / 8][4]
       if (row >= S) continue;
 #pragma unroll
       for (int nb = 0; nb < D / 8; ++nb)
-        *reinterpret_cast<std::uint32_t*>(g + row * D + nb * 8 + c) =
+        *reinterpret_cast<std::uint32_t*>(g + row * ld + nb * 8 + c) =
             pack2<T>(acc[mi][nb][2 * h] * mul[mi][h], acc[mi][nb][2 * h + 1] * mul[mi][h]);
     }
 }
@@ -290,7 +306,8 @@ struct FwdTiles {
 template <class T, class Tile>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                         kindex S, float scale_log2, T* __restrict__ out, float* __restrict__ lse) {
+                         HeadStrides in, kindex S, float scale_log2, T* __restrict__ out,
+                         HeadStrides os, float* __restrict__ lse) {
   constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
                 kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -299,13 +316,13 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   T* sV = sK + 2 * kBc * kLd;  // [2][kBc][kLd]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const kindex q0 = kindex(gridDim.x - 1 - blockIdx.x) * kBr;  // last (longest) blocks first
-  const kindex base = kindex(blockIdx.y) * S * D;
-  q += base, k += base, v += base, out += base, lse += kindex(blockIdx.y) * S;
+  const kindex base = in.base(blockIdx.y);
+  q += base, k += base, v += base, out += os.base(blockIdx.y), lse += kindex(blockIdx.y) * S;
   const int n_kv = int(((q0 + kBr < S ? q0 + kBr : S) + kBc - 1) / kBc);  // up to the diagonal
 
-  load_tile<T, kBr, D, kThreads>(sQ, q, q0, S);
-  load_tile<T, kBc, D, kThreads>(sK, k, 0, S);
-  load_tile<T, kBc, D, kThreads>(sV, v, 0, S);
+  load_tile<T, kBr, D, kThreads>(sQ, q, q0, S, in.ld);
+  load_tile<T, kBc, D, kThreads>(sK, k, 0, S, in.ld);
+  load_tile<T, kBc, D, kThreads>(sV, v, 0, S, in.ld);
   cp_async_commit();
 
   const kindex row_lo = q0 + warp * kRows;  // this warp's rows row_lo .. row_lo + kRows - 1
@@ -317,7 +334,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 #pragma unroll
   for (int mi = 0; mi < M; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.f;
   for (int j = 0; j < n_kv; ++j) {
-    prefetch_next_kv<T, kBc, D, kThreads>(sK, sV, k, v, j, n_kv, S);
+    prefetch_next_kv<T, kBc, D, kThreads>(sK, sV, k, v, j, n_kv, S, in.ld);
     __syncthreads();
     if constexpr (Tile::kQRegs)
       if (j == 0) load_a<T, M, D>(qf, sQw, kLd, lane);
@@ -383,7 +400,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
       l[mi][h] += __shfl_xor_sync(0xffffffffu, l[mi][h], 2);
       inv_l[mi][h] = 1.f / l[mi][h];
     }
-  store_rows<T, M, D>(out, o, row_lo, S, inv_l, lane);
+  store_rows<T, M, D>(out, os.ld, o, row_lo, S, inv_l, lane);
   if (lane % 4 == 0)
 #pragma unroll
     for (int mi = 0; mi < M; ++mi)
@@ -396,18 +413,19 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 
 // ---------------------------------------------------------------- backward ---
 
-/// delta[r] = dout[r, :] . out[r, :] in fp32: D / 8 lanes per row, each
-/// reading 16 bytes of both.
+/// delta[r] = dout[r, :] . out[r, :] in fp32 for rows r = bh S + s (both
+/// laid out by os): D / 8 lanes per row, each reading 16 bytes of both.
 template <class T, int D>
-__global__ void row_dot_kernel(const T* __restrict__ dout, const T* __restrict__ out, kindex rows,
-                               float* __restrict__ delta) {
+__global__ void row_dot_kernel(const T* __restrict__ dout, const T* __restrict__ out,
+                               HeadStrides os, kindex S, kindex rows, float* __restrict__ delta) {
   constexpr int kLanes = D / 8;
   const kindex r = (kindex(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
   const int c = int(threadIdx.x % kLanes) * 8;
   float sum = 0.f;
   if (r < rows) {
-    const uint4 a = *reinterpret_cast<const uint4*>(dout + r * D + c);
-    const uint4 b = *reinterpret_cast<const uint4*>(out + r * D + c);
+    const kindex at = os.base(r / S) + (r % S) * os.ld + c;
+    const uint4 a = *reinterpret_cast<const uint4*>(dout + at);
+    const uint4 b = *reinterpret_cast<const uint4*>(out + at);
     const T* ea = reinterpret_cast<const T*>(&a);
     const T* eb = reinterpret_cast<const T*>(&b);
 #pragma unroll
@@ -447,8 +465,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                const T* __restrict__ v, const T* __restrict__ dout,
                                const float* __restrict__ lse, const float* __restrict__ delta,
-                               kindex S, float scale, float scale_log2, T* __restrict__ dk,
-                               T* __restrict__ dv) {
+                               HeadStrides in, HeadStrides os, kindex S, float scale,
+                               float scale_log2, T* __restrict__ dk, T* __restrict__ dv) {
   constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
                 kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -460,15 +478,15 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   float* sDelta = sL + 2 * kBr;                               // [2][kBr]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const kindex k0 = kindex(blockIdx.x) * kBc;  // first key blocks see the most queries
-  const kindex base = kindex(blockIdx.y) * S * D;
-  q += base, k += base, v += base, dout += base, dk += base, dv += base;
+  const kindex base = in.base(blockIdx.y);
+  q += base, k += base, v += base, dout += os.base(blockIdx.y), dk += base, dv += base;
   lse += kindex(blockIdx.y) * S, delta += kindex(blockIdx.y) * S;
   const int qb_begin = int(k0 / kBr), qb_end = int((S + kBr - 1) / kBr);
 
-  load_tile<T, kBc, D, kThreads>(sK, k, k0, S);
-  load_tile<T, kBc, D, kThreads>(sV, v, k0, S);
-  load_tile<T, kBr, D, kThreads>(sQ, q, kindex(qb_begin) * kBr, S);
-  load_tile<T, kBr, D, kThreads>(sdO, dout, kindex(qb_begin) * kBr, S);
+  load_tile<T, kBc, D, kThreads>(sK, k, k0, S, in.ld);
+  load_tile<T, kBc, D, kThreads>(sV, v, k0, S, in.ld);
+  load_tile<T, kBr, D, kThreads>(sQ, q, kindex(qb_begin) * kBr, S, in.ld);
+  load_tile<T, kBr, D, kThreads>(sdO, dout, kindex(qb_begin) * kBr, S, os.ld);
   cp_async_commit();
   load_row_stats<kBr>(sL, sDelta, lse, delta, kindex(qb_begin) * kBr, S);
 
@@ -481,8 +499,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
     const int st = (qb - qb_begin) % 2;
     if (qb + 1 < qb_end) {
       const kindex next = kindex(qb + 1) * kBr;
-      load_tile<T, kBr, D, kThreads>(sQ + (1 - st) * kBr * kLd, q, next, S);
-      load_tile<T, kBr, D, kThreads>(sdO + (1 - st) * kBr * kLd, dout, next, S);
+      load_tile<T, kBr, D, kThreads>(sQ + (1 - st) * kBr * kLd, q, next, S, in.ld);
+      load_tile<T, kBr, D, kThreads>(sdO + (1 - st) * kBr * kLd, dout, next, S, os.ld);
       cp_async_commit();
       load_row_stats<kBr>(sL + (1 - st) * kBr, sDelta + (1 - st) * kBr, lse, delta, next, S);
       cp_async_wait<1>();
@@ -536,8 +554,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
     }
     __syncthreads();
   }
-  store_rows<T, M, D>(dk, dk_acc, key_lo, S, Uniform<M>(scale).v, lane);
-  store_rows<T, M, D>(dv, dv_acc, key_lo, S, Uniform<M>(1.f).v, lane);
+  store_rows<T, M, D>(dk, in.ld, dk_acc, key_lo, S, Uniform<M>(scale).v, lane);
+  store_rows<T, M, D>(dv, in.ld, dv_acc, key_lo, S, Uniform<M>(1.f).v, lane);
 }
 
 /// Tiling of the dQ pass: `Warps` warps of 16 M query rows each, key blocks
@@ -556,7 +574,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dq_kernel(const T* __restrict__ q, const T* __restrict__ k,
                              const T* __restrict__ v, const T* __restrict__ dout,
                              const float* __restrict__ lse, const float* __restrict__ delta,
-                             kindex S, float scale, float scale_log2, T* __restrict__ dq) {
+                             HeadStrides in, HeadStrides os, kindex S, float scale,
+                             float scale_log2, T* __restrict__ dq) {
   constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
                 kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -566,15 +585,15 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   T* sV = sK + 2 * kBc * kLd;  // [2][kBc][kLd]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const kindex q0 = kindex(gridDim.x - 1 - blockIdx.x) * kBr;
-  const kindex base = kindex(blockIdx.y) * S * D;
-  q += base, k += base, v += base, dout += base, dq += base;
+  const kindex base = in.base(blockIdx.y);
+  q += base, k += base, v += base, dout += os.base(blockIdx.y), dq += base;
   lse += kindex(blockIdx.y) * S, delta += kindex(blockIdx.y) * S;
   const int n_kv = int(((q0 + kBr < S ? q0 + kBr : S) + kBc - 1) / kBc);
 
-  load_tile<T, kBr, D, kThreads>(sQ, q, q0, S);
-  load_tile<T, kBr, D, kThreads>(sdO, dout, q0, S);
-  load_tile<T, kBc, D, kThreads>(sK, k, 0, S);
-  load_tile<T, kBc, D, kThreads>(sV, v, 0, S);
+  load_tile<T, kBr, D, kThreads>(sQ, q, q0, S, in.ld);
+  load_tile<T, kBr, D, kThreads>(sdO, dout, q0, S, os.ld);
+  load_tile<T, kBc, D, kThreads>(sK, k, 0, S, in.ld);
+  load_tile<T, kBc, D, kThreads>(sV, v, 0, S, in.ld);
   cp_async_commit();
 
   const kindex row_lo = q0 + warp * kRows;
@@ -592,7 +611,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   std::uint32_t qf[M][Tile::kQRegs ? D / 16 : 1][4], dof[M][Tile::kQRegs ? D / 16 : 1][4];
   float dq_acc[M][D / 8][4] = {};
   for (int j = 0; j < n_kv; ++j) {
-    prefetch_next_kv<T, kBc, D, kThreads>(sK, sV, k, v, j, n_kv, S);
+    prefetch_next_kv<T, kBc, D, kThreads>(sK, sV, k, v, j, n_kv, S, in.ld);
     __syncthreads();
     if constexpr (Tile::kQRegs)
       if (j == 0) load_a<T, M, D>(qf, sQw, kLd, lane), load_a<T, M, D>(dof, sdOw, kLd, lane);
@@ -635,7 +654,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
     }
     __syncthreads();
   }
-  store_rows<T, M, D>(dq, dq_acc, row_lo, S, Uniform<M>(scale).v, lane);
+  store_rows<T, M, D>(dq, in.ld, dq_acc, row_lo, S, Uniform<M>(scale).v, lane);
 }
 
 // ---------------------------------------------------------------- dispatch ---
@@ -714,7 +733,8 @@ void check_extents(const char* op, const void* const* ptrs, int n, index_t B) {
   MESH_VERIFY(B <= 65535, op << ": " << B << " batch x heads exceed the grid's 65535");
 }
 
-/// The three passes of the backward on one tiling, as launched below.
+/// The three passes of the backward on one tiling, as launched below. q, k,
+/// v, dq, dk, dv are laid out by `in`; out (o) and dout by `os`.
 struct FlashArgs {
   const void *q, *k, *v, *dout, *out;
   const float* lse;
@@ -722,21 +742,23 @@ struct FlashArgs {
   void *o, *dq, *dk, *dv;
   index_t B, S;
   double scale;
+  HeadStrides in, os;
 };
 
 template <class T, class Tile>
 void launch_forward(const FlashArgs& a) {
   launch(flash_forward_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
-         static_cast<const T*>(a.v), kindex(a.S), float(a.scale * kLog2e), static_cast<T*>(a.o),
-         const_cast<float*>(a.lse));
+         static_cast<const T*>(a.v), a.in, kindex(a.S), float(a.scale * kLog2e),
+         static_cast<T*>(a.o), a.os, const_cast<float*>(a.lse));
 }
 
 template <class T, int D>
 void launch_row_dot(const FlashArgs& a) {
   const kindex rows = a.B * a.S;
   row_dot_kernel<T, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, kStream>>>(
-      static_cast<const T*>(a.dout), static_cast<const T*>(a.out), rows, a.delta);
+      static_cast<const T*>(a.dout), static_cast<const T*>(a.out), a.os, kindex(a.S), rows,
+      a.delta);
   MESH_CUDA_LAUNCHED();
 }
 
@@ -745,8 +767,8 @@ void launch_dkdv(const FlashArgs& a) {
   launch(flash_backward_dkdv_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
-         static_cast<const float*>(a.delta), kindex(a.S), float(a.scale), float(a.scale * kLog2e),
-         static_cast<T*>(a.dk), static_cast<T*>(a.dv));
+         static_cast<const float*>(a.delta), a.in, a.os, kindex(a.S), float(a.scale),
+         float(a.scale * kLog2e), static_cast<T*>(a.dk), static_cast<T*>(a.dv));
 }
 
 template <class T, class Tile>
@@ -754,43 +776,93 @@ void launch_dq(const FlashArgs& a) {
   launch(flash_backward_dq_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
-         static_cast<const float*>(a.delta), kindex(a.S), float(a.scale), float(a.scale * kLog2e),
-         static_cast<T*>(a.dq));
+         static_cast<const float*>(a.delta), a.in, a.os, kindex(a.S), float(a.scale),
+         float(a.scale * kLog2e), static_cast<T*>(a.dq));
 }
 
 }  // namespace
 
-void fused_attention_forward(DType t, const void* q, const void* k, const void* v, index_t B,
-                             index_t S, index_t D, double scale, void* out, float* lse) {
-  const char* op = "fused_attention_forward";
-  if (B == 0 || S == 0) return;
-  const void* ptrs[] = {q, k, v, out};
-  check_extents(op, ptrs, 4, B);
-  const FlashArgs a{q,   k,       v,       nullptr, nullptr, lse, nullptr,
-                    out, nullptr, nullptr, nullptr, B,       S,   scale};
-  with_flash_types(t, D, op, [&](auto zero, auto dim) {
+namespace {
+
+void forward(DType t, const FlashArgs& a, index_t D) {
+  with_flash_types(t, D, "fused_attention_forward", [&](auto zero, auto dim) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
     launch_forward<T, FwdTiling<kD>>(a);
   });
 }
 
-void fused_attention_backward(DType t, const void* dout, const void* q, const void* k,
-                              const void* v, const void* out, const float* lse, index_t B,
-                              index_t S, index_t D, double scale, float* delta, void* dq, void* dk,
-                              void* dv) {
-  const char* op = "fused_attention_backward";
-  if (B == 0 || S == 0) return;
-  const void* ptrs[] = {dout, q, k, v, out, dq, dk, dv};
-  check_extents(op, ptrs, 8, B);
-  const FlashArgs a{q, k, v, dout, out, lse, delta, nullptr, dq, dk, dv, B, S, scale};
-  with_flash_types(t, D, op, [&](auto zero, auto dim) {
+void backward(DType t, const FlashArgs& a, index_t D) {
+  with_flash_types(t, D, "fused_attention_backward", [&](auto zero, auto dim) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
     launch_row_dot<T, kD>(a);
     launch_dkdv<T, DkDvTiling<kD>>(a);
     launch_dq<T, DqTiling<kD>>(a);
   });
+}
+
+HeadStrides head_major(index_t S, index_t D) { return {D, S * D, 0, 1}; }
+
+/// The token-major layout [s * b, parts * heads * D] (rows in [s, b] order).
+HeadStrides token_major(index_t b, int parts, index_t heads, index_t D) {
+  return {b * parts * heads * D, parts * heads * D, D, int(heads)};
+}
+
+}  // namespace
+
+void fused_attention_forward(DType t, const void* q, const void* k, const void* v, index_t B,
+                             index_t S, index_t D, double scale, void* out, float* lse) {
+  if (B == 0 || S == 0) return;
+  const void* ptrs[] = {q, k, v, out};
+  check_extents("fused_attention_forward", ptrs, 4, B);
+  const HeadStrides hm = head_major(S, D);
+  forward(t, {q, k, v, nullptr, nullptr, lse, nullptr, out, nullptr, nullptr, nullptr, B, S, scale,
+              hm, hm},
+          D);
+}
+
+void fused_attention_backward(DType t, const void* dout, const void* q, const void* k,
+                              const void* v, const void* out, const float* lse, index_t B,
+                              index_t S, index_t D, double scale, float* delta, void* dq, void* dk,
+                              void* dv) {
+  if (B == 0 || S == 0) return;
+  const void* ptrs[] = {dout, q, k, v, out, dq, dk, dv};
+  check_extents("fused_attention_backward", ptrs, 8, B);
+  const HeadStrides hm = head_major(S, D);
+  backward(t, {q, k, v, dout, out, lse, delta, nullptr, dq, dk, dv, B, S, scale, hm, hm}, D);
+}
+
+void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
+                                         index_t heads, index_t D, double scale, void* context,
+                                         float* lse) {
+  if (s == 0 || b == 0 || heads == 0) return;
+  const char* base = static_cast<const char*>(qkv);
+  const std::size_t part = std::size_t(heads * D) * dtype_size(t);
+  const void* ptrs[] = {qkv, base + part, base + 2 * part, context};
+  check_extents("fused_attention_forward", ptrs, 4, b * heads);
+  forward(t,
+          {base, base + part, base + 2 * part, nullptr, nullptr, lse, nullptr, context, nullptr,
+           nullptr, nullptr, b * heads, s, scale, token_major(b, 3, heads, D),
+           token_major(b, 1, heads, D)},
+          D);
+}
+
+void fused_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
+                                          const void* context, const float* lse, index_t s,
+                                          index_t b, index_t heads, index_t D, double scale,
+                                          float* delta, void* dqkv) {
+  if (s == 0 || b == 0 || heads == 0) return;
+  const char* in = static_cast<const char*>(qkv);
+  char* grad = static_cast<char*>(dqkv);
+  const std::size_t part = std::size_t(heads * D) * dtype_size(t);
+  const void* ptrs[] = {dcontext, qkv, context, dqkv, in + part, grad + part};
+  check_extents("fused_attention_backward", ptrs, 6, b * heads);
+  backward(t,
+           {in, in + part, in + 2 * part, dcontext, context, lse, delta, nullptr, grad,
+            grad + part, grad + 2 * part, b * heads, s, scale, token_major(b, 3, heads, D),
+            token_major(b, 1, heads, D)},
+           D);
 }
 
 }  // namespace meshtron::cuda

@@ -52,7 +52,7 @@ void Attention::attention_probs(const Tensor& q, const Tensor& k, const LayerCon
   Tensor scores = Tensor::empty({q.dim(0), s, s}, q.dtype(), q.space());
   ops::gemm_batched(q, false, k, true, scores);
   probs = Tensor::empty(scores.shape(), q.dtype(), q.space());
-  ops::scaled_causal_softmax_forward(scores, 1.0 / std::sqrt(double(head_dim_)), probs);
+  ops::scaled_causal_softmax_forward(scores, scale(), probs);
   probs_kept = probs;
   if (ctx.training && dropout_ > 0) {
     probs_kept = Tensor::empty(probs.shape(), q.dtype(), q.space());
@@ -78,47 +78,43 @@ Tensor Attention::core_forward_unfused(const LayerContext& ctx, Cache& c) const 
 Tensor Attention::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   const index_t s = ctx.seq_length, b = ctx.micro_batch;
   Tensor qkv_out = qkv.forward(x, ctx, c.qkv);
-  Tensor parts[3];
-  ops::split_heads(qkv_out, s, b, heads_local_, 3, parts);
-  c.q = parts[0];
-  c.k = parts[1];
-  c.v = parts[2];
-
-  Tensor context;
-  if (use_fused(c.q, ctx)) {
-    // Nothing s x s is stored, so selective recompute has nothing to drop.
-    context = Tensor::empty(c.q.shape(), x.dtype(), x.space());
-    c.lse = Tensor::empty({c.q.dim(0), s}, stats_dtype(x), x.space());
-    ops::fused_attention_forward(c.q, c.k, c.v, 1.0 / std::sqrt(double(head_dim_)), context,
-                                 c.lse);
-    c.probs = c.probs_kept = Tensor();
-  } else {
-    context = core_forward_unfused(ctx, c);
-  }
   Tensor merged;
-  ops::merge_heads(&context, 1, s, b, heads_local_, merged);
+  if (use_fused(qkv_out, ctx)) {
+    // The fused core reads q, k, v from the projection's output and writes
+    // the context in proj's input layout: no head copies. Nothing s x s is
+    // stored, so selective recompute has nothing to drop.
+    c.qkv_out = qkv_out;
+    c.q = c.k = c.v = c.probs = c.probs_kept = Tensor();
+    merged = Tensor::empty({s * b, heads_local_ * head_dim_}, x.dtype(), x.space());
+    c.lse = Tensor::empty({b * heads_local_, s}, stats_dtype(x), x.space());
+    ops::fused_attention_forward_token_major(qkv_out, s, b, heads_local_, scale(), merged, c.lse);
+  } else {
+    Tensor parts[3];
+    ops::split_heads(qkv_out, s, b, heads_local_, 3, parts);
+    c.q = parts[0];
+    c.k = parts[1];
+    c.v = parts[2];
+    c.qkv_out = Tensor();
+    const Tensor context = core_forward_unfused(ctx, c);
+    ops::merge_heads(&context, 1, s, b, heads_local_, merged);
+  }
   return proj.forward(merged, ctx, c.proj);
 }
 
 Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   const index_t s = ctx.seq_length, b = ctx.micro_batch;
   Tensor dmerged = proj.backward(dy, ctx, c.proj);
-  Tensor dcontext;
-  ops::split_heads(dmerged, s, b, heads_local_, 1, &dcontext);
-
-  Tensor dparts[3];
-  if (c.lse.defined()) {  // the forward ran the fused core
-    Tensor context;  // proj's input is the merged context: split it back
-    ops::split_heads(c.proj.x, s, b, heads_local_, 1, &context);
-    for (int p = 0; p < 3; ++p) dparts[p] = Tensor::empty(c.q.shape(), dy.dtype(), dy.space());
-    ops::fused_attention_backward(dcontext, c.q, c.k, c.v, context, c.lse,
-                                  1.0 / std::sqrt(double(head_dim_)), dparts[0], dparts[1],
-                                  dparts[2]);
-  } else {
-    core_backward_unfused(dcontext, ctx, c, dparts);
-  }
   Tensor dqkv;
-  ops::merge_heads(dparts, 3, s, b, heads_local_, dqkv);
+  if (c.lse.defined()) {  // the forward ran the fused core; proj kept the context
+    dqkv = Tensor::empty(c.qkv_out.shape(), dy.dtype(), dy.space());
+    ops::fused_attention_backward_token_major(dmerged, c.qkv_out, c.proj.x, c.lse, s, b,
+                                              heads_local_, scale(), dqkv);
+  } else {
+    Tensor dcontext, dparts[3];
+    ops::split_heads(dmerged, s, b, heads_local_, 1, &dcontext);
+    core_backward_unfused(dcontext, ctx, c, dparts);
+    ops::merge_heads(dparts, 3, s, b, heads_local_, dqkv);
+  }
   return qkv.backward(dqkv, ctx, c.qkv);
 }
 
@@ -136,7 +132,7 @@ void Attention::core_backward_unfused(const Tensor& dcontext, const LayerContext
     ops::dropout_backward(dprobs, dropout_, probs_site(ctx), dprobs);
 
   Tensor dscores = Tensor::empty(probs.shape(), dcontext.dtype(), dcontext.space());
-  ops::scaled_causal_softmax_backward(dprobs, probs, 1.0 / std::sqrt(double(head_dim_)),
+  ops::scaled_causal_softmax_backward(dprobs, probs, scale(),
                                       dscores);
   dparts[0] = Tensor::empty(c.q.shape(), dcontext.dtype(), dcontext.space());
   dparts[1] = Tensor::empty(c.k.shape(), dcontext.dtype(), dcontext.space());

@@ -11,6 +11,8 @@
 // auto takes the fused kernel on the device wherever it is supported.
 #pragma once
 
+#include <cmath>
+
 #include <string>
 
 #include "model/linear.hpp"
@@ -31,14 +33,17 @@ class Attention {
   struct Cache {
     ColumnParallelLinear::Cache qkv;
     RowParallelLinear::Cache proj;
-    Tensor q, k, v;    ///< [b * heads_local, s, d]
+    Tensor q, k, v;    ///< [b * heads_local, s, d] (unfused core only)
+    /// Fused core only: the qkv projection's output [s*b, 3 * heads_local * d],
+    /// read in place by the fused kernels.
+    Tensor qkv_out;
     /// softmax output before dropout; undefined under selective recompute
     /// (rebuilt from q and k in the backward)
     Tensor probs;
     Tensor probs_kept; ///< after dropout (aliases probs when p = 0); likewise
     /// Fused core only (then probs stay undefined): the log-sum-exp of each
     /// row of scores [b * heads_local, s]. The backward also needs the
-    /// context, which it rebuilds from proj's kept input (split_heads).
+    /// context: proj's kept input, in the layout the kernels read.
     Tensor lse;
   };
   Attention(const std::string& name, int layer, index_t hidden, int heads,
@@ -52,6 +57,7 @@ class Attention {
   RowParallelLinear proj;
 
  private:
+  double scale() const { return 1.0 / std::sqrt(double(head_dim_)); }
   ops::DropoutSite probs_site(const LayerContext& ctx) const;
   /// probs = softmax(q k^T / sqrt(d)) (causal) and probs_kept = dropout(probs)
   /// (the same tensor when dropout is off): the part selective recompute

@@ -72,6 +72,19 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
                               Tensor& dq, Tensor& dk, Tensor& dv);
+/// The same attention read and written in the linear layers' token-major
+/// layout (ops::split_heads' input), so the head split/merge copies vanish:
+/// qkv [s*b, 3*heads*d] (q | k | v, rows in [s, b] order) -> context
+/// [s*b, heads*d] (merge_heads' output), lse [b*heads, s]. On the host it
+/// is split_heads + fused_attention_forward + merge_heads; on the device the
+/// kernels address the token-major rows directly. Same numbers either way.
+void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b, index_t heads,
+                                         double scale, Tensor& context, Tensor& lse);
+/// dqkv [s*b, 3*heads*d] (overwrite) from dcontext and the forward's qkv,
+/// context and lse, in the same layouts.
+void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& qkv,
+                                          const Tensor& context, const Tensor& lse, index_t s,
+                                          index_t b, index_t heads, double scale, Tensor& dqkv);
 /// Whether the fused op takes these tensors: on the host any fp32/fp64 head
 /// dim (the reference implementation); on the device bf16 or fp16 with head
 /// dim 64 or 128, when the CUDA path is built. Never while attention dropout

@@ -64,6 +64,16 @@ void fused_attention_backward(DType t, const void* dout, const void* q, const vo
                               const void* v, const void* out, const float* lse, index_t B,
                               index_t S, index_t D, double scale, float* delta, void* dq,
                               void* dk, void* dv);
+/// The same on the linear layers' token-major layout, read and written in
+/// place: qkv and dqkv [s * b, 3 * heads * D], context and dcontext
+/// [s * b, heads * D] (rows in [s, b] order); lse and delta [b * heads, s].
+void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
+                                         index_t heads, index_t D, double scale, void* context,
+                                         float* lse);
+void fused_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
+                                          const void* context, const float* lse, index_t s,
+                                          index_t b, index_t heads, index_t D, double scale,
+                                          float* delta, void* dqkv);
 
 // ------------------------------------------------------ GeLU and biases ---
 void gelu_forward(DType t, const void* x, index_t n, void* y);

@@ -32,6 +32,8 @@
 #include "kernels/kokkos/layernorm.hpp"
 #include "kernels/kokkos/softmax.hpp"
 #include "ops/ops.hpp"
+
+#include "ops/head_layout.hpp"
 #ifdef MESHTRON_HAVE_CUDA
 #include "ops/ops_cuda.hpp"
 #endif
@@ -502,6 +504,87 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
                                              v.data<T>(), out.data<T>(), lse.data<T>(), B, S, D,
                                              scale, dq.data<T>(), dk.data<T>(), dv.data<T>());
   });
+}
+
+namespace {
+/// qkv [s*b, 3*heads*d] and context [s*b, heads*d] of one attention call;
+/// returns d and whether on the device.
+bool check_token_major(const char* op, const Arg& qkv, const Arg& context, index_t s, index_t b,
+                       index_t heads, const Arg& lse, index_t& d) {
+  MESH_VERIFY(s > 0 && b > 0 && heads > 0 && qkv.t.rank() == 2 && qkv.t.dim(0) == s * b &&
+                  qkv.t.dim(1) % (3 * heads) == 0 && qkv.t.dim(1) > 0,
+              op << ": " << describe(qkv) << " must be [s*b, 3*heads*d] for s = " << s
+                 << ", b = " << b << ", heads = " << heads);
+  d = qkv.t.dim(1) / (3 * heads);
+  MESH_VERIFY(context.t.shape() == Shape({s * b, heads * d}),
+              op << ": " << describe(context) << " must be [s*b, heads*d]");
+  MESH_VERIFY(!overlaps(qkv.t, context.t),
+              op << ": " << qkv.name << " and " << context.name << " must not share memory");
+  const bool device = !qkv.t.is_host();
+  require_stat_args(op, device, qkv, {lse});
+  require_per_row(op, lse, b * heads * s, qkv);
+  if (device)
+    MESH_VERIFY(fused_attention_supported(qkv.t.dtype(), qkv.t.space(), d, 0.0, false),
+                op << ": the CUDA kernel takes bf16 or fp16 with head_dim 64 or 128, got "
+                   << describe(qkv) << " with head_dim " << d);
+  return device;
+}
+}  // namespace
+
+void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b, index_t heads,
+                                         double scale, Tensor& context, Tensor& lse) {
+  const char* op = "fused_attention_forward_token_major";
+  const Arg aqkv{"qkv", qkv}, ac{"context", context}, al{"lse", lse};
+  on_device(op, {aqkv, ac, al});
+  require_float_args(op, {aqkv, ac});
+  index_t d = 0;
+  if (check_token_major(op, aqkv, ac, s, b, heads, al, d)) {
+    ON_CUDA(cuda::fused_attention_forward_token_major(qkv.dtype(), qkv.raw(), s, b, heads, d,
+                                                      scale, context.raw(), lse.data<float>()));
+    return;
+  }
+  Tensor parts[3];
+  split_heads(qkv, s, b, heads, 3, parts);
+  Tensor head_major = Tensor::empty(parts[0].shape(), qkv.dtype(), qkv.space());
+  fused_attention_forward(parts[0], parts[1], parts[2], scale, head_major, lse);
+  Tensor merged;
+  merge_heads(&head_major, 1, s, b, heads, merged);
+  context.copy_from(merged);
+}
+
+void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& qkv,
+                                          const Tensor& context, const Tensor& lse, index_t s,
+                                          index_t b, index_t heads, double scale, Tensor& dqkv) {
+  const char* op = "fused_attention_backward_token_major";
+  const Arg adc{"dcontext", dcontext}, aqkv{"qkv", qkv}, ac{"context", context}, al{"lse", lse},
+      adq{"dqkv", dqkv};
+  on_device(op, {aqkv, adc, ac, al, adq});
+  require_float_args(op, {aqkv, adc, ac, adq});
+  index_t d = 0;
+  const bool device = check_token_major(op, aqkv, ac, s, b, heads, al, d);
+  MESH_VERIFY(dcontext.shape() == context.shape() && dqkv.shape() == qkv.shape(),
+              op << ": " << describe(adc) << " must match " << describe(ac) << " and "
+                 << describe(adq) << " " << describe(aqkv));
+  for (const Arg& a : {adc, aqkv, ac})
+    MESH_VERIFY(!overlaps(dqkv, a.t), op << ": dqkv must not share memory with " << a.name);
+  if (device) {
+    Tensor delta = Tensor::empty({b * heads, s}, DType::F32, qkv.space());
+    ON_CUDA(cuda::fused_attention_backward_token_major(
+        qkv.dtype(), dcontext.raw(), qkv.raw(), context.raw(), lse.data<float>(), s, b, heads, d,
+        scale, delta.data<float>(), dqkv.raw()));
+    return;
+  }
+  Tensor parts[3], dout, out;
+  split_heads(qkv, s, b, heads, 3, parts);
+  split_heads(dcontext, s, b, heads, 1, &dout);
+  split_heads(context, s, b, heads, 1, &out);
+  Tensor dparts[3];
+  for (Tensor& g : dparts) g = Tensor::empty(parts[0].shape(), qkv.dtype(), qkv.space());
+  fused_attention_backward(dout, parts[0], parts[1], parts[2], out, lse, scale, dparts[0],
+                           dparts[1], dparts[2]);
+  Tensor merged;
+  merge_heads(dparts, 3, s, b, heads, merged);
+  dqkv.copy_from(merged);
 }
 
 // ------------------------------------------------------ GeLU and biases ---

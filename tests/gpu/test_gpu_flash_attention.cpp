@@ -28,6 +28,7 @@
 
 #include "common/error.hpp"
 #include "model/gpt_config.hpp"
+#include "ops/head_layout.hpp"
 #include "ops/ops.hpp"
 #include "parallel/decomposition.hpp"
 #include "tensor/device_allocator.hpp"
@@ -206,6 +207,57 @@ ModelRun train_gpt(const std::string& backend, const std::string& precision, DTy
   }
   run.peak_bytes = device::allocator_stats().peak_bytes;
   return run;
+}
+
+// The token-major entry points (what the attention layer calls: q, k, v read
+// from the qkv projection's [s*b, 3*heads*d] output, the context written in
+// proj's [s*b, heads*d] input layout) address the same rows as split_heads +
+// the head-major kernels + merge_heads, so they must give the same bits; the
+// host path of the op is that composition.
+TEST(GpuFlashAttention, TokenMajorEqualsSplitHeadMajorMerge) {
+  REQUIRE_GPU();
+  struct Shape4 {
+    index_t s, b, heads, d;
+  };
+  std::uint64_t seed = 5000;
+  for (const Shape4 c : {Shape4{1024, 2, 3, 64}, Shape4{300, 3, 2, 64}, Shape4{200, 2, 2, 128},
+                         Shape4{17, 1, 1, 64}})
+    for (DType dt : {DType::BF16, DType::F16}) {
+      const std::string what = "s " + std::to_string(c.s) + " b " + std::to_string(c.b) +
+                               " heads " + std::to_string(c.heads) + " d " +
+                               std::to_string(c.d) + " " + std::string(dtype_name(dt));
+      const index_t rows = c.s * c.b, width = c.heads * c.d;
+      const double scale = 1.0 / std::sqrt(double(c.d));
+      const Tensor qkv = random_rounded({rows, 3 * width}, dt, seed++, -2, 2).to(dt).to_device();
+      const Tensor dctx =
+          random_rounded({rows, width}, dt, seed++, -1, 1).to(dt).to_device();
+
+      Tensor ctx = poisoned({rows, width}, dt);
+      Tensor lse = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
+      ops::fused_attention_forward_token_major(qkv, c.s, c.b, c.heads, scale, ctx, lse);
+      Tensor dqkv = poisoned({rows, 3 * width}, dt);
+      ops::fused_attention_backward_token_major(dctx, qkv, ctx, lse, c.s, c.b, c.heads, scale,
+                                                dqkv);
+
+      Tensor parts[3], dout, out_hm;
+      ops::split_heads(qkv, c.s, c.b, c.heads, 3, parts);
+      ops::split_heads(dctx, c.s, c.b, c.heads, 1, &dout);
+      Tensor out = poisoned(parts[0].shape(), dt);
+      Tensor lse_hm = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
+      ops::fused_attention_forward(parts[0], parts[1], parts[2], scale, out, lse_hm);
+      Tensor grads[3];
+      for (Tensor& g : grads) g = poisoned(parts[0].shape(), dt);
+      ops::fused_attention_backward(dout, parts[0], parts[1], parts[2], out, lse_hm, scale,
+                                    grads[0], grads[1], grads[2]);
+      Tensor ctx_ref, dqkv_ref;
+      ops::merge_heads(&out, 1, c.s, c.b, c.heads, ctx_ref);
+      ops::merge_heads(grads, 3, c.s, c.b, c.heads, dqkv_ref);
+
+      EXPECT_TRUE(all_finite(ctx) && all_finite(dqkv)) << what;
+      EXPECT_EQ(ctx.to_doubles(), ctx_ref.to_doubles()) << what;
+      EXPECT_EQ(lse.to_doubles(), lse_hm.to_doubles()) << what;
+      EXPECT_EQ(dqkv.to_doubles(), dqkv_ref.to_doubles()) << what;
+    }
 }
 
 TEST(GpuFlashAttention, GptBf16FusedLossMatchesUnfused) {
