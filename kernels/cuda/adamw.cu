@@ -22,6 +22,8 @@
 //    when a pointer, size or weight decay changed: the per-step scalars (lr,
 //    bias corrections) travel as kernel arguments.
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "ops/ops_cuda.hpp"
@@ -206,42 +208,44 @@ void AdamWTable::step(const std::vector<AdamWTensorPtrs>& tensors, DType copy_dt
   std::vector<TableEntry> entries;
   for (const AdamWTensorPtrs& t : tensors)
     if (t.n > 0) append_pieces(t, dtype_size(copy_dtype), entries);
+  if (entries.empty()) return;
+  std::vector<unsigned char> image(entries.size() * sizeof(TableEntry));
+  std::memcpy(image.data(), entries.data(), image.size());
+  if (image != image_) upload(image);
+
+  const auto* table = static_cast<const TableEntry*>(device_);
+  const auto* work =
+      reinterpret_cast<const BlockWork*>(static_cast<const char*>(device_) + image_.size());
+  const unsigned grid = unsigned(blocks_);
+  if (copy_dtype == DType::BF16)
+    adamw_multi_kernel<bf16_t><<<grid, kThreads, 0, kStream>>>(table, work, k);
+  else
+    adamw_multi_kernel<f16_t><<<grid, kThreads, 0, kStream>>>(table, work, k);
+  MESH_CUDA_LAUNCHED();
+}
+
+// Device layout: the entries, then the per-block work list (8-byte aligned
+// after 64-byte entries). Only the entries are kept on the host to compare:
+// the work list follows from them. The copy is stream-ordered (legacy
+// default stream): a kernel still reading the previous table runs first.
+void AdamWTable::upload(const std::vector<unsigned char>& image) {
+  std::vector<TableEntry> entries(image.size() / sizeof(TableEntry));
+  std::memcpy(entries.data(), image.data(), image.size());
   std::vector<BlockWork> work;
   for (std::size_t e = 0; e < entries.size(); ++e)
     for (kindex c = 0; c * kChunk < entries[e].n; ++c)
       work.push_back({std::uint32_t(e), std::uint32_t(c)});
-  if (work.empty()) return;
   MESH_VERIFY(work.size() < (std::size_t(1) << 31), "AdamWTable: too many blocks");
-
-  // Image: the entries, then the work list (8-byte aligned after 64-byte entries).
-  const std::size_t entry_bytes = entries.size() * sizeof(TableEntry);
-  std::vector<unsigned char> image(entry_bytes + work.size() * sizeof(BlockWork));
-  std::memcpy(image.data(), entries.data(), entry_bytes);
-  std::memcpy(image.data() + entry_bytes, work.data(), work.size() * sizeof(BlockWork));
-  upload(image);
-
-  const auto* table = static_cast<const TableEntry*>(device_);
-  const auto* blocks =
-      reinterpret_cast<const BlockWork*>(static_cast<const char*>(device_) + entry_bytes);
-  const unsigned grid = unsigned(work.size());
-  if (copy_dtype == DType::BF16)
-    adamw_multi_kernel<bf16_t><<<grid, kThreads, 0, kStream>>>(table, blocks, k);
-  else
-    adamw_multi_kernel<f16_t><<<grid, kThreads, 0, kStream>>>(table, blocks, k);
-  MESH_CUDA_LAUNCHED();
-}
-
-// The copy is stream-ordered (legacy default stream): a kernel still reading
-// the previous table runs before it.
-void AdamWTable::upload(const std::vector<unsigned char>& image) {
-  if (image == image_) return;
-  if (image.size() > capacity_) {
+  const std::size_t work_bytes = work.size() * sizeof(BlockWork);
+  if (image.size() + work_bytes > capacity_) {
     if (device_) device::deallocate(device_);
-    device_ = device::allocate(image.size());
-    capacity_ = image.size();
+    device_ = device::allocate(image.size() + work_bytes);
+    capacity_ = image.size() + work_bytes;
   }
   device::copy_bytes(device_, image.data(), image.size());
+  device::copy_bytes(static_cast<char*>(device_) + image.size(), work.data(), work_bytes);
   image_ = image;
+  blocks_ = work.size();
   ++uploads_;
 }
 

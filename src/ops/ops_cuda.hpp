@@ -159,10 +159,11 @@ class AdamWTable {
   long uploads() const { return uploads_; }
 
  private:
+  /// The table's entries (`image`) and the per-block work list they imply.
   void upload(const std::vector<unsigned char>& image);
-  std::vector<unsigned char> image_;  ///< what the device copy holds
+  std::vector<unsigned char> image_;  ///< the entries the device copy holds
   void* device_ = nullptr;            ///< Owned (device allocator).
-  std::size_t capacity_ = 0;
+  std::size_t capacity_ = 0, blocks_ = 0;
   long uploads_ = 0;
 };
 
