@@ -182,6 +182,43 @@ struct AdamWParams {
 /// p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                 const AdamWParams& hp);
+/// The same step, also writing the low-precision compute copy of the updated
+/// param into *compute_copy (param's numel and memory space; bf16 or fp16 on
+/// the device), bit for bit adamw_step then cast(param, *compute_copy), in
+/// one pass over memory on the device. Null: no copy.
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                const AdamWParams& hp, Tensor* compute_copy);
+
+/// One tensor of a multi-tensor AdamW step.
+struct AdamWTensor {
+  Tensor param, grad, m, v;
+  Tensor compute_copy;  ///< written as by adamw_step(..., &compute_copy); undefined: none
+  bool decay = true;    ///< false: no weight decay (biases, norms)
+};
+
+/// AdamW over a list of tensors (apex's multi_tensor_apply): bit for bit
+/// adamw_step on each tensor with weight_decay = decay ? hp.weight_decay : 0
+/// and its compute copy. On the device ONE kernel launch updates every
+/// tensor; the table of pointers it reads lives in device memory and is
+/// uploaded again only when the tensors (pointers, sizes) or the weight
+/// decay change, so a training loop over fixed buffers uploads it once. On
+/// the host it loops over the tensors. All tensors share one memory space;
+/// device compute copies share one dtype.
+class MultiTensorAdamW {
+ public:
+  MultiTensorAdamW();
+  ~MultiTensorAdamW();
+  MultiTensorAdamW(MultiTensorAdamW&&) noexcept;
+  MultiTensorAdamW& operator=(MultiTensorAdamW&&) noexcept;
+
+  void step(const std::vector<AdamWTensor>& tensors, const AdamWParams& hp);
+  /// Times the device table was uploaded (0 on the host).
+  long table_uploads() const;
+
+ private:
+  struct DeviceTable;                   ///< the CUDA table, when built
+  std::unique_ptr<DeviceTable> table_;  ///< Owned; created on the first device step.
+};
 
 // ------------------------------------------------------------ Reductions ---
 /// Sum of squares of all elements, in double.

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tensor/types.hpp"
 
@@ -132,9 +133,49 @@ void cross_entropy_backward(DType t, DType out, const void* logits, const std::i
 struct AdamWCoefficients {
   double lr, beta1, beta2, eps, weight_decay, step_size, inv_sqrt_bias2;
 };
-/// fp32 master weights, gradients and moments.
+/// fp32 master weights, gradients and moments; with a non-null `copy`, also
+/// copy[i] = the updated param[i] rounded to copy_dtype (bf16 or fp16)
+/// exactly as cuda::cast rounds (the compute copy, in the same pass).
 void adamw_step(float* param, const float* grad, float* m, float* v, index_t n,
-                const AdamWCoefficients& k);
+                const AdamWCoefficients& k, DType copy_dtype = DType::BF16,
+                void* copy = nullptr);
+
+/// One tensor of a multi-tensor AdamW step; weight_decay replaces
+/// AdamWCoefficients::weight_decay for it (0 for biases and norms).
+struct AdamWTensorPtrs {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  void* copy;  ///< compute copy (bf16/fp16) or null
+  index_t n;
+  double weight_decay;
+};
+
+/// AdamW over many tensors in one launch (kernels/cuda/adamw.cu), bit for
+/// bit adamw_step on each. Keeps its table of pointers in device memory
+/// between steps and uploads it again only when it changes (pointers, sizes,
+/// weight decays); lr and the bias corrections are kernel arguments.
+class AdamWTable {
+ public:
+  AdamWTable() = default;
+  ~AdamWTable();
+  AdamWTable(const AdamWTable&) = delete;
+  AdamWTable& operator=(const AdamWTable&) = delete;
+  /// Every non-null copy has dtype copy_dtype (bf16 or fp16).
+  void step(const std::vector<AdamWTensorPtrs>& tensors, DType copy_dtype,
+            const AdamWCoefficients& k);
+  /// Uploads of the table so far (one while the tensors stay the same).
+  long uploads() const { return uploads_; }
+
+ private:
+  /// The table's entries (`image`) and the per-block work list they imply.
+  void upload(const std::vector<unsigned char>& image);
+  std::vector<unsigned char> image_;  ///< the entries the device copy holds
+  void* device_ = nullptr;            ///< Owned (device allocator).
+  std::size_t capacity_ = 0, blocks_ = 0;
+  long uploads_ = 0;
+};
 
 // ----------------------------------------------------------- Head layout ---
 /// Token-major x [s*b, parts*heads*d] <-> head-major part [b*heads, s, d] for

@@ -31,6 +31,7 @@
 #include "kernels/kokkos/gelu.hpp"
 #include "kernels/kokkos/layernorm.hpp"
 #include "kernels/kokkos/softmax.hpp"
+#include "ops/cast.hpp"
 #include "ops/ops.hpp"
 
 #include "ops/head_layout.hpp"
@@ -986,8 +987,11 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 
 // ----------------------------------------------------------------- AdamW ---
 
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp) {
-  const char* op = "adamw_step";
+namespace {
+
+/// The checks of adamw_step; returns whether it runs on the device.
+bool check_adamw(const char* op, const Tensor& param, const Tensor& grad, const Tensor& m,
+                 const Tensor& v, const AdamWParams& hp, const Tensor* compute_copy) {
   const Arg ap{"param", param}, ag{"grad", grad}, am{"m", m}, av{"v", v};
   const bool device = require_float_args(op, {ap, ag, am, av});
   if (device)
@@ -1000,13 +1004,49 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
               op << ": invalid hyper-parameters step=" << hp.step << " lr=" << hp.lr
                  << " beta1=" << hp.beta1 << " beta2=" << hp.beta2 << " eps=" << hp.eps
                  << " weight_decay=" << hp.weight_decay);
-  const kernels::AdamWCoefficients k =
-      kernels::adamw_coefficients(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step);
+  if (compute_copy != nullptr) {
+    const Arg ac{"compute_copy", *compute_copy};
+    on_device(op, {ap, ac});
+    require_same_numel(op, ap, ac);
+    if (device)
+      MESH_VERIFY(compute_copy->dtype() == DType::BF16 || compute_copy->dtype() == DType::F16,
+                  op << ": the CUDA compute copy is bf16 or fp16; got " << describe(ac));
+  }
+  return device;
+}
+
+kernels::AdamWCoefficients adamw_coefficients(const AdamWParams& hp) {
+  return kernels::adamw_coefficients(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step);
+}
+
+#ifdef MESHTRON_HAVE_CUDA
+cuda::AdamWCoefficients cuda_coefficients(const kernels::AdamWCoefficients& k) {
+  return {k.lr, k.beta1, k.beta2, k.eps, k.weight_decay, k.step_size, k.inv_sqrt_bias2};
+}
+#endif
+
+/// hp with the weight decay of one tensor of a multi-tensor step.
+AdamWParams tensor_params(const AdamWParams& hp, bool decay) {
+  AdamWParams out = hp;
+  out.weight_decay = decay ? hp.weight_decay : 0.0;
+  return out;
+}
+
+}  // namespace
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp) {
+  adamw_step(param, grad, m, v, hp, nullptr);
+}
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp,
+                Tensor* compute_copy) {
+  const bool device = check_adamw("adamw_step", param, grad, m, v, hp, compute_copy);
+  const kernels::AdamWCoefficients k = adamw_coefficients(hp);
   if (device) {
-    ON_CUDA(cuda::adamw_step(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
-                             param.numel(),
-                             {k.lr, k.beta1, k.beta2, k.eps, k.weight_decay, k.step_size,
-                              k.inv_sqrt_bias2}));
+    ON_CUDA(cuda::adamw_step(param.data<float>(), grad.data<float>(), m.data<float>(),
+                             v.data<float>(), param.numel(), cuda_coefficients(k),
+                             compute_copy ? compute_copy->dtype() : DType::BF16,
+                             compute_copy ? compute_copy->raw() : nullptr));
     return;
   }
   with_float_type(param.dtype(), [&](auto zero) {
@@ -1014,6 +1054,65 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
     kernels::adamw_step<Host>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(),
                               param.numel(), k);
   });
+  if (compute_copy) cast(param, *compute_copy);
+}
+
+struct MultiTensorAdamW::DeviceTable {
+#ifdef MESHTRON_HAVE_CUDA
+  cuda::AdamWTable table;
+#endif
+};
+
+MultiTensorAdamW::MultiTensorAdamW() = default;
+MultiTensorAdamW::~MultiTensorAdamW() = default;
+MultiTensorAdamW::MultiTensorAdamW(MultiTensorAdamW&&) noexcept = default;
+MultiTensorAdamW& MultiTensorAdamW::operator=(MultiTensorAdamW&&) noexcept = default;
+
+long MultiTensorAdamW::table_uploads() const {
+#ifdef MESHTRON_HAVE_CUDA
+  return table_ ? table_->table.uploads() : 0;
+#else
+  return 0;
+#endif
+}
+
+void MultiTensorAdamW::step(const std::vector<AdamWTensor>& tensors, const AdamWParams& hp) {
+  const char* op = "MultiTensorAdamW::step";
+  if (tensors.empty()) return;
+  const bool device = !tensors[0].param.is_host();
+  for (const AdamWTensor& t : tensors) {
+    const AdamWParams one = tensor_params(hp, t.decay);
+    const Tensor* copy = t.compute_copy.defined() ? &t.compute_copy : nullptr;
+    MESH_VERIFY(check_adamw(op, t.param, t.grad, t.m, t.v, one, copy) == device,
+                op << ": the tensors are in different memory spaces");
+  }
+  if (!device) {  // the per-tensor host kernels, bit for bit what the device does at once
+    for (const AdamWTensor& t : tensors) {
+      AdamWTensor u = t;  // handles share the storage: updates land in t's tensors
+      adamw_step(u.param, u.grad, u.m, u.v, tensor_params(hp, t.decay),
+                 t.compute_copy.defined() ? &u.compute_copy : nullptr);
+    }
+    return;
+  }
+#ifdef MESHTRON_HAVE_CUDA
+  std::vector<cuda::AdamWTensorPtrs> ptrs;
+  bool any_copy = false;
+  DType copy_dtype = DType::BF16;  // any, without copies
+  for (const AdamWTensor& t : tensors) {
+    void* copy = nullptr;
+    if (t.compute_copy.defined()) {
+      if (!any_copy) copy_dtype = t.compute_copy.dtype(), any_copy = true;
+      MESH_VERIFY(t.compute_copy.dtype() == copy_dtype,
+                  op << ": compute copies of one step share a dtype; got "
+                     << dtype_name(copy_dtype) << " and " << dtype_name(t.compute_copy.dtype()));
+      copy = t.compute_copy.raw();
+    }
+    ptrs.push_back({t.param.data<float>(), t.grad.data<float>(), t.m.data<float>(),
+                    t.v.data<float>(), copy, t.param.numel(), t.decay ? hp.weight_decay : 0.0});
+  }
+  if (!table_) table_ = std::make_unique<DeviceTable>();
+  table_->table.step(ptrs, copy_dtype, cuda_coefficients(adamw_coefficients(hp)));
+#endif
 }
 
 // ------------------------------------------------------------ Reductions ---

@@ -152,14 +152,18 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
   }
   const double factor = clip_factor(stats.grad_norm, config_.clip_grad);
   ++step_;
+  if (factor != 1.0)
+    for (Parameter* p : params_) ops::scale(p->grad, factor);
+  // Every parameter in one update (one kernel on the device), writing the
+  // bf16/fp16 compute copy of the master in the same pass.
+  std::vector<ops::AdamWTensor> tensors;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
-    if (factor != 1.0) ops::scale(p.grad, factor);
-    Tensor& weights = master_[i].defined() ? master_[i] : p.value;
-    ops::adamw_step(weights, p.grad, m_[i], v_[i],
-                    adam_params(config_, lr, p.weight_decay, step_));
-    if (master_[i].defined()) ops::cast(master_[i], p.value);  // the bf16/fp16 compute copy
+    const bool mixed = master_[i].defined();
+    tensors.push_back({mixed ? master_[i] : p.value, p.grad, m_[i], v_[i],
+                       mixed ? p.value : Tensor(), p.weight_decay});
   }
+  update_.step(tensors, adam_params(config_, lr, /*decay=*/true, step_));
   zero_grad();
   return stats;
 }
@@ -349,12 +353,17 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
   const double factor = clip_factor(stats.grad_norm, config_.clip_grad);
   if (factor != 1.0) ops::scale(grad, factor);
   ++step_;
+  // One update over the shard's per-parameter ranges (one kernel on the
+  // device). The 16-bit compute copies are written by unpack() after the
+  // fp32 all-gather: this rank's update covers its shard only.
+  std::vector<ops::AdamWTensor> ranges;
   shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
     const index_t len = end - begin;
-    Tensor w = flat_view(master_, pos, pos + len), gr = flat_view(grad, pos, pos + len);
-    Tensor m = flat_view(m_, pos, pos + len), v = flat_view(v_, pos, pos + len);
-    ops::adamw_step(w, gr, m, v, adam_params(config_, lr, params_[i]->weight_decay, step_));
+    ranges.push_back({flat_view(master_, pos, pos + len), flat_view(grad, pos, pos + len),
+                      flat_view(m_, pos, pos + len), flat_view(v_, pos, pos + len), Tensor(),
+                      params_[i]->weight_decay});
   });
+  update_.step(ranges, adam_params(config_, lr, /*decay=*/true, step_));
   g.dp.all_gather(master_.raw(), flat.raw(), std::size_t(shard_size_), flat.dtype());
   unpack(flat, &Parameter::value);
   return stats;

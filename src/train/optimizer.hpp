@@ -16,8 +16,9 @@
 // Mixed precision (bf16 or fp16 parameter values, fp32 gradients: see
 // grad_dtype_for in model/parameter.hpp): the optimizer keeps fp32 master
 // weights and fp32 moments, steps the master, and writes the bf16/fp16 compute
-// copy back into Parameter::value (ops::cast). In fp32/fp64 the parameter
-// values are their own master weights.
+// copy back into Parameter::value (in the update's pass: ops::MultiTensorAdamW;
+// the distributed optimizer casts after its all-gather). In fp32/fp64 the
+// parameter values are their own master weights.
 #pragma once
 
 #include <memory>
@@ -124,6 +125,7 @@ class AdamW final : public Optimizer {
   std::vector<Tensor> m_, v_;
   /// fp32 master weights where a value is bf16 (undefined tensors otherwise).
   std::vector<Tensor> master_;
+  ops::MultiTensorAdamW update_;  ///< one launch for all parameters on the device
   long step_ = 0;
 };
 
@@ -196,6 +198,7 @@ class DistributedAdamW final : public Optimizer {
   std::vector<index_t> offsets_;  ///< start of each parameter in the flat buffer
   index_t total_ = 0, padded_total_ = 0, shard_begin_ = 0, shard_size_ = 0;
   Tensor master_, m_, v_;  ///< this rank's shard (fp32)
+  ops::MultiTensorAdamW update_;  ///< one launch over the shard on the device
   MemorySpace space_ = MemorySpace::Host;  ///< where the parameters and the buffers live
   long step_ = 0;
   // Overlap only (buckets_ empty otherwise).
