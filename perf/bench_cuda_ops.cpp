@@ -198,12 +198,13 @@ void print_fused_pair(const char* what, double flop, double fused_ms, double unf
 /// (gemm_bias_gelu: one cuBLASLt GEMM, GELU_AUX_BIAS writing pre_gelu and
 /// gelu) against unfused (gemm_bias, then the gelu_forward kernel), and
 /// proj's dgrad fused (gemm_dgelu: DGELU reading pre_gelu) against unfused
-/// (gemm into d(activated), then gelu_backward).
+/// (gemm into d(activated), then gelu_backward); and the projection with the
+/// residual add in the epilogue (M = 8192, K = 5120, N = 1280).
 void bench_mlp_gelu_epilogues() {
   const index_t M = 8192, H = 1280, F = 5120;
   const DType dt = DType::BF16;
   const double flop = 2.0 * double(M) * double(F) * double(H);
-  std::printf("\nMLP GeLU epilogues, bf16, GPT-2 774M shapes (M=8192, K=1280, N=5120)\n");
+  std::printf("\nMLP epilogues, bf16, GPT-2 774M shapes (M=8192, h=1280, ffn=5120)\n");
   const Tensor x = random_device({M, H}, dt), w_fc = random_device({H, F}, dt, -0.05, 0.05);
   const Tensor bias = random_device({F}, dt);
   Tensor pre = Tensor::empty({M, F}, dt, MemorySpace::Cuda), act = pre.clone();
@@ -227,6 +228,21 @@ void bench_mlp_gelu_epilogues() {
   });
   print_fused_pair("proj dgrad: gemm_dgelu vs gemm+gelu_backward", flop, bwd_fused, bwd_unfused,
                    fell_back);
+  // The MLP's projection with the residual add: [8192, 5120] x [5120, 1280]
+  // + bias + residual (gemm_bias_residual) against gemm_bias, then add.
+  const Tensor w_out = random_device({F, H}, dt, -0.05, 0.05), b_out = random_device({H}, dt);
+  const Tensor residual = random_device({M, H}, dt);
+  Tensor y = Tensor::empty({M, H}, dt, MemorySpace::Cuda), out = y.clone();
+  before = cuda::gemm_residual_fallbacks();
+  const double res_fused = median_ms(
+      [&] { ops::gemm_bias_residual(act, false, w_out, false, b_out, residual, out); });
+  fell_back = cuda::gemm_residual_fallbacks() != before;
+  const double res_unfused = median_ms([&] {
+    ops::gemm_bias(act, false, w_out, false, b_out, y);
+    ops::add(residual, y, out);
+  });
+  print_fused_pair("proj fwd + residual: gemm_bias_residual vs +add", flop, res_fused,
+                   res_unfused, fell_back);
 }
 
 void bench_gemm() {

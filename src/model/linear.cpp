@@ -100,6 +100,19 @@ Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cac
   return y;
 }
 
+Tensor RowParallelLinear::forward_residual(const Tensor& x, const Tensor& residual,
+                                           LayerContext& ctx, Cache& cache) const {
+  if (ctx.tp.size() == 1) {
+    cache.x = x;
+    Tensor y = Tensor::empty(residual.shape(), x.dtype(), x.space());
+    ops::gemm_bias_residual(x, false, weight.value, false, bias.value, residual, y);
+    return y;
+  }
+  Tensor y = forward(x, ctx, cache);
+  ops::add(residual, y, y);
+  return y;
+}
+
 Tensor RowParallelLinear::accumulate_grads(const Tensor& dy, LayerContext& ctx,
                                            const Cache& cache) {
   ops::bias_backward(dy, bias.grad);

@@ -51,6 +51,12 @@ class RowParallelLinear {
   RowParallelLinear(const std::string& name, index_t in, index_t out,
                     const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  /// residual + forward(x), for the residual add after a projection
+  /// (residual [rows of Y, out]); its backward is backward() (the add's is
+  /// the identity). On one tp rank the add rides in the GEMM's epilogue on
+  /// the device (ops::gemm_bias_residual); otherwise it follows the sum.
+  Tensor forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
+                          Cache& cache) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   /// backward() for an input X_i = gelu(P_i) (the MLP's projection): returns
   /// dP_i = (dY A_i^T) * gelu'(P_i), the GeLU's derivative riding in the

@@ -15,6 +15,12 @@ Tensor Mlp::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   return proj.forward(activated, ctx, c.proj);
 }
 
+Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
+                            Cache& c) const {
+  const Tensor activated = fc.forward_gelu(x, ctx, c.fc, c.pre_gelu);
+  return proj.forward_residual(activated, residual, ctx, c.proj);
+}
+
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu);
   return fc.backward(dpre, ctx, c.fc);

@@ -766,7 +766,8 @@ TEST_F(GpuOps, SplitAndMergeHeadsMatchHostExactly) {
 // scaled by 2/sqrt(K) so that the GeLU sees |x| of order 1, its curved part,
 // and not a ReLU. Both outputs of the forward start as NaN. N = 130 and 33
 // break cuBLASLt's aux rule (ld a multiple of 8) and so exercise the
-// fallback, as do views one element past an aligned block.
+// fallback, as do views one element past an aligned block. The same for
+// gemm_bias_residual (the residual add in the row-parallel GEMM) below.
 
 #ifdef MESHTRON_HAVE_CUDA  // for the fallback counters and the launcher
 double weight_range(index_t K) { return 2.0 / std::sqrt(double(std::max<index_t>(K, 1))); }
@@ -957,6 +958,70 @@ TEST_F(GpuOps, FusedGeluEpilogueInFp32IsTheTanhGeluDiagnostic) {
   std::cout << "fp32 DGELU epilogue: max |dev - host| = " << derr / dscale
             << " (relative to max |dpre|)\n";
   EXPECT_LE(derr / dscale, 1e-3);
+}
+
+// gemm_bias_residual: out = op(A) op(B) + bias + residual in one cuBLASLt
+// call with C = residual, D = out (out of place), against the host's
+// gemm_bias then add. The residual must come back unchanged, and at GPT-2's
+// row-parallel shapes (attention proj h -> h, MLP proj 4h -> h) the fused
+// path must run in bf16 and fp16.
+
+void check_gemm_bias_residual(DType dt, const GemmCase& g, bool ta, bool tb) {
+  const std::string what = gemm_what("gemm_bias_residual", dt, g.M, g.N, g.K, ta, tb);
+  const double w = weight_range(g.K);
+  const Pair A = input(stored(g.M, g.K, ta), dt), B = input(stored(g.K, g.N, tb), dt, -w, w);
+  const Pair bias = input({g.N}, dt), residual = input({g.M, g.N}, dt, -4.0, 4.0);
+  const std::vector<double> residual_before = residual.dev.to_doubles();
+  Pair out = output({g.M, g.N}, dt);
+  gemm_bias_residual(A.host, ta, B.host, tb, bias.host, residual.host, out.host);
+  gemm_bias_residual(A.dev, ta, B.dev, tb, bias.dev, residual.dev, out.dev);
+  expect_close(out, dt, what);
+  EXPECT_EQ(residual.dev.to_doubles(), residual_before) << what << ": residual was written";
+}
+
+TEST_F(GpuOps, GemmBiasResidualMatchesHostGemmBiasThenAdd) {
+  for (DType dt : kDtypes)
+    for (const GemmCase& g : kEpilogueCases)
+      for (int t = 0; t < 4; ++t) check_gemm_bias_residual(dt, g, t & 1, t & 2);
+  // GPT-2 774M's MLP projection, 8 x 1024 tokens: [8192, 5120] x [5120, 1280].
+  for (DType dt : kDtypes) check_gemm_bias_residual(dt, {8192, 1280, 5120}, false, false);
+}
+
+TEST_F(GpuOps, ResidualEpilogueTakesTheFusedPathAtGpt2Shapes) {
+  struct Size {
+    index_t hidden, ffn;
+  };
+  for (DType dt : kDtypes)
+    for (const Size& sz : {Size{768, 3072}, Size{1024, 4096}, Size{1280, 5120}, Size{1600, 6400}})
+      for (index_t K : {sz.hidden, sz.ffn}) {
+        const index_t M = 8192, N = sz.hidden;
+        const Pair A = input({M, K}, dt), B = input({K, N}, dt, -0.05, 0.05), bias = input({N}, dt);
+        const Pair residual = input({M, N}, dt);
+        Pair out = output({M, N}, dt);
+        const std::uint64_t before = cuda::gemm_residual_fallbacks();
+        gemm_bias_residual(A.dev, false, B.dev, false, bias.dev, residual.dev, out.dev);
+        const bool fused = cuda::gemm_residual_fallbacks() == before;
+        if (dt == DType::F32)
+          std::cout << "fp32 residual epilogue M=" << M << " N=" << N << " K=" << K << ": "
+                    << (fused ? "fused" : "fell back") << "\n";
+        else
+          EXPECT_TRUE(fused) << name(dt) << " M=" << M << " N=" << N << " K=" << K
+                             << ": cuBLASLt offered no out-of-place bias GEMM";
+      }
+}
+
+TEST_F(GpuOps, GemmBiasResidualWithMisalignedResidualMatchesHost) {
+  for (DType dt : kDtypes) {
+    const index_t M = 33, N = 64, K = 96;
+    const Pair A = input({M, K}, dt), B = input({K, N}, dt), bias = input({N}, dt);
+    const Pair residual = input({M, N}, dt);
+    OffsetView residual_off = offset_by_one({M, N}, dt);
+    residual_off.view.copy_from(residual.dev);
+    Pair out = output({M, N}, dt);
+    gemm_bias_residual(A.host, false, B.host, false, bias.host, residual.host, out.host);
+    gemm_bias_residual(A.dev, false, B.dev, false, bias.dev, residual_off.view, out.dev);
+    expect_close(out, dt, "gemm_bias_residual with a misaligned residual " + name(dt));
+  }
 }
 #endif
 
