@@ -7,7 +7,9 @@
 // vocab 50304) and reported as GB/s of its minimal traffic (each input read
 // once, each output written once) and as a fraction of the copy's GB/s:
 // 1.0 means the kernel moves its bytes as fast as the copy engine path does.
-// GEMMs report TFLOP/s (2 M N K / time). Times are medians of 20 runs timed
+// GEMMs report TFLOP/s (2 M N K / time); the MLP's GEMMs with the GeLU (and
+// the residual add) in cuBLASLt's epilogue are timed against the GEMM plus
+// the separate kernels, with the speed-up. Times are medians of 20 runs timed
 // with CUDA events after 3 warm-ups; inputs are random (never zeros).
 //
 // Attention core, fused (ops::fused_attention_*, FlashAttention-2 kernels)
@@ -37,6 +39,8 @@
 
 #ifdef MESHTRON_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "ops/ops_cuda.hpp"
 
 namespace meshtron {
 namespace {
@@ -256,6 +260,67 @@ void bench_adamw_multi_tensor(double copy_gbps) {
               update.table_uploads());
 }
 
+/// One fused-vs-unfused line: times, TFLOP/s of the GEMM's 2 M N K, speed-up,
+/// and whether the fused call really ran fused (the fallback counter).
+void print_fused_pair(const char* what, double flop, double fused_ms, double unfused_ms,
+                      bool fell_back) {
+  std::printf("%-44s fused %8.4f ms %6.1f TF/s | unfused %8.4f ms %6.1f TF/s | %.2fx%s\n", what,
+              fused_ms, flop / (fused_ms * 1e9), unfused_ms, flop / (unfused_ms * 1e9),
+              unfused_ms / fused_ms, fell_back ? "  (FELL BACK: not fused)" : "");
+}
+
+/// The MLP's GeLU epilogues at GPT-2 774M shapes, bf16, 8 x 1024 tokens
+/// (M = 8192, h = K = 1280, ffn = N = 5120): fc forward fused
+/// (gemm_bias_gelu: one cuBLASLt GEMM, GELU_AUX_BIAS writing pre_gelu and
+/// gelu) against unfused (gemm_bias, then the gelu_forward kernel), and
+/// proj's dgrad fused (gemm_dgelu: DGELU reading pre_gelu) against unfused
+/// (gemm into d(activated), then gelu_backward); and the projection with the
+/// residual add in the epilogue (M = 8192, K = 5120, N = 1280).
+void bench_mlp_gelu_epilogues() {
+  const index_t M = 8192, H = 1280, F = 5120;
+  const DType dt = DType::BF16;
+  const double flop = 2.0 * double(M) * double(F) * double(H);
+  std::printf("\nMLP epilogues, bf16, GPT-2 774M shapes (M=8192, h=1280, ffn=5120)\n");
+  const Tensor x = random_device({M, H}, dt), w_fc = random_device({H, F}, dt, -0.05, 0.05);
+  const Tensor bias = random_device({F}, dt);
+  Tensor pre = Tensor::empty({M, F}, dt, MemorySpace::Cuda), act = pre.clone();
+  std::uint64_t before = cuda::gemm_gelu_fallbacks();
+  const double fwd_fused = median_ms([&] { ops::gemm_bias_gelu(x, false, w_fc, false, bias, pre, act); });
+  bool fell_back = cuda::gemm_gelu_fallbacks() != before;
+  const double fwd_unfused = median_ms([&] {
+    ops::gemm_bias(x, false, w_fc, false, bias, pre);
+    ops::gelu_forward(pre, act);
+  });
+  print_fused_pair("fc forward: gemm_bias_gelu vs gemm_bias+gelu", flop, fwd_fused, fwd_unfused,
+                   fell_back);
+  const Tensor dy = random_device({M, H}, dt), w_proj = random_device({F, H}, dt, -0.05, 0.05);
+  Tensor dpre = Tensor::empty({M, F}, dt, MemorySpace::Cuda), dact = dpre.clone();
+  before = cuda::gemm_gelu_fallbacks();
+  const double bwd_fused = median_ms([&] { ops::gemm_dgelu(dy, false, w_proj, true, pre, dpre); });
+  fell_back = cuda::gemm_gelu_fallbacks() != before;
+  const double bwd_unfused = median_ms([&] {
+    ops::gemm(dy, false, w_proj, true, dact);
+    ops::gelu_backward(dact, pre, dpre);
+  });
+  print_fused_pair("proj dgrad: gemm_dgelu vs gemm+gelu_backward", flop, bwd_fused, bwd_unfused,
+                   fell_back);
+  // The MLP's projection with the residual add: [8192, 5120] x [5120, 1280]
+  // + bias + residual (gemm_bias_residual) against gemm_bias, then add.
+  const Tensor w_out = random_device({F, H}, dt, -0.05, 0.05), b_out = random_device({H}, dt);
+  const Tensor residual = random_device({M, H}, dt);
+  Tensor y = Tensor::empty({M, H}, dt, MemorySpace::Cuda), out = y.clone();
+  before = cuda::gemm_residual_fallbacks();
+  const double res_fused = median_ms(
+      [&] { ops::gemm_bias_residual(act, false, w_out, false, b_out, residual, out); });
+  fell_back = cuda::gemm_residual_fallbacks() != before;
+  const double res_unfused = median_ms([&] {
+    ops::gemm_bias(act, false, w_out, false, b_out, y);
+    ops::add(residual, y, out);
+  });
+  print_fused_pair("proj fwd + residual: gemm_bias_residual vs +add", flop, res_fused,
+                   res_unfused, fell_back);
+}
+
 void bench_gemm() {
   std::printf("\n%-40s %9s %9s\n", "GEMM (row-major, cuBLASLt)", "ms", "TFLOP/s");
   struct Case {
@@ -279,6 +344,7 @@ void bench_gemm() {
     const double ms = median_ms([&] { ops::gemm(A, c.ta, B, c.tb, C, 1.0, beta); });
     std::printf("%-40s %9.4f %9.1f\n", c.what, ms, 2.0 * double(c.M) * c.N * c.K / (ms * 1e9));
   }
+  bench_mlp_gelu_epilogues();
 }
 
 struct AttentionTimes {

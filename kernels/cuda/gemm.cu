@@ -20,18 +20,36 @@
 // heuristic offers no algorithm with the epilogue (e.g. for an oddly aligned
 // bias), the GEMM runs plain and the bias_add kernel follows.
 //
+// GeLU epilogues (the MLP). Forward, CUBLASLT_EPILOGUE_GELU_AUX_BIAS: D =
+// gelu(AB + bias) and the GeLU input AB + bias written to the "aux" matrix,
+// which has D's layout (column-major [N, M], ld = AUX_LD >= N, a multiple of
+// 8 elements) and D's dtype (cuBLASLt's default for GeLU aux, left unset);
+// with a contiguous row-major C that is exactly our pre_gelu [M, N], ld N.
+// Backward, CUBLASLT_EPILOGUE_DGELU: D = (AB) * gelu'(aux) with the same
+// aux. cuBLASLt's GeLU is the tanh approximation (GPT-2's; PyTorch's
+// _addmm_activation relies on it, pytorch/pytorch#104061), so the numbers
+// differ from gelu.cu's only by rounding: gelu.cu rounds the pre-activation
+// to storage before the GeLU, the epilogue applies it to the fp32
+// accumulator. N % 8 != 0 (the aux ld rule), an aux pointer less than 16-byte
+// aligned, or no algorithm: plain GEMM, then the gelu kernels.
+//
+// Out-of-place C (a residual riding in the GEMM): D = alpha AB + beta C +
+// bias with C != D, same layout; only algorithms with
+// CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT are taken (the heuristic
+// does not see pointers, so it cannot know C != D), else GEMM then axpy.
+//
 // The handle, a 32 MiB workspace and the heuristic's choice per problem
-// (shape, dtypes, transposes, batch, pointer alignment, epilogue) are
+// (shape, dtypes, transposes, batch, pointer alignments, epilogue) are
 // cached: after the first call of a shape, a GEMM is descriptor setup plus
 // one launch.
 #include <cublasLt.h>
 
 #include <atomic>
+#include <compare>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <tuple>
 
 #include "kernels/cuda/common.cuh"
 #include "ops/ops_cuda.hpp"
@@ -71,12 +89,48 @@ std::uint32_t alignment_of(const void* p) {
   return align;
 }
 
-/// Everything the heuristic's choice depends on (the last two: whether the
-/// bias epilogue is on, and the bias pointer's alignment, which cuBLASLt
-/// reads from the descriptor when it chooses).
-using ProblemKey = std::tuple<int, int, bool, bool, index_t, index_t, index_t, index_t, index_t,
-                              index_t, index_t, index_t, index_t, index_t, std::uint32_t,
-                              std::uint32_t, std::uint32_t, bool, bool, std::uint32_t>;
+/// The epilogue of a call, as cuBLASLt names it.
+cublasLtEpilogue_t epilogue_of(const GemmArgs& g) {
+  if (g.gelu_pre_out) return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (g.gelu_pre_in) return CUBLASLT_EPILOGUE_DGELU;
+  if (g.bias) return CUBLASLT_EPILOGUE_BIAS;
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+/// Whether anything beyond D = alpha op(A) op(B) + beta D is asked for; only
+/// such calls may find no algorithm (and then run unfused).
+bool has_extras(const GemmArgs& g) {
+  return epilogue_of(g) != CUBLASLT_EPILOGUE_DEFAULT || g.c_in != nullptr;
+}
+
+/// Everything the heuristic's choice depends on: shape, dtypes, transposes,
+/// pointer alignments (cuBLASLt reads the bias and aux pointers from the
+/// descriptor when it chooses), the epilogue, and whether C is out of place.
+struct ProblemKey {
+  int ab, c;
+  bool trans_a, trans_b;
+  index_t M, N, K, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
+  std::uint32_t align_a, align_b, align_c, align_d, align_bias, align_aux;
+  bool beta_nonzero, out_of_place;
+  int epilogue;
+  auto operator<=>(const ProblemKey&) const = default;
+};
+
+ProblemKey key_of(const GemmArgs& g) {
+  const void* aux = g.gelu_pre_out ? g.gelu_pre_out : g.gelu_pre_in;
+  return ProblemKey{int(g.ab),     int(g.c),       g.trans_a,       g.trans_b,
+                    g.M,           g.N,            g.K,             g.lda,
+                    g.ldb,         g.ldc,          g.batch,         g.stride_a,
+                    g.stride_b,    g.stride_c,     alignment_of(g.B),  // cuBLASLt's A
+                    alignment_of(g.A),                                 // cuBLASLt's B
+                    alignment_of(g.c_in ? g.c_in : g.C),
+                    alignment_of(g.C),
+                    g.bias ? alignment_of(g.bias) : 0u,
+                    aux ? alignment_of(aux) : 0u,
+                    g.beta != 0.0,
+                    g.c_in != nullptr,
+                    int(epilogue_of(g))};
+}
 
 /// RAII for the four descriptors of one call.
 struct Descriptors {
@@ -106,23 +160,45 @@ void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, index_t st
   }
 }
 
-/// Turns on the bias epilogue: bias [m = N] of D's dtype, one per row of the
-/// column-major D = C^T, i.e. one per column of our row-major C.
-void set_bias_epilogue(cublasLtMatmulDesc_t op, const void* bias, DType c) {
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-  const std::int32_t bias_type = cuda_type(c);
+/// Sets the epilogue and its inputs. The bias is [m = N] of D's dtype, one
+/// per row of the column-major D = C^T, i.e. one per column of our row-major
+/// C; the GeLU aux matrix has D's layout (ld = ldc).
+void set_epilogue(cublasLtMatmulDesc_t op, const GemmArgs& g) {
+  const cublasLtEpilogue_t epilogue = epilogue_of(g);
+  if (epilogue == CUBLASLT_EPILOGUE_DEFAULT) return;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                               sizeof(epilogue)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                              sizeof(bias)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                              &bias_type, sizeof(bias_type)));
+  if (g.bias && epilogue != CUBLASLT_EPILOGUE_DGELU) {
+    const std::int32_t bias_type = cuda_type(g.c);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
+                                                sizeof(g.bias)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                &bias_type, sizeof(bias_type)));
+  }
+  const void* aux = g.gelu_pre_out ? g.gelu_pre_out : g.gelu_pre_in;
+  if (aux) {
+    const std::int64_t aux_ld = g.ldc;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &aux, sizeof(aux)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                &aux_ld, sizeof(aux_ld)));
+  }
+}
+
+/// Whether an algorithm writes D somewhere other than C.
+bool supports_out_of_place(const cublasLtMatmulAlgo_t& algo) {
+  std::int32_t support = 0;
+  std::size_t written = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoCapGetAttribute(
+      &algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT, &support, sizeof(support), &written);
+  return st == CUBLAS_STATUS_SUCCESS && support != 0;
 }
 
 class GemmEngine {
  public:
-  /// Launches the GEMM. Returns false, launching nothing, only when a bias
-  /// epilogue was asked for and cuBLASLt has no algorithm for it.
+  /// Launches the GEMM. Returns false, launching nothing, only when an
+  /// epilogue or an out-of-place C was asked for and cuBLASLt has no
+  /// algorithm for it.
   bool run(const GemmArgs& g) {
     std::lock_guard<std::mutex> lock(mutex_);
     init();
@@ -140,19 +216,24 @@ class GemmEngine {
     make_layout(&d.a, cuda_type(g.ab), b_rows, b_cols, g.ldb, g.batch, g.stride_b);
     make_layout(&d.b, cuda_type(g.ab), a_rows, a_cols, g.lda, g.batch, g.stride_a);
     make_layout(&d.c, cuda_type(g.c), g.M, g.N, g.ldc, g.batch, g.stride_c);
-    if (g.bias) set_bias_epilogue(d.op, g.bias, g.c);
+    set_epilogue(d.op, g);
 
-    const std::uint32_t align_a = alignment_of(g.B), align_b = alignment_of(g.A),
-                        align_c = alignment_of(g.C);
-    const std::uint32_t align_bias = g.bias ? alignment_of(g.bias) : 0;
-    const ProblemKey key{int(g.ab), int(g.c), g.trans_a, g.trans_b, g.M, g.N, g.K, g.lda, g.ldb,
-                         g.ldc, g.batch, g.stride_a, g.stride_b, g.stride_c, align_a, align_b,
-                         align_c, g.beta != 0.0, g.bias != nullptr, align_bias};
-    const std::optional<cublasLtMatmulAlgo_t> algo = choose(key, d, align_a, align_b, align_c);
+    const ProblemKey key = key_of(g);
+    const std::optional<cublasLtMatmulAlgo_t> algo = choose(key, d);
     if (!algo) return false;
     const float alpha = float(g.alpha), beta = float(g.beta);
-    CUBLAS_CHECK(cublasLtMatmul(handle_, d.op, &alpha, g.B, d.a, g.A, d.b, &beta, g.C, d.c, g.C,
-                                d.c, &*algo, workspace_, kWorkspaceBytes, kStream));
+    const void* c_in = g.c_in ? g.c_in : g.C;
+    const cublasStatus_t st = cublasLtMatmul(handle_, d.op, &alpha, g.B, d.a, g.A, d.b, &beta,
+                                             c_in, d.c, g.C, d.c, &*algo, workspace_,
+                                             kWorkspaceBytes, kStream);
+    // An epilogue the heuristic offered but the launch refuses (argument
+    // checks fail before anything runs): remembered as unavailable.
+    if (st != CUBLAS_STATUS_SUCCESS && has_extras(g)) {
+      algos_.erase(key);
+      algos_.emplace(key, std::nullopt);
+      return false;
+    }
+    CUBLAS_CHECK(st);
     return true;
   }
 
@@ -163,11 +244,10 @@ class GemmEngine {
     workspace_ = device::allocate(kWorkspaceBytes);  // kept for the process's life
   }
 
-  /// The heuristic's first algorithm, cached per key; nullopt (also cached)
-  /// only for a bias epilogue without one. Without a bias, none is fatal.
-  std::optional<cublasLtMatmulAlgo_t> choose(const ProblemKey& key, const Descriptors& d,
-                                             std::uint32_t align_a, std::uint32_t align_b,
-                                             std::uint32_t align_c) {
+  /// The heuristic's first algorithm (for an out-of-place C, its first that
+  /// writes out of place), cached per key; nullopt (also cached) only for a
+  /// call with extras (has_extras) and no algorithm. Otherwise none is fatal.
+  std::optional<cublasLtMatmulAlgo_t> choose(const ProblemKey& key, const Descriptors& d) {
     auto it = algos_.find(key);
     if (it != algos_.end()) return it->second;
     cublasLtMatmulPreference_t pref = nullptr;
@@ -176,30 +256,30 @@ class GemmEngine {
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> aligns[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
     for (const auto& [attr, value] : aligns)
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
-    cublasLtMatmulHeuristicResult_t result;
-    std::memset(&result, 0, sizeof(result));
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates];
+    std::memset(results, 0, sizeof(results));
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c,
-                                                             pref, 1, &result, &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        handle_, d.op, d.a, d.b, d.c, d.c, pref, key.out_of_place ? kCandidates : 1, results,
+        &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    const bool with_bias = std::get<18>(key);
-    if (with_bias && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
-      algos_.emplace(key, std::nullopt);
-      return std::nullopt;
-    }
-    MESH_VERIFY(st == CUBLAS_STATUS_SUCCESS && found > 0,
-                "gemm: cuBLASLt found no algorithm (status " << int(st) << ") for M="
-                                                            << std::get<4>(key) << " N="
-                                                            << std::get<5>(key) << " K="
-                                                            << std::get<6>(key));
-    algos_.emplace(key, result.algo);
-    return result.algo;
+    std::optional<cublasLtMatmulAlgo_t> chosen;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      for (int i = 0; i < found && !chosen; ++i)
+        if (!key.out_of_place || supports_out_of_place(results[i].algo)) chosen = results[i].algo;
+    const bool extras = key.out_of_place || key.epilogue != int(CUBLASLT_EPILOGUE_DEFAULT);
+    MESH_VERIFY(chosen || extras,
+                "gemm: cuBLASLt found no algorithm (status " << int(st) << ") for M=" << key.M
+                                                            << " N=" << key.N << " K=" << key.K);
+    algos_.emplace(key, chosen);
+    return chosen;
   }
 
   std::mutex mutex_;
@@ -208,7 +288,7 @@ class GemmEngine {
   std::map<ProblemKey, std::optional<cublasLtMatmulAlgo_t>> algos_;
 };
 
-std::atomic<std::uint64_t> bias_fallbacks{0};
+std::atomic<std::uint64_t> bias_fallbacks{0}, gelu_fallbacks{0}, residual_fallbacks{0};
 
 GemmEngine& engine() {
   static GemmEngine* instance = new GemmEngine;
@@ -229,38 +309,94 @@ __global__ void scale_or_zero_kernel(T* C, index_t rows, index_t cols, index_t l
   }
 }
 
+void check_args(const GemmArgs& a) {
+  MESH_VERIFY(a.c == a.ab || a.c == DType::F32,
+              "gemm: C must be " << dtype_name(a.ab) << " or fp32, got " << dtype_name(a.c));
+  const bool fused = a.bias || a.gelu_pre_out || a.gelu_pre_in || a.c_in;
+  MESH_VERIFY(!fused || (a.batch == 1 && a.ldc == a.N),
+              "gemm: an epilogue takes one contiguous C, got batch " << a.batch << ", ldc "
+                                                                      << a.ldc << ", N " << a.N);
+  MESH_VERIFY(!(a.gelu_pre_out || a.gelu_pre_in) || a.c == a.ab,
+              "gemm: the GeLU epilogues take A, B, C of one dtype");
+  MESH_VERIFY(!a.gelu_pre_out || (a.bias && a.beta == 0.0),
+              "gemm: the GeLU forward epilogue takes a bias and beta = 0");
+  MESH_VERIFY(!a.gelu_pre_in || (!a.bias && !a.c_in && a.beta == 0.0),
+              "gemm: the GeLU backward epilogue takes no bias, no C, beta = 0");
+  MESH_VERIFY(!a.c_in || a.beta != 0.0, "gemm: an out-of-place C needs beta != 0");
+}
+
+/// cuBLASLt's rule for the GeLU aux matrix: ld a multiple of 8 elements;
+/// and, to be safe with its vector stores, a 16-byte aligned aux pointer
+/// (the caching allocator's blocks are 256-byte aligned; only odd views fail).
+bool epilogue_layout_ok(const GemmArgs& a) {
+  const void* aux = a.gelu_pre_out ? a.gelu_pre_out : a.gelu_pre_in;
+  return !aux || (a.ldc % 8 == 0 && alignment_of(aux) >= 16);
+}
+
+void count_fallback(const GemmArgs& a) {
+  if (a.gelu_pre_out || a.gelu_pre_in)
+    ++gelu_fallbacks;
+  else if (a.c_in)
+    ++residual_fallbacks;
+  else
+    ++bias_fallbacks;
+}
+
+/// The same result as the fused call (to rounding) from a plain (or bias)
+/// GEMM and the elementwise kernels; also every call with K = 0, which
+/// cuBLASLt does not take.
+void gemm_unfused(const GemmArgs& a) {
+  const index_t n = a.M * a.N;
+  if (a.gelu_pre_out) {  // pre = AB + bias, then C = gelu(pre)
+    GemmArgs pre = a;
+    pre.C = a.gelu_pre_out;
+    pre.gelu_pre_out = nullptr;
+    gemm(pre);
+    gelu_forward(a.c, a.gelu_pre_out, n, a.C);
+  } else if (a.gelu_pre_in) {  // C = AB, then C = C * gelu'(pre) in place
+    GemmArgs plain = a;
+    plain.gelu_pre_in = nullptr;
+    gemm(plain);
+    gelu_backward(a.c, a.C, a.gelu_pre_in, n, a.C);
+  } else if (a.c_in) {  // C = alpha AB + bias, then C += beta c_in
+    GemmArgs own = a;
+    own.c_in = nullptr;
+    own.beta = 0.0;
+    gemm(own);
+    axpy(a.c, a.beta, a.c_in, n, a.C);
+  } else if (a.bias) {
+    GemmArgs plain = a;
+    plain.bias = nullptr;
+    gemm(plain);
+    bias_add(a.c, a.C, a.bias, a.M, a.N);
+  } else {  // K = 0
+    with_storage_type(a.c, "gemm", [&](auto zero) {
+      using T = decltype(zero);
+      const kindex total = a.M * a.N * a.batch;
+      scale_or_zero_kernel<<<grid_for(total, 256), 256, 0, kStream>>>(
+          static_cast<T*>(a.C), a.M, a.N, a.ldc, a.batch, a.stride_c, float(a.beta));
+      MESH_CUDA_LAUNCHED();
+    });
+  }
+}
+
 }  // namespace
 
 void gemm(const GemmArgs& args) {
   if (args.M == 0 || args.N == 0 || args.batch == 0) return;
-  MESH_VERIFY(args.c == args.ab || args.c == DType::F32,
-              "gemm: C must be " << dtype_name(args.ab) << " or fp32, got "
-                                 << dtype_name(args.c));
-  MESH_VERIFY(!args.bias || (args.batch == 1 && args.ldc == args.N),
-              "gemm: a bias epilogue takes one contiguous C, got batch " << args.batch
-                                                                          << ", ldc " << args.ldc
-                                                                          << ", N " << args.N);
-  if (args.K == 0) {
-    with_storage_type(args.c, "gemm", [&](auto zero) {
-      using T = decltype(zero);
-      const kindex n = args.M * args.N * args.batch;
-      scale_or_zero_kernel<<<grid_for(n, 256), 256, 0, kStream>>>(
-          static_cast<T*>(args.C), args.M, args.N, args.ldc, args.batch, args.stride_c,
-          float(args.beta));
-      MESH_CUDA_LAUNCHED();
-    });
-    if (args.bias) bias_add(args.c, args.C, args.bias, args.M, args.N);
+  check_args(args);
+  if (args.K == 0) return gemm_unfused(args);  // cuBLASLt wants k >= 1
+  if (!has_extras(args)) {
+    engine().run(args);
     return;
   }
-  if (engine().run(args)) return;
-  // No algorithm fuses this bias: the plain GEMM, then the bias kernel.
-  ++bias_fallbacks;
-  GemmArgs plain = args;
-  plain.bias = nullptr;
-  engine().run(plain);
-  bias_add(args.c, args.C, args.bias, args.M, args.N);
+  if (epilogue_layout_ok(args) && engine().run(args)) return;
+  count_fallback(args);
+  gemm_unfused(args);
 }
 
 std::uint64_t gemm_bias_fallbacks() { return bias_fallbacks.load(); }
+std::uint64_t gemm_gelu_fallbacks() { return gelu_fallbacks.load(); }
+std::uint64_t gemm_residual_fallbacks() { return residual_fallbacks.load(); }
 
 }  // namespace meshtron::cuda

@@ -45,12 +45,27 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, index_t in, 
       bias(make_param(name + ".bias", {out}, {out / ctx.tp.size()}, {0, fused_parts, false},
                       false, dtype, ctx.space)) {}
 
-Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
-                                     Cache& cache) const {
+Tensor ColumnParallelLinear::input_for_gemm(const Tensor& x, LayerContext& ctx,
+                                            Cache& cache) const {
   const Tensor x_full = ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, x)
                                               : mapping::copy_to_tp(ctx.tp, x);
   cache.x = ctx.sequence_parallel ? x : x_full;
-  return matmul_bias(x_full, weight.value, bias.value);
+  return x_full;
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
+                                     Cache& cache) const {
+  return matmul_bias(input_for_gemm(x, ctx, cache), weight.value, bias.value);
+}
+
+Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Cache& cache,
+                                          Tensor& pre_gelu) const {
+  const Tensor x_full = input_for_gemm(x, ctx, cache);
+  const Shape shape{x_full.dim(0), weight.value.dim(1)};
+  pre_gelu = Tensor::empty(shape, x_full.dtype(), x_full.space());
+  Tensor activated = Tensor::empty(shape, x_full.dtype(), x_full.space());
+  ops::gemm_bias_gelu(x_full, false, weight.value, false, bias.value, pre_gelu, activated);
+  return activated;
 }
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
@@ -85,14 +100,41 @@ Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cac
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache) {
+Tensor RowParallelLinear::forward_residual(const Tensor& x, const Tensor& residual,
+                                           LayerContext& ctx, Cache& cache) const {
+  if (ctx.tp.size() == 1) {
+    cache.x = x;
+    Tensor y = Tensor::empty(residual.shape(), x.dtype(), x.space());
+    ops::gemm_bias_residual(x, false, weight.value, false, bias.value, residual, y);
+    return y;
+  }
+  Tensor y = forward(x, ctx, cache);
+  ops::add(residual, y, y);
+  return y;
+}
+
+Tensor RowParallelLinear::accumulate_grads(const Tensor& dy, LayerContext& ctx,
+                                           const Cache& cache) {
   ops::bias_backward(dy, bias.grad);
   Tensor dy_full = ctx.sequence_parallel ? mapping::reduce_scatter_to_sp_backward(ctx.tp, dy)
                                          : mapping::reduce_from_tp_backward(ctx.tp, dy);
   ops::gemm(cache.x, true, dy_full, false, weight.grad, 1.0, 1.0);
+  return dy_full;
+}
+
+Tensor RowParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache) {
+  const Tensor dy_full = accumulate_grads(dy, ctx, cache);
   Tensor dx = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
   ops::gemm(dy_full, false, weight.value, true, dx);
   return dx;
+}
+
+Tensor RowParallelLinear::backward_through_gelu(const Tensor& dy, LayerContext& ctx,
+                                                const Cache& cache, const Tensor& pre_gelu) {
+  const Tensor dy_full = accumulate_grads(dy, ctx, cache);
+  Tensor dpre = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
+  ops::gemm_dgelu(dy_full, false, weight.value, true, pre_gelu, dpre);
+  return dpre;
 }
 
 }  // namespace meshtron

@@ -24,10 +24,18 @@ class ColumnParallelLinear {
   ColumnParallelLinear(const std::string& name, index_t in, index_t out, int fused_parts,
                        const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  /// forward() followed by GPT-2's GeLU, which rides in the GEMM's epilogue
+  /// on the device (ops::gemm_bias_gelu): returns gelu(Y_i) and keeps Y_i
+  /// (the GeLU's input, for its backward) in `pre_gelu`.
+  Tensor forward_gelu(const Tensor& x, LayerContext& ctx, Cache& cache, Tensor& pre_gelu) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
 
   Parameter weight, bias;
+
+ private:
+  /// The full X this rank multiplies (gathered or copied); fills the cache.
+  Tensor input_for_gemm(const Tensor& x, LayerContext& ctx, Cache& cache) const;
 };
 
 /// RowParallelLinear: Y = X A + b with A split along its rows and X along its
@@ -43,10 +51,25 @@ class RowParallelLinear {
   RowParallelLinear(const std::string& name, index_t in, index_t out,
                     const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  /// residual + forward(x), for the residual add after a projection
+  /// (residual [rows of Y, out]); its backward is backward() (the add's is
+  /// the identity). On one tp rank the add rides in the GEMM's epilogue on
+  /// the device (ops::gemm_bias_residual); otherwise it follows the sum.
+  Tensor forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
+                          Cache& cache) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  /// backward() for an input X_i = gelu(P_i) (the MLP's projection): returns
+  /// dP_i = (dY A_i^T) * gelu'(P_i), the GeLU's derivative riding in the
+  /// dgrad GEMM on the device (ops::gemm_dgelu), so dX_i is never stored.
+  Tensor backward_through_gelu(const Tensor& dy, LayerContext& ctx, const Cache& cache,
+                               const Tensor& pre_gelu);
   void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
 
   Parameter weight, bias;
+
+ private:
+  /// Accumulates dA and db; returns the dY this rank's dgrad GEMM takes.
+  Tensor accumulate_grads(const Tensor& dy, LayerContext& ctx, const Cache& cache);
 };
 
 /// Y = X W for X [n, in], W [in, out] (helper shared by the layers).

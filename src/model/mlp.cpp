@@ -6,17 +6,23 @@ Mlp::Mlp(const std::string& name, index_t hidden, index_t ffn, const LayerContex
          DType dtype)
     : fc(name + ".fc", hidden, ffn, 1, ctx, dtype), proj(name + ".proj", ffn, hidden, ctx, dtype) {}
 
+// The GeLU rides in the GEMMs next to it (cuBLASLt epilogues on the device;
+// on the host the same ops run one after the other, as before): fc's
+// forward writes both pre_gelu and gelu(pre_gelu), and proj's dgrad GEMM
+// applies gelu'(pre_gelu), so d(activated) is never stored.
 Tensor Mlp::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
-  c.pre_gelu = fc.forward(x, ctx, c.fc);
-  Tensor activated = Tensor::empty(c.pre_gelu.shape(), x.dtype(), x.space());
-  ops::gelu_forward(c.pre_gelu, activated);
+  const Tensor activated = fc.forward_gelu(x, ctx, c.fc, c.pre_gelu);
   return proj.forward(activated, ctx, c.proj);
 }
 
+Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
+                            Cache& c) const {
+  const Tensor activated = fc.forward_gelu(x, ctx, c.fc, c.pre_gelu);
+  return proj.forward_residual(activated, residual, ctx, c.proj);
+}
+
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  Tensor dactivated = proj.backward(dy, ctx, c.proj);
-  Tensor dpre = Tensor::empty(c.pre_gelu.shape(), dy.dtype(), dy.space());
-  ops::gelu_backward(dactivated, c.pre_gelu, dpre);
+  const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu);
   return fc.backward(dpre, ctx, c.fc);
 }
 

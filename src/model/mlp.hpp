@@ -16,6 +16,10 @@ class Mlp {
   Mlp(const std::string& name, index_t hidden, index_t ffn, const LayerContext& ctx,
       DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  /// residual + forward(x), the add riding in proj's GEMM where it can
+  /// (RowParallelLinear::forward_residual); the backward is backward().
+  Tensor forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
+                          Cache& cache) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   void collect(ParameterList& out) { fc.collect(out); proj.collect(out); }
 

@@ -48,7 +48,11 @@ Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) c
   Tensor attn = attention.forward(ln_1.forward(x, c.ln_1), ctx, c.attention);
   Tensor h = Tensor::empty(x.shape(), x.dtype(), x.space());
   ops::add(x, dropout(attn, kStreamAttentionOut, ctx), h);
-  Tensor mlp_out = mlp.forward(ln_2.forward(h, c.ln_2), ctx, c.mlp);
+  const Tensor mlp_in = ln_2.forward(h, c.ln_2);
+  // Without hidden dropout the residual add can ride in the MLP's last GEMM
+  // (one cuBLASLt epilogue on one tp rank; the same numbers on the host).
+  if (!ctx.training || hidden_dropout_ == 0) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
+  Tensor mlp_out = mlp.forward(mlp_in, ctx, c.mlp);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.space());
   ops::add(h, dropout(mlp_out, kStreamMlpOut, ctx), out);
   return out;

@@ -97,6 +97,28 @@ bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim,
 void gelu_forward(const Tensor& x, Tensor& y);
 /// dx = dy * gelu'(x) (overwrite).
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+/// The MLP's first linear layer and its GeLU in one call:
+///   pre_gelu = op(A) op(B) + bias,  activated = gelu(pre_gelu)
+/// (pre_gelu [M, N] is kept for the backward; bias [N]). A, B, bias and both
+/// outputs share one dtype. On the device, for bf16 and fp16, one cuBLASLt
+/// GEMM with the GELU_AUX_BIAS epilogue writes both outputs (activated from
+/// the fp32 accumulator, so it may differ from gelu(pre_gelu) by a rounding);
+/// fp32 on the device, and the host, run gemm_bias() then gelu_forward() (on
+/// the host bit for bit).
+void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
+                    const Tensor& bias, Tensor& pre_gelu, Tensor& activated);
+/// The dgrad GEMM through the GeLU: dpre = (op(A) op(B)) * gelu'(pre_gelu),
+/// dpre and pre_gelu [M, N] (the MLP's d(activated) = dy W^T never stored).
+/// On the device, for bf16 and fp16, one GEMM with the DGELU epilogue;
+/// otherwise gemm() then gelu_backward() (on the host bit for bit).
+void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
+                const Tensor& pre_gelu, Tensor& dpre);
+/// out = op(A) op(B) + bias + residual (a row-parallel projection and the
+/// residual add after it), out and residual [M, N], distinct. On the device
+/// one GEMM (bias epilogue, C = residual, D = out); on the host gemm_bias()
+/// then add(), bit for bit.
+void gemm_bias_residual(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
+                        const Tensor& bias, const Tensor& residual, Tensor& out);
 /// y[n, c] += bias[c] for y [N, C] (in place).
 void bias_add(Tensor& y, const Tensor& bias);
 /// dbias[c] += sum_n dy[n, c] (accumulate).

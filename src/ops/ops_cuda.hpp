@@ -26,6 +26,18 @@ namespace meshtron::cuda {
 /// bf16 and fp16 accumulate in fp32. lda/ldb/ldc are the stored row lengths.
 /// A non-null `bias` [N] (dtype c, batch 1 only) is added to every row of C
 /// in the GEMM's epilogue: C = alpha op(A) op(B) + beta C + bias.
+///
+/// Fused epilogues (batch 1, C contiguous, A, B and C of one dtype):
+///  - `gelu_pre_out` non-null (needs `bias`): the MLP's first layer,
+///    gelu_pre_out = op(A) op(B) + bias and C = gelu(gelu_pre_out) (tanh GeLU).
+///  - `gelu_pre_in` non-null: the MLP's dgrad through its activation,
+///    C = (op(A) op(B)) * gelu'(gelu_pre_in), gelu_pre_in [M, N] the tensor
+///    the forward wrote to gelu_pre_out.
+///  - `c_in` non-null (needs beta != 0): beta times c_in [M, N] is read in place
+///    of C's own values, so C = alpha op(A) op(B) + beta c_in (+ bias) writes
+///    a new tensor (a residual add riding in the GEMM).
+/// When cuBLASLt has no algorithm for the epilogue, the same numbers (to
+/// rounding) come from a plain GEMM and the elementwise kernels.
 struct GemmArgs {
   DType ab, c;
   const void* A;
@@ -36,11 +48,19 @@ struct GemmArgs {
   index_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
   double alpha = 1.0, beta = 0.0;
   const void* bias = nullptr;
+  void* gelu_pre_out = nullptr;
+  const void* gelu_pre_in = nullptr;
+  const void* c_in = nullptr;
 };
 void gemm(const GemmArgs& args);
 /// How many bias GEMMs ran as plain GEMM + bias_add because cuBLASLt had no
 /// algorithm with the bias epilogue (so tests can insist the fused path ran).
 std::uint64_t gemm_bias_fallbacks();
+/// The same for the GeLU epilogues (forward GELU_AUX_BIAS and backward
+/// DGELU, run unfused as GEMM + gelu_forward / gelu_backward) and for the
+/// out-of-place C (run as GEMM + add).
+std::uint64_t gemm_gelu_fallbacks();
+std::uint64_t gemm_residual_fallbacks();
 
 // ------------------------------------------------------------- LayerNorm ---
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, index_t N,

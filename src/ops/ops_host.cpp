@@ -21,6 +21,7 @@
 #include <Kokkos_Core.hpp>
 #include <cmath>
 #include <initializer_list>
+#include <utility>
 
 #include "kernels/kokkos/adamw.hpp"
 #include "kernels/kokkos/attention.hpp"
@@ -214,11 +215,17 @@ bool check_gemm_operands(const char* op, const Tensor& A, const Tensor& B, const
 }
 
 #ifdef MESHTRON_HAVE_CUDA
+/// The launcher's arguments for C = op(A) op(B) of the checked shape s.
+cuda::GemmArgs gemm_args(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C,
+                         const GemmShape& s) {
+  return cuda::GemmArgs{A.dtype(), C.dtype(), A.raw(), B.raw(), C.raw(), trans_a, trans_b,
+                        s.M,       s.N,       s.K,     s.lda,   s.ldb,   s.ldc};
+}
+
 void cuda_gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& C,
                const GemmShape& s, index_t batch, double alpha, double beta,
                const void* bias = nullptr) {
-  cuda::GemmArgs g{A.dtype(), C.dtype(), A.raw(), B.raw(), C.raw(), trans_a, trans_b,
-                   s.M,       s.N,       s.K,     s.lda,   s.ldb,   s.ldc};
+  cuda::GemmArgs g = gemm_args(A, trans_a, B, trans_b, C, s);
   g.batch = batch;
   if (A.rank() == 3) {
     g.stride_a = A.dim(1) * A.dim(2);
@@ -589,6 +596,116 @@ void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& 
 }
 
 // ------------------------------------------------------ GeLU and biases ---
+
+namespace {
+
+/// Checks of the fused-epilogue GEMMs: A, B and the output C 2-D, all of one
+/// dtype (no fp32 C under bf16 here); returns the shape and whether the call
+/// runs on the device.
+std::pair<GemmShape, bool> check_fused_gemm(const char* op, const Tensor& A, bool trans_a,
+                                            const Tensor& B, bool trans_b, const Tensor& C) {
+  const bool device = check_gemm_operands(op, A, B, C, 2);
+  const Arg aa{"A", A}, ac{"C", C};
+  MESH_VERIFY(C.dtype() == A.dtype(), op << ": dtypes differ: " << describe(aa) << " but "
+                                         << describe(ac));
+  const GemmShape s = gemm_shape(op, A.dim(0), A.dim(1), trans_a, B.dim(0), B.dim(1), trans_b,
+                                 C.dim(0), C.dim(1), aa, {"B", B}, ac);
+  return {s, device};
+}
+
+/// An [M, N] companion of the output (pre_gelu, residual): same space,
+/// dtype and shape as C, sharing no memory with A, B or C.
+void check_companion(const char* op, const Arg& x, const Tensor& A, const Tensor& B,
+                     const Tensor& C) {
+  const Arg ac{"C", C};
+  on_device(op, {ac, x});
+  MESH_VERIFY(x.t.dtype() == C.dtype() && x.t.shape() == C.shape(),
+              op << ": " << describe(x) << " must have the shape and dtype of " << describe(ac));
+  MESH_VERIFY(!overlaps(x.t, A) && !overlaps(x.t, B) && !overlaps(x.t, C),
+              op << ": " << x.name << " must not share memory with A, B or the output");
+}
+
+/// Whether the device runs the GeLU in cuBLASLt's epilogue: for bf16 and
+/// fp16 storage only. The epilogue's tanh GeLU is not held to fp32's
+/// rounding (llm.c measured slightly different losses with it, karpathy/
+/// llm.c#653), and fp32 on the device is the validation path, held to 1e-5
+/// of the host; so fp32 runs the GEMM and the gelu kernels, as before.
+bool gelu_in_epilogue(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+void check_bias(const char* op, const Tensor& bias, const Tensor& C, index_t N) {
+  const Arg ac{"C", C}, ab{"bias", bias};
+  on_device(op, {ac, ab});
+  MESH_VERIFY(bias.dtype() == C.dtype() && bias.numel() == N,
+              op << ": " << describe(ab) << " must hold " << N << " elements of C's dtype, one "
+                 << "per column of " << describe(ac));
+  MESH_VERIFY(!overlaps(C, bias), op << ": the output must not share memory with bias");
+}
+
+}  // namespace
+
+void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
+                    const Tensor& bias, Tensor& pre_gelu, Tensor& activated) {
+  const char* op = "gemm_bias_gelu";
+  const auto [s, device] = check_fused_gemm(op, A, trans_a, B, trans_b, activated);
+  check_companion(op, {"pre_gelu", pre_gelu}, A, B, activated);
+  check_bias(op, bias, activated, s.N);
+  MESH_VERIFY(!overlaps(pre_gelu, bias), op << ": pre_gelu must not share memory with bias");
+  if (s.M == 0 || s.N == 0) return;
+  if (device && gelu_in_epilogue(A.dtype())) {
+    ON_CUDA({
+      cuda::GemmArgs g = gemm_args(A, trans_a, B, trans_b, activated, s);
+      g.bias = bias.raw();
+      g.gelu_pre_out = pre_gelu.raw();
+      cuda::gemm(g);
+    });
+    return;
+  }
+  gemm_bias(A, trans_a, B, trans_b, bias, pre_gelu);
+  gelu_forward(pre_gelu, activated);
+}
+
+void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
+                const Tensor& pre_gelu, Tensor& dpre) {
+  const char* op = "gemm_dgelu";
+  const auto [s, device] = check_fused_gemm(op, A, trans_a, B, trans_b, dpre);
+  check_companion(op, {"pre_gelu", pre_gelu}, A, B, dpre);
+  if (s.M == 0 || s.N == 0) return;
+  if (device && gelu_in_epilogue(A.dtype())) {
+    ON_CUDA({
+      cuda::GemmArgs g = gemm_args(A, trans_a, B, trans_b, dpre, s);
+      g.gelu_pre_in = pre_gelu.raw();
+      cuda::gemm(g);
+    });
+    return;
+  }
+  // The two steps of the unfused path, through the same intermediate
+  // (in place on the device, where memory is scarce; the kernel allows it).
+  Tensor dactivated =
+      device ? dpre : Tensor::empty(dpre.shape(), dpre.dtype(), dpre.space());
+  gemm(A, trans_a, B, trans_b, dactivated);
+  gelu_backward(dactivated, pre_gelu, dpre);
+}
+
+void gemm_bias_residual(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
+                        const Tensor& bias, const Tensor& residual, Tensor& out) {
+  const char* op = "gemm_bias_residual";
+  const auto [s, device] = check_fused_gemm(op, A, trans_a, B, trans_b, out);
+  check_companion(op, {"residual", residual}, A, B, out);
+  check_bias(op, bias, out, s.N);
+  if (s.M == 0 || s.N == 0) return;
+  if (device) {
+    ON_CUDA({
+      cuda::GemmArgs g = gemm_args(A, trans_a, B, trans_b, out, s);
+      g.bias = bias.raw();
+      g.c_in = residual.raw();
+      g.beta = 1.0;
+      cuda::gemm(g);
+    });
+    return;
+  }
+  gemm_bias(A, trans_a, B, trans_b, bias, out);
+  add(residual, out, out);
+}
 
 void gelu_forward(const Tensor& x, Tensor& y) {
   const char* op = "gelu_forward";
