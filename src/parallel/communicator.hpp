@@ -155,12 +155,14 @@ class MpiCommunicator final : public Communicator {
                   DType dtype) override;
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override;
   void barrier() override;
-  void send(const void* buf, std::size_t count, DType dtype, int peer, int tag,
-            int lane) override;
-  void recv(void* buf, std::size_t count, DType dtype, int peer, int tag, int lane) override;
+  // Defaults as the base's (callers holding the concrete type).
+  void send(const void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
+            int lane = 0) override;
+  void recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
+            int lane = 0) override;
   void batch_p2p(std::span<const P2POp> ops) override;
   void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag,
-             int lane) override;
+             int lane = 0) override;
   void wait_sends() override;
   void progress() override;
   void ireduce_scatter(const void* send, void* recv, std::span<const std::size_t> recv_counts,

@@ -76,27 +76,30 @@
 //          so buffers freed afterwards are reused only after the sends read
 //          them. No host wait.
 //
-// Deadlock freedom. Take any run of the same per-rank programs on the MPI
-// backend (sends never block, receives block until their tagged message is
-// posted) that completes, and suppose that on every link the n-th send
-// carries the message the receiver's n-th receive asks for (the caller's
-// obligation above; trainer.cpp shows it for its schedules). Give every
-// compute operation the time it returned in that run, and a matched
-// send/receive pair the time its receive returned. Each operation of the
-// NCCL run depends only on operations with earlier times: a compute
-// operation on the compute-stream work before it and on receives that
-// returned before it; a pair on the compute work before its send and
-// before its receive (both issued before the receive returned) and on the
-// earlier pairs of its link (whose receives precede it in the receiver's
-// program). The host never blocks in send/recv/isend/wait_sends (link
-// connections are set up by connect_ring_p2p, not lazily, for that), and a
-// host copy waits only for compute work issued before it. By induction on
-// the time every operation completes. Assumed, not shown: NCCL kernels of
-// different communicators can be resident at once (p2p kernels use few
-// CTAs; NCCL's general caution about concurrent communicators does not
-// promise it); the host is not held up by full launch queues (a link has at
-// most one operation per micro-batch queued); no cudaDeviceSynchronize runs
-// mid-schedule (the allocator's out-of-memory retry does one).
+// Deadlock freedom. Take a run of the same per-rank programs on the MPI
+// backend that completes, with rendezvous semantics (isend never blocks, a
+// receive returns once its tagged message is posted, a blocking send or
+// wait_sends returns only once the matching receives have returned: a legal
+// MPI execution, so a correct MPI program completes under it), and suppose
+// that on every link the n-th send carries the message the receiver's n-th
+// receive asks for (the caller's obligation above; trainer.cpp shows it for
+// its schedules). Give every compute operation the time it returned in that
+// run, and a matched send/receive pair the time its receive returned. Each
+// operation of the NCCL run depends only on operations with earlier times: a
+// compute operation on the compute-stream work before it, on receives that
+// returned before it and on sends completed by an earlier send or wait_sends;
+// a pair on the compute work before its send and before its receive (both
+// issued before the receive returned) and on the earlier pairs of its link
+// (whose receives precede it in the receiver's program). The host never
+// blocks in send/recv/isend/wait_sends (link connections are set up by
+// connect_ring_p2p, not lazily, for that), and a host copy waits only for
+// compute work issued before it. By induction on the time every operation
+// completes. Assumed, not shown: NCCL kernels of different communicators can
+// be resident at once (p2p kernels use few CTAs; NCCL's general caution about
+// concurrent communicators does not promise it); the host is not held up by
+// full launch queues (a link has at most one operation per micro-batch
+// queued); no cudaDeviceSynchronize runs mid-schedule (the allocator's out-
+// of-memory retry does one).
 //
 // The staged fallback is gone: device point-to-point without
 // connect_ring_p2p(), or to a rank that is not a ring neighbour, stops the
@@ -142,12 +145,14 @@ class NcclCommunicator final : public Communicator {
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype) override;
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override;
   void barrier() override;
-  void send(const void* buf, std::size_t count, DType dtype, int peer, int tag,
-            int lane) override;
-  void recv(void* buf, std::size_t count, DType dtype, int peer, int tag, int lane) override;
+  // Defaults as the base's (callers holding the concrete type).
+  void send(const void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
+            int lane = 0) override;
+  void recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
+            int lane = 0) override;
   void batch_p2p(std::span<const P2POp> ops) override;
   void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag,
-             int lane) override;
+             int lane = 0) override;
   void wait_sends() override;
   void connect_ring_p2p(int lanes) override;
   /// Links of this rank made by connect_ring_p2p: per lane 2 in a group of

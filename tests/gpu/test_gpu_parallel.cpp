@@ -385,10 +385,11 @@ TEST(PipelineLanes, StreamsCompleteWithOneLinkPerSenderReceiverAndLane) {
   // interleaved shape: with pp = 2, rank 0 sends activation 1 before it
   // receives the wrap-around activation 0, and rank 1 sends that before it
   // receives activation 1. One stream for everything deadlocks 1F1B.
-  for (const ScheduleShape& shape : pipeline_shapes())
-    if (shape.name == "interleaved")
-      EXPECT_FALSE(streams_complete(shape, [](const PipelineMessage& m) { return m.lane; }))
-          << shape_name(shape);
+  for (const ScheduleShape& shape : pipeline_shapes()) {
+    if (shape.name != "interleaved") continue;
+    EXPECT_FALSE(streams_complete(shape, [](const PipelineMessage& m) { return m.lane; }))
+        << shape_name(shape);
+  }
   EXPECT_FALSE(streams_complete(ScheduleShape{"1f1b", 2, 1, 4},
                                 [](const PipelineMessage&) { return 0; }));
 }
