@@ -199,40 +199,47 @@ void NcclCommunicator::wait_sends() {
   }
 }
 
+std::vector<DirectedLink> ring_links(int size, int first_lane, int end_lane) {
+  std::vector<DirectedLink> links;
+  if (size < 2) return links;
+  for (int lane = first_lane; lane < end_lane; ++lane)
+    for (int s = 0; s < size; ++s) {
+      const int next = (s + 1) % size, prev = (s + size - 1) % size;
+      links.push_back({lane, s, next});
+      if (prev != next) links.push_back({lane, s, prev});  // two ranks: one link each way
+    }
+  return links;
+}
+
 void NcclCommunicator::connect_ring_p2p(int lanes) {
   MESH_VERIFY(lanes >= 1, "connect_ring_p2p: " << lanes << " lanes");
   // Every rank of the group takes the same branches: this is collective.
   if (!comm_ || lanes <= lanes_) return;
   if (!compute_ready_)
     CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
-  // Every directed link s -> t (t = s + 1 and s - 1 mod size, once when they
-  // coincide, as for two ranks) of the new lanes, in one order on every
-  // rank. Each is an ncclCommSplit of the whole group (collective, so the
+  // Every directed link of the new lanes, in one order on every rank. Each
+  // is an ncclCommSplit of the whole group (collective, so the
   // common order cannot deadlock) that gives a communicator to its two
   // ranks only.
   const std::size_t first_new = links_.size();
-  const int n = size(), me = rank();
-  for (int lane = lanes_; lane < lanes; ++lane)
-    for (int s = 0; s < n; ++s) {
-      const int next = (s + 1) % n, prev = (s + n - 1) % n;
-      for (int t : {next, prev}) {
-        if (t == prev && prev == next) continue;  // two ranks: one link each way
-        const bool member = me == s || me == t;
-        // Own resources (no splitShare): a link must not queue behind the
-        // group's communicator or another link.
-        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-        config.splitShare = 0;
-        ncclComm_t split = nullptr;
-        NCCL_CHECK(ncclCommSplit(comm_, member ? 0 : NCCL_SPLIT_NOCOLOR,
-                                 /*key: sender is rank 0*/ me == s ? 0 : 1, &split, &config));
-        if (!member) continue;
-        P2PLink l{me == s ? t : s, lane, me == s};
-        l.comm = split;
-        CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&l.done, cudaEventDisableTiming));
-        links_.push_back(l);
-      }
-    }
+  const int me = rank();
+  for (const DirectedLink& d : ring_links(size(), lanes_, lanes)) {
+    const bool member = me == d.sender || me == d.receiver;
+    // Own resources (no splitShare): a link must not queue behind the
+    // group's communicator or another link.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.splitShare = 0;
+    ncclComm_t split = nullptr;
+    NCCL_CHECK(ncclCommSplit(comm_, member ? 0 : NCCL_SPLIT_NOCOLOR,
+                             /*key: sender is rank 0*/ me == d.sender ? 0 : 1, &split, &config));
+    if (!member) continue;
+    const bool sending = me == d.sender;
+    P2PLink l{sending ? d.receiver : d.sender, d.lane, sending};
+    l.comm = split;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&l.done, cudaEventDisableTiming));
+    links_.push_back(l);
+  }
   // NCCL connects a peer lazily, inside its first send or receive, with a
   // host-side handshake that blocks until the peer's first call: that would
   // turn the first isend of a link into a blocking one. Connect now, link by

@@ -190,6 +190,17 @@ class NcclCommunicator final : public Communicator {
   bool collectives_pending_ = false;
 };
 
+/// A directed point-to-point link: sender -> receiver on one lane.
+struct DirectedLink {
+  int lane, sender, receiver;
+  bool operator==(const DirectedLink&) const = default;
+};
+
+/// The links connect_ring_p2p makes in a group of `size` ranks for lanes
+/// [first_lane, end_lane), in its (rank-independent) order: every s -> s + 1
+/// and s -> s - 1 (mod size), once when those coincide (two ranks).
+std::vector<DirectedLink> ring_links(int size, int first_lane, int end_lane);
+
 /// True when `ptr` points into device memory (cudaPointerGetAttributes).
 bool is_device_pointer(const void* ptr);
 

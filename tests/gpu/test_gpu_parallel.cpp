@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <thread>
@@ -265,6 +266,30 @@ std::vector<ScheduleShape> pipeline_shapes() {
 std::string shape_name(const ScheduleShape& s) {
   return s.name + " pp" + std::to_string(s.pp) + " v" + std::to_string(s.virtual_stages) +
          " m" + std::to_string(s.micro_batches);
+}
+
+TEST(PipelineLanes, RingLinksAreEveryDirectedNeighbourPairOnce) {
+  EXPECT_TRUE(ring_links(1, 0, 2).empty());
+  // Two ranks: next and previous coincide; one link each way per lane.
+  const std::vector<DirectedLink> two{{0, 0, 1}, {0, 1, 0}, {1, 0, 1}, {1, 1, 0}};
+  EXPECT_EQ(ring_links(2, 0, 2), two);
+  EXPECT_EQ(ring_links(2, 1, 2), (std::vector<DirectedLink>{{1, 0, 1}, {1, 1, 0}}));
+  // Four ranks: 8 links per lane, each rank in 4 of them (to and from each
+  // neighbour), the wrap-around 3 -> 0 and 0 -> 3 included.
+  const auto four = ring_links(4, 0, 1);
+  EXPECT_EQ(four.size(), 8u);
+  for (int r = 0; r < 4; ++r) {
+    int in = 0, out = 0;
+    for (const DirectedLink& l : four) {
+      EXPECT_EQ(std::abs(l.sender - l.receiver) % 2, 1);  // neighbours (mod 4)
+      in += l.receiver == r;
+      out += l.sender == r;
+    }
+    EXPECT_EQ(in, 2) << r;
+    EXPECT_EQ(out, 2) << r;
+  }
+  EXPECT_NE(std::find(four.begin(), four.end(), DirectedLink{0, 3, 0}), four.end());
+  EXPECT_NE(std::find(four.begin(), four.end(), DirectedLink{0, 0, 3}), four.end());
 }
 
 TEST(PipelineLanes, EveryLaneIsReceivedInSendOrder) {
