@@ -118,12 +118,13 @@ void MpiCommunicator::barrier() {
 }
 
 void MpiCommunicator::send(const void* buf, std::size_t count, DType dtype, int peer,
-                           int tag) {
+                           int tag, int /*lane: MPI matches by tag*/) {
   record(CollectiveKind::Send, count * dtype_size(dtype));
   MPI_CHECK(MPI_Send(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_));
 }
 
-void MpiCommunicator::recv(void* buf, std::size_t count, DType dtype, int peer, int tag) {
+void MpiCommunicator::recv(void* buf, std::size_t count, DType dtype, int peer, int tag,
+                           int /*lane*/) {
   record(CollectiveKind::Recv, count * dtype_size(dtype));
   MPI_CHECK(MPI_Recv(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_,
                      MPI_STATUS_IGNORE));
@@ -151,7 +152,7 @@ void MpiCommunicator::batch_p2p(std::span<const P2POp> ops) {
 namespace meshtron {
 
 void MpiCommunicator::isend(const void* buf, std::size_t count, DType dtype, int peer,
-                            int tag) {
+                            int tag, int /*lane*/) {
   record(CollectiveKind::Send, count * dtype_size(dtype));
   pending_sends_.emplace_back();
   MPI_CHECK(MPI_Isend(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_,

@@ -61,17 +61,33 @@ class Communicator {
                           DType dtype) = 0;
   virtual void broadcast(void* buf, std::size_t count, DType dtype, int root) = 0;
   virtual void barrier() = 0;
+  // Point-to-point and lanes. The MPI backend matches a message by (peer,
+  // tag). NCCL has no tags: the NCCL backend matches device messages in
+  // issue order within each (sender, receiver, lane), every such triple on
+  // its own NCCL communicator and stream, so messages of different lanes
+  // never wait for each other. A caller must therefore receive the device
+  // messages of one lane from one sender in the order they were sent (the
+  // pipeline executor keeps activations and gradients on separate lanes;
+  // see trainer.cpp), and must have called connect_ring_p2p(). The MPI
+  // backend ignores lanes.
   virtual void send(const void* buf, std::size_t count, DType dtype, int peer,
-                    int tag = 0) = 0;
-  virtual void recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0) = 0;
+                    int tag = 0, int lane = 0) = 0;
+  virtual void recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
+                    int lane = 0) = 0;
   /// Post all sends and receives, then wait for all (pipeline p2p).
   virtual void batch_p2p(std::span<const P2POp> ops) = 0;
   /// Start a send that completes in the background; the buffer must stay
   /// alive and unchanged until wait_sends() (pipeline schedules use this so
   /// that a stage never blocks on a send, only on the receive it needs).
-  virtual void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) = 0;
+  virtual void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag,
+                     int lane = 0) = 0;
   /// Complete every isend() posted so far.
   virtual void wait_sends() = 0;
+  /// Collective over the group: make send/recv/isend of device buffers ready
+  /// between ring neighbours (rank +- 1 mod size()) on lanes 0 .. lanes-1.
+  /// Calling it again with no more lanes does nothing. A no-op on the MPI
+  /// backend.
+  virtual void connect_ring_p2p(int lanes) { (void)lanes; }
   /// Let posted sends advance without blocking. MPI moves a large message
   /// (rendezvous protocol) only while its sender is inside the MPI library,
   /// so a pipeline stage that computes for long between MPI calls would
@@ -139,10 +155,14 @@ class MpiCommunicator final : public Communicator {
                   DType dtype) override;
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override;
   void barrier() override;
-  void send(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
-  void recv(void* buf, std::size_t count, DType dtype, int peer, int tag) override;
+  // Defaults as the base's (callers holding the concrete type).
+  void send(const void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
+            int lane = 0) override;
+  void recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
+            int lane = 0) override;
   void batch_p2p(std::span<const P2POp> ops) override;
-  void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
+  void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag,
+             int lane = 0) override;
   void wait_sends() override;
   void progress() override;
   void ireduce_scatter(const void* send, void* recv, std::span<const std::size_t> recv_counts,

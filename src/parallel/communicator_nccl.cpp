@@ -75,6 +75,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm) : host_(comm) {
 NcclCommunicator::~NcclCommunicator() {
   wait_sends();
   wait_collectives();
+  destroy_links();  // before the group's communicator they were split from
   if (comm_) {
     // Finalize flushes outstanding operations; only then is Destroy safe.
     ncclCommFinalize(comm_);
@@ -137,35 +138,136 @@ void NcclCommunicator::barrier() {
   host_.barrier();
 }
 
-void NcclCommunicator::send(const void* buf, std::size_t count, DType dtype, int peer, int tag) {
-  record(CollectiveKind::Send, bytes_of(count, dtype));
-  if (!device_buffer(buf)) return host_.send(buf, count, dtype, peer, tag);
-  std::vector<char> staged(bytes_of(count, dtype));
-  device::copy_bytes(staged.data(), buf, staged.size());
-  host_.send(staged.data(), count, dtype, peer, tag);
+NcclCommunicator::P2PLink& NcclCommunicator::link(int peer, int lane, bool sending) {
+  for (P2PLink& l : links_)
+    if (l.peer == peer && l.lane == lane && l.sending == sending) return l;
+  MESH_VERIFY(false, "device " << (sending ? "send to" : "receive from") << " rank " << peer
+                               << " on lane " << lane << " of a group of " << size()
+                               << ": no NCCL link (connect_ring_p2p(" << lane + 1
+                               << ") joins ring neighbours only)");
+  return links_.front();
 }
 
-void NcclCommunicator::recv(void* buf, std::size_t count, DType dtype, int peer, int tag) {
+void NcclCommunicator::after_compute(const P2PLink& l) {
+  // Waiting captures the event's latest record: one event serves every link.
+  CUDA_CHECK(cudaEventRecord(compute_ready_, kStream));
+  CUDA_CHECK(cudaStreamWaitEvent(l.stream, compute_ready_, 0));
+}
+
+void NcclCommunicator::isend(const void* buf, std::size_t count, DType dtype, int peer, int tag,
+                             int lane) {
+  record(CollectiveKind::Send, bytes_of(count, dtype));
+  if (!device_buffer(buf)) return host_.isend(buf, count, dtype, peer, tag, lane);
+  // `tag` is not sent: the link's order matches the message (see the header).
+  P2PLink& l = link(peer, lane, /*sending=*/true);
+  after_compute(l);
+  NCCL_CHECK(ncclSend(buf, count, nccl_type(dtype), /*receiver=*/1, l.comm, l.stream));
+  l.unwaited_sends = true;
+}
+
+void NcclCommunicator::send(const void* buf, std::size_t count, DType dtype, int peer, int tag,
+                            int lane) {
+  if (!device_buffer(buf)) {
+    record(CollectiveKind::Send, bytes_of(count, dtype));
+    return host_.send(buf, count, dtype, peer, tag, lane);
+  }
+  isend(buf, count, dtype, peer, tag, lane);
+  P2PLink& l = link(peer, lane, /*sending=*/true);
+  CUDA_CHECK(cudaEventRecord(l.done, l.stream));
+  CUDA_CHECK(cudaStreamWaitEvent(kStream, l.done, 0));
+  l.unwaited_sends = false;  // the event covers every earlier send of the link
+}
+
+void NcclCommunicator::recv(void* buf, std::size_t count, DType dtype, int peer, int tag,
+                            int lane) {
   record(CollectiveKind::Recv, bytes_of(count, dtype));
-  if (!device_buffer(buf)) return host_.recv(buf, count, dtype, peer, tag);
-  std::vector<char> staged(bytes_of(count, dtype));
-  host_.recv(staged.data(), count, dtype, peer, tag);
-  device::copy_bytes(buf, staged.data(), staged.size());
-}
-
-void NcclCommunicator::isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) {
-  record(CollectiveKind::Send, bytes_of(count, dtype));
-  if (!device_buffer(buf)) return host_.isend(buf, count, dtype, peer, tag);
-  // The copy waits for the kernels that wrote `buf`; the host copy stays
-  // alive (and unchanged) until wait_sends().
-  staged_sends_.emplace_back(bytes_of(count, dtype));
-  device::copy_bytes(staged_sends_.back().data(), buf, staged_sends_.back().size());
-  host_.isend(staged_sends_.back().data(), count, dtype, peer, tag);
+  if (!device_buffer(buf)) return host_.recv(buf, count, dtype, peer, tag, lane);
+  P2PLink& l = link(peer, lane, /*sending=*/false);
+  after_compute(l);
+  NCCL_CHECK(ncclRecv(buf, count, nccl_type(dtype), /*sender=*/0, l.comm, l.stream));
+  CUDA_CHECK(cudaEventRecord(l.done, l.stream));
+  CUDA_CHECK(cudaStreamWaitEvent(kStream, l.done, 0));
 }
 
 void NcclCommunicator::wait_sends() {
   host_.wait_sends();
-  staged_sends_.clear();
+  for (P2PLink& l : links_) {
+    if (!l.unwaited_sends) continue;
+    CUDA_CHECK(cudaEventRecord(l.done, l.stream));
+    CUDA_CHECK(cudaStreamWaitEvent(kStream, l.done, 0));
+    l.unwaited_sends = false;
+  }
+}
+
+std::vector<DirectedLink> ring_links(int size, int first_lane, int end_lane) {
+  std::vector<DirectedLink> links;
+  if (size < 2) return links;
+  for (int lane = first_lane; lane < end_lane; ++lane)
+    for (int s = 0; s < size; ++s) {
+      const int next = (s + 1) % size, prev = (s + size - 1) % size;
+      links.push_back({lane, s, next});
+      if (prev != next) links.push_back({lane, s, prev});  // two ranks: one link each way
+    }
+  return links;
+}
+
+void NcclCommunicator::connect_ring_p2p(int lanes) {
+  MESH_VERIFY(lanes >= 1, "connect_ring_p2p: " << lanes << " lanes");
+  // Every rank of the group takes the same branches: this is collective.
+  if (!comm_ || lanes <= lanes_) return;
+  if (!compute_ready_)
+    CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
+  // Every directed link of the new lanes, in one order on every rank. Each
+  // is an ncclCommSplit of the whole group (collective, so the
+  // common order cannot deadlock) that gives a communicator to its two
+  // ranks only.
+  const std::size_t first_new = links_.size();
+  const int me = rank();
+  for (const DirectedLink& d : ring_links(size(), lanes_, lanes)) {
+    const bool member = me == d.sender || me == d.receiver;
+    // Own resources (no splitShare): a link must not queue behind the
+    // group's communicator or another link.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.splitShare = 0;
+    ncclComm_t split = nullptr;
+    NCCL_CHECK(ncclCommSplit(comm_, member ? 0 : NCCL_SPLIT_NOCOLOR,
+                             /*key: sender is rank 0*/ me == d.sender ? 0 : 1, &split, &config));
+    if (!member) continue;
+    const bool sending = me == d.sender;
+    P2PLink l{sending ? d.receiver : d.sender, d.lane, sending};
+    l.comm = split;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&l.done, cudaEventDisableTiming));
+    links_.push_back(l);
+  }
+  // NCCL connects a peer lazily, inside its first send or receive, with a
+  // host-side handshake that blocks until the peer's first call: that would
+  // turn the first isend of a link into a blocking one. Connect now, link by
+  // link in the common order (each rank waits only on a link whose other rank
+  // has finished every earlier link, so this completes).
+  device::Buffer probe(256);
+  for (std::size_t k = first_new; k < links_.size(); ++k) connect_link(links_[k], probe);
+  lanes_ = lanes;
+}
+
+void NcclCommunicator::connect_link(P2PLink& l, const device::Buffer& probe) {
+  if (l.sending)
+    NCCL_CHECK(ncclSend(probe.as<char>(), 1, ncclUint8, 1, l.comm, l.stream));
+  else
+    NCCL_CHECK(ncclRecv(probe.as<char>(), 1, ncclUint8, 0, l.comm, l.stream));
+  CUDA_CHECK(cudaStreamSynchronize(l.stream));
+}
+
+void NcclCommunicator::destroy_links() {
+  for (P2PLink& l : links_) {
+    ncclCommFinalize(l.comm);
+    ncclCommDestroy(l.comm);
+    cudaEventDestroy(l.done);
+    cudaStreamDestroy(l.stream);
+  }
+  links_.clear();
+  if (compute_ready_) cudaEventDestroy(compute_ready_);
+  compute_ready_ = nullptr;
 }
 
 void NcclCommunicator::ireduce_scatter(const void* send, void* recv,

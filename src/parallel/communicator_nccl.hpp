@@ -6,10 +6,12 @@
 // selected with cudaSetDevice (select_gpu below). A group of one rank makes
 // no NCCL communicator: its collectives are local copies.
 //
-// Streams. Every operation runs on the legacy default stream, the stream of
-// every meshtron kernel and of the caching allocator (device_allocator.hpp),
-// so a collective is ordered after the kernels that produced its input and
-// before those that read its output, with no events or host waits.
+// Streams. Every collective runs on the legacy default stream (the compute
+// stream), the stream of every meshtron kernel and of the caching allocator
+// (device_allocator.hpp), so a collective is ordered after the kernels that
+// produced its input and before those that read its output, with no events
+// or host waits. The two exceptions, ireduce_scatter and point-to-point,
+// run on non-blocking side streams ordered by events (below).
 //
 // Which transport each call takes:
 //
@@ -19,10 +21,11 @@
 //   (bf16 reduced by NCCL as               peak memory, and the host
 //   ncclBfloat16, in fp32 inside)          loops of mappings.cpp)
 //   batch_p2p: NCCL, one ncclGroup
-//   send, recv, isend: MPI through a host copy (see below)
+//   send, recv, isend: NCCL, one two-rank
+//   communicator and stream per directed
+//   link and lane (see below)
 //
-// Overlapped gradient reduce-scatter (ireduce_scatter). The one exception
-// to the single stream: it runs on comm_stream_, a cudaStreamNonBlocking
+// Overlapped gradient reduce-scatter (ireduce_scatter). It runs on comm_stream_, a cudaStreamNonBlocking
 // stream (a blocking stream would serialize with the legacy default stream
 // and overlap nothing). An event recorded on the default stream orders it
 // after the kernels that wrote `send`; wait_collectives() makes the default
@@ -32,28 +35,83 @@
 // the same bits as the single ncclReduceScatter. The caller keeps both
 // buffers alive (and, for `send`, unchanged) until wait_collectives().
 //
-// Point-to-point. ncclSend and ncclRecv block the GPU stream until the
-// matching call on the peer runs, and the operations of one communicator run
-// in the order they were issued. The pipeline executor (trainer.cpp) posts a
-// send as soon as its output is ready and receives only when it needs the
-// input, which is deadlock-free only if sends never wait for their receive.
-// Under 1F1B with pp = 2 on one stream they would: rank 0 issues
-// send(activation k+1) before recv(gradient k), while rank 1 issues
-// send(gradient k) before recv(activation k+1), and each send waits for a
-// receive queued behind the other rank's send. So isend copies the device
-// buffer to the host (synchronously, on the default stream, which also waits
-// for the kernels that produced it) and posts MPI_Isend from that copy; recv
-// receives with MPI into a host buffer and copies it to the device; send is
-// the same blocking. Transfers stay correct on any schedule at the price of
-// two PCIe copies of each boundary activation. Keeping them on the device
-// needs the executor to pair each send with the receive that follows it in
-// one ncclGroup (Megatron's send_forward_recv_backward), i.e. batch_p2p on
-// both sides: a device batch_p2p must be matched by a batch_p2p on the peer.
+// Point-to-point (send, recv, isend on device buffers): NCCL, device to
+// device, no host staging. ncclSend may block its stream until the peer's
+// matching ncclRecv runs (it does for messages larger than NCCL's buffers),
+// the operations of one communicator must be taken to run one after another
+// in issue order whatever their streams, and NCCL has no tags. So a stream
+// (or communicator) that carries both sends and receives of a rank can
+// deadlock: one per rank for everything does under 1F1B with pp = 2 (rank 0
+// issues send(activation 1) before recv(gradient 0), rank 1 send(gradient
+// 0) before recv(activation 1)), and one per direction (lane) still does
+// under interleaved 1F1B, whose wrap-around links make every rank both send
+// and receive activations: with pp = 2 rank 0 issues send(activation 1)
+// before recv(wrap-around activation 0), rank 1 send(that wrap-around
+// activation) before recv(activation 1). (tests/gpu/test_gpu_parallel.cpp
+// simulates both.) So connect_ring_p2p() gives every *directed* link
+// (sender, receiver, lane) between ring neighbours its own two-rank NCCL
+// communicator (an ncclCommSplit of the group's, the sender its rank 0,
+// resources not shared) and its own non-blocking stream. On each, a rank
+// only sends or only receives, in program order, so the n-th send of a link
+// meets the n-th receive of that link: a FIFO channel. With pp = 2, "next"
+// and "previous" are the same rank: the lanes keep activations and
+// gradients apart and the two directions of the pair are different links:
+// two links per lane and rank (four with pp >= 3: to and from each
+// neighbour, though a pipeline uses one direction of each lane, and the
+// wrap-around links only when interleaved).
+//
+// Stream order (the compute stream is the legacy default stream):
+//   isend: record an event on the compute stream, the link's stream waits on
+//          it (the kernels that wrote `buf` have run), then ncclSend there.
+//          The host returns at once.
+//   recv:  the same wait (the block `buf` came from the caching allocator
+//          may still be read by queued compute work: device_allocator.hpp),
+//          ncclRecv on the link's stream, then the compute stream waits on an
+//          event recorded after it. The host returns at once; every later
+//          kernel (and any host copy, which waits for the compute stream)
+//          sees the data.
+//   send:  isend, then the compute stream waits for it (the caller may reuse
+//          the buffer at once: it is stream-ordered after the send).
+//   wait_sends: the compute stream waits on every send link's latest event,
+//          so buffers freed afterwards are reused only after the sends read
+//          them. No host wait.
+//
+// Deadlock freedom. Take a run of the same per-rank programs on the MPI
+// backend that completes, with rendezvous semantics (isend never blocks, a
+// receive returns once its tagged message is posted, a blocking send or
+// wait_sends returns only once the matching receives have returned: a legal
+// MPI execution, so a correct MPI program completes under it), and suppose
+// that on every link the n-th send carries the message the receiver's n-th
+// receive asks for (the caller's obligation above; trainer.cpp shows it for
+// its schedules). Give every compute operation the time it returned in that
+// run, and a matched send/receive pair the time its receive returned. Each
+// operation of the NCCL run depends only on operations with earlier times: a
+// compute operation on the compute-stream work before it, on receives that
+// returned before it and on sends completed by an earlier send or wait_sends;
+// a pair on the compute work before its send and before its receive (both
+// issued before the receive returned) and on the earlier pairs of its link
+// (whose receives precede it in the receiver's program). The host never
+// blocks in send/recv/isend/wait_sends (link connections are set up by
+// connect_ring_p2p, not lazily, for that), and a host copy waits only for
+// compute work issued before it. By induction on the time every operation
+// completes. Assumed, not shown: NCCL kernels of different communicators can
+// be resident at once (p2p kernels use few CTAs; NCCL's general caution about
+// concurrent communicators does not promise it); the host is not held up by
+// full launch queues (a link has at most one operation per micro-batch
+// queued); no cudaDeviceSynchronize runs mid-schedule (the allocator's out-
+// of-memory retry does one).
+//
+// The staged fallback is gone: device point-to-point without
+// connect_ring_p2p(), or to a rank that is not a ring neighbour, stops the
+// job. batch_p2p ("exchange") stays a single ncclGroup on the group's own
+// communicator and the default stream.
 //
 // Teardown (NCCL's documented order): ~NcclCommunicator calls
-// ncclCommFinalize then ncclCommDestroy; communicators are destroyed (with
-// the ParallelRuntime that owns them) before MPI_Finalize, and the MPI
-// sub-communicator (owned by Topology) outlives them.
+// ncclCommFinalize then ncclCommDestroy, first on the link communicators
+// (in their creation order, the same on every rank), then on the group's;
+// streams and events after their communicators. Communicators are
+// destroyed (with the ParallelRuntime that owns them) before MPI_Finalize,
+// and the MPI sub-communicator (owned by Topology) outlives them.
 #pragma once
 
 #ifdef MESHTRON_HAVE_CUDA
@@ -65,6 +123,7 @@
 
 #include "parallel/communicator.hpp"
 #include "parallel/topology.hpp"
+#include "tensor/device_allocator.hpp"
 
 namespace meshtron {
 
@@ -86,11 +145,19 @@ class NcclCommunicator final : public Communicator {
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype) override;
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override;
   void barrier() override;
-  void send(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
-  void recv(void* buf, std::size_t count, DType dtype, int peer, int tag) override;
+  // Defaults as the base's (callers holding the concrete type).
+  void send(const void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
+            int lane = 0) override;
+  void recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
+            int lane = 0) override;
   void batch_p2p(std::span<const P2POp> ops) override;
-  void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag) override;
+  void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag,
+             int lane = 0) override;
   void wait_sends() override;
+  void connect_ring_p2p(int lanes) override;
+  /// Links of this rank made by connect_ring_p2p: per lane 2 in a group of
+  /// two ranks, 4 in a larger one.
+  int p2p_links() const { return int(links_.size()); }
   void ireduce_scatter(const void* send, void* recv, std::span<const std::size_t> recv_counts,
                        DType dtype, ReduceOp op) override;
   void wait_collectives() override;
@@ -98,13 +165,41 @@ class NcclCommunicator final : public Communicator {
   using Communicator::broadcast;
 
  private:
-  MpiCommunicator host_;        ///< Host buffers and staged point-to-point.
+  /// One directed point-to-point link (see the header comment).
+  struct P2PLink {
+    int peer, lane;
+    bool sending;                   ///< this rank's role on the link
+    ncclComm_t comm = nullptr;      ///< Owned; two ranks, the sender is rank 0.
+    cudaStream_t stream = nullptr;  ///< Owned; cudaStreamNonBlocking.
+    cudaEvent_t done = nullptr;     ///< Owned; recorded after an operation.
+    bool unwaited_sends = false;    ///< sends the compute stream has not waited for
+  };
+  P2PLink& link(int peer, int lane, bool sending);
+  /// Order `link`'s stream after the work queued so far on the compute stream.
+  void after_compute(const P2PLink& link);
+  void connect_link(P2PLink& link, const device::Buffer& probe);
+  void destroy_links();
+
+  MpiCommunicator host_;        ///< Host buffers.
   ncclComm_t comm_ = nullptr;   ///< Owned; null for a group of one rank.
-  std::vector<std::vector<char>> staged_sends_;  ///< host copies until wait_sends()
+  std::vector<P2PLink> links_;  ///< In creation order (the same on every rank).
+  int lanes_ = 0;               ///< lanes connected so far
+  cudaEvent_t compute_ready_ = nullptr;  ///< Owned; made with the first link.
   cudaStream_t comm_stream_ = nullptr;  ///< Owned; ireduce_scatter only (made on first use).
   cudaEvent_t inputs_ready_ = nullptr, reduced_ = nullptr;  ///< Owned.
   bool collectives_pending_ = false;
 };
+
+/// A directed point-to-point link: sender -> receiver on one lane.
+struct DirectedLink {
+  int lane, sender, receiver;
+  bool operator==(const DirectedLink&) const = default;
+};
+
+/// The links connect_ring_p2p makes in a group of `size` ranks for lanes
+/// [first_lane, end_lane), in its (rank-independent) order: every s -> s + 1
+/// and s -> s - 1 (mod size), once when those coincide (two ranks).
+std::vector<DirectedLink> ring_links(int size, int first_lane, int end_lane);
 
 /// True when `ptr` points into device memory (cudaPointerGetAttributes).
 bool is_device_pointer(const void* ptr);

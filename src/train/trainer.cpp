@@ -25,6 +25,28 @@ std::vector<bool> last_backward_per_chunk(const std::vector<PipelineTask>& tasks
   return last;
 }
 
+// Pipeline point-to-point lanes: activations go rank r -> r + 1 on one lane,
+// gradients r -> r - 1 on the other (the direction bit of the message tag).
+// On the GPU path messages are matched not by tag but in send order within
+// each (sender, receiver, lane) (communicator.hpp), so every lane must be
+// received in the order it is sent. It is, for every schedule and for
+// evaluate():
+//  * An activation of micro-batch b leaves global chunk g in task F(b, g)
+//    and is received in task F(b, g + 1). Every schedule (schedule.cpp)
+//    runs its forwards in one order that does not depend on the rank (only
+//    where the backwards fall between them does): index k of the forward of
+//    (b, local chunk c) is (b / pp) pp v + c pp + b % pp under interleaving,
+//    b for gpipe / 1f1b, and (b, c) lexicographic in evaluate(). Link
+//    r -> r + 1 pairs local chunk c with c, the wrap-around link pp-1 -> 0
+//    pairs c with c + 1, whose index is k + pp (evaluate: the next (b, c)):
+//    a shift, so the receiver's order equals the sender's.
+//  * Gradients likewise: backward k of (b, c) has chunk v - 1 - c in that
+//    formula; link r -> r - 1 pairs c with c, wrap-around 0 -> pp-1 pairs c
+//    with c - 1, index k + pp.
+// tests/gpu/test_gpu_parallel.cpp checks this for many shapes.
+constexpr int kActivationLane = 0, kGradientLane = 1, kPipelineLanes = 2;
+int lane_of_tag(int tag) { return tag % 2; }  // tag = (...) * 2 + direction
+
 double tensor_sum(const Tensor& t) {
   double s = 0;
   for (double v : t.to_doubles()) s += v;
@@ -47,6 +69,7 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.recompute_num_layers = run.training.recompute_num_layers;
 
   const int pp = rt.topo.pp();
+  if (pp > 1) rt.pp.connect_ring_p2p(kPipelineLanes);  // collective; once per runtime
   virtual_stages_ = run.parallel.schedule == "interleaved" ? run.parallel.virtual_stages : 1;
   const int total_chunks = pp * virtual_stages_;
   // Layers of each global chunk: uniform, or the deck's uneven split.
@@ -96,7 +119,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
   // Under fp16 the backward starts from the scaled dloss (loss_scaler.hpp).
   const double dloss_value = (scaler_ ? scaler_->scale() : 1.0) /
                              double(base_ctx_.seq_length * run_.training.global_batch_size);
-  // Messages are tagged by (micro-batch, receiving chunk, direction).
+  // Messages are tagged by (micro-batch, receiving chunk, lane = direction).
   auto tag = [&](int mb, int g, int dir) { return (mb * total_chunks + g) * 2 + dir; };
 
   std::map<std::pair<int, int>, GptModel::Cache> caches;
@@ -125,7 +148,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
       Tensor input = mb.ids;
       if (!chunk.placement().has_embedding) {
         input = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
-        receive(input, (rank + pp - 1) % pp, tag(t.micro_batch, g, 0));
+        receive(input, (rank + pp - 1) % pp, tag(t.micro_batch, g, kActivationLane));
       }
       Tensor out = chunk.forward(input, mb.targets, ctx, cache);
       if (chunk.placement().has_head) {
@@ -133,7 +156,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
         if (!training) caches.erase({t.micro_batch, t.chunk});
       } else {
         rt_.pp.isend(out.raw(), std::size_t(out.numel()), out.dtype(), (rank + 1) % pp,
-                     tag(t.micro_batch, g + 1, 0));
+                     tag(t.micro_batch, g + 1, kActivationLane), kActivationLane);
         in_flight_sends.push_back(out);
         if (!training) caches.erase({t.micro_batch, t.chunk});
       }
@@ -144,14 +167,14 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
         dout.fill(dloss_value);
       } else {
         dout = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
-        receive(dout, (rank + 1) % pp, tag(t.micro_batch, g, 1));
+        receive(dout, (rank + 1) % pp, tag(t.micro_batch, g, kGradientLane));
       }
       Tensor dx = training && final_backward[k] ? chunk.backward(dout, ctx, cache, grads_done)
                                                 : chunk.backward(dout, ctx, cache);
       caches.erase({t.micro_batch, t.chunk});
       if (!chunk.placement().has_embedding) {
         rt_.pp.isend(dx.raw(), std::size_t(dx.numel()), dx.dtype(), (rank + pp - 1) % pp,
-                     tag(t.micro_batch, g - 1, 1));
+                     tag(t.micro_batch, g - 1, kGradientLane), kGradientLane);
         in_flight_sends.push_back(dx);
       }
     }
@@ -166,7 +189,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
 
 void Trainer::receive(Tensor& t, int peer, int tag) {
   const auto t0 = std::chrono::steady_clock::now();
-  rt_.pp.recv(t.raw(), std::size_t(t.numel()), t.dtype(), peer, tag);
+  rt_.pp.recv(t.raw(), std::size_t(t.numel()), t.dtype(), peer, tag, lane_of_tag(tag));
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

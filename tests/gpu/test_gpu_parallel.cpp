@@ -2,12 +2,21 @@
 //
 //  * NcclCommunicator: every collective on device buffers against values
 //    computed by hand (fp32, and bf16 sums through ncclBfloat16), batch_p2p
-//    (NCCL group), staged isend/recv, and host buffers falling back to MPI;
-//    every call counted in CommStats.
+//    (NCCL group), device-to-device send/recv/isend over the per-link
+//    communicators (16 MiB messages posted send-first on both ranks, lanes
+//    in the crossed orders of interleaved 1F1B; a buffer written after
+//    wait_sends() still arrives intact), and host buffers falling back to
+//    MPI; every call counted in CommStats.
+//  * The pipeline executor's messages (a model of trainer.cpp) for gpipe,
+//    1f1b and interleaved schedules, pp 2..4: every lane is received in send
+//    order, and a simulation of the streams (sends block until matched)
+//    completes with one link per (sender, receiver, lane), while one stream
+//    per lane deadlocks (no GPU needed).
 //  * Decomposition invariance on the GPU path (fp32, dropout on, 3 steps of
 //    the tiny GPT of tests/parallel/decomposition.hpp): (tp, pp, dp) =
-//    (2, 1, 1) with sequence parallelism, (1, 2, 1) with 1F1B, (1, 1, 2)
-//    with the distributed optimizer, each against the 1-GPU run: losses and
+//    (2, 1, 1) with sequence parallelism, (1, 2, 1) with gpipe, 1F1B and
+//    interleaved 1F1B (2 virtual stages), (1, 1, 2) with the distributed
+//    optimizer, each against the 1-GPU run: losses and
 //    gradient norms to 1e-5 relative, every parameter to 1e-4 norm-wise (the
 //    host path's tolerances; see tests/parallel/test_decomposition.cpp).
 //    The 1-GPU reference is also held to the host run (same tolerances), so
@@ -19,10 +28,17 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <thread>
+#include <tuple>
 
 #include "parallel/communicator_nccl.hpp"
 #include "parallel/decomposition.hpp"
+#include "train/schedule.hpp"
 #include "tensor/device_allocator.hpp"
 
 namespace meshtron {
@@ -97,25 +113,85 @@ TEST_F(Nccl, Bf16SumIsReducedOnTheDevice) {
   EXPECT_EQ(host_values(t), (std::vector<double>{2 * double(x), 3}));
 }
 
-TEST_F(Nccl, PointToPointStagedAndGrouped) {
+TEST_F(Nccl, PointToPointCrossedOrderOnBothRanks) {
   const int peer = 1 - rank;
-  // Staged isend before the matching recv on both ranks (as the pipeline
-  // executor posts them): must not deadlock.
-  Tensor out = device_from({float(rank), float(10 + rank)});
-  Tensor in = Tensor::empty({2}, DType::F32, MemorySpace::Cuda);
-  comm->isend(out.raw(), 2, DType::F32, peer, 5);
-  comm->recv(in.raw(), 2, DType::F32, peer, 5);
+  comm->connect_ring_p2p(2);
+  EXPECT_EQ(comm->p2p_links(), 4);  // (0 -> 1, 1 -> 0) x 2 lanes
+  comm->connect_ring_p2p(2);        // again: nothing new
+  EXPECT_EQ(comm->p2p_links(), 4);
+  // 16 MiB messages: far above NCCL's buffers, so a send really waits for
+  // its receive. Both ranks send before they receive, on the same lane
+  // (two links, one per direction, so neither send waits behind a receive).
+  const index_t n = index_t(4) << 20;
+  auto pattern = [&](int from, int k) {
+    Tensor h = Tensor::empty({n}, DType::F32);
+    for (index_t i = 0; i < n; ++i) h.data<float>()[i] = float(1000 * from + 10 * k) + float(i % 7);
+    return h.to_device();
+  };
+  auto expect_pattern = [&](const Tensor& got, int from, int k) {
+    const Tensor want = pattern(from, k);
+    EXPECT_EQ(host_values(got), host_values(want)) << "message " << k << " from " << from;
+  };
+  Tensor a0 = pattern(rank, 0), a1 = pattern(rank, 1), b0 = pattern(rank, 2);
+  Tensor in_a0 = Tensor::empty({n}, DType::F32, MemorySpace::Cuda);
+  Tensor in_a1 = Tensor::empty({n}, DType::F32, MemorySpace::Cuda);
+  Tensor in_b0 = Tensor::empty({n}, DType::F32, MemorySpace::Cuda);
+  // Lane 0: two isends then two receives. Lane 1: rank 0 receives before
+  // it sends, rank 1 sends (blocking) before it receives: the orders of
+  // interleaved 1F1B that deadlock on one stream.
+  comm->isend(a0.raw(), std::size_t(n), DType::F32, peer, 0, 0);
+  comm->isend(a1.raw(), std::size_t(n), DType::F32, peer, 1, 0);
+  if (rank == 0) {
+    comm->recv(in_b0.raw(), std::size_t(n), DType::F32, peer, 2, 1);
+    comm->send(b0.raw(), std::size_t(n), DType::F32, peer, 2, 1);
+  } else {
+    comm->send(b0.raw(), std::size_t(n), DType::F32, peer, 2, 1);
+    comm->recv(in_b0.raw(), std::size_t(n), DType::F32, peer, 2, 1);
+  }
+  comm->recv(in_a0.raw(), std::size_t(n), DType::F32, peer, 0, 0);
+  comm->recv(in_a1.raw(), std::size_t(n), DType::F32, peer, 1, 0);
   comm->wait_sends();
-  EXPECT_EQ(host_values(in), (std::vector<double>{double(peer), double(10 + peer)}));
-  // Grouped exchange over NCCL.
+  // No explicit synchronization: the host copies wait for the compute
+  // stream, which waits for the receives.
+  expect_pattern(in_a0, peer, 0);
+  expect_pattern(in_a1, peer, 1);
+  expect_pattern(in_b0, peer, 2);
+  EXPECT_EQ(comm->stats().count(CollectiveKind::Send), 3);
+  EXPECT_EQ(comm->stats().count(CollectiveKind::Recv), 3);
+}
+
+TEST_F(Nccl, WaitSendsOrdersLaterWritesAfterTheSend) {
+  const int peer = 1 - rank;
+  comm->connect_ring_p2p(1);
+  const index_t n = index_t(4) << 20;
+  Tensor sent = Tensor::empty({n}, DType::F32);
+  for (index_t i = 0; i < n; ++i) sent.data<float>()[i] = float(i % 11) + 1;
+  if (rank == 0) {
+    Tensor out = sent.to_device();
+    comm->isend(out.raw(), std::size_t(n), DType::F32, peer, 0, 0);
+    comm->wait_sends();
+    out.fill(0.0);  // compute stream: must wait until the send has read `out`
+    // The receive is posted only after this sleep: an overwrite not ordered
+    // after the send would have run by then, and rank 1 would get zeros.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    MPI_Barrier(MPI_COMM_WORLD);
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+    Tensor in = Tensor::empty({n}, DType::F32, MemorySpace::Cuda);
+    comm->recv(in.raw(), std::size_t(n), DType::F32, peer, 0, 0);
+    EXPECT_EQ(host_values(in), host_values(sent));
+  }
+  device::synchronize();
+}
+
+TEST_F(Nccl, GroupedExchange) {
+  const int peer = 1 - rank;
   Tensor send = device_from({float(100 + rank)});
   Tensor recv = Tensor::empty({1}, DType::F32, MemorySpace::Cuda);
   const P2POp ops[] = {{P2POp::Send, send.raw(), 1, DType::F32, peer},
                        {P2POp::Recv, recv.raw(), 1, DType::F32, peer}};
   comm->batch_p2p(ops);
   EXPECT_EQ(host_values(recv), (std::vector<double>{double(100 + peer)}));
-  EXPECT_EQ(comm->stats().count(CollectiveKind::Send), 1);
-  EXPECT_EQ(comm->stats().count(CollectiveKind::Recv), 1);
   EXPECT_EQ(comm->stats().count(CollectiveKind::BatchP2P), 1);
 }
 
@@ -127,6 +203,220 @@ TEST_F(Nccl, HostBuffersGoThroughMpi) {
   EXPECT_EQ(gathered[0], 0.0);
   EXPECT_EQ(gathered[1], 3.0);
   EXPECT_FALSE(is_device_pointer(&mine));
+}
+
+// ------------------------------------------------- pipeline p2p lanes ---
+
+/// One send or receive of the pipeline executor, as trainer.cpp's
+/// run_schedule issues them: a task receives its input first, computes, then
+/// sends its output. Global chunk g = c pp + rank; chunk 0 embeds, the last
+/// one holds the head; activations on lane 0 to rank + 1, gradients on lane
+/// 1 to rank - 1 (mod pp), tag (micro-batch, receiving chunk, lane).
+struct PipelineMessage {
+  bool send;
+  int peer, lane, tag;
+};
+struct PipelineStep {  // one task: its receive (if any), then its send (if any)
+  std::vector<PipelineMessage> before, after;
+};
+
+/// The tasks of `rank`; name "evaluate" gives Trainer::evaluate's order.
+std::vector<PipelineTask> tasks_of(const ScheduleShape& shape, int rank) {
+  if (shape.name != "evaluate") return schedule_tasks(shape, rank);
+  std::vector<PipelineTask> tasks;
+  for (int m = 0; m < shape.micro_batches; ++m)
+    for (int c = 0; c < shape.virtual_stages; ++c) tasks.push_back({PipelineTask::Forward, m, c});
+  return tasks;
+}
+
+std::vector<std::vector<PipelineStep>> pipeline_program(const ScheduleShape& shape) {
+  const int pp = shape.pp, total = pp * shape.virtual_stages;
+  std::vector<std::vector<PipelineStep>> program(static_cast<std::size_t>(pp));
+  for (int r = 0; r < pp; ++r)
+    for (const PipelineTask& t : tasks_of(shape, r)) {
+      const int g = t.chunk * pp + r, next = (r + 1) % pp, prev = (r + pp - 1) % pp;
+      auto tag = [&](int to, int lane) { return (t.micro_batch * total + to) * 2 + lane; };
+      PipelineStep step;
+      if (t.kind == PipelineTask::Forward) {
+        if (g > 0) step.before.push_back({false, prev, 0, tag(g, 0)});
+        if (g < total - 1) step.after.push_back({true, next, 0, tag(g + 1, 0)});
+      } else {
+        if (g < total - 1) step.before.push_back({false, next, 1, tag(g, 1)});
+        if (g > 0) step.after.push_back({true, prev, 1, tag(g - 1, 1)});
+      }
+      program[std::size_t(r)].push_back(step);
+    }
+  return program;
+}
+
+std::vector<ScheduleShape> pipeline_shapes() {
+  std::vector<ScheduleShape> shapes;
+  for (int pp = 2; pp <= 4; ++pp) {
+    for (int m : {1, pp, 2 * pp + 1, 8}) {
+      shapes.push_back({"gpipe", pp, 1, m});
+      shapes.push_back({"1f1b", pp, 1, m});
+    }
+    for (int v = 2; v <= 3; ++v)
+      for (int m : {pp, 2 * pp, 4 * pp}) shapes.push_back({"interleaved", pp, v, m});
+    for (int v = 1; v <= 2; ++v) shapes.push_back({"evaluate", pp, v, 5});
+  }
+  return shapes;
+}
+
+std::string shape_name(const ScheduleShape& s) {
+  return s.name + " pp" + std::to_string(s.pp) + " v" + std::to_string(s.virtual_stages) +
+         " m" + std::to_string(s.micro_batches);
+}
+
+TEST(PipelineLanes, RingLinksAreEveryDirectedNeighbourPairOnce) {
+  EXPECT_TRUE(ring_links(1, 0, 2).empty());
+  // Two ranks: next and previous coincide; one link each way per lane.
+  const std::vector<DirectedLink> two{{0, 0, 1}, {0, 1, 0}, {1, 0, 1}, {1, 1, 0}};
+  EXPECT_EQ(ring_links(2, 0, 2), two);
+  EXPECT_EQ(ring_links(2, 1, 2), (std::vector<DirectedLink>{{1, 0, 1}, {1, 1, 0}}));
+  // Four ranks: 8 links per lane, each rank in 4 of them (to and from each
+  // neighbour), the wrap-around 3 -> 0 and 0 -> 3 included.
+  const auto four = ring_links(4, 0, 1);
+  EXPECT_EQ(four.size(), 8u);
+  for (int r = 0; r < 4; ++r) {
+    int in = 0, out = 0;
+    for (const DirectedLink& l : four) {
+      EXPECT_EQ(std::abs(l.sender - l.receiver) % 2, 1);  // neighbours (mod 4)
+      in += l.receiver == r;
+      out += l.sender == r;
+    }
+    EXPECT_EQ(in, 2) << r;
+    EXPECT_EQ(out, 2) << r;
+  }
+  EXPECT_NE(std::find(four.begin(), four.end(), DirectedLink{0, 3, 0}), four.end());
+  EXPECT_NE(std::find(four.begin(), four.end(), DirectedLink{0, 0, 3}), four.end());
+}
+
+TEST(PipelineLanes, EveryLaneIsReceivedInSendOrder) {
+  for (const ScheduleShape& shape : pipeline_shapes()) {
+    // (sender, receiver, lane) -> tags in the sender's / the receiver's order
+    std::map<std::tuple<int, int, int>, std::vector<int>> sent, received;
+    const auto program = pipeline_program(shape);
+    for (int r = 0; r < shape.pp; ++r)
+      for (const PipelineStep& step : program[std::size_t(r)]) {
+        for (const auto& m : step.before) received[{m.peer, r, m.lane}].push_back(m.tag);
+        for (const auto& m : step.after) sent[{r, m.peer, m.lane}].push_back(m.tag);
+      }
+    EXPECT_EQ(sent, received) << shape_name(shape);
+    // Lanes used: both directions, wrap-around links only with virtual stages.
+    const int lanes = shape.name == "evaluate" ? 1 : 2;
+    const int links_per_lane = shape.virtual_stages > 1 ? shape.pp : shape.pp - 1;
+    EXPECT_EQ(sent.size(), std::size_t(lanes * links_per_lane)) << shape_name(shape);
+  }
+}
+
+/// Simulate the GPU path: per rank a compute stream (receive waits and
+/// tasks, in program order) and one stream per `stream_of(message)`. A send
+/// or receive can start when it heads its stream and the compute work issued
+/// before it is done, and completes only together with its partner (the n-th
+/// message of the same sender, receiver and lane), as a blocking ncclSend /
+/// ncclRecv. True when everything completes.
+template <class StreamOf>
+bool streams_complete(const ScheduleShape& shape, StreamOf stream_of) {
+  using Link = std::tuple<int, int, int>;  // sender, receiver, lane
+  struct Op {
+    int rank;
+    std::size_t compute_before;  // compute items issued before it
+    bool done = false;
+    int partner = -1;
+  };
+  struct Rank {
+    std::vector<int> compute;  // -1: a task; otherwise the receive it waits for
+    std::size_t compute_done = 0;
+    std::map<int, std::vector<int>> streams;  // stream -> ops in issue order
+    std::map<int, std::size_t> heads;
+  };
+  std::vector<Op> ops;
+  std::vector<Rank> ranks(std::size_t(shape.pp));
+  std::map<std::tuple<Link, bool, int>, int> by_position;  // (link, send, n) -> op
+  std::map<std::pair<Link, bool>, int> counts;
+  auto issue = [&](int r, const PipelineMessage& m) {
+    const Link link = m.send ? Link{r, m.peer, m.lane} : Link{m.peer, r, m.lane};
+    const int id = int(ops.size());
+    ops.push_back({r, ranks[std::size_t(r)].compute.size()});
+    by_position[{link, m.send, counts[{link, m.send}]++}] = id;
+    ranks[std::size_t(r)].streams[stream_of(m)].push_back(id);
+    return id;
+  };
+  const auto program = pipeline_program(shape);
+  for (int r = 0; r < shape.pp; ++r)
+    for (const PipelineStep& step : program[std::size_t(r)]) {
+      for (const auto& m : step.before) ranks[std::size_t(r)].compute.push_back(issue(r, m));
+      ranks[std::size_t(r)].compute.push_back(-1);
+      for (const auto& m : step.after) issue(r, m);
+    }
+  for (const auto& [key, id] : by_position) {
+    const auto& [link, send, n] = key;
+    const auto partner = by_position.find({link, !send, n});
+    if (partner == by_position.end()) return false;  // never received (or sent)
+    ops[std::size_t(id)].partner = partner->second;
+  }
+  auto startable = [&](int id) {  // heads its stream, compute before it done
+    const Op& op = ops[std::size_t(id)];
+    const Rank& rank = ranks[std::size_t(op.rank)];
+    if (rank.compute_done < op.compute_before) return false;
+    for (const auto& [stream, queue] : rank.streams) {
+      const std::size_t head = rank.heads.count(stream) ? rank.heads.at(stream) : 0;
+      if (head < queue.size() && queue[head] == id) return true;
+    }
+    return false;
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (Rank& rank : ranks) {
+      while (rank.compute_done < rank.compute.size()) {
+        const int wait = rank.compute[rank.compute_done];
+        if (wait >= 0 && !ops[std::size_t(wait)].done) break;
+        ++rank.compute_done;
+        progress = true;
+      }
+      for (const auto& [stream, queue] : rank.streams) {
+        std::size_t& head = rank.heads[stream];
+        if (head == queue.size()) continue;
+        const int id = queue[head];
+        if (!ops[std::size_t(id)].done && startable(id) &&
+            startable(ops[std::size_t(id)].partner)) {
+          ops[std::size_t(id)].done = ops[std::size_t(ops[std::size_t(id)].partner)].done = true;
+          progress = true;
+        }
+      }
+      for (const auto& [stream, queue] : rank.streams) {
+        std::size_t& head = rank.heads[stream];
+        while (head < queue.size() && ops[std::size_t(queue[head])].done) ++head;
+      }
+    }
+  }
+  for (const Op& op : ops)
+    if (!op.done) return false;
+  for (const Rank& rank : ranks)
+    if (rank.compute_done != rank.compute.size()) return false;
+  return true;
+}
+
+TEST(PipelineLanes, StreamsCompleteWithOneLinkPerSenderReceiverAndLane) {
+  for (const ScheduleShape& shape : pipeline_shapes()) {
+    // The NCCL backend: one communicator and stream per directed link.
+    EXPECT_TRUE(streams_complete(shape, [](const PipelineMessage& m) {
+      return (m.peer * 2 + m.lane) * 2 + int(m.send);
+    })) << shape_name(shape);
+  }
+  // Controls (the simulation can fail). One stream (and communicator) per
+  // lane carrying a rank's sends and receives deadlocks under every
+  // interleaved shape: with pp = 2, rank 0 sends activation 1 before it
+  // receives the wrap-around activation 0, and rank 1 sends that before it
+  // receives activation 1. One stream for everything deadlocks 1F1B.
+  for (const ScheduleShape& shape : pipeline_shapes()) {
+    if (shape.name != "interleaved") continue;
+    EXPECT_FALSE(streams_complete(shape, [](const PipelineMessage& m) { return m.lane; }))
+        << shape_name(shape);
+  }
+  EXPECT_FALSE(streams_complete(ScheduleShape{"1f1b", 2, 1, 4},
+                                [](const PipelineMessage&) { return 0; }));
 }
 
 // ------------------------------------------------------------ training ---
@@ -183,6 +473,8 @@ TEST_P(GpuDecomposition, MatchesOneGpuRun) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, GpuDecomposition,
     ::testing::Values(Layout{2, 1, 1, "1f1b", false, true}, Layout{1, 2, 1, "1f1b", false, false},
+                      Layout{1, 2, 1, "gpipe", false, false},
+                      Layout{1, 2, 1, "interleaved", false, false},
                       Layout{1, 1, 2, "1f1b", true, false}),
     [](const auto& info) { return info.param.name(); });
 
