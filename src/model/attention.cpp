@@ -76,6 +76,16 @@ Tensor Attention::core_forward_unfused(const LayerContext& ctx, Cache& c) const 
 }
 
 Tensor Attention::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
+  return proj.forward(core_forward(x, ctx, c), ctx, c.proj);
+}
+
+Tensor Attention::forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
+                                   Cache& c) const {
+  return proj.forward_residual(core_forward(x, ctx, c), residual, ctx, c.proj);
+}
+
+/// The qkv projection and the attention core: the merged context, proj's input.
+Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   const index_t s = ctx.seq_length, b = ctx.micro_batch;
   Tensor qkv_out = qkv.forward(x, ctx, c.qkv);
   Tensor merged;
@@ -98,7 +108,7 @@ Tensor Attention::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
     const Tensor context = core_forward_unfused(ctx, c);
     ops::merge_heads(&context, 1, s, b, heads_local_, merged);
   }
-  return proj.forward(merged, ctx, c.proj);
+  return merged;
 }
 
 Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {

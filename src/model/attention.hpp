@@ -49,6 +49,10 @@ class Attention {
   Attention(const std::string& name, int layer, index_t hidden, int heads,
             double dropout, const LayerContext& ctx, DType dtype,
             AttentionBackend backend = AttentionBackend::Auto);
+  /// forward() + residual, the add riding in proj's GEMM where it can
+  /// (RowParallelLinear::forward_residual); the backward is backward().
+  Tensor forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
+                          Cache& cache) const;
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   void collect(ParameterList& out) { qkv.collect(out); proj.collect(out); }
@@ -57,6 +61,7 @@ class Attention {
   RowParallelLinear proj;
 
  private:
+  Tensor core_forward(const Tensor& x, LayerContext& ctx, Cache& c) const;
   double scale() const { return 1.0 / std::sqrt(double(head_dim_)); }
   ops::DropoutSite probs_site(const LayerContext& ctx) const;
   /// probs = softmax(q k^T / sqrt(d)) (causal) and probs_kept = dropout(probs)

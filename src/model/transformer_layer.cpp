@@ -45,13 +45,21 @@ Tensor TransformerLayer::dropout_backward(const Tensor& dy, std::uint32_t site_i
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
-  Tensor attn = attention.forward(ln_1.forward(x, c.ln_1), ctx, c.attention);
-  Tensor h = Tensor::empty(x.shape(), x.dtype(), x.space());
-  ops::add(x, dropout(attn, kStreamAttentionOut, ctx), h);
+  // Without hidden dropout the residual adds ride in the attention's and the
+  // MLP's last GEMMs (one cuBLASLt epilogue on one tp rank; the same numbers
+  // on the host).
+  const bool fuse_residual = !ctx.training || hidden_dropout_ == 0;
+  const Tensor attn_in = ln_1.forward(x, c.ln_1);
+  Tensor h;
+  if (fuse_residual) {
+    h = attention.forward_residual(attn_in, x, ctx, c.attention);
+  } else {
+    const Tensor attn = attention.forward(attn_in, ctx, c.attention);
+    h = Tensor::empty(x.shape(), x.dtype(), x.space());
+    ops::add(x, dropout(attn, kStreamAttentionOut, ctx), h);
+  }
   const Tensor mlp_in = ln_2.forward(h, c.ln_2);
-  // Without hidden dropout the residual add can ride in the MLP's last GEMM
-  // (one cuBLASLt epilogue on one tp rank; the same numbers on the host).
-  if (!ctx.training || hidden_dropout_ == 0) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
+  if (fuse_residual) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
   Tensor mlp_out = mlp.forward(mlp_in, ctx, c.mlp);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.space());
   ops::add(h, dropout(mlp_out, kStreamMlpOut, ctx), out);
