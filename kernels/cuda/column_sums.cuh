@@ -99,9 +99,9 @@ void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullp
 /// column_partials_kernel for plain column sums of x [N, C] (NV = 1), with
 /// each thread reading a 16-byte pack of V = 16 / sizeof(T) columns per row
 /// (C % V == 0, x 16-byte aligned): a warp moves 512 bytes per row instead
-/// of 64. Every column adds the same rows in the same order as the scalar
-/// kernel (rows r0 + y, r0 + y + kRowLanes, ..., then lanes y in order), so
-/// the partials, and the sums, are the same bits.
+/// of 64. A block covers V times the columns, so the rows are split into
+/// more (smaller) groups than the scalar kernel's: the sums are fixed-order
+/// and deterministic, but round differently from the scalar path's.
 template <class T>
 __global__ void column_partials_packed_kernel(const T* __restrict__ x, kindex N, kindex C,
                                               kindex rows_per_split, float* partial) {
@@ -133,7 +133,7 @@ __global__ void column_partials_packed_kernel(const T* __restrict__ x, kindex N,
 }
 
 /// out[c] += sum_r x[r, c]: the packed kernel where it applies, else the
-/// scalar one (same bits either way).
+/// scalar one.
 template <class T, class G>
 void plain_column_sums(const T* x, kindex N, kindex C, G* out) {
   if (C == 0) return;

@@ -71,10 +71,12 @@ __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __res
 }
 
 /// dx as stored: the layernorm gradient rounded to T, plus the residual
-/// branch's gradient at element i when there is one (the rounding add() does).
+/// branch's gradient at element i when there is one (the rounding add()
+/// does). __fadd_rn keeps the compiler from contracting the last product of
+/// dx and this sum into one FMA, which would round differently.
 template <class T>
 __device__ __forceinline__ float with_residual(float dx, const T* residual, kindex i) {
-  return residual ? round_to<T>(dx) + load_f(residual, i) : dx;
+  return residual ? __fadd_rn(round_to<T>(dx), load_f(residual, i)) : dx;
 }
 
 template <class T>
@@ -254,7 +256,7 @@ __global__ void __launch_bounds__(W * 32)
         const float g = to_f(dyr[k].v[j]) * to_f(gp.v[j]);
         const float xhat = (to_f(xr[k].v[j]) - mu) * rs;
         const float d = rs * (g - mean_g - xhat * mean_g_xhat);
-        out.v[j] = from_f<T>(residual ? round_to<T>(d) + to_f(res.v[j]) : d);
+        out.v[j] = from_f<T>(residual ? __fadd_rn(round_to<T>(d), to_f(res.v[j])) : d);
       }
       reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
     }
