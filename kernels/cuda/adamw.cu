@@ -40,7 +40,8 @@ struct AdamWUpdate {
 __device__ __forceinline__ AdamWUpdate adamw_update(float param, float grad, float m, float v,
                                                     double weight_decay,
                                                     const AdamWCoefficients& k) {
-  const double g = grad;
+  // The product rounded to fp32 as ops::scale stores it (clipping).
+  const double g = k.grad_scale == 1.f ? grad : __fmul_rn(k.grad_scale, grad);
   const double p = double(param) * (1.0 - k.lr * weight_decay);
   const double m_new = k.beta1 * m + (1.0 - k.beta1) * g;
   const double v_new = k.beta2 * v + (1.0 - k.beta2) * g * g;

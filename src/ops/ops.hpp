@@ -199,6 +199,10 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets,
 struct AdamWParams {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   std::int64_t step = 1;  ///< 1-based, for bias correction
+  /// The update uses g = grad * grad_scale, rounded as ops::scale(grad,
+  /// grad_scale) would store it (gradient clipping folded into the update:
+  /// no separate pass over the gradients); grad itself is left unchanged.
+  double grad_scale = 1.0;
 };
 /// torch.optim.AdamW: p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 /// p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).

@@ -152,6 +152,7 @@ void cross_entropy_backward(DType t, DType out, const void* logits, const std::i
 // ----------------------------------------------------------------- AdamW ---
 struct AdamWCoefficients {
   double lr, beta1, beta2, eps, weight_decay, step_size, inv_sqrt_bias2;
+  float grad_scale;  ///< g = fp32(grad_scale * grad) first (1: grad as is)
 };
 /// fp32 master weights, gradients and moments; with a non-null `copy`, also
 /// copy[i] = the updated param[i] rounded to copy_dtype (bf16 or fp16)

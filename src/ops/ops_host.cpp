@@ -1137,8 +1137,10 @@ kernels::AdamWCoefficients adamw_coefficients(const AdamWParams& hp) {
 }
 
 #ifdef MESHTRON_HAVE_CUDA
-cuda::AdamWCoefficients cuda_coefficients(const kernels::AdamWCoefficients& k) {
-  return {k.lr, k.beta1, k.beta2, k.eps, k.weight_decay, k.step_size, k.inv_sqrt_bias2};
+cuda::AdamWCoefficients cuda_coefficients(const kernels::AdamWCoefficients& k,
+                                          double grad_scale) {
+  return {k.lr,        k.beta1,          k.beta2,          k.eps,
+          k.weight_decay, k.step_size, k.inv_sqrt_bias2, float(grad_scale)};
 }
 #endif
 
@@ -1161,14 +1163,19 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
   const kernels::AdamWCoefficients k = adamw_coefficients(hp);
   if (device) {
     ON_CUDA(cuda::adamw_step(param.data<float>(), grad.data<float>(), m.data<float>(),
-                             v.data<float>(), param.numel(), cuda_coefficients(k),
+                             v.data<float>(), param.numel(), cuda_coefficients(k, hp.grad_scale),
                              compute_copy ? compute_copy->dtype() : DType::BF16,
                              compute_copy ? compute_copy->raw() : nullptr));
     return;
   }
+  Tensor scaled = grad;
+  if (hp.grad_scale != 1.0) {  // the host keeps the two passes
+    scaled = grad.clone();
+    scale(scaled, hp.grad_scale);
+  }
   with_float_type(param.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    kernels::adamw_step<Host>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(),
+    kernels::adamw_step<Host>(param.data<T>(), scaled.data<T>(), m.data<T>(), v.data<T>(),
                               param.numel(), k);
   });
   if (compute_copy) cast(param, *compute_copy);
@@ -1228,7 +1235,7 @@ void MultiTensorAdamW::step(const std::vector<AdamWTensor>& tensors, const AdamW
                     t.v.data<float>(), copy, t.param.numel(), t.decay ? hp.weight_decay : 0.0});
   }
   if (!table_) table_ = std::make_unique<DeviceTable>();
-  table_->table.step(ptrs, copy_dtype, cuda_coefficients(adamw_coefficients(hp)));
+  table_->table.step(ptrs, copy_dtype, cuda_coefficients(adamw_coefficients(hp), hp.grad_scale));
 #endif
 }
 

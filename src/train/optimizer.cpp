@@ -150,12 +150,10 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
     zero_grad();
     return stats;
   }
-  const double factor = clip_factor(stats.grad_norm, config_.clip_grad);
   ++step_;
-  if (factor != 1.0)
-    for (Parameter* p : params_) ops::scale(p->grad, factor);
   // Every parameter in one update (one kernel on the device), writing the
-  // bf16/fp16 compute copy of the master in the same pass.
+  // bf16/fp16 compute copy of the master in the same pass and applying the
+  // clipping factor to each gradient as it is read.
   std::vector<ops::AdamWTensor> tensors;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
@@ -163,7 +161,9 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
     tensors.push_back({mixed ? master_[i] : p.value, p.grad, m_[i], v_[i],
                        mixed ? p.value : Tensor(), p.weight_decay});
   }
-  update_.step(tensors, adam_params(config_, lr, /*decay=*/true, step_));
+  ops::AdamWParams hp = adam_params(config_, lr, /*decay=*/true, step_);
+  hp.grad_scale = clip_factor(stats.grad_norm, config_.clip_grad);
+  update_.step(tensors, hp);
   zero_grad();
   return stats;
 }
@@ -350,8 +350,6 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
     stats.skipped = true;
     return stats;
   }
-  const double factor = clip_factor(stats.grad_norm, config_.clip_grad);
-  if (factor != 1.0) ops::scale(grad, factor);
   ++step_;
   // One update over the shard's per-parameter ranges (one kernel on the
   // device). The 16-bit compute copies are written by unpack() after the
@@ -363,7 +361,9 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
                       flat_view(m_, pos, pos + len), flat_view(v_, pos, pos + len), Tensor(),
                       params_[i]->weight_decay});
   });
-  update_.step(ranges, adam_params(config_, lr, /*decay=*/true, step_));
+  ops::AdamWParams hp = adam_params(config_, lr, /*decay=*/true, step_);
+  hp.grad_scale = clip_factor(stats.grad_norm, config_.clip_grad);  // applied as grads are read
+  update_.step(ranges, hp);
   g.dp.all_gather(master_.raw(), flat.raw(), std::size_t(shard_size_), flat.dtype());
   unpack(flat, &Parameter::value);
   return stats;

@@ -166,3 +166,33 @@ TEST(MultiTensorAdamWHost, SingleStepWithCopyEqualsStepThenCast) {
 
 }  // namespace
 }  // namespace meshtron::ops
+
+namespace meshtron::ops {
+namespace {
+
+// Clipping folded into the update: grad_scale equals scaling the gradient
+// with ops::scale first, bit for bit, and the gradient is not modified.
+TEST(MultiTensorAdamWHost, GradScaleEqualsScalingTheGradientFirst) {
+  for (DType dtype : {DType::F32, DType::F64}) {
+    const index_t n = 1001;
+    Tensor p = random_tensor(n, dtype, -1, 1), g = random_tensor(n, dtype, -3, 3),
+           m = random_tensor(n, dtype, -0.1, 0.1), v = random_tensor(n, dtype, 0, 0.01);
+    Tensor p2 = p.clone(), g2 = g.clone(), m2 = m.clone(), v2 = v.clone();
+    const Tensor g_before = g.clone();
+    ops::AdamWParams hp;
+    hp.lr = 1e-3, hp.weight_decay = 0.1, hp.step = 3;
+    ops::AdamWParams scaled = hp;
+    scaled.grad_scale = 0.4375;
+    ops::adamw_step(p, g, m, v, scaled);
+    ops::scale(g2, 0.4375);
+    ops::adamw_step(p2, g2, m2, v2, hp);
+    EXPECT_TRUE(bitwise_equal(p, p2)) << dtype_name(dtype);
+    EXPECT_TRUE(bitwise_equal(m, m2)) << dtype_name(dtype);
+    EXPECT_TRUE(bitwise_equal(v, v2)) << dtype_name(dtype);
+    EXPECT_TRUE(bitwise_equal(g, g_before)) << dtype_name(dtype) << ": grad modified";
+    EXPECT_FALSE(bitwise_equal(p, random_tensor(n, dtype, -1, 1)));
+  }
+}
+
+}  // namespace
+}  // namespace meshtron::ops

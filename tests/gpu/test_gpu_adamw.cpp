@@ -185,6 +185,52 @@ TEST(GpuAdamW, MultiTensorWithCopiesEqualsPerTensorAdamWAndCastBitwise) {
   }
 }
 
+// Gradient clipping rides in the update (AdamWParams::grad_scale): one
+// multi-tensor step with grad_scale must equal ops::scale of every gradient
+// followed by the plain step, bit for bit, and leave the gradients as they were.
+TEST(GpuAdamW, GradScaleEqualsScalingTheGradientsFirstBitwise) {
+  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  for (const double grad_scale : {0.37, 1.0 / 3.0, 2.5}) {
+    std::vector<Tensor> p, g, m, v, copy;
+    for (index_t n : {index_t(1), index_t(7), index_t(1000003), index_t(16385)}) {
+      p.push_back(random_device(n, -1, 1));
+      g.push_back(random_device(n, -2, 2, /*some_large=*/true));
+      m.push_back(random_device(n, -0.1, 0.1));
+      v.push_back(random_device(n, 0, 0.01));
+      copy.push_back(Tensor::empty({n}, DType::BF16, MemorySpace::Cuda));
+    }
+    auto clone_all = [](const std::vector<Tensor>& ts) {
+      std::vector<Tensor> out;
+      for (const Tensor& t : ts) out.push_back(t.clone());
+      return out;
+    };
+    std::vector<Tensor> p2 = clone_all(p), g2 = clone_all(g), m2 = clone_all(m),
+                        v2 = clone_all(v), copy2 = clone_all(copy);
+    const std::vector<Tensor> g_before = clone_all(g);
+    ops::AdamWParams hp;
+    hp.lr = 3e-4, hp.weight_decay = 0.1, hp.step = 4;
+    std::vector<ops::AdamWTensor> fused, plain;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      fused.push_back({p[i], g[i], m[i], v[i], copy[i], i % 2 == 0});
+      ops::scale(g2[i], grad_scale);
+      plain.push_back({p2[i], g2[i], m2[i], v2[i], copy2[i], i % 2 == 0});
+    }
+    ops::MultiTensorAdamW a, b;
+    ops::AdamWParams scaled = hp;
+    scaled.grad_scale = grad_scale;
+    a.step(fused, scaled);
+    b.step(plain, hp);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const std::string what = "tensor " + std::to_string(i) + " scale " + std::to_string(grad_scale);
+      expect_bitwise_equal(p[i], p2[i], what + " param");
+      expect_bitwise_equal(m[i], m2[i], what + " m");
+      expect_bitwise_equal(v[i], v2[i], what + " v");
+      expect_bitwise_equal(copy[i], copy2[i], what + " copy");
+      expect_bitwise_equal(g[i], g_before[i], what + " grad untouched");
+    }
+  }
+}
+
 TEST(GpuAdamW, SingleTensorStepWithCopyEqualsStepThenCastBitwise) {
   REQUIRE_GPU();
   for (DType copy_dtype : {DType::BF16, DType::F16})
