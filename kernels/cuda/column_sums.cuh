@@ -113,12 +113,26 @@ __global__ void column_partials_packed_kernel(const T* __restrict__ x, kindex N,
   float acc[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = 0.f;
-  if (c0 < C)
-    for (kindex r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+  if (c0 < C) {
+    // Four rows' loads in flight per thread, then added in row order.
+    constexpr int kUnroll = 4;
+    kindex r = r0 + threadIdx.y;
+    for (; r + (kUnroll - 1) * kRowLanes < r1; r += kUnroll * kRowLanes) {
+      Pack<T> p[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        p[u] = *reinterpret_cast<const Pack<T>*>(x + (r + u * kRowLanes) * C + c0);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += to_f(p[u].v[j]);
+    }
+    for (; r < r1; r += kRowLanes) {
       const Pack<T> p = *reinterpret_cast<const Pack<T>*>(x + r * C + c0);
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] += to_f(p.v[j]);
     }
+  }
 #pragma unroll
   for (int j = 0; j < V; ++j) tile[threadIdx.y][threadIdx.x * V + j] = acc[j];
   __syncthreads();
