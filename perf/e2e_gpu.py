@@ -88,12 +88,16 @@ def main():
     parser.add_argument("--recompute", default="none")
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--dp-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="deck override for the dp 2 run only, e.g. "
+                             "parallel.overlap_grad_reduce=true (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra deck override for every meshtron run, e.g. "
                              "parallel.overlap_grad_reduce=true (with it, also "
                              "parallel.distributed_optimizer=true; repeatable)")
     args = parser.parse_args()
     extra = [arg for kv in args.set for arg in ("--set", kv)]
+    dp_extra = extra + [arg for kv in args.dp_set for arg in ("--set", kv)]
 
     for name in args.models:
         mb = args.micro_batch
@@ -112,7 +116,7 @@ def main():
         if args.gpus >= 2:
             for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1)):
                 two = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, tp=tp, dp=dp,
-                                   recompute=args.recompute, extra=extra)
+                                   recompute=args.recompute, extra=dp_extra if dp > 1 else extra)
                 if two is None:
                     print(json.dumps({"model": name, "layout": label, "error": "run failed"}))
                     continue
