@@ -352,20 +352,34 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
   }
   ++step_;
   // One update over the shard's per-parameter ranges (one kernel on the
-  // device). The 16-bit compute copies are written by unpack() after the
-  // fp32 all-gather: this rank's update covers its shard only.
+  // device). Under mixed precision the same pass writes the shard's 16-bit
+  // compute copy, and the ranks gather those (half the bytes of the fp32
+  // masters; the same bits as gathering the masters and rounding after).
+  const bool low = mixed_precision();
+  if (low && !compute_flat_.defined()) {
+    const DType compute = params_[0]->value.dtype();
+    compute_shard_ = Tensor::zeros({shard_size_}, compute, space_);  // padding stays 0
+    compute_flat_ = Tensor::zeros({padded_total_}, compute, space_);
+  }
   std::vector<ops::AdamWTensor> ranges;
   shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
     const index_t len = end - begin;
     ranges.push_back({flat_view(master_, pos, pos + len), flat_view(grad, pos, pos + len),
-                      flat_view(m_, pos, pos + len), flat_view(v_, pos, pos + len), Tensor(),
+                      flat_view(m_, pos, pos + len), flat_view(v_, pos, pos + len),
+                      low ? flat_view(compute_shard_, pos, pos + len) : Tensor(),
                       params_[i]->weight_decay});
   });
   ops::AdamWParams hp = adam_params(config_, lr, /*decay=*/true, step_);
   hp.grad_scale = clip_factor(stats.grad_norm, config_.clip_grad);  // applied as grads are read
   update_.step(ranges, hp);
-  g.dp.all_gather(master_.raw(), flat.raw(), std::size_t(shard_size_), flat.dtype());
-  unpack(flat, &Parameter::value);
+  if (low) {
+    g.dp.all_gather(compute_shard_.raw(), compute_flat_.raw(), std::size_t(shard_size_),
+                    compute_flat_.dtype());
+    unpack(compute_flat_, &Parameter::value);
+  } else {
+    g.dp.all_gather(master_.raw(), flat.raw(), std::size_t(shard_size_), flat.dtype());
+    unpack(flat, &Parameter::value);
+  }
   return stats;
 }
 

@@ -204,6 +204,9 @@ class DistributedAdamW final : public Optimizer {
   // Overlap only (buckets_ empty otherwise).
   std::vector<Bucket> buckets_;  ///< in the order the backward completes them
   std::unordered_map<const Parameter*, std::size_t> bucket_of_;  ///< parameter -> bucket
+  /// Mixed precision: this rank's 16-bit compute copy of its shard (written
+  /// by the update) and the gathered copy of all shards.
+  Tensor compute_shard_, compute_flat_;
   Tensor grad_flat_, grad_shard_;  ///< kept: in-flight reductions read/write them
   Communicator* dp_ = nullptr;  ///< Not owned; to wait in zero_grad().
   int started_early_ = 0, started_early_last_ = 0;
