@@ -18,6 +18,9 @@
 // exponentials are exp2 of a fused multiply-add in the log2 domain (one
 // MUFU instruction; a libm expf per element made the 16-bit passes
 // compute-bound at ~40 % of the copy bandwidth).
+#include <initializer_list>
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "ops/ops_cuda.hpp"
 
@@ -25,7 +28,7 @@ namespace meshtron::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kChunk = 8;  // columns per access of the packed kernels
+constexpr int kPacked = 8;  // columns per access of the packed kernels
 constexpr float kLog2e = 1.4426950408889634f;
 
 /// exp(x - m) as exp2(x log2e - m log2e): m_log2e = m * log2e, precomputed.
@@ -33,129 +36,74 @@ __device__ __forceinline__ float exp_shifted(float x, float m_log2e) {
   return m_log2e == -INFINITY ? 0.f : exp2f(fmaf(x, kLog2e, -m_log2e));
 }
 
-/// The 8 columns at p (16-byte aligned) as floats.
-template <class T>
-__device__ __forceinline__ void load_chunk(const T* __restrict__ p, float (&x)[kChunk]) {
-  constexpr int kWords = kChunk * int(sizeof(T)) / 16;
-  uint4 w[kWords];
+/// The C columns at p as floats: one element (C = 1), or 8 read as 16-byte
+/// words (p 16-byte aligned).
+template <int C, class T>
+__device__ __forceinline__ void load_chunk(const T* __restrict__ p, float (&x)[C]) {
+  if constexpr (C == 1) {
+    x[0] = to_f(p[0]);
+  } else {
+    constexpr int kWords = C * int(sizeof(T)) / 16;
+    uint4 w[kWords];
 #pragma unroll
-  for (int k = 0; k < kWords; ++k) w[k] = reinterpret_cast<const uint4*>(p)[k];
-  const T* e = reinterpret_cast<const T*>(w);
+    for (int k = 0; k < kWords; ++k) w[k] = reinterpret_cast<const uint4*>(p)[k];
+    const T* e = reinterpret_cast<const T*>(w);
 #pragma unroll
-  for (int j = 0; j < kChunk; ++j) x[j] = to_f(e[j]);
+    for (int j = 0; j < C; ++j) x[j] = to_f(e[j]);
+  }
 }
 
-template <class O>
-__device__ __forceinline__ void store_chunk(O* __restrict__ p, const float (&x)[kChunk]) {
-  constexpr int kWords = kChunk * int(sizeof(O)) / 16;
-  uint4 w[kWords];
-  O* e = reinterpret_cast<O*>(w);
+template <int C, class O>
+__device__ __forceinline__ void store_chunk(O* __restrict__ p, const float (&x)[C]) {
+  if constexpr (C == 1) {
+    p[0] = from_f<O>(x[0]);
+  } else {
+    constexpr int kWords = C * int(sizeof(O)) / 16;
+    uint4 w[kWords];
+    O* e = reinterpret_cast<O*>(w);
 #pragma unroll
-  for (int j = 0; j < kChunk; ++j) e[j] = from_f<O>(x[j]);
+    for (int j = 0; j < C; ++j) e[j] = from_f<O>(x[j]);
 #pragma unroll
-  for (int k = 0; k < kWords; ++k) reinterpret_cast<uint4*>(p)[k] = w[k];
+    for (int k = 0; k < kWords; ++k) reinterpret_cast<uint4*>(p)[k] = w[k];
+  }
 }
 
-template <class T>
-__global__ void row_max_packed_kernel(const T* __restrict__ logits, int V, int valid,
-                                      float* __restrict__ row_max) {
-  __shared__ float scratch[32];
-  const T* l = logits + kindex(blockIdx.x) * V;
-  float m = -INFINITY;
-  const int chunks = (valid + kChunk - 1) / kChunk;
+/// Calls f(v, x) for the valid columns v of row l, C columns per access.
+template <int C, class T, class F>
+__device__ __forceinline__ void for_valid_columns(const T* l, int valid, F&& f) {
+  const int chunks = (valid + C - 1) / C;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-    float x[kChunk];
-    load_chunk(l + c * kChunk, x);
+    float x[C];
+    load_chunk<C>(l + c * C, x);
 #pragma unroll
-    for (int j = 0; j < kChunk; ++j)
-      if (c * kChunk + j < valid) m = fmaxf(m, x[j]);
-  }
-  m = block_max(m, scratch);
-  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
-}
-
-template <class T>
-__global__ void partials_packed_kernel(const T* __restrict__ logits,
-                                       const std::int32_t* __restrict__ targets,
-                                       const float* __restrict__ row_max, int V,
-                                       kindex vocab_begin, int valid,
-                                       float* __restrict__ sum_exp,
-                                       float* __restrict__ target_logit) {
-  __shared__ float scratch[32];
-  const kindex n = blockIdx.x;
-  const T* l = logits + n * V;
-  const float m = row_max[n], m_log2e = m * kLog2e;
-  float sum = 0.f;
-  const int chunks = (valid + kChunk - 1) / kChunk;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-    float x[kChunk];
-    load_chunk(l + c * kChunk, x);
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j)
-      if (c * kChunk + j < valid) sum += exp_shifted(x[j], m_log2e);
-  }
-  sum = block_sum(sum, scratch);
-  if (threadIdx.x == 0) {
-    const kindex t = kindex(targets[n]) - vocab_begin;
-    sum_exp[n] = sum;
-    target_logit[n] = (t >= 0 && t < valid) ? load_f(l, t) - m : 0.f;
+    for (int j = 0; j < C; ++j)
+      if (c * C + j < valid) f(x[j]);
   }
 }
 
-template <class T, class O>
-__global__ void backward_packed_kernel(const T* __restrict__ logits,
-                                       const std::int32_t* __restrict__ targets,
-                                       const float* __restrict__ row_max,
-                                       const float* __restrict__ sum_exp,
-                                       const float* __restrict__ dloss, int V,
-                                       kindex vocab_begin, int valid,
-                                       O* __restrict__ dlogits) {
-  const kindex n = blockIdx.x;
-  const T* l = logits + n * V;
-  O* d = dlogits + n * V;
-  const float m_log2e = row_max[n] * kLog2e, dl = dloss[n];
-  const float scale = float(double(dl) / double(sum_exp[n]));  // dloss / Z
-  const kindex t = kindex(targets[n]) - vocab_begin;
-  for (int c = threadIdx.x; c < V / kChunk; c += blockDim.x) {
-    float x[kChunk], g[kChunk];
-    load_chunk(l + c * kChunk, x);
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) {
-      const int v = c * kChunk + j;
-      g[j] = v < valid ? scale * exp_shifted(x[j], m_log2e) - (v == t ? dl : 0.f) : 0.f;
-    }
-    store_chunk(d + c * kChunk, g);
-  }
-}
-
-/// Whether a [N, V] row-major tensor at p can be read in 16-byte chunks of 8.
-bool rows_packable(const void* p, index_t V) {
-  return V % kChunk == 0 && V < (index_t(1) << 30) && aligned16(p);
-}
-
-template <class T>
-__global__ void row_max_kernel(const T* __restrict__ logits, kindex V, kindex valid,
+template <class T, int C>
+__global__ void row_max_kernel(const T* __restrict__ logits, int V, int valid,
                                float* __restrict__ row_max) {
   __shared__ float scratch[32];
-  const T* l = logits + kindex(blockIdx.x) * V;
   float m = -INFINITY;
-  for (kindex v = threadIdx.x; v < valid; v += blockDim.x) m = fmaxf(m, load_f(l, v));
+  for_valid_columns<C>(logits + kindex(blockIdx.x) * V, valid,
+                       [&](float x) { m = fmaxf(m, x); });
   m = block_max(m, scratch);
   if (threadIdx.x == 0) row_max[blockIdx.x] = m;
 }
 
-template <class T>
+template <class T, int C>
 __global__ void partials_kernel(const T* __restrict__ logits,
                                 const std::int32_t* __restrict__ targets,
-                                const float* __restrict__ row_max, kindex V, kindex vocab_begin,
-                                kindex valid, float* __restrict__ sum_exp,
+                                const float* __restrict__ row_max, int V, kindex vocab_begin,
+                                int valid, float* __restrict__ sum_exp,
                                 float* __restrict__ target_logit) {
   __shared__ float scratch[32];
   const kindex n = blockIdx.x;
   const T* l = logits + n * V;
   const float m = row_max[n], m_log2e = m * kLog2e;
   float sum = 0.f;
-  for (kindex v = threadIdx.x; v < valid; v += blockDim.x) sum += exp_shifted(load_f(l, v), m_log2e);
+  for_valid_columns<C>(l, valid, [&](float x) { sum += exp_shifted(x, m_log2e); });
   sum = block_sum(sum, scratch);
   if (threadIdx.x == 0) {
     const kindex t = kindex(targets[n]) - vocab_begin;
@@ -170,24 +118,43 @@ __global__ void loss_kernel(const float* __restrict__ sum_exp,
   GRID_STRIDE(n, N) loss[n] = float(log(double(sum_exp[n])) - double(target_logit[n]));
 }
 
-template <class T, class O>
+template <class T, class O, int C>
 __global__ void backward_kernel(const T* __restrict__ logits,
                                 const std::int32_t* __restrict__ targets,
                                 const float* __restrict__ row_max,
                                 const float* __restrict__ sum_exp,
-                                const float* __restrict__ dloss, kindex V, kindex vocab_begin,
-                                kindex valid, O* __restrict__ dlogits) {
+                                const float* __restrict__ dloss, int V, kindex vocab_begin,
+                                int valid, O* __restrict__ dlogits) {
   const kindex n = blockIdx.x;
   const T* l = logits + n * V;
   O* d = dlogits + n * V;
   const float m_log2e = row_max[n] * kLog2e, dl = dloss[n];
   const float scale = float(double(dl) / double(sum_exp[n]));  // dloss / Z
   const kindex t = kindex(targets[n]) - vocab_begin;
-  for (kindex v = threadIdx.x; v < V; v += blockDim.x) {
-    float g = 0.f;
-    if (v < valid) g = scale * exp_shifted(load_f(l, v), m_log2e) - (v == t ? dl : 0.f);
-    store_f(d, v, g);
+  for (int c = threadIdx.x; c < V / C; c += blockDim.x) {
+    float x[C], g[C];
+    load_chunk<C>(l + c * C, x);
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      const int v = c * C + j;
+      g[j] = v < valid ? scale * exp_shifted(x[j], m_log2e) - (v == t ? dl : 0.f) : 0.f;
+    }
+    store_chunk<C>(d + c * C, g);
   }
+}
+
+/// Calls f(std::integral_constant<int, C>{}) with C = 8 columns per access
+/// where every row of each [N, V] tensor in `ptrs` is whole 16-byte words
+/// (V % 8 == 0, aligned), else C = 1.
+template <class F>
+void with_columns_per_access(index_t V, std::initializer_list<const void*> ptrs, F&& f) {
+  MESH_VERIFY(V < (index_t(1) << 30), "cross-entropy: " << V << " local vocabulary columns");
+  bool packed = V % kPacked == 0;
+  for (const void* p : ptrs) packed = packed && aligned16(p);
+  if (packed)
+    f(std::integral_constant<int, kPacked>{});
+  else
+    f(std::integral_constant<int, 1>{});
 }
 
 }  // namespace
@@ -197,13 +164,11 @@ void cross_entropy_row_max(DType t, const void* logits, index_t N, index_t V_loc
   if (N == 0) return;
   with_storage_type(t, "cross_entropy_row_max", [&](auto zero) {
     using T = decltype(zero);
-    const T* l = static_cast<const T*>(logits);
-    if (rows_packable(logits, V_local))
-      row_max_packed_kernel<T><<<unsigned(N), kThreads, 0, kStream>>>(l, int(V_local),
-                                                                      int(valid_local), row_max);
-    else
-      row_max_kernel<T><<<unsigned(N), kThreads, 0, kStream>>>(l, V_local, valid_local, row_max);
-    MESH_CUDA_LAUNCHED();
+    with_columns_per_access(V_local, {logits}, [&](auto c) {
+      row_max_kernel<T, decltype(c)::value><<<unsigned(N), kThreads, 0, kStream>>>(
+          static_cast<const T*>(logits), int(V_local), int(valid_local), row_max);
+      MESH_CUDA_LAUNCHED();
+    });
   });
 }
 
@@ -213,15 +178,12 @@ void cross_entropy_partials(DType t, const void* logits, const std::int32_t* tar
   if (N == 0) return;
   with_storage_type(t, "cross_entropy_partials", [&](auto zero) {
     using T = decltype(zero);
-    const T* l = static_cast<const T*>(logits);
-    if (rows_packable(logits, V_local))
-      partials_packed_kernel<T><<<unsigned(N), kThreads, 0, kStream>>>(
-          l, targets, row_max, int(V_local), vocab_begin, int(valid_local), sum_exp,
-          target_logit);
-    else
-      partials_kernel<T><<<unsigned(N), kThreads, 0, kStream>>>(
-          l, targets, row_max, V_local, vocab_begin, valid_local, sum_exp, target_logit);
-    MESH_CUDA_LAUNCHED();
+    with_columns_per_access(V_local, {logits}, [&](auto c) {
+      partials_kernel<T, decltype(c)::value><<<unsigned(N), kThreads, 0, kStream>>>(
+          static_cast<const T*>(logits), targets, row_max, int(V_local), vocab_begin,
+          int(valid_local), sum_exp, target_logit);
+      MESH_CUDA_LAUNCHED();
+    });
   });
 }
 
@@ -241,15 +203,12 @@ void cross_entropy_backward(DType t, DType out, const void* logits, const std::i
     using T = decltype(zero);
     with_storage_type(out, "cross_entropy_backward", [&](auto out_zero) {
       using O = decltype(out_zero);
-      const T* l = static_cast<const T*>(logits);
-      O* d = static_cast<O*>(dlogits);
-      if (rows_packable(logits, V_local) && rows_packable(dlogits, V_local))
-        backward_packed_kernel<T, O><<<unsigned(N), kThreads, 0, kStream>>>(
-            l, targets, row_max, sum_exp, dloss, int(V_local), vocab_begin, int(valid_local), d);
-      else
-        backward_kernel<T, O><<<unsigned(N), kThreads, 0, kStream>>>(
-            l, targets, row_max, sum_exp, dloss, V_local, vocab_begin, valid_local, d);
-      MESH_CUDA_LAUNCHED();
+      with_columns_per_access(V_local, {logits, dlogits}, [&](auto c) {
+        backward_kernel<T, O, decltype(c)::value><<<unsigned(N), kThreads, 0, kStream>>>(
+            static_cast<const T*>(logits), targets, row_max, sum_exp, dloss, int(V_local),
+            vocab_begin, int(valid_local), static_cast<O*>(dlogits));
+        MESH_CUDA_LAUNCHED();
+      });
     });
   });
 }
