@@ -39,13 +39,14 @@ def flops_per_token(name, seq=1024, vocab=50304):
     return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * 4 * hidden + 2 * seq * hidden) + hidden * vocab)
 
 
-def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none", extra=()):
+def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none", extra=(),
+                 accumulate=1):
     """Train `steps + warmup` steps; return the mean ms/step of the last `steps` (from the JSONL)."""
     out = tempfile.mkdtemp(prefix="e2e_")
     ranks = tp * dp
     sets = {"run.output_dir": out, "data.source": "synthetic", "data.vocab_file": "", "data.merge_file": "",
             "training.train_iters": steps + warmup, "training.micro_batch_size": micro_batch,
-            "training.global_batch_size": micro_batch * dp, "training.precision": "bf16",
+            "training.global_batch_size": micro_batch * dp * accumulate, "training.precision": "bf16",
             "training.recompute": recompute, "training.eval_interval": 0, "lr_schedule.warmup_iters": 1,
             "checkpoint.save_dir": "", "checkpoint.load": "", "logging.log_interval": 1,
             "logging.progress": "off", "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
@@ -67,9 +68,10 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
     return {"ms_per_step": ms, "memory_mib": max(l["memory_mib"] for l in timed), "loss": timed[-1]["loss"]}
 
 
-def report(name, framework, micro_batch, gpus, ms, extra=None):
-    tps_gpu = micro_batch * 1024 / (ms / 1e3)
+def report(name, framework, micro_batch, gpus, ms, extra=None, accumulate=1):
+    tps_gpu = accumulate * micro_batch * 1024 / (ms / 1e3)
     row = {"model": name, "framework": framework, "gpus": gpus, "micro_batch": micro_batch,
+           "micro_batches_per_step": accumulate,
            "ms_per_step": round(ms, 2), "tokens_per_s_per_gpu": round(tps_gpu),
            "tflops_per_gpu": round(tps_gpu * flops_per_token(name) / 1e12, 1),
            "mfu": round(tps_gpu * flops_per_token(name) / PEAK, 4)}
@@ -87,6 +89,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--recompute", default="none")
     parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--accumulate", type=int, default=1,
+                        help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--dp-set", action="append", default=[], metavar="KEY=VALUE",
                         help="deck override for the dp 2 run only, e.g. "
@@ -101,28 +105,30 @@ def main():
 
     for name in args.models:
         mb = args.micro_batch
+        acc = args.accumulate
         one = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, recompute=args.recompute,
-                           extra=extra)
+                           extra=extra, accumulate=acc)
         if one is None:
             print(json.dumps({"model": name, "framework": "meshtron", "error": "run failed"}))
             continue
         mine = report(name, "meshtron", mb, 1, one["ms_per_step"],
-                      {"memory_mib": round(one["memory_mib"]), "recompute": args.recompute})
+                      {"memory_mib": round(one["memory_mib"]), "recompute": args.recompute}, accumulate=acc)
         if not args.no_torch:
             import torch_baseline  # imports torch only when asked for
-            base = torch_baseline.run(name, mb, args.steps, args.warmup)
+            base = torch_baseline.run(name, mb, args.steps, args.warmup, accumulate=acc)
             ratio = mine["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
             print(json.dumps({"model": name, "ratio_meshtron_over_pytorch": round(ratio, 3)}), flush=True)
         if args.gpus >= 2:
             for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1)):
                 two = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, tp=tp, dp=dp,
-                                   recompute=args.recompute, extra=dp_extra if dp > 1 else extra)
+                                   recompute=args.recompute, extra=dp_extra if dp > 1 else extra,
+                                   accumulate=acc)
                 if two is None:
                     print(json.dumps({"model": name, "layout": label, "error": "run failed"}))
                     continue
                 # dp2 trains 2 micro-batches per step on 2 GPUs; tp2 one micro-batch on 2 GPUs.
-                tokens = mb * 1024 * dp
-                speedup = (tokens / two["ms_per_step"]) / (mb * 1024 / one["ms_per_step"])
+                tokens = mb * 1024 * dp * acc
+                speedup = (tokens / two["ms_per_step"]) / (mb * 1024 * acc / one["ms_per_step"])
                 print(json.dumps({"model": name, "layout": label, "ms_per_step": round(two["ms_per_step"], 2),
                                   "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
                                   "speedup_over_1_gpu": round(speedup, 3),

@@ -27,7 +27,8 @@ def flops_per_token(layers, hidden, seq, vocab=50304):
     return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * ffn + 2 * seq * hidden) + hidden * vocab)
 
 
-def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12):
+def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12, accumulate=1):
+    """One optimizer step = `accumulate` micro-batches (gradient accumulation)."""
     layers, hidden, heads = SHAPES[name]
     config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq,
                                      vocab_size=50304, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -35,14 +36,16 @@ def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12):
     model = transformers.GPT2LMHeadModel(config).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_fn = torch.compile(model)
-    tokens = torch.randint(0, 50257, (steps + warmup, micro_batch, seq + 1), device="cuda")
+    tokens = torch.randint(0, 50257, (steps + warmup, accumulate, micro_batch, seq + 1), device="cuda")
 
     def train_step(k):
-        x, y = tokens[k, :, :-1], tokens[k, :, 1:]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = step_fn(x).logits
-            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
-        loss.backward()
+        for a in range(accumulate):
+            x, y = tokens[k, a, :, :-1], tokens[k, a, :, 1:]
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = step_fn(x).logits
+                loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                                         y.reshape(-1))
+            (loss / accumulate).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -56,9 +59,10 @@ def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12):
         loss = train_step(k)
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - t0) / steps
-    tps = micro_batch * seq / seconds
+    tps = accumulate * micro_batch * seq / seconds
     tflops = tps * flops_per_token(layers, hidden, seq) / 1e12
-    row = {"model": name, "framework": "pytorch", "micro_batch": micro_batch, "seq": seq,
+    row = {"model": name, "framework": "pytorch", "micro_batch": micro_batch,
+           "micro_batches_per_step": accumulate, "seq": seq,
            "ms_per_step": round(1e3 * seconds, 2), "tokens_per_s_per_gpu": round(tps),
            "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops * 1e12 / peak, 4),
            "loss": round(loss.item(), 4), "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
@@ -76,7 +80,8 @@ if __name__ == "__main__":
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     for name in args.models:
-        run(name, args.micro_batch, args.steps, args.warmup)
+        run(name, args.micro_batch, args.steps, args.warmup, accumulate=args.accumulate)
