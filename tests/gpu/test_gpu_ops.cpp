@@ -322,6 +322,23 @@ TEST_F(GpuOps, GemmWithEmptyInnerDimensionScalesC) {
 
 // ============================================================ LayerNorm ==
 
+/// A layernorm forward on fresh random inputs, run on both sides and
+/// checked (y, mean, rstd); the inputs and statistics for the backward.
+struct LayerNormCase {
+  Pair x, gamma, beta, y, mean, rstd;
+};
+LayerNormCase layernorm_forward_case(index_t N, index_t H, DType dt, const std::string& what) {
+  LayerNormCase c{input({N, H}, dt, -2.0, 3.0), input({H}, dt), input({H}, dt),
+                  output({N, H}, dt), output({N}, DType::F32), output({N}, DType::F32)};
+  layernorm_forward(c.x.host, c.gamma.host, c.beta.host, 1e-5, c.y.host, c.mean.host,
+                    c.rstd.host);
+  layernorm_forward(c.x.dev, c.gamma.dev, c.beta.dev, 1e-5, c.y.dev, c.mean.dev, c.rstd.dev);
+  expect_close(c.y, dt, what + " y");
+  expect_close(c.mean, DType::F32, what + " mean");
+  expect_close(c.rstd, DType::F32, what + " rstd");
+  return c;
+}
+
 TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
   for (DType dt : kDtypes)
     for (index_t N : kRows)
@@ -329,15 +346,8 @@ TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
         for (DType gdt : {DType::F32, dt}) {
           const std::string what = "layernorm " + name(dt) + " N=" + std::to_string(N) +
                                    " H=" + std::to_string(H) + " grads " + name(gdt);
-          const Pair x = input({N, H}, dt, -2.0, 3.0), gamma = input({H}, dt),
-                     beta = input({H}, dt);
-          Pair y = output({N, H}, dt), mean = output({N}, DType::F32),
-               rstd = output({N}, DType::F32);
-          layernorm_forward(x.host, gamma.host, beta.host, 1e-5, y.host, mean.host, rstd.host);
-          layernorm_forward(x.dev, gamma.dev, beta.dev, 1e-5, y.dev, mean.dev, rstd.dev);
-          expect_close(y, dt, what + " y");
-          expect_close(mean, DType::F32, what + " mean");
-          expect_close(rstd, DType::F32, what + " rstd");
+          const LayerNormCase c = layernorm_forward_case(N, H, dt, what);
+          const Pair &x = c.x, &gamma = c.gamma, &mean = c.mean, &rstd = c.rstd;
 
           const Pair dy = input({N, H}, dt);
           Pair dx = output({N, H}, dt), dgamma = input({H}, gdt), dbeta = input({H}, gdt);
@@ -364,13 +374,8 @@ TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
     for (index_t H : {index_t(256), index_t(768), index_t(1024), index_t(1280), index_t(1536), index_t(2048)}) {
       const std::string what = "layernorm " + name(dt) + " N=" + std::to_string(N) +
                                " H=" + std::to_string(H);
-      const Pair x = input({N, H}, dt, -2.0, 3.0), gamma = input({H}, dt), beta = input({H}, dt);
-      Pair y = output({N, H}, dt), mean = output({N}, DType::F32), rstd = output({N}, DType::F32);
-      layernorm_forward(x.host, gamma.host, beta.host, 1e-5, y.host, mean.host, rstd.host);
-      layernorm_forward(x.dev, gamma.dev, beta.dev, 1e-5, y.dev, mean.dev, rstd.dev);
-      expect_close(y, dt, what + " y");
-      expect_close(mean, DType::F32, what + " mean");
-      expect_close(rstd, DType::F32, what + " rstd");
+      const LayerNormCase c = layernorm_forward_case(N, H, dt, what);
+      const Pair &x = c.x, &gamma = c.gamma, &mean = c.mean, &rstd = c.rstd;
 
       const Pair dy = input({N, H}, dt);
       Pair dx = output({N, H}, dt), dgamma = input({H}, DType::F32), dbeta = input({H}, DType::F32);
@@ -407,11 +412,9 @@ TEST_F(GpuOps, LayerNormBackwardWithResidualEqualsBackwardThenAdd) {
   for (DType dt : kDtypes)
     for (index_t H : {index_t(130), index_t(1280)}) {
       const std::string what = name(dt) + " H=" + std::to_string(H);
-      const Pair x = input({N, H}, dt, -2.0, 3.0), gamma = input({H}, dt), beta = input({H}, dt);
+      const LayerNormCase c = layernorm_forward_case(N, H, dt, what);
+      const Pair &x = c.x, &gamma = c.gamma, &mean = c.mean, &rstd = c.rstd;
       const Pair dy = input({N, H}, dt), residual = input({N, H}, dt);
-      Pair y = output({N, H}, dt), mean = output({N}, DType::F32), rstd = output({N}, DType::F32);
-      layernorm_forward(x.host, gamma.host, beta.host, 1e-5, y.host, mean.host, rstd.host);
-      layernorm_forward(x.dev, gamma.dev, beta.dev, 1e-5, y.dev, mean.dev, rstd.dev);
       Tensor two_pass = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
       Tensor dg1 = Tensor::zeros({H}, DType::F32, MemorySpace::Cuda), db1 = dg1.clone();
       layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, two_pass, dg1, db1);
