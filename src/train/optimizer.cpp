@@ -208,8 +208,8 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
     param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
 }
 
-// The communicator must not be left with a gather in flight (MPI requests
-// outlive nothing; the buffers they write are ours).
+// Leave no gather in flight: it writes into buffers freed with us, and an
+// MPI request must complete before MPI_Finalize.
 DistributedAdamW::~DistributedAdamW() {
   if (gathers_pending_ > 0) dp_->wait_collectives();
 }
