@@ -122,8 +122,10 @@ void DeckSchema::bind(RunConfig& c) {
       "shard fp32 master weights and Adam states over dp (ZeRO-1)");
   key("parallel.overlap_grad_reduce", &p.overlap_grad_reduce, "bool",
       "reduce-scatter gradient buckets during the last backward (distributed optimizer)");
+  key("parallel.overlap_param_gather", &p.overlap_param_gather, "bool",
+      "all-gather updated parameter buckets during the next forward (distributed optimizer)");
   key("parallel.grad_bucket_size", &p.grad_bucket_size, "int",
-      "elements per gradient bucket (overlap_grad_reduce)");
+      "elements per bucket (overlap_grad_reduce, overlap_param_gather)");
   key("parallel.pipeline_layers", &p.pipeline_layers, "string",
       "layers per pipeline stage, e.g. 5,7 (empty = uniform split)");
 
@@ -309,6 +311,8 @@ void RunConfig::validate(int world_size) {
                    << ") does not divide the MLP size (" << m.ffn() << ")");
   MESH_REQUIRE(!p.overlap_grad_reduce || p.distributed_optimizer,
                "parallel.overlap_grad_reduce = true needs parallel.distributed_optimizer = true");
+  MESH_REQUIRE(!p.overlap_param_gather || p.distributed_optimizer,
+               "parallel.overlap_param_gather = true needs parallel.distributed_optimizer = true");
   MESH_REQUIRE(p.grad_bucket_size > 0,
                "parallel.grad_bucket_size must be positive (got " << p.grad_bucket_size << ")");
   MESH_REQUIRE(!p.sequence_parallel || p.tensor_parallel > 1,

@@ -61,7 +61,12 @@ struct ParallelSection {
   /// Start each gradient bucket's dp reduce-scatter during the last
   /// backward (Megatron's --overlap-grad-reduce; distributed optimizer only).
   bool overlap_grad_reduce = false;
-  /// Elements per gradient bucket under overlap_grad_reduce (Megatron's
+  /// Start each bucket's parameter all-gather at the end of the optimizer
+  /// step and wait for it in the next forward, before the layers that use
+  /// it (Megatron's --overlap-param-gather; distributed optimizer only;
+  /// buckets of grad_bucket_size).
+  bool overlap_param_gather = false;
+  /// Elements per bucket under overlap_grad_reduce / overlap_param_gather (Megatron's
   /// --ddp-bucket-size; 40 M).
   long grad_bucket_size = 40000000;
   /// Layers per pipeline stage, e.g. "5,7" for an uneven split of 12 layers

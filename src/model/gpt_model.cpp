@@ -57,12 +57,29 @@ ParameterList GptModel::parameters() {
 
 Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContext& ctx,
                          Cache& cache) const {
+  // parallel.overlap_param_gather: each part's parameters may still be in
+  // flight from the last optimizer step; the hook waits for them.
+  auto gathered = [&](auto&& collect) {
+    if (!ctx.param_gather) return;
+    ParameterList part;
+    collect(part);
+    ctx.param_gather->before_forward(part);
+  };
+  // collect() hands out non-const pointers; the hook only waits and writes values.
+  GptModel& self = const_cast<GptModel&>(*this);
   cache.layers.resize(layers_.size());
+  if (embedding_) gathered([&](ParameterList& out) { self.embedding_->collect(out); });
   Tensor x = embedding_ ? embedding_->forward(input, ctx, cache.embedding) : input;
-  for (std::size_t i = 0; i < layers_.size(); ++i)
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    gathered([&](ParameterList& out) { self.layers_[i].collect(out); });
     x = ctx.recompute_layer(int(i)) ? layers_[i].forward_checkpointed(x, ctx, cache.layers[i])
                                     : layers_[i].forward(x, ctx, cache.layers[i]);
+  }
   if (!head_) return x;
+  gathered([&](ParameterList& out) {
+    self.final_norm_->collect(out);
+    if (self.head_copy_) out.push_back(&*self.head_copy_);
+  });
   Tensor normed = final_norm_->forward(x, cache.final_norm);
   return head_->forward(normed, targets, ctx, cache.head);
 }

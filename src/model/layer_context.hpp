@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "model/parameter.hpp"
 #include "ops/ops.hpp"
 #include "parallel/mappings.hpp"
 
@@ -25,6 +26,20 @@ inline Recompute recompute_from_string(const std::string& s) {
   return Recompute::None;
 }
 
+/// Called by a model before a part of it (the embedding, a transformer
+/// layer, the final norm and head) reads its parameters in a forward: the
+/// distributed optimizer's overlapped parameter all-gather
+/// (parallel.overlap_param_gather, optimizer.hpp) waits there for the
+/// buckets that hold them, so the gathers of later layers run under the
+/// compute of earlier ones.
+class ParamGatherHook {
+ public:
+  virtual void before_forward(const ParameterList& params) = 0;
+
+ protected:
+  ~ParamGatherHook() = default;
+};
+
 struct LayerContext {
   TensorParallelGroup& tp;        ///< Not owned.
   bool sequence_parallel = false;
@@ -43,6 +58,8 @@ struct LayerContext {
   /// With Full: layers of each model chunk recomputed, counted from the
   /// chunk's first (Megatron's "block" method); 0 = every layer.
   int recompute_num_layers = 0;
+  /// Null unless parallel.overlap_param_gather. Not owned.
+  ParamGatherHook* param_gather = nullptr;
 
   /// Whether the `local_index`-th layer of a chunk keeps only its input.
   bool recompute_layer(int local_index) const {

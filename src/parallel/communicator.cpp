@@ -204,7 +204,39 @@ void MpiCommunicator::wait_collectives() {
   if (pending_collectives_.empty()) return;
   MPI_CHECK(MPI_Waitall(int(pending_collectives_.size()), pending_collectives_.data(),
                         MPI_STATUSES_IGNORE));
+  first_ticket_ += long(pending_collectives_.size());
   pending_collectives_.clear();
+}
+
+long MpiCommunicator::iall_gather(const void* send, void* recv,
+                                  std::span<const std::size_t> counts, DType dtype) {
+  MESH_VERIFY(int(counts.size()) == size_,
+              "iall_gather: " << counts.size() << " counts for " << size_ << " ranks");
+  std::vector<int> block_counts, displacements;
+  int total = 0;
+  for (std::size_t c : counts) {
+    block_counts.push_back(checked_count(c));
+    displacements.push_back(total);
+    total = checked_count(std::size_t(total) + c);
+  }
+  record(CollectiveKind::AllGather, std::size_t(total) * dtype_size(dtype));
+  record_nonblocking_gather();
+  if (size_ == 1) {
+    if (send != recv) std::memcpy(recv, send, std::size_t(total) * dtype_size(dtype));
+    return first_ticket_ - 1;  // already complete
+  }
+  pending_collectives_.emplace_back();
+  MPI_CHECK(MPI_Iallgatherv(send, block_counts[std::size_t(rank_)], mpi_datatype(dtype), recv,
+                            block_counts.data(), displacements.data(), mpi_datatype(dtype),
+                            comm_, &pending_collectives_.back()));
+  return first_ticket_ + long(pending_collectives_.size()) - 1;
+}
+
+void MpiCommunicator::wait_collective(long ticket) {
+  const long index = ticket - first_ticket_;
+  if (index < 0 || index >= long(pending_collectives_.size())) return;  // completed
+  // A completed request becomes MPI_REQUEST_NULL, which later waits skip.
+  MPI_CHECK(MPI_Wait(&pending_collectives_[std::size_t(index)], MPI_STATUS_IGNORE));
 }
 
 void MpiCommunicator::wait_sends() {

@@ -109,6 +109,22 @@ class Communicator {
   /// buckets start before the backward ends).
   long nonblocking_started() const { return nonblocking_started_; }
 
+  /// Start an all-gather in which rank r contributes counts[r] elements
+  /// (`send` holds this rank's; `recv` receives the blocks of ranks 0, 1, ...
+  /// back to back; a count may be 0) and return at once with a ticket for
+  /// wait_collective(). Both buffers must stay alive, and `send` unchanged,
+  /// until that wait or wait_collectives(). The overlapped parameter
+  /// all-gather (optimizer.hpp) starts one per bucket at the end of step().
+  /// Counted as an AllGather.
+  virtual long iall_gather(const void* send, void* recv, std::span<const std::size_t> counts,
+                           DType dtype) = 0;
+  /// Complete the non-blocking collective `ticket` (on the GPU path: make the
+  /// compute stream wait for it). A ticket already completed, by an earlier
+  /// wait or by wait_collectives(), is a no-op.
+  virtual void wait_collective(long ticket) = 0;
+  /// iall_gather() calls since the last reset_stats().
+  long nonblocking_gathers_started() const { return nonblocking_gathers_started_; }
+
   // Tensor conveniences (whole tensor as the payload).
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) {
     all_reduce(t.raw(), std::size_t(t.numel()), t.dtype(), op);
@@ -125,6 +141,7 @@ class Communicator {
   void reset_stats() {
     stats_.reset();
     nonblocking_started_ = 0;
+    nonblocking_gathers_started_ = 0;
   }
 
  protected:
@@ -133,10 +150,12 @@ class Communicator {
     stats_.bytes[int(k)] += long(bytes);
   }
   void record_nonblocking() { ++nonblocking_started_; }
+  void record_nonblocking_gather() { ++nonblocking_gathers_started_; }
 
  private:
   CommStats stats_;
   long nonblocking_started_ = 0;
+  long nonblocking_gathers_started_ = 0;
 };
 
 /// MPI backend over an MPI communicator (not owned: Topology owns it).
@@ -168,6 +187,9 @@ class MpiCommunicator final : public Communicator {
   void ireduce_scatter(const void* send, void* recv, std::span<const std::size_t> recv_counts,
                        DType dtype, ReduceOp op) override;
   void wait_collectives() override;
+  long iall_gather(const void* send, void* recv, std::span<const std::size_t> counts,
+                   DType dtype) override;
+  void wait_collective(long ticket) override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
@@ -175,7 +197,10 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;  ///< Not owned.
   int rank_ = 0, size_ = 1;
   std::vector<MPI_Request> pending_sends_;
+  /// Non-blocking collectives since the last wait_collectives(); the ticket
+  /// of pending_collectives_[i] is first_ticket_ + i.
   std::vector<MPI_Request> pending_collectives_;
+  long first_ticket_ = 0;
 };
 
 /// MPI datatype carrying one element of `dtype` (bf16/fp16 as 2-byte types).

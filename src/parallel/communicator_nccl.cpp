@@ -82,6 +82,7 @@ NcclCommunicator::~NcclCommunicator() {
     ncclCommDestroy(comm_);
   }
   // Streams after the communicator (NCCL's teardown order).
+  for (cudaEvent_t e : gather_events_) cudaEventDestroy(e);
   if (comm_stream_) {
     cudaEventDestroy(inputs_ready_);
     cudaEventDestroy(reduced_);
@@ -281,11 +282,7 @@ void NcclCommunicator::ireduce_scatter(const void* send, void* recv,
   record(CollectiveKind::ReduceScatter, bytes_of(total, dtype));
   record_nonblocking();
   if (!comm_) return local_copy(recv, send, bytes_of(total, dtype));
-  if (!comm_stream_) {
-    CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
-  }
+  make_comm_stream();
   CUDA_CHECK(cudaEventRecord(inputs_ready_, kStream));
   CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
   const char* block = static_cast<const char*>(send);
@@ -304,11 +301,75 @@ void NcclCommunicator::ireduce_scatter(const void* send, void* recv,
   collectives_pending_ = true;
 }
 
+void NcclCommunicator::make_comm_stream() {
+  if (comm_stream_) return;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
+}
+
 void NcclCommunicator::wait_collectives() {
   host_.wait_collectives();
+  // reduced_ is recorded after every operation on comm_stream_ (reduce-
+  // scatters and gathers): waiting on it covers them all.
+  first_gather_ticket_ += long(gathers_.size());
+  gathers_.clear();
   if (!collectives_pending_) return;
   CUDA_CHECK(cudaStreamWaitEvent(kStream, reduced_, 0));
   collectives_pending_ = false;
+}
+
+long NcclCommunicator::iall_gather(const void* send, void* recv,
+                                   std::span<const std::size_t> counts, DType dtype) {
+  MESH_VERIFY(int(counts.size()) == size(),
+              "iall_gather: " << counts.size() << " counts for " << size() << " ranks");
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  const long ticket = first_gather_ticket_ + long(gathers_.size());
+  if (!device_buffer(recv)) {
+    gathers_.push_back({nullptr, host_.iall_gather(send, recv, counts, dtype)});
+    record(CollectiveKind::AllGather, bytes_of(total, dtype));
+    record_nonblocking_gather();
+    return ticket;
+  }
+  record(CollectiveKind::AllGather, bytes_of(total, dtype));
+  record_nonblocking_gather();
+  if (!comm_) {
+    local_copy(recv, send, bytes_of(total, dtype));
+    return first_gather_ticket_ - 1;  // stream-ordered already: nothing to wait for
+  }
+  make_comm_stream();
+  CUDA_CHECK(cudaEventRecord(inputs_ready_, kStream));
+  CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
+  char* block = static_cast<char*>(recv);
+  NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < size(); ++r) {
+    const std::size_t count = counts[std::size_t(r)];
+    if (count > 0)  // `send` is read on the root only
+      NCCL_CHECK(ncclBroadcast(send, block, count, nccl_type(dtype), r, comm_, comm_stream_));
+    block += bytes_of(count, dtype);
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  if (gathers_.size() == gather_events_.size()) {
+    gather_events_.emplace_back();
+    CUDA_CHECK(cudaEventCreateWithFlags(&gather_events_.back(), cudaEventDisableTiming));
+  }
+  cudaEvent_t done = gather_events_[gathers_.size()];
+  CUDA_CHECK(cudaEventRecord(done, comm_stream_));
+  CUDA_CHECK(cudaEventRecord(reduced_, comm_stream_));  // for wait_collectives()
+  collectives_pending_ = true;
+  gathers_.push_back({done, 0});
+  return ticket;
+}
+
+void NcclCommunicator::wait_collective(long ticket) {
+  const long index = ticket - first_gather_ticket_;
+  if (index < 0 || index >= long(gathers_.size())) return;  // completed
+  PendingGather& g = gathers_[std::size_t(index)];
+  if (g.done)
+    CUDA_CHECK(cudaStreamWaitEvent(kStream, g.done, 0));
+  else
+    host_.wait_collective(g.host_ticket);
 }
 
 void NcclCommunicator::batch_p2p(std::span<const P2POp> ops) {

@@ -35,6 +35,17 @@
 // the same bits as the single ncclReduceScatter. The caller keeps both
 // buffers alive (and, for `send`, unchanged) until wait_collectives().
 //
+// Overlapped parameter all-gather (iall_gather). On comm_stream_ as well,
+// after an event recorded on the default stream (the update kernel that
+// wrote `send` has run). NCCL's all-gather needs equal counts and a bucket's
+// parts are not (its overlap with each rank's shard), so it is one
+// ncclBroadcast per contributing rank, rooted there, into that rank's place
+// in `recv`, in one group: every element is a copy, the same bits as
+// ncclAllGather. Each call records its own event (a pool reused after
+// wait_collectives()), and wait_collective(ticket) makes the default stream
+// wait on it alone, so the forward waits for the bucket it needs and not
+// for the later ones.
+//
 // Point-to-point (send, recv, isend on device buffers): NCCL, device to
 // device, no host staging. ncclSend may block its stream until the peer's
 // matching ncclRecv runs (it does for messages larger than NCCL's buffers),
@@ -161,10 +172,21 @@ class NcclCommunicator final : public Communicator {
   void ireduce_scatter(const void* send, void* recv, std::span<const std::size_t> recv_counts,
                        DType dtype, ReduceOp op) override;
   void wait_collectives() override;
+  long iall_gather(const void* send, void* recv, std::span<const std::size_t> counts,
+                   DType dtype) override;
+  void wait_collective(long ticket) override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
  private:
+  /// An iall_gather() not yet waited for: on the device (its event), or on
+  /// host buffers (the MPI backend's ticket).
+  struct PendingGather {
+    cudaEvent_t done = nullptr;  ///< Not owned (gather_events_).
+    long host_ticket = 0;
+  };
+  void make_comm_stream();
+
   /// One directed point-to-point link (see the header comment).
   struct P2PLink {
     int peer, lane;
@@ -188,6 +210,11 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t comm_stream_ = nullptr;  ///< Owned; ireduce_scatter only (made on first use).
   cudaEvent_t inputs_ready_ = nullptr, reduced_ = nullptr;  ///< Owned.
   bool collectives_pending_ = false;
+  /// iall_gather() calls since the last wait_collectives(); the ticket of
+  /// gathers_[i] is first_gather_ticket_ + i, its event gather_events_[i].
+  std::vector<PendingGather> gathers_;
+  std::vector<cudaEvent_t> gather_events_;  ///< Owned; grows to the most gathers in flight.
+  long first_gather_ticket_ = 0;
 };
 
 /// A directed point-to-point link: sender -> receiver on one lane.

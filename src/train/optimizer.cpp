@@ -64,10 +64,10 @@ Tensor flat_view(const Tensor& t, index_t begin, index_t end) {
 
 std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfig& config,
                                           Parameter* tied_head_copy, bool distributed,
-                                          Communicator& dp, index_t bucket_elements) {
+                                          Communicator& dp, BucketOverlap overlap) {
   if (distributed)
     return std::make_unique<DistributedAdamW>(std::move(params), config, tied_head_copy, dp,
-                                              bucket_elements);
+                                              overlap);
   return std::make_unique<AdamW>(std::move(params), config, tied_head_copy);
 }
 
@@ -172,8 +172,12 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
 
 DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& config,
                                    Parameter* tied_head_copy, Communicator& dp,
-                                   index_t bucket_elements)
-    : params_(std::move(params)), config_(config), tied_head_copy_(tied_head_copy), dp_(&dp) {
+                                   BucketOverlap overlap)
+    : params_(std::move(params)),
+      config_(config),
+      tied_head_copy_(tied_head_copy),
+      overlap_(overlap),
+      dp_(&dp) {
   for (Parameter* p : params_) {
     offsets_.push_back(total_);
     total_ += p->value.numel();
@@ -191,11 +195,23 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
   master_ = flat.slice_rows(shard_begin_, shard_begin_ + shard_size_).clone();
   m_ = Tensor::zeros({shard_size_}, dtype, space_);
   v_ = Tensor::zeros({shard_size_}, dtype, space_);
-  if (bucket_elements > 0 && !params_.empty()) {
-    make_buckets(bucket_elements);
+  if (!overlap_.any() || params_.empty()) {
+    overlap_ = BucketOverlap{};
+    return;
+  }
+  make_buckets(overlap_.bucket_elements);
+  if (overlap_.grad_reduce) {
     grad_flat_ = Tensor::zeros({padded_total_}, dtype, space_);  // padding stays 0
     grad_shard_ = Tensor::zeros({shard_size_}, dtype, space_);
   }
+  if (overlap_.param_gather && !mixed_precision())
+    param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
+}
+
+// Leave no gather in flight: it writes into buffers freed with us, and an
+// MPI request must complete before MPI_Finalize.
+DistributedAdamW::~DistributedAdamW() {
+  if (gathers_pending_ > 0) dp_->wait_collectives();
 }
 
 // Walk the parameters backwards (the backward finishes the last ones first)
@@ -227,7 +243,7 @@ void DistributedAdamW::make_buckets(index_t bucket_elements) {
 }
 
 void DistributedAdamW::grads_ready(const ParameterList& ready, OptimizerGroups& g) {
-  if (buckets_.empty()) return;
+  if (!overlap_.grad_reduce) return;
   for (const Parameter* p : ready) {
     const auto it = bucket_of_.find(p);
     MESH_VERIFY(it != bucket_of_.end(), "grads_ready: " << p->name << " is not optimized here");
@@ -251,18 +267,74 @@ void DistributedAdamW::start_bucket(Bucket& b, OptimizerGroups& g) {
   }
   // Rank r receives the bucket's overlap with its shard [r S, (r + 1) S):
   // consecutive pieces in rank order, as the single reduce-scatter has them.
-  const int n = g.dp.size();
-  std::vector<std::size_t> counts(std::size_t(n), 0);
-  for (int r = 0; r < n; ++r) {
-    const index_t lo = std::max(b.begin, shard_size_ * r);
-    const index_t hi = std::min(b.end, shard_size_ * (r + 1));
-    counts[std::size_t(r)] = std::size_t(std::max<index_t>(hi - lo, 0));
-  }
+  const std::vector<std::size_t> counts = counts_per_rank(b, g.dp.size());
   const index_t mine = std::clamp(b.begin - shard_begin_, index_t(0), shard_size_);
   g.dp.ireduce_scatter(flat_view(grad_flat_, b.begin, b.end).raw(),
                        flat_view(grad_shard_, mine, mine).raw(), counts, grad_shard_.dtype(),
                        ReduceOp::Sum);
   b.started = true;
+}
+
+std::vector<std::size_t> DistributedAdamW::counts_per_rank(const Bucket& b, int ranks) const {
+  std::vector<std::size_t> counts(std::size_t(ranks), 0);
+  for (int r = 0; r < ranks; ++r) {
+    const index_t lo = std::max(b.begin, shard_size_ * r);
+    const index_t hi = std::min(b.end, shard_size_ * (r + 1));
+    counts[std::size_t(r)] = std::size_t(std::max<index_t>(hi - lo, 0));
+  }
+  return counts;
+}
+
+// Rank r sends the bucket's overlap with its shard, which lands where the
+// single all-gather would put it: the bucket's range of the gathered buffer
+// is those pieces back to back in rank order. Started in forward order (the
+// reverse of the buckets'), so the embedding's arrives first.
+void DistributedAdamW::start_param_gather(Communicator& dp) {
+  dp.wait_collectives();  // retire the last step's (completed) tickets
+  const bool low = mixed_precision();
+  const Tensor& shard = low ? compute_shard_ : master_;
+  Tensor& flat = low ? compute_flat_ : param_flat_;
+  for (std::size_t k = buckets_.size(); k-- > 0;) {
+    Bucket& b = buckets_[k];
+    const std::vector<std::size_t> counts = counts_per_rank(b, dp.size());
+    const index_t mine = std::clamp(b.begin - shard_begin_, index_t(0), shard_size_);
+    const index_t my_count = index_t(counts[std::size_t(dp.rank())]);
+    b.gather_ticket = dp.iall_gather(flat_view(shard, mine, mine + my_count).raw(),
+                                     flat_view(flat, b.begin, b.end).raw(), counts,
+                                     flat.dtype());
+    b.gathering = true;
+  }
+  gathers_pending_ = int(buckets_.size());
+}
+
+void DistributedAdamW::complete_param_gather(Bucket& b) {
+  dp_->wait_collective(b.gather_ticket);
+  const Tensor& flat = mixed_precision() ? compute_flat_ : param_flat_;
+  for (std::size_t i : b.params) {
+    Tensor& value = params_[i]->value;
+    ops::cast(flat_view(flat, offsets_[i], offsets_[i] + value.numel()).reshape(value.shape()),
+              value);
+  }
+  b.gathering = false;
+  --gathers_pending_;
+}
+
+void DistributedAdamW::before_forward(const ParameterList& params) {
+  if (gathers_pending_ == 0) return;  // every forward after the step's first
+  for (const Parameter* p : params) {
+    const auto it = bucket_of_.find(p);
+    if (it == bucket_of_.end()) continue;  // not optimized here
+    Bucket& b = buckets_[it->second];
+    if (!b.gathering) continue;
+    complete_param_gather(b);
+    ++waited_in_forward_;
+  }
+}
+
+void DistributedAdamW::finish_param_gather() {
+  if (gathers_pending_ == 0) return;
+  for (std::size_t k = buckets_.size(); k-- > 0;)
+    if (buckets_[k].gathering) complete_param_gather(buckets_[k]);
 }
 
 void DistributedAdamW::finish_buckets(OptimizerGroups& g) {
@@ -322,8 +394,9 @@ void DistributedAdamW::shard_segments(
 
 StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_nonfinite,
                                  double unscale) {
+  finish_param_gather();  // a step with no forward since the last (none in training)
   Tensor flat, grad;
-  if (buckets_.empty()) {
+  if (!overlap_.grad_reduce) {
     reduce_model_gradients(params_, g, /*dp=*/false);
     flat = Tensor::zeros({padded_total_}, master_.dtype(), space_);
     pack(&Parameter::grad, flat);
@@ -372,7 +445,11 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
   ops::AdamWParams hp = adam_params(config_, lr, /*decay=*/true, step_);
   hp.grad_scale = clip_factor(stats.grad_norm, config_.clip_grad);  // applied as grads are read
   update_.step(ranges, hp);
-  if (low) {
+  if (overlap_.param_gather) {
+    waited_in_forward_last_ = waited_in_forward_;
+    waited_in_forward_ = 0;
+    start_param_gather(g.dp);  // completed by the next forward (before_forward)
+  } else if (low) {
     g.dp.all_gather(compute_shard_.raw(), compute_flat_.raw(), std::size_t(shard_size_),
                     compute_flat_.dtype());
     unpack(compute_flat_, &Parameter::value);
@@ -409,6 +486,7 @@ void DistributedAdamW::scatter_per_parameter(const std::vector<Tensor>& full,
 
 void DistributedAdamW::full_state(std::vector<Tensor>& m, std::vector<Tensor>& v,
                                   std::vector<Tensor>& master, OptimizerGroups& g) {
+  finish_param_gather();  // the checkpoint reads the values next
   m = gather_per_parameter(m_, g.dp);
   v = gather_per_parameter(v_, g.dp);
   master.clear();
@@ -418,6 +496,7 @@ void DistributedAdamW::full_state(std::vector<Tensor>& m, std::vector<Tensor>& v
 void DistributedAdamW::load_full_state(const std::vector<Tensor>& m,
                                        const std::vector<Tensor>& v,
                                        const std::vector<Tensor>& master) {
+  finish_param_gather();  // a gather landing later would overwrite the loaded values
   scatter_per_parameter(m, m_);
   scatter_per_parameter(v, v_);
   if (mixed_precision() && !master.empty()) {

@@ -26,6 +26,7 @@
 #include <functional>
 #include <vector>
 
+#include "model/layer_context.hpp"
 #include "model/parameter.hpp"
 #include "ops/ops.hpp"
 #include "parallel/communicator.hpp"
@@ -85,6 +86,22 @@ class Optimizer {
   /// Buckets whose reduction started in grads_ready (before step()) during
   /// the last step; 0 without overlap.
   virtual int buckets_started_early() const { return 0; }
+  /// Overlapped parameter all-gather: the hook the forward calls (set in
+  /// LayerContext::param_gather), null when off.
+  virtual ParamGatherHook* param_gather_hook() { return nullptr; }
+  /// Complete every parameter all-gather still in flight, so that
+  /// Parameter::value holds the updated weights. Whatever reads the values
+  /// outside a forward after step() (checkpoints, exports, tests) calls it
+  /// first; a no-op when nothing is in flight.
+  virtual void finish_param_gather() {}
+};
+
+/// Bucketed overlap of the distributed optimizer's dp communication.
+struct BucketOverlap {
+  index_t bucket_elements = 0;  ///< about this many elements per bucket
+  bool grad_reduce = false;     ///< parallel.overlap_grad_reduce
+  bool param_gather = false;    ///< parallel.overlap_param_gather
+  bool any() const { return bucket_elements > 0 && (grad_reduce || param_gather); }
 };
 
 /// Sum of squared gradients over the parameters this rank counts in the
@@ -134,7 +151,7 @@ class AdamW final : public Optimizer {
 /// each dp rank holds the fp32 master weights and Adam moments of its 1/dp
 /// of that buffer only; after the update the parameters are all-gathered.
 ///
-/// Overlap (bucket_elements > 0, parallel.overlap_grad_reduce): the flat
+/// Overlap (parallel.overlap_grad_reduce, BucketOverlap::grad_reduce): the flat
 /// buffer is cut into buckets of about bucket_elements, in reverse parameter
 /// order (the order the backward finishes them). When grads_ready() has
 /// reported every parameter of a bucket, its reductions 1-2 run, its
@@ -145,10 +162,26 @@ class AdamW final : public Optimizer {
 /// all. The bucket holding the tied word table is its own bucket and, when
 /// pp > 1, always waits for step(): its embedding-group all-reduce needs the
 /// other end of the pipeline, which is still in its backward.
-class DistributedAdamW final : public Optimizer {
+///
+/// Overlapped parameter all-gather (parallel.overlap_param_gather, Megatron's
+/// --overlap-param-gather): on the same buckets, step() ends by starting one
+/// Communicator::iall_gather per bucket (rank r contributing the bucket's
+/// overlap with its shard: the same pieces in the same places as the single
+/// all-gather, so the same bits), in forward order, into a gathered buffer
+/// of its own (the gradient buffer is busy again in the next backward), and
+/// returns. The forward's ParamGatherHook::before_forward waits for the
+/// buckets of the part it is about to run and copies (or, under mixed
+/// precision, casts) their values into the parameters; the first forward of
+/// the step finds every bucket gathered after that, later ones nothing to
+/// wait for. finish_param_gather() does the same for all buckets; full_state,
+/// load_full_state and step() call it first.
+class DistributedAdamW final : public Optimizer, public ParamGatherHook {
  public:
   DistributedAdamW(ParameterList params, const AdamWConfig& config,
-                   Parameter* tied_head_copy, Communicator& dp, index_t bucket_elements = 0);
+                   Parameter* tied_head_copy, Communicator& dp, BucketOverlap overlap = {});
+  ~DistributedAdamW() override;
+  DistributedAdamW(const DistributedAdamW&) = delete;
+  DistributedAdamW& operator=(const DistributedAdamW&) = delete;
   StepStats step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
                  double unscale = 1.0) override;
   void zero_grad() override;
@@ -163,6 +196,17 @@ class DistributedAdamW final : public Optimizer {
   void grads_ready(const ParameterList& params, OptimizerGroups& groups) override;
   int buckets_started_early() const override { return started_early_last_; }
   int bucket_count() const { return int(buckets_.size()); }
+  ParamGatherHook* param_gather_hook() override {
+    return overlap_.param_gather ? this : nullptr;
+  }
+  void before_forward(const ParameterList& params) override;
+  void finish_param_gather() override;
+  /// Parameter buckets whose all-gather is still in flight (started by the
+  /// last step(), not yet waited for).
+  int param_gathers_pending() const { return gathers_pending_; }
+  /// Buckets the forward hook waited for between the previous step() and the
+  /// last one (the last step's forwards).
+  int buckets_waited_in_forward() const { return waited_in_forward_last_; }
 
  private:
   struct Bucket {
@@ -171,8 +215,16 @@ class DistributedAdamW final : public Optimizer {
     std::size_t ready = 0;             ///< parameters reported this step
     bool started = false;
     bool tied = false;                 ///< holds the tied word table
+    bool gathering = false;            ///< parameter all-gather in flight
+    long gather_ticket = 0;            ///< its Communicator ticket
   };
   void make_buckets(index_t bucket_elements);
+  /// Elements of bucket `b` in each dp rank's shard (rank order).
+  std::vector<std::size_t> counts_per_rank(const Bucket& b, int ranks) const;
+  /// Start every bucket's parameter all-gather (end of step()).
+  void start_param_gather(Communicator& dp);
+  /// Wait for bucket `b`'s all-gather and write its parameters' values.
+  void complete_param_gather(Bucket& b);
   /// Reductions 1-2, pack and ireduce_scatter of one bucket.
   void start_bucket(Bucket& b, OptimizerGroups& g);
   /// Start every bucket not started yet, wait for all; the reduced shard is
@@ -201,6 +253,7 @@ class DistributedAdamW final : public Optimizer {
   ops::MultiTensorAdamW update_;  ///< one launch over the shard on the device
   MemorySpace space_ = MemorySpace::Host;  ///< where the parameters and the buffers live
   long step_ = 0;
+  BucketOverlap overlap_;
   // Overlap only (buckets_ empty otherwise).
   std::vector<Bucket> buckets_;  ///< in the order the backward completes them
   std::unordered_map<const Parameter*, std::size_t> bucket_of_;  ///< parameter -> bucket
@@ -210,12 +263,15 @@ class DistributedAdamW final : public Optimizer {
   Tensor grad_flat_, grad_shard_;  ///< kept: in-flight reductions read/write them
   Communicator* dp_ = nullptr;  ///< Not owned; to wait in zero_grad().
   int started_early_ = 0, started_early_last_ = 0;
+  /// overlap_param_gather, fp32 values: the gathered masters (under mixed
+  /// precision compute_flat_ serves).
+  Tensor param_flat_;
+  int gathers_pending_ = 0, waited_in_forward_ = 0, waited_in_forward_last_ = 0;
 };
 
-/// The optimizer the deck asks for.
-/// `bucket_elements` > 0 turns on the overlapped reduction (distributed only).
+/// The optimizer the deck asks for; `overlap` applies to the distributed one only.
 std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfig& config,
                                           Parameter* tied_head_copy, bool distributed,
-                                          Communicator& dp, index_t bucket_elements = 0);
+                                          Communicator& dp, BucketOverlap overlap = {});
 
 }  // namespace meshtron

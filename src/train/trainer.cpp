@@ -88,15 +88,21 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   for (auto& chunk : chunks_)
     if (chunk->placement().has_head && !chunk->placement().has_embedding)
       tied_copy = chunk->head_word_weight();
-  const index_t bucket_elements =
-      run.parallel.overlap_grad_reduce ? index_t(run.parallel.grad_bucket_size) : 0;
+  const BucketOverlap overlap{index_t(run.parallel.grad_bucket_size),
+                              run.parallel.overlap_grad_reduce,
+                              run.parallel.overlap_param_gather};
   optimizer_ = make_optimizer(parameters(), adam_config(run), tied_copy,
-                              run.parallel.distributed_optimizer, rt.dp, bucket_elements);
+                              run.parallel.distributed_optimizer, rt.dp, overlap);
+  // Every forward's context carries it (null unless overlap_param_gather).
+  base_ctx_.param_gather = optimizer_->param_gather_hook();
   lr_ = LrSchedule{run.optimizer.lr, run.optimizer.min_lr, run.lr_schedule.warmup_iters,
                    run.lr_schedule.decay_iters, run.lr_schedule.decay_style};
 }
 
 ParameterList Trainer::parameters() {
+  // Callers read the values (checkpoints, exports, tests): under
+  // overlap_param_gather the last step's gathers may still be in flight.
+  if (optimizer_) optimizer_->finish_param_gather();
   ParameterList out;
   for (auto& chunk : chunks_)
     for (Parameter* p : chunk->parameters()) out.push_back(p);

@@ -42,7 +42,8 @@ class Trainer {
   /// Mean loss of `batch` without dropout or update.
   double evaluate(const std::vector<MicroBatch>& batch);
 
-  /// This rank's parameters over all its model chunks.
+  /// This rank's parameters over all its model chunks, with their updated
+  /// values (completes an overlapped parameter all-gather still in flight).
   ParameterList parameters();
   std::vector<std::unique_ptr<GptModel>>& chunks() { return chunks_; }
   Optimizer& optimizer() { return *optimizer_; }

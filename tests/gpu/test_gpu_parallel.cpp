@@ -496,5 +496,23 @@ TEST(GpuTraining, OverlappedGradReduceMatchesOneGpuRun) {
   if (is_rank0()) expect_same_run(got, one_gpu_reference());
 }
 
+// Overlapped parameter all-gather on the device: step() leaves one grouped
+// ncclBroadcast per bucket on the communicator's non-blocking stream and the
+// forward hook makes the compute stream wait for each bucket's event; the
+// result must equal the 1-GPU run (alone and with the overlapped reduction).
+TEST(GpuTraining, OverlappedParamGatherMatchesOneGpuRun) {
+  REQUIRE_TWO_GPUS();
+  for (bool with_grad_overlap : {false, true}) {
+    SCOPED_TRACE(with_grad_overlap ? "both overlaps" : "gather overlap");
+    Layout layout{1, 1, 2, "1f1b", true, false};
+    layout.overrides = {"parallel.overlap_param_gather=true", "parallel.grad_bucket_size=20000"};
+    if (with_grad_overlap) layout.overrides.push_back("parallel.overlap_grad_reduce=true");
+    const RunResult got =
+        testing::train_layout(MPI_COMM_WORLD, layout, DType::F32, 3, MemorySpace::Cuda);
+    ASSERT_GE(got.bucket_count, 3);
+    if (is_rank0()) expect_same_run(got, one_gpu_reference());
+  }
+}
+
 }  // namespace
 }  // namespace meshtron
