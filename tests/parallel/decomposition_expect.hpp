@@ -33,4 +33,28 @@ inline void expect_same_run(const RunResult& got, const RunResult& ref, double s
     EXPECT_LE(norm_rel_error(got.params.at(name), values), param_tol) << name;
 }
 
+/// Trains `layout` on MPI_COMM_WORLD in fp32 and fp64 and compares each with
+/// the 1-rank run (fp32: 1e-5 per step, 1e-4 for the weights; fp64: 1e-10);
+/// returns the fp32 run for further checks.
+inline RunResult expect_matches_single_rank(const Layout& layout) {
+  RunResult fp32 = train_layout(MPI_COMM_WORLD, layout, DType::F32);
+  {
+    SCOPED_TRACE("fp32");
+    expect_same_run(fp32, single_rank_reference(DType::F32), 1e-5, 1e-4);
+  }
+  {
+    SCOPED_TRACE("fp64");
+    expect_same_run(train_layout(MPI_COMM_WORLD, layout, DType::F64),
+                    single_rank_reference(DType::F64), 1e-10, 1e-10);
+  }
+  return fp32;
+}
+
+/// Losses, gradient norms and every weight equal bit for bit.
+inline void expect_bitwise_equal(const RunResult& got, const RunResult& ref) {
+  EXPECT_EQ(got.losses, ref.losses);
+  EXPECT_EQ(got.grad_norms, ref.grad_norms);
+  for (const auto& [name, values] : ref.params) EXPECT_EQ(got.params.at(name), values) << name;
+}
+
 }  // namespace meshtron::testing

@@ -49,18 +49,7 @@ std::vector<Layout> all_layouts(int world) {
 
 class Decomposition : public ::testing::TestWithParam<Layout> {};
 
-TEST_P(Decomposition, MatchesSingleRankRun) {
-  {
-    SCOPED_TRACE("fp32");
-    expect_same_run(train_layout(MPI_COMM_WORLD, GetParam(), DType::F32),
-                    single_rank_reference(DType::F32), 1e-5, 1e-4);
-  }
-  {
-    SCOPED_TRACE("fp64");
-    expect_same_run(train_layout(MPI_COMM_WORLD, GetParam(), DType::F64),
-                    single_rank_reference(DType::F64), 1e-10, 1e-10);
-  }
-}
+TEST_P(Decomposition, MatchesSingleRankRun) { expect_matches_single_rank(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Decomposition, ::testing::ValuesIn(all_layouts(world_size())),
                          [](const auto& info) { return info.param.name(); });

@@ -70,26 +70,9 @@ std::vector<Layout> gather_layouts(int world) {
   return out;
 }
 
-void expect_bitwise_equal(const RunResult& got, const RunResult& ref) {
-  EXPECT_EQ(got.losses, ref.losses);
-  EXPECT_EQ(got.grad_norms, ref.grad_norms);
-  for (const auto& [name, values] : ref.params) EXPECT_EQ(got.params.at(name), values) << name;
-}
-
 class OverlapParamGather : public ::testing::TestWithParam<Layout> {};
 
-TEST_P(OverlapParamGather, MatchesSingleRankRun) {
-  {
-    SCOPED_TRACE("fp32");
-    expect_same_run(train_layout(MPI_COMM_WORLD, GetParam(), DType::F32),
-                    single_rank_reference(DType::F32), 1e-5, 1e-4);
-  }
-  {
-    SCOPED_TRACE("fp64");
-    expect_same_run(train_layout(MPI_COMM_WORLD, GetParam(), DType::F64),
-                    single_rank_reference(DType::F64), 1e-10, 1e-10);
-  }
-}
+TEST_P(OverlapParamGather, MatchesSingleRankRun) { expect_matches_single_rank(GetParam()); }
 
 TEST_P(OverlapParamGather, BitwiseEqualToTheBlockingAllGather) {
   const Layout overlapped = GetParam();
