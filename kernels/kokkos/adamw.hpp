@@ -34,9 +34,10 @@ struct AdamWStep {
   Vector<const T, ExecSpace> grad;
   Vector<T, ExecSpace> m, v;
   AdamWCoefficients k;
+  T grad_scale;  ///< g = grad * grad_scale in T first, as scale() would store it
 
   KOKKOS_INLINE_FUNCTION void operator()(kindex i) const {
-    const double g = grad(i);
+    const double g = grad_scale == T(1) ? grad(i) : T(grad(i) * grad_scale);
     const double p = double(param(i)) * (1.0 - k.lr * k.weight_decay);
     const double m_new = k.beta1 * m(i) + (1.0 - k.beta1) * g;
     const double v_new = k.beta2 * v(i) + (1.0 - k.beta2) * g * g;
@@ -50,11 +51,13 @@ struct AdamWStep {
 // ---------------------------------------------------------------- launchers
 
 template <class ExecSpace, class T>
-void adamw_step(T* param, const T* grad, T* m, T* v, kindex n, const AdamWCoefficients& k) {
+void adamw_step(T* param, const T* grad, T* m, T* v, kindex n, const AdamWCoefficients& k,
+                double grad_scale = 1.0) {
   Kokkos::parallel_for(
       "meshtron::adamw_step", Range<ExecSpace>(0, n),
       AdamWStep<ExecSpace, T>{as_vector<ExecSpace>(param, n), as_vector<ExecSpace>(grad, n),
-                              as_vector<ExecSpace>(m, n), as_vector<ExecSpace>(v, n), k});
+                              as_vector<ExecSpace>(m, n), as_vector<ExecSpace>(v, n), k,
+                              T(grad_scale)});
 }
 
 }  // namespace meshtron::kernels

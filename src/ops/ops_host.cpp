@@ -1168,15 +1168,10 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
                              compute_copy ? compute_copy->raw() : nullptr));
     return;
   }
-  Tensor scaled = grad;
-  if (hp.grad_scale != 1.0) {  // the host keeps the two passes
-    scaled = grad.clone();
-    scale(scaled, hp.grad_scale);
-  }
   with_float_type(param.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    kernels::adamw_step<Host>(param.data<T>(), scaled.data<T>(), m.data<T>(), v.data<T>(),
-                              param.numel(), k);
+    kernels::adamw_step<Host>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(),
+                              param.numel(), k, hp.grad_scale);
   });
   if (compute_copy) cast(param, *compute_copy);
 }
