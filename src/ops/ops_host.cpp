@@ -258,18 +258,26 @@ void gemm(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& 
   });
 }
 
+namespace {
+/// bias [N] of C's dtype, one per column of C [M, N], in C's space and not
+/// sharing C's memory (the bias of gemm_bias and the fused-epilogue GEMMs).
+void check_bias(const char* op, const Tensor& bias, const Tensor& C, index_t N) {
+  const Arg ac{"C", C}, ab{"bias", bias};
+  on_device(op, {ac, ab});
+  MESH_VERIFY(bias.dtype() == C.dtype() && bias.numel() == N,
+              op << ": " << describe(ab) << " must hold " << N << " elements of C's dtype, one "
+                 << "per column of " << describe(ac));
+  MESH_VERIFY(!overlaps(C, bias), op << ": the output must not share memory with bias");
+}
+}  // namespace
+
 void gemm_bias(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, const Tensor& bias,
                Tensor& C) {
   const char* op = "gemm_bias";
   const bool device = check_gemm_operands(op, A, B, C, 2);
   const GemmShape s = gemm_shape(op, A.dim(0), A.dim(1), trans_a, B.dim(0), B.dim(1), trans_b,
                                  C.dim(0), C.dim(1), {"A", A}, {"B", B}, {"C", C});
-  const Arg ac{"C", C}, ab{"bias", bias};
-  on_device(op, {ac, ab});
-  MESH_VERIFY(bias.dtype() == C.dtype() && bias.numel() == s.N,
-              op << ": " << describe(ab) << " must hold " << s.N << " elements of C's dtype, one "
-                 << "per column of " << describe(ac));
-  MESH_VERIFY(!overlaps(C, bias), op << ": C must not share memory with bias");
+  check_bias(op, bias, C, s.N);
   if (s.M == 0 || s.N == 0) return;
   if (device) {
     ON_CUDA(cuda_gemm(A, trans_a, B, trans_b, C, s, 1, 1.0, 0.0, bias.raw()));
@@ -631,15 +639,6 @@ void check_companion(const char* op, const Arg& x, const Tensor& A, const Tensor
 /// llm.c#653), and fp32 on the device is the validation path, held to 1e-5
 /// of the host; so fp32 runs the GEMM and the gelu kernels, as before.
 bool gelu_in_epilogue(DType t) { return t == DType::BF16 || t == DType::F16; }
-
-void check_bias(const char* op, const Tensor& bias, const Tensor& C, index_t N) {
-  const Arg ac{"C", C}, ab{"bias", bias};
-  on_device(op, {ac, ab});
-  MESH_VERIFY(bias.dtype() == C.dtype() && bias.numel() == N,
-              op << ": " << describe(ab) << " must hold " << N << " elements of C's dtype, one "
-                 << "per column of " << describe(ac));
-  MESH_VERIFY(!overlaps(C, bias), op << ": the output must not share memory with bias");
-}
 
 }  // namespace
 

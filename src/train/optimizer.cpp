@@ -195,6 +195,11 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
   master_ = flat.slice_rows(shard_begin_, shard_begin_ + shard_size_).clone();
   m_ = Tensor::zeros({shard_size_}, dtype, space_);
   v_ = Tensor::zeros({shard_size_}, dtype, space_);
+  if (mixed_precision()) {  // the 16-bit copies the update writes and the ranks gather
+    const DType compute = params_[0]->value.dtype();
+    compute_shard_ = Tensor::zeros({shard_size_}, compute, space_);  // padding stays 0
+    compute_flat_ = Tensor::zeros({padded_total_}, compute, space_);
+  }
   if (!overlap_.any() || params_.empty()) {
     overlap_ = BucketOverlap{};
     return;
@@ -206,6 +211,10 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
   }
   if (overlap_.param_gather && !mixed_precision())
     param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
+}
+
+index_t DistributedAdamW::shard_offset_of(const Bucket& b) const {
+  return std::clamp(b.begin - shard_begin_, index_t(0), shard_size_);
 }
 
 // Leave no gather in flight: it writes into buffers freed with us, and an
@@ -268,7 +277,7 @@ void DistributedAdamW::start_bucket(Bucket& b, OptimizerGroups& g) {
   // Rank r receives the bucket's overlap with its shard [r S, (r + 1) S):
   // consecutive pieces in rank order, as the single reduce-scatter has them.
   const std::vector<std::size_t> counts = counts_per_rank(b, g.dp.size());
-  const index_t mine = std::clamp(b.begin - shard_begin_, index_t(0), shard_size_);
+  const index_t mine = shard_offset_of(b);
   g.dp.ireduce_scatter(flat_view(grad_flat_, b.begin, b.end).raw(),
                        flat_view(grad_shard_, mine, mine).raw(), counts, grad_shard_.dtype(),
                        ReduceOp::Sum);
@@ -297,7 +306,7 @@ void DistributedAdamW::start_param_gather(Communicator& dp) {
   for (std::size_t k = buckets_.size(); k-- > 0;) {
     Bucket& b = buckets_[k];
     const std::vector<std::size_t> counts = counts_per_rank(b, dp.size());
-    const index_t mine = std::clamp(b.begin - shard_begin_, index_t(0), shard_size_);
+    const index_t mine = shard_offset_of(b);
     const index_t my_count = index_t(counts[std::size_t(dp.rank())]);
     b.gather_ticket = dp.iall_gather(flat_view(shard, mine, mine + my_count).raw(),
                                      flat_view(flat, b.begin, b.end).raw(), counts,
@@ -429,11 +438,6 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
   // compute copy, and the ranks gather those (half the bytes of the fp32
   // masters; the same bits as gathering the masters and rounding after).
   const bool low = mixed_precision();
-  if (low && !compute_flat_.defined()) {
-    const DType compute = params_[0]->value.dtype();
-    compute_shard_ = Tensor::zeros({shard_size_}, compute, space_);  // padding stays 0
-    compute_flat_ = Tensor::zeros({padded_total_}, compute, space_);
-  }
   std::vector<ops::AdamWTensor> ranges;
   shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
     const index_t len = end - begin;
@@ -449,13 +453,11 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
     waited_in_forward_last_ = waited_in_forward_;
     waited_in_forward_ = 0;
     start_param_gather(g.dp);  // completed by the next forward (before_forward)
-  } else if (low) {
-    g.dp.all_gather(compute_shard_.raw(), compute_flat_.raw(), std::size_t(shard_size_),
-                    compute_flat_.dtype());
-    unpack(compute_flat_, &Parameter::value);
   } else {
-    g.dp.all_gather(master_.raw(), flat.raw(), std::size_t(shard_size_), flat.dtype());
-    unpack(flat, &Parameter::value);
+    const Tensor& shard = low ? compute_shard_ : master_;
+    Tensor& gathered = low ? compute_flat_ : flat;
+    g.dp.all_gather(shard.raw(), gathered.raw(), std::size_t(shard_size_), gathered.dtype());
+    unpack(gathered, &Parameter::value);
   }
   return stats;
 }

@@ -219,6 +219,8 @@ class DistributedAdamW final : public Optimizer, public ParamGatherHook {
     long gather_ticket = 0;            ///< its Communicator ticket
   };
   void make_buckets(index_t bucket_elements);
+  /// Where bucket `b` starts within this rank's shard (clamped to the shard).
+  index_t shard_offset_of(const Bucket& b) const;
   /// Elements of bucket `b` in each dp rank's shard (rank order).
   std::vector<std::size_t> counts_per_rank(const Bucket& b, int ranks) const;
   /// Start every bucket's parameter all-gather (end of step()).
