@@ -15,7 +15,10 @@
 // fp32 / 2048 bf16, and H <= 1536 for the backward of 16-bit types): still
 // one warp per row, but lane l loads packs l, l + 32, ... (K of them, K a
 // template constant) with 16-byte loads and keeps the row in registers, so
-// DRAM sees each row once and the loads are wide. The formulas and the
+// DRAM sees each row once and the loads are wide. Both packed kernels run
+// a grid that fits on the GPU at once, each warp looping over rows with the
+// next row's loads in flight while it works on the current one (forward:
+// in registers; backward: cp.async into a per-warp shared-memory ring). The formulas and the
 // points where values round to T are the scalar kernels' (same
 // expressions, fp32 statistics); only the order in which each lane adds
 // its elements before the warp reduction differs (lane l owns elements
@@ -143,6 +146,11 @@ __device__ __forceinline__ void load_row(const T* row, int P, int lane, Pack<T> 
   }
 }
 
+/// Warp w of the grid takes rows w, w + (warps in the grid), ...; the grid
+/// is what fits on the GPU at once (forward_blocks), so every warp is
+/// resident from the start, and while a warp normalises one row the next
+/// row's loads are already in flight (`next`): no warp waits a full DRAM
+/// latency between its rows. Per row the same expressions as before.
 template <class T, int K>
 __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 const T* __restrict__ gamma,
@@ -151,44 +159,92 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 float* __restrict__ mean,
                                                 float* __restrict__ rstd) {
   constexpr int V = kPack<T>;
-  const kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, P = int(H / V);
+  const kindex warps = kindex(gridDim.x) * kWarpsPerBlock;
+  kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
-  Pack<T> xr[K];
-  load_row(x + row * H, P, lane, xr);
-  float sum = 0.f;
+  Pack<T> next[K];
+  load_row(x + row * H, P, lane, next);
+  for (; row < N; row += warps) {
+    Pack<T> xr[K];
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < P)
+    for (int k = 0; k < K; ++k) xr[k] = next[k];
+    if (row + warps < N) load_row(x + (row + warps) * H, P, lane, next);
+    float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < V; ++j) sum += to_f(xr[k].v[j]);
-  const float mu = warp_sum(sum) / float(H);
-  float sq = 0.f;
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < P)
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < P)
+        for (int j = 0; j < V; ++j) sum += to_f(xr[k].v[j]);
+    const float mu = warp_sum(sum) / float(H);
+    float sq = 0.f;
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float d = to_f(xr[k].v[j]) - mu;
-        sq += d * d;
-      }
-  const float rs = rsqrtf(warp_sum(sq) / float(H) + eps);
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < P)
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int p = lane + 32 * k;
-    if (p >= P) continue;
-    const Pack<T> g = reinterpret_cast<const Pack<T>*>(gamma)[p];
-    const Pack<T> b = reinterpret_cast<const Pack<T>*>(beta)[p];
-    Pack<T> out;
+        for (int j = 0; j < V; ++j) {
+          const float d = to_f(xr[k].v[j]) - mu;
+          sq += d * d;
+        }
+    const float rs = rsqrtf(warp_sum(sq) / float(H) + eps);
 #pragma unroll
-    for (int j = 0; j < V; ++j)
-      out.v[j] = from_f<T>((to_f(xr[k].v[j]) - mu) * rs * to_f(g.v[j]) + to_f(b.v[j]));
-    reinterpret_cast<Pack<T>*>(y + row * H)[p] = out;
+    for (int k = 0; k < K; ++k) {
+      const int p = lane + 32 * k;
+      if (p >= P) continue;
+      const Pack<T> g = reinterpret_cast<const Pack<T>*>(gamma)[p];
+      const Pack<T> b = reinterpret_cast<const Pack<T>*>(beta)[p];
+      Pack<T> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        out.v[j] = from_f<T>((to_f(xr[k].v[j]) - mu) * rs * to_f(g.v[j]) + to_f(b.v[j]));
+      reinterpret_cast<Pack<T>*>(y + row * H)[p] = out;
+    }
+    if (lane == 0) {
+      mean[row] = mu;
+      rstd[row] = rs;
+    }
   }
-  if (lane == 0) {
-    mean[row] = mu;
-    rstd[row] = rs;
-  }
+}
+
+/// Blocks of `kernel` (block_threads each, no dynamic shared memory) that
+/// the whole GPU holds at once, from the occupancy calculator.
+template <class Kernel>
+kindex resident_blocks(Kernel kernel, int block_threads) {
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0));
+  return kindex(sms) * (per_sm > 0 ? per_sm : 1);
+}
+
+/// Grid of the packed forward: one block per kWarpsPerBlock rows, at most
+/// one full wave. bf16 H = 768 before: 48 registers, 5 blocks per SM, the
+/// 1024 one-row-per-warp blocks in 1.55 waves, the second wave's loads
+/// issued only as first-wave warps exited; now 65 registers, 3 blocks per
+/// SM (396 on an H100), 2-3 rows per warp, the next row always in flight.
+/// Looked up once per kernel (one GPU per process).
+template <class T, int K>
+kindex forward_blocks(kindex N) {
+  static const kindex resident =
+      resident_blocks(layernorm_forward_packed_kernel<T, K>, kWarpsPerBlock * 32);
+  const kindex row_blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return row_blocks < resident ? row_blocks : resident;
+}
+
+// cp.async (sm_80+): 16-byte global -> shared copies that hold no
+// registers while in flight; the packed backward streams the next row into
+// shared memory with them while it works on the current one.
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 /// Warps per block of the packed backward: 16 (512 threads, so at most 128
@@ -199,10 +255,28 @@ constexpr int backward_warps(std::size_t type_bytes, int K) {
   return (type_bytes == 2 ? K <= 3 : K <= 6) ? 16 : 8;
 }
 
+/// Dynamic shared memory of the packed backward: per warp two buffers
+/// (this row, next row) of dy and x, 32 K packs each.
+template <class T, int K, int W>
+constexpr std::size_t backward_ring_bytes() {
+  return std::size_t(W) * 2 * 2 * 32 * K * sizeof(Pack<T>);
+}
+
 /// dx as layernorm_backward_dx_kernel, plus per-block partial column sums
 /// partial[(block * 2 + 0) * H + c] (dgamma terms) and [... + 1] (dbeta).
 /// Warp w of the grid takes rows w, w + (warps in the grid), ... gamma is
 /// re-read per row (an L1 hit) rather than held, to save 4 K registers.
+/// Rows arrive through a per-warp ring in shared memory: at the top of an
+/// iteration the warp issues cp.async copies of its NEXT row's dy and x,
+/// then waits for the current row's (issued one iteration earlier), so the
+/// loads of one row overlap the reductions, dx stores and column sums of
+/// the previous one. (Before, each warp loaded its row into registers and
+/// waited a full DRAM latency per row, about 4 rows per warp at N = 8192,
+/// with only 16 warps per SM to hide it: the 128 registers of the column
+/// sums leave no room for a register prefetch, shared memory has room.)
+/// Each lane copies and reads back only its own packs, so no barrier; the
+/// buffer refilled at the top of an iteration was last read in the
+/// previous one, by loads whose values that iteration's stores consumed.
 template <class T, int K, int W = backward_warps(sizeof(T), K)>
 __global__ void __launch_bounds__(W * 32)
     layernorm_backward_packed_kernel(const T* __restrict__ dy, const T* __restrict__ x,
@@ -220,11 +294,37 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
     for (int j = 0; j < V; ++j) acc_dgamma[k][j] = acc_dbeta[k][j] = 0.f;
 
+  extern __shared__ __align__(16) unsigned char ring_bytes[];
+  Pack<T>* ring = reinterpret_cast<Pack<T>*>(ring_bytes) + warp * (2 * 2 * 32 * K);
+  // ring[((buf * 2) + t) * 32 K + p]: buffer buf, t = 0 dy / 1 x, pack p.
+  const auto fetch = [&](kindex r, int buf) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int p = lane + 32 * k;
+      if (p < P) {
+        cp_async16(ring + (buf * 2 + 0) * 32 * K + p, dy + r * H + kindex(p) * V);
+        cp_async16(ring + (buf * 2 + 1) * 32 * K + p, x + r * H + kindex(p) * V);
+      }
+    }
+  };
+
   const kindex warps = kindex(gridDim.x) * W;
-  for (kindex row = kindex(blockIdx.x) * W + warp; row < N; row += warps) {
+  kindex row = kindex(blockIdx.x) * W + warp;
+  if (row < N) fetch(row, 0);
+  cp_async_commit();
+  for (int buf = 0; row < N; row += warps, buf ^= 1) {
+    if (row + warps < N) fetch(row + warps, buf ^ 1);
+    cp_async_commit();  // possibly empty: one group per iteration either way
+    cp_async_wait<1>();  // this row's group (the older one) has landed
     Pack<T> dyr[K], xr[K];
-    load_row(dy + row * H, P, lane, dyr);
-    load_row(x + row * H, P, lane, xr);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int p = lane + 32 * k;
+      if (p < P) {
+        dyr[k] = ring[(buf * 2 + 0) * 32 * K + p];
+        xr[k] = ring[(buf * 2 + 1) * 32 * K + p];
+      }
+    }
     const float mu = mean[row], rs = rstd[row];
     float sum_g = 0.f, sum_g_xhat = 0.f;
 #pragma unroll
@@ -261,6 +361,8 @@ __global__ void __launch_bounds__(W * 32)
       reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
     }
   }
+
+  cp_async_wait<0>();  // nothing left in flight (only empty groups remain)
 
   // Block partials, pack slot by pack slot: column c = 32 V k + q for the
   // q-th value of slot k (q = lane V + j). Warps are added in warp order.
@@ -336,8 +438,9 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
     const unsigned blocks = grid_for(N, kWarpsPerBlock, 1LL << 31);
     if (const int k = packed_k<T>(H, {x, gamma, beta, y}, kMaxPacksPerLane)) {
       with_packs_per_lane(k, [&](auto kc) {
-        layernorm_forward_packed_kernel<T, decltype(kc)::value>
-            <<<blocks, kWarpsPerBlock * 32, 0, kStream>>>(
+        constexpr int K = decltype(kc)::value;
+        layernorm_forward_packed_kernel<T, K>
+            <<<unsigned(forward_blocks<T, K>(N)), kWarpsPerBlock * 32, 0, kStream>>>(
                 static_cast<const T*>(x), static_cast<const T*>(gamma),
                 static_cast<const T*>(beta), N, H, float(eps), static_cast<T*>(y), mean, rstd);
         MESH_CUDA_LAUNCHED();
@@ -369,8 +472,17 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
       device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
       with_packs_per_lane(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
-        static_assert(backward_warps(sizeof(T), K) * 32 <= 1024);
-        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), W * 32, 0, kStream>>>(
+        constexpr int WK = backward_warps(sizeof(T), K);
+        static_assert(WK * 32 <= 1024);
+        constexpr std::size_t ring = backward_ring_bytes<T, K, WK>();
+        static const bool opted_in = [] {  // once per kernel: > 48 KiB needs the opt-in
+          CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_packed_kernel<T, K>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(ring)));
+          return true;
+        }();
+        (void)opted_in;
+        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), WK * 32, ring, kStream>>>(
             static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma),
             mean, rstd, N, H, static_cast<T*>(dx), residual, partial.as<float>());
         MESH_CUDA_LAUNCHED();
