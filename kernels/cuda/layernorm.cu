@@ -255,11 +255,25 @@ constexpr int backward_warps(std::size_t type_bytes, int K) {
   return (type_bytes == 2 ? K <= 3 : K <= 6) ? 16 : 8;
 }
 
-/// Dynamic shared memory of the packed backward: per warp two buffers
-/// (this row, next row) of dy and x, 32 K packs each.
+/// Shared memory one block may hold on sm_90 (the opt-in maximum, 227 KiB).
+constexpr std::size_t kMaxSharedPerBlock = 227 * 1024;
+
+/// Rows streamed through the packed backward's ring: dy, x and, where the
+/// ring for three still fits next to the static stage, the residual
+/// gradient (when the call has one); else the residual is read directly.
+/// Only fp32 K = 6 (16 warps) needs the fallback: 288 KiB for three.
 template <class T, int K, int W>
-constexpr std::size_t backward_ring_bytes() {
-  return std::size_t(W) * 2 * 2 * 32 * K * sizeof(Pack<T>);
+__host__ __device__ constexpr int ring_tensors() {
+  const std::size_t stage = std::size_t(2) * W * 32 * kPack<T> * sizeof(float);
+  const std::size_t three = std::size_t(W) * 2 * 3 * 32 * K * sizeof(Pack<T>);
+  return stage + three <= kMaxSharedPerBlock ? 3 : 2;
+}
+
+/// Dynamic shared memory of the packed backward: per warp two buffers
+/// (this row, next row) of ring_tensors() rows, 32 K packs each.
+template <class T, int K, int W>
+__host__ __device__ constexpr std::size_t backward_ring_bytes() {
+  return std::size_t(W) * 2 * ring_tensors<T, K, W>() * 32 * K * sizeof(Pack<T>);
 }
 
 /// dx as layernorm_backward_dx_kernel, plus per-block partial column sums
@@ -294,26 +308,40 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
     for (int j = 0; j < V; ++j) acc_dgamma[k][j] = acc_dbeta[k][j] = 0.f;
 
+  constexpr int R = ring_tensors<T, K, W>();
+  const bool ring_residual = R == 3 && residual != nullptr;
   extern __shared__ __align__(16) unsigned char ring_bytes[];
-  Pack<T>* ring = reinterpret_cast<Pack<T>*>(ring_bytes) + warp * (2 * 2 * 32 * K);
-  // ring[((buf * 2) + t) * 32 K + p]: buffer buf, t = 0 dy / 1 x, pack p.
+  Pack<T>* ring = reinterpret_cast<Pack<T>*>(ring_bytes) + warp * (2 * R * 32 * K);
+  // ring[(buf R + t) 32 K + p]: buffer buf, t = 0 dy / 1 x / 2 residual, pack p.
+  const auto slot = [&](int buf, int t, int p) { return ring + (buf * R + t) * 32 * K + p; };
   const auto fetch = [&](kindex r, int buf) {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int p = lane + 32 * k;
       if (p < P) {
-        cp_async16(ring + (buf * 2 + 0) * 32 * K + p, dy + r * H + kindex(p) * V);
-        cp_async16(ring + (buf * 2 + 1) * 32 * K + p, x + r * H + kindex(p) * V);
+        cp_async16(slot(buf, 0, p), dy + r * H + kindex(p) * V);
+        cp_async16(slot(buf, 1, p), x + r * H + kindex(p) * V);
+        if (ring_residual) cp_async16(slot(buf, R - 1, p), residual + r * H + kindex(p) * V);
       }
     }
   };
 
   const kindex warps = kindex(gridDim.x) * W;
   kindex row = kindex(blockIdx.x) * W + warp;
-  if (row < N) fetch(row, 0);
+  float next_mu = 0.f, next_rs = 0.f;  // the statistics ride along with the row
+  if (row < N) {
+    fetch(row, 0);
+    next_mu = mean[row];
+    next_rs = rstd[row];
+  }
   cp_async_commit();
   for (int buf = 0; row < N; row += warps, buf ^= 1) {
-    if (row + warps < N) fetch(row + warps, buf ^ 1);
+    const float mu = next_mu, rs = next_rs;
+    if (row + warps < N) {
+      fetch(row + warps, buf ^ 1);
+      next_mu = mean[row + warps];
+      next_rs = rstd[row + warps];
+    }
     cp_async_commit();  // possibly empty: one group per iteration either way
     cp_async_wait<1>();  // this row's group (the older one) has landed
     Pack<T> dyr[K], xr[K];
@@ -321,11 +349,10 @@ __global__ void __launch_bounds__(W * 32)
     for (int k = 0; k < K; ++k) {
       const int p = lane + 32 * k;
       if (p < P) {
-        dyr[k] = ring[(buf * 2 + 0) * 32 * K + p];
-        xr[k] = ring[(buf * 2 + 1) * 32 * K + p];
+        dyr[k] = *slot(buf, 0, p);
+        xr[k] = *slot(buf, 1, p);
       }
     }
-    const float mu = mean[row], rs = rstd[row];
     float sum_g = 0.f, sum_g_xhat = 0.f;
 #pragma unroll
     for (int k = 0; k < K; ++k)
@@ -349,7 +376,10 @@ __global__ void __launch_bounds__(W * 32)
       if (p >= P) continue;
       const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
       Pack<T> res{};
-      if (residual) res = reinterpret_cast<const Pack<T>*>(residual + row * H)[p];
+      if (ring_residual)
+        res = *slot(buf, R - 1, p);
+      else if (residual)
+        res = reinterpret_cast<const Pack<T>*>(residual + row * H)[p];
       Pack<T> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -419,6 +449,24 @@ void with_packs_per_lane(int k, F&& f) {
   }
 }
 
+/// Whether this GPU lets one block of the packed backward for K hold its
+/// static stage and ring (H100 / H200: always; smaller parts may not).
+template <class T>
+bool backward_shared_fits(int k) {
+  static const int optin = [] {
+    int device = 0, bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return bytes;
+  }();
+  std::size_t need = 0;
+  with_packs_per_lane(k, [&](auto kc) {
+    constexpr int K = decltype(kc)::value, W = backward_warps(sizeof(T), K);
+    need = std::size_t(2) * W * 32 * kPack<T> * sizeof(float) + backward_ring_bytes<T, K, W>();
+  });
+  return need <= std::size_t(optin);
+}
+
 /// K for the packed kernels, or 0 for the scalar ones.
 template <class T>
 int packed_k(kindex H, std::initializer_list<const void*> pointers, int max_k) {
@@ -465,7 +513,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
     const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx, residual_grad ? residual_grad : dx},
                                       max_k)
                         : 0;
-    if (k != 0) {
+    if (k != 0 && backward_shared_fits<T>(k)) {
       const int W = backward_warps(sizeof(T), k);
       const kindex row_blocks = (N + W - 1) / W;
       const kindex blocks = row_blocks < kBackwardBlocks ? row_blocks : kBackwardBlocks;
