@@ -18,10 +18,18 @@
 //                  the start of a run walks it: acc = dtable[r, h], then
 //                  acc += dout[n, h] token by token, one store. In fp32 this
 //                  is the host's order and rounding exactly; a bf16/fp16
-//                  dtable is rounded once, at the store.
+//                  dtable is rounded once, at the store. Packed (H a
+//                  multiple of V = 16 / sizeof(T), dout and dtable 16-byte
+//                  aligned): one thread per (sorted position, 16-byte pack
+//                  of dout), positions on grid y, so no per-element 64-bit
+//                  division (emulated on the GPU: dozens of instructions)
+//                  and 16-byte instead of 2- or 4-byte loads; the same adds
+//                  in the same order per element, so the same bits.
 //             Used for word ids and, through the model, for positions.
 // Forward, packed (H a multiple of V = 16 / sizeof(T), table and out
-// 16-byte aligned): one thread per 16-byte pack of an output row, 32-bit
+// 16-byte aligned): four 16-byte packs of output per thread (all four ids
+// loads, then all four table loads, then the stores: 64 bytes in flight per
+// thread where one pack behind a dependent ids load left ~16), 32-bit
 // index math when the pack count fits; each element goes through the same
 // load_f / store_f conversions as the scalar kernel (an exact round trip
 // for every finite value), so the same bits. Otherwise the scalar kernel.
