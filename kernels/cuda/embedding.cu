@@ -48,6 +48,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kForwardPacksPerThread = 4;  // 64 bytes of loads in flight per thread
+constexpr int kRunUnroll = 4;              // dout loads in flight per run walk
 
 template <class T>
 __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ ids, kindex N,
@@ -162,7 +163,23 @@ __global__ void embedding_runs_packed_kernel(const std::uint32_t* __restrict__ r
 #pragma unroll
       for (int e = 0; e < kPack<G>; ++e) acc[s * kPack<G> + e] = to_f(g.v[e]);
     }
-    for (kindex k = j; k < N && rows[k] == row; ++k) {
+    // The run's end first (sorted keys: cache hits), so that the dout
+    // loads of four tokens can be in flight together instead of one load
+    // waiting on the previous loop test: frequent words make runs of
+    // hundreds of tokens. The adds stay in token order.
+    kindex end = j + 1;
+    while (end < N && rows[end] == row) ++end;
+    kindex k = j;
+    for (; k + kRunUnroll <= end; k += kRunUnroll) {
+      Pack<T> d[kRunUnroll];
+#pragma unroll
+      for (int u = 0; u < kRunUnroll; ++u) d[u] = dpacks[kindex(tokens[k + u]) * row_packs + q];
+#pragma unroll
+      for (int u = 0; u < kRunUnroll; ++u)
+#pragma unroll
+        for (int e = 0; e < PV; ++e) acc[e] += to_f(d[u].v[e]);
+    }
+    for (; k < end; ++k) {
       const Pack<T> d = dpacks[kindex(tokens[k]) * row_packs + q];
 #pragma unroll
       for (int e = 0; e < PV; ++e) acc[e] += to_f(d.v[e]);
