@@ -110,8 +110,9 @@ __device__ unsigned int g_squares_tickets = 0;
 /// so 8 blocks of 256 fit an SM and the 1024-block grid is one wave of an
 /// H100's 132 SMs (at 40 registers, 6 fit: 1.3 waves).
 template <class T>
-__global__ void __launch_bounds__(kThreads, 8) sum_of_squares_kernel(const T* __restrict__ x, kindex n, double* partial,
-                                      unsigned slot0, unsigned slots, double* total) {
+__global__ void __launch_bounds__(kThreads, 8)
+    sum_of_squares_kernel(const T* __restrict__ x, kindex n, double* partial, unsigned slot0,
+                          unsigned slots, double* total) {
   __shared__ double scratch[32];
   __shared__ bool last;
   double acc = 0.0;

@@ -237,7 +237,8 @@ void launch_runs_packed(const SortedRows& sorted, kindex N, const T* dout, kinde
   const int tx = row_packs >= kThreads ? kThreads : int((row_packs + 31) / 32 * 32);
   const int ty = kThreads / tx;
   const kindex y_blocks = (N + ty - 1) / ty;
-  const dim3 grid(unsigned((row_packs + tx - 1) / tx), unsigned(y_blocks < 65535 ? y_blocks : 65535));
+  const dim3 grid(unsigned((row_packs + tx - 1) / tx),
+                  unsigned(y_blocks < 65535 ? y_blocks : 65535));
   embedding_runs_packed_kernel<T, G><<<grid, dim3(tx, ty), 0, kStream>>>(
       sorted.rows.as<std::uint32_t>(), sorted.tokens.as<std::int32_t>(), N, dout, V, row_packs,
       dtable);

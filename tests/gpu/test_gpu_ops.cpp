@@ -1120,7 +1120,8 @@ TEST_F(GpuOps, LayerNormRowLoopsMatchHostRepeatAndFallBackWhenMisaligned) {
       expect_close(y, dt, what + " y");
       expect_close(mean, DType::F32, what + " mean");
       expect_close(rstd, DType::F32, what + " rstd");
-      Pair y2 = output({N, H}, dt), mean2 = output({N}, DType::F32), rstd2 = output({N}, DType::F32);
+      Pair y2 = output({N, H}, dt), mean2 = output({N}, DType::F32),
+           rstd2 = output({N}, DType::F32);
       layernorm_forward(x.dev, gamma.dev, beta.dev, 1e-5, y2.dev, mean2.dev, rstd2.dev);
       EXPECT_TRUE(same_bits(y2.dev, y.dev)) << what << ": y differs between calls";
       EXPECT_TRUE(same_bits(mean2.dev, mean.dev) && same_bits(rstd2.dev, rstd.dev)) << what;
