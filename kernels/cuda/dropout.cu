@@ -30,11 +30,6 @@
 // as before (keep_element, load_f * keep_scale, store_f), so the output is
 // bit for bit the scalar kernel's. The scalar kernel stays the fallback for
 // pointers that are not 16-byte aligned (views from slice_rows).
-// Floor: per element ~36 32-bit multiplies (mul.hi/mul.lo of 9-10 rounds)
-// and ~17 three-input XORs, ~61 us for 25M elements on an H100's integer
-// pipes, so bf16 [8192, 3072] (100 MB moved) cannot pass ~0.55 of the
-// copy bandwidth with one Philox call per element; fp32 (200 MB) is
-// memory-bound and needs enough loads in flight (dropout_packed_kernel).
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -105,63 +100,36 @@ __device__ __forceinline__ kindex row_start(const DropoutPlacement& s, kindex a,
   return ((a + s.a_offset) * s.b_global + (b + s.b_offset)) * s.c_global + s.c_offset;
 }
 
-constexpr int kThreads = 256;
-
-/// Mask and scale one pack whose first element is local index `first`.
+/// Packs of V = 16 / sizeof(T) elements; in, out 16-byte aligned. The
+/// n % V tail goes element by element (block 0), like map3_packed_kernel.
 template <class T, class I>
-__device__ __forceinline__ Pack<T> dropout_pack(const Pack<T>& pin, I first, I sc, I sb,
-                                                std::uint32_t threshold, float keep_scale,
-                                                const DropoutPlacement& s) {
+__global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t threshold,
+                                      float keep_scale, DropoutPlacement s, T* out) {
   constexpr int V = kPack<T>;
-  I c = first % sc, ab = first / sc, b = ab % sb, a = ab / sb;
-  // global = row_start(a, b) + c: exact integer arithmetic, equal to
-  // global_index(s, a, b, c); row_start changes only when c carries.
-  kindex row = row_start(s, kindex(a), kindex(b));
-  Pack<T> pout;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const bool keep = keep_element(s, std::uint64_t(row + kindex(c)), threshold);
-    pout.v[j] = from_f<T>(keep ? to_f(pin.v[j]) * keep_scale : 0.f);
-    if (++c == sc) {  // next element: carry c into b, b into a
-      c = 0;
-      if (++b == sb) {
-        b = 0;
-        ++a;
-      }
-      row = row_start(s, kindex(a), kindex(b));
-    }
-  }
-  return pout;
-}
-
-/// Packs of V = 16 / sizeof(T) elements; in, out 16-byte aligned. Each
-/// thread takes kDropoutPacks packs (grid stride apart) per step and loads
-/// them all before the generator runs: at 64 registers (4 blocks of 256 per
-/// SM) one pack per thread left 16 KiB of loads in flight per SM, below what
-/// HBM3 needs to stream (fp32 was memory-latency bound: its generator work
-/// per byte is half bf16's). The n % V tail goes element by element
-/// (block 0), like map3_packed_kernel.
-constexpr int kDropoutPacks = 2;
-template <class T, class I>
-__global__ void __launch_bounds__(kThreads, 4)
-    dropout_packed_kernel(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
-                          DropoutPlacement s, T* out) {
-  constexpr int V = kPack<T>, U = kDropoutPacks;
   const I sc = I(s.c), sb = I(s.b);
   const kindex packs = n / V;
-  const kindex stride = kindex(gridDim.x) * blockDim.x;
-  for (kindex k0 = kindex(blockIdx.x) * blockDim.x + threadIdx.x; k0 < packs; k0 += U * stride) {
-    Pack<T> pin[U];
+  GRID_STRIDE(k, packs) {
+    const Pack<T> pin = reinterpret_cast<const Pack<T>*>(in)[k];
+    const I first = I(k * V);
+    I c = first % sc, ab = first / sc, b = ab % sb, a = ab / sb;
+    // global = row_start(a, b) + c: exact integer arithmetic, equal to
+    // global_index(s, a, b, c); row_start changes only when c carries.
+    kindex row = row_start(s, kindex(a), kindex(b));
+    Pack<T> pout;
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (k0 + u * stride < packs) pin[u] = reinterpret_cast<const Pack<T>*>(in)[k0 + u * stride];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const kindex k = k0 + u * stride;
-      if (k < packs)
-        reinterpret_cast<Pack<T>*>(out)[k] =
-            dropout_pack<T, I>(pin[u], I(k * V), sc, sb, threshold, keep_scale, s);
+    for (int j = 0; j < V; ++j) {
+      const bool keep = keep_element(s, std::uint64_t(row + kindex(c)), threshold);
+      pout.v[j] = from_f<T>(keep ? to_f(pin.v[j]) * keep_scale : 0.f);
+      if (++c == sc) {  // next element: carry c into b, b into a
+        c = 0;
+        if (++b == sb) {
+          b = 0;
+          ++a;
+        }
+        row = row_start(s, kindex(a), kindex(b));
+      }
     }
+    reinterpret_cast<Pack<T>*>(out)[k] = pout;
   }
   if (blockIdx.x == 0)
     for (kindex i = packs * V + threadIdx.x; i < n; i += blockDim.x) {
@@ -173,14 +141,14 @@ __global__ void __launch_bounds__(kThreads, 4)
     }
 }
 
+constexpr int kThreads = 256;
 
 template <class T, class I>
 void launch_dropout(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
                     const DropoutPlacement& site, T* out) {
   if (aligned16(in) && aligned16(out))
-    dropout_packed_kernel<T, I>
-        <<<grid_for(n / kPack<T> / kDropoutPacks + 1, kThreads), kThreads, 0, kStream>>>(
-            in, n, threshold, keep_scale, site, out);
+    dropout_packed_kernel<T, I><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, kStream>>>(
+        in, n, threshold, keep_scale, site, out);
   else
     dropout_kernel<T, I><<<grid_for(n, kThreads), kThreads, 0, kStream>>>(in, n, threshold,
                                                                           keep_scale, site, out);

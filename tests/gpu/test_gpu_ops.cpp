@@ -1247,43 +1247,6 @@ TEST_F(GpuOps, EmbeddingBackwardPacksAreExactAndDeterministicAtModelShapes) {
   }
 }
 
-// dropout_packed_kernel loads two packs per thread before the generator
-// runs: at [8197, 1280] (the model's [tokens, H] sites, placed at a row
-// and column offset inside a wider tensor, so packs cross rows when V does
-// not divide the local width) and an odd length, the mask is the host's
-// element for element and a second call gives the same bits.
-TEST_F(GpuOps, DropoutTwoPacksPerThreadKeepTheHostMaskAtModelShapes) {
-  for (DType dt : kDtypes)
-    for (const auto& [rows, cols] : {std::pair{index_t(8197), index_t(1280)},
-                                     std::pair{index_t(9), index_t(1001)}}) {
-      DropoutSite site;
-      site.seed = 0x5eed5eed1234ULL;
-      site.step = 3;
-      site.stream = 17;
-      site.a = 1, site.b = rows, site.c = cols;
-      site.b_offset = 4, site.c_offset = 6;
-      site.b_global = rows + 7, site.c_global = cols + 10;
-      const std::string what = "dropout " + name(dt) + " [" + std::to_string(rows) + ", " +
-                               std::to_string(cols) + "]";
-      const Tensor rounded = random_host({rows, cols}, 0.5, 1.5).to(dt);
-      const Pair x{rounded.to(DType::F32), rounded.to_device()};
-      Pair y = output({rows, cols}, dt), y2 = output({rows, cols}, dt);
-      dropout_forward(x.host, 0.1, site, y.host);
-      dropout_forward(x.dev, 0.1, site, y.dev);
-      dropout_forward(x.dev, 0.1, site, y2.dev);
-      const std::vector<double> d = y.dev.to_doubles(), h = y.host.to_doubles();
-      index_t mismatches = 0, dropped = 0;
-      for (std::size_t i = 0; i < h.size(); ++i) {
-        mismatches += (d[i] == 0.0) != (h[i] == 0.0);
-        dropped += h[i] == 0.0;
-      }
-      EXPECT_EQ(mismatches, 0) << what << ": masks differ";
-      EXPECT_GT(dropped, 0) << what;
-      expect_close(y, dt, what);
-      EXPECT_TRUE(same_bits(y2.dev, y.dev)) << what << ": differs between calls";
-    }
-}
-
 // The last block of a sum_of_squares call adds the block partials and
 // resets the ticket counter: back-to-back calls of different sizes and
 // dtypes (16-bit packs are squared in fp32 first), aligned and one element
