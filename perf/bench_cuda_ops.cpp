@@ -4,7 +4,9 @@
 // Baseline, measured in the same run: a 1 GiB device-to-device cudaMemcpy,
 // counting bytes read plus bytes written. Each memory-bound op is timed at
 // GPT-2 124M training sizes (8 x 1024 tokens, H = 768, 4H = 3072, 12 heads,
-// vocab 50304) and reported as GB/s of its minimal traffic (each input read
+// vocab 50304; layernorm and embeddings also at GPT-2 774M's H = 1280, and
+// the layernorm backward also with the residual gradient the transformer
+// layer passes) and reported as GB/s of its minimal traffic (each input read
 // once, each output written once) and as a fraction of the copy's GB/s:
 // 1.0 means the kernel moves its bytes as fast as the copy engine path does.
 // GEMMs report TFLOP/s (2 M N K / time); the MLP's GEMMs with the GeLU (and
@@ -147,19 +149,22 @@ void bench_memory_bound(double copy_gbps) {
       site.a = tokens, site.b = 1, site.c = H4, site.c_global = H4;
       add_row("dropout_forward p=0.1", dt, "[8192, 3072]", 2 * n * es, [&] { dropout_forward(x, 0.1, site, y); });
     }
-    {
-      Tensor x = random_device({tokens, H}, dt, -2, 3), y = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
-      Tensor gamma = random_device({H}, dt), beta = random_device({H}, dt);
+    for (const index_t h : {H, index_t(1280)}) {  // GPT-2 124M's and 774M's width
+      const std::string shape = "[8192, " + std::to_string(h) + "]";
+      Tensor x = random_device({tokens, h}, dt, -2, 3), y = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
+      Tensor gamma = random_device({h}, dt), beta = random_device({h}, dt);
       Tensor mean = Tensor::empty({tokens}, DType::F32, MemorySpace::Cuda), rstd = mean.clone();
       const double n = double(x.numel());
-      add_row("layernorm_forward", dt, "[8192, 768]", 2 * n * es, [&] { layernorm_forward(x, gamma, beta, 1e-5, y, mean, rstd); });
+      add_row("layernorm_forward", dt, shape, 2 * n * es, [&] { layernorm_forward(x, gamma, beta, 1e-5, y, mean, rstd); });
       Tensor dy = random_device(x.shape(), dt), dx = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
-      Tensor dgamma = Tensor::zeros({H}, DType::F32, MemorySpace::Cuda), dbeta = dgamma.clone();
-      add_row("layernorm_backward", dt, "[8192, 768]", 3 * n * es, [&] { layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta); });
-      Tensor table = random_device({vocab, H}, dt), ids = random_ids(tokens, int(vocab));
-      add_row("embedding_forward", dt, "[8192, 768]", 2 * n * es, [&] { embedding_forward(ids, table, 0, y); });
-      Tensor dtable = Tensor::zeros({vocab, H}, DType::F32, MemorySpace::Cuda);
-      add_row("embedding_backward (fp32 grad)", dt, "[8192, 768]", n * es + 2 * n * 4, [&] { embedding_backward(ids, dy, 0, dtable); });
+      Tensor dgamma = Tensor::zeros({h}, DType::F32, MemorySpace::Cuda), dbeta = dgamma.clone();
+      add_row("layernorm_backward", dt, shape, 3 * n * es, [&] { layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta); });
+      Tensor residual = random_device(x.shape(), dt);  // the transformer layer's call
+      add_row("layernorm_backward + residual", dt, shape, 4 * n * es, [&] { layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, &residual); });
+      Tensor table = random_device({vocab, h}, dt), ids = random_ids(tokens, int(vocab));
+      add_row("embedding_forward", dt, shape, 2 * n * es, [&] { embedding_forward(ids, table, 0, y); });
+      Tensor dtable = Tensor::zeros({vocab, h}, DType::F32, MemorySpace::Cuda);
+      add_row("embedding_backward (fp32 grad)", dt, shape, n * es + 2 * n * 4, [&] { embedding_backward(ids, dy, 0, dtable); });
     }
     {
       Tensor s = random_device({heads_batch, S, S}, dt, -8, 8), p = Tensor::empty(s.shape(), dt, MemorySpace::Cuda);

@@ -16,9 +16,15 @@
 // scalar kernel.
 //   axpy            y += alpha x
 //   scale           x *= alpha
-//   sum_of_squares  sum x^2 (16-byte packs), each thread and block in double, block partials
-//                   summed by one block in a fixed order (deterministic:
-//                   the gradient-norm clip must not depend on scheduling)
+//   sum_of_squares  sum x^2 (16-byte packs), each thread and block in double
+//                   (16-bit packs: their 8 squares in fp32 first), block
+//                   partials summed by the last block to finish, in slot
+//                   order (deterministic: the gradient-norm clip must not
+//                   depend on scheduling; the atomic ticket only picks WHICH
+//                   block adds, not the order), total written to mapped
+//                   pinned host memory: one launch per tensor, then a
+//                   stream synchronisation instead of a pageable cudaMemcpy
+#include <limits>
 #include <vector>
 
 #include "kernels/cuda/column_sums.cuh"
@@ -68,39 +74,98 @@ struct Scale {
   __device__ float operator()(float x, float, float) const { return alpha * x; }
 };
 
+/// Squares of one pack, added into acc: per element in double for fp32
+/// (x^2 is exact in double); for 16-bit types the V squares (each exact in
+/// fp32: at most 2 x 11 significant bits) are added in fp32 and converted
+/// once, because the fp32 -> fp64 conversion runs at 16 per clock per SM
+/// on sm_90 and one per element would cost about as much as the loads.
+/// (A bf16 value above 1.8e19 squares to inf in fp32 where double would
+/// not: a gradient that large has diverged anyway.)
 template <class T>
-__global__ void sum_of_squares_partial_kernel(const T* __restrict__ x, kindex n,
-                                              double* __restrict__ partial) {
+__device__ __forceinline__ void add_squares(const Pack<T>& p, double& acc) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int j = 0; j < kPack<T>; ++j) {
+      const double v = to_f(p.v[j]);
+      acc += v * v;
+    }
+  } else {
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPack<T>; ++j) s = fmaf(to_f(p.v[j]), to_f(p.v[j]), s);
+    acc += double(s);
+  }
+}
+
+/// Blocks finished so far in the current sum_of_squares_many call; the
+/// block that takes the last ticket resets it to 0 for the next call (calls
+/// run one after another on the legacy stream).
+__device__ unsigned int g_squares_tickets = 0;
+
+/// Writes this block's sum of x^2 to partial[slot0 + blockIdx.x]; the last
+/// block of the whole call (all its kernels: `slots` blocks in all) then
+/// adds partial[0 .. slots) in index order (a fixed order: deterministic)
+/// and writes the total to *total (mapped host memory). One launch per
+/// tensor and no separate finishing kernel. Launch bounds: 32 registers,
+/// so 8 blocks of 256 fit an SM and the 1024-block grid is one wave of an
+/// H100's 132 SMs (at 40 registers, 6 fit: 1.3 waves).
+template <class T>
+__global__ void __launch_bounds__(kThreads, 8)
+    sum_of_squares_kernel(const T* __restrict__ x, kindex n, double* partial, unsigned slot0,
+                          unsigned slots, double* total) {
   __shared__ double scratch[32];
+  __shared__ bool last;
   double acc = 0.0;
   // 16-byte packs where x is aligned (gradients always are), the rest (and
   // any unaligned tensor) element by element.
   constexpr int V = kPack<T>;
   const kindex packs = (reinterpret_cast<std::uintptr_t>(x) & 15u) == 0 ? n / V : 0;
-  GRID_STRIDE(k, packs) {
-    const Pack<T> p = reinterpret_cast<const Pack<T>*>(x)[k];
+  const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
+  const kindex stride = kindex(gridDim.x) * blockDim.x;
+  kindex k = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
+  // Four packs' loads in flight per thread (64 bytes), added in order.
+  constexpr int kUnroll = 4;
+  for (; k + (kUnroll - 1) * stride < packs; k += kUnroll * stride) {
+    Pack<T> p[kUnroll];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const double v = to_f(p.v[j]);
-      acc += v * v;
-    }
+    for (int u = 0; u < kUnroll; ++u) p[u] = xp[k + u * stride];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) add_squares(p[u], acc);
   }
+  for (; k < packs; k += stride) add_squares(xp[k], acc);
   for (kindex i = packs * V + kindex(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += kindex(gridDim.x) * blockDim.x) {
     const double v = load_f(x, i);
     acc += v * v;
   }
   acc = block_sum(acc, scratch);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  if (threadIdx.x == 0) {
+    partial[slot0 + blockIdx.x] = acc;
+    __threadfence();  // the partial is visible before the ticket counts it
+    last = atomicAdd(&g_squares_tickets, 1u) == slots - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  double sum = 0.0;
+  for (unsigned i = threadIdx.x; i < slots; i += blockDim.x) sum += __ldcg(partial + i);
+  sum = block_sum(sum, scratch);
+  if (threadIdx.x == 0) {
+    *total = sum;
+    g_squares_tickets = 0;
+  }
 }
 
-__global__ void sum_partials_kernel(const double* __restrict__ partial, int count,
-                                    double* __restrict__ total) {
-  __shared__ double scratch[32];
-  double acc = 0.0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
-  acc = block_sum(acc, scratch);
-  if (threadIdx.x == 0) *total = acc;
+/// A mapped, pinned host double: the kernel writes the sum straight into
+/// host memory, and the host waits for the stream instead of a copy.
+/// One per process, used by one call at a time (each call synchronises).
+double* squares_result() {
+  static double* mapped = [] {
+    void* p = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&p, sizeof(double), cudaHostAllocMapped));
+    return static_cast<double*>(p);
+  }();
+  return mapped;
 }
 
 }  // namespace
@@ -175,24 +240,26 @@ double sum_of_squares_many(int count, const DType* types, const void* const* xs,
     slots += blocks[k];
   }
   if (slots == 0) return 0.0;
-  device::Buffer partial(std::size_t(slots + 1) * sizeof(double));
-  double* total_dev = partial.as<double>() + slots;
+  MESH_VERIFY(slots < kindex(UINT32_MAX), "sum_of_squares: " << slots << " blocks");
+  device::Buffer partial(std::size_t(slots) * sizeof(double));
+  double* host_total = squares_result();
+  double* total_dev = nullptr;
+  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&total_dev), host_total, 0));
+  *host_total = std::numeric_limits<double>::quiet_NaN();  // shows a missing write
   kindex at = 0;
   for (int k = 0; k < count; ++k) {
     if (blocks[k] == 0) continue;
     with_storage_type(types[k], "sum_of_squares", [&](auto zero) {
       using T = decltype(zero);
-      sum_of_squares_partial_kernel<T><<<blocks[k], kThreads, 0, kStream>>>(
-          static_cast<const T*>(xs[k]), ns[k], partial.as<double>() + at);
+      sum_of_squares_kernel<T><<<blocks[k], kThreads, 0, kStream>>>(
+          static_cast<const T*>(xs[k]), ns[k], partial.as<double>(), unsigned(at),
+          unsigned(slots), total_dev);
       MESH_CUDA_LAUNCHED();
     });
     at += blocks[k];
   }
-  sum_partials_kernel<<<1, 1024, 0, kStream>>>(partial.as<double>(), int(slots), total_dev);
-  MESH_CUDA_LAUNCHED();
-  double total = 0.0;
-  CUDA_CHECK(cudaMemcpy(&total, total_dev, sizeof(double), cudaMemcpyDeviceToHost));
-  return total;
+  CUDA_CHECK(cudaStreamSynchronize(kStream));
+  return *static_cast<volatile double*>(host_total);
 }
 
 }  // namespace meshtron::cuda

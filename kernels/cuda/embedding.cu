@@ -18,10 +18,18 @@
 //                  the start of a run walks it: acc = dtable[r, h], then
 //                  acc += dout[n, h] token by token, one store. In fp32 this
 //                  is the host's order and rounding exactly; a bf16/fp16
-//                  dtable is rounded once, at the store.
+//                  dtable is rounded once, at the store. Packed (H a
+//                  multiple of V = 16 / sizeof(T), dout and dtable 16-byte
+//                  aligned): one thread per (sorted position, 16-byte pack
+//                  of dout), positions on grid y, so no per-element 64-bit
+//                  division (emulated on the GPU: dozens of instructions)
+//                  and 16-byte instead of 2- or 4-byte loads; the same adds
+//                  in the same order per element, so the same bits.
 //             Used for word ids and, through the model, for positions.
 // Forward, packed (H a multiple of V = 16 / sizeof(T), table and out
-// 16-byte aligned): one thread per 16-byte pack of an output row, 32-bit
+// 16-byte aligned): four 16-byte packs of output per thread (all four ids
+// loads, then all four table loads, then the stores: 64 bytes in flight per
+// thread where one pack behind a dependent ids load left ~16), 32-bit
 // index math when the pack count fits; each element goes through the same
 // load_f / store_f conversions as the scalar kernel (an exact round trip
 // for every finite value), so the same bits. Otherwise the scalar kernel.
@@ -39,6 +47,8 @@ namespace meshtron::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kForwardPacksPerThread = 4;  // 64 bytes of loads in flight per thread
+constexpr int kRunUnroll = 4;              // dout loads in flight per run walk
 
 template <class T>
 __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ ids, kindex N,
@@ -51,26 +61,49 @@ __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ ids, k
   }
 }
 
-template <class T, class I>
+/// Pack k of the output: row n = k / row_packs, pack q of it.
+template <class T, class I, int U>
 __global__ void embedding_forward_packed_kernel(const std::int32_t* __restrict__ ids, kindex N,
                                                 const T* __restrict__ table, kindex V,
                                                 kindex H, kindex vocab_begin,
                                                 T* __restrict__ out) {
   const I row_packs = I(H / kPack<T>);
   const kindex packs = N * kindex(row_packs);
-  GRID_STRIDE(k, packs) {
-    const I n = I(k) / row_packs, q = I(k) - n * row_packs;
-    const kindex row = kindex(ids[n]) - vocab_begin;
-    Pack<T> o;
-    if (row >= 0 && row < V) {
-      const Pack<T> t = reinterpret_cast<const Pack<T>*>(table)[row * kindex(row_packs) + q];
+  const kindex stride = kindex(gridDim.x) * blockDim.x;
+  for (kindex k0 = kindex(blockIdx.x) * blockDim.x + threadIdx.x; k0 < packs; k0 += U * stride) {
+    // U packs per thread, stride apart: all ids loads, then all table
+    // loads, then the stores, so U independent 16-byte loads are in flight.
+    kindex row[U];
+    I q[U];
 #pragma unroll
-      for (int j = 0; j < kPack<T>; ++j) o.v[j] = from_f<T>(to_f(t.v[j]));
-    } else {
-#pragma unroll
-      for (int j = 0; j < kPack<T>; ++j) o.v[j] = from_f<T>(0.f);
+    for (int u = 0; u < U; ++u) {
+      const kindex k = k0 + u * stride;
+      row[u] = -1;
+      q[u] = 0;
+      if (k < packs) {
+        const I n = I(k) / row_packs;
+        q[u] = I(k) - n * row_packs;
+        row[u] = kindex(ids[n]) - vocab_begin;
+      }
     }
-    reinterpret_cast<Pack<T>*>(out)[k] = o;
+    Pack<T> t[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (row[u] >= 0 && row[u] < V)
+        t[u] = reinterpret_cast<const Pack<T>*>(table)[row[u] * kindex(row_packs) + q[u]];
+      else
+#pragma unroll
+        for (int j = 0; j < kPack<T>; ++j) t[u].v[j] = from_f<T>(0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const kindex k = k0 + u * stride;
+      if (k >= packs) continue;
+      Pack<T> o;
+#pragma unroll
+      for (int j = 0; j < kPack<T>; ++j) o.v[j] = from_f<T>(to_f(t[u].v[j]));
+      reinterpret_cast<Pack<T>*>(out)[k] = o;
+    }
   }
 }
 
@@ -99,6 +132,65 @@ __global__ void embedding_runs_kernel(const std::uint32_t* __restrict__ rows,
     for (kindex k = j; k < N && rows[k] == row; ++k)
       acc += load_f(dout, kindex(tokens[k]) * H + h);
     store_f(dtable, kindex(row) * H + h, acc);
+  }
+}
+
+/// Step 3 on 16-byte packs (H % V == 0 for V = 16 / sizeof(T), dout and
+/// dtable 16-byte aligned): thread x of the block takes pack q of a row,
+/// thread y a sorted position j (grid-strided), so no index division; the
+/// first position of each run loads its V dtable values, adds the run's
+/// dout packs in token order and stores once. Per element the same fp32
+/// adds in the same order as embedding_runs_kernel: the same bits.
+template <class T, class G>
+__global__ void embedding_runs_packed_kernel(const std::uint32_t* __restrict__ rows,
+                                             const std::int32_t* __restrict__ tokens,
+                                             kindex N, const T* __restrict__ dout, kindex V,
+                                             kindex row_packs, G* __restrict__ dtable) {
+  constexpr int PV = kPack<T>, GP = PV / kPack<G>;  // dtable packs per dout pack
+  const kindex q = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q >= row_packs) return;
+  const Pack<T>* dpacks = reinterpret_cast<const Pack<T>*>(dout);
+  Pack<G>* tpacks = reinterpret_cast<Pack<G>*>(dtable);
+  for (kindex j = kindex(blockIdx.y) * blockDim.y + threadIdx.y; j < N;
+       j += kindex(gridDim.y) * blockDim.y) {
+    const std::uint32_t row = rows[j];
+    if (row >= V || (j > 0 && rows[j - 1] == row)) continue;
+    const kindex at = (kindex(row) * row_packs + q) * GP;
+    float acc[PV];
+#pragma unroll
+    for (int s = 0; s < GP; ++s) {
+      const Pack<G> g = tpacks[at + s];
+#pragma unroll
+      for (int e = 0; e < kPack<G>; ++e) acc[s * kPack<G> + e] = to_f(g.v[e]);
+    }
+    // The run's end first (sorted keys: cache hits), so that the dout
+    // loads of four tokens can be in flight together instead of one load
+    // waiting on the previous loop test: frequent words make runs of
+    // hundreds of tokens. The adds stay in token order.
+    kindex end = j + 1;
+    while (end < N && rows[end] == row) ++end;
+    kindex k = j;
+    for (; k + kRunUnroll <= end; k += kRunUnroll) {
+      Pack<T> d[kRunUnroll];
+#pragma unroll
+      for (int u = 0; u < kRunUnroll; ++u) d[u] = dpacks[kindex(tokens[k + u]) * row_packs + q];
+#pragma unroll
+      for (int u = 0; u < kRunUnroll; ++u)
+#pragma unroll
+        for (int e = 0; e < PV; ++e) acc[e] += to_f(d[u].v[e]);
+    }
+    for (; k < end; ++k) {
+      const Pack<T> d = dpacks[kindex(tokens[k]) * row_packs + q];
+#pragma unroll
+      for (int e = 0; e < PV; ++e) acc[e] += to_f(d.v[e]);
+    }
+#pragma unroll
+    for (int s = 0; s < GP; ++s) {
+      Pack<G> g;
+#pragma unroll
+      for (int e = 0; e < kPack<G>; ++e) g.v[e] = from_f<G>(acc[s * kPack<G> + e]);
+      tpacks[at + s] = g;
+    }
   }
 }
 
@@ -136,6 +228,23 @@ struct SortedRows {
   }
 };
 
+/// Block (x: packs of a row, y: sorted positions) of ~256 threads; grid y
+/// capped at 65535 (the kernel grid-strides over positions).
+template <class T, class G>
+void launch_runs_packed(const SortedRows& sorted, kindex N, const T* dout, kindex V, kindex H,
+                        G* dtable) {
+  const kindex row_packs = H / kPack<T>;
+  const int tx = row_packs >= kThreads ? kThreads : int((row_packs + 31) / 32 * 32);
+  const int ty = kThreads / tx;
+  const kindex y_blocks = (N + ty - 1) / ty;
+  const dim3 grid(unsigned((row_packs + tx - 1) / tx),
+                  unsigned(y_blocks < 65535 ? y_blocks : 65535));
+  embedding_runs_packed_kernel<T, G><<<grid, dim3(tx, ty), 0, kStream>>>(
+      sorted.rows.as<std::uint32_t>(), sorted.tokens.as<std::int32_t>(), N, dout, V, row_packs,
+      dtable);
+  MESH_CUDA_LAUNCHED();
+}
+
 template <class T>
 __global__ void position_forward_kernel(const T* __restrict__ table, kindex S, kindex N, kindex H,
                                         T* __restrict__ out) {
@@ -167,14 +276,14 @@ void embedding_forward(DType t, const std::int32_t* ids, index_t N, const void* 
       const kindex packs = N * (H / kPack<T>);
       const auto* tab = static_cast<const T*>(table);
       T* o = static_cast<T*>(out);
+      constexpr int U = kForwardPacksPerThread;
+      const unsigned blocks = grid_for((packs + U - 1) / U, kThreads);
       if (packs < kindex(UINT32_MAX))  // 32-bit index division where it fits
-        embedding_forward_packed_kernel<T, std::uint32_t>
-            <<<grid_for(packs, kThreads), kThreads, 0, kStream>>>(ids, N, tab, V_local, H,
-                                                                  vocab_begin, o);
+        embedding_forward_packed_kernel<T, std::uint32_t, U>
+            <<<blocks, kThreads, 0, kStream>>>(ids, N, tab, V_local, H, vocab_begin, o);
       else
-        embedding_forward_packed_kernel<T, std::uint64_t>
-            <<<grid_for(packs, kThreads), kThreads, 0, kStream>>>(ids, N, tab, V_local, H,
-                                                                  vocab_begin, o);
+        embedding_forward_packed_kernel<T, std::uint64_t, U>
+            <<<blocks, kThreads, 0, kStream>>>(ids, N, tab, V_local, H, vocab_begin, o);
       MESH_CUDA_LAUNCHED();
       return;
     }
@@ -191,6 +300,11 @@ void embedding_backward(DType t, DType g, const std::int32_t* ids, index_t N, co
     using T = decltype(tz);
     using G = decltype(gz);
     const SortedRows sorted(ids, N, V_local, vocab_begin);
+    if (H % kPack<T> == 0 && aligned16(dout) && aligned16(dtable)) {
+      launch_runs_packed<T, G>(sorted, N, static_cast<const T*>(dout), V_local, H,
+                               static_cast<G*>(dtable));
+      return;
+    }
     embedding_runs_kernel<T, G><<<grid_for(N * H, kThreads), kThreads, 0, kStream>>>(
         sorted.rows.as<std::uint32_t>(), sorted.tokens.as<std::int32_t>(), N,
         static_cast<const T*>(dout), V_local, H, static_cast<G*>(dtable));

@@ -15,7 +15,10 @@
 // fp32 / 2048 bf16, and H <= 1536 for the backward of 16-bit types): still
 // one warp per row, but lane l loads packs l, l + 32, ... (K of them, K a
 // template constant) with 16-byte loads and keeps the row in registers, so
-// DRAM sees each row once and the loads are wide. The formulas and the
+// DRAM sees each row once and the loads are wide. Both packed kernels run
+// a grid that fits on the GPU at once, each warp looping over rows with the
+// next row's loads in flight while it works on the current one (forward:
+// in registers; backward: cp.async into a per-warp shared-memory ring). The formulas and the
 // points where values round to T are the scalar kernels' (same
 // expressions, fp32 statistics); only the order in which each lane adds
 // its elements before the warp reduction differs (lane l owns elements
@@ -143,6 +146,11 @@ __device__ __forceinline__ void load_row(const T* row, int P, int lane, Pack<T> 
   }
 }
 
+/// Warp w of the grid takes rows w, w + (warps in the grid), ...; the grid
+/// is what fits on the GPU at once (forward_blocks), so every warp is
+/// resident from the start, and while a warp normalises one row the next
+/// row's loads are already in flight (`next`): no warp waits a full DRAM
+/// latency between its rows. Per row the same expressions as before.
 template <class T, int K>
 __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 const T* __restrict__ gamma,
@@ -151,44 +159,92 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 float* __restrict__ mean,
                                                 float* __restrict__ rstd) {
   constexpr int V = kPack<T>;
-  const kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, P = int(H / V);
+  const kindex warps = kindex(gridDim.x) * kWarpsPerBlock;
+  kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
-  Pack<T> xr[K];
-  load_row(x + row * H, P, lane, xr);
-  float sum = 0.f;
+  Pack<T> next[K];
+  load_row(x + row * H, P, lane, next);
+  for (; row < N; row += warps) {
+    Pack<T> xr[K];
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < P)
+    for (int k = 0; k < K; ++k) xr[k] = next[k];
+    if (row + warps < N) load_row(x + (row + warps) * H, P, lane, next);
+    float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < V; ++j) sum += to_f(xr[k].v[j]);
-  const float mu = warp_sum(sum) / float(H);
-  float sq = 0.f;
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < P)
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < P)
+        for (int j = 0; j < V; ++j) sum += to_f(xr[k].v[j]);
+    const float mu = warp_sum(sum) / float(H);
+    float sq = 0.f;
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float d = to_f(xr[k].v[j]) - mu;
-        sq += d * d;
-      }
-  const float rs = rsqrtf(warp_sum(sq) / float(H) + eps);
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < P)
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int p = lane + 32 * k;
-    if (p >= P) continue;
-    const Pack<T> g = reinterpret_cast<const Pack<T>*>(gamma)[p];
-    const Pack<T> b = reinterpret_cast<const Pack<T>*>(beta)[p];
-    Pack<T> out;
+        for (int j = 0; j < V; ++j) {
+          const float d = to_f(xr[k].v[j]) - mu;
+          sq += d * d;
+        }
+    const float rs = rsqrtf(warp_sum(sq) / float(H) + eps);
 #pragma unroll
-    for (int j = 0; j < V; ++j)
-      out.v[j] = from_f<T>((to_f(xr[k].v[j]) - mu) * rs * to_f(g.v[j]) + to_f(b.v[j]));
-    reinterpret_cast<Pack<T>*>(y + row * H)[p] = out;
+    for (int k = 0; k < K; ++k) {
+      const int p = lane + 32 * k;
+      if (p >= P) continue;
+      const Pack<T> g = reinterpret_cast<const Pack<T>*>(gamma)[p];
+      const Pack<T> b = reinterpret_cast<const Pack<T>*>(beta)[p];
+      Pack<T> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        out.v[j] = from_f<T>((to_f(xr[k].v[j]) - mu) * rs * to_f(g.v[j]) + to_f(b.v[j]));
+      reinterpret_cast<Pack<T>*>(y + row * H)[p] = out;
+    }
+    if (lane == 0) {
+      mean[row] = mu;
+      rstd[row] = rs;
+    }
   }
-  if (lane == 0) {
-    mean[row] = mu;
-    rstd[row] = rs;
-  }
+}
+
+/// Blocks of `kernel` (block_threads each, no dynamic shared memory) that
+/// the whole GPU holds at once, from the occupancy calculator.
+template <class Kernel>
+kindex resident_blocks(Kernel kernel, int block_threads) {
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0));
+  return kindex(sms) * (per_sm > 0 ? per_sm : 1);
+}
+
+/// Grid of the packed forward: one block per kWarpsPerBlock rows, at most
+/// one full wave. bf16 H = 768 before: 48 registers, 5 blocks per SM, the
+/// 1024 one-row-per-warp blocks in 1.55 waves, the second wave's loads
+/// issued only as first-wave warps exited; now 65 registers, 3 blocks per
+/// SM (396 on an H100), 2-3 rows per warp, the next row always in flight.
+/// Looked up once per kernel (one GPU per process).
+template <class T, int K>
+kindex forward_blocks(kindex N) {
+  static const kindex resident =
+      resident_blocks(layernorm_forward_packed_kernel<T, K>, kWarpsPerBlock * 32);
+  const kindex row_blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return row_blocks < resident ? row_blocks : resident;
+}
+
+// cp.async (sm_80+): 16-byte global -> shared copies that hold no
+// registers while in flight; the packed backward streams the next row into
+// shared memory with them while it works on the current one.
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 /// Warps per block of the packed backward: 16 (512 threads, so at most 128
@@ -199,10 +255,42 @@ constexpr int backward_warps(std::size_t type_bytes, int K) {
   return (type_bytes == 2 ? K <= 3 : K <= 6) ? 16 : 8;
 }
 
+/// Shared memory one block may hold on sm_90 (the opt-in maximum, 227 KiB).
+constexpr std::size_t kMaxSharedPerBlock = 227 * 1024;
+
+/// Rows streamed through the packed backward's ring: dy, x and, where the
+/// ring for three still fits next to the static stage, the residual
+/// gradient (when the call has one); else the residual is read directly.
+/// Only fp32 K = 6 (16 warps) needs the fallback: 288 KiB for three.
+template <class T, int K, int W>
+__host__ __device__ constexpr int ring_tensors() {
+  const std::size_t stage = std::size_t(2) * W * 32 * kPack<T> * sizeof(float);
+  const std::size_t three = std::size_t(W) * 2 * 3 * 32 * K * sizeof(Pack<T>);
+  return stage + three <= kMaxSharedPerBlock ? 3 : 2;
+}
+
+/// Dynamic shared memory of the packed backward: per warp two buffers
+/// (this row, next row) of ring_tensors() rows, 32 K packs each.
+template <class T, int K, int W>
+__host__ __device__ constexpr std::size_t backward_ring_bytes() {
+  return std::size_t(W) * 2 * ring_tensors<T, K, W>() * 32 * K * sizeof(Pack<T>);
+}
+
 /// dx as layernorm_backward_dx_kernel, plus per-block partial column sums
 /// partial[(block * 2 + 0) * H + c] (dgamma terms) and [... + 1] (dbeta).
 /// Warp w of the grid takes rows w, w + (warps in the grid), ... gamma is
 /// re-read per row (an L1 hit) rather than held, to save 4 K registers.
+/// Rows arrive through a per-warp ring in shared memory: at the top of an
+/// iteration the warp issues cp.async copies of its NEXT row's dy and x,
+/// then waits for the current row's (issued one iteration earlier), so the
+/// loads of one row overlap the reductions, dx stores and column sums of
+/// the previous one. (Before, each warp loaded its row into registers and
+/// waited a full DRAM latency per row, about 4 rows per warp at N = 8192,
+/// with only 16 warps per SM to hide it: the 128 registers of the column
+/// sums leave no room for a register prefetch, shared memory has room.)
+/// Each lane copies and reads back only its own packs, so no barrier; the
+/// buffer refilled at the top of an iteration was last read in the
+/// previous one, by loads whose values that iteration's stores consumed.
 template <class T, int K, int W = backward_warps(sizeof(T), K)>
 __global__ void __launch_bounds__(W * 32)
     layernorm_backward_packed_kernel(const T* __restrict__ dy, const T* __restrict__ x,
@@ -220,12 +308,51 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
     for (int j = 0; j < V; ++j) acc_dgamma[k][j] = acc_dbeta[k][j] = 0.f;
 
+  constexpr int R = ring_tensors<T, K, W>();
+  const bool ring_residual = R == 3 && residual != nullptr;
+  extern __shared__ __align__(16) unsigned char ring_bytes[];
+  Pack<T>* ring = reinterpret_cast<Pack<T>*>(ring_bytes) + warp * (2 * R * 32 * K);
+  // ring[(buf R + t) 32 K + p]: buffer buf, t = 0 dy / 1 x / 2 residual, pack p.
+  const auto slot = [&](int buf, int t, int p) { return ring + (buf * R + t) * 32 * K + p; };
+  const auto fetch = [&](kindex r, int buf) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int p = lane + 32 * k;
+      if (p < P) {
+        cp_async16(slot(buf, 0, p), dy + r * H + kindex(p) * V);
+        cp_async16(slot(buf, 1, p), x + r * H + kindex(p) * V);
+        if (ring_residual) cp_async16(slot(buf, R - 1, p), residual + r * H + kindex(p) * V);
+      }
+    }
+  };
+
   const kindex warps = kindex(gridDim.x) * W;
-  for (kindex row = kindex(blockIdx.x) * W + warp; row < N; row += warps) {
+  kindex row = kindex(blockIdx.x) * W + warp;
+  float next_mu = 0.f, next_rs = 0.f;  // the statistics ride along with the row
+  if (row < N) {
+    fetch(row, 0);
+    next_mu = mean[row];
+    next_rs = rstd[row];
+  }
+  cp_async_commit();
+  for (int buf = 0; row < N; row += warps, buf ^= 1) {
+    const float mu = next_mu, rs = next_rs;
+    if (row + warps < N) {
+      fetch(row + warps, buf ^ 1);
+      next_mu = mean[row + warps];
+      next_rs = rstd[row + warps];
+    }
+    cp_async_commit();  // possibly empty: one group per iteration either way
+    cp_async_wait<1>();  // this row's group (the older one) has landed
     Pack<T> dyr[K], xr[K];
-    load_row(dy + row * H, P, lane, dyr);
-    load_row(x + row * H, P, lane, xr);
-    const float mu = mean[row], rs = rstd[row];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int p = lane + 32 * k;
+      if (p < P) {
+        dyr[k] = *slot(buf, 0, p);
+        xr[k] = *slot(buf, 1, p);
+      }
+    }
     float sum_g = 0.f, sum_g_xhat = 0.f;
 #pragma unroll
     for (int k = 0; k < K; ++k)
@@ -249,7 +376,10 @@ __global__ void __launch_bounds__(W * 32)
       if (p >= P) continue;
       const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
       Pack<T> res{};
-      if (residual) res = reinterpret_cast<const Pack<T>*>(residual + row * H)[p];
+      if (ring_residual)
+        res = *slot(buf, R - 1, p);
+      else if (residual)
+        res = reinterpret_cast<const Pack<T>*>(residual + row * H)[p];
       Pack<T> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -261,6 +391,8 @@ __global__ void __launch_bounds__(W * 32)
       reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
     }
   }
+
+  cp_async_wait<0>();  // nothing left in flight (only empty groups remain)
 
   // Block partials, pack slot by pack slot: column c = 32 V k + q for the
   // q-th value of slot k (q = lane V + j). Warps are added in warp order.
@@ -317,6 +449,24 @@ void with_packs_per_lane(int k, F&& f) {
   }
 }
 
+/// Whether this GPU lets one block of the packed backward for K hold its
+/// static stage and ring (H100 / H200: always; smaller parts may not).
+template <class T>
+bool backward_shared_fits(int k) {
+  static const int optin = [] {
+    int device = 0, bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return bytes;
+  }();
+  std::size_t need = 0;
+  with_packs_per_lane(k, [&](auto kc) {
+    constexpr int K = decltype(kc)::value, W = backward_warps(sizeof(T), K);
+    need = std::size_t(2) * W * 32 * kPack<T> * sizeof(float) + backward_ring_bytes<T, K, W>();
+  });
+  return need <= std::size_t(optin);
+}
+
 /// K for the packed kernels, or 0 for the scalar ones.
 template <class T>
 int packed_k(kindex H, std::initializer_list<const void*> pointers, int max_k) {
@@ -336,8 +486,9 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
     const unsigned blocks = grid_for(N, kWarpsPerBlock, 1LL << 31);
     if (const int k = packed_k<T>(H, {x, gamma, beta, y}, kMaxPacksPerLane)) {
       with_packs_per_lane(k, [&](auto kc) {
-        layernorm_forward_packed_kernel<T, decltype(kc)::value>
-            <<<blocks, kWarpsPerBlock * 32, 0, kStream>>>(
+        constexpr int K = decltype(kc)::value;
+        layernorm_forward_packed_kernel<T, K>
+            <<<unsigned(forward_blocks<T, K>(N)), kWarpsPerBlock * 32, 0, kStream>>>(
                 static_cast<const T*>(x), static_cast<const T*>(gamma),
                 static_cast<const T*>(beta), N, H, float(eps), static_cast<T*>(y), mean, rstd);
         MESH_CUDA_LAUNCHED();
@@ -362,15 +513,24 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
     const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx, residual_grad ? residual_grad : dx},
                                       max_k)
                         : 0;
-    if (k != 0) {
+    if (k != 0 && backward_shared_fits<T>(k)) {
       const int W = backward_warps(sizeof(T), k);
       const kindex row_blocks = (N + W - 1) / W;
       const kindex blocks = row_blocks < kBackwardBlocks ? row_blocks : kBackwardBlocks;
       device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
       with_packs_per_lane(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
-        static_assert(backward_warps(sizeof(T), K) * 32 <= 1024);
-        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), W * 32, 0, kStream>>>(
+        constexpr int WK = backward_warps(sizeof(T), K);
+        static_assert(WK * 32 <= 1024);
+        constexpr std::size_t ring = backward_ring_bytes<T, K, WK>();
+        static const bool opted_in = [] {  // once per kernel: > 48 KiB needs the opt-in
+          CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_packed_kernel<T, K>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(ring)));
+          return true;
+        }();
+        (void)opted_in;
+        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), WK * 32, ring, kStream>>>(
             static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma),
             mean, rstd, N, H, static_cast<T*>(dx), residual, partial.as<float>());
         MESH_CUDA_LAUNCHED();

@@ -1087,5 +1087,194 @@ TEST_F(GpuOps, GemmBiasResidualWithMisalignedResidualMatchesHost) {
 }
 #endif
 
+// ==================================== memory-bound kernels, round two ==
+//
+// kernels/cuda/{layernorm,embedding,elementwise}.cu loop rows/packs over a
+// grid sized to what the GPU holds at once and keep the next row's loads
+// in flight (layernorm: registers forward, a cp.async ring backward, which
+// also carries the residual gradient where shared memory allows). These
+// tests run them past one pass of the grid (N = 8197 rows: more than the
+// ~3200 resident warps of the forward and 2112 of the backward on an H100,
+// and not a multiple of anything), at GPT-2 124M's H = 768, 774M's 1280,
+// 1024 and 2048 (16-bit backward: the scalar kernels), compare with the
+// host, demand the same bits from a second call, and run the scalar
+// fallbacks on views one element off a 16-byte boundary.
+#ifdef MESHTRON_HAVE_CUDA
+
+bool same_bits(const Tensor& a, const Tensor& b) { return a.to_doubles() == b.to_doubles(); }
+
+/// A misaligned device copy of `src` (one element past a 16-byte boundary).
+OffsetView misaligned_copy(const Tensor& src) {
+  OffsetView o = offset_by_one(src.shape(), src.dtype());
+  o.view.copy_from(src);
+  return o;
+}
+
+TEST_F(GpuOps, LayerNormRowLoopsMatchHostRepeatAndFallBackWhenMisaligned) {
+  const index_t N = 8197;
+  for (DType dt : kDtypes)
+    for (index_t H : {index_t(768), index_t(1024), index_t(1280), index_t(2048)}) {
+      const std::string what = "layernorm " + name(dt) + " N=" + std::to_string(N) +
+                               " H=" + std::to_string(H);
+      const Pair x = input({N, H}, dt, -2.0, 3.0), gamma = input({H}, dt), beta = input({H}, dt);
+      Pair y = output({N, H}, dt), mean = output({N}, DType::F32), rstd = output({N}, DType::F32);
+      layernorm_forward(x.host, gamma.host, beta.host, 1e-5, y.host, mean.host, rstd.host);
+      layernorm_forward(x.dev, gamma.dev, beta.dev, 1e-5, y.dev, mean.dev, rstd.dev);
+      expect_close(y, dt, what + " y");
+      expect_close(mean, DType::F32, what + " mean");
+      expect_close(rstd, DType::F32, what + " rstd");
+      Pair y2 = output({N, H}, dt), mean2 = output({N}, DType::F32),
+           rstd2 = output({N}, DType::F32);
+      layernorm_forward(x.dev, gamma.dev, beta.dev, 1e-5, y2.dev, mean2.dev, rstd2.dev);
+      EXPECT_TRUE(same_bits(y2.dev, y.dev)) << what << ": y differs between calls";
+      EXPECT_TRUE(same_bits(mean2.dev, mean.dev) && same_bits(rstd2.dev, rstd.dev)) << what;
+
+      // Scalar forward: x one element off a 16-byte boundary.
+      OffsetView x_off = misaligned_copy(x.dev);
+      Pair y_off = output({N, H}, dt), mean_off = output({N}, DType::F32),
+           rstd_off = output({N}, DType::F32);
+      layernorm_forward(x_off.view, gamma.dev, beta.dev, 1e-5, y_off.dev, mean_off.dev,
+                        rstd_off.dev);
+      expect_close(y_off.dev, y.host, tolerance(dt), what + " misaligned x: y");
+      expect_close(mean_off.dev, mean.host, tolerance(DType::F32), what + " misaligned x: mean");
+
+      // Backward with the residual gradient (the model's call), host statistics.
+      const Pair dy = input({N, H}, dt), residual = input({N, H}, dt);
+      const Tensor mean_dev = mean.host.to_device(), rstd_dev = rstd.host.to_device();
+      Pair dx = output({N, H}, dt), dgamma = input({H}, DType::F32), dbeta = input({H}, DType::F32);
+      const Tensor dgamma0 = dgamma.dev.clone(), dbeta0 = dbeta.dev.clone();
+      layernorm_backward(dy.host, x.host, gamma.host, mean.host, rstd.host, dx.host, dgamma.host,
+                         dbeta.host, &residual.host);
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean_dev, rstd_dev, dx.dev, dgamma.dev,
+                         dbeta.dev, &residual.dev);
+      expect_close(dx, dt, what + " dx + residual");
+      expect_close(dgamma, dt, what + " dgamma");
+      expect_close(dbeta, dt, what + " dbeta");
+      Pair dx2 = output({N, H}, dt);
+      Tensor dgamma2 = dgamma0.clone(), dbeta2 = dbeta0.clone();
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean_dev, rstd_dev, dx2.dev, dgamma2, dbeta2,
+                         &residual.dev);
+      EXPECT_TRUE(same_bits(dx2.dev, dx.dev)) << what << ": dx differs between calls";
+      EXPECT_TRUE(same_bits(dgamma2, dgamma.dev)) << what << ": dgamma differs between calls";
+      EXPECT_TRUE(same_bits(dbeta2, dbeta.dev)) << what << ": dbeta differs between calls";
+
+      // Without the residual: round(layernorm dx) + residual must be the
+      // bits of the fused call (the ring carries the residual, or not).
+      Tensor plain = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
+      plain.fill(kNaN);
+      Tensor dgamma3 = dgamma0.clone(), dbeta3 = dbeta0.clone();
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean_dev, rstd_dev, plain, dgamma3, dbeta3);
+      EXPECT_TRUE(same_bits(dgamma3, dgamma.dev)) << what << ": dgamma depends on the residual";
+      add(plain, residual.dev, plain);
+      EXPECT_TRUE(same_bits(plain, dx.dev)) << what << ": fused residual != backward + add";
+
+      // Scalar backward: a misaligned residual sends the call to the scalar
+      // kernels; same host reference.
+      OffsetView res_off = misaligned_copy(residual.dev);
+      Pair dx_off = output({N, H}, dt);
+      Tensor dgamma4 = dgamma0.clone(), dbeta4 = dbeta0.clone();
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean_dev, rstd_dev, dx_off.dev, dgamma4,
+                         dbeta4, &res_off.view);
+      expect_close(dx_off.dev, dx.host, tolerance(dt), what + " misaligned residual: dx");
+      expect_close(dgamma4, dgamma.host, tolerance(dt), what + " misaligned residual: dgamma");
+    }
+}
+
+TEST_F(GpuOps, EmbeddingForwardPacksMatchHostExactlyAndFallBack) {
+  const index_t V = 1000, vocab_begin = 100;
+  for (DType dt : kDtypes)
+    for (index_t N : {index_t(1), index_t(37), index_t(8197)})
+      for (index_t H : {index_t(768), index_t(1280), index_t(130)}) {
+        const std::string what = "embedding_forward " + name(dt) + " N=" + std::to_string(N) +
+                                 " H=" + std::to_string(H);
+        const Tensor ids_host = random_ids(N, 0, 1200);  // some outside [100, 1100)
+        const Tensor ids_dev = ids_host.to_device();
+        const Pair table = input({V, H}, dt);
+        Pair out = output({N, H}, dt);
+        embedding_forward(ids_host, table.host, vocab_begin, out.host);
+        embedding_forward(ids_dev, table.dev, vocab_begin, out.dev);
+        expect_close(out, DType::F32, what);  // a copy: exact, any dtype
+        EXPECT_TRUE(out.dev.to_doubles() == out.host.to_doubles()) << what << ": not exact";
+        OffsetView out_off = offset_by_one({N, H}, dt);
+        embedding_forward(ids_dev, table.dev, vocab_begin, out_off.view);
+        EXPECT_TRUE(out_off.view.to_doubles() == out.host.to_doubles())
+            << what << ": misaligned output (scalar kernel) differs";
+      }
+}
+
+// Packed runs (H % V == 0, aligned) and the scalar kernel (odd H, or dout
+// one element off a 16-byte boundary): in an fp32 table the host's bits,
+// every call. 8192 tokens over 40 rows give runs of ~200, over 8192 rows
+// runs of one to a few; 66000 tokens of
+// 520-wide fp32 rows use more sorted positions than grid rows (65535).
+TEST_F(GpuOps, EmbeddingBackwardPacksAreExactAndDeterministicAtModelShapes) {
+  struct Case {
+    DType dt;
+    index_t N, H, V;
+    int id_hi;
+  };
+  std::vector<Case> cases;
+  for (DType dt : kDtypes)
+    for (index_t H : {index_t(768), index_t(1280), index_t(130)})
+      for (int id_hi : {50, 9000}) cases.push_back({dt, 8192, H, id_hi == 50 ? 40 : 8192, id_hi});
+  cases.push_back({DType::F32, 66000, 520, 64, 70});
+  for (const Case& c : cases) {
+    const std::string what = "embedding_backward " + name(c.dt) + " N=" + std::to_string(c.N) +
+                             " H=" + std::to_string(c.H) + " V=" + std::to_string(c.V);
+    const index_t vocab_begin = 5;
+    const Tensor ids_host = random_ids(c.N, 0, c.id_hi), ids_dev = ids_host.to_device();
+    const Pair dout = input({c.N, c.H}, c.dt), start = input({c.V, c.H}, DType::F32);
+    Tensor host = start.host.clone();
+    embedding_backward(ids_host, dout.host, vocab_begin, host);
+    Tensor first = start.dev.clone(), second = start.dev.clone();
+    embedding_backward(ids_dev, dout.dev, vocab_begin, first);
+    embedding_backward(ids_dev, dout.dev, vocab_begin, second);
+    const auto a = first.to_doubles();
+    EXPECT_TRUE(a == second.to_doubles()) << what << ": two calls differ";
+    EXPECT_TRUE(a == host.to_doubles()) << what << ": differs from the host";
+    if (c.N == 8192 && c.H != 130) {
+      OffsetView dout_off = misaligned_copy(dout.dev);
+      Tensor scalar = start.dev.clone();
+      embedding_backward(ids_dev, dout_off.view, vocab_begin, scalar);
+      EXPECT_TRUE(scalar.to_doubles() == a) << what << ": scalar kernel differs";
+      // Gradients in the storage dtype (rounded once per run, at the store).
+      const Pair start_dt = input({c.V, c.H}, c.dt);
+      Pair table_dt{start_dt.host.clone(), start_dt.dev.clone()};
+      embedding_backward(ids_host, dout.host, vocab_begin, table_dt.host);
+      embedding_backward(ids_dev, dout.dev, vocab_begin, table_dt.dev);
+      expect_close(table_dt, c.dt, what + " into " + name(c.dt));
+    }
+  }
+}
+
+// The last block of a sum_of_squares call adds the block partials and
+// resets the ticket counter: back-to-back calls of different sizes and
+// dtypes (16-bit packs are squared in fp32 first), aligned and one element
+// off, each match the host and repeat bit for bit.
+TEST_F(GpuOps, SumOfSquaresBackToBackCallsMatchHostAndRepeat) {
+  for (int round = 0; round < 2; ++round)
+    for (DType dt : kDtypes)
+      for (index_t n : {index_t(1), index_t(7), index_t(4099), index_t(8192 * 3072 + 5)}) {
+        const std::string what = "sum_of_squares " + name(dt) + " n=" + std::to_string(n);
+        const Pair x = input({n}, dt, -3.0, 3.0);
+        const double host = sum_of_squares(x.host), dev = sum_of_squares(x.dev);
+        EXPECT_NEAR(dev, host, 1e-6 * host) << what;
+        EXPECT_EQ(dev, sum_of_squares(x.dev)) << what << ": not deterministic";
+        const OffsetView off = misaligned_copy(x.dev);
+        EXPECT_NEAR(sum_of_squares(off.view), host, 1e-6 * host) << what << " misaligned";
+      }
+  // Many tensors: 48 of 1M elements are 48 x 1024 block partials.
+  std::vector<Tensor> host, dev;
+  for (int k = 0; k < 48; ++k) {
+    const Pair x = input({index_t(1 << 20) + k}, k % 3 == 0 ? DType::F32 : DType::BF16);
+    host.push_back(x.host);
+    dev.push_back(x.dev);
+  }
+  const double expected = sum_of_squares(host), got = sum_of_squares(dev);
+  EXPECT_NEAR(got, expected, 1e-6 * expected);
+  EXPECT_EQ(got, sum_of_squares(dev)) << "many tensors: not deterministic";
+}
+#endif
+
 }  // namespace
 }  // namespace meshtron::ops
