@@ -53,62 +53,18 @@ Tensor ColumnParallelLinear::input_for_gemm(const Tensor& x, LayerContext& ctx,
   return x_full;
 }
 
-namespace {
-
-/// Whether the tp collectives around the GEMMs are split so that they overlap
-/// them (sequence parallelism on more than one tp rank).
-bool overlaps_tp_comm(const LayerContext& ctx) {
-  return ctx.sequence_parallel && ctx.tp.size() > 1;
-}
-
-std::vector<std::size_t> same_count_per_rank(const LayerContext& ctx, index_t count) {
-  return std::vector<std::size_t>(std::size_t(ctx.tp.size()), std::size_t(count));
-}
-
-}  // namespace
-
-void ColumnParallelLinear::gathered_multiply(const Tensor& x, LayerContext& ctx, Cache& cache,
-                                             const RowMultiply& multiply) const {
-  cache.x = x;
-  const index_t rows = x.dim(0), me = ctx.tp.rank(), ranks = ctx.tp.size();
-  Shape full_shape = x.shape();
-  full_shape[0] *= ranks;
-  Tensor x_full = Tensor::empty(full_shape, x.dtype(), x.space());
-  const long gather =
-      ctx.tp.comm.iall_gather(x.raw(), x_full.raw(), same_count_per_rank(ctx, x.numel()), x.dtype());
-  multiply(x, me * rows, (me + 1) * rows);
-  ctx.tp.comm.wait_collective(gather);
-  if (me > 0) multiply(x_full.slice_rows(0, me * rows), 0, me * rows);
-  if (me + 1 < ranks)
-    multiply(x_full.slice_rows((me + 1) * rows, ranks * rows), (me + 1) * rows, ranks * rows);
-}
-
 Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
                                      Cache& cache) const {
-  if (!overlaps_tp_comm(ctx))
-    return matmul_bias(input_for_gemm(x, ctx, cache), weight.value, bias.value);
-  Tensor y = Tensor::empty({x.dim(0) * ctx.tp.size(), weight.value.dim(1)}, x.dtype(), x.space());
-  gathered_multiply(x, ctx, cache, [&](const Tensor& in, index_t begin, index_t end) {
-    Tensor out = y.slice_rows(begin, end);
-    ops::gemm_bias(in, false, weight.value, false, bias.value, out);
-  });
-  return y;
+  return matmul_bias(input_for_gemm(x, ctx, cache), weight.value, bias.value);
 }
 
 Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Cache& cache,
                                           Tensor& pre_gelu) const {
-  const index_t rows = x.dim(0) * (overlaps_tp_comm(ctx) ? ctx.tp.size() : 1);
-  const Shape shape{rows, weight.value.dim(1)};
-  pre_gelu = Tensor::empty(shape, x.dtype(), x.space());
-  Tensor activated = Tensor::empty(shape, x.dtype(), x.space());
-  const auto multiply = [&](const Tensor& in, index_t begin, index_t end) {
-    Tensor pre = pre_gelu.slice_rows(begin, end), act = activated.slice_rows(begin, end);
-    ops::gemm_bias_gelu(in, false, weight.value, false, bias.value, pre, act);
-  };
-  if (overlaps_tp_comm(ctx))
-    gathered_multiply(x, ctx, cache, multiply);
-  else
-    multiply(input_for_gemm(x, ctx, cache), 0, rows);
+  const Tensor x_full = input_for_gemm(x, ctx, cache);
+  const Shape shape{x_full.dim(0), weight.value.dim(1)};
+  pre_gelu = Tensor::empty(shape, x_full.dtype(), x_full.space());
+  Tensor activated = Tensor::empty(shape, x_full.dtype(), x_full.space());
+  ops::gemm_bias_gelu(x_full, false, weight.value, false, bias.value, pre_gelu, activated);
   return activated;
 }
 
@@ -130,7 +86,7 @@ Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext&
   // and the input gradient's reduce-scatter while the weight-gradient GEMM
   // does.
   Communicator& comm = ctx.tp.comm;
-  const std::vector<std::size_t> counts = same_count_per_rank(ctx, cache.x.numel());
+  const std::vector<std::size_t> counts(std::size_t(ctx.tp.size()), std::size_t(cache.x.numel()));
   Shape full_shape = cache.x.shape();
   full_shape[0] *= ctx.tp.size();
   Tensor x_full = Tensor::empty(full_shape, cache.x.dtype(), cache.x.space());
@@ -157,27 +113,10 @@ Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cac
   // On one tp rank the reduction is the identity, so the bias can ride in
   // the GEMM's epilogue; otherwise it is added once, after the sum.
   if (ctx.tp.size() == 1) return matmul_bias(x, weight.value, bias.value);
-  Tensor y = overlaps_tp_comm(ctx) ? multiply_reduce_scatter(x, ctx)
-                                   : mapping::reduce_from_tp(ctx.tp, matmul(x, weight.value));
+  Tensor partial = matmul(x, weight.value);
+  Tensor y = ctx.sequence_parallel ? mapping::reduce_scatter_to_sp(ctx.tp, partial)
+                                   : mapping::reduce_from_tp(ctx.tp, partial);
   ops::bias_add(y, bias.value);
-  return y;
-}
-
-Tensor RowParallelLinear::multiply_reduce_scatter(const Tensor& x, LayerContext& ctx) const {
-  const int ranks = ctx.tp.size();
-  MESH_VERIFY(x.dim(0) % ranks == 0, "RowParallelLinear: " << x.dim(0)
-                                         << " tokens are not divisible by tp = " << ranks);
-  const index_t rows = x.dim(0) / ranks;
-  Tensor partial = Tensor::empty({x.dim(0), weight.value.dim(1)}, x.dtype(), x.space());
-  Tensor y = Tensor::empty({rows, weight.value.dim(1)}, x.dtype(), x.space());
-  for (int c = 0; c < ranks; ++c) {  // the same block order on every rank
-    Tensor block = partial.slice_rows(c * rows, (c + 1) * rows);
-    ops::gemm(x.slice_rows(c * rows, (c + 1) * rows), false, weight.value, false, block);
-    std::vector<std::size_t> counts(std::size_t(ranks), 0);
-    counts[std::size_t(c)] = std::size_t(block.numel());  // all of block c onto rank c
-    ctx.tp.comm.ireduce_scatter(block.raw(), y.raw(), counts, y.dtype(), ReduceOp::Sum);
-  }
-  ctx.tp.comm.wait_collectives();
   return y;
 }
 

@@ -2,8 +2,6 @@
 // [in, out] (as Hugging Face's GPT-2 Conv1D), so Y = X W + b.
 #pragma once
 
-#include <functional>
-
 #include "model/layer_context.hpp"
 #include "model/parameter.hpp"
 
@@ -41,12 +39,6 @@ class ColumnParallelLinear {
   /// backward() under sequence parallelism on tp > 1: the input's all-gather
   /// and the input gradient's reduce-scatter overlap the two GEMMs.
   Tensor backward_overlapped(const Tensor& dy, LayerContext& ctx, const Cache& cache);
-  /// Rows of X_full times A under sequence parallelism on tp > 1: calls
-  /// multiply(rows of X, first row, end row) for this rank's own rows while
-  /// the all-gather brings the others', then for the others'.
-  using RowMultiply = std::function<void(const Tensor&, index_t, index_t)>;
-  void gathered_multiply(const Tensor& x, LayerContext& ctx, Cache& cache,
-                         const RowMultiply& multiply) const;
 };
 
 /// RowParallelLinear: Y = X A + b with A split along its rows and X along its
@@ -81,10 +73,6 @@ class RowParallelLinear {
  private:
   /// Accumulates dA and db; returns the dY this rank's dgrad GEMM takes.
   Tensor accumulate_grads(const Tensor& dy, LayerContext& ctx, const Cache& cache);
-  /// X A reduce-scattered over the sequence (sequence parallelism, tp > 1):
-  /// the GEMM runs in tp row blocks, and block c's reduction onto rank c
-  /// overlaps block c + 1's GEMM. No bias.
-  Tensor multiply_reduce_scatter(const Tensor& x, LayerContext& ctx) const;
 };
 
 /// Y = X W for X [n, in], W [in, out] (helper shared by the layers).
