@@ -418,9 +418,9 @@ void bench_attention_token_major() {
     const char* what;
     index_t s, b, heads, d;
   };
-  const Case cases[] = {{"b=8 heads=12 s=1024 d=64 (GPT-2 124M)", 1024, 8, 12, 64},
-                        {"b=8 heads=16 s=1024 d=128", 1024, 8, 16, 128},
-                        {"b=8 heads=20 s=1024 d=64 (GPT-2 774M)", 1024, 8, 20, 64}};
+  const Case cases[] = {{"b=8x12 S=1024 D=64 (GPT-2 124M)", 1024, 8, 12, 64},
+                        {"b=8x16 S=1024 D=128", 1024, 8, 16, 128},
+                        {"b=8x20 S=1024 D=64 (GPT-2 774M)", 1024, 8, 20, 64}};
   for (const Case& c : cases) {
     const index_t rows = c.s * c.b, width = c.heads * c.d;
     const Tensor qkv = random_device({rows, 3 * width}, DType::BF16, -2, 2);
@@ -447,9 +447,10 @@ void bench_attention_token_major() {
                                                 cuda::cudnn_attention_forward_token_major,
                                                 cuda::cudnn_attention_backward_token_major);
     row("cudnn tm", dnn);
-    std::printf("%-34s speed-up cudnn/own: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx (%s)\n", c.what,
-                own.fwd_ms / dnn.fwd_ms, own.bwd_ms / dnn.bwd_ms,
-                (own.fwd_ms + own.bwd_ms) / (dnn.fwd_ms + dnn.bwd_ms), cudnn.library.c_str());
+    std::printf("%-34s speed-up cudnn/own: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx (%s: %s)\n",
+                c.what, own.fwd_ms / dnn.fwd_ms, own.bwd_ms / dnn.bwd_ms,
+                (own.fwd_ms + own.bwd_ms) / (dnn.fwd_ms + dnn.bwd_ms), cudnn.library.c_str(),
+                cudnn.plans.c_str());
   }
 }
 

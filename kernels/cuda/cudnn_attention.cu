@@ -358,6 +358,7 @@ struct Plan {
   std::unique_ptr<GraphBuilder> parts;  ///< the graph's tensors and operations
   std::optional<Desc> graph, plan;
   std::int64_t workspace = 0, engine = -1;
+  std::string passed_over;  ///< engines ranked above the chosen one, and why not taken
 };
 
 struct EngineInfo {
@@ -432,6 +433,7 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, std::unique_ptr<GraphBuild
                                        CUDNN_TYPE_INT64, 1, &got, &p->workspace));
     p->plan.emplace(std::move(plan));
     p->engine = info.index;
+    p->passed_over = refused;
     return p;
   }
   throw Unsupported(MESH_MSG("no deterministic engine config of " << configs.size()
@@ -568,10 +570,17 @@ CudnnAttentionSupport cudnn_attention_support(DType t, index_t s, index_t b, ind
   const Entry& fwd = planner.entry(key_of(t, s, b, heads, D, false));
   out.forward = fwd.plan != nullptr;
   out.why_not = fwd.why;
+  auto describe_plan = [](const char* direction, const Plan& p) {
+    return MESH_MSG(direction << " engine " << p.engine << ", workspace " << p.workspace
+                              << " B" << (p.passed_over.empty() ? "" : "; passed over:")
+                              << p.passed_over);
+  };
   if (out.forward) {
+    out.plans = describe_plan("forward", *fwd.plan);
     const Entry& bwd = planner.entry(key_of(t, s, b, heads, D, true));
     out.backward = bwd.plan != nullptr;
     out.why_not = bwd.why;
+    if (out.backward) out.plans += "; " + describe_plan("backward", *bwd.plan);
   }
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));

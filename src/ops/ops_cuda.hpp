@@ -116,6 +116,7 @@ struct CudnnAttentionSupport {
   bool backward = false;  ///< a deterministic backward plan finalized for the shape
   std::string library;    ///< "cuDNN 9.19.0", or empty when cuDNN is not built in / not loaded
   std::string why_not;    ///< when not both: the reason
+  std::string plans;      ///< the engines chosen and their workspace bytes
 };
 /// Builds (once per device, dtype and shape; cached) the forward and
 /// backward plans. Thread-safe.

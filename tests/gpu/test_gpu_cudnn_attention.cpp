@@ -202,6 +202,7 @@ void check_case(const Case& c, std::uint64_t seed) {
   }
   if (support.forward && !support.backward)
     std::printf("%s: cuDNN declined the backward: %s\n", c.name().c_str(), support.why_not.c_str());
+  if (support.forward) std::printf("%s plans: %s\n", c.name().c_str(), support.plans.c_str());
   if (support.forward && support.backward) {
     const Result cudnn = run(in, cuda::cudnn_attention_forward_token_major,
                              cuda::cudnn_attention_backward_token_major);
@@ -232,9 +233,10 @@ TEST(GpuCudnnAttention, MatchesOwnKernelAndHostReference) {
   const cuda::CudnnAttentionSupport gpt2 =
       cuda::cudnn_attention_support(DType::BF16, 1024, 8, 12, 64);
   if (gpt2.library.empty()) GTEST_SKIP() << "cuDNN is not available: " << gpt2.why_not;
-  std::printf("%s; GPT-2 124M shape: forward %s, backward %s%s%s\n", gpt2.library.c_str(),
-              gpt2.forward ? "planned" : "declined", gpt2.backward ? "planned" : "declined",
-              gpt2.why_not.empty() ? "" : ": ", gpt2.why_not.c_str());
+  std::printf("%s; GPT-2 124M shape: forward %s, backward %s%s%s\n  plans: %s\n",
+              gpt2.library.c_str(), gpt2.forward ? "planned" : "declined",
+              gpt2.backward ? "planned" : "declined", gpt2.why_not.empty() ? "" : ": ",
+              gpt2.why_not.c_str(), gpt2.plans.c_str());
   EXPECT_TRUE(gpt2.forward && gpt2.backward) << gpt2.why_not;
   const Case cases[] = {
       {128, 1, 1, 64, DType::BF16, true},    {1000, 2, 3, 64, DType::BF16, true},
