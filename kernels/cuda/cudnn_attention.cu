@@ -32,6 +32,14 @@
 // workspace from the caching allocator, on meshtron's stream (kStream, set
 // on the handle with cudnnSetStream).
 //
+// Measured on an H100 (cuDNN 9.19.0, bf16, bench_cuda_ops attention fused),
+// fwd / bwd ms, ours against cuDNN's: b 8 x 12 heads, s 1024, d 64 (GPT-2
+// 124M): 0.087 / 0.277 against 0.059 / 0.208; b 8 x 16, d 128: 0.197 / 0.595
+// against 0.096 / 0.337; b 8 x 20, d 64 (774M): 0.129 / 0.420 against
+// 0.083 / 0.314. The price: the deterministic backward keeps dS in a
+// workspace of b heads s^2 bf16 (200 MB at 124M's shape, 335 MB at 774M's),
+// taken from the caching allocator for the call.
+//
 // Errors: while planning, a failed cuDNN call means "cuDNN cannot do this
 // shape": it is recorded (call, file:line, cudnnGetErrorString and cuDNN's
 // last error message) and the shape stays on our kernel. At execution a
