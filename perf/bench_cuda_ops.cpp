@@ -21,6 +21,13 @@
 // D = 64) and at D = 128 (B = 8 x 16 heads). TFLOP/s count the causal work
 // only: 4 B S^2 D / 2 forward, 2.5 times that backward, for both paths (so
 // the unfused path, which computes the full S x S, is credited with half).
+// On the token-major layout the model uses (qkv [s*b, 3*heads*d], what
+// ops::fused_attention_*_token_major read in place), our kernels ("own tm")
+// against cuDNN's fused attention ("cudnn tm", kernels/cuda/cudnn_attention.cu;
+// a row saying why when cuDNN is not built or declines the shape), at the
+// shapes above with b = 8 (the 8 x 12, 8 x 16 and GPT-2 774M's 8 x 20 heads),
+// with the same FLOP count. The cuDNN times include building its variant
+// pack and taking its workspace from the caching allocator, as in training.
 //
 // AdamW with the bf16 compute copy over GPT-2 774M's parameter shapes: the
 // per-tensor loop (adamw_step + cast) against ops::MultiTensorAdamW.
@@ -392,6 +399,66 @@ AttentionTimes time_unfused_attention(const Tensor& q, const Tensor& k, const Te
   return {fwd, bwd};
 }
 
+/// Token-major times of one backend: `fwd` then `bwd` on fwd's outputs.
+template <class Fwd, class Bwd>
+AttentionTimes time_token_major(const Tensor& qkv, const Tensor& dctx, index_t s, index_t b,
+                                index_t heads, index_t d, Fwd fwd, Bwd bwd) {
+  const DType dt = qkv.dtype();
+  const double scale = 1.0 / std::sqrt(double(d));
+  Tensor ctx = Tensor::empty(dctx.shape(), dt, MemorySpace::Cuda);
+  Tensor lse = Tensor::empty({b * heads, s}, DType::F32, MemorySpace::Cuda), delta = lse.clone();
+  Tensor dqkv = Tensor::empty(qkv.shape(), dt, MemorySpace::Cuda);
+  const double fwd_ms = median_ms(
+      [&] { fwd(dt, qkv.raw(), s, b, heads, d, scale, ctx.raw(), lse.data<float>()); });
+  const double bwd_ms = median_ms([&] {
+    bwd(dt, dctx.raw(), qkv.raw(), ctx.raw(), lse.data<float>(), s, b, heads, d, scale,
+        delta.data<float>(), dqkv.raw());
+  });
+  return {fwd_ms, bwd_ms};
+}
+
+/// Our kernels and cuDNN's on the token-major layout (b 8).
+void bench_attention_token_major() {
+  struct Case {
+    const char* what;
+    index_t s, b, heads, d;
+  };
+  const Case cases[] = {{"b=8x12 S=1024 D=64 (GPT-2 124M)", 1024, 8, 12, 64},
+                        {"b=8x16 S=1024 D=128", 1024, 8, 16, 128},
+                        {"b=8x20 S=1024 D=64 (GPT-2 774M)", 1024, 8, 20, 64}};
+  for (const Case& c : cases) {
+    const index_t rows = c.s * c.b, width = c.heads * c.d;
+    const Tensor qkv = random_device({rows, 3 * width}, DType::BF16, -2, 2);
+    const Tensor dctx = random_device({rows, width}, DType::BF16);
+    const double fwd_flop = 4.0 * double(c.b * c.heads) * double(c.s) * double(c.s) * c.d / 2;
+    const double bwd_flop = 2.5 * fwd_flop;
+    auto row = [&](const char* path, const AttentionTimes& t) {
+      std::printf("%-34s %-9s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f\n", c.what, path, t.fwd_ms,
+                  fwd_flop / (t.fwd_ms * 1e9), t.bwd_ms, bwd_flop / (t.bwd_ms * 1e9),
+                  t.fwd_ms + t.bwd_ms, (fwd_flop + bwd_flop) / ((t.fwd_ms + t.bwd_ms) * 1e9));
+    };
+    const AttentionTimes own =
+        time_token_major(qkv, dctx, c.s, c.b, c.heads, c.d, cuda::flash_attention_forward_token_major,
+                         cuda::flash_attention_backward_token_major);
+    row("own tm", own);
+    const cuda::CudnnAttentionSupport cudnn =
+        cuda::cudnn_attention_support(DType::BF16, c.s, c.b, c.heads, c.d);
+    if (!cudnn.forward || !cudnn.backward) {
+      std::printf("%-34s cudnn tm: %s\n", c.what,
+                  cudnn.why_not.empty() ? "not available" : cudnn.why_not.c_str());
+      continue;
+    }
+    const AttentionTimes dnn = time_token_major(qkv, dctx, c.s, c.b, c.heads, c.d,
+                                                cuda::cudnn_attention_forward_token_major,
+                                                cuda::cudnn_attention_backward_token_major);
+    row("cudnn tm", dnn);
+    std::printf("%-34s speed-up cudnn/own: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx (%s: %s)\n",
+                c.what, own.fwd_ms / dnn.fwd_ms, own.bwd_ms / dnn.bwd_ms,
+                (own.fwd_ms + own.bwd_ms) / (dnn.fwd_ms + dnn.bwd_ms), cudnn.library.c_str(),
+                cudnn.plans.c_str());
+  }
+}
+
 void bench_attention(bool fused_only) {
   std::printf("\n%-44s %9s %9s %9s %9s %9s %9s\n", "causal attention core, bf16", "fwd ms",
               "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms", "f+b TF/s");
@@ -423,6 +490,7 @@ void bench_attention(bool fused_only) {
                 unfused.fwd_ms / fused.fwd_ms, unfused.bwd_ms / fused.bwd_ms,
                 (unfused.fwd_ms + unfused.bwd_ms) / (fused.fwd_ms + fused.bwd_ms));
   }
+  bench_attention_token_major();
 }
 
 }  // namespace

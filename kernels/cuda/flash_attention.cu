@@ -36,6 +36,23 @@
 // fp32 atomics into dQ) for a result that does not depend on scheduling.
 //
 // Grids run the heaviest CTAs (longest causal walk) first.
+//
+// Backend choice (the token-major entry points, what the model calls): where
+// meshtron is built with cuDNN, cuDNN loads, and it plans the shape
+// (kernels/cuda/cudnn_attention.cu), its fused attention runs instead of
+// these kernels, unless MESHTRON_ATTENTION=own. The choice is made once per
+// (device, dtype, shape) and cached, so a shape's forward and backward use
+// the same backend; a shape whose forward cuDNN plans but whose backward it
+// has no deterministic engine for runs cuDNN forward + our backward (our
+// backward reads the same natural-log lse). A one-time stderr line (rank 0)
+// names the choice. flash_attention_*_token_major always run these kernels.
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -833,7 +850,7 @@ void fused_attention_backward(DType t, const void* dout, const void* q, const vo
   backward(t, {q, k, v, dout, out, lse, delta, nullptr, dq, dk, dv, B, S, scale, hm, hm}, D);
 }
 
-void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
+void flash_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
                                          float* lse) {
   if (s == 0 || b == 0 || heads == 0) return;
@@ -848,7 +865,7 @@ void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, in
           D);
 }
 
-void fused_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
+void flash_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
                                           float* delta, void* dqkv) {
@@ -863,6 +880,87 @@ void fused_attention_backward_token_major(DType t, const void* dcontext, const v
             grad + part, grad + 2 * part, b * heads, s, scale, token_major(b, 3, heads, D),
             token_major(b, 1, heads, D)},
            D);
+}
+
+// ---------------------------------------------------------- backend choice ---
+
+namespace {
+
+struct Backends {
+  bool cudnn_forward = false, cudnn_backward = false;
+  std::string describe(const std::string& library) const {
+    if (cudnn_forward && cudnn_backward) return library + " fused attention";
+    if (cudnn_forward) return library + " fused attention forward, meshtron's backward";
+    return "meshtron's flash attention kernels";
+  }
+};
+
+bool own_forced() {
+  static const bool own = [] {
+    const char* e = std::getenv("MESHTRON_ATTENTION");
+    return e != nullptr && std::string(e) == "own";
+  }();
+  return own;
+}
+
+/// The backends of one (device, dtype, shape), decided on first use.
+Backends backends_for(DType t, index_t s, index_t b, index_t heads, index_t D) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, DType, index_t, index_t, index_t, index_t>, Backends> chosen;
+  static std::set<std::string> announced;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, t, s, b, heads, D);
+  if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+  Backends use;
+  std::string library, why;
+  if (own_forced()) {
+    why = "MESHTRON_ATTENTION=own";
+  } else {
+    const CudnnAttentionSupport cudnn = cudnn_attention_support(t, s, b, heads, D);
+    use.cudnn_forward = cudnn.forward;
+    use.cudnn_backward = cudnn.forward && cudnn.backward;
+    library = cudnn.library;
+    why = cudnn.why_not;
+  }
+  const std::string line = use.describe(library);
+  if (world_rank_or_minus_one() <= 0 && announced.insert(line).second)
+    std::fprintf(stderr, "meshtron: attention: %s%s%s\n", line.c_str(),
+                 why.empty() ? "" : " -- ", why.c_str());
+  return chosen.emplace(key, use).first->second;
+}
+
+}  // namespace
+
+std::string attention_backend(DType t, index_t s, index_t b, index_t heads, index_t D) {
+  const Backends use = backends_for(t, s, b, heads, D);
+  if (use.cudnn_forward && use.cudnn_backward) return "cudnn";
+  if (use.cudnn_forward) return "cudnn forward, own backward";
+  return "own";
+}
+
+void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
+                                         index_t heads, index_t D, double scale, void* context,
+                                         float* lse) {
+  if (s == 0 || b == 0 || heads == 0) return;
+  if (backends_for(t, s, b, heads, D).cudnn_forward)
+    cudnn_attention_forward_token_major(t, qkv, s, b, heads, D, scale, context, lse);
+  else
+    flash_attention_forward_token_major(t, qkv, s, b, heads, D, scale, context, lse);
+}
+
+void fused_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
+                                          const void* context, const float* lse, index_t s,
+                                          index_t b, index_t heads, index_t D, double scale,
+                                          float* delta, void* dqkv) {
+  if (s == 0 || b == 0 || heads == 0) return;
+  if (backends_for(t, s, b, heads, D).cudnn_backward)
+    cudnn_attention_backward_token_major(t, dcontext, qkv, context, lse, s, b, heads, D, scale,
+                                         delta, dqkv);
+  else
+    flash_attention_backward_token_major(t, dcontext, qkv, context, lse, s, b, heads, D, scale,
+                                         delta, dqkv);
 }
 
 }  // namespace meshtron::cuda

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tensor/types.hpp"
@@ -95,6 +96,43 @@ void fused_attention_backward_token_major(DType t, const void* dcontext, const v
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
                                           float* delta, void* dqkv);
+/// The two implementations behind the token-major entry points above, which
+/// pick one per shape (cuDNN when built, loaded and able to plan the shape,
+/// unless MESHTRON_ATTENTION=own; see flash_attention.cu). Same arguments.
+/// Ours (kernels/cuda/flash_attention.cu), whatever the choice:
+void flash_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
+                                         index_t heads, index_t D, double scale, void* context,
+                                         float* lse);
+void flash_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
+                                          const void* context, const float* lse, index_t s,
+                                          index_t b, index_t heads, index_t D, double scale,
+                                          float* delta, void* dqkv);
+/// cuDNN's fused flash attention (kernels/cuda/cudnn_attention.cu), usable
+/// where cudnn_attention_support() says so (else they abort). lse is cuDNN's
+/// softmax Stats (natural log, as ours); the backward uses delta as cuDNN's
+/// softmax-sum workspace and writes dq, dk, dv straight into dqkv.
+struct CudnnAttentionSupport {
+  bool forward = false;   ///< a forward plan finalized for the shape
+  bool backward = false;  ///< a deterministic backward plan finalized for the shape
+  std::string library;    ///< "cuDNN 9.19.0", or empty when cuDNN is not built in / not loaded
+  std::string why_not;    ///< when not both: the reason
+  std::string plans;      ///< the engines chosen and their workspace bytes
+};
+/// Builds (once per device, dtype and shape; cached) the forward and
+/// backward plans. Thread-safe.
+CudnnAttentionSupport cudnn_attention_support(DType t, index_t s, index_t b, index_t heads,
+                                              index_t D);
+void cudnn_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
+                                         index_t heads, index_t D, double scale, void* context,
+                                         float* lse);
+void cudnn_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
+                                          const void* context, const float* lse, index_t s,
+                                          index_t b, index_t heads, index_t D, double scale,
+                                          float* delta, void* dqkv);
+/// The backends fused_attention_*_token_major use for this shape on the
+/// current device ("cudnn", "own", or "cudnn forward, own backward"), deciding
+/// it now if no call has yet.
+std::string attention_backend(DType t, index_t s, index_t b, index_t heads, index_t D);
 
 // ------------------------------------------------------ GeLU and biases ---
 void gelu_forward(DType t, const void* x, index_t n, void* y);
