@@ -33,27 +33,13 @@
 #include "ops/ops.hpp"
 #include "ops/ops_cuda.hpp"
 #include "tensor/device_allocator.hpp"
+#include "tests/gpu/gpu_test_util.hpp"
 
 namespace meshtron {
 namespace {
 
-#define REQUIRE_GPU() \
-  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no GPU"
-
-/// Random values in [lo, hi) rounded to `dt`, as an fp64 host tensor.
-Tensor random_rounded(const Shape& shape, DType dt, std::uint64_t seed, double lo, double hi) {
-  Tensor t = Tensor::empty(shape, DType::F64);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> dist(lo, hi);
-  for (index_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = dist(rng);
-  return t.to(dt).to(DType::F64);
-}
-
-Tensor poisoned(const Shape& shape, DType dt) {
-  Tensor t = Tensor::empty(shape, dt, MemorySpace::Cuda);
-  t.fill(std::nan(""));
-  return t;
-}
+using gpu_test::poisoned;
+using gpu_test::random_rounded;
 
 double norm_rel(const std::vector<double>& got, const std::vector<double>& ref) {
   double diff = 0, norm = 0;
