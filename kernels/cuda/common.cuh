@@ -145,6 +145,31 @@ __device__ inline float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+// ---------------------------------------------- asynchronous shared copies ---
+//
+// cp.async (sm_80+): 16-byte global -> shared copies that hold no registers
+// while in flight. The "memory" clobbers keep the compiler from moving
+// shared-memory accesses across the copy, the commit and the wait (a thread
+// may read what it copied right after its wait, with no barrier between).
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return std::uint32_t(__cvta_generic_to_shared(p));
+}
+/// 16 bytes global -> shared; zero-filled when !valid (src is not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // ------------------------------------------------ vectorised elementwise ---
 //
 // A pure elementwise op reads and writes each element once, so its speed is

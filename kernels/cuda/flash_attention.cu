@@ -102,10 +102,6 @@ __device__ __forceinline__ std::uint32_t pack2<f16_t>(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return std::uint32_t(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -117,16 +113,6 @@ __device__ __forceinline__ void ldsm_x4_trans(std::uint32_t (&r)[4], const void*
                : "r"(smem_addr(p)));
 }
 
-/// 16 bytes global -> shared; zero-filled when !valid (src is not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // ------------------------------------------------------- warp-level GEMMs ---
 //

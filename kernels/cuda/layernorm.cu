@@ -231,22 +231,6 @@ kindex forward_blocks(kindex N) {
   return row_blocks < resident ? row_blocks : resident;
 }
 
-// cp.async (sm_80+): 16-byte global -> shared copies that hold no
-// registers while in flight; the packed backward streams the next row into
-// shared memory with them while it works on the current one.
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-/// Waits until at most N of this thread's committed groups are in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /// Warps per block of the packed backward: 16 (512 threads, so at most 128
 /// registers) where ptxas (nvcc 13, sm_90) fits the kernel in 128 registers
 /// without spills (bf16/fp16 K <= 3, fp32 K <= 6: H <= 768 either way),
