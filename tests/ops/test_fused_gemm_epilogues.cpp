@@ -20,6 +20,7 @@
 
 #include "common/error.hpp"
 #include "ops/ops.hpp"
+#include "tests/ops/float_types.hpp"
 
 namespace meshtron::ops {
 namespace {
@@ -56,14 +57,7 @@ class FusedEpilogues : public ::testing::Test {
   }
 };
 
-struct TypeNames {
-  template <class T>
-  static std::string GetName(int) {
-    return std::is_same_v<T, float> ? "fp32" : "fp64";
-  }
-};
-using FloatTypes = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(FusedEpilogues, FloatTypes, TypeNames);
+TYPED_TEST_SUITE(FusedEpilogues, test_types::FloatTypes, test_types::FloatTypeNames);
 
 std::string describe(const char* op, const GemmCase& g, bool ta, bool tb) {
   return MESH_MSG(op << " M=" << g.M << " N=" << g.N << " K=" << g.K << " ta=" << ta

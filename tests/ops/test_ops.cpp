@@ -21,6 +21,7 @@
 
 #include "kernels/kokkos/dropout.hpp"
 #include "ops/ops.hpp"
+#include "tests/ops/float_types.hpp"
 
 namespace meshtron::ops {
 namespace {
@@ -114,14 +115,7 @@ class OpsTyped : public ::testing::Test {
   static constexpr double tol = kTol<T>;
   std::mt19937_64 rng{20240601};
 };
-struct TypeNames {
-  template <class T>
-  static std::string GetName(int) {
-    return std::is_same_v<T, float> ? "fp32" : "fp64";
-  }
-};
-using FloatTypes = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(OpsTyped, FloatTypes, TypeNames);
+TYPED_TEST_SUITE(OpsTyped, test_types::FloatTypes, test_types::FloatTypeNames);
 
 // =================================================================== GEMM ==
 
