@@ -16,6 +16,7 @@
 #include "common/error.hpp"
 #include "data/gpt2_tokenizer.hpp"
 #include "io/checkpoint.hpp"
+#include "train/gpu_trace.hpp"
 #include "train/metrics.hpp"
 #include "train/trainer.hpp"
 #include "train/trainer_checkpoint.hpp"
@@ -84,7 +85,8 @@ class TrainRun {
         trainer_(c_, model_, rt_, compute_dtype(c_)),
         data_(make_data(c_, rt_, vocab_)),
         rank0_(rt_.topo.world_rank() == 0),
-        world_(world) {}
+        world_(world),
+        tracer_(c_.logging.profile ? std::make_unique<GpuTracer>() : nullptr) {}
 
   int run() {
     print_banner();
@@ -93,7 +95,12 @@ class TrainRun {
     ProgressBar bar(c_.logging.progress, c_.training.train_iters);
     const auto run_start = Clock::now();
     for (long step = start + 1; step <= c_.training.train_iters; ++step) {
+      if (tracer_ && step == c_.logging.profile_step_start) tracer_->start();
       train_one(step);
+      if (tracer_ && step + 1 == c_.logging.profile_step_end) {
+        if (rank0_) bar.clear();
+        report_trace();
+      }
       if (rank0_) bar.update(step);
       if (step % c_.logging.log_interval == 0 || step == c_.training.train_iters) {
         if (rank0_) bar.clear();
@@ -195,6 +202,51 @@ class TrainRun {
                      << ", grad norm " << r.grad_norm);
   }
 
+  /// Stops the kernel trace; every rank writes its Chrome trace and kernel
+  /// table to the run folder, rank 0 prints each rank's time split.
+  void report_trace() {
+    tracer_->stop();
+    const int steps = c_.logging.profile_step_end - c_.logging.profile_step_start;
+    const int rank = rt_.topo.world_rank();
+    const TraceSummary s =
+        summarize_trace(tracer_->events(), tracer_->begin_ns(), tracer_->end_ns(), steps);
+    const std::filesystem::path dir = std::filesystem::path(c_.run.output_dir) / c_.run.name;
+    std::error_code ignored;  // another rank may create it at the same time
+    std::filesystem::create_directories(dir, ignored);
+    const std::string stem = (dir / ("trace_rank" + std::to_string(rank))).string();
+    write_text(stem + ".json", chrome_trace_json(tracer_->events(), tracer_->begin_ns(), rank));
+    std::ostringstream table;
+    table << s.line() << "\n" << "ms/step  calls/step  kernel\n";
+    for (const KernelTotal& k : s.top)
+      table << std::fixed << std::setprecision(3) << k.ms_per_step << "  " << std::setprecision(1)
+            << k.calls_per_step << "  " << k.name << "\n";
+    write_text(stem + ".txt", table.str());
+    tracer_.reset();
+    const double mine[] = {s.window_ms, s.busy_ms, s.compute_ms, s.comm_ms, s.exposed_comm_ms, s.idle_ms};
+    constexpr int kFields = int(std::size(mine));
+    std::vector<double> all(std::size_t(kFields * world_));
+    MPI_CHECK(MPI_Gather(mine, kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, 0,
+                         rt_.topo.world_comm()));
+    if (!rank0_) return;
+    std::cout << " > GPU trace of steps [" << c_.logging.profile_step_start << ", "
+              << c_.logging.profile_step_end << ") in " << dir.string()
+              << "/trace_rank*.{json,txt}, per step:\n";
+    for (int r = 0; r < world_; ++r) {
+      TraceSummary t;
+      const double* f = &all[std::size_t(r * kFields)];
+      t.window_ms = f[0], t.busy_ms = f[1], t.compute_ms = f[2], t.comm_ms = f[3],
+      t.exposed_comm_ms = f[4], t.idle_ms = f[5];
+      std::cout << "   rank " << r << ": " << t.line() << "\n";
+    }
+    std::cout << std::flush;
+  }
+
+  static void write_text(const std::string& path, const std::string& text) {
+    std::ofstream out(path);
+    out << text;
+    MESH_VERIFY(out.good(), "cannot write " << path);
+  }
+
   void log_step(long step) {
     StepLine line;
     line.iteration = step;
@@ -257,6 +309,7 @@ class TrainRun {
   StepReport last_;
   long skipped_ = 0, nan_ = 0, overflows_ = 0, window_steps_ = 0;
   double window_seconds_ = 0, total_seconds_ = 0, last_eval_ = NAN;
+  std::unique_ptr<GpuTracer> tracer_;  ///< set while logging.profile has steps to trace
 };
 
 }  // namespace

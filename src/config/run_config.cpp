@@ -180,6 +180,10 @@ void DeckSchema::bind(RunConfig& c) {
   key("logging.progress", &g.progress, "string", "progress bar: auto | on | off");
   key("logging.peak_tflops", &g.peak_tflops, "float",
       "peak TFLOP/s per rank for MFU (0 = 989 on cuda, 0.08 on cpu)");
+  key("logging.profile", &g.profile, "bool",
+      "trace the GPU kernels (CUPTI) of steps [profile_step_start, profile_step_end)");
+  key("logging.profile_step_start", &g.profile_step_start, "int", "first traced step");
+  key("logging.profile_step_end", &g.profile_step_end, "int", "step after the last traced one");
 }
 
 std::string read_file_or_throw(const std::string& path) {
@@ -392,6 +396,13 @@ void RunConfig::validate(int world_size) {
                "checkpoint.keep_last = " << checkpoint.keep_last << " must be at least 1");
   require_positive("logging.log_interval", logging.log_interval);
   require_one_of("logging.progress", logging.progress, {"auto", "on", "off"});
+  MESH_REQUIRE(!logging.profile || run.device == "cuda",
+               "logging.profile traces GPU kernels: it needs run.device = cuda");
+  MESH_REQUIRE(!logging.profile || (logging.profile_step_start >= 1 &&
+                                    logging.profile_step_end > logging.profile_step_start),
+               "logging.profile_step_start = " << logging.profile_step_start
+                   << " and profile_step_end = " << logging.profile_step_end
+                   << " must satisfy 1 <= start < end");
 }
 
 std::vector<int> ParallelSection::stage_layers(int num_layers) const {

@@ -135,6 +135,11 @@ struct LoggingSection {
   /// Peak TFLOP/s of one rank for MFU; 0 = 989 (H100 dense bf16) on cuda,
   /// 0.08 on cpu (one 2.5 GHz AVX2 core: 2 FMA x 8 lanes x 2 = 32 FLOP/cycle).
   double peak_tflops = 0;
+  /// GPU kernel trace (CUPTI) of steps [profile_step_start, profile_step_end):
+  /// a Chrome trace per rank in the run folder and a time split per rank.
+  bool profile = false;
+  int profile_step_start = 3;
+  int profile_step_end = 5;
 };
 
 struct RunConfig {
