@@ -115,6 +115,8 @@ void DeckSchema::bind(RunConfig& c) {
                    [&p] { return std::to_string(p.data_parallel); }});
   key("parallel.sequence_parallel", &p.sequence_parallel, "bool",
       "shard norms/dropout over the sequence on the tp group (needs tp > 1)");
+  key("parallel.sequence_parallel_keep_gathered", &p.sequence_parallel_keep_gathered, "bool",
+      "keep the gathered input of qkv/fc1 for the backward (2 fewer all-gathers per layer)");
   key("parallel.schedule", &p.schedule, "string", "gpipe | 1f1b | interleaved");
   key("parallel.virtual_stages", &p.virtual_stages, "int",
       "model chunks per pipeline rank (interleaved)");
@@ -322,6 +324,8 @@ void RunConfig::validate(int world_size) {
   MESH_REQUIRE(!p.sequence_parallel || p.tensor_parallel > 1,
                "parallel.sequence_parallel = true needs parallel.tensor_parallel > 1 (got "
                    << p.tensor_parallel << ")");
+  MESH_REQUIRE(!p.sequence_parallel_keep_gathered || p.sequence_parallel,
+               "parallel.sequence_parallel_keep_gathered = true needs parallel.sequence_parallel");
   MESH_REQUIRE(!p.sequence_parallel || m.seq_length % p.tensor_parallel == 0,
                "parallel.sequence_parallel: model.seq_length (" << m.seq_length
                    << ") is not divisible by parallel.tensor_parallel ("

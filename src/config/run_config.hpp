@@ -55,6 +55,12 @@ struct ParallelSection {
   int pipeline_parallel = 1;
   int data_parallel = 0;  ///< 0 = auto (deck value "auto")
   bool sequence_parallel = false;
+  /// Under sequence parallelism, keep the all-gathered input of the
+  /// column-parallel layers (qkv, fc1) from the forward for the weight
+  /// gradient instead of gathering it again in the backward (Megatron
+  /// gathers again): two fewer all-gathers per layer for 2 x s b h
+  /// activations per layer more.
+  bool sequence_parallel_keep_gathered = false;
   std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
   int virtual_stages = 1;
   bool distributed_optimizer = false;

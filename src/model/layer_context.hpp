@@ -43,6 +43,9 @@ class ParamGatherHook {
 struct LayerContext {
   TensorParallelGroup& tp;        ///< Not owned.
   bool sequence_parallel = false;
+  /// Under SP: column-parallel layers keep their gathered input for the
+  /// backward (parallel.sequence_parallel_keep_gathered).
+  bool keep_gathered_input = false;
   bool training = true;           ///< dropout on
   std::uint64_t seed = 0;
   std::uint32_t step = 0;         ///< iteration (dropout counter)

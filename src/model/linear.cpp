@@ -49,7 +49,7 @@ Tensor ColumnParallelLinear::input_for_gemm(const Tensor& x, LayerContext& ctx,
                                             Cache& cache) const {
   const Tensor x_full = ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, x)
                                               : mapping::copy_to_tp(ctx.tp, x);
-  cache.x = ctx.sequence_parallel ? x : x_full;
+  cache.x = ctx.sequence_parallel && !ctx.keep_gathered_input ? x : x_full;
   return x_full;
 }
 
@@ -71,9 +71,11 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Ca
 Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
                                       const Cache& cache) {
   // Under sequence parallelism the input is gathered again (Megatron does the
-  // same) rather than kept whole between forward and backward.
-  const Tensor x_full =
-      ctx.sequence_parallel ? mapping::all_gather_from_sp(ctx.tp, cache.x) : cache.x;
+  // same) rather than kept whole between forward and backward, unless the
+  // deck trades the memory for the all-gather (keep_gathered_input).
+  const Tensor x_full = ctx.sequence_parallel && !ctx.keep_gathered_input
+                            ? mapping::all_gather_from_sp(ctx.tp, cache.x)
+                            : cache.x;
   accumulate_weight_grads(x_full, dy, weight, bias);
   Tensor dx_full = Tensor::empty(x_full.shape(), dy.dtype(), dy.space());
   ops::gemm(dy, false, weight.value, true, dx_full);

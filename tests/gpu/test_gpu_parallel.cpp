@@ -478,6 +478,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{1, 1, 2, "1f1b", true, false}),
     [](const auto& info) { return info.param.name(); });
 
+// tp 2 + SP with the gathered input of qkv/fc1 kept for the backward
+// (parallel.sequence_parallel_keep_gathered) on NCCL.
+TEST(GpuTraining, KeepingGatheredInputMatchesOneGpuRun) {
+  REQUIRE_TWO_GPUS();
+  Layout kept{2, 1, 1, "1f1b", false, true};
+  kept.overrides = {"parallel.sequence_parallel_keep_gathered=true"};
+  const RunResult got = testing::train_layout(MPI_COMM_WORLD, kept, DType::F32, 3, MemorySpace::Cuda);
+  if (is_rank0()) expect_same_run(got, one_gpu_reference());
+}
+
 // Overlapped gradient reduction on the device: the buckets' reduce-scatters
 // run as grouped ncclReduce on the communicator's non-blocking stream while
 // the backward continues; the result must equal the 1-GPU run, and the

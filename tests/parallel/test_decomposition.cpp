@@ -54,6 +54,16 @@ TEST_P(Decomposition, MatchesSingleRankRun) { expect_matches_single_rank(GetPara
 INSTANTIATE_TEST_SUITE_P(Layouts, Decomposition, ::testing::ValuesIn(all_layouts(world_size())),
                          [](const auto& info) { return info.param.name(); });
 
+// parallel.sequence_parallel_keep_gathered: the column-parallel layers keep
+// their gathered input for the weight gradient instead of gathering again.
+TEST(Decomposition, SequenceParallelKeepingGatheredInputMatchesSingleRankRun) {
+  const int world = world_size();
+  if (world % 2) GTEST_SKIP() << "needs an even world";
+  Layout kept{2, 1, world / 2, "1f1b", false, true};
+  kept.overrides = {"parallel.sequence_parallel_keep_gathered=true"};
+  expect_matches_single_rank(kept);
+}
+
 TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
   const int world = world_size();
   if (world % 2) GTEST_SKIP() << "needs an even world";
