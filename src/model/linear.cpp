@@ -70,17 +70,39 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Ca
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
                                       const Cache& cache) {
-  // Under sequence parallelism the input is gathered again (Megatron does the
-  // same) rather than kept whole between forward and backward, unless the
-  // deck trades the memory for the all-gather (keep_gathered_input).
-  const Tensor x_full = ctx.sequence_parallel && !ctx.keep_gathered_input
-                            ? mapping::all_gather_from_sp(ctx.tp, cache.x)
-                            : cache.x;
-  accumulate_weight_grads(x_full, dy, weight, bias);
-  Tensor dx_full = Tensor::empty(x_full.shape(), dy.dtype(), dy.space());
+  if (ctx.sequence_parallel && ctx.tp.size() > 1) return backward_overlapped(dy, ctx, cache);
+  accumulate_weight_grads(cache.x, dy, weight, bias);
+  Tensor dx_full = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
   ops::gemm(dy, false, weight.value, true, dx_full);
-  return ctx.sequence_parallel ? mapping::all_gather_from_sp_backward(ctx.tp, dx_full)
-                               : mapping::copy_to_tp_backward(ctx.tp, dx_full);
+  return mapping::copy_to_tp_backward(ctx.tp, dx_full);
+}
+
+Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext& ctx,
+                                                 const Cache& cache) {
+  // Under sequence parallelism the input is gathered again (Megatron does the
+  // same) rather than kept whole between forward and backward. As in
+  // Megatron's LinearWithGradAccumulationAndAsyncCommunication, the gather
+  // runs while the input gradient's GEMM (which needs only dy and W) does,
+  // and the input gradient's reduce-scatter while the weight-gradient GEMM
+  // does.
+  Communicator& comm = ctx.tp.comm;
+  const bool gather = !ctx.keep_gathered_input;
+  Shape shard_shape = cache.x.shape(), full_shape = cache.x.shape();
+  if (gather) full_shape[0] *= ctx.tp.size();
+  else shard_shape[0] /= ctx.tp.size();
+  const std::vector<std::size_t> counts(std::size_t(ctx.tp.size()),
+                                        std::size_t(shard_shape[0] * shard_shape[1]));
+  Tensor x_full = gather ? Tensor::empty(full_shape, cache.x.dtype(), cache.x.space()) : cache.x;
+  const long gathering =
+      gather ? comm.iall_gather(cache.x.raw(), x_full.raw(), counts, x_full.dtype()) : -1;
+  Tensor dx_full = Tensor::empty(full_shape, dy.dtype(), dy.space());
+  ops::gemm(dy, false, weight.value, true, dx_full);
+  if (gather) comm.wait_collective(gathering);
+  Tensor dx = Tensor::empty(shard_shape, dy.dtype(), dy.space());
+  comm.ireduce_scatter(dx_full.raw(), dx.raw(), counts, dx.dtype(), ReduceOp::Sum);
+  accumulate_weight_grads(x_full, dy, weight, bias);
+  comm.wait_collectives();
+  return dx;
 }
 
 RowParallelLinear::RowParallelLinear(const std::string& name, index_t in, index_t out,

@@ -36,6 +36,9 @@ class ColumnParallelLinear {
  private:
   /// The full X this rank multiplies (gathered or copied); fills the cache.
   Tensor input_for_gemm(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  /// backward() under sequence parallelism on tp > 1: the input's all-gather
+  /// and the input gradient's reduce-scatter overlap the two GEMMs.
+  Tensor backward_overlapped(const Tensor& dy, LayerContext& ctx, const Cache& cache);
 };
 
 /// RowParallelLinear: Y = X A + b with A split along its rows and X along its

@@ -125,6 +125,13 @@ class Communicator {
   /// iall_gather() calls since the last reset_stats().
   long nonblocking_gathers_started() const { return nonblocking_gathers_started_; }
 
+  /// All-reduce every tensor of the list, each as its own payload. The NCCL
+  /// backend issues them as one group (one launch, not one per tensor: the
+  /// step reduces a few hundred small layernorm/bias gradients over tp).
+  virtual void all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op = ReduceOp::Sum) {
+    for (Tensor* t : tensors) all_reduce(*t, op);
+  }
+
   // Tensor conveniences (whole tensor as the payload).
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) {
     all_reduce(t.raw(), std::size_t(t.numel()), t.dtype(), op);

@@ -33,6 +33,14 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Max ? ncclMax : ncclSu
 
 std::size_t bytes_of(std::size_t count, DType dtype) { return count * dtype_size(dtype); }
 
+/// Whether every rank's block has the same size (NCCL's all-gather and
+/// reduce-scatter then apply; otherwise grouped broadcasts / reduces).
+bool equal_counts(std::span<const std::size_t> counts) {
+  for (std::size_t c : counts)
+    if (c != counts[0]) return false;
+  return !counts.empty() && counts[0] > 0;
+}
+
 /// Device-to-device copy on the default stream (a group of one rank).
 void local_copy(void* dst, const void* src, std::size_t bytes) {
   if (dst != src && bytes > 0)
@@ -98,6 +106,14 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
   }
   if (!comm_) return;
   NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, kStream));
+}
+
+void NcclCommunicator::all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) {
+  // Host tensors go through MPI at once inside all_reduce(); the device ones
+  // are queued by NCCL until the group ends.
+  NCCL_CHECK(ncclGroupStart());
+  for (Tensor* t : tensors) Communicator::all_reduce(*t, op);
+  NCCL_CHECK(ncclGroupEnd());
 }
 
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
@@ -285,16 +301,21 @@ void NcclCommunicator::ireduce_scatter(const void* send, void* recv,
   make_comm_stream();
   CUDA_CHECK(cudaEventRecord(inputs_ready_, kStream));
   CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
-  const char* block = static_cast<const char*>(send);
-  NCCL_CHECK(ncclGroupStart());
-  for (int r = 0; r < size(); ++r) {
-    const std::size_t count = recv_counts[std::size_t(r)];
-    if (count > 0)
-      NCCL_CHECK(ncclReduce(block, recv, count, nccl_type(dtype), nccl_op(op), r, comm_,
-                            comm_stream_));
-    block += bytes_of(count, dtype);
+  if (equal_counts(recv_counts)) {  // NCCL's own reduce-scatter kernel
+    NCCL_CHECK(ncclReduceScatter(send, recv, recv_counts[0], nccl_type(dtype), nccl_op(op),
+                                 comm_, comm_stream_));
+  } else {
+    const char* block = static_cast<const char*>(send);
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < size(); ++r) {
+      const std::size_t count = recv_counts[std::size_t(r)];
+      if (count > 0)
+        NCCL_CHECK(ncclReduce(block, recv, count, nccl_type(dtype), nccl_op(op), r, comm_,
+                              comm_stream_));
+      block += bytes_of(count, dtype);
+    }
+    NCCL_CHECK(ncclGroupEnd());
   }
-  NCCL_CHECK(ncclGroupEnd());
   // Operations on one stream complete in order: the event after the last
   // call covers every earlier one.
   CUDA_CHECK(cudaEventRecord(reduced_, comm_stream_));
@@ -303,7 +324,12 @@ void NcclCommunicator::ireduce_scatter(const void* send, void* recv,
 
 void NcclCommunicator::make_comm_stream() {
   if (comm_stream_) return;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+  // The highest priority: the block scheduler then places the collective's
+  // few blocks ahead of the GEMM blocks it is meant to overlap, instead of
+  // after them.
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest));
   CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
 }
@@ -341,15 +367,19 @@ long NcclCommunicator::iall_gather(const void* send, void* recv,
   make_comm_stream();
   CUDA_CHECK(cudaEventRecord(inputs_ready_, kStream));
   CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
-  char* block = static_cast<char*>(recv);
-  NCCL_CHECK(ncclGroupStart());
-  for (int r = 0; r < size(); ++r) {
-    const std::size_t count = counts[std::size_t(r)];
-    if (count > 0)  // `send` is read on the root only
-      NCCL_CHECK(ncclBroadcast(send, block, count, nccl_type(dtype), r, comm_, comm_stream_));
-    block += bytes_of(count, dtype);
+  if (equal_counts(counts)) {  // NCCL's own all-gather kernel
+    NCCL_CHECK(ncclAllGather(send, recv, counts[0], nccl_type(dtype), comm_, comm_stream_));
+  } else {
+    char* block = static_cast<char*>(recv);
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < size(); ++r) {
+      const std::size_t count = counts[std::size_t(r)];
+      if (count > 0)  // `send` is read on the root only
+        NCCL_CHECK(ncclBroadcast(send, block, count, nccl_type(dtype), r, comm_, comm_stream_));
+      block += bytes_of(count, dtype);
+    }
+    NCCL_CHECK(ncclGroupEnd());
   }
-  NCCL_CHECK(ncclGroupEnd());
   if (gathers_.size() == gather_events_.size()) {
     gather_events_.emplace_back();
     CUDA_CHECK(cudaEventCreateWithFlags(&gather_events_.back(), cudaEventDisableTiming));

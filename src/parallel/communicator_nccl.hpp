@@ -151,6 +151,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return host_.size(); }
 
   void all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
+  void all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
                       ReduceOp op) override;
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype) override;

@@ -23,19 +23,19 @@ namespace {
 
 bool is_tied_word_table(const Parameter& p) { return p.name == "embedding.word.weight"; }
 
-/// Reductions 1-2 of the file comment on one parameter.
-void reduce_model_gradient(Parameter& p, OptimizerGroups& g) {
-  if (p.shard.tp_partial_grad) g.tp.all_reduce(p.grad);
-  if (is_tied_word_table(p) && g.embedding != nullptr) g.embedding->all_reduce(p.grad);
-}
-
 }  // namespace
 
 void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp) {
+  // Reductions 1-2 of the file comment; each communicator's list goes out as
+  // one group (a few hundred small tensors: one launch instead of one each).
+  std::vector<Tensor*> tp_partial, replicated;
   for (Parameter* p : params) {
-    reduce_model_gradient(*p, g);
-    if (dp) g.dp.all_reduce(p->grad);
+    if (p->shard.tp_partial_grad) tp_partial.push_back(&p->grad);
+    if (is_tied_word_table(*p) && g.embedding != nullptr) g.embedding->all_reduce(p->grad);
+    if (dp) replicated.push_back(&p->grad);
   }
+  g.tp.all_reduce_each(tp_partial);
+  if (dp) g.dp.all_reduce_each(replicated);
 }
 
 namespace {
@@ -269,9 +269,11 @@ void DistributedAdamW::grads_ready(const ParameterList& ready, OptimizerGroups& 
 }
 
 void DistributedAdamW::start_bucket(Bucket& b, OptimizerGroups& g) {
+  ParameterList bucket_params;
+  for (std::size_t i : b.params) bucket_params.push_back(params_[i]);
+  reduce_model_gradients(bucket_params, g, /*dp=*/false);
   for (std::size_t i : b.params) {
-    Parameter& p = *params_[i];
-    reduce_model_gradient(p, g);
+    const Parameter& p = *params_[i];
     flat_view(grad_flat_, offsets_[i], offsets_[i] + p.grad.numel()).copy_from(p.grad);
   }
   // Rank r receives the bucket's overlap with its shard [r S, (r + 1) S):

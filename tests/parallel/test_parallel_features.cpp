@@ -28,6 +28,7 @@ std::size_t cache_bytes(const TransformerLayer::Cache& c) {
 
 struct LayerRun {
   CommStats forward, backward;
+  long backward_nonblocking_gathers = 0, backward_nonblocking_reduce_scatters = 0;
   std::size_t activation_bytes = 0, norm_bytes = 0;
 };
 
@@ -60,6 +61,8 @@ LayerRun run_layer(int tp, bool sp) {
     comm.reset_stats();
     layer.backward(y, ctx, cache);
     out.backward = comm.stats();
+    out.backward_nonblocking_gathers = comm.nonblocking_gathers_started();
+    out.backward_nonblocking_reduce_scatters = comm.nonblocking_started();
     out.activation_bytes = cache_bytes(cache);
     out.norm_bytes = cache.ln_1.x.bytes() + cache.ln_2.x.bytes();
   }
@@ -90,6 +93,10 @@ TEST(SequenceParallel, ReduceScatterAllGatherPattern) {
     EXPECT_EQ(r.backward.count(CollectiveKind::AllGather), 4);
     EXPECT_EQ(r.backward.count(CollectiveKind::ReduceScatter), 2);
     EXPECT_EQ(r.forward.count(CollectiveKind::AllReduce) + r.backward.count(CollectiveKind::AllReduce), 0);
+    // The column-parallel layers' (qkv, fc) input gathers and dX
+    // reduce-scatters are started without blocking, to overlap their GEMMs.
+    EXPECT_EQ(r.backward_nonblocking_gathers, 2) << "tp=" << tp;
+    EXPECT_EQ(r.backward_nonblocking_reduce_scatters, 2) << "tp=" << tp;
   }
 }
 
