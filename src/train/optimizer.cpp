@@ -208,10 +208,29 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
   if (overlap_.grad_reduce) {
     grad_flat_ = Tensor::zeros({padded_total_}, dtype, space_);  // padding stays 0
     grad_shard_ = Tensor::zeros({shard_size_}, dtype, space_);
+    alias_into(grad_flat_, &Parameter::grad);  // buckets reduce in place: no copy-in
   }
-  if (overlap_.param_gather && !mixed_precision())
-    param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
+  if (overlap_.param_gather) {
+    if (!mixed_precision()) param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
+    alias_into(mixed_precision() ? compute_flat_ : param_flat_, &Parameter::value);
+  }
 }
+
+// Megatron's contiguous buffers: the field's current contents move into the
+// flat buffer and the parameter's tensor becomes its range there, so the
+// bucket collectives read and write the parameters' own memory (the backward
+// accumulates into the gradient buffer; the gather lands in the values).
+// The ranges are packed densely, as before: a view may be less than 16-byte
+// aligned (odd sizes in tiny models), which the GEMM's plan cache (keyed by
+// pointer alignment) and the kernels' unaligned paths handle.
+void DistributedAdamW::alias_into(Tensor& flat, Tensor Parameter::*field) {
+  pack(field, flat);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Tensor& t = params_[i]->*field;
+    t = flat_view(flat, offsets_[i], offsets_[i] + t.numel()).reshape(t.shape());
+  }
+}
+
 
 index_t DistributedAdamW::shard_offset_of(const Bucket& b) const {
   return std::clamp(b.begin - shard_begin_, index_t(0), shard_size_);
@@ -271,11 +290,7 @@ void DistributedAdamW::grads_ready(const ParameterList& ready, OptimizerGroups& 
 void DistributedAdamW::start_bucket(Bucket& b, OptimizerGroups& g) {
   ParameterList bucket_params;
   for (std::size_t i : b.params) bucket_params.push_back(params_[i]);
-  reduce_model_gradients(bucket_params, g, /*dp=*/false);
-  for (std::size_t i : b.params) {
-    const Parameter& p = *params_[i];
-    flat_view(grad_flat_, offsets_[i], offsets_[i] + p.grad.numel()).copy_from(p.grad);
-  }
+  reduce_model_gradients(bucket_params, g, /*dp=*/false);  // in grad_flat_ (alias_into)
   // Rank r receives the bucket's overlap with its shard [r S, (r + 1) S):
   // consecutive pieces in rank order, as the single reduce-scatter has them.
   const std::vector<std::size_t> counts = counts_per_rank(b, g.dp.size());
@@ -319,13 +334,7 @@ void DistributedAdamW::start_param_gather(Communicator& dp) {
 }
 
 void DistributedAdamW::complete_param_gather(Bucket& b) {
-  dp_->wait_collective(b.gather_ticket);
-  const Tensor& flat = mixed_precision() ? compute_flat_ : param_flat_;
-  for (std::size_t i : b.params) {
-    Tensor& value = params_[i]->value;
-    ops::cast(flat_view(flat, offsets_[i], offsets_[i] + value.numel()).reshape(value.shape()),
-              value);
-  }
+  dp_->wait_collective(b.gather_ticket);  // the values are views of the gathered buffer
   b.gathering = false;
   --gathers_pending_;
 }
@@ -373,6 +382,10 @@ std::size_t DistributedAdamW::state_bytes() const { return master_.bytes() + mom
 
 void DistributedAdamW::zero_grad() {
   reset_buckets(*dp_);  // a step given up (NaN loss) may have buckets in flight
+  if (overlap_.grad_reduce) {
+    grad_flat_.fill(0.0);  // every gradient at once (they are views of it)
+    return;
+  }
   for (Parameter* p : params_) p->grad.fill(0.0);
 }
 
@@ -457,7 +470,10 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
     start_param_gather(g.dp);  // completed by the next forward (before_forward)
   } else {
     const Tensor& shard = low ? compute_shard_ : master_;
-    Tensor& gathered = low ? compute_flat_ : flat;
+    // Not into grad_flat_ when the gradients live there (zeroed above).
+    Tensor gathered = low                    ? compute_flat_
+                      : overlap_.grad_reduce ? Tensor::empty({padded_total_}, flat.dtype(), space_)
+                                             : flat;
     g.dp.all_gather(shard.raw(), gathered.raw(), std::size_t(shard_size_), gathered.dtype());
     unpack(gathered, &Parameter::value);
   }

@@ -154,12 +154,15 @@ class AdamW final : public Optimizer {
 /// Overlap (parallel.overlap_grad_reduce, BucketOverlap::grad_reduce): the flat
 /// buffer is cut into buckets of about bucket_elements, in reverse parameter
 /// order (the order the backward finishes them). When grads_ready() has
-/// reported every parameter of a bucket, its reductions 1-2 run, its
-/// gradients are packed and its part of the reduce-scatter starts
+/// reported every parameter of a bucket, its reductions 1-2 run and its part
+/// of the reduce-scatter starts
 /// (Communicator::ireduce_scatter, rank r receiving the bucket's overlap with
 /// shard r), so the shard layout and every sum are those of the single
 /// reduce-scatter; step() starts the buckets not yet started and waits for
-/// all. The bucket holding the tied word table is its own bucket and, when
+/// all. As in Megatron, the gradients are views of that flat buffer (each
+/// parameter's range), so the backward accumulates into it
+/// and nothing is copied in; with the overlapped all-gather the values are
+/// likewise views of the gathered buffer. The bucket holding the tied word table is its own bucket and, when
 /// pp > 1, always waits for step(): its embedding-group all-reduce needs the
 /// other end of the pipeline, which is still in its backward.
 ///
@@ -170,8 +173,7 @@ class AdamW final : public Optimizer {
 /// all-gather, so the same bits), in forward order, into a gathered buffer
 /// of its own (the gradient buffer is busy again in the next backward), and
 /// returns. The forward's ParamGatherHook::before_forward waits for the
-/// buckets of the part it is about to run and copies (or, under mixed
-/// precision, casts) their values into the parameters; the first forward of
+/// buckets of the part it is about to run; the first forward of
 /// the step finds every bucket gathered after that, later ones nothing to
 /// wait for. finish_param_gather() does the same for all buckets; full_state,
 /// load_full_state and step() call it first.
@@ -234,6 +236,9 @@ class DistributedAdamW final : public Optimizer, public ParamGatherHook {
   void finish_buckets(OptimizerGroups& g);
   /// Wait for buckets in flight (a step given up) and forget the step.
   void reset_buckets(Communicator& dp);
+  /// Make every parameter's `field` the view of its range of `flat` (after
+  /// copying its contents there).
+  void alias_into(Tensor& flat, Tensor Parameter::*field);
   /// Copy every parameter's `Tensor Parameter::*field` into a flat buffer.
   void pack(Tensor Parameter::*field, Tensor& flat) const;
   void unpack(const Tensor& flat, Tensor Parameter::*field);
