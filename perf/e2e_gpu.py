@@ -95,6 +95,9 @@ def main():
     parser.add_argument("--dp-set", action="append", default=[], metavar="KEY=VALUE",
                         help="deck override for the dp 2 run only, e.g. "
                              "parallel.overlap_grad_reduce=true (repeatable)")
+    parser.add_argument("--tp-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="deck override for the tp 2 run only, e.g. "
+                             "parallel.sequence_parallel_keep_gathered=true (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra deck override for every meshtron run, e.g. "
                              "parallel.overlap_grad_reduce=true (with it, also "
@@ -102,6 +105,7 @@ def main():
     args = parser.parse_args()
     extra = [arg for kv in args.set for arg in ("--set", kv)]
     dp_extra = extra + [arg for kv in args.dp_set for arg in ("--set", kv)]
+    tp_extra = extra + [arg for kv in args.tp_set for arg in ("--set", kv)]
 
     for name in args.models:
         mb = args.micro_batch
@@ -121,7 +125,7 @@ def main():
         if args.gpus >= 2:
             for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1)):
                 two = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, tp=tp, dp=dp,
-                                   recompute=args.recompute, extra=dp_extra if dp > 1 else extra,
+                                   recompute=args.recompute, extra=dp_extra if dp > 1 else tp_extra,
                                    accumulate=acc)
                 if two is None:
                     print(json.dumps({"model": name, "layout": label, "error": "run failed"}))
