@@ -14,6 +14,19 @@
 // the separate kernels, with the speed-up. Times are medians of 20 runs timed
 // with CUDA events after 3 warm-ups; inputs are random (never zeros).
 //
+// Memory-bound rows, two timings. "/copy" times a batch of 10 back-to-back
+// calls between the two events and divides by 10, as the kernels run in
+// training (one after another on the stream, the next launch queued while
+// the previous kernel runs). "/copy 1x" times ONE call per event pair, so
+// at these sizes (12-100 MB, a few to tens of microseconds) the launch, the
+// event overhead and the ramp-up and tail of the grid count fully. The
+// inputs are the same for every call of a batch: the ops are idempotent
+// (out = f(in)) or accumulate into a gradient (dbias, dgamma, embedding's
+// dtable), either way the same work per call. sum_of_squares (+sync) waits
+// for its result on the host by design (the op returns a double; there is
+// no device-result variant in the op table), so its batch includes 10
+// synchronisations.
+//
 // Attention core, fused (ops::fused_attention_*, FlashAttention-2 kernels)
 // against unfused (the path of src/model/attention.cpp: batched cuBLASLt
 // GEMMs q k^T and P V, the softmax kernel, and the [B, S, S] tensors), bf16,
@@ -34,6 +47,7 @@
 //
 // Run: ./perf/bench_cuda_ops        (prints "skipped" without a GPU)
 //      ./perf/bench_cuda_ops attention [fused]   (attention only [fused rows only])
+//      ./perf/bench_cuda_ops memory              (the memory-bound table only)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -56,8 +70,9 @@ namespace {
 
 constexpr int kWarmup = 3, kRuns = 20;
 
-/// Median milliseconds of f() over kRuns, each bracketed by CUDA events.
-double median_ms(const std::function<void()>& f) {
+/// Median milliseconds per call of f() over kRuns, each run `batch` calls
+/// back to back bracketed by CUDA events (time / batch).
+double median_ms(const std::function<void()>& f, int batch = 1) {
   for (int i = 0; i < kWarmup; ++i) f();
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
@@ -65,12 +80,12 @@ double median_ms(const std::function<void()>& f) {
   std::vector<double> ms;
   for (int i = 0; i < kRuns; ++i) {
     CUDA_CHECK(cudaEventRecord(start, 0));
-    f();
+    for (int b = 0; b < batch; ++b) f();
     CUDA_CHECK(cudaEventRecord(stop, 0));
     CUDA_CHECK(cudaEventSynchronize(stop));
     float t = 0;
     CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
+    ms.push_back(double(t) / batch);
   }
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
@@ -102,17 +117,23 @@ Tensor random_ids(index_t n, int vocab) {
   return t.to_device();
 }
 
+/// Calls per timed batch of the memory-bound rows ("/copy").
+constexpr int kBatch = 10;
+
+/// A memory-bound row: per-call time and GB/s back to back (a batch of
+/// kBatch calls) and of a single launch ("1x").
 struct Row {
   std::string op, dtype, shape;
-  double ms, gbps;
+  double ms, gbps, ms_1x, gbps_1x;
 };
 
 void print_memory_bound(const std::vector<Row>& rows, double copy_gbps) {
-  std::printf("\n%-34s %-5s %-22s %9s %9s %7s\n", "memory-bound op", "dtype", "shape", "ms",
-              "GB/s", "/copy");
+  std::printf("\n%-34s %-5s %-16s %9s %9s %7s %9s %8s\n", "memory-bound op", "dtype", "shape",
+              "ms", "GB/s", "/copy", "ms 1x", "/copy 1x");
   for (const Row& r : rows)
-    std::printf("%-34s %-5s %-22s %9.4f %9.1f %7.2f\n", r.op.c_str(), r.dtype.c_str(),
-                r.shape.c_str(), r.ms, r.gbps, r.gbps / copy_gbps);
+    std::printf("%-34s %-5s %-16s %9.4f %9.1f %7.2f %9.4f %8.2f\n", r.op.c_str(),
+                r.dtype.c_str(), r.shape.c_str(), r.ms, r.gbps, r.gbps / copy_gbps, r.ms_1x,
+                r.gbps_1x / copy_gbps);
 }
 
 double copy_bandwidth_gbps() {
@@ -133,8 +154,9 @@ void bench_memory_bound(double copy_gbps) {
   std::vector<Row> rows;
   auto add_row = [&](const std::string& op, DType dt, const std::string& shape, double bytes,
                      const std::function<void()>& f) {
-    const double ms = median_ms(f);
-    rows.push_back({op, std::string(dtype_name(dt)), shape, ms, bytes / (ms * 1e6)});
+    const double ms = median_ms(f, kBatch), ms_1x = median_ms(f);
+    rows.push_back({op, std::string(dtype_name(dt)), shape, ms, bytes / (ms * 1e6), ms_1x,
+                    bytes / (ms_1x * 1e6)});
   };
   for (DType dt : {DType::BF16, DType::F32}) {
     const double es = double(dtype_size(dt));
@@ -512,6 +534,11 @@ int main(int argc, char** argv) {
   // `bench_cuda_ops attention fused` skips its unfused rows.
   const bool attention_only = argc > 1 && std::string(argv[1]) == "attention";
   const bool fused_only = attention_only && argc > 2 && std::string(argv[2]) == "fused";
+  // `bench_cuda_ops memory` runs the memory-bound table alone.
+  if (argc > 1 && std::string(argv[1]) == "memory") {
+    bench_memory_bound(copy_gbps);
+    return 0;
+  }
   if (!attention_only) {
     bench_memory_bound(copy_gbps);
     bench_adamw_multi_tensor(copy_gbps);

@@ -37,7 +37,12 @@ __global__ void column_partials_kernel(Source src, kindex N, kindex C, kindex ro
     }
 }
 
+/// Loads in flight per thread where a loop adds a column's values in order.
+inline constexpr int kFinalizeUnroll = 8;
+
 /// out_v[c] += sum_split partial[(split * NV + v) * C + c], in split order.
+/// The loads of kFinalizeUnroll splits are issued before their adds (which
+/// stay in split order: the same bits as one load and add at a time).
 template <int NV, class G>
 __global__ void column_finalize_kernel(const float* partial, kindex splits, kindex C, G* out0,
                                        G* out1) {
@@ -46,7 +51,15 @@ __global__ void column_finalize_kernel(const float* partial, kindex splits, kind
   G* outs[2] = {out0, out1};
   for (int v = 0; v < NV; ++v) {
     float s = 0.f;
-    for (kindex k = 0; k < splits; ++k) s += partial[(k * NV + v) * C + c];
+    for (kindex k = 0; k < splits; k += kFinalizeUnroll) {
+      float p[kFinalizeUnroll];
+#pragma unroll
+      for (int u = 0; u < kFinalizeUnroll; ++u)
+        p[u] = k + u < splits ? partial[((k + u) * NV + v) * C + c] : 0.f;
+#pragma unroll
+      for (int u = 0; u < kFinalizeUnroll; ++u)
+        if (k + u < splits) s += p[u];
+    }
     store_f(outs[v], c, load_f(outs[v], c) + s);
   }
 }
@@ -96,6 +109,45 @@ void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullp
   column_finalize<NV>(partial, split.splits, C, out0, out1);
 }
 
+/// out_v[c] += sum_r src(r, c)[v] in ONE launch, for short N (a few hundred
+/// rows: the per-block partial rows of a fused backward kernel): a block
+/// per 32 columns, row lane y adds rows y, y + kRowLanes, ... (loads
+/// unrolled, adds in row order), then lane 0 adds the lanes in order and
+/// accumulates into out. Deterministic; rounds differently from the
+/// two-pass column_sums (another order of the same adds).
+template <int NV, class Source, class G>
+__global__ void column_sums_one_pass_kernel(Source src, kindex N, kindex C, G* out0, G* out1) {
+  __shared__ float tile[NV][kRowLanes][kColTile + 1];
+  const kindex c = kindex(blockIdx.x) * kColTile + threadIdx.x;
+  float acc[NV];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) acc[v] = 0.f;
+  if (c < C) {
+#pragma unroll 8
+    for (kindex r = threadIdx.y; r < N; r += kRowLanes) src(r, c, acc);
+  }
+#pragma unroll
+  for (int v = 0; v < NV; ++v) tile[v][threadIdx.y][threadIdx.x] = acc[v];
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  G* outs[2] = {out0, out1};
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    float s = 0.f;
+    for (int y = 0; y < kRowLanes; ++y) s += tile[v][y][threadIdx.x];
+    store_f(outs[v], c, load_f(outs[v], c) + s);
+  }
+}
+
+template <int NV, class Source, class G>
+void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr) {
+  if (C == 0) return;
+  column_sums_one_pass_kernel<NV><<<unsigned((C + kColTile - 1) / kColTile),
+                                    dim3(kColTile, kRowLanes), 0, kStream>>>(src, N, C, out0,
+                                                                             out1);
+  MESH_CUDA_LAUNCHED();
+}
+
 /// column_partials_kernel for plain column sums of x [N, C] (NV = 1), with
 /// each thread reading a 16-byte pack of V = 16 / sizeof(T) columns per row
 /// (C % V == 0, x 16-byte aligned): a warp moves 512 bytes per row instead
@@ -114,23 +166,21 @@ __global__ void column_partials_packed_kernel(const T* __restrict__ x, kindex N,
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = 0.f;
   if (c0 < C) {
-    // Four rows' loads in flight per thread, then added in row order.
-    constexpr int kUnroll = 4;
-    kindex r = r0 + threadIdx.y;
-    for (; r + (kUnroll - 1) * kRowLanes < r1; r += kUnroll * kRowLanes) {
+    // Eight rows' loads in flight per thread (128 bytes; rows past r1 not
+    // loaded), then added in row order: the same order, so the same bits,
+    // as one row at a time.
+    constexpr int kUnroll = 8;
+    for (kindex r = r0 + threadIdx.y; r < r1; r += kUnroll * kRowLanes) {
       Pack<T> p[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        p[u] = *reinterpret_cast<const Pack<T>*>(x + (r + u * kRowLanes) * C + c0);
+        if (r + u * kRowLanes < r1)
+          p[u] = *reinterpret_cast<const Pack<T>*>(x + (r + u * kRowLanes) * C + c0);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
+        if (r + u * kRowLanes < r1)
 #pragma unroll
-        for (int j = 0; j < V; ++j) acc[j] += to_f(p[u].v[j]);
-    }
-    for (; r < r1; r += kRowLanes) {
-      const Pack<T> p = *reinterpret_cast<const Pack<T>*>(x + r * C + c0);
-#pragma unroll
-      for (int j = 0; j < V; ++j) acc[j] += to_f(p.v[j]);
+          for (int j = 0; j < V; ++j) acc[j] += to_f(p[u].v[j]);
     }
   }
 #pragma unroll

@@ -1,10 +1,10 @@
 // ================================================================= Dropout ==
 //
-// The counter-based dropout of kernels/kokkos/dropout.hpp, bit for bit: the
-// keep decision of an element is Philox4x32-10 with
+// The counter-based dropout of kernels/kokkos/dropout.hpp, bit for bit: one
+// Philox4x32-10 call serves the 4 consecutive global indices 4q .. 4q + 3,
 //   key     = {seed lo32, seed hi32}
-//   counter = {global index lo32, global index hi32, step, stream}
-//   keep    = (first word >> 8) * 2^-24 >= p
+//   counter = {q lo32, q hi32, step, stream}        q = global index >> 2
+//   keep    = (word (global index & 3) >> 8) * 2^-24 >= p
 // and the global index of local (a, b, c) in the view [A, B, C] placed at
 // (a_off, b_off, c_off) inside [*, B_global, C_global] is
 //   ((a + a_off) B_global + (b + b_off)) C_global + (c + c_off).
@@ -13,10 +13,21 @@
 // tests/gpu checks the masks against the host's, element by element.
 // __umulhi gives the high half of the 32x32 products in one instruction.
 //
-// Speed. Each element uses word 0 of ITS OWN counter (the counter is the
-// element's global index), so one Philox call cannot serve 4 elements
-// without changing the masks; the generator cost per element is fixed.
-// What the packed kernel removes is everything around it:
+// Speed. The generator (10 rounds of 32x32-bit multiplies) bounded the
+// kernel when every element ran its own call; now the grouped kernel gives
+// each thread aligned groups of 4 consecutive elements and makes ONE call
+// per group. It applies when the groups of the local view are groups of
+// the global index: C, c_offset and C_global multiples of 4 (then the
+// global index of local element 4m is a multiple of 4 and 4m .. 4m + 3
+// share its row), in and out 16-byte aligned: the transformer's dropouts
+// (rows of H, or H / tp, features) are whenever those are multiples of 4
+// (every model deck's). Each thread takes
+// two 16-byte packs (8 fp32 or 16 bf16: 2 or 4 Philox chains, independent,
+// which the compiler interleaves), computes the groups' counters first
+// (division once per chunk, then carries as below) and then the calls.
+// Other placements keep the per-element kernels below, which call the
+// generator once per element and take the element's word.
+// What the per-element packed kernel removes is everything around it:
 //   - one 16-byte load and store per thread per pack (4 fp32 / 8 bf16)
 //     instead of 2- or 4-byte accesses;
 //   - one (c, b, a) division pair per pack instead of per element: within
@@ -41,10 +52,10 @@ namespace {
 constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
 constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 
-/// First output word of Philox4x32-10 (the only one dropout uses).
-__device__ __forceinline__ std::uint32_t philox4x32_10_word0(std::uint32_t c0, std::uint32_t c1,
-                                                             std::uint32_t c2, std::uint32_t c3,
-                                                             std::uint32_t k0, std::uint32_t k1) {
+/// Philox4x32-10: the four output words of counter (c0, c1, c2, c3), key (k0, k1).
+__device__ __forceinline__ uint4 philox4x32_10(std::uint32_t c0, std::uint32_t c1,
+                                               std::uint32_t c2, std::uint32_t c3,
+                                               std::uint32_t k0, std::uint32_t k1) {
 #pragma unroll
   for (int round = 0; round < 10; ++round) {
     if (round > 0) {  // key schedule: bump before every round but the first
@@ -58,17 +69,27 @@ __device__ __forceinline__ std::uint32_t philox4x32_10_word0(std::uint32_t c0, s
     c2 = hi0 ^ c3 ^ k1;
     c3 = lo0;
   }
-  return c0;
+  return make_uint4(c0, c1, c2, c3);
+}
+
+/// The four words of group q (global indices 4q .. 4q + 3).
+__device__ __forceinline__ uint4 group_bits(const DropoutPlacement& s, std::uint64_t q) {
+  return philox4x32_10(std::uint32_t(q), std::uint32_t(q >> 32), s.step, s.stream,
+                       std::uint32_t(s.seed), std::uint32_t(s.seed >> 32));
 }
 
 /// keep iff (w >> 8) 2^-24 >= p, i.e. iff (w >> 8) >= ceil(p 2^24): the
 /// same decision in integers (p 2^24 is exact in double), computed once.
+__device__ __forceinline__ bool keep_word(std::uint32_t w, std::uint32_t threshold) {
+  return (w >> 8) >= threshold;
+}
+
+/// Decision of one element on its own: its group's call, its word.
 __device__ __forceinline__ bool keep_element(const DropoutPlacement& s, std::uint64_t index,
                                              std::uint32_t threshold) {
-  const std::uint32_t w = philox4x32_10_word0(std::uint32_t(index), std::uint32_t(index >> 32),
-                                              s.step, s.stream, std::uint32_t(s.seed),
-                                              std::uint32_t(s.seed >> 32));
-  return (w >> 8) >= threshold;
+  const uint4 r = group_bits(s, index >> 2);
+  const unsigned j = unsigned(index & 3u);
+  return keep_word(j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w, threshold);
 }
 
 /// I = uint32_t when every extent fits (64-bit division is emulated on the
@@ -141,12 +162,85 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
     }
 }
 
+/// Packs per thread of the grouped kernel.
+constexpr int kGroupedPacks = 2;
+
+/// Word j of r (j a constant after unrolling: no select left).
+__device__ __forceinline__ std::uint32_t word(const uint4& r, int j) {
+  return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
+}
+
+/// One Philox call per aligned group of 4 (see the header: C, c_offset,
+/// C_global multiples of 4, in and out 16-byte aligned). Thread chunks of
+/// E = kGroupedPacks packs; the n % E tail (whole groups) in block 0.
+template <class T, class I>
+__global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t threshold,
+                                       float keep_scale, DropoutPlacement s, T* out) {
+  constexpr int E = kGroupedPacks * kPack<T>, G = E / 4;
+  const I sc = I(s.c), sb = I(s.b);
+  const kindex chunks = n / E;
+  GRID_STRIDE(k, chunks) {
+    Pack<T> pin[kGroupedPacks];
+#pragma unroll
+    for (int u = 0; u < kGroupedPacks; ++u)
+      pin[u] = reinterpret_cast<const Pack<T>*>(in)[k * kGroupedPacks + u];
+    const I first = I(k * E);
+    I c = first % sc, ab = first / sc, b = ab % sb, a = ab / sb;
+    kindex row = row_start(s, kindex(a), kindex(b));
+    std::uint64_t q[G];  // the counters first: the G calls are then independent
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      q[g] = std::uint64_t(row + kindex(c)) >> 2;
+      c += 4;
+      if (c == sc) {  // C % 4 == 0: a group never straddles a row
+        c = 0;
+        if (++b == sb) {
+          b = 0;
+          ++a;
+        }
+        row = row_start(s, kindex(a), kindex(b));
+      }
+    }
+    uint4 r[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) r[g] = group_bits(s, q[g]);
+    Pack<T> pout[kGroupedPacks];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {  // element e of the chunk: group e / 4, word e % 4
+      const float v = to_f(pin[e / kPack<T>].v[e % kPack<T>]);
+      pout[e / kPack<T>].v[e % kPack<T>] =
+          from_f<T>(keep_word(word(r[e / 4], e % 4), threshold) ? v * keep_scale : 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kGroupedPacks; ++u)
+      reinterpret_cast<Pack<T>*>(out)[k * kGroupedPacks + u] = pout[u];
+  }
+  if (blockIdx.x == 0)
+    for (kindex f = chunks * E + kindex(threadIdx.x) * 4; f < n; f += kindex(blockDim.x) * 4) {
+      const I li = I(f);
+      const I c = li % sc, ab = li / sc, b = ab % sb, a = ab / sb;
+      const uint4 r = group_bits(s, global_index(s, kindex(a), kindex(b), kindex(c)) >> 2);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        store_f(out, f + j, keep_word(word(r, j), threshold) ? load_f(in, f + j) * keep_scale : 0.f);
+    }
+}
+
 constexpr int kThreads = 256;
+
+/// Whether local groups of 4 are global groups (see dropout_grouped_kernel).
+bool groups_align(const DropoutPlacement& s) {
+  return s.c % 4 == 0 && s.c_offset % 4 == 0 && s.c_global % 4 == 0;
+}
 
 template <class T, class I>
 void launch_dropout(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
                     const DropoutPlacement& site, T* out) {
-  if (aligned16(in) && aligned16(out))
+  constexpr int E = kGroupedPacks * kPack<T>;
+  if (aligned16(in) && aligned16(out) && groups_align(site))
+    dropout_grouped_kernel<T, I><<<grid_for(n / E + 1, kThreads), kThreads, 0, kStream>>>(
+        in, n, threshold, keep_scale, site, out);
+  else if (aligned16(in) && aligned16(out))
     dropout_packed_kernel<T, I><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, kStream>>>(
         in, n, threshold, keep_scale, site, out);
   else

@@ -14,12 +14,18 @@
 // with M0 = 0xD2511F53, M1 = 0xCD9E8D57, and the key bumped between rounds
 // by the Weyl constants k0 += 0x9E3779B9, k1 += 0xBB67AE85.
 //
-// meshtron's use:
+// meshtron's use: one Philox call serves the 4 consecutive global indices
+// 4q .. 4q + 3 (q = index >> 2), each taking its own output word:
 //   key     = {seed lo32, seed hi32}
-//   counter = {index lo32, index hi32, step, stream}
-//   u       = (first output word >> 8) * 2^-24     (24 bits -> [0, 1))
+//   counter = {q lo32, q hi32, step, stream}          q = index >> 2
+//   u       = (output word (index & 3) >> 8) * 2^-24   (24 bits -> [0, 1))
 //   keep    = u >= p
 //   y       = x * keep / (1 - p)
+// The decision is still a function of the global index alone (the group
+// and the word are both derived from it), so any split of the tensor gives
+// the same mask; a GPU thread that owns 4 aligned consecutive elements
+// generates their 4 decisions with one call instead of 4 (the generator,
+// not memory, bounded the kernel when every element ran its own call).
 // The tensor is viewed as [A, B, C] placed at (a_off, b_off, c_off) inside a
 // global [*, B_global, C_global] tensor; the global index of local (a, b, c) is
 //   ((a + a_off) * B_global + (b + b_off)) * C_global + (c + c_off).
@@ -67,12 +73,19 @@ KOKKOS_INLINE_FUNCTION double uniform_from_bits(std::uint32_t bits) {
   return double(bits >> 8) * (1.0 / 16777216.0);
 }
 
+/// Random bits of the group of 4 global indices 4 q .. 4 q + 3 (see the file
+/// comment): word j belongs to index 4 q + j.
+KOKKOS_INLINE_FUNCTION Philox4x32Block dropout_bits(std::uint64_t seed, std::uint32_t step,
+                                                    std::uint32_t stream, std::uint64_t q) {
+  const Philox4x32Block counter{{std::uint32_t(q), std::uint32_t(q >> 32), step, stream}};
+  return philox4x32_10(counter, std::uint32_t(seed), std::uint32_t(seed >> 32));
+}
+
 /// Keep decision of one element (see the file comment).
 KOKKOS_INLINE_FUNCTION bool dropout_keep(std::uint64_t seed, std::uint32_t step,
                                          std::uint32_t stream, std::uint64_t index, double p) {
-  const Philox4x32Block counter{{std::uint32_t(index), std::uint32_t(index >> 32), step, stream}};
-  const Philox4x32Block r = philox4x32_10(counter, std::uint32_t(seed), std::uint32_t(seed >> 32));
-  return uniform_from_bits(r.w[0]) >= p;
+  const Philox4x32Block r = dropout_bits(seed, step, stream, index >> 2);
+  return uniform_from_bits(r.w[index & 3u]) >= p;
 }
 
 // ------------------------------------------------------------ the kernel ---

@@ -136,8 +136,8 @@ void scale(Tensor& x, double alpha);
 /// The tensor is viewed as [A, B, C] (A * B * C = numel); element (a, b, c)
 /// has global linear index ((a + a_offset) * b_global + (b + b_offset))
 /// * c_global + (c + c_offset). It is kept iff (w >> 8) * 2^-24 >= p, where w
-/// is the first word of Philox4x32-10(key = seed, counter = {index lo,
-/// index hi, step, stream}).
+/// is word (index & 3) of Philox4x32-10(key = seed, counter = {q lo, q hi,
+/// step, stream}), q = index >> 2: one call serves 4 consecutive indices.
 struct DropoutSite {
   std::uint64_t seed = 0;
   std::uint32_t step = 0;    ///< training iteration

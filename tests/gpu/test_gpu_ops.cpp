@@ -631,6 +631,53 @@ TEST_F(GpuOps, DropoutPackedAndUnalignedPathsGiveTheHostMask) {
     }
 }
 
+// kernels/cuda/dropout.cu makes one Philox call per aligned group of 4
+// global indices (grouped kernel) when C, c_offset and C_global are
+// multiples of 4; otherwise the per-element kernels take their word of the
+// group's call. Placements on both sides of that line, including rows of
+// 4 (a thread's chunk spans several rows: carries between groups), odd
+// lengths that leave a tail for block 0, and offsets in every axis.
+TEST_F(GpuOps, DropoutGroupedAndPerElementPlacementsGiveTheHostMask) {
+  struct Placement {
+    index_t A, B, C, a_off, b_off, c_off, B_global, C_global;
+  };
+  const Placement placements[] = {
+      {3, 5, 4, 1, 2, 8, 9, 16},       // grouped, 4-wide rows
+      {1, 37, 132, 0, 3, 4, 41, 1000},  // grouped, chunk tail (37 * 132 % 16 != 0)
+      {2, 7, 12, 5, 0, 0, 7, 12},       // grouped, whole rows
+      {2, 7, 132, 0, 0, 2, 7, 140},     // c_offset % 4 != 0: per element
+      {2, 7, 130, 0, 0, 4, 7, 136},     // C % 4 != 0: per element
+      {2, 7, 132, 0, 0, 4, 7, 138}};    // C_global % 4 != 0: per element
+  for (DType dt : kDtypes)
+    for (const Placement& pl : placements) {
+      DropoutSite site;
+      site.seed = 0x0badc0ffee123ULL;
+      site.step = 4;
+      site.stream = 17;
+      site.a = pl.A, site.b = pl.B, site.c = pl.C;
+      site.a_offset = pl.a_off, site.b_offset = pl.b_off, site.c_offset = pl.c_off;
+      site.b_global = pl.B_global, site.c_global = pl.C_global;
+      const std::string what = "dropout " + name(dt) + " [" + std::to_string(pl.A) + ", " +
+                               std::to_string(pl.B) + ", " + std::to_string(pl.C) + "] c_off " +
+                               std::to_string(pl.c_off) + " C_global " +
+                               std::to_string(pl.C_global);
+      const Tensor rounded = random_host({pl.A * pl.B, pl.C}, 0.5, 1.5).to(dt);
+      const Pair x{rounded.to(DType::F32), rounded.to_device()};
+      Pair y = output(x.host.shape(), dt);
+      dropout_forward(x.host, 0.4, site, y.host);
+      dropout_forward(x.dev, 0.4, site, y.dev);
+      const std::vector<double> d = y.dev.to_doubles(), h = y.host.to_doubles();
+      index_t mismatches = 0, dropped = 0;
+      for (std::size_t i = 0; i < h.size(); ++i) {
+        mismatches += (d[i] == 0.0) != (h[i] == 0.0);
+        dropped += h[i] == 0.0;
+      }
+      EXPECT_EQ(mismatches, 0) << what << ": masks differ";
+      EXPECT_GT(dropped, 0) << what;
+      expect_close(y, dt, what);
+    }
+}
+
 // ============================================================ Embedding ==
 
 TEST_F(GpuOps, EmbeddingsForwardAndBackwardMatchHost) {

@@ -921,15 +921,31 @@ TEST(Philox, KnownAnswersFromRandom123) {
 }
 
 TEST(Dropout, KeepDecisionIsPhiloxOfSeedIndexStepStream) {
+  // Index i takes word (i & 3) of the call for counter {i >> 2 lo, hi, step,
+  // stream}: every word position, both halves of the 64-bit group number.
   const std::uint64_t seed = 0x123456789abcdef0ull;
-  for (std::uint64_t index : {0ull, 1ull, 77ull, (1ull << 32) + 5, 0xfedcba9876543210ull})
+  for (std::uint64_t index : {0ull, 1ull, 2ull, 3ull, 4ull, 77ull, (1ull << 32) + 5,
+                              (1ull << 34) + 6, 0xfedcba9876543213ull})
     for (double p : {0.1, 0.5, 0.9}) {
+      const std::uint64_t q = index >> 2;
       const Philox4x32Block r = kernels::philox4x32_10(
-          {{std::uint32_t(index), std::uint32_t(index >> 32), 3u, 21u}}, 0x9abcdef0u, 0x12345678u);
-      const double u = double(r.w[0] >> 8) / 16777216.0;
+          {{std::uint32_t(q), std::uint32_t(q >> 32), 3u, 21u}}, 0x9abcdef0u, 0x12345678u);
+      const double u = double(r.w[index & 3] >> 8) / 16777216.0;
       EXPECT_EQ(dropout_keep(seed, 3, 21, index, p), u >= p) << "index " << index << " p " << p;
     }
   EXPECT_TRUE(dropout_keep(seed, 3, 21, 42, 0.0)) << "p = 0 keeps everything";
+}
+
+TEST(Dropout, TheFourIndicesOfAGroupGetIndependentDecisions) {
+  // The 4 words of one call are independent: at p = 0.5 the decisions of
+  // index 4q + j and 4q + j' (j != j') disagree on about half of the groups.
+  const std::uint64_t seed = 99;
+  for (int j = 1; j < 4; ++j) {
+    int differ = 0;
+    for (std::uint64_t q = 0; q < 4096; ++q)
+      differ += dropout_keep(seed, 1, 2, 4 * q, 0.5) != dropout_keep(seed, 1, 2, 4 * q + j, 0.5);
+    EXPECT_NEAR(differ / 4096.0, 0.5, 0.05) << "word 0 against word " << j;
+  }
 }
 
 DropoutSite whole_site(index_t a, index_t b, index_t c) {
