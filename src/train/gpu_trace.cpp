@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <utility>
 
@@ -145,6 +146,7 @@ namespace {
 // the one process-wide value they need (GpuTracer::start checks there is
 // only one).
 GpuTracer* recording_tracer = nullptr;
+std::mutex recording_mutex;  ///< guards recording_tracer and its events
 constexpr std::size_t kBufferBytes = 8u << 20;
 constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
                                          CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
@@ -210,6 +212,8 @@ void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size,
 
 void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, std::size_t,
                                std::size_t valid) {
+  // CUPTI may call this from its own thread while the tracer is stopping.
+  const std::lock_guard<std::mutex> lock(recording_mutex);
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS)
     if (recording_tracer) recording_tracer->add(event_of(record));
@@ -228,9 +232,12 @@ GpuTracer::~GpuTracer() {
 }
 
 void GpuTracer::start() {
-  MESH_VERIFY(recording_tracer == nullptr, "GpuTracer: another tracer is recording");
   CUDA_CHECK(cudaDeviceSynchronize());
-  recording_tracer = this;
+  {
+    const std::lock_guard<std::mutex> lock(recording_mutex);
+    MESH_VERIFY(recording_tracer == nullptr, "GpuTracer: another tracer is recording");
+    recording_tracer = this;
+  }
   recording_ = true;
   CUPTI_CHECK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
   for (CUpti_ActivityKind kind : kKinds) CUPTI_CHECK(cuptiActivityEnable(kind));
@@ -240,8 +247,13 @@ void GpuTracer::start() {
 void GpuTracer::stop() {
   CUDA_CHECK(cudaDeviceSynchronize());
   CUPTI_CHECK(cuptiGetTimestamp(&end_ns_));
+  // Deliver everything recorded so far before disabling the kinds (a record
+  // still being completed when its kind is disabled can be lost: a test saw
+  // the window's last copy go missing), then flush what remains.
+  CUPTI_CHECK(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
   for (CUpti_ActivityKind kind : kKinds) CUPTI_CHECK(cuptiActivityDisable(kind));
   CUPTI_CHECK(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED));
+  const std::lock_guard<std::mutex> lock(recording_mutex);
   recording_tracer = nullptr;
   recording_ = false;
 }
