@@ -16,8 +16,9 @@ namespace {
 
 /// Whether `name` contains `part`, ignoring case (kernels are named after
 /// their functors: "map3_packed_kernel<float, meshtron::cuda::Scale>").
-bool mentions(std::string name, const std::string& part) {
-  for (char& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
+bool mentions(std::string name, std::string part) {
+  for (std::string* s : {&name, &part})
+    for (char& c : *s) c = char(std::tolower(static_cast<unsigned char>(c)));
   return name.find(part) != std::string::npos;
 }
 
