@@ -139,6 +139,10 @@ class AdamW final : public Optimizer {
   ParameterList params_;
   AdamWConfig config_;
   Parameter* tied_head_copy_;  ///< Not owned.
+  /// Every gradient, back to back (the parameters' grads are views of it);
+  /// undefined if the gradients differ in dtype or space.
+  Tensor grads_;
+  std::vector<index_t> grad_offsets_;  ///< start of each gradient in grads_
   std::vector<Tensor> m_, v_;
   /// fp32 master weights where a value is bf16 (undefined tensors otherwise).
   std::vector<Tensor> master_;
