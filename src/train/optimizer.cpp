@@ -79,7 +79,13 @@ std::vector<Tensor> merged_views(const Tensor& flat, const std::vector<Range>& r
 }
 
 /// Every parameter's `field` becomes the view of its range of `flat`
-/// (starting at `offsets[i]`), after its contents are copied there.
+/// (starting at `offsets[i]`), after its contents are copied there:
+/// Megatron's contiguous buffers, so that collectives and kernels over the
+/// buffer read and write the parameters' own memory (the backward
+/// accumulates into the gradient buffer; a gather lands in the values). The
+/// ranges are packed densely: a view may be less than 16-byte aligned (odd
+/// sizes in tiny models), which the GEMM's plan cache (keyed by pointer
+/// alignment) and the kernels' unaligned paths handle.
 void alias_parameters(const ParameterList& params, const std::vector<index_t>& offsets,
                       Tensor& flat, Tensor Parameter::*field) {
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -273,24 +279,15 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
   if (overlap_.grad_reduce) {
     grad_flat_ = Tensor::zeros({padded_total_}, dtype, space_);  // padding stays 0
     grad_shard_ = Tensor::zeros({shard_size_}, dtype, space_);
-    alias_into(grad_flat_, &Parameter::grad);  // buckets reduce in place: no copy-in
+    alias_parameters(params_, offsets_, grad_flat_, &Parameter::grad);  // no copy-in
   }
   if (overlap_.param_gather) {
     if (!mixed_precision()) param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
-    alias_into(mixed_precision() ? compute_flat_ : param_flat_, &Parameter::value);
+    alias_parameters(params_, offsets_, mixed_precision() ? compute_flat_ : param_flat_,
+                     &Parameter::value);  // the gather lands in the values
   }
 }
 
-// Megatron's contiguous buffers: the field's current contents move into the
-// flat buffer and the parameter's tensor becomes its range there, so the
-// bucket collectives read and write the parameters' own memory (the backward
-// accumulates into the gradient buffer; the gather lands in the values).
-// The ranges are packed densely, as before: a view may be less than 16-byte
-// aligned (odd sizes in tiny models), which the GEMM's plan cache (keyed by
-// pointer alignment) and the kernels' unaligned paths handle.
-void DistributedAdamW::alias_into(Tensor& flat, Tensor Parameter::*field) {
-  alias_parameters(params_, offsets_, flat, field);
-}
 
 
 index_t DistributedAdamW::shard_offset_of(const Bucket& b) const {

@@ -240,9 +240,6 @@ class DistributedAdamW final : public Optimizer, public ParamGatherHook {
   void finish_buckets(OptimizerGroups& g);
   /// Wait for buckets in flight (a step given up) and forget the step.
   void reset_buckets(Communicator& dp);
-  /// Make every parameter's `field` the view of its range of `flat` (after
-  /// copying its contents there).
-  void alias_into(Tensor& flat, Tensor Parameter::*field);
   /// Copy every parameter's `Tensor Parameter::*field` into a flat buffer.
   void pack(Tensor Parameter::*field, Tensor& flat) const;
   void unpack(const Tensor& flat, Tensor Parameter::*field);
