@@ -33,7 +33,7 @@ struct LayerRun {
 };
 
 /// One transformer layer on a tp group of `tp` consecutive world ranks.
-LayerRun run_layer(int tp, bool sp) {
+LayerRun run_layer(int tp, bool sp, bool keep_gathered = false) {
   int rank;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm group;
@@ -44,6 +44,7 @@ LayerRun run_layer(int tp, bool sp) {
     TensorParallelGroup g{comm};
     LayerContext ctx{g};
     ctx.sequence_parallel = sp;
+    ctx.keep_gathered_input = keep_gathered;
     ctx.seq_length = 16;
     ctx.micro_batch = 2;
     ctx.global_batch = 2;
@@ -97,6 +98,20 @@ TEST(SequenceParallel, ReduceScatterAllGatherPattern) {
     // reduce-scatters are started without blocking, to overlap their GEMMs.
     EXPECT_EQ(r.backward_nonblocking_gathers, 2) << "tp=" << tp;
     EXPECT_EQ(r.backward_nonblocking_reduce_scatters, 2) << "tp=" << tp;
+  }
+}
+
+TEST(SequenceParallel, KeepingTheGatheredInputSavesTheBackwardGathers) {
+  for (int tp : {2, 4}) {
+    if (world_size() % tp) continue;
+    const LayerRun regather = run_layer(tp, true), kept = run_layer(tp, true, true);
+    EXPECT_EQ(kept.forward.count(CollectiveKind::AllGather), 2);
+    // Only the row-parallel layers' dY gathers remain in the backward.
+    EXPECT_EQ(kept.backward.count(CollectiveKind::AllGather), 2) << "tp=" << tp;
+    EXPECT_EQ(kept.backward_nonblocking_gathers, 0) << "tp=" << tp;
+    EXPECT_EQ(kept.backward.count(CollectiveKind::ReduceScatter), 2);
+    // The price: qkv's and fc's saved inputs are whole (tp times larger).
+    EXPECT_GT(kept.activation_bytes, regather.activation_bytes) << "tp=" << tp;
   }
 }
 
