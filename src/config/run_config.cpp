@@ -407,6 +407,9 @@ void RunConfig::validate(int world_size) {
                "logging.profile_step_start = " << logging.profile_step_start
                    << " and profile_step_end = " << logging.profile_step_end
                    << " must satisfy 1 <= start < end");
+  MESH_REQUIRE(!logging.profile || logging.profile_step_end - 1 <= training.train_iters,
+               "logging.profile_step_end = " << logging.profile_step_end
+                   << " traces past training.train_iters = " << training.train_iters);
 }
 
 std::vector<int> ParallelSection::stage_layers(int num_layers) const {
