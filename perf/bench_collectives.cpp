@@ -1,0 +1,180 @@
+// Collective and copy-engine bandwidth between the GPUs of a tp group: the
+// ceilings tp 2's scaling runs into.
+//
+// Run: mpirun -np 2 ./perf/bench_collectives   (prints "skipped" with fewer
+// than 2 ranks or GPUs). NCCL settings come from the environment
+// (NCCL_PROTO, NCCL_MIN_NCHANNELS, NCCL_BUFFSIZE, ...; the values in effect
+// are printed first).
+//
+// For each per-rank shard size (GPT-2 774M's [8192, 1280] bf16 activation
+// split over 2 ranks is 10.5 MB) it times, as medians of 20 calls bracketed
+// by CUDA events after 3 warm-ups, on the stream meshtron's collectives use:
+//   - NcclCommunicator::all_gather, reduce_scatter and all_reduce (bf16),
+//     with nccl-tests' bus bandwidth: (n - 1) / n x gathered bytes / time for
+//     all-gather and reduce-scatter, 2 (n - 1) / n x bytes / time for
+//     all-reduce;
+//   - the copy engines: every rank writes its shard into the next rank's
+//     buffer (opened with CUDA IPC) with cudaMemcpyAsync, all ranks at once
+//     (the traffic of an all-gather without NCCL's kernels), GB/s per
+//     direction;
+//   - the baseline: a device-to-device copy of the shard on one GPU, read +
+//     write bytes.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#ifdef MESHTRON_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "common/error.hpp"
+#include "parallel/communicator_nccl.hpp"
+
+namespace meshtron {
+namespace {
+
+constexpr int kWarmup = 3, kRuns = 20;
+
+/// Median milliseconds of f() on the default stream, ranks in step.
+double median_ms(const std::function<void()>& f) {
+  for (int i = 0; i < kWarmup; ++i) f();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int i = 0; i < kRuns; ++i) {
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    CUDA_CHECK(cudaEventRecord(start, 0));
+    f();
+    CUDA_CHECK(cudaEventRecord(stop, 0));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+/// The next rank's buffer, opened through CUDA IPC (closed on destruction).
+class PeerBuffer {
+ public:
+  PeerBuffer(void* mine, int next_rank) {
+    cudaIpcMemHandle_t handle;
+    CUDA_CHECK(cudaIpcGetMemHandle(&handle, mine));
+    int world = 0;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+    std::vector<cudaIpcMemHandle_t> all(static_cast<std::size_t>(world));
+    MPI_CHECK(MPI_Allgather(&handle, sizeof(handle), MPI_BYTE, all.data(), sizeof(handle),
+                            MPI_BYTE, MPI_COMM_WORLD));
+    CUDA_CHECK(cudaIpcOpenMemHandle(&peer_, all[std::size_t(next_rank)],
+                                    cudaIpcMemLazyEnablePeerAccess));
+  }
+  ~PeerBuffer() { cudaIpcCloseMemHandle(peer_); }
+  PeerBuffer(const PeerBuffer&) = delete;
+  PeerBuffer& operator=(const PeerBuffer&) = delete;
+  void* get() const { return peer_; }
+
+ private:
+  void* peer_ = nullptr;
+};
+
+void print_environment() {
+  std::printf("NCCL settings:");
+  for (const char* name : {"NCCL_PROTO", "NCCL_ALGO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS",
+                           "NCCL_BUFFSIZE", "NCCL_NTHREADS", "NCCL_NVLS_ENABLE"}) {
+    const char* value = std::getenv(name);
+    std::printf(" %s=%s", name, value ? value : "(default)");
+  }
+  std::printf("\n\n%-12s %12s %12s %12s %12s %12s\n", "shard MB", "op", "ms", "GB/s", "busbw",
+              "/copy");
+}
+
+void row(double shard_mb, const char* op, double ms, double gbps, double busbw, double copy) {
+  std::printf("%-12.2f %12s %12.4f %12.1f %12.1f %12.2f\n", shard_mb, op, ms, gbps, busbw,
+              busbw / copy);
+}
+
+void bench_shard(NcclCommunicator& comm, std::size_t shard_elements, bool print) {
+  const int n = comm.size(), next = (comm.rank() + 1) % n;
+  const std::size_t shard_bytes = shard_elements * 2, full_bytes = shard_bytes * std::size_t(n);
+  // Plain cudaMalloc: a CUDA IPC handle names a whole allocation, and the
+  // caching allocator's blocks may be pieces of one.
+  void *shard = nullptr, *full = nullptr;
+  CUDA_CHECK(cudaMalloc(&shard, full_bytes));
+  CUDA_CHECK(cudaMalloc(&full, full_bytes));
+  CUDA_CHECK(cudaMemset(shard, 0, full_bytes));
+  CUDA_CHECK(cudaMemset(full, 0, full_bytes));
+  const double mb = double(shard_bytes) / 1e6, ring = double(n - 1) / n;
+
+  const double copy_ms = median_ms([&] {
+    CUDA_CHECK(cudaMemcpyAsync(full, shard, shard_bytes, cudaMemcpyDeviceToDevice, 0));
+  });
+  const double copy = 2.0 * double(shard_bytes) / (copy_ms * 1e6);
+  const double ag = median_ms([&] { comm.all_gather(shard, full, shard_elements, DType::BF16); });
+  const double rs = median_ms(
+      [&] { comm.reduce_scatter(full, shard, shard_elements, DType::BF16, ReduceOp::Sum); });
+  const double ar =
+      median_ms([&] { comm.all_reduce(full, shard_elements * std::size_t(n), DType::BF16, ReduceOp::Sum); });
+  double ce = 0;
+  {
+    PeerBuffer peer(full, next);  // this rank's shard lands in block `rank` of the next's
+    char* target = static_cast<char*>(peer.get()) + std::size_t(comm.rank()) * shard_bytes;
+    ce = median_ms([&] {
+      CUDA_CHECK(cudaMemcpyAsync(target, shard, shard_bytes, cudaMemcpyDefault, 0));
+    });
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // no rank closes a buffer another still writes
+  }
+  if (print) {
+    row(mb, "copy (1 GPU)", copy_ms, copy, copy, copy);
+    row(mb, "all_gather", ag, double(full_bytes) / (ag * 1e6), ring * double(full_bytes) / (ag * 1e6), copy);
+    row(mb, "reduce_scat", rs, double(full_bytes) / (rs * 1e6), ring * double(full_bytes) / (rs * 1e6), copy);
+    row(mb, "all_reduce", ar, double(full_bytes) / (ar * 1e6),
+        2 * ring * double(full_bytes) / (ar * 1e6), copy);
+    row(mb, "CE peer copy", ce, double(shard_bytes) / (ce * 1e6), double(shard_bytes) / (ce * 1e6),
+        copy);
+  }
+  CUDA_CHECK(cudaFree(shard));
+  CUDA_CHECK(cudaFree(full));
+}
+
+}  // namespace
+}  // namespace meshtron
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, world = 0, gpus = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+  int enough = world >= 2 && gpus >= 2 ? 1 : 0, all = 0;
+  MPI_Allreduce(&enough, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all) {
+    if (rank == 0) std::printf("bench_collectives: skipped (needs 2+ ranks with a GPU each)\n");
+    MPI_Finalize();
+    return 0;
+  }
+  CUDA_CHECK(cudaSetDevice(rank % gpus));
+  {
+    meshtron::NcclCommunicator comm(MPI_COMM_WORLD);
+    if (rank == 0) meshtron::print_environment();
+    for (std::size_t elements : {std::size_t(1) << 19, std::size_t(1) << 21,
+                                 std::size_t(8192) * 1280 / 2, std::size_t(1) << 24})
+      meshtron::bench_shard(comm, elements, rank == 0);
+  }
+  MPI_Finalize();
+  return 0;
+}
+
+#else
+int main() {
+  std::printf("bench_collectives: skipped (built without CUDA)\n");
+  return 0;
+}
+#endif
