@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The default job (README): install dependencies, build, fetch the Brown
 # corpus and GPT-2's vocabulary, preprocess them into an indexed dataset, and
-# train gpt-tiny on 4 CPU ranks (tp 2 x dp 2) for 600 steps.
+# train gpt-tiny on 4 CPU ranks (tp 2 x dp 2) for 1200 steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
