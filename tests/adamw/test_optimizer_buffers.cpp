@@ -6,8 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <deque>
 #include <random>
+
+#include "common/parameter_set.hpp"
 
 #include "parallel/communicator.hpp"
 #include "train/optimizer.hpp"
@@ -15,14 +16,7 @@
 namespace meshtron {
 namespace {
 
-struct Model {
-  std::deque<Parameter> params;  // stable addresses
-  ParameterList list() {
-    ParameterList out;
-    for (Parameter& p : params) out.push_back(&p);
-    return out;
-  }
-};
+using Model = testing_util::ParameterSet;
 
 Model make_model() {
   Model m;

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/parameter_set.hpp"
 #include "ops/cast.hpp"
 #include "ops/ops.hpp"
 #include "parallel/communicator_nccl.hpp"
@@ -255,14 +256,7 @@ TEST(GpuAdamW, SingleTensorStepWithCopyEqualsStepThenCastBitwise) {
 
 // ------------------------------------------------------------ optimizers
 
-struct Model {
-  std::vector<Parameter> params;
-  ParameterList list() {
-    ParameterList out;
-    for (Parameter& p : params) out.push_back(&p);
-    return out;
-  }
-};
+using Model = testing_util::ParameterSet;
 
 /// Five bf16 parameters (two without weight decay), identical for a given seed.
 Model make_model() {
