@@ -80,7 +80,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
 Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext& ctx,
                                                  const Cache& cache) {
   // Under sequence parallelism the input is gathered again (Megatron does the
-  // same) rather than kept whole between forward and backward. As in
+  // same) unless the forward kept it whole (keep_gathered_input). As in
   // Megatron's LinearWithGradAccumulationAndAsyncCommunication, the gather
   // runs while the input gradient's GEMM (which needs only dy and W) does,
   // and the input gradient's reduce-scatter while the weight-gradient GEMM
@@ -88,8 +88,10 @@ Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext&
   Communicator& comm = ctx.tp.comm;
   const bool gather = !ctx.keep_gathered_input;
   Shape shard_shape = cache.x.shape(), full_shape = cache.x.shape();
-  if (gather) full_shape[0] *= ctx.tp.size();
-  else shard_shape[0] /= ctx.tp.size();
+  if (gather)
+    full_shape[0] *= ctx.tp.size();
+  else
+    shard_shape[0] /= ctx.tp.size();
   const std::vector<std::size_t> counts(std::size_t(ctx.tp.size()),
                                         std::size_t(shard_shape[0] * shard_shape[1]));
   Tensor x_full = gather ? Tensor::empty(full_shape, cache.x.dtype(), cache.x.space()) : cache.x;

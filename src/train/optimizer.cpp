@@ -193,16 +193,18 @@ void AdamW::load_full_state(const std::vector<Tensor>& m, const std::vector<Tens
 }
 
 double AdamW::global_grad_norm(OptimizerGroups& g) const {
-  std::vector<Tensor> counted;
+  std::vector<Tensor> counted;  // per parameter, or runs of grads_ where they share it
   std::vector<Range> ranges;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = *params_[i];
     if (!counts_in_grad_norm(p, g, tied_head_copy_)) continue;
-    counted.push_back(p.grad);
-    ranges.emplace_back(grad_offsets_[i], grad_offsets_[i] + p.grad.numel());
+    if (grads_.defined())
+      ranges.emplace_back(grad_offsets_[i], grad_offsets_[i] + p.grad.numel());
+    else
+      counted.push_back(p.grad);
   }
-  const double local = ops::sum_of_squares(grads_.defined() ? merged_views(grads_, ranges) : counted);
-  return std::sqrt(g.model.all_reduce_scalar(local));
+  if (grads_.defined()) counted = merged_views(grads_, ranges);
+  return std::sqrt(g.model.all_reduce_scalar(ops::sum_of_squares(counted)));
 }
 
 StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
@@ -286,9 +288,11 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
     alias_parameters(params_, offsets_, mixed_precision() ? compute_flat_ : param_flat_,
                      &Parameter::value);  // the gather lands in the values
   }
+  // fp32 values gathered by step() land in a buffer of their own: the
+  // gradients live in grad_flat_ (mixed precision gathers into compute_flat_).
+  if (!mixed_precision() && !param_flat_.defined())
+    param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
 }
-
-
 
 index_t DistributedAdamW::shard_offset_of(const Bucket& b) const {
   return std::clamp(b.begin - shard_begin_, index_t(0), shard_size_);
@@ -348,7 +352,7 @@ void DistributedAdamW::grads_ready(const ParameterList& ready, OptimizerGroups& 
 void DistributedAdamW::start_bucket(Bucket& b, OptimizerGroups& g) {
   ParameterList bucket_params;
   for (std::size_t i : b.params) bucket_params.push_back(params_[i]);
-  reduce_model_gradients(bucket_params, g, /*dp=*/false);  // in grad_flat_ (alias_into)
+  reduce_model_gradients(bucket_params, g, /*dp=*/false);  // in grad_flat_ (alias_parameters)
   // Rank r receives the bucket's overlap with its shard [r S, (r + 1) S):
   // consecutive pieces in rank order, as the single reduce-scatter has them.
   const std::vector<std::size_t> counts = counts_per_rank(b, g.dp.size());
@@ -487,7 +491,6 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
                         ReduceOp::Sum);
   } else {
     finish_buckets(g);
-    flat = grad_flat_;  // reused for the parameter all-gather below, as without overlap
     grad = grad_shard_;
   }
   if (unscale != 1.0) ops::scale(grad, unscale);
@@ -528,10 +531,8 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
     start_param_gather(g.dp);  // completed by the next forward (before_forward)
   } else {
     const Tensor& shard = low ? compute_shard_ : master_;
-    // Not into grad_flat_ when the gradients live there (zeroed above).
-    Tensor gathered = low                    ? compute_flat_
-                      : overlap_.grad_reduce ? Tensor::empty({padded_total_}, flat.dtype(), space_)
-                                             : flat;
+    // Not into grad_flat_ under overlap: the gradients live there.
+    Tensor& gathered = low ? compute_flat_ : overlap_.grad_reduce ? param_flat_ : flat;
     g.dp.all_gather(shard.raw(), gathered.raw(), std::size_t(shard_size_), gathered.dtype());
     unpack(gathered, &Parameter::value);
   }

@@ -164,11 +164,12 @@ class AdamW final : public Optimizer {
 /// shard r), so the shard layout and every sum are those of the single
 /// reduce-scatter; step() starts the buckets not yet started and waits for
 /// all. As in Megatron, the gradients are views of that flat buffer (each
-/// parameter's range), so the backward accumulates into it
-/// and nothing is copied in; with the overlapped all-gather the values are
-/// likewise views of the gathered buffer. The bucket holding the tied word table is its own bucket and, when
-/// pp > 1, always waits for step(): its embedding-group all-reduce needs the
-/// other end of the pipeline, which is still in its backward.
+/// parameter's range), so the backward accumulates into it and nothing is
+/// copied in; with the overlapped all-gather the values are likewise views
+/// of the gathered buffer. The bucket holding the tied word table is its own
+/// bucket and, when pp > 1, always waits for step(): its embedding-group
+/// all-reduce needs the other end of the pipeline, which is still in its
+/// backward.
 ///
 /// Overlapped parameter all-gather (parallel.overlap_param_gather, Megatron's
 /// --overlap-param-gather): on the same buckets, step() ends by starting one
@@ -271,8 +272,8 @@ class DistributedAdamW final : public Optimizer, public ParamGatherHook {
   Tensor grad_flat_, grad_shard_;  ///< kept: in-flight reductions read/write them
   Communicator* dp_ = nullptr;  ///< Not owned; to wait in zero_grad().
   int started_early_ = 0, started_early_last_ = 0;
-  /// overlap_param_gather, fp32 values: the gathered masters (under mixed
-  /// precision compute_flat_ serves).
+  /// Overlap, fp32 values: the gathered masters (the values' storage under
+  /// overlap_param_gather; under mixed precision compute_flat_ serves).
   Tensor param_flat_;
   int gathers_pending_ = 0, waited_in_forward_ = 0, waited_in_forward_last_ = 0;
 };
