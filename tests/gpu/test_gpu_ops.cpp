@@ -551,6 +551,20 @@ TEST_F(GpuOps, FusedBiasGeluEqualsBiasAddThenGelu) {
 
 // ============================================================== Dropout ==
 
+/// A dropout output (inputs never 0) has the host's mask, zero exactly
+/// where the host's is, and its values; with `drops`, something is dropped.
+void expect_host_dropout(const Pair& y, DType dt, const std::string& what, bool drops = true) {
+  const std::vector<double> d = y.dev.to_doubles(), h = y.host.to_doubles();
+  index_t mismatches = 0, dropped = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    mismatches += (d[i] == 0.0) != (h[i] == 0.0);
+    dropped += h[i] == 0.0;
+  }
+  EXPECT_EQ(mismatches, 0) << what << ": masks differ";
+  if (drops) EXPECT_GT(dropped, 0) << what;
+  expect_close(y, dt, what);
+}
+
 TEST_F(GpuOps, DropoutMaskIsIdenticalToTheHost) {
   for (DType dt : kDtypes)
     for (double p : {0.0, 0.1, 0.5})
@@ -576,17 +590,7 @@ TEST_F(GpuOps, DropoutMaskIsIdenticalToTheHost) {
         dropout_forward(x.dev, p, site, y.dev);
         dropout_backward(x.host, p, site, dx.host);
         dropout_backward(x.dev, p, site, dx.dev);
-        for (const Pair* out : {&y, &dx}) {
-          const std::vector<double> d = out->dev.to_doubles(), h = out->host.to_doubles();
-          index_t mismatches = 0, dropped = 0;
-          for (std::size_t i = 0; i < h.size(); ++i) {
-            mismatches += (d[i] == 0.0) != (h[i] == 0.0);
-            dropped += h[i] == 0.0;
-          }
-          EXPECT_EQ(mismatches, 0) << what << ": masks differ";
-          if (p > 0) EXPECT_GT(dropped, 0) << what;
-          expect_close(*out, dt, what);
-        }
+        for (const Pair* out : {&y, &dx}) expect_host_dropout(*out, dt, what, /*drops=*/p > 0);
       }
 }
 
@@ -619,15 +623,7 @@ TEST_F(GpuOps, DropoutPackedAndUnalignedPathsGiveTheHostMask) {
       Pair y = output(x_host.shape(), dt);
       dropout_forward(x_host, 0.3, site, y.host);
       dropout_forward(x_dev, 0.3, site, y.dev);
-      const std::vector<double> d = y.dev.to_doubles(), h = y.host.to_doubles();
-      index_t mismatches = 0, dropped = 0;
-      for (std::size_t i = 0; i < h.size(); ++i) {
-        mismatches += (d[i] == 0.0) != (h[i] == 0.0);
-        dropped += h[i] == 0.0;
-      }
-      EXPECT_EQ(mismatches, 0) << what << ": masks differ";
-      EXPECT_GT(dropped, 0) << what;
-      expect_close(y, dt, what);
+      expect_host_dropout(y, dt, what);
     }
 }
 
@@ -666,15 +662,7 @@ TEST_F(GpuOps, DropoutGroupedAndPerElementPlacementsGiveTheHostMask) {
       Pair y = output(x.host.shape(), dt);
       dropout_forward(x.host, 0.4, site, y.host);
       dropout_forward(x.dev, 0.4, site, y.dev);
-      const std::vector<double> d = y.dev.to_doubles(), h = y.host.to_doubles();
-      index_t mismatches = 0, dropped = 0;
-      for (std::size_t i = 0; i < h.size(); ++i) {
-        mismatches += (d[i] == 0.0) != (h[i] == 0.0);
-        dropped += h[i] == 0.0;
-      }
-      EXPECT_EQ(mismatches, 0) << what << ": masks differ";
-      EXPECT_GT(dropped, 0) << what;
-      expect_close(y, dt, what);
+      expect_host_dropout(y, dt, what);
     }
 }
 
