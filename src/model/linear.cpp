@@ -31,8 +31,7 @@ Parameter make_param(const std::string& name, Shape global, Shape local, ShardSp
 /// dW += X^T dY and db += colsum(dY).
 void accumulate_weight_grads(const Tensor& x, const Tensor& dy, Parameter& w,
                              Parameter& b) {
-  ops::gemm(x, true, dy, false, w.grad, 1.0, 1.0);
-  ops::bias_backward(dy, b.grad);
+  ops::linear_weight_grads(x, dy, w.grad, b.grad);
 }
 
 }  // namespace
@@ -141,9 +140,15 @@ Tensor RowParallelLinear::forward_residual(const Tensor& x, const Tensor& residu
 
 Tensor RowParallelLinear::accumulate_grads(const Tensor& dy, LayerContext& ctx,
                                            const Cache& cache) {
+  if (!ctx.sequence_parallel) {  // dy_full is dy: one GEMM gives both gradients
+    Tensor dy_full = mapping::reduce_from_tp_backward(ctx.tp, dy);
+    accumulate_weight_grads(cache.x, dy_full, weight, bias);
+    return dy_full;
+  }
+  // Under SP the bias gradient is this rank's shard's (summed over tp later),
+  // the weight gradient the gathered dy's.
   ops::bias_backward(dy, bias.grad);
-  Tensor dy_full = ctx.sequence_parallel ? mapping::reduce_scatter_to_sp_backward(ctx.tp, dy)
-                                         : mapping::reduce_from_tp_backward(ctx.tp, dy);
+  Tensor dy_full = mapping::reduce_scatter_to_sp_backward(ctx.tp, dy);
   ops::gemm(cache.x, true, dy_full, false, weight.grad, 1.0, 1.0);
   return dy_full;
 }

@@ -123,6 +123,15 @@ void gemm_bias_residual(const Tensor& A, bool trans_a, const Tensor& B, bool tra
 void bias_add(Tensor& y, const Tensor& bias);
 /// dbias[c] += sum_n dy[n, c] (accumulate).
 void bias_backward(const Tensor& dy, Tensor& dbias);
+/// A linear layer's parameter gradients, accumulated:
+///   dweight += x^T dy   (x [tokens, in], dy [tokens, out], dweight [in, out])
+///   dbias   += sum over tokens of dy
+/// On the device with an fp32 dbias, one cuBLASLt GEMM computes both (the
+/// BGRADA epilogue reduces dy over the GEMM's k = tokens as it streams it;
+/// Megatron/TransformerEngine fuse the same way), its bias gradient written
+/// to a scratch [out] and added to dbias; where cuBLASLt has no such
+/// algorithm, and on the host, gemm() then bias_backward().
+void linear_weight_grads(const Tensor& x, const Tensor& dy, Tensor& dweight, Tensor& dbias);
 /// out = a + b (elementwise; out may alias a or b).
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 /// y += alpha * x (elementwise, accumulate).

@@ -288,6 +288,38 @@ TEST_F(GpuOps, GemmBiasEpilogueMatchesHostGemmThenBiasAdd) {
 }
 #endif
 
+TEST_F(GpuOps, LinearWeightGradsMatchHostGemmThenBiasBackward) {
+  // The weight-gradient GEMM with cuBLASLt's BGRADA epilogue: dweight += x^T
+  // dy and dbias += the column sums of dy, both accumulated onto nonzero
+  // values (fp32 gradients under bf16/fp16, as in training). Odd N catches
+  // sums along the wrong axis; the last shapes are GPT-2 774M's (8192
+  // tokens: qkv, proj, fc, fc-proj), which should take the fused epilogue.
+  const std::uint64_t fallbacks_before = cuda::gemm_bias_grad_fallbacks();
+  const std::vector<GemmCase> cases = {{5, 3, 17},          {33, 130, 64},
+                                       {768, 2304, 1024},   {1280, 3840, 8192},
+                                       {1280, 1280, 8192},  {1280, 5120, 8192},
+                                       {5120, 1280, 8192}};
+  for (DType dt : kDtypes)
+    for (const GemmCase& g : cases) {  // dweight [M = in, N = out], K = tokens
+      if (g.K == 8192 && dt != DType::BF16) continue;  // the host GEMMs of these are slow
+      const DType gdt = DType::F32;
+      const std::string what = "linear_weight_grads " + name(dt) + " in=" + std::to_string(g.M) +
+                               " out=" + std::to_string(g.N) + " tokens=" + std::to_string(g.K);
+      const Pair x = input({g.K, g.M}, dt), dy = input({g.K, g.N}, dt);
+      Pair dw = input({g.M, g.N}, gdt), db = input({g.N}, gdt);
+      const std::uint64_t before = cuda::gemm_bias_grad_fallbacks();
+      linear_weight_grads(x.host, dy.host, dw.host, db.host);
+      linear_weight_grads(x.dev, dy.dev, dw.dev, db.dev);
+      expect_close(dw, dt, what + " dweight");
+      expect_close(db, dt, what + " dbias");
+      if (g.K == 8192)
+        std::cout << what << (cuda::gemm_bias_grad_fallbacks() == before ? ": fused\n"
+                                                                         : ": fell back\n");
+    }
+  std::cout << "linear_weight_grads: " << cuda::gemm_bias_grad_fallbacks() - fallbacks_before
+            << " of the calls above fell back to gemm + bias_backward\n";
+}
+
 TEST_F(GpuOps, GemmBiasWithMisalignedBiasOrEmptyInnerDimension) {
   // A bias view only 2-byte (bf16, fp16) or 4-byte (fp32) aligned, row 1 of [2, 33]:
   // the heuristic must see the real alignment (or the op must fall back to
