@@ -121,7 +121,9 @@ std::string chrome_trace_json(const std::vector<TraceEvent>& events, std::uint64
     os << (first ? "" : ",\n") << "{\"name\": \"" << json_escaped(e.name) << "\", \"cat\": \""
        << category << "\", \"ph\": \"X\", \"pid\": " << rank << ", \"tid\": " << e.stream
        << ", \"ts\": " << double(std::int64_t(e.start_ns - begin_ns)) / 1e3
-       << ", \"dur\": " << double(e.end_ns - e.start_ns) / 1e3 << "}";
+       << ", \"dur\": " << double(e.end_ns - e.start_ns) / 1e3;
+    if (e.bytes) os << ", \"args\": {\"bytes\": " << e.bytes << "}";
+    os << "}";
     first = false;
   }
   os << "\n], \"displayTimeUnit\": \"ms\"}\n";
@@ -189,6 +191,7 @@ TraceEvent event_of(const CUpti_Activity* record) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
       e.name = copy_kind_name(m->copyKind);
       e.kind = TraceEvent::Kind::Copy;
+      e.bytes = m->bytes;
       e.start_ns = m->start, e.end_ns = m->end, e.stream = m->streamId;
       break;
     }
@@ -196,6 +199,7 @@ TraceEvent event_of(const CUpti_Activity* record) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
       e.name = "memset";
       e.kind = TraceEvent::Kind::Copy;
+      e.bytes = m->bytes;
       e.start_ns = m->start, e.end_ns = m->end, e.stream = m->streamId;
     }
   }

@@ -27,6 +27,7 @@ struct TraceEvent {
   std::uint64_t start_ns = 0, end_ns = 0;  ///< device timestamps
   std::uint32_t stream = 0;
   std::string name;  ///< demangled kernel name up to its parameter list, or "memcpy DtoD" ...
+  std::uint64_t bytes = 0;  ///< copies and memsets: their size (the trace's "args"), else 0
 };
 
 struct KernelTotal {

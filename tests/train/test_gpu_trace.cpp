@@ -23,8 +23,11 @@ constexpr auto kCopy = TraceEvent::Kind::Copy;
 // NCCL [50, 80) is hidden for 10 us behind compute and exposed for 20;
 // a copy [90, 95); idle [80, 90) and [95, 100).
 std::vector<TraceEvent> timeline() {
-  return {event(kCompute, 0, 40, "gemm"), event(kCompute, 30, 60, "layernorm", 8),
-          event(kComm, 50, 80, "ncclDevKernel_AllGather", 9), event(kCopy, 90, 95, "memcpy DtoD")};
+  std::vector<TraceEvent> events{
+      event(kCompute, 0, 40, "gemm"), event(kCompute, 30, 60, "layernorm", 8),
+      event(kComm, 50, 80, "ncclDevKernel_AllGather", 9), event(kCopy, 90, 95, "memcpy DtoD")};
+  events.back().bytes = 4096;
+  return events;
 }
 
 TEST(GpuTrace, SplitsTheWindowIntoComputeCommunicationAndIdle) {
@@ -68,7 +71,10 @@ TEST(GpuTrace, ChromeTraceHasOneCompleteEventPerRecord) {
   EXPECT_EQ(events, 4u);
   EXPECT_NE(json.find("\"name\": \"ncclDevKernel_AllGather\", \"cat\": \"communication\""),
             std::string::npos);
-  EXPECT_NE(json.find("\"pid\": 3, \"tid\": 9, \"ts\": 50.000, \"dur\": 30.000"), std::string::npos);
+  EXPECT_NE(json.find("\"pid\": 3, \"tid\": 9, \"ts\": 50.000, \"dur\": 30.000}"), std::string::npos);
+  // Copies carry their size; kernels carry no args.
+  EXPECT_NE(json.find("\"dur\": 5.000, \"args\": {\"bytes\": 4096}}"), std::string::npos);
+  EXPECT_EQ(json.find("\"args\""), json.rfind("\"args\""));
 }
 
 }  // namespace
