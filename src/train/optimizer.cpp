@@ -110,7 +110,10 @@ bool uniform_grads(const ParameterList& params) {
 std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfig& config,
                                           Parameter* tied_head_copy, bool distributed,
                                           Communicator& dp, BucketOverlap overlap) {
-  if (distributed)
+  // One dp rank has nothing to shard: the replicated AdamW is the same
+  // update without the distributed one's local copies of every gradient
+  // and value (a reduce-scatter and an all-gather of one rank).
+  if (distributed && dp.size() > 1)
     return std::make_unique<DistributedAdamW>(std::move(params), config, tied_head_copy, dp,
                                               overlap);
   return std::make_unique<AdamW>(std::move(params), config, tied_head_copy);
@@ -273,25 +276,21 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
     compute_shard_ = Tensor::zeros({shard_size_}, compute, space_);  // padding stays 0
     compute_flat_ = Tensor::zeros({padded_total_}, compute, space_);
   }
+  // Megatron's contiguous buffers, with or without overlap: every gradient
+  // and every value is a view of its range of one flat buffer, so the
+  // reduce-scatter reads the gradients and the all-gather writes the values
+  // where they live (no per-parameter pack or unpack, one memset to zero).
+  grad_flat_ = Tensor::zeros({padded_total_}, dtype, space_);  // padding stays 0
+  grad_shard_ = Tensor::zeros({shard_size_}, dtype, space_);
+  alias_parameters(params_, offsets_, grad_flat_, &Parameter::grad);
+  if (!mixed_precision()) param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
+  alias_parameters(params_, offsets_, mixed_precision() ? compute_flat_ : param_flat_,
+                   &Parameter::value);
   if (!overlap_.any() || params_.empty()) {
     overlap_ = BucketOverlap{};
     return;
   }
   make_buckets(overlap_.bucket_elements);
-  if (overlap_.grad_reduce) {
-    grad_flat_ = Tensor::zeros({padded_total_}, dtype, space_);  // padding stays 0
-    grad_shard_ = Tensor::zeros({shard_size_}, dtype, space_);
-    alias_parameters(params_, offsets_, grad_flat_, &Parameter::grad);  // no copy-in
-  }
-  if (overlap_.param_gather) {
-    if (!mixed_precision()) param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
-    alias_parameters(params_, offsets_, mixed_precision() ? compute_flat_ : param_flat_,
-                     &Parameter::value);  // the gather lands in the values
-  }
-  // fp32 values gathered by step() land in a buffer of their own: the
-  // gradients live in grad_flat_ (mixed precision gathers into compute_flat_).
-  if (!mixed_precision() && !param_flat_.defined())
-    param_flat_ = Tensor::zeros({padded_total_}, dtype, space_);
 }
 
 index_t DistributedAdamW::shard_offset_of(const Bucket& b) const {
@@ -444,11 +443,7 @@ std::size_t DistributedAdamW::state_bytes() const { return master_.bytes() + mom
 
 void DistributedAdamW::zero_grad() {
   reset_buckets(*dp_);  // a step given up (NaN loss) may have buckets in flight
-  if (overlap_.grad_reduce) {
-    grad_flat_.fill(0.0);  // every gradient at once (they are views of it)
-    return;
-  }
-  for (Parameter* p : params_) p->grad.fill(0.0);
+  grad_flat_.fill(0.0);  // every gradient at once (they are views of it)
 }
 
 // copy_from is a memcpy on the host and a device-to-device cudaMemcpy on
@@ -457,14 +452,6 @@ void DistributedAdamW::pack(Tensor Parameter::*field, Tensor& flat) const {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Tensor& t = params_[i]->*field;
     flat_view(flat, offsets_[i], offsets_[i] + t.numel()).copy_from(t);
-  }
-}
-
-void DistributedAdamW::unpack(const Tensor& flat, Tensor Parameter::*field) {
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    Tensor& t = params_[i]->*field;
-    // A copy, or the bf16/fp16 compute copy of the fp32 master (on the device).
-    ops::cast(flat_view(flat, offsets_[i], offsets_[i] + t.numel()).reshape(t.shape()), t);
   }
 }
 
@@ -481,18 +468,14 @@ void DistributedAdamW::shard_segments(
 StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_nonfinite,
                                  double unscale) {
   finish_param_gather();  // a step with no forward since the last (none in training)
-  Tensor flat, grad;
-  if (!overlap_.grad_reduce) {
-    reduce_model_gradients(params_, g, /*dp=*/false);
-    flat = Tensor::zeros({padded_total_}, master_.dtype(), space_);
-    pack(&Parameter::grad, flat);
-    grad = Tensor::empty({shard_size_}, master_.dtype(), space_);
-    g.dp.reduce_scatter(flat.raw(), grad.raw(), std::size_t(shard_size_), grad.dtype(),
-                        ReduceOp::Sum);
-  } else {
+  if (overlap_.grad_reduce) {
     finish_buckets(g);
-    grad = grad_shard_;
+  } else {
+    reduce_model_gradients(params_, g, /*dp=*/false);
+    g.dp.reduce_scatter(grad_flat_.raw(), grad_shard_.raw(), std::size_t(shard_size_),
+                        grad_shard_.dtype(), ReduceOp::Sum);
   }
+  Tensor& grad = grad_shard_;
   if (unscale != 1.0) ops::scale(grad, unscale);
 
   std::vector<Range> counted;
@@ -531,10 +514,8 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
     start_param_gather(g.dp);  // completed by the next forward (before_forward)
   } else {
     const Tensor& shard = low ? compute_shard_ : master_;
-    // Not into grad_flat_ under overlap: the gradients live there.
-    Tensor& gathered = low ? compute_flat_ : overlap_.grad_reduce ? param_flat_ : flat;
-    g.dp.all_gather(shard.raw(), gathered.raw(), std::size_t(shard_size_), gathered.dtype());
-    unpack(gathered, &Parameter::value);
+    Tensor& values = low ? compute_flat_ : param_flat_;  // the parameters' own storage
+    g.dp.all_gather(shard.raw(), values.raw(), std::size_t(shard_size_), values.dtype());
   }
   return stats;
 }

@@ -151,9 +151,11 @@ class AdamW final : public Optimizer {
 };
 
 /// Distributed AdamW (ZeRO-1, Megatron's distributed optimizer): gradients
-/// are packed into one contiguous fp32 buffer, reduce-scattered over dp, and
+/// live in one contiguous fp32 buffer (each parameter's grad is a view of its
+/// range, so the backward accumulates into it), reduce-scattered over dp, and
 /// each dp rank holds the fp32 master weights and Adam moments of its 1/dp
-/// of that buffer only; after the update the parameters are all-gathered.
+/// of that buffer only; after the update the parameters are all-gathered
+/// into one flat buffer whose ranges are the values themselves.
 ///
 /// Overlap (parallel.overlap_grad_reduce, BucketOverlap::grad_reduce): the flat
 /// buffer is cut into buckets of about bucket_elements, in reverse parameter
@@ -163,10 +165,7 @@ class AdamW final : public Optimizer {
 /// (Communicator::ireduce_scatter, rank r receiving the bucket's overlap with
 /// shard r), so the shard layout and every sum are those of the single
 /// reduce-scatter; step() starts the buckets not yet started and waits for
-/// all. As in Megatron, the gradients are views of that flat buffer (each
-/// parameter's range), so the backward accumulates into it and nothing is
-/// copied in; with the overlapped all-gather the values are likewise views
-/// of the gathered buffer. The bucket holding the tied word table is its own
+/// all. The bucket holding the tied word table is its own
 /// bucket and, when pp > 1, always waits for step(): its embedding-group
 /// all-reduce needs the other end of the pipeline, which is still in its
 /// backward.
@@ -175,9 +174,8 @@ class AdamW final : public Optimizer {
 /// --overlap-param-gather): on the same buckets, step() ends by starting one
 /// Communicator::iall_gather per bucket (rank r contributing the bucket's
 /// overlap with its shard: the same pieces in the same places as the single
-/// all-gather, so the same bits), in forward order, into a gathered buffer
-/// of its own (the gradient buffer is busy again in the next backward), and
-/// returns. The forward's ParamGatherHook::before_forward waits for the
+/// all-gather, so the same bits), in forward order, into the values' flat
+/// buffer, and returns. The forward's ParamGatherHook::before_forward waits for the
 /// buckets of the part it is about to run; the first forward of
 /// the step finds every bucket gathered after that, later ones nothing to
 /// wait for. finish_param_gather() does the same for all buckets; full_state,
@@ -243,7 +241,6 @@ class DistributedAdamW final : public Optimizer, public ParamGatherHook {
   void reset_buckets(Communicator& dp);
   /// Copy every parameter's `Tensor Parameter::*field` into a flat buffer.
   void pack(Tensor Parameter::*field, Tensor& flat) const;
-  void unpack(const Tensor& flat, Tensor Parameter::*field);
   void shard_segments(const std::function<void(std::size_t param, index_t begin,
                                                 index_t end, index_t shard_pos)>& f) const;
   /// The full flat buffer of a shard, cut into each parameter's local shape.
@@ -269,11 +266,13 @@ class DistributedAdamW final : public Optimizer, public ParamGatherHook {
   /// Mixed precision: this rank's 16-bit compute copy of its shard (written
   /// by the update) and the gathered copy of all shards.
   Tensor compute_shard_, compute_flat_;
-  Tensor grad_flat_, grad_shard_;  ///< kept: in-flight reductions read/write them
+  /// Every parameter's gradient is a view of grad_flat_; this rank's reduced
+  /// shard lands in grad_shard_.
+  Tensor grad_flat_, grad_shard_;
   Communicator* dp_ = nullptr;  ///< Not owned; to wait in zero_grad().
   int started_early_ = 0, started_early_last_ = 0;
-  /// Overlap, fp32 values: the gathered masters (the values' storage under
-  /// overlap_param_gather; under mixed precision compute_flat_ serves).
+  /// fp32 values: the gathered masters, the values' storage (under mixed
+  /// precision compute_flat_ is).
   Tensor param_flat_;
   int gathers_pending_ = 0, waited_in_forward_ = 0, waited_in_forward_last_ = 0;
 };
