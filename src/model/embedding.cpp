@@ -35,11 +35,16 @@ Embedding::Embedding(const GptConfig& c, const LayerContext& ctx, DType dtype)
 Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const {
   const index_t n = ids.numel();
   c.ids = in_space(ids, ctx.space);
-  // Position ids are built on the host and copied where the tables live.
-  Tensor positions_host = Tensor::empty({n}, DType::I32);
-  auto* pos = positions_host.data<std::int32_t>();
-  for (index_t t = 0; t < n; ++t) pos[t] = std::int32_t(t / ctx.micro_batch);  // [s, b] rows
-  c.positions = in_space(positions_host, ctx.space);
+  // Position ids are built on the host once and kept where the tables live.
+  if (!positions_.defined() || positions_.numel() != n || positions_.space() != ctx.space ||
+      positions_micro_batch_ != ctx.micro_batch) {
+    Tensor positions_host = Tensor::empty({n}, DType::I32);
+    auto* pos = positions_host.data<std::int32_t>();
+    for (index_t t = 0; t < n; ++t) pos[t] = std::int32_t(t / ctx.micro_batch);  // [s, b] rows
+    positions_ = in_space(positions_host, ctx.space);
+    positions_micro_batch_ = ctx.micro_batch;
+  }
+  c.positions = positions_;
 
   Tensor partial =
       Tensor::empty({n, config_.hidden_size}, word.value.dtype(), word.value.space());

@@ -34,6 +34,11 @@ class Embedding {
 
  private:
   GptConfig config_;
+  /// The [s, b] position ids where the tables live, built on the first
+  /// forward: uploading them every micro-batch (a pageable copy) made the
+  /// host wait for the device in the middle of each step.
+  mutable Tensor positions_;
+  mutable index_t positions_micro_batch_ = 0;  ///< the b they were built for
 };
 
 /// The output layer and loss: logits = x W_word^T on each rank's vocabulary

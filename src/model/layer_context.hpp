@@ -100,7 +100,10 @@ inline Tensor in_space(const Tensor& t, MemorySpace space) {
 /// Dtype of per-row statistics (mean, rstd, softmax max and sums, loss) of
 /// an activation `x`: its own dtype on the host (fp32, or fp64 in gradient
 /// checks), always fp32 on the device (see ops_host.cpp's dtype rules).
-inline DType stats_dtype(const Tensor& x) { return x.is_host() ? x.dtype() : DType::F32; }
+inline DType stats_dtype(DType activation, MemorySpace space) {
+  return space == MemorySpace::Host ? activation : DType::F32;
+}
+inline DType stats_dtype(const Tensor& x) { return stats_dtype(x.dtype(), x.space()); }
 
 /// Dropout streams: layer * kStreamsPerLayer + site.
 constexpr std::uint32_t kStreamsPerLayer = 16;

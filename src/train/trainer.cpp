@@ -47,6 +47,18 @@ std::vector<bool> last_backward_per_chunk(const std::vector<PipelineTask>& tasks
 constexpr int kActivationLane = 0, kGradientLane = 1, kPipelineLanes = 2;
 int lane_of_tag(int tag) { return tag % 2; }  // tag = (...) * 2 + direction
 
+/// `batch` with its token ids and targets in `space`. Done before the
+/// schedule, while the device is idle: a pageable upload inside it makes the
+/// host wait for the device in the middle of the step.
+std::vector<MicroBatch> staged_in(const std::vector<MicroBatch>& batch, MemorySpace space) {
+  std::vector<MicroBatch> out = batch;
+  for (MicroBatch& mb : out) {
+    mb.ids = in_space(mb.ids, space);
+    mb.targets = in_space(mb.targets, space);
+  }
+  return out;
+}
+
 double tensor_sum(const Tensor& t) {
   double s = 0;
   for (double v : t.to_doubles()) s += v;
@@ -119,13 +131,23 @@ LayerContext Trainer::context_for(const MicroBatch& mb, long step, bool training
 }
 
 double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
-                             const std::vector<MicroBatch>& batch, long step, bool training) {
+                             const std::vector<MicroBatch>& host_batch, long step,
+                             bool training) {
+  const std::vector<MicroBatch> batch = staged_in(host_batch, base_ctx_.space);
   const int pp = rt_.topo.pp(), rank = rt_.topo.pp_rank();
   const int total_chunks = pp * virtual_stages_;
   const index_t tokens = base_ctx_.seq_length * base_ctx_.micro_batch;
   // Under fp16 the backward starts from the scaled dloss (loss_scaler.hpp).
   const double dloss_value = (scaler_ ? scaler_->scale() : 1.0) /
                              double(base_ctx_.seq_length * run_.training.global_batch_size);
+  // Every head backward of the step starts from this same constant (read
+  // only): filled once, before the first kernel, not once per micro-batch.
+  Tensor dloss;
+  if (training) {
+    const DType activations = chunks_[0]->parameters()[0]->value.dtype();
+    dloss = Tensor::empty({tokens}, stats_dtype(activations, base_ctx_.space), base_ctx_.space);
+    dloss.fill(dloss_value);
+  }
   // Messages are tagged by (micro-batch, receiving chunk, lane = direction).
   auto tag = [&](int mb, int g, int dir) { return (mb * total_chunks + g) * 2 + dir; };
 
@@ -170,8 +192,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
     } else {
       Tensor dout;
       if (chunk.placement().has_head) {
-        dout = Tensor::empty({tokens}, stats_dtype(cache.head.logits), ctx.space);
-        dout.fill(dloss_value);
+        dout = dloss;
       } else {
         dout = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
         receive(dout, (rank + 1) % pp, tag(t.micro_batch, g, kGradientLane));
