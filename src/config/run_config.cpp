@@ -117,6 +117,8 @@ void DeckSchema::bind(RunConfig& c) {
       "shard norms/dropout over the sequence on the tp group (needs tp > 1)");
   key("parallel.sequence_parallel_keep_gathered", &p.sequence_parallel_keep_gathered, "bool",
       "keep the gathered input of qkv/fc1 for the backward (2 fewer all-gathers per layer)");
+  key("parallel.split_row_parallel_backward", &p.split_row_parallel_backward, "bool",
+      "row-parallel backward GEMMs by token blocks, overlapping the dy all-gather (SP)");
   key("parallel.schedule", &p.schedule, "string", "gpipe | 1f1b | interleaved");
   key("parallel.virtual_stages", &p.virtual_stages, "int",
       "model chunks per pipeline rank (interleaved)");

@@ -61,6 +61,9 @@ struct ParallelSection {
   /// gathers again): two fewer all-gathers per layer for 2 x s b h
   /// activations per layer more.
   bool sequence_parallel_keep_gathered = false;
+  /// Under SP: the row-parallel layers' backward GEMMs by token blocks, the
+  /// own block overlapping the dy all-gather (experimental, unmeasured).
+  bool split_row_parallel_backward = false;
   std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
   int virtual_stages = 1;
   bool distributed_optimizer = false;

@@ -46,6 +46,10 @@ struct LayerContext {
   /// Under SP: column-parallel layers keep their gathered input for the
   /// backward (parallel.sequence_parallel_keep_gathered).
   bool keep_gathered_input = false;
+  /// Under SP: the row-parallel backward runs its GEMMs by token blocks,
+  /// this rank's block while the dy all-gather brings the others'
+  /// (parallel.split_row_parallel_backward; experimental).
+  bool split_row_parallel_backward = false;
   bool training = true;           ///< dropout on
   std::uint64_t seed = 0;
   std::uint32_t step = 0;         ///< iteration (dropout counter)

@@ -153,17 +153,57 @@ Tensor RowParallelLinear::accumulate_grads(const Tensor& dy, LayerContext& ctx,
   return dy_full;
 }
 
+// Under SP on more than one tp rank the gradient dy arrives as this rank's
+// token shard and must be all-gathered; both GEMMs split by token blocks
+// (the weight gradient over its K, the input gradient over its rows), so
+// this rank's own block runs while the all-gather brings the others'.
+void RowParallelLinear::backward_by_blocks(const Tensor& dy, LayerContext& ctx,
+                                           const Cache& cache, const RowGradient& dgrad_rows) {
+  ops::bias_backward(dy, bias.grad);
+  const index_t rows = dy.dim(0), me = ctx.tp.rank(), ranks = ctx.tp.size();
+  Tensor dy_full = Tensor::empty({rows * ranks, dy.dim(1)}, dy.dtype(), dy.space());
+  const std::vector<std::size_t> counts(std::size_t(ranks), std::size_t(dy.numel()));
+  const long gather = ctx.tp.comm.iall_gather(dy.raw(), dy_full.raw(), counts, dy.dtype());
+  auto block = [&](const Tensor& dy_block, index_t r) {
+    const index_t begin = r * rows, end = begin + rows;
+    ops::gemm(cache.x.slice_rows(begin, end), true, dy_block, false, weight.grad, 1.0, 1.0);
+    dgrad_rows(dy_block, begin, end);
+  };
+  block(dy, me);
+  ctx.tp.comm.wait_collective(gather);
+  for (index_t r = 0; r < ranks; ++r)
+    if (r != me) block(dy_full.slice_rows(r * rows, (r + 1) * rows), r);
+}
+
+bool RowParallelLinear::splits_backward(const LayerContext& ctx) {
+  return ctx.sequence_parallel && ctx.tp.size() > 1 && ctx.split_row_parallel_backward;
+}
+
 Tensor RowParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache) {
-  const Tensor dy_full = accumulate_grads(dy, ctx, cache);
   Tensor dx = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
+  if (splits_backward(ctx)) {
+    backward_by_blocks(dy, ctx, cache, [&](const Tensor& dy_rows, index_t begin, index_t end) {
+      Tensor out = dx.slice_rows(begin, end);
+      ops::gemm(dy_rows, false, weight.value, true, out);
+    });
+    return dx;
+  }
+  const Tensor dy_full = accumulate_grads(dy, ctx, cache);
   ops::gemm(dy_full, false, weight.value, true, dx);
   return dx;
 }
 
 Tensor RowParallelLinear::backward_through_gelu(const Tensor& dy, LayerContext& ctx,
                                                 const Cache& cache, const Tensor& pre_gelu) {
-  const Tensor dy_full = accumulate_grads(dy, ctx, cache);
   Tensor dpre = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
+  if (splits_backward(ctx)) {
+    backward_by_blocks(dy, ctx, cache, [&](const Tensor& dy_rows, index_t begin, index_t end) {
+      Tensor out = dpre.slice_rows(begin, end);
+      ops::gemm_dgelu(dy_rows, false, weight.value, true, pre_gelu.slice_rows(begin, end), out);
+    });
+    return dpre;
+  }
+  const Tensor dy_full = accumulate_grads(dy, ctx, cache);
   ops::gemm_dgelu(dy_full, false, weight.value, true, pre_gelu, dpre);
   return dpre;
 }

@@ -2,6 +2,8 @@
 // [in, out] (as Hugging Face's GPT-2 Conv1D), so Y = X W + b.
 #pragma once
 
+#include <functional>
+
 #include "model/layer_context.hpp"
 #include "model/parameter.hpp"
 
@@ -73,6 +75,11 @@ class RowParallelLinear {
  private:
   /// Accumulates dA and db; returns the dY this rank's dgrad GEMM takes.
   Tensor accumulate_grads(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  /// Writes the input gradient's rows [begin, end) from dy's rows there.
+  using RowGradient = std::function<void(const Tensor& dy_rows, index_t begin, index_t end)>;
+  void backward_by_blocks(const Tensor& dy, LayerContext& ctx, const Cache& cache,
+                          const RowGradient& dgrad_rows);
+  static bool splits_backward(const LayerContext& ctx);
 };
 
 /// Y = X W for X [n, in], W [in, out] (helper shared by the layers).

@@ -73,6 +73,7 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   if (dtype == DType::F16) scaler_.emplace(scaler);
   base_ctx_.sequence_parallel = run.parallel.sequence_parallel;
   base_ctx_.keep_gathered_input = run.parallel.sequence_parallel_keep_gathered;
+  base_ctx_.split_row_parallel_backward = run.parallel.split_row_parallel_backward;
   base_ctx_.seed = run.run.seed;
   base_ctx_.seq_length = model.seq_length;
   base_ctx_.micro_batch = run.training.micro_batch_size;

@@ -64,6 +64,18 @@ TEST(Decomposition, SequenceParallelKeepingGatheredInputMatchesSingleRankRun) {
   expect_matches_single_rank(kept);
 }
 
+TEST(Decomposition, SplitRowParallelBackwardMatchesSingleRankRun) {
+  const int world = world_size();
+  if (world % 2) GTEST_SKIP() << "needs an even world";
+  for (int tp : {2, 4}) {
+    if (world % tp) continue;
+    Layout split{tp, 1, world / tp, "1f1b", false, true};
+    split.overrides = {"parallel.split_row_parallel_backward=true",
+                       "parallel.sequence_parallel_keep_gathered=true"};
+    expect_matches_single_rank(split);
+  }
+}
+
 TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
   const int world = world_size();
   if (world % 2) GTEST_SKIP() << "needs an even world";
