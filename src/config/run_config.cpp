@@ -118,7 +118,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("parallel.sequence_parallel_keep_gathered", &p.sequence_parallel_keep_gathered, "bool",
       "keep the gathered input of qkv/fc1 for the backward (2 fewer all-gathers per layer)");
   key("parallel.split_row_parallel_backward", &p.split_row_parallel_backward, "bool",
-      "row-parallel backward GEMMs by token blocks, overlapping the dy all-gather (SP)");
+      "row-parallel backward GEMMs by token blocks, overlapping the dy all-gather (SP; default on)");
   key("parallel.schedule", &p.schedule, "string", "gpipe | 1f1b | interleaved");
   key("parallel.virtual_stages", &p.virtual_stages, "int",
       "model chunks per pipeline rank (interleaved)");

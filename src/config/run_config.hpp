@@ -62,8 +62,9 @@ struct ParallelSection {
   /// activations per layer more.
   bool sequence_parallel_keep_gathered = false;
   /// Under SP: the row-parallel layers' backward GEMMs by token blocks, the
-  /// own block overlapping the dy all-gather (experimental, unmeasured).
-  bool split_row_parallel_backward = false;
+  /// own block overlapping the dy all-gather (GPT-2 774M, tp 2 on 2x H200:
+  /// 66.65 -> 65.65 ms per step).
+  bool split_row_parallel_backward = true;
   std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
   int virtual_stages = 1;
   bool distributed_optimizer = false;

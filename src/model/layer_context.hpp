@@ -48,7 +48,7 @@ struct LayerContext {
   bool keep_gathered_input = false;
   /// Under SP: the row-parallel backward runs its GEMMs by token blocks,
   /// this rank's block while the dy all-gather brings the others'
-  /// (parallel.split_row_parallel_backward; experimental).
+  /// (parallel.split_row_parallel_backward).
   bool split_row_parallel_backward = false;
   bool training = true;           ///< dropout on
   std::uint64_t seed = 0;

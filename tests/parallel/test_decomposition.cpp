@@ -64,15 +64,19 @@ TEST(Decomposition, SequenceParallelKeepingGatheredInputMatchesSingleRankRun) {
   expect_matches_single_rank(kept);
 }
 
-TEST(Decomposition, SplitRowParallelBackwardMatchesSingleRankRun) {
+// parallel.split_row_parallel_backward is on by default (every SP layout
+// above runs it); here both settings, with keep_gathered, at tp 2 and 4.
+TEST(Decomposition, SplitAndUnsplitRowParallelBackwardMatchSingleRankRun) {
   const int world = world_size();
   if (world % 2) GTEST_SKIP() << "needs an even world";
   for (int tp : {2, 4}) {
     if (world % tp) continue;
-    Layout split{tp, 1, world / tp, "1f1b", false, true};
-    split.overrides = {"parallel.split_row_parallel_backward=true",
-                       "parallel.sequence_parallel_keep_gathered=true"};
-    expect_matches_single_rank(split);
+    for (const char* split : {"true", "false"}) {
+      Layout layout{tp, 1, world / tp, "1f1b", false, true};
+      layout.overrides = {std::string("parallel.split_row_parallel_backward=") + split,
+                          "parallel.sequence_parallel_keep_gathered=true"};
+      expect_matches_single_rank(layout);
+    }
   }
 }
 
