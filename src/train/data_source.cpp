@@ -58,7 +58,8 @@ class SyntheticData final : public DataSource {
 
 class IndexedData final : public DataSource {
  public:
-  IndexedData(const RunConfig& run, const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {
+  IndexedData(const RunConfig& run, const DataLayout& l, int vocab)
+      : l_(l), vocab_(vocab), path_(run.data.path) {
     auto indexed = std::make_shared<data::IndexedDataset>(run.data.path);
     data::GptDatasetConfig cfg;
     cfg.seq_length = l.seq_length;
@@ -90,14 +91,27 @@ class IndexedData final : public DataSource {
     for (index_t m = 0; m < l_.micro_batches(); ++m) {
       const auto indices = sampler.micro_batch(step_start, m);
       Tensor tokens = Tensor::empty({l_.micro_batch, l_.seq_length + 1}, DType::I32);
-      for (std::size_t j = 0; j < indices.size(); ++j)
-        set.sample(indices[j], tokens.data<std::int32_t>() + j * (l_.seq_length + 1));
+      for (std::size_t j = 0; j < indices.size(); ++j) {
+        std::int32_t* sample = tokens.data<std::int32_t>() + j * (l_.seq_length + 1);
+        set.sample(indices[j], sample);
+        check_tokens(sample, l_.seq_length + 1, indices[j]);
+      }
       out.push_back(to_seq_major(tokens, l_.sample_offset(m)));
     }
     return out;
   }
+  /// Every token a real one of the model's vocabulary: the ids index the
+  /// embedding and the targets the logits (the device kernels do not check).
+  void check_tokens(const std::int32_t* sample, index_t n, std::int64_t index) const {
+    for (index_t i = 0; i < n; ++i)
+      MESH_VERIFY(sample[i] >= 0 && sample[i] < vocab_,
+                  "data.path " << path_ << ": sample " << index << " holds token id "
+                               << sample[i] << ", outside the model's vocabulary [0, "
+                               << vocab_ << ")");
+  }
   DataLayout l_;
   int vocab_;
+  std::string path_;
   std::unique_ptr<data::GptDataset> train_, valid_;
 };
 

@@ -34,8 +34,10 @@ void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, boo
     if (is_tied_word_table(*p) && g.embedding != nullptr) g.embedding->all_reduce(p->grad);
     if (dp) replicated.push_back(&p->grad);
   }
-  g.tp.all_reduce_each(tp_partial);
-  if (dp) g.dp.all_reduce_each(replicated);
+  // A group of one has nothing to add (and hundreds of calls cost the host
+  // a pointer query each).
+  if (g.tp.size() > 1) g.tp.all_reduce_each(tp_partial);
+  if (dp && g.dp.size() > 1) g.dp.all_reduce_each(replicated);
 }
 
 namespace {
@@ -219,6 +221,18 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
     else
       for (Parameter* p : params_) ops::scale(p->grad, unscale);
   }
+  // Every parameter in one update (one kernel on the device), writing the
+  // bf16/fp16 compute copy of the master in the same pass and applying the
+  // clipping factor to each gradient as it is read. Listed before the norm,
+  // which waits for the device: after it the device idles until the update
+  // is launched.
+  std::vector<ops::AdamWTensor> tensors;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    const bool mixed = master_[i].defined();
+    tensors.push_back({mixed ? master_[i] : p.value, p.grad, m_[i], v_[i],
+                       mixed ? p.value : Tensor(), p.weight_decay});
+  }
   StepStats stats;
   stats.grad_norm = global_grad_norm(groups);
   if (skip_on_nonfinite && !std::isfinite(stats.grad_norm)) {
@@ -227,16 +241,6 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
     return stats;
   }
   ++step_;
-  // Every parameter in one update (one kernel on the device), writing the
-  // bf16/fp16 compute copy of the master in the same pass and applying the
-  // clipping factor to each gradient as it is read.
-  std::vector<ops::AdamWTensor> tensors;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    Parameter& p = *params_[i];
-    const bool mixed = master_[i].defined();
-    tensors.push_back({mixed ? master_[i] : p.value, p.grad, m_[i], v_[i],
-                       mixed ? p.value : Tensor(), p.weight_decay});
-  }
   ops::AdamWParams hp = adam_params(config_, lr, /*decay=*/true, step_);
   hp.grad_scale = clip_factor(stats.grad_norm, config_.clip_grad);
   update_.step(tensors, hp);
