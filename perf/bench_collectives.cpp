@@ -27,6 +27,17 @@
 // at once, for NCCL's all-gather (Communicator::iall_gather, its kernels on
 // the communicator's side stream) and for a copy-engine peer copy on a side
 // stream (no SMs taken). hidden = (gemm + transfer - both) / transfer.
+//
+// Last, a whole all-gather on the copy engines: each rank copies its shard
+// into every peer's gathered buffer (CUDA IPC) and into its own, then raises
+// its flag in each peer's flag array with cuStreamWriteValue32; each rank's
+// side stream waits for the peers' flags with cuStreamWaitValue32 (driver
+// entry points through the runtime: no libcuda link). No kernel runs. The
+// gathered bytes are checked once (after a device synchronisation), then
+// timed alone and behind the GEMM. For use inside a step, kernels after the
+// wait must also see the peer's data written before its flag: that takes
+// CU_STREAM_WAIT_VALUE_FLUSH where the device has
+// CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES (not measured here).
 #include <mpi.h>
 
 #include <algorithm>
@@ -36,6 +47,7 @@
 #include <vector>
 
 #ifdef MESHTRON_HAVE_CUDA
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "common/error.hpp"
@@ -158,6 +170,138 @@ void overlap_row(const char* transfer, double gemm, double alone, double both) {
               gemm, alone, both, (gemm + alone - both) / alone);
 }
 
+/// cuStreamWriteValue32 / cuStreamWaitValue32 from the driver, or null.
+struct StreamMemOps {
+  using Write = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  using Wait = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  Write write = nullptr;
+  Wait wait = nullptr;
+  StreamMemOps() {
+    void* w = nullptr;
+    void* v = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &w, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess &&
+        cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &v, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      write = reinterpret_cast<Write>(w);
+      wait = reinterpret_cast<Wait>(v);
+    }
+    (void)cudaGetLastError();
+  }
+};
+
+#define CU_CHECK(call) MESH_VERIFY((call) == CUDA_SUCCESS, #call " failed")
+
+/// Every rank's allocation `mine`, opened in this process (its own as is).
+class PeerTable {
+ public:
+  explicit PeerTable(void* mine) : mine_(mine) {
+    cudaIpcMemHandle_t handle;
+    CUDA_CHECK(cudaIpcGetMemHandle(&handle, mine));
+    int world = 0, rank = 0;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    std::vector<cudaIpcMemHandle_t> all(static_cast<std::size_t>(world));
+    MPI_CHECK(MPI_Allgather(&handle, sizeof(handle), MPI_BYTE, all.data(), sizeof(handle),
+                            MPI_BYTE, MPI_COMM_WORLD));
+    ptrs_.assign(std::size_t(world), nullptr);
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) {
+        ptrs_[std::size_t(r)] = mine;
+        continue;
+      }
+      CUDA_CHECK(cudaIpcOpenMemHandle(&ptrs_[std::size_t(r)], all[std::size_t(r)],
+                                      cudaIpcMemLazyEnablePeerAccess));
+    }
+  }
+  ~PeerTable() {
+    for (void* p : ptrs_)
+      if (p != mine_) cudaIpcCloseMemHandle(p);
+  }
+  PeerTable(const PeerTable&) = delete;
+  PeerTable& operator=(const PeerTable&) = delete;
+  char* of(int rank) const { return static_cast<char*>(ptrs_[std::size_t(rank)]); }
+
+ private:
+  void* mine_;
+  std::vector<void*> ptrs_;
+};
+
+/// The copy-engine all-gather of the file comment; returns {alone, behind
+/// the GEMM} in ms, or {0, 0} without the driver's stream memory operations.
+std::pair<double, double> ce_all_gather_ms(NcclCommunicator& comm, const void* shard,
+                                           std::size_t shard_bytes,
+                                           const std::function<void()>& gemm) {
+  const StreamMemOps ops;
+  int have = ops.write && ops.wait ? 1 : 0, all = 0;
+  MPI_CHECK(MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (!all) return {0.0, 0.0};
+  const int n = comm.size(), me = comm.rank();
+  void *full = nullptr, *flags = nullptr;
+  CUDA_CHECK(cudaMalloc(&full, shard_bytes * std::size_t(n)));
+  CUDA_CHECK(cudaMalloc(&flags, sizeof(cuuint32_t) * std::size_t(n)));
+  CUDA_CHECK(cudaMemset(flags, 0, sizeof(cuuint32_t) * std::size_t(n)));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // every flag array zeroed before anyone writes
+  std::pair<double, double> ms{0.0, 0.0};
+  {
+    const PeerTable peer_full(full), peer_flags(flags);
+    cudaStream_t side;
+    cudaEvent_t ready, done;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    cuuint32_t seq = 0;
+    auto flag = [&](int owner, int writer) {  // owner's flag raised by writer
+      return CUdeviceptr(peer_flags.of(owner) + sizeof(cuuint32_t) * std::size_t(writer));
+    };
+    auto start = [&] {
+      ++seq;
+      CUDA_CHECK(cudaEventRecord(ready, 0));
+      CUDA_CHECK(cudaStreamWaitEvent(side, ready, 0));
+      for (int k = 1; k <= n; ++k) {  // the peers from the next one on, then this rank
+        const int r = (me + k) % n;
+        CUDA_CHECK(cudaMemcpyAsync(peer_full.of(r) + std::size_t(me) * shard_bytes, shard,
+                                   shard_bytes, cudaMemcpyDefault, side));
+        if (r != me) CU_CHECK(ops.write(side, flag(r, me), seq, CU_STREAM_WRITE_VALUE_DEFAULT));
+      }
+      for (int r = 0; r < n; ++r)
+        if (r != me) CU_CHECK(ops.wait(side, flag(me, r), seq, CU_STREAM_WAIT_VALUE_GEQ));
+      CUDA_CHECK(cudaEventRecord(done, side));
+    };
+    auto finish = [&] { CUDA_CHECK(cudaStreamWaitEvent(0, done, 0)); };
+    // Correctness once: block r of every rank's gathered buffer is rank r's shard.
+    CUDA_CHECK(cudaMemset(full, 0xff, shard_bytes * std::size_t(n)));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    start();
+    finish();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<unsigned char> host(shard_bytes * std::size_t(n)), want(shard_bytes);
+    CUDA_CHECK(cudaMemcpy(host.data(), full, host.size(), cudaMemcpyDeviceToHost));
+    for (int r = 0; r < n; ++r) {
+      // Each rank's shard holds the byte r + 1 (set by the caller).
+      const bool ok = std::all_of(host.begin() + std::ptrdiff_t(std::size_t(r) * shard_bytes),
+                                  host.begin() + std::ptrdiff_t(std::size_t(r + 1) * shard_bytes),
+                                  [&](unsigned char b) { return b == (unsigned char)(r + 1); });
+      MESH_VERIFY(ok, "CE all-gather: block " << r << " on rank " << me << " is wrong");
+    }
+    ms.first = median_ms([&] { start(); finish(); });
+    ms.second = median_ms([&] { start(); gemm(); finish(); });
+    CUDA_CHECK(cudaStreamSynchronize(side));
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // no rank closes a buffer another still writes
+    CUDA_CHECK(cudaEventDestroy(ready));
+    CUDA_CHECK(cudaEventDestroy(done));
+    CUDA_CHECK(cudaStreamDestroy(side));
+  }
+  CUDA_CHECK(cudaFree(full));
+  CUDA_CHECK(cudaFree(flags));
+  return ms;
+}
+
 void bench_overlap(NcclCommunicator& comm, bool print) {
   const index_t tokens = 8192, hidden = 1280, out = 2 * 5120 / 4;  // fc1 at tp 2: 2560
   const Tensor x = Tensor::zeros({tokens, hidden}, DType::BF16, MemorySpace::Cuda);
@@ -170,6 +314,7 @@ void bench_overlap(NcclCommunicator& comm, bool print) {
   void *shard = nullptr, *full = nullptr;
   CUDA_CHECK(cudaMalloc(&shard, shard_bytes * std::size_t(n)));
   CUDA_CHECK(cudaMalloc(&full, shard_bytes * std::size_t(n)));
+  CUDA_CHECK(cudaMemset(shard, comm.rank() + 1, shard_bytes));  // checked by ce_all_gather_ms
   const std::vector<std::size_t> counts(std::size_t(n), shard_elements);
   auto nccl = [&] { return comm.iall_gather(shard, full, counts, DType::BF16); };
 
@@ -204,11 +349,16 @@ void bench_overlap(NcclCommunicator& comm, bool print) {
     CUDA_CHECK(cudaEventDestroy(done));
     CUDA_CHECK(cudaStreamDestroy(side));
   }
+  const auto [ce_ag, ce_ag_both] = ce_all_gather_ms(comm, shard, shard_bytes, gemm);
   if (print) {
     std::printf("\nOverlap at 774M tp 2: GEMM [%ld, %ld] x [%ld, %ld] bf16 against a %.1f MB shard\n",
                 long(tokens), long(hidden), long(hidden), long(out), double(shard_bytes) / 1e6);
     overlap_row("NCCL all_gather", gemm_ms, ag_ms, ag_both);
     overlap_row("CE peer copy", gemm_ms, ce_ms, ce_both);
+    if (ce_ag > 0)
+      overlap_row("CE all_gather", gemm_ms, ce_ag, ce_ag_both);
+    else
+      std::printf("CE all_gather: skipped (no cuStreamWriteValue32/cuStreamWaitValue32)\n");
   }
   CUDA_CHECK(cudaFree(shard));
   CUDA_CHECK(cudaFree(full));
