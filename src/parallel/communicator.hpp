@@ -127,8 +127,11 @@ class Communicator {
 
   /// All-reduce every tensor of the list, each as its own payload. The NCCL
   /// backend issues them as one group (one launch, not one per tensor: the
-  /// step reduces a few hundred small layernorm/bias gradients over tp).
+  /// step reduces a few hundred small layernorm/bias gradients over tp). A
+  /// group of one has nothing to add: no call at all (each would cost the
+  /// host a pointer query on the NCCL backend).
   virtual void all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op = ReduceOp::Sum) {
+    if (size() == 1) return;
     for (Tensor* t : tensors) all_reduce(*t, op);
   }
 

@@ -111,6 +111,7 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
 void NcclCommunicator::all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) {
   // Host tensors go through MPI at once inside all_reduce(); the device ones
   // are queued by NCCL until the group ends.
+  if (size() == 1) return;  // as Communicator::all_reduce_each
   NCCL_CHECK(ncclGroupStart());
   for (Tensor* t : tensors) Communicator::all_reduce(*t, op);
   NCCL_CHECK(ncclGroupEnd());

@@ -34,10 +34,8 @@ void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, boo
     if (is_tied_word_table(*p) && g.embedding != nullptr) g.embedding->all_reduce(p->grad);
     if (dp) replicated.push_back(&p->grad);
   }
-  // A group of one has nothing to add (and hundreds of calls cost the host
-  // a pointer query each).
-  if (g.tp.size() > 1) g.tp.all_reduce_each(tp_partial);
-  if (dp && g.dp.size() > 1) g.dp.all_reduce_each(replicated);
+  g.tp.all_reduce_each(tp_partial);
+  if (dp) g.dp.all_reduce_each(replicated);
 }
 
 namespace {
