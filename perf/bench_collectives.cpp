@@ -83,27 +83,70 @@ double median_ms(const std::function<void()>& f) {
   return ms[ms.size() / 2];
 }
 
-/// The next rank's buffer, opened through CUDA IPC (closed on destruction).
-class PeerBuffer {
+/// Every rank's allocation `mine`, opened in this process (its own as is).
+class PeerTable {
  public:
-  PeerBuffer(void* mine, int next_rank) {
+  explicit PeerTable(void* mine) : mine_(mine) {
     cudaIpcMemHandle_t handle;
     CUDA_CHECK(cudaIpcGetMemHandle(&handle, mine));
-    int world = 0;
+    int world = 0, rank = 0;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     std::vector<cudaIpcMemHandle_t> all(static_cast<std::size_t>(world));
     MPI_CHECK(MPI_Allgather(&handle, sizeof(handle), MPI_BYTE, all.data(), sizeof(handle),
                             MPI_BYTE, MPI_COMM_WORLD));
-    CUDA_CHECK(cudaIpcOpenMemHandle(&peer_, all[std::size_t(next_rank)],
-                                    cudaIpcMemLazyEnablePeerAccess));
+    ptrs_.assign(std::size_t(world), nullptr);
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) {
+        ptrs_[std::size_t(r)] = mine;
+        continue;
+      }
+      CUDA_CHECK(cudaIpcOpenMemHandle(&ptrs_[std::size_t(r)], all[std::size_t(r)],
+                                      cudaIpcMemLazyEnablePeerAccess));
+    }
   }
-  ~PeerBuffer() { cudaIpcCloseMemHandle(peer_); }
-  PeerBuffer(const PeerBuffer&) = delete;
-  PeerBuffer& operator=(const PeerBuffer&) = delete;
-  void* get() const { return peer_; }
+  ~PeerTable() {
+    for (void* p : ptrs_)
+      if (p != mine_) cudaIpcCloseMemHandle(p);
+  }
+  PeerTable(const PeerTable&) = delete;
+  PeerTable& operator=(const PeerTable&) = delete;
+  char* of(int rank) const { return static_cast<char*>(ptrs_[std::size_t(rank)]); }
 
  private:
-  void* peer_ = nullptr;
+  void* mine_;
+  std::vector<void*> ptrs_;
+};
+
+/// A non-blocking stream for transfers beside the default stream: begin()
+/// orders it after the default stream's work so far, end() marks what it
+/// has queued, join() makes the default stream wait for that.
+class SideStream {
+ public:
+  SideStream() {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~SideStream() {
+    cudaStreamSynchronize(stream_);
+    cudaEventDestroy(ready_);
+    cudaEventDestroy(done_);
+    cudaStreamDestroy(stream_);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  void begin() {
+    CUDA_CHECK(cudaEventRecord(ready_, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  }
+  void end() { CUDA_CHECK(cudaEventRecord(done_, stream_)); }
+  void join() { CUDA_CHECK(cudaStreamWaitEvent(0, done_, 0)); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
 };
 
 void print_environment() {
@@ -145,8 +188,8 @@ void bench_shard(NcclCommunicator& comm, std::size_t shard_elements, bool print)
       median_ms([&] { comm.all_reduce(full, shard_elements * std::size_t(n), DType::BF16, ReduceOp::Sum); });
   double ce = 0;
   {
-    PeerBuffer peer(full, next);  // this rank's shard lands in block `rank` of the next's
-    char* target = static_cast<char*>(peer.get()) + std::size_t(comm.rank()) * shard_bytes;
+    const PeerTable peers(full);  // this rank's shard lands in block `rank` of the next's
+    char* target = peers.of(next) + std::size_t(comm.rank()) * shard_bytes;
     ce = median_ms([&] {
       CUDA_CHECK(cudaMemcpyAsync(target, shard, shard_bytes, cudaMemcpyDefault, 0));
     });
@@ -195,41 +238,6 @@ struct StreamMemOps {
 
 #define CU_CHECK(call) MESH_VERIFY((call) == CUDA_SUCCESS, #call " failed")
 
-/// Every rank's allocation `mine`, opened in this process (its own as is).
-class PeerTable {
- public:
-  explicit PeerTable(void* mine) : mine_(mine) {
-    cudaIpcMemHandle_t handle;
-    CUDA_CHECK(cudaIpcGetMemHandle(&handle, mine));
-    int world = 0, rank = 0;
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-    std::vector<cudaIpcMemHandle_t> all(static_cast<std::size_t>(world));
-    MPI_CHECK(MPI_Allgather(&handle, sizeof(handle), MPI_BYTE, all.data(), sizeof(handle),
-                            MPI_BYTE, MPI_COMM_WORLD));
-    ptrs_.assign(std::size_t(world), nullptr);
-    for (int r = 0; r < world; ++r) {
-      if (r == rank) {
-        ptrs_[std::size_t(r)] = mine;
-        continue;
-      }
-      CUDA_CHECK(cudaIpcOpenMemHandle(&ptrs_[std::size_t(r)], all[std::size_t(r)],
-                                      cudaIpcMemLazyEnablePeerAccess));
-    }
-  }
-  ~PeerTable() {
-    for (void* p : ptrs_)
-      if (p != mine_) cudaIpcCloseMemHandle(p);
-  }
-  PeerTable(const PeerTable&) = delete;
-  PeerTable& operator=(const PeerTable&) = delete;
-  char* of(int rank) const { return static_cast<char*>(ptrs_[std::size_t(rank)]); }
-
- private:
-  void* mine_;
-  std::vector<void*> ptrs_;
-};
-
 /// The copy-engine all-gather of the file comment; returns {alone, behind
 /// the GEMM} in ms, or {0, 0} without the driver's stream memory operations.
 std::pair<double, double> ce_all_gather_ms(NcclCommunicator& comm, const void* shard,
@@ -249,30 +257,26 @@ std::pair<double, double> ce_all_gather_ms(NcclCommunicator& comm, const void* s
   std::pair<double, double> ms{0.0, 0.0};
   {
     const PeerTable peer_full(full), peer_flags(flags);
-    cudaStream_t side;
-    cudaEvent_t ready, done;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    SideStream side;
     cuuint32_t seq = 0;
     auto flag = [&](int owner, int writer) {  // owner's flag raised by writer
       return CUdeviceptr(peer_flags.of(owner) + sizeof(cuuint32_t) * std::size_t(writer));
     };
     auto start = [&] {
       ++seq;
-      CUDA_CHECK(cudaEventRecord(ready, 0));
-      CUDA_CHECK(cudaStreamWaitEvent(side, ready, 0));
+      side.begin();
       for (int k = 1; k <= n; ++k) {  // the peers from the next one on, then this rank
         const int r = (me + k) % n;
         CUDA_CHECK(cudaMemcpyAsync(peer_full.of(r) + std::size_t(me) * shard_bytes, shard,
-                                   shard_bytes, cudaMemcpyDefault, side));
-        if (r != me) CU_CHECK(ops.write(side, flag(r, me), seq, CU_STREAM_WRITE_VALUE_DEFAULT));
+                                   shard_bytes, cudaMemcpyDefault, side.get()));
+        if (r != me)
+          CU_CHECK(ops.write(side.get(), flag(r, me), seq, CU_STREAM_WRITE_VALUE_DEFAULT));
       }
       for (int r = 0; r < n; ++r)
-        if (r != me) CU_CHECK(ops.wait(side, flag(me, r), seq, CU_STREAM_WAIT_VALUE_GEQ));
-      CUDA_CHECK(cudaEventRecord(done, side));
+        if (r != me) CU_CHECK(ops.wait(side.get(), flag(me, r), seq, CU_STREAM_WAIT_VALUE_GEQ));
+      side.end();
     };
-    auto finish = [&] { CUDA_CHECK(cudaStreamWaitEvent(0, done, 0)); };
+    auto finish = [&] { side.join(); };
     // Correctness once: block r of every rank's gathered buffer is rank r's shard.
     CUDA_CHECK(cudaMemset(full, 0xff, shard_bytes * std::size_t(n)));
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -280,7 +284,7 @@ std::pair<double, double> ce_all_gather_ms(NcclCommunicator& comm, const void* s
     start();
     finish();
     CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<unsigned char> host(shard_bytes * std::size_t(n)), want(shard_bytes);
+    std::vector<unsigned char> host(shard_bytes * std::size_t(n));
     CUDA_CHECK(cudaMemcpy(host.data(), full, host.size(), cudaMemcpyDeviceToHost));
     for (int r = 0; r < n; ++r) {
       // Each rank's shard holds the byte r + 1 (set by the caller).
@@ -291,11 +295,8 @@ std::pair<double, double> ce_all_gather_ms(NcclCommunicator& comm, const void* s
     }
     ms.first = median_ms([&] { start(); finish(); });
     ms.second = median_ms([&] { start(); gemm(); finish(); });
-    CUDA_CHECK(cudaStreamSynchronize(side));
+    CUDA_CHECK(cudaStreamSynchronize(side.get()));
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // no rank closes a buffer another still writes
-    CUDA_CHECK(cudaEventDestroy(ready));
-    CUDA_CHECK(cudaEventDestroy(done));
-    CUDA_CHECK(cudaStreamDestroy(side));
   }
   CUDA_CHECK(cudaFree(full));
   CUDA_CHECK(cudaFree(flags));
@@ -327,27 +328,18 @@ void bench_overlap(NcclCommunicator& comm, bool print) {
   });
   double ce_ms = 0, ce_both = 0;
   {
-    PeerBuffer peer(full, next);
-    char* target = static_cast<char*>(peer.get()) + std::size_t(comm.rank()) * shard_bytes;
-    cudaStream_t side;
-    cudaEvent_t ready, done;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    auto start_copy = [&] {  // after the default stream's prior work, on the side stream
-      CUDA_CHECK(cudaEventRecord(ready, 0));
-      CUDA_CHECK(cudaStreamWaitEvent(side, ready, 0));
-      CUDA_CHECK(cudaMemcpyAsync(target, shard, shard_bytes, cudaMemcpyDefault, side));
-      CUDA_CHECK(cudaEventRecord(done, side));
+    const PeerTable peers(full);
+    char* target = peers.of(next) + std::size_t(comm.rank()) * shard_bytes;
+    SideStream side;
+    auto start_copy = [&] {
+      side.begin();
+      CUDA_CHECK(cudaMemcpyAsync(target, shard, shard_bytes, cudaMemcpyDefault, side.get()));
+      side.end();
     };
-    auto finish_copy = [&] { CUDA_CHECK(cudaStreamWaitEvent(0, done, 0)); };
-    ce_ms = median_ms([&] { start_copy(); finish_copy(); });
-    ce_both = median_ms([&] { start_copy(); gemm(); finish_copy(); });
-    CUDA_CHECK(cudaStreamSynchronize(side));
+    ce_ms = median_ms([&] { start_copy(); side.join(); });
+    ce_both = median_ms([&] { start_copy(); gemm(); side.join(); });
+    CUDA_CHECK(cudaStreamSynchronize(side.get()));
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // no rank closes a buffer another still writes
-    CUDA_CHECK(cudaEventDestroy(ready));
-    CUDA_CHECK(cudaEventDestroy(done));
-    CUDA_CHECK(cudaStreamDestroy(side));
   }
   const auto [ce_ag, ce_ag_both] = ce_all_gather_ms(comm, shard, shard_bytes, gemm);
   if (print) {
