@@ -338,6 +338,33 @@ void bench_mlp_gelu_epilogues() {
   });
   print_fused_pair("proj dgrad: gemm_dgelu vs gemm+gelu_backward", flop, bwd_fused, bwd_unfused,
                    fell_back);
+  // fc's bias gradient: after proj's dgrad GEMM (gemm_dgelu with dbias:
+  // bias_backward's column sums of dpre, what the MLP does), and what it
+  // cost before, in fc's weight-gradient GEMM (BGRADA) against plain.
+  Tensor dbias = Tensor::zeros({F}, DType::F32, MemorySpace::Cuda);
+  const double bgrad_after =
+      median_ms([&] { ops::gemm_dgelu(dy, false, w_proj, true, pre, dpre, &dbias); });
+  print_fused_pair("proj dgrad: gemm_dgelu vs + fc dbias colsum", flop, bwd_fused, bgrad_after,
+                   false);
+  // Every linear of a 774M layer (in -> out: qkv 1280 -> 3840, attention
+  // proj 1280 -> 1280, fc 1280 -> 5120, mlp proj 5120 -> 1280): the
+  // weight gradient alone, with the bias gradient in it (BGRADA, what
+  // linear_weight_grads does), and followed by bias_backward instead.
+  for (const auto& [in, out] : std::vector<std::pair<index_t, index_t>>{
+           {H, 3 * H}, {H, H}, {H, F}, {F, H}}) {
+    const Tensor xin = random_device({M, in}, dt), dout = random_device({M, out}, dt);
+    Tensor dw = Tensor::zeros({in, out}, DType::F32, MemorySpace::Cuda);
+    Tensor db = Tensor::zeros({out}, DType::F32, MemorySpace::Cuda);
+    const double plain = median_ms([&] { ops::gemm(xin, true, dout, false, dw, 1.0, 1.0); });
+    const double bgrada = median_ms([&] { ops::linear_weight_grads(xin, dout, dw, db); });
+    const double colsum = median_ms([&] {
+      ops::gemm(xin, true, dout, false, dw, 1.0, 1.0);
+      ops::bias_backward(dout, db);
+    });
+    std::printf("wgrad %5ld -> %5ld: plain %8.4f ms | + BGRADA %8.4f ms (+%.4f) | + bias_backward "
+                "%8.4f ms (+%.4f)\n",
+                long(in), long(out), plain, bgrada, bgrada - plain, colsum, colsum - plain);
+  }
   // The MLP's projection with the residual add: [8192, 5120] x [5120, 1280]
   // + bias + residual (gemm_bias_residual) against gemm_bias, then add.
   const Tensor w_out = random_device({F, H}, dt, -0.05, 0.05), b_out = random_device({H}, dt);

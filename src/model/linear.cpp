@@ -67,17 +67,26 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Ca
   return activated;
 }
 
-Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx,
-                                      const Cache& cache) {
-  if (ctx.sequence_parallel && ctx.tp.size() > 1) return backward_overlapped(dy, ctx, cache);
-  accumulate_weight_grads(cache.x, dy, weight, bias);
+void ColumnParallelLinear::accumulate_grads(const Tensor& x, const Tensor& dy,
+                                            bool bias_grad_accumulated) {
+  if (bias_grad_accumulated)
+    ops::gemm(x, true, dy, false, weight.grad, 1.0, 1.0);
+  else
+    accumulate_weight_grads(x, dy, weight, bias);
+}
+
+Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache,
+                                      bool bias_grad_accumulated) {
+  if (ctx.sequence_parallel && ctx.tp.size() > 1)
+    return backward_overlapped(dy, ctx, cache, bias_grad_accumulated);
+  accumulate_grads(cache.x, dy, bias_grad_accumulated);
   Tensor dx_full = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
   ops::gemm(dy, false, weight.value, true, dx_full);
   return mapping::copy_to_tp_backward(ctx.tp, dx_full);
 }
 
 Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext& ctx,
-                                                 const Cache& cache) {
+                                                 const Cache& cache, bool bias_grad_accumulated) {
   // Under sequence parallelism the input is gathered again (Megatron does the
   // same) unless the forward kept it whole (keep_gathered_input). As in
   // Megatron's LinearWithGradAccumulationAndAsyncCommunication, the gather
@@ -101,7 +110,7 @@ Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext&
   if (gather) comm.wait_collective(gathering);
   Tensor dx = Tensor::empty(shard_shape, dy.dtype(), dy.space());
   comm.ireduce_scatter(dx_full.raw(), dx.raw(), counts, dx.dtype(), ReduceOp::Sum);
-  accumulate_weight_grads(x_full, dy, weight, bias);
+  accumulate_grads(x_full, dy, bias_grad_accumulated);
   comm.wait_collectives();
   return dx;
 }
@@ -194,17 +203,19 @@ Tensor RowParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Ca
 }
 
 Tensor RowParallelLinear::backward_through_gelu(const Tensor& dy, LayerContext& ctx,
-                                                const Cache& cache, const Tensor& pre_gelu) {
+                                                const Cache& cache, const Tensor& pre_gelu,
+                                                Tensor* pre_gelu_bias_grad) {
   Tensor dpre = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
   if (splits_backward(ctx)) {
     backward_by_blocks(dy, ctx, cache, [&](const Tensor& dy_rows, index_t begin, index_t end) {
       Tensor out = dpre.slice_rows(begin, end);
-      ops::gemm_dgelu(dy_rows, false, weight.value, true, pre_gelu.slice_rows(begin, end), out);
+      ops::gemm_dgelu(dy_rows, false, weight.value, true, pre_gelu.slice_rows(begin, end), out,
+                      pre_gelu_bias_grad);
     });
     return dpre;
   }
   const Tensor dy_full = accumulate_grads(dy, ctx, cache);
-  ops::gemm_dgelu(dy_full, false, weight.value, true, pre_gelu, dpre);
+  ops::gemm_dgelu(dy_full, false, weight.value, true, pre_gelu, dpre, pre_gelu_bias_grad);
   return dpre;
 }
 

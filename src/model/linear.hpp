@@ -30,7 +30,11 @@ class ColumnParallelLinear {
   /// on the device (ops::gemm_bias_gelu): returns gelu(Y_i) and keeps Y_i
   /// (the GeLU's input, for its backward) in `pre_gelu`.
   Tensor forward_gelu(const Tensor& x, LayerContext& ctx, Cache& cache, Tensor& pre_gelu) const;
-  Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  /// `bias_grad_accumulated`: db += colsum(dY) was already done by the GEMM
+  /// that produced dY (RowParallelLinear::backward_through_gelu), so only
+  /// dA and dX are computed here.
+  Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache,
+                  bool bias_grad_accumulated = false);
   void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
 
   Parameter weight, bias;
@@ -40,7 +44,10 @@ class ColumnParallelLinear {
   Tensor input_for_gemm(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// backward() under sequence parallelism on tp > 1: the input's all-gather
   /// and the input gradient's reduce-scatter overlap the two GEMMs.
-  Tensor backward_overlapped(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  Tensor backward_overlapped(const Tensor& dy, LayerContext& ctx, const Cache& cache,
+                             bool bias_grad_accumulated);
+  /// dA += X^T dY and, unless bias_grad_accumulated, db += colsum(dY).
+  void accumulate_grads(const Tensor& x, const Tensor& dy, bool bias_grad_accumulated);
 };
 
 /// RowParallelLinear: Y = X A + b with A split along its rows and X along its
@@ -66,8 +73,10 @@ class RowParallelLinear {
   /// backward() for an input X_i = gelu(P_i) (the MLP's projection): returns
   /// dP_i = (dY A_i^T) * gelu'(P_i), the GeLU's derivative riding in the
   /// dgrad GEMM on the device (ops::gemm_dgelu), so dX_i is never stored.
+  /// With `pre_gelu_bias_grad` (the bias gradient of the layer that made
+  /// P_i), colsum(dP_i) is added into it here (ops::gemm_dgelu).
   Tensor backward_through_gelu(const Tensor& dy, LayerContext& ctx, const Cache& cache,
-                               const Tensor& pre_gelu);
+                               const Tensor& pre_gelu, Tensor* pre_gelu_bias_grad = nullptr);
   void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
 
   Parameter weight, bias;

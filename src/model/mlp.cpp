@@ -21,9 +21,12 @@ Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerConte
   return proj.forward_residual(activated, residual, ctx, c.proj);
 }
 
+// fc's bias gradient (the column sums of dpre) is taken right after proj's
+// dgrad GEMM writes dpre (ops::gemm_dgelu), not in fc's weight-gradient GEMM:
+// cuBLASLt's BGRADA epilogue costs more there (see ops::gemm_dgelu).
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu);
-  return fc.backward(dpre, ctx, c.fc);
+  const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu, &fc.bias.grad);
+  return fc.backward(dpre, ctx, c.fc, /*bias_grad_accumulated=*/true);
 }
 
 }  // namespace meshtron

@@ -664,10 +664,15 @@ void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b
 }
 
 void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
-                const Tensor& pre_gelu, Tensor& dpre) {
+                const Tensor& pre_gelu, Tensor& dpre, Tensor* dbias) {
   const char* op = "gemm_dgelu";
   const auto [s, device] = check_fused_gemm(op, A, trans_a, B, trans_b, dpre);
   check_companion(op, {"pre_gelu", pre_gelu}, A, B, dpre);
+  if (dbias) {
+    const Arg adb{"dbias", *dbias};
+    MESH_VERIFY(dbias->numel() == s.N, op << ": " << describe(adb) << " must hold " << s.N
+                                          << " elements, one per column of dpre");
+  }
   if (s.M == 0 || s.N == 0) return;
   if (device && gelu_in_epilogue(A.dtype())) {
     ON_CUDA({
@@ -675,6 +680,7 @@ void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
       g.gelu_pre_in = pre_gelu.raw();
       cuda::gemm(g);
     });
+    if (dbias) bias_backward(dpre, *dbias);
     return;
   }
   // The two steps of the unfused path, through the same intermediate
@@ -683,6 +689,7 @@ void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
       device ? dpre : Tensor::empty(dpre.shape(), dpre.dtype(), dpre.space());
   gemm(A, trans_a, B, trans_b, dactivated);
   gelu_backward(dactivated, pre_gelu, dpre);
+  if (dbias) bias_backward(dpre, *dbias);
 }
 
 void gemm_bias_residual(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,

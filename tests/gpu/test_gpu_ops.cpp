@@ -920,15 +920,21 @@ void check_gemm_bias_gelu(DType dt, const GemmCase& g, bool ta, bool tb) {
   expect_close(act, dt, what + " activated");
 }
 
-void check_gemm_dgelu(DType dt, const GemmCase& g, bool ta, bool tb) {
-  const std::string what = gemm_what("gemm_dgelu", dt, g.M, g.N, g.K, ta, tb);
+/// With `bias_grad`, also the fc bias gradient riding in the same GEMM
+/// (DGELU_BGRAD): an fp32 gradient that already holds values accumulates
+/// the column sums of dpre.
+void check_gemm_dgelu(DType dt, const GemmCase& g, bool ta, bool tb, bool bias_grad = false) {
+  const std::string what =
+      gemm_what(bias_grad ? "gemm_dgelu + dbias" : "gemm_dgelu", dt, g.M, g.N, g.K, ta, tb);
   const double w = weight_range(g.K);
   const Pair A = input(stored(g.M, g.K, ta), dt), B = input(stored(g.K, g.N, tb), dt, -w, w);
   const Pair pre = input({g.M, g.N}, dt, -3.0, 3.0);
   Pair dpre = output({g.M, g.N}, dt);
-  gemm_dgelu(A.host, ta, B.host, tb, pre.host, dpre.host);
-  gemm_dgelu(A.dev, ta, B.dev, tb, pre.dev, dpre.dev);
+  Pair dbias = input({g.N}, DType::F32);
+  gemm_dgelu(A.host, ta, B.host, tb, pre.host, dpre.host, bias_grad ? &dbias.host : nullptr);
+  gemm_dgelu(A.dev, ta, B.dev, tb, pre.dev, dpre.dev, bias_grad ? &dbias.dev : nullptr);
   expect_close(dpre, dt, what);
+  if (bias_grad) expect_close(dbias, dt, what + " dbias");
 }
 
 const std::vector<GemmCase> kEpilogueCases = {{1, 8, 64},      {3, 64, 5},      {17, 130, 33},
@@ -947,6 +953,12 @@ TEST_F(GpuOps, GemmDgeluMatchesHostGemmThenGeluBackward) {
       for (int t = 0; t < 4; ++t) check_gemm_dgelu(dt, g, t & 1, t & 2);
 }
 
+TEST_F(GpuOps, GemmDgeluWithBiasGradMatchesHostGemmGeluBackwardThenColumnSums) {
+  for (DType dt : kDtypes)
+    for (const GemmCase& g : kEpilogueCases)
+      for (int t = 0; t < 4; ++t) check_gemm_dgelu(dt, g, t & 1, t & 2, /*bias_grad=*/true);
+}
+
 TEST_F(GpuOps, GeluEpiloguesMatchHostAtGpt2_774MShapes) {
   // GPT-2 774M, 8 x 1024 tokens: fc forward [8192, 1280] x [1280, 5120] and
   // proj's dgrad dy [8192, 1280] x W^T (W stored [5120, 1280]), as the MLP
@@ -956,6 +968,7 @@ TEST_F(GpuOps, GeluEpiloguesMatchHostAtGpt2_774MShapes) {
     const std::uint64_t before = cuda::gemm_gelu_fallbacks();
     check_gemm_bias_gelu(dt, {M, F, H}, false, false);
     check_gemm_dgelu(dt, {M, F, H}, false, true);
+    check_gemm_dgelu(dt, {M, F, H}, false, true, /*bias_grad=*/true);
     if (dt != DType::F32)
       EXPECT_EQ(cuda::gemm_gelu_fallbacks(), before)
           << name(dt) << ": cuBLASLt offered no GeLU-epilogue algorithm at 774M shapes";
@@ -987,6 +1000,9 @@ TEST_F(GpuOps, GeluEpiloguesTakeTheFusedPathAtGpt2Shapes) {
           EXPECT_EQ(cuda::gemm_gelu_fallbacks(), before) << what << ": forward fell back";
           gemm_dgelu(dy.dev, false, proj.dev, true, pre.dev, dpre.dev);
           EXPECT_EQ(cuda::gemm_gelu_fallbacks(), before) << what << ": dgelu fell back";
+          Tensor dbias = Tensor::zeros({F}, DType::F32, MemorySpace::Cuda);
+          gemm_dgelu(dy.dev, false, proj.dev, true, pre.dev, dpre.dev, &dbias);
+          EXPECT_EQ(cuda::gemm_gelu_fallbacks(), before) << what << ": dgelu + dbias fell back";
           if (M == 1024)  // the NaN scan of 8192-row outputs adds nothing
             for (const Tensor* t : {&pre.dev, &act.dev, &dpre.dev}) {
               index_t nans = 0;
