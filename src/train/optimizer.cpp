@@ -124,13 +124,19 @@ std::unique_ptr<Optimizer> make_optimizer(ParameterList params, const AdamWConfi
 AdamW::AdamW(ParameterList params, const AdamWConfig& config, Parameter* tied_head_copy)
     : params_(std::move(params)), config_(config), tied_head_copy_(tied_head_copy) {
   // One gradient buffer for all parameters (each gradient a view of its
-  // range): zero_grad is one memset and the norm reads long runs, where
-  // GPT-2 774M would launch 436 of each.
+  // range): zero_grad is one memset, the norm reads long runs and the
+  // gradient all-reduces are one each, where GPT-2 774M would launch 436 of
+  // each. The tp-partial gradients (SP's norms and biases) come first, so
+  // that their tp all-reduce is one range.
   index_t total = 0;
-  for (Parameter* p : params_) {
-    grad_offsets_.push_back(total);
-    total += p->grad.numel();
-  }
+  grad_offsets_.assign(params_.size(), 0);
+  for (const bool partial : {true, false})
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i]->shard.tp_partial_grad != partial) continue;
+      grad_offsets_[i] = total;
+      total += params_[i]->grad.numel();
+      if (partial) tp_partial_elements_ = total;
+    }
   if (!params_.empty() && uniform_grads(params_)) {
     grads_ = Tensor::zeros({total}, params_[0]->grad.dtype(), params_[0]->grad.space());
     alias_parameters(params_, grad_offsets_, grads_, &Parameter::grad);
@@ -206,13 +212,34 @@ double AdamW::global_grad_norm(OptimizerGroups& g) const {
     else
       counted.push_back(p.grad);
   }
-  if (grads_.defined()) counted = merged_views(grads_, ranges);
+  if (grads_.defined()) {
+    std::sort(ranges.begin(), ranges.end());  // buffer order: the longest runs
+    counted = merged_views(grads_, ranges);
+  }
   return std::sqrt(g.model.all_reduce_scalar(ops::sum_of_squares(counted)));
+}
+
+void AdamW::reduce_gradients(OptimizerGroups& g) {
+  if (!grads_.defined()) {
+    reduce_model_gradients(params_, g, /*dp=*/true);
+    return;
+  }
+  // Reductions 1-3 of the file comment over grads_, in the order of
+  // reduce_model_gradients: the tied table's, one tp all-reduce of the
+  // leading tp-partial range, then one dp all-reduce of the whole buffer.
+  if (g.embedding != nullptr)
+    for (Parameter* p : params_)
+      if (is_tied_word_table(*p)) g.embedding->all_reduce(p->grad);
+  if (g.tp.size() > 1 && tp_partial_elements_ > 0) {
+    Tensor partial = grads_.slice_rows(0, tp_partial_elements_);
+    g.tp.all_reduce(partial);
+  }
+  if (g.dp.size() > 1) g.dp.all_reduce(grads_);
 }
 
 StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
                       double unscale) {
-  reduce_model_gradients(params_, groups, /*dp=*/true);
+  reduce_gradients(groups);
   if (unscale != 1.0) {  // inf/NaN stay inf/NaN: the norm still sees an overflow
     if (grads_.defined())
       ops::scale(grads_, unscale);

@@ -143,6 +143,9 @@ class AdamW final : public Optimizer {
   /// undefined if the gradients differ in dtype or space.
   Tensor grads_;
   std::vector<index_t> grad_offsets_;  ///< start of each gradient in grads_
+  index_t tp_partial_elements_ = 0;    ///< grads_[0, this): the tp-partial gradients
+  /// Reductions 1-3 (tp partial sums, tied table, dp) of every gradient.
+  void reduce_gradients(OptimizerGroups& g);
   std::vector<Tensor> m_, v_;
   /// fp32 master weights where a value is bf16 (undefined tensors otherwise).
   std::vector<Tensor> master_;
