@@ -25,7 +25,8 @@
 // dtable), either way the same work per call. sum_of_squares (+sync) waits
 // for its result on the host by design (the op returns a double; there is
 // no device-result variant in the op table), so its batch includes 10
-// synchronisations.
+// synchronisations; its row at [124M] fp32 is the size training calls it at
+// (all of GPT-2 124M's gradients at once, once per step).
 //
 // Attention core, fused (ops::fused_attention_*, FlashAttention-2 kernels)
 // against unfused (the path of src/model/attention.cpp: batched cuBLASLt
@@ -219,6 +220,9 @@ void bench_memory_bound(double copy_gbps) {
     AdamWParams hp;
     hp.weight_decay = 0.1;
     add_row("adamw_step", DType::F32, "[124M]", 28.0 * double(params), [&] { adamw_step(p, g, m, v, hp); });
+    // The gradient norm as training takes it: once per step over every
+    // fp32 gradient of the model (here 124M of them), then the host waits.
+    add_row("sum_of_squares (+sync)", DType::F32, "[124M]", 4.0 * double(params), [&] { (void)sum_of_squares(g); });
   }
   print_memory_bound(rows, copy_gbps);
 }
