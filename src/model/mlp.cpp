@@ -22,11 +22,17 @@ Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerConte
 }
 
 // fc's bias gradient (the column sums of dpre) is taken right after proj's
-// dgrad GEMM writes dpre (ops::gemm_dgelu), not in fc's weight-gradient GEMM:
-// cuBLASLt's BGRADA epilogue costs more there (see ops::gemm_dgelu).
+// dgrad GEMM writes dpre (ops::gemm_dgelu), not in fc's weight-gradient GEMM,
+// where cuBLASLt's BGRADA epilogue costs more (774M on one H100: 97.3 ->
+// 97.1 ms per step; one H200: 93.7 -> 93.3). Except under sequence
+// parallelism on tp > 1: there fc's weight-gradient GEMM runs while dX's
+// reduce-scatter is in flight, which hides BGRADA's cost, and the column
+// sums would sit on the path (2x H200, tp 2: 65.5-65.9 -> 66.4 ms).
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu, &fc.bias.grad);
-  return fc.backward(dpre, ctx, c.fc, /*bias_grad_accumulated=*/true);
+  const bool bias_grad_after_dgelu = !(ctx.sequence_parallel && ctx.tp.size() > 1);
+  const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu,
+                                                 bias_grad_after_dgelu ? &fc.bias.grad : nullptr);
+  return fc.backward(dpre, ctx, c.fc, /*bias_grad_accumulated=*/bias_grad_after_dgelu);
 }
 
 }  // namespace meshtron
