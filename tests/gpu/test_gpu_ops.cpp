@@ -980,36 +980,55 @@ TEST_F(GpuOps, GeluEpiloguesTakeTheFusedPathAtGpt2Shapes) {
   // tokens, the MLP's local ffn width at tp = 1, 2, 4, 8: the fallback
   // counter must stay where it was, in bf16 and fp16 (the training dtypes).
   // Outputs are poisoned and must come back free of NaN; their values are
-  // checked against the host above.
+  // checked against the host above. The random inputs are drawn once per
+  // dtype and size, at the largest M and ffn, and each case takes views of
+  // their leading elements (any values do; drawing them per case took most
+  // of this test's minute on an H100).
   struct Size {
     index_t hidden, ffn;
   };
+  constexpr index_t kMaxM = 8192;
+  const auto leading = [](const Tensor& t, Shape shape) {
+    return Tensor::view(t.raw(), std::move(shape), t.dtype(), t.space());
+  };
   for (DType dt : {DType::BF16, DType::F16})
-    for (const Size& sz : {Size{768, 3072}, Size{1024, 4096}, Size{1280, 5120}, Size{1600, 6400}})
+    for (const Size& sz : {Size{768, 3072}, Size{1024, 4096}, Size{1280, 5120}, Size{1600, 6400}}) {
+      const index_t H = sz.hidden;
+      const double w = weight_range(H);
+      const Tensor x_all = input({kMaxM, H}, dt).dev, dy_all = input({kMaxM, H}, dt).dev;
+      const Tensor fc_all = input({H, sz.ffn}, dt, -w, w).dev, b_all = input({sz.ffn}, dt).dev;
+      const Tensor proj_all = input({sz.ffn, H}, dt, -w, w).dev;
       for (index_t M : {1024, 8192})
         for (int tp : {1, 2, 4, 8}) {
-          const index_t F = sz.ffn / tp, H = sz.hidden;
+          const index_t F = sz.ffn / tp;
           const std::string what = name(dt) + " M=" + std::to_string(M) + " h=" +
                                    std::to_string(H) + " ffn/tp=" + std::to_string(F);
-          const double w = weight_range(H);
-          const Pair x = input({M, H}, dt), fc = input({H, F}, dt, -w, w), b = input({F}, dt);
-          const Pair proj = input({F, H}, dt, -w, w), dy = input({M, H}, dt);
-          Pair pre = output({M, F}, dt), act = output({M, F}, dt), dpre = output({M, F}, dt);
+          const Tensor x = leading(x_all, {M, H}), dy = leading(dy_all, {M, H});
+          const Tensor fc = leading(fc_all, {H, F}), b = leading(b_all, {F});
+          const Tensor proj = leading(proj_all, {F, H});
+          const bool scan = M == 1024;  // the NaN scan of 8192-row outputs adds nothing
+          const auto out = [&] {
+            Tensor t = Tensor::empty({M, F}, dt, MemorySpace::Cuda);
+            if (scan) t.fill(kNaN);
+            return t;
+          };
+          Tensor pre = out(), act = out(), dpre = out();
           const std::uint64_t before = cuda::gemm_gelu_fallbacks();
-          gemm_bias_gelu(x.dev, false, fc.dev, false, b.dev, pre.dev, act.dev);
+          gemm_bias_gelu(x, false, fc, false, b, pre, act);
           EXPECT_EQ(cuda::gemm_gelu_fallbacks(), before) << what << ": forward fell back";
-          gemm_dgelu(dy.dev, false, proj.dev, true, pre.dev, dpre.dev);
+          gemm_dgelu(dy, false, proj, true, pre, dpre);
           EXPECT_EQ(cuda::gemm_gelu_fallbacks(), before) << what << ": dgelu fell back";
           Tensor dbias = Tensor::zeros({F}, DType::F32, MemorySpace::Cuda);
-          gemm_dgelu(dy.dev, false, proj.dev, true, pre.dev, dpre.dev, &dbias);
+          gemm_dgelu(dy, false, proj, true, pre, dpre, &dbias);
           EXPECT_EQ(cuda::gemm_gelu_fallbacks(), before) << what << ": dgelu + dbias fell back";
-          if (M == 1024)  // the NaN scan of 8192-row outputs adds nothing
-            for (const Tensor* t : {&pre.dev, &act.dev, &dpre.dev}) {
+          if (scan)
+            for (const Tensor* t : {&pre, &act, &dpre}) {
               index_t nans = 0;
               for (double v : t->to_doubles()) nans += std::isnan(v);
               EXPECT_EQ(nans, 0) << what << ": unwritten elements";
             }
         }
+    }
 }
 
 /// A device tensor one element past an aligned block (2-byte aligned for
