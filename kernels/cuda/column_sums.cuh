@@ -76,9 +76,14 @@ struct ColumnTerms {
 struct ColumnSplit {
   kindex splits = 1, rows_per_split = 1;
 };
-inline ColumnSplit column_split(kindex N, kindex col_blocks) {
-  constexpr kindex kTargetBlocks = 4 * 132;  // a few waves of a full H100
-  kindex splits = (kTargetBlocks + col_blocks - 1) / col_blocks;
+/// As many row groups as keep the whole grid (col_blocks x splits) resident
+/// at once (`resident`: resident_blocks of the partials kernel), so it runs
+/// in one wave. (Rounding the group count up to a fixed 4 x 132 blocks made
+/// grids of 530-540 blocks where the bf16 packed kernel, at 104 registers,
+/// holds 264: two waves and a third of a few blocks, each a whole block's
+/// time; the bias gradients read at ~1.8 TB/s on an H100.)
+inline ColumnSplit column_split(kindex N, kindex col_blocks, kindex resident) {
+  kindex splits = resident / col_blocks;
   const kindex max_splits = (N + kRowLanes - 1) / kRowLanes;
   if (splits > max_splits) splits = max_splits;
   if (splits < 1) splits = 1;
@@ -99,8 +104,10 @@ void column_finalize(const device::Buffer& partial, kindex splits, kindex C, G* 
 template <int NV, class Source, class G>
 void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr) {
   if (C == 0) return;
+  static const kindex resident =
+      resident_blocks(column_partials_kernel<NV, Source>, kColTile * kRowLanes);
   const kindex col_blocks = (C + kColTile - 1) / kColTile;
-  const ColumnSplit split = column_split(N, col_blocks);
+  const ColumnSplit split = column_split(N, col_blocks, resident);
   device::Buffer partial(std::size_t(split.splits * NV * C) * sizeof(float));
   column_partials_kernel<NV><<<dim3(unsigned(col_blocks), unsigned(split.splits)),
                                dim3(kColTile, kRowLanes), 0, kStream>>>(
@@ -206,8 +213,10 @@ void plain_column_sums(const T* x, kindex N, kindex C, G* out) {
     column_sums<1>(ColumnTerms<T>{x, C}, N, C, out);
     return;
   }
+  static const kindex resident =
+      resident_blocks(column_partials_packed_kernel<T>, kColTile * kRowLanes);
   const kindex col_blocks = (C / V + kColTile - 1) / kColTile;
-  const ColumnSplit split = column_split(N, col_blocks);
+  const ColumnSplit split = column_split(N, col_blocks, resident);
   device::Buffer partial(std::size_t(split.splits * C) * sizeof(float));
   column_partials_packed_kernel<T><<<dim3(unsigned(col_blocks), unsigned(split.splits)),
                                      dim3(kColTile, kRowLanes), 0, kStream>>>(

@@ -74,6 +74,19 @@ inline unsigned grid_for(kindex n, int threads, kindex cap = 65535LL * 8) {
 
 #define MESH_CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
 
+/// Blocks of `kernel` (block_threads each, no dynamic shared memory) that
+/// the whole GPU holds at once, from the occupancy calculator: the largest
+/// grid that runs in one wave. Callers cache it per kernel (one GPU per
+/// process).
+template <class Kernel>
+kindex resident_blocks(Kernel kernel, int block_threads) {
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0));
+  return kindex(sms) * (per_sm > 0 ? per_sm : 1);
+}
+
 /// Grid-stride loop over [0, n): any grid size covers any n.
 #define GRID_STRIDE(i, n)                                                    \
   for (::meshtron::cuda::kindex i = ::meshtron::cuda::kindex(blockIdx.x) * blockDim.x + \

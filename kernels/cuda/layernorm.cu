@@ -209,17 +209,6 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
   }
 }
 
-/// Blocks of `kernel` (block_threads each, no dynamic shared memory) that
-/// the whole GPU holds at once, from the occupancy calculator.
-template <class Kernel>
-kindex resident_blocks(Kernel kernel, int block_threads) {
-  int device = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0));
-  return kindex(sms) * (per_sm > 0 ? per_sm : 1);
-}
-
 /// Grid of the packed forward: one block per kWarpsPerBlock rows, at most
 /// one full wave. bf16 H = 768 before: 48 registers, 5 blocks per SM, the
 /// 1024 one-row-per-warp blocks in 1.55 waves, the second wave's loads
