@@ -386,6 +386,52 @@ void bench_mlp_gelu_epilogues() {
                    res_unfused, fell_back);
 }
 
+/// The GEMMs of a GPT-2 774M layer at tp 1 (8 x 1024 tokens, bf16; weight
+/// gradients into fp32 with beta = 1): the heuristic's first algorithm
+/// against the fastest of its first eight (MESHTRON_GEMM_AUTOTUNE's choice,
+/// made here with set_gemm_autotune), in the same run.
+void bench_gemm_autotune() {
+  std::printf("\n%-44s %10s %10s %8s\n", "774M layer GEMMs (M N K, ta tb)", "heur. ms",
+              "tuned ms", "ratio");
+  struct Case {
+    index_t M, N, K;
+    bool ta, tb;
+    DType c;
+  };
+  const index_t T = 8192, H = 1280, F = 5120;
+  const Case cases[] = {
+      {T, 3 * H, H, false, false, DType::BF16},  // qkv forward
+      {T, H, H, false, false, DType::BF16},      // attention proj forward
+      {T, F, H, false, false, DType::BF16},      // fc forward
+      {T, H, F, false, false, DType::BF16},      // mlp proj forward
+      {T, H, 3 * H, false, true, DType::BF16},   // qkv dX
+      {T, F, H, false, true, DType::BF16},       // mlp proj dX
+      {T, H, F, false, true, DType::BF16},       // fc dX
+      {H, 3 * H, T, true, false, DType::F32},    // qkv dW
+      {H, F, T, true, false, DType::F32},        // fc dW
+      {F, H, T, true, false, DType::F32},        // mlp proj dW
+  };
+  for (const Case& c : cases) {
+    const Tensor A = random_device(c.ta ? Shape{c.K, c.M} : Shape{c.M, c.K}, DType::BF16);
+    const Tensor B = random_device(c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, DType::BF16);
+    Tensor C = random_device({c.M, c.N}, c.c);
+    const double beta = c.c == DType::F32 ? 1.0 : 0.0;
+    double ms[2];
+    for (int tuned = 0; tuned < 2; ++tuned) {
+      cuda::set_gemm_autotune(tuned == 1);
+      ms[tuned] = median_ms([&] { ops::gemm(A, c.ta, B, c.tb, C, 1.0, beta); });
+    }
+    cuda::set_gemm_autotune(false);
+    char what[64];
+    std::snprintf(what, sizeof(what), "%ld %ld %ld, %d %d", long(c.M), long(c.N), long(c.K),
+                  int(c.ta), int(c.tb));
+    std::printf("%-44s %10.4f %10.4f %8.3f\n", what, ms[0], ms[1], ms[0] / ms[1]);
+  }
+  std::printf("autotuned problems: %lu, of which %lu took another algorithm than the first\n",
+              (unsigned long)cuda::gemm_autotuned_problems(),
+              (unsigned long)cuda::gemm_autotune_changed());
+}
+
 void bench_gemm() {
   std::printf("\n%-40s %9s %9s\n", "GEMM (row-major, cuBLASLt)", "ms", "TFLOP/s");
   struct Case {
@@ -409,6 +455,7 @@ void bench_gemm() {
     const double ms = median_ms([&] { ops::gemm(A, c.ta, B, c.tb, C, 1.0, beta); });
     std::printf("%-40s %9.4f %9.1f\n", c.what, ms, 2.0 * double(c.M) * c.N * c.K / (ms * 1e9));
   }
+  bench_gemm_autotune();
   bench_mlp_gelu_epilogues();
 }
 

@@ -49,14 +49,25 @@
 // (shape, dtypes, transposes, batch, pointer alignments, epilogue) are
 // cached: after the first call of a shape, a GEMM is descriptor setup plus
 // one launch.
+//
+// Autotuning (MESHTRON_GEMM_AUTOTUNE=1, or set_gemm_autotune): the first call
+// of a problem times the heuristic's first eight candidates on scratch
+// outputs and keeps the fastest. Off by default: the choice then depends on
+// timings, so two runs (a run and its restart, or two decompositions) may
+// take different algorithms and differ in the last bits, which the
+// bitwise restart-replay checks would see.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <atomic>
 #include <compare>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
 #include "ops/ops_cuda.hpp"
@@ -216,33 +227,31 @@ class GemmEngine {
   /// Launches the GEMM. Returns false, launching nothing, only when an
   /// epilogue or an out-of-place C was asked for and cuBLASLt has no
   /// algorithm for it.
+  /// Turns autotuning on or off; forgets the choices made so far.
+  void set_autotune(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    init();
+    autotune_ = on;
+    algos_.clear();
+  }
+  std::uint64_t autotuned() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return autotuned_;
+  }
+  std::uint64_t autotune_changed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return autotune_changed_;
+  }
+
   bool run(const GemmArgs& g) {
     std::lock_guard<std::mutex> lock(mutex_);
     init();
     Descriptors d;
-    const cublasOperation_t op_first = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // B's storage
-    const cublasOperation_t op_second = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // A's storage
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
-                                                sizeof(op_first)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
-                                                sizeof(op_second)));
-    // Stored shapes: B is [K, N] (or [N, K] if trans_b), A is [M, K] (or [K, M]).
-    const index_t b_rows = g.trans_b ? g.N : g.K, b_cols = g.trans_b ? g.K : g.N;
-    const index_t a_rows = g.trans_a ? g.K : g.M, a_cols = g.trans_a ? g.M : g.K;
-    make_layout(&d.a, cuda_type(g.ab), b_rows, b_cols, g.ldb, g.batch, g.stride_b);
-    make_layout(&d.b, cuda_type(g.ab), a_rows, a_cols, g.lda, g.batch, g.stride_a);
-    make_layout(&d.c, cuda_type(g.c), g.M, g.N, g.ldc, g.batch, g.stride_c);
-    set_epilogue(d.op, g);
-
+    describe(g, d);
     const ProblemKey key = key_of(g);
-    const std::optional<cublasLtMatmulAlgo_t> algo = choose(key, d);
+    const std::optional<cublasLtMatmulAlgo_t> algo = choose(key, d, g);
     if (!algo) return false;
-    const float alpha = float(g.alpha), beta = float(g.beta);
-    const void* c_in = g.c_in ? g.c_in : g.C;
-    const cublasStatus_t st = cublasLtMatmul(handle_, d.op, &alpha, g.B, d.a, g.A, d.b, &beta,
-                                             c_in, d.c, g.C, d.c, &*algo, workspace_,
-                                             kWorkspaceBytes, kStream);
+    const cublasStatus_t st = launch(g, d, *algo);
     // An epilogue the heuristic offered but the launch refuses (argument
     // checks fail before anything runs): remembered as unavailable.
     if (st != CUBLAS_STATUS_SUCCESS && has_extras(g)) {
@@ -259,12 +268,90 @@ class GemmEngine {
     if (handle_) return;
     CUBLAS_CHECK(cublasLtCreate(&handle_));
     workspace_ = device::allocate(kWorkspaceBytes);  // kept for the process's life
+    const char* tune = std::getenv("MESHTRON_GEMM_AUTOTUNE");
+    autotune_ = tune != nullptr && std::string(tune) == "1";
+  }
+
+  /// The operation and layout descriptors of a call (epilogue pointers included).
+  static void describe(const GemmArgs& g, Descriptors& d) {
+    const cublasOperation_t op_first = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // B's storage
+    const cublasOperation_t op_second = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // A's storage
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                                sizeof(op_first)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                                sizeof(op_second)));
+    // Stored shapes: B is [K, N] (or [N, K] if trans_b), A is [M, K] (or [K, M]).
+    const index_t b_rows = g.trans_b ? g.N : g.K, b_cols = g.trans_b ? g.K : g.N;
+    const index_t a_rows = g.trans_a ? g.K : g.M, a_cols = g.trans_a ? g.M : g.K;
+    make_layout(&d.a, cuda_type(g.ab), b_rows, b_cols, g.ldb, g.batch, g.stride_b);
+    make_layout(&d.b, cuda_type(g.ab), a_rows, a_cols, g.lda, g.batch, g.stride_a);
+    make_layout(&d.c, cuda_type(g.c), g.M, g.N, g.ldc, g.batch, g.stride_c);
+    set_epilogue(d.op, g);
+  }
+
+  cublasStatus_t launch(const GemmArgs& g, const Descriptors& d,
+                        const cublasLtMatmulAlgo_t& algo) {
+    const float alpha = float(g.alpha), beta = float(g.beta);
+    const void* c_in = g.c_in ? g.c_in : g.C;
+    return cublasLtMatmul(handle_, d.op, &alpha, g.B, d.a, g.A, d.b, &beta, c_in, d.c, g.C, d.c,
+                          &algo, workspace_, kWorkspaceBytes, kStream);
+  }
+
+  /// Of the heuristic's candidates for g, the fastest by CUDA events (the
+  /// median of kRuns launches after one warm-up each), timed on scratch
+  /// outputs: the call's C and its epilogue outputs (GeLU aux, bias
+  /// gradient) are not touched; its inputs are read as they are. A candidate
+  /// whose launch fails is skipped. Blocks the host once per problem.
+  cublasLtMatmulAlgo_t fastest(const GemmArgs& g, const cublasLtMatmulAlgo_t* candidates,
+                               int count) {
+    constexpr int kRuns = 5;
+    const std::size_t c_elements =
+        std::size_t((g.batch - 1) * g.stride_c + (g.M - 1) * g.ldc + g.N);
+    GemmArgs t = g;
+    device::Buffer c_scratch(c_elements * dtype_size(g.c));
+    device::Buffer aux_scratch(g.gelu_pre_out ? c_elements * dtype_size(g.c) : 0);
+    device::Buffer bias_grad_scratch(g.bias_grad ? std::size_t(g.N) * sizeof(float) : 0);
+    t.C = c_scratch.as<void>();
+    if (g.gelu_pre_out) t.gelu_pre_out = aux_scratch.as<void>();
+    if (g.bias_grad) t.bias_grad = bias_grad_scratch.as<float>();
+    Descriptors d;
+    describe(t, d);
+    cudaEvent_t start = nullptr, stop = nullptr;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    int best = 0;
+    float best_ms = std::numeric_limits<float>::infinity();
+    for (int i = 0; i < count; ++i) {
+      if (launch(t, d, candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
+      float ms[kRuns] = {};
+      for (int r = 0; r < kRuns; ++r) {
+        CUDA_CHECK(cudaEventRecord(start, kStream));
+        CUBLAS_CHECK(launch(t, d, candidates[i]));
+        CUDA_CHECK(cudaEventRecord(stop, kStream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
+      }
+      std::sort(ms, ms + kRuns);
+      if (ms[kRuns / 2] < best_ms) {
+        best_ms = ms[kRuns / 2];
+        best = i;
+      }
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    ++autotuned_;
+    if (best != 0) ++autotune_changed_;
+    return candidates[best];
   }
 
   /// The heuristic's first algorithm (for an out-of-place C, its first that
-  /// writes out of place), cached per key; nullopt (also cached) only for a
-  /// call with extras (has_extras) and no algorithm. Otherwise none is fatal.
-  std::optional<cublasLtMatmulAlgo_t> choose(const ProblemKey& key, const Descriptors& d) {
+  /// writes out of place), or with MESHTRON_GEMM_AUTOTUNE=1 the fastest of
+  /// its first kCandidates (fastest()), cached per key; nullopt (also
+  /// cached) only for a call with extras (has_extras) and no algorithm.
+  /// Otherwise none is fatal.
+  std::optional<cublasLtMatmulAlgo_t> choose(const ProblemKey& key, const Descriptors& d,
+                                             const GemmArgs& g) {
     auto it = algos_.find(key);
     if (it != algos_.end()) return it->second;
     cublasLtMatmulPreference_t pref = nullptr;
@@ -284,13 +371,18 @@ class GemmEngine {
     std::memset(results, 0, sizeof(results));
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-        handle_, d.op, d.a, d.b, d.c, d.c, pref, key.out_of_place ? kCandidates : 1, results,
-        &found);
+        handle_, d.op, d.a, d.b, d.c, d.c, pref,
+        key.out_of_place || autotune_ ? kCandidates : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    std::optional<cublasLtMatmulAlgo_t> chosen;
+    cublasLtMatmulAlgo_t usable[kCandidates];
+    int count = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
-      for (int i = 0; i < found && !chosen; ++i)
-        if (!key.out_of_place || supports_out_of_place(results[i].algo)) chosen = results[i].algo;
+      for (int i = 0; i < found; ++i)
+        if (!key.out_of_place || supports_out_of_place(results[i].algo))
+          usable[count++] = results[i].algo;
+    std::optional<cublasLtMatmulAlgo_t> chosen;
+    if (count == 1 || (count > 1 && !autotune_)) chosen = usable[0];
+    if (count > 1 && autotune_) chosen = fastest(g, usable, count);
     const bool extras = key.out_of_place || key.epilogue != int(CUBLASLT_EPILOGUE_DEFAULT);
     MESH_VERIFY(chosen || extras,
                 "gemm: cuBLASLt found no algorithm (status " << int(st) << ") for M=" << key.M
@@ -300,6 +392,8 @@ class GemmEngine {
   }
 
   std::mutex mutex_;
+  bool autotune_ = false;  ///< MESHTRON_GEMM_AUTOTUNE=1, read once
+  std::uint64_t autotuned_ = 0, autotune_changed_ = 0;
   cublasLtHandle_t handle_ = nullptr;  ///< Owned; never destroyed (see allocator).
   void* workspace_ = nullptr;          ///< Owned, from the caching allocator.
   std::map<ProblemKey, std::optional<cublasLtMatmulAlgo_t>> algos_;
@@ -424,6 +518,10 @@ void gemm(const GemmArgs& args) {
   count_fallback(args);
   gemm_unfused(args);
 }
+
+void set_gemm_autotune(bool on) { engine().set_autotune(on); }
+std::uint64_t gemm_autotuned_problems() { return engine().autotuned(); }
+std::uint64_t gemm_autotune_changed() { return engine().autotune_changed(); }
 
 std::uint64_t gemm_bias_fallbacks() { return bias_fallbacks.load(); }
 std::uint64_t gemm_gelu_fallbacks() { return gelu_fallbacks.load(); }

@@ -1144,6 +1144,45 @@ void check_gemm_bias_residual(DType dt, const GemmCase& g, bool ta, bool tb) {
   EXPECT_EQ(residual.dev.to_doubles(), residual_before) << what << ": residual was written";
 }
 
+// Autotuning (gemm.cu) times the heuristic's candidates on scratch outputs.
+// With it on, a GEMM accumulating into C (beta = 1), a weight gradient with
+// its bias gradient (BGRADA) and the GeLU forward (aux output) must give
+// what the heuristic's first algorithm gives, to fp32 rounding of another
+// algorithm, and C must hold one accumulation, not also the timing runs'
+// (those would add A B six more times).
+TEST_F(GpuOps, AutotunedGemmsMatchTheHeuristicChoiceAndWriteOnlyTheirOutputs) {
+  const std::uint64_t tuned_before = cuda::gemm_autotuned_problems();
+  const DType dt = DType::BF16;
+  const index_t M = 512, N = 768, K = 256;
+  const Pair A = input({M, K}, dt), B = input({K, N}, dt, -0.1, 0.1), bias = input({N}, dt);
+  const Pair C0 = input({M, N}, DType::F32), db0 = input({N}, DType::F32);
+  struct Outputs {
+    Tensor c, dw, db, pre, act;
+  };
+  const auto run = [&](bool tune) {
+    cuda::set_gemm_autotune(tune);
+    Outputs o{C0.dev.clone(), C0.dev.clone(), db0.dev.clone(),
+              Tensor::empty({M, N}, dt, MemorySpace::Cuda),
+              Tensor::empty({M, N}, dt, MemorySpace::Cuda)};
+    gemm(A.dev, false, B.dev, false, o.c, 1.0, 1.0);  // c += A B
+    // dW [K, N] += A^T dY with dY = the first M rows of C0 as bf16.
+    const Tensor dy = C0.dev.to(dt);
+    Tensor dw = Tensor::view(o.dw.raw(), {K, N}, DType::F32, MemorySpace::Cuda);
+    linear_weight_grads(A.dev, dy, dw, o.db);
+    gemm_bias_gelu(A.dev, false, B.dev, false, bias.dev, o.pre, o.act);
+    return o;
+  };
+  const Outputs heuristic = run(false), tuned = run(true);
+  cuda::set_gemm_autotune(false);
+  EXPECT_GT(cuda::gemm_autotuned_problems(), tuned_before) << "nothing was autotuned";
+  const double tol = tolerance(DType::F32) * 10;
+  expect_close(tuned.c, heuristic.c.to_host(), tol, "autotuned c += A B");
+  expect_close(tuned.dw, heuristic.dw.to_host(), tol, "autotuned dW");
+  expect_close(tuned.db, heuristic.db.to_host(), tol, "autotuned db (BGRADA)");
+  expect_close(tuned.pre, heuristic.pre.to_host(), tolerance(dt), "autotuned pre_gelu");
+  expect_close(tuned.act, heuristic.act.to_host(), tolerance(dt), "autotuned gelu");
+}
+
 TEST_F(GpuOps, GemmBiasResidualMatchesHostGemmBiasThenAdd) {
   for (DType dt : kDtypes)
     for (const GemmCase& g : kEpilogueCases)
