@@ -38,6 +38,7 @@
 
 #include "parallel/communicator_nccl.hpp"
 #include "parallel/decomposition.hpp"
+#include "parallel/peer_exchange.hpp"
 #include "train/schedule.hpp"
 #include "tensor/device_allocator.hpp"
 
@@ -102,6 +103,42 @@ TEST_F(Nccl, CollectivesOnDeviceBuffers) {
   EXPECT_EQ(comm->stats().count(CollectiveKind::ReduceScatter), 1);
   EXPECT_EQ(comm->stats().count(CollectiveKind::AllGather), 1);
   EXPECT_EQ(comm->stats().count(CollectiveKind::Broadcast), 1);
+}
+
+// PeerExchange (copy-engine all-gather over CUDA IPC, flags raised and
+// awaited by the driver's stream memory operations): every rank's arena holds
+// every rank's shard in its block, the same bytes as NCCL's all-gather, call
+// after call (the sequence numbers grow), at an offset, and with the shard
+// already in place in this rank's block (its copy skipped).
+TEST_F(Nccl, CopyEngineAllGatherEqualsNcclAllGather) {
+  if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
+  const std::size_t n = std::size_t(1) << 20, bytes = n * sizeof(float);  // 4 MiB shards
+  const std::size_t offset = 4096;
+  PeerExchange exchange(MPI_COMM_WORLD, offset + 2 * bytes);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (int call = 0; call < 4; ++call) {
+    std::vector<float> mine(n);
+    for (std::size_t i = 0; i < n; ++i)
+      mine[i] = float(rank) * 1000.f + float(call) + float(i % 977) * 0.001f;
+    const Tensor shard = device_from(mine);
+    Tensor expected = Tensor::empty({index_t(2 * n)}, DType::F32, MemorySpace::Cuda);
+    comm->all_gather(shard.raw(), expected.raw(), n, DType::F32);
+    const std::size_t at = call % 2 == 0 ? 0 : offset;
+    const void* source = shard.raw();
+    if (call == 3) {  // in place: the shard already sits in this rank's block
+      char* own_block = exchange.arena() + at + std::size_t(rank) * bytes;
+      ASSERT_EQ(cudaMemcpy(own_block, shard.raw(), bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+      source = own_block;
+    }
+    exchange.all_gather(source, bytes, at, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const Tensor gathered =
+        Tensor::view(exchange.arena() + at, {index_t(2 * n)}, DType::F32, MemorySpace::Cuda);
+    EXPECT_TRUE(gathered.to_doubles() == expected.to_doubles()) << "call " << call;
+    MPI_Barrier(MPI_COMM_WORLD);  // both ranks have read their arena before the next call
+  }
+  cudaStreamDestroy(stream);
 }
 
 TEST_F(Nccl, Bf16SumIsReducedOnTheDevice) {
