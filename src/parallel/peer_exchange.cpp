@@ -4,9 +4,14 @@
 #include "parallel/peer_exchange.hpp"
 
 #include "common/error.hpp"
+#include "ops/ops_cuda.hpp"
 
 namespace meshtron {
 namespace {
+
+/// The stream of meshtron's kernels (the legacy default stream, as in
+/// kernels/cuda/common.cuh and communicator_nccl.cpp).
+constexpr cudaStream_t kKernelStream = 0;
 
 using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -119,21 +124,55 @@ void PeerExchange::all_gather(const void* shard, std::size_t bytes, std::size_t 
               "PeerExchange::all_gather: " << size_ << " blocks of " << bytes << " bytes at "
                                            << offset << " overflow the " << arena_bytes_
                                            << "-byte arena");
-  const StreamMemOps& ops = stream_mem_ops();
-  const cuuint32_t seq = ++sequence_;
   // The peers from the next one on, then this rank's own block.
   for (int k = 1; k <= size_; ++k) {
     const int r = (rank_ + k) % size_;
     char* block = peers_[std::size_t(r)] + offset + std::size_t(rank_) * bytes;
     if (block != shard)
       CUDA_CHECK(cudaMemcpyAsync(block, shard, bytes, cudaMemcpyDefault, stream));
+  }
+  signal_and_wait(stream);
+}
+
+void PeerExchange::signal_and_wait(cudaStream_t stream) {
+  const StreamMemOps& ops = stream_mem_ops();
+  const cuuint32_t seq = ++sequence_;
+  // Each write is fenced after the copies queued before it on `stream`.
+  for (int r = 0; r < size_; ++r)
     if (r != rank_)
       check_driver(ops.write(stream, flag(r, rank_), seq, CU_STREAM_WRITE_VALUE_DEFAULT),
                    "cuStreamWriteValue32");
-  }
   for (int r = 0; r < size_; ++r)
     if (r != rank_)
       check_driver(ops.wait(stream, flag(rank_, r), seq, wait_flags()), "cuStreamWaitValue32");
+}
+
+void PeerExchange::reduce_scatter(const void* partial, std::size_t count, DType dtype, void* out,
+                                  std::size_t offset) {
+  const std::size_t block = count * dtype_size(dtype);
+  MESH_VERIFY(offset + block * std::size_t(size_) <= arena_bytes_,
+              "PeerExchange::reduce_scatter: " << size_ << " blocks of " << block
+                                               << " bytes at " << offset << " overflow the "
+                                               << arena_bytes_ << "-byte arena");
+  const cudaStream_t stream = kKernelStream;
+  const char* mine = static_cast<const char*>(partial);
+  if (size_ == 1) {
+    CUDA_CHECK(cudaMemcpyAsync(out, mine, block, cudaMemcpyDefault, stream));
+    return;
+  }
+  for (int k = 1; k < size_; ++k) {  // block r of this partial to rank r, slot rank_
+    const int r = (rank_ + k) % size_;
+    CUDA_CHECK(cudaMemcpyAsync(peers_[std::size_t(r)] + offset + std::size_t(rank_) * block,
+                               mine + std::size_t(r) * block, block, cudaMemcpyDefault, stream));
+  }
+  signal_and_wait(stream);
+  // out = own block + slot 0 + slot 1 + ... (rank order, own block at its rank's place).
+  const char* slots = arena() + offset;
+  const auto term = [&](int q) -> const void* {
+    return q == rank_ ? mine + std::size_t(rank_) * block : slots + std::size_t(q) * block;
+  };
+  cuda::add(dtype, term(0), term(1), index_t(count), out);
+  for (int q = 2; q < size_; ++q) cuda::add(dtype, out, term(q), index_t(count), out);
 }
 
 }  // namespace meshtron

@@ -36,6 +36,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "tensor/types.hpp"
+
 namespace meshtron {
 
 class PeerExchange {
@@ -68,8 +70,23 @@ class PeerExchange {
   /// step, reused only after a point all ranks pass, e.g. the step's end).
   void all_gather(const void* shard, std::size_t bytes, std::size_t offset, cudaStream_t stream);
 
+  /// Reduce-scatter (sum) of every rank's `partial` (size() blocks of
+  /// `count` elements of `dtype`): `out` (count elements) on rank r gets the
+  /// sum over ranks q of block r of q's partial. Rank q copies its block r
+  /// into rank r's arena, slot q of the region at `offset` (size() x block
+  /// bytes), and raises its flag there; rank r waits for all, then adds its
+  /// own block and the received ones in rank order (meshtron's add kernel,
+  /// rounding after each add: for two ranks one rounding of a + b, NCCL's
+  /// bits). Everything is queued on meshtron's compute stream, the stream
+  /// of the add kernel. The same rule for reusing a region as all_gather.
+  void reduce_scatter(const void* partial, std::size_t count, DType dtype, void* out,
+                      std::size_t offset);
+
  private:
   CUdeviceptr flag(int owner, int writer) const;
+  /// Raises this rank's flag on every peer to the next sequence number,
+  /// then waits on `stream` until every peer has raised its flag here.
+  void signal_and_wait(cudaStream_t stream);
 
   int rank_ = 0, size_ = 1;
   std::size_t arena_bytes_ = 0;

@@ -141,6 +141,29 @@ TEST_F(Nccl, CopyEngineAllGatherEqualsNcclAllGather) {
   cudaStreamDestroy(stream);
 }
 
+// PeerExchange::reduce_scatter: each rank's output block is the sum of that
+// block of both ranks' partials, bit for bit NCCL's reduce-scatter in fp32
+// and in bf16 (two ranks: one rounding of a + b either way), call after call.
+TEST_F(Nccl, CopyEngineReduceScatterEqualsNcclReduceScatter) {
+  if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
+  const std::size_t n = std::size_t(1) << 20;  // elements per block
+  PeerExchange exchange(MPI_COMM_WORLD, 2 * n * sizeof(float));
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int call = 0; call < 3; ++call) {
+      std::vector<float> mine(2 * n);
+      for (std::size_t i = 0; i < 2 * n; ++i)
+        mine[i] = float(rank + 1) * 0.37f + float(call) - float(i % 1013) * 0.01f;
+      const Tensor partial = device_from(mine, dt);
+      Tensor expected = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
+      comm->reduce_scatter(partial.raw(), expected.raw(), n, dt, ReduceOp::Sum);
+      Tensor out = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
+      exchange.reduce_scatter(partial.raw(), n, dt, out.raw(), 0);
+      EXPECT_TRUE(out.to_doubles() == expected.to_doubles())
+          << dtype_name(dt) << " call " << call;
+      MPI_Barrier(MPI_COMM_WORLD);  // both ranks have summed before the next call's copies
+    }
+}
+
 TEST_F(Nccl, Bf16SumIsReducedOnTheDevice) {
   // 1 + 2^-7 is exact in bf16 (7 stored mantissa bits); the sum 2 + 2^-6 too.
   const float x = 1.0f + 1.0f / 128;
