@@ -160,7 +160,9 @@ void bench_shard(NcclCommunicator& comm, std::size_t shard_elements, bool print)
     ce = median_ms([&] {
       CUDA_CHECK(cudaMemcpyAsync(target, shard, shard_bytes, cudaMemcpyDefault, 0));
     });
-  }  // ~PeerExchange waits for every rank before closing
+    CUDA_CHECK(cudaDeviceSynchronize());
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // no rank closes a buffer another still writes
+  }
   if (print) {
     row(mb, "copy (1 GPU)", copy_ms, copy, copy, copy);
     row(mb, "all_gather", ag, double(full_bytes) / (ag * 1e6), ring * double(full_bytes) / (ag * 1e6), copy);
@@ -214,7 +216,7 @@ std::pair<double, double> ce_all_gather_ms(NcclCommunicator& comm, const void* s
   ms.first = median_ms([&] { start(); finish(); });
   ms.second = median_ms([&] { start(); gemm(); finish(); });
   CUDA_CHECK(cudaStreamSynchronize(side.get()));
-  return ms;  // ~PeerExchange waits for every rank before closing
+  return ms;
 }
 
 void bench_overlap(NcclCommunicator& comm, bool print) {
@@ -253,7 +255,8 @@ void bench_overlap(NcclCommunicator& comm, bool print) {
     ce_ms = median_ms([&] { start_copy(); side.join(); });
     ce_both = median_ms([&] { start_copy(); gemm(); side.join(); });
     CUDA_CHECK(cudaStreamSynchronize(side.get()));
-  }  // ~PeerExchange waits for every rank before closing
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // no rank closes a buffer another still writes
+  }
   const auto [ce_ag, ce_ag_both] = ce_all_gather_ms(comm, shard, shard_bytes, gemm);
   if (print) {
     std::printf("\nOverlap at 774M tp 2: GEMM [%ld, %ld] x [%ld, %ld] bf16 against a %.1f MB shard\n",

@@ -85,7 +85,7 @@ bool PeerExchange::available() {
 }
 
 PeerExchange::PeerExchange(MPI_Comm group, std::size_t arena_bytes)
-    : arena_bytes_(arena_bytes), group_(group) {
+    : arena_bytes_(arena_bytes) {
   MPI_CHECK(MPI_Comm_rank(group, &rank_));
   MPI_CHECK(MPI_Comm_size(group, &size_));
   int usable = available() ? 1 : 0, all_usable = 0;
@@ -102,9 +102,12 @@ PeerExchange::PeerExchange(MPI_Comm group, std::size_t arena_bytes)
 }
 
 PeerExchange::~PeerExchange() {
-  // No rank closes (or frees) memory a peer may still be copying into.
+  // Local: a peer copies into this arena only inside a call this rank makes
+  // too, and this rank's wait in that call covers the peer's copies; so once
+  // this rank's own calls have run, nothing is in flight into its memory
+  // (and its copies into the peers' have landed). No MPI here: the group's
+  // communicator may already be freed when this runs at shutdown.
   cudaDeviceSynchronize();
-  MPI_Barrier(group_);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     cudaIpcCloseMemHandle(peers_[std::size_t(r)]);

@@ -22,9 +22,10 @@
 // allocation), outside the caching allocator; callers place their tensors
 // in it at offsets they agree on (every rank the same).
 //
-// CUDA builds only; construction and destruction are collective over the
-// group (the destructor waits for every rank before closing the peers'
-// memory, which they may still be writing into).
+// CUDA builds only. Construction is collective over the group; destruction
+// is local (see the destructor). Copies into a peer's arena made outside
+// all_gather / reduce_scatter (peer_arena()) carry no such guarantee: their
+// caller must synchronise with the peer before either side destroys it.
 #pragma once
 
 #include <mpi.h>
@@ -90,7 +91,6 @@ class PeerExchange {
 
   int rank_ = 0, size_ = 1;
   std::size_t arena_bytes_ = 0;
-  MPI_Comm group_;               ///< Not owned.
   void* own_arena_ = nullptr;    ///< Owned (cudaMalloc).
   void* own_flags_ = nullptr;    ///< Owned (cudaMalloc), size_ uint32 slots.
   std::vector<char*> peers_;     ///< Every rank's arena, opened here (own as is).

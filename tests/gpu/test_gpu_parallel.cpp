@@ -540,6 +540,21 @@ INSTANTIATE_TEST_SUITE_P(
 
 // tp 2 + SP with the gathered input of qkv/fc1 kept for the backward
 // (parallel.sequence_parallel_keep_gathered) on NCCL.
+// parallel.tp_copy_engine: the tp group's forward all-gathers and
+// reduce-scatters (SP) on PeerExchange instead of NCCL, with and without the
+// kept gathered input (which moves the backward's re-gathers too).
+TEST(GpuTraining, CopyEngineTpCollectivesMatchOneGpuRun) {
+  REQUIRE_TWO_GPUS();
+  if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
+  for (const char* keep : {"false", "true"}) {
+    Layout ce{2, 1, 1, "1f1b", false, true};
+    ce.overrides = {"parallel.tp_copy_engine=true",
+                    std::string("parallel.sequence_parallel_keep_gathered=") + keep};
+    const RunResult got = testing::train_layout(MPI_COMM_WORLD, ce, DType::F32, 3, MemorySpace::Cuda);
+    if (is_rank0()) expect_same_run(got, one_gpu_reference());
+  }
+}
+
 TEST(GpuTraining, KeepingGatheredInputMatchesOneGpuRun) {
   REQUIRE_TWO_GPUS();
   Layout kept{2, 1, 1, "1f1b", false, true};
