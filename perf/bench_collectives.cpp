@@ -28,7 +28,8 @@
 // the communicator's side stream) and for a copy-engine peer copy on a side
 // stream (no SMs taken). hidden = (gemm + transfer - both) / transfer.
 //
-// Last, a whole all-gather on the copy engines: each rank copies its shard
+// Last, a whole all-gather on the copy engines (PeerExchange,
+// src/parallel/peer_exchange.hpp): each rank copies its shard
 // into every peer's gathered buffer (CUDA IPC) and into its own, then raises
 // its flag in each peer's flag array with cuStreamWriteValue32; each rank's
 // side stream waits for the peers' flags with cuStreamWaitValue32 (driver
@@ -47,12 +48,12 @@
 #include <vector>
 
 #ifdef MESHTRON_HAVE_CUDA
-#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "common/error.hpp"
 #include "ops/ops.hpp"
 #include "parallel/communicator_nccl.hpp"
+#include "parallel/peer_exchange.hpp"
 
 namespace meshtron {
 namespace {
@@ -82,41 +83,6 @@ double median_ms(const std::function<void()>& f) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
-
-/// Every rank's allocation `mine`, opened in this process (its own as is).
-class PeerTable {
- public:
-  explicit PeerTable(void* mine) : mine_(mine) {
-    cudaIpcMemHandle_t handle;
-    CUDA_CHECK(cudaIpcGetMemHandle(&handle, mine));
-    int world = 0, rank = 0;
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-    std::vector<cudaIpcMemHandle_t> all(static_cast<std::size_t>(world));
-    MPI_CHECK(MPI_Allgather(&handle, sizeof(handle), MPI_BYTE, all.data(), sizeof(handle),
-                            MPI_BYTE, MPI_COMM_WORLD));
-    ptrs_.assign(std::size_t(world), nullptr);
-    for (int r = 0; r < world; ++r) {
-      if (r == rank) {
-        ptrs_[std::size_t(r)] = mine;
-        continue;
-      }
-      CUDA_CHECK(cudaIpcOpenMemHandle(&ptrs_[std::size_t(r)], all[std::size_t(r)],
-                                      cudaIpcMemLazyEnablePeerAccess));
-    }
-  }
-  ~PeerTable() {
-    for (void* p : ptrs_)
-      if (p != mine_) cudaIpcCloseMemHandle(p);
-  }
-  PeerTable(const PeerTable&) = delete;
-  PeerTable& operator=(const PeerTable&) = delete;
-  char* of(int rank) const { return static_cast<char*>(ptrs_[std::size_t(rank)]); }
-
- private:
-  void* mine_;
-  std::vector<void*> ptrs_;
-};
 
 /// A non-blocking stream for transfers beside the default stream: begin()
 /// orders it after the default stream's work so far, end() marks what it
@@ -188,11 +154,13 @@ void bench_shard(NcclCommunicator& comm, std::size_t shard_elements, bool print)
       median_ms([&] { comm.all_reduce(full, shard_elements * std::size_t(n), DType::BF16, ReduceOp::Sum); });
   double ce = 0;
   {
-    const PeerTable peers(full);  // this rank's shard lands in block `rank` of the next's
-    char* target = peers.of(next) + std::size_t(comm.rank()) * shard_bytes;
+    // This rank's shard lands in block `rank` of the next rank's arena.
+    const PeerExchange exchange(MPI_COMM_WORLD, full_bytes);
+    char* target = exchange.peer_arena(next) + std::size_t(comm.rank()) * shard_bytes;
     ce = median_ms([&] {
       CUDA_CHECK(cudaMemcpyAsync(target, shard, shard_bytes, cudaMemcpyDefault, 0));
     });
+    CUDA_CHECK(cudaDeviceSynchronize());
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // no rank closes a buffer another still writes
   }
   if (print) {
@@ -213,93 +181,41 @@ void overlap_row(const char* transfer, double gemm, double alone, double both) {
               gemm, alone, both, (gemm + alone - both) / alone);
 }
 
-/// cuStreamWriteValue32 / cuStreamWaitValue32 from the driver, or null.
-struct StreamMemOps {
-  using Write = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-  using Wait = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-  Write write = nullptr;
-  Wait wait = nullptr;
-  StreamMemOps() {
-    void* w = nullptr;
-    void* v = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &w, 12000, cudaEnableDefault,
-                                         &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess &&
-        cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &v, 12000, cudaEnableDefault,
-                                         &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      write = reinterpret_cast<Write>(w);
-      wait = reinterpret_cast<Wait>(v);
-    }
-    (void)cudaGetLastError();
-  }
-};
-
-#define CU_CHECK(call) MESH_VERIFY((call) == CUDA_SUCCESS, #call " failed")
-
-/// The copy-engine all-gather of the file comment; returns {alone, behind
-/// the GEMM} in ms, or {0, 0} without the driver's stream memory operations.
+/// The copy-engine all-gather of the file comment (PeerExchange); returns
+/// {alone, behind the GEMM} in ms.
 std::pair<double, double> ce_all_gather_ms(NcclCommunicator& comm, const void* shard,
                                            std::size_t shard_bytes,
                                            const std::function<void()>& gemm) {
-  const StreamMemOps ops;
-  int have = ops.write && ops.wait ? 1 : 0, all = 0;
-  MPI_CHECK(MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-  if (!all) return {0.0, 0.0};
   const int n = comm.size(), me = comm.rank();
-  void *full = nullptr, *flags = nullptr;
-  CUDA_CHECK(cudaMalloc(&full, shard_bytes * std::size_t(n)));
-  CUDA_CHECK(cudaMalloc(&flags, sizeof(cuuint32_t) * std::size_t(n)));
-  CUDA_CHECK(cudaMemset(flags, 0, sizeof(cuuint32_t) * std::size_t(n)));
+  PeerExchange exchange(MPI_COMM_WORLD, shard_bytes * std::size_t(n));
+  SideStream side;
+  auto start = [&] {
+    side.begin();
+    exchange.all_gather(shard, shard_bytes, 0, side.get());
+    side.end();
+  };
+  auto finish = [&] { side.join(); };
+  // Correctness once: block r of every rank's gathered buffer is rank r's shard.
+  CUDA_CHECK(cudaMemset(exchange.arena(), 0xff, shard_bytes * std::size_t(n)));
   CUDA_CHECK(cudaDeviceSynchronize());
-  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // every flag array zeroed before anyone writes
-  std::pair<double, double> ms{0.0, 0.0};
-  {
-    const PeerTable peer_full(full), peer_flags(flags);
-    SideStream side;
-    cuuint32_t seq = 0;
-    auto flag = [&](int owner, int writer) {  // owner's flag raised by writer
-      return CUdeviceptr(peer_flags.of(owner) + sizeof(cuuint32_t) * std::size_t(writer));
-    };
-    auto start = [&] {
-      ++seq;
-      side.begin();
-      for (int k = 1; k <= n; ++k) {  // the peers from the next one on, then this rank
-        const int r = (me + k) % n;
-        CUDA_CHECK(cudaMemcpyAsync(peer_full.of(r) + std::size_t(me) * shard_bytes, shard,
-                                   shard_bytes, cudaMemcpyDefault, side.get()));
-        if (r != me)
-          CU_CHECK(ops.write(side.get(), flag(r, me), seq, CU_STREAM_WRITE_VALUE_DEFAULT));
-      }
-      for (int r = 0; r < n; ++r)
-        if (r != me) CU_CHECK(ops.wait(side.get(), flag(me, r), seq, CU_STREAM_WAIT_VALUE_GEQ));
-      side.end();
-    };
-    auto finish = [&] { side.join(); };
-    // Correctness once: block r of every rank's gathered buffer is rank r's shard.
-    CUDA_CHECK(cudaMemset(full, 0xff, shard_bytes * std::size_t(n)));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-    start();
-    finish();
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<unsigned char> host(shard_bytes * std::size_t(n));
-    CUDA_CHECK(cudaMemcpy(host.data(), full, host.size(), cudaMemcpyDeviceToHost));
-    for (int r = 0; r < n; ++r) {
-      // Each rank's shard holds the byte r + 1 (set by the caller).
-      const bool ok = std::all_of(host.begin() + std::ptrdiff_t(std::size_t(r) * shard_bytes),
-                                  host.begin() + std::ptrdiff_t(std::size_t(r + 1) * shard_bytes),
-                                  [&](unsigned char b) { return b == (unsigned char)(r + 1); });
-      MESH_VERIFY(ok, "CE all-gather: block " << r << " on rank " << me << " is wrong");
-    }
-    ms.first = median_ms([&] { start(); finish(); });
-    ms.second = median_ms([&] { start(); gemm(); finish(); });
-    CUDA_CHECK(cudaStreamSynchronize(side.get()));
-    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // no rank closes a buffer another still writes
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  start();
+  finish();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned char> host(shard_bytes * std::size_t(n));
+  CUDA_CHECK(cudaMemcpy(host.data(), exchange.arena(), host.size(), cudaMemcpyDeviceToHost));
+  for (int r = 0; r < n; ++r) {
+    // Each rank's shard holds the byte r + 1 (set by the caller).
+    const bool ok = std::all_of(host.begin() + std::ptrdiff_t(std::size_t(r) * shard_bytes),
+                                host.begin() + std::ptrdiff_t(std::size_t(r + 1) * shard_bytes),
+                                [&](unsigned char b) { return b == (unsigned char)(r + 1); });
+    MESH_VERIFY(ok, "CE all-gather: block " << r << " on rank " << me << " is wrong");
   }
-  CUDA_CHECK(cudaFree(full));
-  CUDA_CHECK(cudaFree(flags));
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // every rank checked before the timed calls write
+  std::pair<double, double> ms{0.0, 0.0};
+  ms.first = median_ms([&] { start(); finish(); });
+  ms.second = median_ms([&] { start(); gemm(); finish(); });
+  CUDA_CHECK(cudaStreamSynchronize(side.get()));
   return ms;
 }
 
@@ -328,8 +244,8 @@ void bench_overlap(NcclCommunicator& comm, bool print) {
   });
   double ce_ms = 0, ce_both = 0;
   {
-    const PeerTable peers(full);
-    char* target = peers.of(next) + std::size_t(comm.rank()) * shard_bytes;
+    const PeerExchange exchange(MPI_COMM_WORLD, shard_bytes * std::size_t(n));
+    char* target = exchange.peer_arena(next) + std::size_t(comm.rank()) * shard_bytes;
     SideStream side;
     auto start_copy = [&] {
       side.begin();
@@ -347,10 +263,7 @@ void bench_overlap(NcclCommunicator& comm, bool print) {
                 long(tokens), long(hidden), long(hidden), long(out), double(shard_bytes) / 1e6);
     overlap_row("NCCL all_gather", gemm_ms, ag_ms, ag_both);
     overlap_row("CE peer copy", gemm_ms, ce_ms, ce_both);
-    if (ce_ag > 0)
-      overlap_row("CE all_gather", gemm_ms, ce_ag, ce_ag_both);
-    else
-      std::printf("CE all_gather: skipped (no cuStreamWriteValue32/cuStreamWaitValue32)\n");
+    overlap_row("CE all_gather", gemm_ms, ce_ag, ce_ag_both);
   }
   CUDA_CHECK(cudaFree(shard));
   CUDA_CHECK(cudaFree(full));
@@ -373,6 +286,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   CUDA_CHECK(cudaSetDevice(rank % gpus));
+  int have = meshtron::PeerExchange::available() ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &have, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!have) {  // the copy-engine rows use PeerExchange (flags by stream memory operations)
+    if (rank == 0) std::printf("bench_collectives: skipped (no stream memory operations)\n");
+    MPI_Finalize();
+    return 0;
+  }
   {
     meshtron::NcclCommunicator comm(MPI_COMM_WORLD);
     if (rank == 0) meshtron::print_environment();

@@ -119,6 +119,8 @@ void DeckSchema::bind(RunConfig& c) {
       "keep the gathered input of qkv/fc1 for the backward (2 fewer all-gathers per layer)");
   key("parallel.split_row_parallel_backward", &p.split_row_parallel_backward, "bool",
       "row-parallel backward GEMMs by token blocks, overlapping the dy all-gather (SP; default on)");
+  key("parallel.tp_copy_engine", &p.tp_copy_engine, "bool",
+      "tp all-gathers / reduce-scatters on the copy engines (CUDA IPC) instead of NCCL (GPU)");
   key("parallel.schedule", &p.schedule, "string", "gpipe | 1f1b | interleaved");
   key("parallel.virtual_stages", &p.virtual_stages, "int",
       "model chunks per pipeline rank (interleaved)");
@@ -328,6 +330,8 @@ void RunConfig::validate(int world_size) {
                    << p.tensor_parallel << ")");
   MESH_REQUIRE(!p.sequence_parallel_keep_gathered || p.sequence_parallel,
                "parallel.sequence_parallel_keep_gathered = true needs parallel.sequence_parallel");
+  MESH_REQUIRE(!p.tp_copy_engine || run.device == "cuda",
+               "parallel.tp_copy_engine = true needs run.device = cuda (CUDA IPC between GPUs)");
   MESH_REQUIRE(!p.sequence_parallel || m.seq_length % p.tensor_parallel == 0,
                "parallel.sequence_parallel: model.seq_length (" << m.seq_length
                    << ") is not divisible by parallel.tensor_parallel ("

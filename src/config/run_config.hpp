@@ -65,6 +65,10 @@ struct ParallelSection {
   /// own block overlapping the dy all-gather (GPT-2 774M, tp 2 on 2x H200:
   /// 66.65 -> 65.65 ms per step).
   bool split_row_parallel_backward = true;
+  /// The tp group's blocking all-gathers and reduce-scatters (the forward's
+  /// under SP) on the copy engines (PeerExchange: CUDA IPC, no NCCL
+  /// kernels, no SMs) instead of NCCL; GPU path only.
+  bool tp_copy_engine = false;
   std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
   int virtual_stages = 1;
   bool distributed_optimizer = false;

@@ -125,6 +125,11 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
     return;
   }
   if (!comm_) return local_copy(recv, send, bytes_of(recv_count, dtype));
+  if (copy_engine_ && op == ReduceOp::Sum) {
+    const std::size_t bytes = bytes_of(recv_count * size(), dtype);
+    exchange_->reduce_scatter(send, recv_count, dtype, recv, exchange_region(bytes));
+    return;
+  }
   NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_,
                                kStream));
 }
@@ -137,7 +142,33 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send
     return;
   }
   if (!comm_) return local_copy(recv, send, bytes_of(send_count, dtype));
+  if (copy_engine_) {
+    const std::size_t shard = bytes_of(send_count, dtype), bytes = shard * std::size_t(size());
+    const std::size_t at = exchange_region(bytes);
+    exchange_->all_gather(send, shard, at, kStream);
+    CUDA_CHECK(cudaMemcpyAsync(recv, exchange_->arena() + at, bytes, cudaMemcpyDeviceToDevice,
+                               kStream));
+    return;
+  }
   NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, kStream));
+}
+
+void NcclCommunicator::use_copy_engine() {
+  int have = PeerExchange::available() ? 1 : 0;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &have, 1, MPI_INT, MPI_MIN, host_.comm()));
+  MESH_REQUIRE(have == 1, "parallel.tp_copy_engine: the CUDA driver of some rank has no stream "
+                          "memory operations (cuStreamWriteValue32 / cuStreamWaitValue32)");
+  copy_engine_ = true;
+}
+
+std::size_t NcclCommunicator::exchange_region(std::size_t bytes) {
+  if (!exchange_ || exchange_->arena_bytes() < 2 * bytes) {
+    exchange_.reset();  // collective: every rank of the group makes the same calls
+    exchange_ = std::make_unique<PeerExchange>(host_.comm(), 2 * bytes);
+    exchange_calls_ = 0;
+  }
+  const std::size_t region = exchange_->arena_bytes() / 2;
+  return (exchange_calls_++ % 2) * region;
 }
 
 void NcclCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {

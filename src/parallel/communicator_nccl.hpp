@@ -130,9 +130,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <memory>
 #include <vector>
 
 #include "parallel/communicator.hpp"
+#include "parallel/peer_exchange.hpp"
 #include "parallel/topology.hpp"
 #include "tensor/device_allocator.hpp"
 
@@ -149,6 +151,17 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
+
+  /// From now on (collective: every rank of the group calls it), the
+  /// blocking device all_gather and Sum reduce_scatter run on the copy
+  /// engines (PeerExchange) instead of NCCL: each call uses one of two
+  /// regions of the group's arena in turn (so a peer's next-but-one call,
+  /// which my flags order after my reads of this one, is the first to
+  /// overwrite it), and the all-gather's result is copied out of the arena
+  /// into `recv`. The arena grows (collectively) to the largest call.
+  /// Fails on every rank where some rank's driver lacks the stream memory
+  /// operations.
+  void use_copy_engine();
 
   void all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
   void all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) override;
@@ -203,7 +216,14 @@ class NcclCommunicator final : public Communicator {
   void connect_link(P2PLink& link, const device::Buffer& probe);
   void destroy_links();
 
+  /// The offset of this call's arena region (two regions of `bytes`, in
+  /// turn); creates or grows the exchange first.
+  std::size_t exchange_region(std::size_t bytes);
+
   MpiCommunicator host_;        ///< Host buffers.
+  bool copy_engine_ = false;
+  std::unique_ptr<PeerExchange> exchange_;  ///< Made on the first copy-engine call.
+  std::uint64_t exchange_calls_ = 0;
   ncclComm_t comm_ = nullptr;   ///< Owned; null for a group of one rank.
   std::vector<P2PLink> links_;  ///< In creation order (the same on every rank).
   int lanes_ = 0;               ///< lanes connected so far

@@ -5,6 +5,9 @@
 #include <map>
 
 #include "common/error.hpp"
+#ifdef MESHTRON_HAVE_CUDA
+#include "parallel/communicator_nccl.hpp"
+#endif
 
 namespace meshtron {
 
@@ -59,6 +62,19 @@ std::vector<MicroBatch> staged_in(const std::vector<MicroBatch>& batch, MemorySp
   return out;
 }
 
+/// parallel.tp_copy_engine: the tp group's blocking collectives on the copy
+/// engines (NcclCommunicator::use_copy_engine; the deck check makes sure
+/// this is the GPU path).
+void use_copy_engine(Communicator& tp) {
+#ifdef MESHTRON_HAVE_CUDA
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&tp);
+  MESH_REQUIRE(nccl != nullptr, "parallel.tp_copy_engine needs the tp group on NCCL (GPU path)");
+  nccl->use_copy_engine();
+#else
+  MESH_REQUIRE(false, "parallel.tp_copy_engine needs the CUDA path");
+#endif
+}
+
 double tensor_sum(const Tensor& t) {
   double s = 0;
   for (double v : t.to_doubles()) s += v;
@@ -74,6 +90,7 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.sequence_parallel = run.parallel.sequence_parallel;
   base_ctx_.keep_gathered_input = run.parallel.sequence_parallel_keep_gathered;
   base_ctx_.split_row_parallel_backward = run.parallel.split_row_parallel_backward;
+  if (run.parallel.tp_copy_engine) use_copy_engine(rt.tp);
   base_ctx_.seed = run.run.seed;
   base_ctx_.seq_length = model.seq_length;
   base_ctx_.micro_batch = run.training.micro_batch_size;

@@ -110,6 +110,8 @@ INSTANTIATE_TEST_SUITE_P(
                        4, "sequence_parallel"},
         ValidationCase{{"parallel.sequence_parallel_keep_gathered=true"}, 8,
                        "keep_gathered = true needs parallel.sequence_parallel"},
+        ValidationCase{{"parallel.tp_copy_engine=true"}, 8,
+                       "tp_copy_engine = true needs run.device = cuda"},
         ValidationCase{{"run.device=cuda", "logging.profile=true", "logging.profile_step_start=5",
                         "logging.profile_step_end=5"},
                        8, "1 <= start < end"},

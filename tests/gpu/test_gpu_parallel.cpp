@@ -38,6 +38,7 @@
 
 #include "parallel/communicator_nccl.hpp"
 #include "parallel/decomposition.hpp"
+#include "parallel/peer_exchange.hpp"
 #include "train/schedule.hpp"
 #include "tensor/device_allocator.hpp"
 
@@ -102,6 +103,65 @@ TEST_F(Nccl, CollectivesOnDeviceBuffers) {
   EXPECT_EQ(comm->stats().count(CollectiveKind::ReduceScatter), 1);
   EXPECT_EQ(comm->stats().count(CollectiveKind::AllGather), 1);
   EXPECT_EQ(comm->stats().count(CollectiveKind::Broadcast), 1);
+}
+
+// PeerExchange (copy-engine all-gather over CUDA IPC, flags raised and
+// awaited by the driver's stream memory operations): every rank's arena holds
+// every rank's shard in its block, the same bytes as NCCL's all-gather, call
+// after call (the sequence numbers grow), at an offset, and with the shard
+// already in place in this rank's block (its copy skipped).
+TEST_F(Nccl, CopyEngineAllGatherEqualsNcclAllGather) {
+  if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
+  const std::size_t n = std::size_t(1) << 20, bytes = n * sizeof(float);  // 4 MiB shards
+  const std::size_t offset = 4096;
+  PeerExchange exchange(MPI_COMM_WORLD, offset + 2 * bytes);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (int call = 0; call < 4; ++call) {
+    std::vector<float> mine(n);
+    for (std::size_t i = 0; i < n; ++i)
+      mine[i] = float(rank) * 1000.f + float(call) + float(i % 977) * 0.001f;
+    const Tensor shard = device_from(mine);
+    Tensor expected = Tensor::empty({index_t(2 * n)}, DType::F32, MemorySpace::Cuda);
+    comm->all_gather(shard.raw(), expected.raw(), n, DType::F32);
+    const std::size_t at = call % 2 == 0 ? 0 : offset;
+    const void* source = shard.raw();
+    if (call == 3) {  // in place: the shard already sits in this rank's block
+      char* own_block = exchange.arena() + at + std::size_t(rank) * bytes;
+      ASSERT_EQ(cudaMemcpy(own_block, shard.raw(), bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+      source = own_block;
+    }
+    exchange.all_gather(source, bytes, at, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const Tensor gathered =
+        Tensor::view(exchange.arena() + at, {index_t(2 * n)}, DType::F32, MemorySpace::Cuda);
+    EXPECT_TRUE(gathered.to_doubles() == expected.to_doubles()) << "call " << call;
+    MPI_Barrier(MPI_COMM_WORLD);  // both ranks have read their arena before the next call
+  }
+  cudaStreamDestroy(stream);
+}
+
+// PeerExchange::reduce_scatter: each rank's output block is the sum of that
+// block of both ranks' partials, bit for bit NCCL's reduce-scatter in fp32
+// and in bf16 (two ranks: one rounding of a + b either way), call after call.
+TEST_F(Nccl, CopyEngineReduceScatterEqualsNcclReduceScatter) {
+  if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
+  const std::size_t n = std::size_t(1) << 20;  // elements per block
+  PeerExchange exchange(MPI_COMM_WORLD, 2 * n * sizeof(float));
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int call = 0; call < 3; ++call) {
+      std::vector<float> mine(2 * n);
+      for (std::size_t i = 0; i < 2 * n; ++i)
+        mine[i] = float(rank + 1) * 0.37f + float(call) - float(i % 1013) * 0.01f;
+      const Tensor partial = device_from(mine, dt);
+      Tensor expected = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
+      comm->reduce_scatter(partial.raw(), expected.raw(), n, dt, ReduceOp::Sum);
+      Tensor out = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
+      exchange.reduce_scatter(partial.raw(), n, dt, out.raw(), 0);
+      EXPECT_TRUE(out.to_doubles() == expected.to_doubles())
+          << dtype_name(dt) << " call " << call;
+      MPI_Barrier(MPI_COMM_WORLD);  // both ranks have summed before the next call's copies
+    }
 }
 
 TEST_F(Nccl, Bf16SumIsReducedOnTheDevice) {
@@ -480,6 +540,21 @@ INSTANTIATE_TEST_SUITE_P(
 
 // tp 2 + SP with the gathered input of qkv/fc1 kept for the backward
 // (parallel.sequence_parallel_keep_gathered) on NCCL.
+// parallel.tp_copy_engine: the tp group's forward all-gathers and
+// reduce-scatters (SP) on PeerExchange instead of NCCL, with and without the
+// kept gathered input (which moves the backward's re-gathers too).
+TEST(GpuTraining, CopyEngineTpCollectivesMatchOneGpuRun) {
+  REQUIRE_TWO_GPUS();
+  if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
+  for (const char* keep : {"false", "true"}) {
+    Layout ce{2, 1, 1, "1f1b", false, true};
+    ce.overrides = {"parallel.tp_copy_engine=true",
+                    std::string("parallel.sequence_parallel_keep_gathered=") + keep};
+    const RunResult got = testing::train_layout(MPI_COMM_WORLD, ce, DType::F32, 3, MemorySpace::Cuda);
+    if (is_rank0()) expect_same_run(got, one_gpu_reference());
+  }
+}
+
 TEST(GpuTraining, KeepingGatheredInputMatchesOneGpuRun) {
   REQUIRE_TWO_GPUS();
   Layout kept{2, 1, 1, "1f1b", false, true};

@@ -1,0 +1,183 @@
+// Copy-engine transfers between a group's GPUs (see peer_exchange.hpp).
+#ifdef MESHTRON_HAVE_CUDA
+
+#include "parallel/peer_exchange.hpp"
+
+#include "common/error.hpp"
+#include "ops/ops_cuda.hpp"
+
+namespace meshtron {
+namespace {
+
+/// The stream of meshtron's kernels (the legacy default stream, as in
+/// kernels/cuda/common.cuh and communicator_nccl.cpp).
+constexpr cudaStream_t kKernelStream = 0;
+
+using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+/// cuStreamWriteValue32 / cuStreamWaitValue32 from the driver, or null.
+struct StreamMemOps {
+  WriteValue32 write = nullptr;
+  WaitValue32 wait = nullptr;
+};
+
+void* driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess)
+    fn = nullptr;
+  (void)cudaGetLastError();  // a failed query is an answer, not an error
+  return fn;
+}
+
+const StreamMemOps& stream_mem_ops() {
+  static const StreamMemOps ops{reinterpret_cast<WriteValue32>(driver_entry("cuStreamWriteValue32")),
+                                reinterpret_cast<WaitValue32>(driver_entry("cuStreamWaitValue32"))};
+  return ops;
+}
+
+void check_driver(CUresult r, const char* what) {
+  MESH_VERIFY(r == CUDA_SUCCESS, "PeerExchange: " << what << " failed (CUresult " << int(r)
+                                                  << ")");
+}
+
+/// Every rank's `mine`, opened in this process (its own as is).
+std::vector<char*> open_peers(MPI_Comm group, int rank, int size, void* mine) {
+  cudaIpcMemHandle_t handle;
+  CUDA_CHECK(cudaIpcGetMemHandle(&handle, mine));
+  std::vector<cudaIpcMemHandle_t> all(static_cast<std::size_t>(size));
+  MPI_CHECK(MPI_Allgather(&handle, sizeof(handle), MPI_BYTE, all.data(), sizeof(handle),
+                          MPI_BYTE, group));
+  std::vector<char*> out(static_cast<std::size_t>(size), nullptr);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      out[std::size_t(r)] = static_cast<char*>(mine);
+      continue;
+    }
+    void* p = nullptr;
+    CUDA_CHECK(cudaIpcOpenMemHandle(&p, all[std::size_t(r)], cudaIpcMemLazyEnablePeerAccess));
+    out[std::size_t(r)] = static_cast<char*>(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+/// The wait's flags: >=, and where the device can, a flush of outstanding
+/// remote writes after it, so that kernels after the wait see the peers'
+/// copies that preceded their flags (the writer's flag write is fenced
+/// after its copy: CU_STREAM_WRITE_VALUE_DEFAULT).
+static unsigned wait_flags() {
+  static const unsigned flags = [] {
+    int device = 0, flush = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&flush, cudaDevAttrCanFlushRemoteWrites, device));
+    return unsigned(CU_STREAM_WAIT_VALUE_GEQ) | (flush ? unsigned(CU_STREAM_WAIT_VALUE_FLUSH) : 0u);
+  }();
+  return flags;
+}
+
+bool PeerExchange::available() {
+  return stream_mem_ops().write != nullptr && stream_mem_ops().wait != nullptr;
+}
+
+PeerExchange::PeerExchange(MPI_Comm group, std::size_t arena_bytes)
+    : arena_bytes_(arena_bytes) {
+  MPI_CHECK(MPI_Comm_rank(group, &rank_));
+  MPI_CHECK(MPI_Comm_size(group, &size_));
+  int usable = available() ? 1 : 0, all_usable = 0;
+  MPI_CHECK(MPI_Allreduce(&usable, &all_usable, 1, MPI_INT, MPI_MIN, group));
+  MESH_VERIFY(all_usable == 1, "PeerExchange: the CUDA driver of some rank has no stream memory "
+                               "operations (cuStreamWriteValue32 / cuStreamWaitValue32)");
+  CUDA_CHECK(cudaMalloc(&own_arena_, arena_bytes_ > 0 ? arena_bytes_ : 1));
+  CUDA_CHECK(cudaMalloc(&own_flags_, sizeof(cuuint32_t) * std::size_t(size_)));
+  CUDA_CHECK(cudaMemset(own_flags_, 0, sizeof(cuuint32_t) * std::size_t(size_)));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  peers_ = open_peers(group, rank_, size_, own_arena_);
+  peer_flags_ = open_peers(group, rank_, size_, own_flags_);
+  MPI_CHECK(MPI_Barrier(group));  // every flag array is zero before anyone raises one
+}
+
+PeerExchange::~PeerExchange() {
+  // Local: a peer copies into this arena only inside a call this rank makes
+  // too, and this rank's wait in that call covers the peer's copies; so once
+  // this rank's own calls have run, nothing is in flight into its memory
+  // (and its copies into the peers' have landed). No MPI here: the group's
+  // communicator may already be freed when this runs at shutdown.
+  cudaDeviceSynchronize();
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    cudaIpcCloseMemHandle(peers_[std::size_t(r)]);
+    cudaIpcCloseMemHandle(peer_flags_[std::size_t(r)]);
+  }
+  cudaFree(own_arena_);
+  cudaFree(own_flags_);
+}
+
+CUdeviceptr PeerExchange::flag(int owner, int writer) const {
+  return CUdeviceptr(peer_flags_[std::size_t(owner)] + sizeof(cuuint32_t) * std::size_t(writer));
+}
+
+void PeerExchange::all_gather(const void* shard, std::size_t bytes, std::size_t offset,
+                              cudaStream_t stream) {
+  MESH_VERIFY(offset + bytes * std::size_t(size_) <= arena_bytes_,
+              "PeerExchange::all_gather: " << size_ << " blocks of " << bytes << " bytes at "
+                                           << offset << " overflow the " << arena_bytes_
+                                           << "-byte arena");
+  // The peers from the next one on, then this rank's own block.
+  for (int k = 1; k <= size_; ++k) {
+    const int r = (rank_ + k) % size_;
+    char* block = peers_[std::size_t(r)] + offset + std::size_t(rank_) * bytes;
+    if (block != shard)
+      CUDA_CHECK(cudaMemcpyAsync(block, shard, bytes, cudaMemcpyDefault, stream));
+  }
+  signal_and_wait(stream);
+}
+
+void PeerExchange::signal_and_wait(cudaStream_t stream) {
+  const StreamMemOps& ops = stream_mem_ops();
+  const cuuint32_t seq = ++sequence_;
+  // Each write is fenced after the copies queued before it on `stream`.
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_)
+      check_driver(ops.write(stream, flag(r, rank_), seq, CU_STREAM_WRITE_VALUE_DEFAULT),
+                   "cuStreamWriteValue32");
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_)
+      check_driver(ops.wait(stream, flag(rank_, r), seq, wait_flags()), "cuStreamWaitValue32");
+}
+
+void PeerExchange::reduce_scatter(const void* partial, std::size_t count, DType dtype, void* out,
+                                  std::size_t offset) {
+  const std::size_t block = count * dtype_size(dtype);
+  MESH_VERIFY(offset + block * std::size_t(size_) <= arena_bytes_,
+              "PeerExchange::reduce_scatter: " << size_ << " blocks of " << block
+                                               << " bytes at " << offset << " overflow the "
+                                               << arena_bytes_ << "-byte arena");
+  const cudaStream_t stream = kKernelStream;
+  const char* mine = static_cast<const char*>(partial);
+  if (size_ == 1) {
+    CUDA_CHECK(cudaMemcpyAsync(out, mine, block, cudaMemcpyDefault, stream));
+    return;
+  }
+  for (int k = 1; k < size_; ++k) {  // block r of this partial to rank r, slot rank_
+    const int r = (rank_ + k) % size_;
+    CUDA_CHECK(cudaMemcpyAsync(peers_[std::size_t(r)] + offset + std::size_t(rank_) * block,
+                               mine + std::size_t(r) * block, block, cudaMemcpyDefault, stream));
+  }
+  signal_and_wait(stream);
+  // out = own block + slot 0 + slot 1 + ... (rank order, own block at its rank's place).
+  const char* slots = arena() + offset;
+  const auto term = [&](int q) -> const void* {
+    return q == rank_ ? mine + std::size_t(rank_) * block : slots + std::size_t(q) * block;
+  };
+  cuda::add(dtype, term(0), term(1), index_t(count), out);
+  for (int q = 2; q < size_; ++q) cuda::add(dtype, out, term(q), index_t(count), out);
+}
+
+}  // namespace meshtron
+
+#endif  // MESHTRON_HAVE_CUDA
