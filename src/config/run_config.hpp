@@ -66,8 +66,9 @@ struct ParallelSection {
   /// 66.65 -> 65.65 ms per step).
   bool split_row_parallel_backward = true;
   /// The tp group's blocking all-gathers and reduce-scatters (the forward's
-  /// under SP) on the copy engines (PeerExchange: CUDA IPC, no NCCL
-  /// kernels, no SMs) instead of NCCL; GPU path only.
+  /// under SP) and its overlapped all-gathers (the backward's) on the copy
+  /// engines (PeerExchange: CUDA IPC, no NCCL kernels, no SMs) instead of
+  /// NCCL; GPU path only.
   bool tp_copy_engine = false;
   std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
   int virtual_stages = 1;

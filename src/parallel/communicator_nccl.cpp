@@ -126,8 +126,8 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
   }
   if (!comm_) return local_copy(recv, send, bytes_of(recv_count, dtype));
   if (copy_engine_ && op == ReduceOp::Sum) {
-    const std::size_t bytes = bytes_of(recv_count * size(), dtype);
-    exchange_->reduce_scatter(send, recv_count, dtype, recv, exchange_region(bytes));
+    const std::size_t at = blocking_ce_.region(host_.comm(), bytes_of(recv_count * size(), dtype));
+    blocking_ce_.exchange->reduce_scatter(send, recv_count, dtype, recv, at);
     return;
   }
   NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_,
@@ -142,14 +142,8 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send
     return;
   }
   if (!comm_) return local_copy(recv, send, bytes_of(send_count, dtype));
-  if (copy_engine_) {
-    const std::size_t shard = bytes_of(send_count, dtype), bytes = shard * std::size_t(size());
-    const std::size_t at = exchange_region(bytes);
-    exchange_->all_gather(send, shard, at, kStream);
-    CUDA_CHECK(cudaMemcpyAsync(recv, exchange_->arena() + at, bytes, cudaMemcpyDeviceToDevice,
-                               kStream));
-    return;
-  }
+  if (copy_engine_) return copy_engine_all_gather(blocking_ce_, send, recv,
+                                                  bytes_of(send_count, dtype), kStream);
   NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, kStream));
 }
 
@@ -161,14 +155,22 @@ void NcclCommunicator::use_copy_engine() {
   copy_engine_ = true;
 }
 
-std::size_t NcclCommunicator::exchange_region(std::size_t bytes) {
-  if (!exchange_ || exchange_->arena_bytes() < 2 * bytes) {
-    exchange_.reset();  // collective: every rank of the group makes the same calls
-    exchange_ = std::make_unique<PeerExchange>(host_.comm(), 2 * bytes);
-    exchange_calls_ = 0;
+std::size_t NcclCommunicator::CopyEngine::region(MPI_Comm group, std::size_t bytes) {
+  if (!exchange || exchange->arena_bytes() < 2 * bytes) {
+    exchange.reset();  // collective: every rank of the group makes the same calls
+    exchange = std::make_unique<PeerExchange>(group, 2 * bytes);
+    calls = 0;
   }
-  const std::size_t region = exchange_->arena_bytes() / 2;
-  return (exchange_calls_++ % 2) * region;
+  return (calls++ % 2) * (exchange->arena_bytes() / 2);
+}
+
+void NcclCommunicator::copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv,
+                                              std::size_t shard, cudaStream_t stream) {
+  const std::size_t bytes = shard * std::size_t(size());
+  const std::size_t at = ce.region(host_.comm(), bytes);
+  ce.exchange->all_gather(send, shard, at, stream);
+  CUDA_CHECK(cudaMemcpyAsync(recv, ce.exchange->arena() + at, bytes, cudaMemcpyDeviceToDevice,
+                             stream));
 }
 
 void NcclCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
@@ -399,7 +401,9 @@ long NcclCommunicator::iall_gather(const void* send, void* recv,
   make_comm_stream();
   CUDA_CHECK(cudaEventRecord(inputs_ready_, kStream));
   CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
-  if (equal_counts(counts)) {  // NCCL's own all-gather kernel
+  if (copy_engine_ && equal_counts(counts)) {
+    copy_engine_all_gather(async_ce_, send, recv, bytes_of(counts[0], dtype), comm_stream_);
+  } else if (equal_counts(counts)) {  // NCCL's own all-gather kernel
     NCCL_CHECK(ncclAllGather(send, recv, counts[0], nccl_type(dtype), comm_, comm_stream_));
   } else {
     char* block = static_cast<char*>(recv);

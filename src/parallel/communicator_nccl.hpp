@@ -153,12 +153,15 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return host_.size(); }
 
   /// From now on (collective: every rank of the group calls it), the
-  /// blocking device all_gather and Sum reduce_scatter run on the copy
-  /// engines (PeerExchange) instead of NCCL: each call uses one of two
-  /// regions of the group's arena in turn (so a peer's next-but-one call,
-  /// which my flags order after my reads of this one, is the first to
-  /// overwrite it), and the all-gather's result is copied out of the arena
-  /// into `recv`. The arena grows (collectively) to the largest call.
+  /// blocking device all_gather and Sum reduce_scatter, and the
+  /// equal-count iall_gather, run on the copy engines (PeerExchange)
+  /// instead of NCCL: each call uses one of two regions of an arena in turn
+  /// (so a peer's next-but-one call, which my flags order after my reads of
+  /// this one, is the first to overwrite it), and an all-gather's result is
+  /// copied out of the arena into `recv`. Blocking calls (compute stream)
+  /// and iall_gather (comm_stream_) use two exchanges, each with its own
+  /// flags: one exchange's sequence must follow one stream's order. An
+  /// arena grows (collectively) to the largest call.
   /// Fails on every rank where some rank's driver lacks the stream memory
   /// operations.
   void use_copy_engine();
@@ -216,14 +219,21 @@ class NcclCommunicator final : public Communicator {
   void connect_link(P2PLink& link, const device::Buffer& probe);
   void destroy_links();
 
-  /// The offset of this call's arena region (two regions of `bytes`, in
-  /// turn); creates or grows the exchange first.
-  std::size_t exchange_region(std::size_t bytes);
+  /// A PeerExchange used on one stream, and its calls so far.
+  struct CopyEngine {
+    std::unique_ptr<PeerExchange> exchange;  ///< Made on the first call.
+    std::uint64_t calls = 0;
+    /// The offset of this call's region (two regions of `bytes`, in
+    /// turn); creates or grows the exchange first (collective).
+    std::size_t region(MPI_Comm group, std::size_t bytes);
+  };
+  /// The copy-engine all-gather of `send` into `recv` on `stream`.
+  void copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv, std::size_t shard,
+                              cudaStream_t stream);
 
   MpiCommunicator host_;        ///< Host buffers.
   bool copy_engine_ = false;
-  std::unique_ptr<PeerExchange> exchange_;  ///< Made on the first copy-engine call.
-  std::uint64_t exchange_calls_ = 0;
+  CopyEngine blocking_ce_, async_ce_;  ///< compute stream / comm_stream_
   ncclComm_t comm_ = nullptr;   ///< Owned; null for a group of one rank.
   std::vector<P2PLink> links_;  ///< In creation order (the same on every rank).
   int lanes_ = 0;               ///< lanes connected so far
