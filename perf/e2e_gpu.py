@@ -89,6 +89,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--recompute", default="none")
     parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--layouts", nargs="+", default=["dp2", "tp2"], choices=["dp2", "tp2"],
+                        help="with --gpus 2: which 2-GPU layouts to run after the 1-GPU run")
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
@@ -124,6 +126,8 @@ def main():
             print(json.dumps({"model": name, "ratio_meshtron_over_pytorch": round(ratio, 3)}), flush=True)
         if args.gpus >= 2:
             for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1)):
+                if label not in args.layouts:
+                    continue
                 two = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, tp=tp, dp=dp,
                                    recompute=args.recompute, extra=dp_extra if dp > 1 else tp_extra,
                                    accumulate=acc)
