@@ -119,6 +119,8 @@ void DeckSchema::bind(RunConfig& c) {
       "keep the gathered input of qkv/fc1 for the backward (2 fewer all-gathers per layer)");
   key("parallel.split_row_parallel_backward", &p.split_row_parallel_backward, "bool",
       "row-parallel backward GEMMs by token blocks, overlapping the dy all-gather (SP; default on)");
+  key("parallel.split_column_parallel_forward", &p.split_column_parallel_forward, "bool",
+      "column-parallel forward GEMMs on own rows while the input all-gather runs (SP)");
   key("parallel.tp_copy_engine", &p.tp_copy_engine, "bool",
       "tp all-gathers / reduce-scatters on the copy engines (CUDA IPC) instead of NCCL (GPU)");
   key("parallel.schedule", &p.schedule, "string", "gpipe | 1f1b | interleaved");

@@ -65,6 +65,11 @@ struct ParallelSection {
   /// own block overlapping the dy all-gather (GPT-2 774M, tp 2 on 2x H200:
   /// 66.65 -> 65.65 ms per step).
   bool split_row_parallel_backward = true;
+  /// Under SP: the column-parallel forward GEMMs (qkv, fc1) multiply this
+  /// rank's own rows while the input all-gather brings the others', then
+  /// the others' (with NCCL measured slower at 774M tp 2, session 5: NCCL's
+  /// kernels take SMs from the GEMM; meant for parallel.tp_copy_engine).
+  bool split_column_parallel_forward = false;
   /// The tp group's blocking all-gathers and reduce-scatters (the forward's
   /// under SP) and its overlapped all-gathers (the backward's) on the copy
   /// engines (PeerExchange: CUDA IPC, no NCCL kernels, no SMs) instead of

@@ -50,6 +50,10 @@ struct LayerContext {
   /// this rank's block while the dy all-gather brings the others'
   /// (parallel.split_row_parallel_backward).
   bool split_row_parallel_backward = false;
+  /// Under SP: the column-parallel forward GEMMs multiply this rank's own
+  /// rows while the input all-gather brings the others'
+  /// (parallel.split_column_parallel_forward).
+  bool split_column_parallel_forward = false;
   bool training = true;           ///< dropout on
   std::uint64_t seed = 0;
   std::uint32_t step = 0;         ///< iteration (dropout counter)

@@ -52,18 +52,49 @@ Tensor ColumnParallelLinear::input_for_gemm(const Tensor& x, LayerContext& ctx,
   return x_full;
 }
 
+void ColumnParallelLinear::multiply_gathered(const Tensor& x, LayerContext& ctx, Cache& cache,
+                                             const RowMultiply& multiply) const {
+  const index_t ranks = ctx.tp.size();
+  if (!(ctx.sequence_parallel && ranks > 1 && ctx.split_column_parallel_forward)) {
+    const Tensor x_full = input_for_gemm(x, ctx, cache);
+    multiply(x_full, 0, x_full.dim(0));
+    return;
+  }
+  const index_t rows = x.dim(0), me = ctx.tp.rank();
+  Shape full_shape = x.shape();
+  full_shape[0] *= ranks;
+  Tensor x_full = Tensor::empty(full_shape, x.dtype(), x.space());
+  cache.x = ctx.keep_gathered_input ? x_full : x;  // the gather fills every row, own ones too
+  const std::vector<std::size_t> counts(std::size_t(ranks), std::size_t(x.numel()));
+  const long gather = ctx.tp.comm.iall_gather(x.raw(), x_full.raw(), counts, x.dtype());
+  multiply(x, me * rows, (me + 1) * rows);
+  ctx.tp.comm.wait_collective(gather);
+  if (me > 0) multiply(x_full.slice_rows(0, me * rows), 0, me * rows);
+  if (me + 1 < ranks)
+    multiply(x_full.slice_rows((me + 1) * rows, ranks * rows), (me + 1) * rows, ranks * rows);
+}
+
 Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
                                      Cache& cache) const {
-  return matmul_bias(input_for_gemm(x, ctx, cache), weight.value, bias.value);
+  const index_t tokens = x.dim(0) * (ctx.sequence_parallel ? ctx.tp.size() : 1);
+  Tensor y = Tensor::empty({tokens, weight.value.dim(1)}, x.dtype(), x.space());
+  multiply_gathered(x, ctx, cache, [&](const Tensor& rows, index_t begin, index_t end) {
+    Tensor out = y.slice_rows(begin, end);
+    ops::gemm_bias(rows, false, weight.value, false, bias.value, out);
+  });
+  return y;
 }
 
 Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Cache& cache,
                                           Tensor& pre_gelu) const {
-  const Tensor x_full = input_for_gemm(x, ctx, cache);
-  const Shape shape{x_full.dim(0), weight.value.dim(1)};
-  pre_gelu = Tensor::empty(shape, x_full.dtype(), x_full.space());
-  Tensor activated = Tensor::empty(shape, x_full.dtype(), x_full.space());
-  ops::gemm_bias_gelu(x_full, false, weight.value, false, bias.value, pre_gelu, activated);
+  const index_t tokens = x.dim(0) * (ctx.sequence_parallel ? ctx.tp.size() : 1);
+  const Shape shape{tokens, weight.value.dim(1)};
+  pre_gelu = Tensor::empty(shape, x.dtype(), x.space());
+  Tensor activated = Tensor::empty(shape, x.dtype(), x.space());
+  multiply_gathered(x, ctx, cache, [&](const Tensor& rows, index_t begin, index_t end) {
+    Tensor pre = pre_gelu.slice_rows(begin, end), act = activated.slice_rows(begin, end);
+    ops::gemm_bias_gelu(rows, false, weight.value, false, bias.value, pre, act);
+  });
   return activated;
 }
 

@@ -46,6 +46,14 @@ class ColumnParallelLinear {
   /// and the input gradient's reduce-scatter overlap the two GEMMs.
   Tensor backward_overlapped(const Tensor& dy, LayerContext& ctx, const Cache& cache,
                              bool bias_grad_accumulated);
+  /// Rows [begin, end) of X_full times A, written where the caller wants.
+  using RowMultiply = std::function<void(const Tensor& x_rows, index_t begin, index_t end)>;
+  /// Under SP on tp > 1 with split_column_parallel_forward: multiply(own
+  /// rows) while the all-gather brings the others', then multiply(the
+  /// others'); fills the cache as input_for_gemm. Otherwise multiply(all
+  /// rows of input_for_gemm).
+  void multiply_gathered(const Tensor& x, LayerContext& ctx, Cache& cache,
+                         const RowMultiply& multiply) const;
   /// dA += X^T dY and, unless bias_grad_accumulated, db += colsum(dY).
   void accumulate_grads(const Tensor& x, const Tensor& dy, bool bias_grad_accumulated);
 };

@@ -90,6 +90,7 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.sequence_parallel = run.parallel.sequence_parallel;
   base_ctx_.keep_gathered_input = run.parallel.sequence_parallel_keep_gathered;
   base_ctx_.split_row_parallel_backward = run.parallel.split_row_parallel_backward;
+  base_ctx_.split_column_parallel_forward = run.parallel.split_column_parallel_forward;
   if (run.parallel.tp_copy_engine) use_copy_engine(rt.tp);
   base_ctx_.seed = run.run.seed;
   base_ctx_.seq_length = model.seq_length;

@@ -80,6 +80,23 @@ TEST(Decomposition, SplitAndUnsplitRowParallelBackwardMatchSingleRankRun) {
   }
 }
 
+// parallel.split_column_parallel_forward (off by default): the qkv and fc1
+// GEMMs on this rank's own rows while the all-gather brings the others', with
+// and without keep_gathered, at tp 2 and 4.
+TEST(Decomposition, SplitColumnParallelForwardMatchesSingleRankRun) {
+  const int world = world_size();
+  if (world % 2) GTEST_SKIP() << "needs an even world";
+  for (int tp : {2, 4}) {
+    if (world % tp) continue;
+    for (const char* keep : {"true", "false"}) {
+      Layout layout{tp, 1, world / tp, "1f1b", false, true};
+      layout.overrides = {"parallel.split_column_parallel_forward=true",
+                          std::string("parallel.sequence_parallel_keep_gathered=") + keep};
+      expect_matches_single_rank(layout);
+    }
+  }
+}
+
 TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
   const int world = world_size();
   if (world % 2) GTEST_SKIP() << "needs an even world";
