@@ -50,6 +50,10 @@ struct LayerContext {
   /// this rank's block while the dy all-gather brings the others'
   /// (parallel.split_row_parallel_backward).
   bool split_row_parallel_backward = false;
+  /// Sequence parallelism over more than one tp rank: the tokens are
+  /// sharded, so the tp collectives around the GEMMs are all-gathers and
+  /// reduce-scatters.
+  bool sequence_sharded() const { return sequence_parallel && tp.size() > 1; }
   bool training = true;           ///< dropout on
   std::uint64_t seed = 0;
   std::uint32_t step = 0;         ///< iteration (dropout counter)

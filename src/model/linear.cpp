@@ -77,7 +77,7 @@ void ColumnParallelLinear::accumulate_grads(const Tensor& x, const Tensor& dy,
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache,
                                       bool bias_grad_accumulated) {
-  if (ctx.sequence_parallel && ctx.tp.size() > 1)
+  if (ctx.sequence_sharded())
     return backward_overlapped(dy, ctx, cache, bias_grad_accumulated);
   accumulate_grads(cache.x, dy, bias_grad_accumulated);
   Tensor dx_full = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
@@ -185,7 +185,7 @@ void RowParallelLinear::backward_by_blocks(const Tensor& dy, LayerContext& ctx,
 }
 
 bool RowParallelLinear::splits_backward(const LayerContext& ctx) {
-  return ctx.sequence_parallel && ctx.tp.size() > 1 && ctx.split_row_parallel_backward;
+  return ctx.sequence_sharded() && ctx.split_row_parallel_backward;
 }
 
 Tensor RowParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache) {
