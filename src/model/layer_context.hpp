@@ -54,6 +54,10 @@ struct LayerContext {
   /// rows while the input all-gather brings the others'
   /// (parallel.split_column_parallel_forward).
   bool split_column_parallel_forward = false;
+  /// Sequence parallelism over more than one tp rank: the tokens are
+  /// sharded, so the tp collectives around the GEMMs are all-gathers and
+  /// reduce-scatters.
+  bool sequence_sharded() const { return sequence_parallel && tp.size() > 1; }
   bool training = true;           ///< dropout on
   std::uint64_t seed = 0;
   std::uint32_t step = 0;         ///< iteration (dropout counter)

@@ -55,7 +55,7 @@ Tensor ColumnParallelLinear::input_for_gemm(const Tensor& x, LayerContext& ctx,
 void ColumnParallelLinear::multiply_gathered(const Tensor& x, LayerContext& ctx, Cache& cache,
                                              const RowMultiply& multiply) const {
   const index_t ranks = ctx.tp.size();
-  if (!(ctx.sequence_parallel && ranks > 1 && ctx.split_column_parallel_forward)) {
+  if (!(ctx.sequence_sharded() && ctx.split_column_parallel_forward)) {
     const Tensor x_full = input_for_gemm(x, ctx, cache);
     multiply(x_full, 0, x_full.dim(0));
     return;
@@ -108,7 +108,7 @@ void ColumnParallelLinear::accumulate_grads(const Tensor& x, const Tensor& dy,
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache,
                                       bool bias_grad_accumulated) {
-  if (ctx.sequence_parallel && ctx.tp.size() > 1)
+  if (ctx.sequence_sharded())
     return backward_overlapped(dy, ctx, cache, bias_grad_accumulated);
   accumulate_grads(cache.x, dy, bias_grad_accumulated);
   Tensor dx_full = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
@@ -216,7 +216,7 @@ void RowParallelLinear::backward_by_blocks(const Tensor& dy, LayerContext& ctx,
 }
 
 bool RowParallelLinear::splits_backward(const LayerContext& ctx) {
-  return ctx.sequence_parallel && ctx.tp.size() > 1 && ctx.split_row_parallel_backward;
+  return ctx.sequence_sharded() && ctx.split_row_parallel_backward;
 }
 
 Tensor RowParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache) {

@@ -29,7 +29,7 @@ Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerConte
 // reduce-scatter is in flight, which hides BGRADA's cost, and the column
 // sums would sit on the path (2x H200, tp 2: 65.5-65.9 -> 66.4 ms).
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  const bool bias_grad_after_dgelu = !(ctx.sequence_parallel && ctx.tp.size() > 1);
+  const bool bias_grad_after_dgelu = !ctx.sequence_sharded();
   const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu,
                                                  bias_grad_after_dgelu ? &fc.bias.grad : nullptr);
   return fc.backward(dpre, ctx, c.fc, /*bias_grad_accumulated=*/bias_grad_after_dgelu);

@@ -115,7 +115,8 @@ void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b
 /// the bias gradient of the layer that produced pre_gelu). cuBLASLt 12/13
 /// offers no bf16 DGELU_BGRAD algorithm on sm_90 (measured), and the column
 /// sums here cost less than the same sums in that layer's weight-gradient
-/// GEMM (BGRADA): 38 against 50 us at GPT-2 774M's fc on an H100.
+/// GEMM (BGRADA): 38-45 against 50 us at GPT-2 774M's fc on an H100
+/// (perf/RESULTS.md, session 7).
 void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
                 const Tensor& pre_gelu, Tensor& dpre, Tensor* dbias = nullptr);
 /// out = op(A) op(B) + bias + residual (a row-parallel projection and the

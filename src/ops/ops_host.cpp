@@ -680,15 +680,14 @@ void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
       g.gelu_pre_in = pre_gelu.raw();
       cuda::gemm(g);
     });
-    if (dbias) bias_backward(dpre, *dbias);
-    return;
+  } else {
+    // The two steps of the unfused path, through the same intermediate
+    // (in place on the device, where memory is scarce; the kernel allows it).
+    Tensor dactivated =
+        device ? dpre : Tensor::empty(dpre.shape(), dpre.dtype(), dpre.space());
+    gemm(A, trans_a, B, trans_b, dactivated);
+    gelu_backward(dactivated, pre_gelu, dpre);
   }
-  // The two steps of the unfused path, through the same intermediate
-  // (in place on the device, where memory is scarce; the kernel allows it).
-  Tensor dactivated =
-      device ? dpre : Tensor::empty(dpre.shape(), dpre.dtype(), dpre.space());
-  gemm(A, trans_a, B, trans_b, dactivated);
-  gelu_backward(dactivated, pre_gelu, dpre);
   if (dbias) bias_backward(dpre, *dbias);
 }
 

@@ -23,15 +23,23 @@ namespace {
 
 bool is_tied_word_table(const Parameter& p) { return p.name == "embedding.word.weight"; }
 
+/// The tied word table's gradient summed over the embedding group (first
+/// and last pipeline stage), where there is one.
+void reduce_tied_word_table(const ParameterList& params, OptimizerGroups& g) {
+  if (g.embedding == nullptr) return;
+  for (Parameter* p : params)
+    if (is_tied_word_table(*p)) g.embedding->all_reduce(p->grad);
+}
+
 }  // namespace
 
 void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp) {
   // Reductions 1-2 of the file comment; each communicator's list goes out as
   // one group (a few hundred small tensors: one launch instead of one each).
+  reduce_tied_word_table(params, g);
   std::vector<Tensor*> tp_partial, replicated;
   for (Parameter* p : params) {
     if (p->shard.tp_partial_grad) tp_partial.push_back(&p->grad);
-    if (is_tied_word_table(*p) && g.embedding != nullptr) g.embedding->all_reduce(p->grad);
     if (dp) replicated.push_back(&p->grad);
   }
   g.tp.all_reduce_each(tp_partial);
@@ -227,9 +235,7 @@ void AdamW::reduce_gradients(OptimizerGroups& g) {
   // Reductions 1-3 of the file comment over grads_, in the order of
   // reduce_model_gradients: the tied table's, one tp all-reduce of the
   // leading tp-partial range, then one dp all-reduce of the whole buffer.
-  if (g.embedding != nullptr)
-    for (Parameter* p : params_)
-      if (is_tied_word_table(*p)) g.embedding->all_reduce(p->grad);
+  reduce_tied_word_table(params_, g);
   if (g.tp.size() > 1 && tp_partial_elements_ > 0) {
     Tensor partial = grads_.slice_rows(0, tp_partial_elements_);
     g.tp.all_reduce(partial);

@@ -921,9 +921,9 @@ void check_gemm_bias_gelu(DType dt, const GemmCase& g, bool ta, bool tb) {
   expect_close(act, dt, what + " activated");
 }
 
-/// With `bias_grad`, also the fc bias gradient riding in the same GEMM
-/// (DGELU_BGRAD): an fp32 gradient that already holds values accumulates
-/// the column sums of dpre.
+/// With `bias_grad`, also the fc bias gradient gemm_dgelu takes after the
+/// GEMM: an fp32 gradient that already holds values accumulates the column
+/// sums of dpre.
 void check_gemm_dgelu(DType dt, const GemmCase& g, bool ta, bool tb, bool bias_grad = false) {
   const std::string what =
       gemm_what(bias_grad ? "gemm_dgelu + dbias" : "gemm_dgelu", dt, g.M, g.N, g.K, ta, tb);
