@@ -231,19 +231,6 @@ constexpr int backward_warps(std::size_t type_bytes, int K) {
   return (type_bytes == 2 ? K <= 3 : K <= 6) ? 16 : 8;
 }
 
-/// Warps per row of the packed backward (a row "team"). One for fp32 and
-/// for 16-bit rows of up to 32 x 3 packs (H <= 768); two for wider 16-bit
-/// rows (GPT-2 774M's H = 1280, 1.5B's 1600): each lane then owns half the
-/// columns, so half the dgamma/dbeta registers, and a block holds 16 warps
-/// instead of 8 (one warp per row took 255 registers at H = 1280, left 8
-/// warps per SM and ran latency-bound at ~0.55 of the copy bandwidth; a
-/// deeper prefetch did not help, session 7). The two warps add their row
-/// sums through shared memory behind a named barrier of the team's 64
-/// threads.
-constexpr int backward_team_warps(std::size_t type_bytes, kindex packs) {
-  return type_bytes == 2 && packs > 32 * 3 ? 2 : 1;
-}
-
 /// Shared memory one block may hold on sm_90 (the opt-in maximum, 227 KiB).
 constexpr std::size_t kMaxSharedPerBlock = 227 * 1024;
 
@@ -267,9 +254,8 @@ __host__ __device__ constexpr std::size_t backward_ring_bytes() {
 
 /// dx as layernorm_backward_dx_kernel, plus per-block partial column sums
 /// partial[(block * 2 + 0) * H + c] (dgamma terms) and [... + 1] (dbeta).
-/// Row team t of the grid (TS warps, backward_team_warps) takes rows t,
-/// t + (teams in the grid), ... gamma is re-read per row (an L1 hit) rather
-/// than held, to save 4 K registers.
+/// Warp w of the grid takes rows w, w + (warps in the grid), ... gamma is
+/// re-read per row (an L1 hit) rather than held, to save 4 K registers.
 /// Rows arrive through a per-warp ring in shared memory: at the top of an
 /// iteration the warp issues cp.async copies of its NEXT row's dy and x,
 /// then waits for the current row's (issued one iteration earlier), so the
@@ -281,29 +267,7 @@ __host__ __device__ constexpr std::size_t backward_ring_bytes() {
 /// Each lane copies and reads back only its own packs, so no barrier; the
 /// buffer refilled at the top of an iteration was last read in the
 /// previous one, by loads whose values that iteration's stores consumed.
-/// The sums (a, b) over a row team of TS warps: each warp's by shuffles,
-/// then, for TS > 1, through `slots` ([2][TS], by row parity so that a warp
-/// may write the next row's before its partner has read this row's) behind
-/// the team's named barrier. Every warp of the team adds the TS values in
-/// the same order, so all get the same bits.
-template <int TS>
-__device__ __forceinline__ float2 team_sums(float a, float b, float2* slots, int parity,
-                                            int warp_in_team, int lane, int barrier) {
-  a = warp_sum(a);
-  b = warp_sum(b);
-  if (TS == 1) return make_float2(a, b);
-  if (lane == 0) slots[parity * TS + warp_in_team] = make_float2(a, b);
-  asm volatile("bar.sync %0, %1;\n" ::"r"(barrier), "r"(32 * TS) : "memory");
-  float2 sum = slots[parity * TS];
-#pragma unroll
-  for (int w = 1; w < TS; ++w) {
-    sum.x += slots[parity * TS + w].x;
-    sum.y += slots[parity * TS + w].y;
-  }
-  return sum;
-}
-
-template <class T, int K, int TS = 1, int W = backward_warps(sizeof(T), K)>
+template <class T, int K, int W = backward_warps(sizeof(T), K)>
 __global__ void __launch_bounds__(W * 32)
     layernorm_backward_packed_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                      const T* __restrict__ gamma,
@@ -311,15 +275,9 @@ __global__ void __launch_bounds__(W * 32)
                                      const float* __restrict__ rstd, kindex N, kindex H,
                                      T* __restrict__ dx, const T* __restrict__ residual,
                                      float* __restrict__ partial) {
-  constexpr int V = kPack<T>, L = 32 * TS, teams = W / TS;  // L: lanes per row
-  static_assert(W % TS == 0 && (TS == 1 || teams < 16),
-                "a named barrier per team of two or more warps (0 is __syncthreads)");
-  __shared__ float stage[2][teams][L * V];
-  __shared__ float2 team_slots[teams][2 * TS];
-  const int warp = threadIdx.x >> 5, team = warp / TS, warp_in_team = warp % TS;
-  // The row lane: this lane's place among its team's L; it owns packs
-  // lane, lane + L, ... of every row the team takes.
-  const int lane = warp_in_team * 32 + (threadIdx.x & 31), P = int(H / V);
+  constexpr int V = kPack<T>;
+  __shared__ float stage[2][W][32 * V];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, P = int(H / V);
   float acc_dgamma[K][V], acc_dbeta[K][V];
 #pragma unroll
   for (int k = 0; k < K; ++k)
@@ -330,27 +288,22 @@ __global__ void __launch_bounds__(W * 32)
   const bool ring_residual = R == 3 && residual != nullptr;
   extern __shared__ __align__(16) unsigned char ring_bytes[];
   Pack<T>* ring = reinterpret_cast<Pack<T>*>(ring_bytes) + warp * (2 * R * 32 * K);
-  // ring[(buf R + t) 32 K + 32 k + l]: buffer buf, t = 0 dy / 1 x / 2 residual,
-  // this warp's lane l's k-th pack (pack lane + L k of the row).
-  const int warp_lane = threadIdx.x & 31;
-  const auto slot = [&](int buf, int t, int k) {
-    return ring + (buf * R + t) * 32 * K + 32 * k + warp_lane;
-  };
+  // ring[(buf R + t) 32 K + p]: buffer buf, t = 0 dy / 1 x / 2 residual, pack p.
+  const auto slot = [&](int buf, int t, int p) { return ring + (buf * R + t) * 32 * K + p; };
   const auto fetch = [&](kindex r, int buf) {
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int p = lane + L * k;
+      const int p = lane + 32 * k;
       if (p < P) {
-        cp_async16(slot(buf, 0, k), dy + r * H + kindex(p) * V);
-        cp_async16(slot(buf, 1, k), x + r * H + kindex(p) * V);
-        if (ring_residual) cp_async16(slot(buf, R - 1, k), residual + r * H + kindex(p) * V);
+        cp_async16(slot(buf, 0, p), dy + r * H + kindex(p) * V);
+        cp_async16(slot(buf, 1, p), x + r * H + kindex(p) * V);
+        if (ring_residual) cp_async16(slot(buf, R - 1, p), residual + r * H + kindex(p) * V);
       }
     }
   };
 
-  // Team t of the grid takes rows t, t + (teams in the grid), ...
-  const kindex stride = kindex(gridDim.x) * teams;  // teams in the grid
-  kindex row = kindex(blockIdx.x) * teams + team;
+  const kindex warps = kindex(gridDim.x) * W;
+  kindex row = kindex(blockIdx.x) * W + warp;
   float next_mu = 0.f, next_rs = 0.f;  // the statistics ride along with the row
   if (row < N) {
     fetch(row, 0);
@@ -358,29 +311,29 @@ __global__ void __launch_bounds__(W * 32)
     next_rs = rstd[row];
   }
   cp_async_commit();
-  for (int buf = 0; row < N; row += stride, buf ^= 1) {
+  for (int buf = 0; row < N; row += warps, buf ^= 1) {
     const float mu = next_mu, rs = next_rs;
-    if (row + stride < N) {
-      fetch(row + stride, buf ^ 1);
-      next_mu = mean[row + stride];
-      next_rs = rstd[row + stride];
+    if (row + warps < N) {
+      fetch(row + warps, buf ^ 1);
+      next_mu = mean[row + warps];
+      next_rs = rstd[row + warps];
     }
     cp_async_commit();  // possibly empty: one group per iteration either way
     cp_async_wait<1>();  // this row's group (the older one) has landed
     Pack<T> dyr[K], xr[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int p = lane + L * k;
+      const int p = lane + 32 * k;
       if (p < P) {
-        dyr[k] = *slot(buf, 0, k);
-        xr[k] = *slot(buf, 1, k);
+        dyr[k] = *slot(buf, 0, p);
+        xr[k] = *slot(buf, 1, p);
       }
     }
     float sum_g = 0.f, sum_g_xhat = 0.f;
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (lane + L * k < P) {
-        const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[lane + L * k];
+      if (lane + 32 * k < P) {
+        const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[lane + 32 * k];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const float d = to_f(dyr[k].v[j]), xv = to_f(xr[k].v[j]);
@@ -391,18 +344,16 @@ __global__ void __launch_bounds__(W * 32)
           acc_dbeta[k][j] += d;
         }
       }
-    const float2 sums = team_sums<TS>(sum_g, sum_g_xhat, team_slots[team], buf, warp_in_team,
-                                      warp_lane, 1 + team);
-    const float mean_g = sums.x / float(H);
-    const float mean_g_xhat = sums.y / float(H);
+    const float mean_g = warp_sum(sum_g) / float(H);
+    const float mean_g_xhat = warp_sum(sum_g_xhat) / float(H);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int p = lane + L * k;
+      const int p = lane + 32 * k;
       if (p >= P) continue;
       const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
       Pack<T> res{};
       if (ring_residual)
-        res = *slot(buf, R - 1, k);
+        res = *slot(buf, R - 1, p);
       else if (residual)
         res = reinterpret_cast<const Pack<T>*>(residual + row * H)[p];
       Pack<T> out;
@@ -419,24 +370,23 @@ __global__ void __launch_bounds__(W * 32)
 
   cp_async_wait<0>();  // nothing left in flight (only empty groups remain)
 
-  // Block partials, pack slot by pack slot: column c = L V k + q for the
-  // q-th value of slot k (q = lane V + j, lane the row lane). Teams are
-  // added in team order.
+  // Block partials, pack slot by pack slot: column c = 32 V k + q for the
+  // q-th value of slot k (q = lane V + j). Warps are added in warp order.
 #pragma unroll
   for (int k = 0; k < K; ++k) {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      stage[0][team][lane * V + j] = acc_dgamma[k][j];
-      stage[1][team][lane * V + j] = acc_dbeta[k][j];
+      stage[0][warp][lane * V + j] = acc_dgamma[k][j];
+      stage[1][warp][lane * V + j] = acc_dbeta[k][j];
     }
     __syncthreads();
-    for (int q = threadIdx.x; q < L * V; q += W * 32) {
-      const kindex c = kindex(L * V) * k + q;
+    for (int q = threadIdx.x; q < 32 * V; q += W * 32) {
+      const kindex c = kindex(32 * V) * k + q;
       if (c >= H) continue;
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
         float s = 0.f;
-        for (int t = 0; t < teams; ++t) s += stage[v][t][q];
+        for (int w = 0; w < W; ++w) s += stage[v][w][q];
         partial[(kindex(blockIdx.x) * 2 + v) * H + c] = s;
       }
     }
@@ -455,8 +405,8 @@ struct BlockPartialTerms {
 };
 
 /// Smallest instantiated K >= packs / 32, or 0 when it exceeds max_k.
-int packs_per_lane(kindex packs, int max_k, int lanes = 32) {
-  const kindex need = (packs + lanes - 1) / lanes;
+int packs_per_lane(kindex packs, int max_k) {
+  const kindex need = (packs + 31) / 32;
   for (int k : {1, 2, 3, 4, 6, kMaxPacksPerLane})
     if (need <= k) return k <= max_k ? k : 0;
   return 0;
@@ -495,11 +445,11 @@ bool backward_shared_fits(int k) {
 
 /// K for the packed kernels, or 0 for the scalar ones.
 template <class T>
-int packed_k(kindex H, std::initializer_list<const void*> pointers, int max_k, int lanes = 32) {
+int packed_k(kindex H, std::initializer_list<const void*> pointers, int max_k) {
   if (H % kPack<T> != 0) return 0;
   for (const void* p : pointers)
     if (!aligned16(p)) return 0;
-  return packs_per_lane(H / kPack<T>, max_k, lanes);
+  return packs_per_lane(H / kPack<T>, max_k);
 }
 
 }  // namespace
@@ -536,37 +486,30 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
     using G = decltype(gz);
     const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 6;  // 16-bit K = 8 spills
     const T* residual = static_cast<const T*>(residual_grad);
-    const int team = backward_team_warps(sizeof(T), H / kPack<T>);
     const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx, residual_grad ? residual_grad : dx},
-                                      max_k, 32 * team)
+                                      max_k)
                         : 0;
     if (k != 0 && backward_shared_fits<T>(k)) {
-      const int teams = backward_warps(sizeof(T), k) / team;
-      const kindex row_blocks = (N + teams - 1) / teams;
+      const int W = backward_warps(sizeof(T), k);
+      const kindex row_blocks = (N + W - 1) / W;
       const kindex blocks = row_blocks < kBackwardBlocks ? row_blocks : kBackwardBlocks;
       device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
-      const auto launch = [&](auto kc, auto tc) {
-        constexpr int K = decltype(kc)::value, TS = decltype(tc)::value;
+      with_packs_per_lane(k, [&](auto kc) {
+        constexpr int K = decltype(kc)::value;
         constexpr int WK = backward_warps(sizeof(T), K);
         static_assert(WK * 32 <= 1024);
         constexpr std::size_t ring = backward_ring_bytes<T, K, WK>();
         static const bool opted_in = [] {  // once per kernel: > 48 KiB needs the opt-in
-          CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_packed_kernel<T, K, TS>,
+          CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_packed_kernel<T, K>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           int(ring)));
           return true;
         }();
         (void)opted_in;
-        layernorm_backward_packed_kernel<T, K, TS><<<unsigned(blocks), WK * 32, ring, kStream>>>(
+        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), WK * 32, ring, kStream>>>(
             static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma),
             mean, rstd, N, H, static_cast<T*>(dx), residual, partial.as<float>());
         MESH_CUDA_LAUNCHED();
-      };
-      with_packs_per_lane(k, [&](auto kc) {
-        if constexpr (sizeof(T) == 2) {  // two-warp teams: 16-bit rows only
-          if (team == 2) return launch(kc, std::integral_constant<int, 2>{});
-        }
-        launch(kc, std::integral_constant<int, 1>{});
       });
       // blocks <= 132 partial rows: one launch (two for column_sums).
       column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H,

@@ -396,10 +396,9 @@ TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
 }
 
 // The packed layernorm kernels (kernels/cuda/layernorm.cu) take H a
-// multiple of 16 bytes up to 1024 fp32 / 2048 bf16, K = 1..8 packs per
-// lane; the backward runs 16-bit rows wider than 768 on two-warp teams
-// (H = 1024 .. 2048 here); 2500 rows > 132 blocks x 16 warps, so some warps
-// (teams) of the fused backward take two rows (four). The backward's
+// multiple of 16 bytes up to 1024 fp32 / 2048 bf16 (backward: 1024 for
+// 16-bit types), K = 1..8 packs per lane; 2500 rows > 132 blocks x 16
+// warps, so some warps of the fused backward take two rows. The backward's
 // dgamma/dbeta partials are added in a fixed order: two calls, same bits.
 TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
   const index_t N = 2500;
