@@ -84,6 +84,9 @@ void DeckSchema::bind(RunConfig& c) {
   key("run.device", &r.device, "string", "cpu | cuda");
   key("run.seed", &r.seed, "uint", "seed of initialisation, dropout and data order");
   key("run.output_dir", &r.output_dir, "string", "folder for run logs and metrics");
+  key("run.gemm_autotune", &r.gemm_autotune, "bool",
+      "cuda: time cuBLASLt's first 8 algorithms per GEMM problem, keep the fastest "
+      "(not bitwise reproducible across runs)");
 
   auto& m = c.model;
   key("model.arch", &m.arch, "string", "model family: gpt");
@@ -296,6 +299,8 @@ void RunConfig::validate(int world_size) {
   auto& p = parallel;
   auto& t = training;
   require_one_of("run.device", run.device, {"cpu", "cuda"});
+  MESH_REQUIRE(!run.gemm_autotune || run.device == "cuda",
+               "run.gemm_autotune = true needs run.device = cuda (it tunes cuBLASLt)");
   require_one_of("model.arch", m.arch, {"gpt"});
   require_one_of("model.attention_backend", m.attention_backend, {"auto", "fused", "unfused"});
   require_positive("model.num_layers", m.num_layers);

@@ -22,6 +22,11 @@ struct RunSection {
   std::string device = "cpu";  ///< cpu | cuda
   std::uint64_t seed = 1234;
   std::string output_dir = "runs";
+  /// cuda: the first call of each GEMM problem times cuBLASLt's first eight
+  /// algorithms and keeps the fastest (as PyTorch's TunableOp). Off by
+  /// default: the choice depends on timings, so two runs may differ in the
+  /// last bits.
+  bool gemm_autotune = false;
 };
 
 struct ModelSection {

@@ -6,6 +6,7 @@
 
 #include "common/error.hpp"
 #ifdef MESHTRON_HAVE_CUDA
+#include "ops/ops_cuda.hpp"
 #include "parallel/communicator_nccl.hpp"
 #endif
 
@@ -92,6 +93,9 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.split_row_parallel_backward = run.parallel.split_row_parallel_backward;
   base_ctx_.split_column_parallel_forward = run.parallel.split_column_parallel_forward;
   if (run.parallel.tp_copy_engine) use_copy_engine(rt.tp);
+#ifdef MESHTRON_HAVE_CUDA
+  if (run.run.gemm_autotune) cuda::set_gemm_autotune(true);  // the deck check: run.device = cuda
+#endif
   base_ctx_.seed = run.run.seed;
   base_ctx_.seq_length = model.seq_length;
   base_ctx_.micro_batch = run.training.micro_batch_size;

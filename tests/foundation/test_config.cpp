@@ -112,6 +112,8 @@ INSTANTIATE_TEST_SUITE_P(
                        "keep_gathered = true needs parallel.sequence_parallel"},
         ValidationCase{{"parallel.tp_copy_engine=true"}, 8,
                        "tp_copy_engine = true needs run.device = cuda"},
+        ValidationCase{{"run.gemm_autotune=true"}, 8,
+                       "gemm_autotune = true needs run.device = cuda"},
         ValidationCase{{"run.device=cuda", "logging.profile=true", "logging.profile_step_start=5",
                         "logging.profile_step_end=5"},
                        8, "1 <= start < end"},

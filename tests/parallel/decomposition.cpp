@@ -14,8 +14,9 @@ std::string Layout::name() const {
   return n;
 }
 
-RunConfig tiny_config(const Layout& l, int world) {
+RunConfig tiny_config(const Layout& l, int world, MemorySpace space) {
   std::vector<std::string> overrides{
+      std::string("run.device=") + (space == MemorySpace::Cuda ? "cuda" : "cpu"),
       "parallel.tensor_parallel=" + std::to_string(l.tp),
       "parallel.pipeline_parallel=" + std::to_string(l.pp),
       "parallel.data_parallel=" + std::to_string(l.dp),
@@ -100,8 +101,7 @@ RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int ste
                        MemorySpace space) {
   int world = 1;
   MPI_Comm_size(comm, &world);
-  RunConfig config = tiny_config(layout, world);
-  config.run.device = space == MemorySpace::Cuda ? "cuda" : "cpu";
+  RunConfig config = tiny_config(layout, world, space);
   ParallelRuntime rt(comm, config.parallel.degrees(), space);
   const GptConfig model = GptConfig::from_run(config, 100, rt.topo.tp());
   Trainer trainer(config, model, rt, dtype);
