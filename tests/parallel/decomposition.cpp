@@ -1,5 +1,6 @@
 #include "decomposition.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/gpt_config.hpp"
@@ -16,7 +17,6 @@ std::string Layout::name() const {
 
 RunConfig tiny_config(const Layout& l, int world, MemorySpace space) {
   std::vector<std::string> overrides{
-      std::string("run.device=") + (space == MemorySpace::Cuda ? "cuda" : "cpu"),
       "parallel.tensor_parallel=" + std::to_string(l.tp),
       "parallel.pipeline_parallel=" + std::to_string(l.pp),
       "parallel.data_parallel=" + std::to_string(l.dp),
@@ -25,6 +25,12 @@ RunConfig tiny_config(const Layout& l, int world, MemorySpace space) {
       "parallel.distributed_optimizer=" + std::string(l.distributed_optimizer ? "true" : "false"),
       "parallel.sequence_parallel=" + std::string(l.sequence_parallel ? "true" : "false")};
   overrides.insert(overrides.end(), l.overrides.begin(), l.overrides.end());
+  // The GPU path's device before validation (deck checks depend on it),
+  // unless the layout's overrides name it (a key may be set only once).
+  const bool names_device = std::any_of(l.overrides.begin(), l.overrides.end(), [](const auto& o) {
+    return o.rfind("run.device=", 0) == 0;
+  });
+  if (space == MemorySpace::Cuda && !names_device) overrides.push_back("run.device=cuda");
   RunConfig c = RunConfig::from_text(R"(
 [run]
 seed = 42

@@ -37,6 +37,7 @@ struct RunResult {
 
 /// The tiny model: 8 layers, hidden 32, 8 heads, seq 8, vocab 100, dropout on,
 /// global batch 16, micro-batch 1, AdamW with clipping, 3 steps.
+/// `space` Cuda validates it with run.device = cuda (unless the overrides set run.device).
 RunConfig tiny_config(const Layout& layout, int world, MemorySpace space = MemorySpace::Host);
 
 /// Train `steps` steps on `comm` with `layout` in `dtype` (fp32, or fp64 for
