@@ -64,37 +64,36 @@ TEST(Decomposition, SequenceParallelKeepingGatheredInputMatchesSingleRankRun) {
   expect_matches_single_rank(kept);
 }
 
-// parallel.split_row_parallel_backward is on by default (every SP layout
-// above runs it); here both settings, with keep_gathered, at tp 2 and 4.
-TEST(Decomposition, SplitAndUnsplitRowParallelBackwardMatchSingleRankRun) {
+/// Each of `variants` (deck overrides) on tp 2 and tp 4 with SP (those the
+/// world divides) against the single-rank run.
+void expect_sp_variants_match_single_rank(const std::vector<std::vector<std::string>>& variants) {
   const int world = world_size();
   if (world % 2) GTEST_SKIP() << "needs an even world";
   for (int tp : {2, 4}) {
     if (world % tp) continue;
-    for (const char* split : {"true", "false"}) {
+    for (const auto& overrides : variants) {
       Layout layout{tp, 1, world / tp, "1f1b", false, true};
-      layout.overrides = {std::string("parallel.split_row_parallel_backward=") + split,
-                          "parallel.sequence_parallel_keep_gathered=true"};
+      layout.overrides = overrides;
       expect_matches_single_rank(layout);
     }
   }
+}
+
+// parallel.split_row_parallel_backward is on by default (every SP layout
+// above runs it); here both settings, with keep_gathered, at tp 2 and 4.
+TEST(Decomposition, SplitAndUnsplitRowParallelBackwardMatchSingleRankRun) {
+  const std::string keep = "parallel.sequence_parallel_keep_gathered=true";
+  expect_sp_variants_match_single_rank({{"parallel.split_row_parallel_backward=true", keep},
+                                        {"parallel.split_row_parallel_backward=false", keep}});
 }
 
 // parallel.split_column_parallel_forward (off by default): the qkv and fc1
 // GEMMs on this rank's own rows while the all-gather brings the others', with
 // and without keep_gathered, at tp 2 and 4.
 TEST(Decomposition, SplitColumnParallelForwardMatchesSingleRankRun) {
-  const int world = world_size();
-  if (world % 2) GTEST_SKIP() << "needs an even world";
-  for (int tp : {2, 4}) {
-    if (world % tp) continue;
-    for (const char* keep : {"true", "false"}) {
-      Layout layout{tp, 1, world / tp, "1f1b", false, true};
-      layout.overrides = {"parallel.split_column_parallel_forward=true",
-                          std::string("parallel.sequence_parallel_keep_gathered=") + keep};
-      expect_matches_single_rank(layout);
-    }
-  }
+  const std::string split = "parallel.split_column_parallel_forward=true";
+  expect_sp_variants_match_single_rank({{split, "parallel.sequence_parallel_keep_gathered=true"},
+                                        {split, "parallel.sequence_parallel_keep_gathered=false"}});
 }
 
 TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
