@@ -224,9 +224,6 @@ bool supports_out_of_place(const cublasLtMatmulAlgo_t& algo) {
 
 class GemmEngine {
  public:
-  /// Launches the GEMM. Returns false, launching nothing, only when an
-  /// epilogue or an out-of-place C was asked for and cuBLASLt has no
-  /// algorithm for it.
   /// Turns autotuning on or off; forgets the choices made so far.
   void set_autotune(bool on) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -243,6 +240,9 @@ class GemmEngine {
     return autotune_changed_;
   }
 
+  /// Launches the GEMM. Returns false, launching nothing, only when an
+  /// epilogue or an out-of-place C was asked for and cuBLASLt has no
+  /// algorithm for it.
   bool run(const GemmArgs& g) {
     std::lock_guard<std::mutex> lock(mutex_);
     init();
@@ -392,7 +392,7 @@ class GemmEngine {
   }
 
   std::mutex mutex_;
-  bool autotune_ = false;  ///< MESHTRON_GEMM_AUTOTUNE=1, read once
+  bool autotune_ = false;  ///< MESHTRON_GEMM_AUTOTUNE=1 (read once) or run.gemm_autotune
   std::uint64_t autotuned_ = 0, autotune_changed_ = 0;
   cublasLtHandle_t handle_ = nullptr;  ///< Owned; never destroyed (see allocator).
   void* workspace_ = nullptr;          ///< Owned, from the caching allocator.
