@@ -1,7 +1,10 @@
 #include "parallel/topology.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <iomanip>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -142,6 +145,15 @@ std::vector<RankMapRow> gather_rank_map(const Topology& topo, int num_gpus) {
     rows.push_back({r, topo.coord_of(r), std::string(&hosts[std::size_t(r) * kHostLen]),
                     locals[2 * r], locals[2 * r + 1]});
   return rows;
+}
+
+int max_hosts_per_tp_group(const std::vector<RankMapRow>& rows) {
+  // A tp group is the ranks sharing (dp, pp).
+  std::map<std::pair<int, int>, std::set<std::string>> hosts;
+  for (const RankMapRow& row : rows) hosts[{row.coord.dp, row.coord.pp}].insert(row.host);
+  std::size_t most = 0;
+  for (const auto& [group, names] : hosts) most = std::max(most, names.size());
+  return int(most);
 }
 
 std::string format_rank_map(const std::vector<RankMapRow>& rows) {

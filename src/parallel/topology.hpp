@@ -106,5 +106,8 @@ struct RankMapRow {
 };
 std::vector<RankMapRow> gather_rank_map(const Topology& topo, int num_gpus);
 std::string format_rank_map(const std::vector<RankMapRow>& rows);
+/// The most hosts that any tensor-parallel group of the map spans (1: every
+/// tp group on one node, as CUDA IPC between its GPUs needs).
+int max_hosts_per_tp_group(const std::vector<RankMapRow>& rows);
 
 }  // namespace meshtron

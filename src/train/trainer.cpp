@@ -65,10 +65,15 @@ std::vector<MicroBatch> staged_in(const std::vector<MicroBatch>& batch, MemorySp
 
 /// parallel.tp_copy_engine: the tp group's blocking collectives on the copy
 /// engines (NcclCommunicator::use_copy_engine; the deck check makes sure
-/// this is the GPU path).
-void use_copy_engine(Communicator& tp) {
+/// this is the GPU path). Collective over the world: every rank learns
+/// whether some tp group spans nodes (CUDA IPC cannot), so all fail alike.
+void use_copy_engine(ParallelRuntime& rt) {
+  const int hosts = max_hosts_per_tp_group(gather_rank_map(rt.topo, 0));
+  MESH_REQUIRE(hosts == 1, "parallel.tp_copy_engine = true needs every tp group on one node "
+                           "(CUDA IPC between its GPUs); a tp group here spans "
+                               << hosts << " nodes");
 #ifdef MESHTRON_HAVE_CUDA
-  auto* nccl = dynamic_cast<NcclCommunicator*>(&tp);
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&rt.tp);
   MESH_REQUIRE(nccl != nullptr, "parallel.tp_copy_engine needs the tp group on NCCL (GPU path)");
   nccl->use_copy_engine();
 #else
@@ -92,7 +97,7 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.keep_gathered_input = run.parallel.sequence_parallel_keep_gathered;
   base_ctx_.split_row_parallel_backward = run.parallel.split_row_parallel_backward;
   base_ctx_.split_column_parallel_forward = run.parallel.split_column_parallel_forward;
-  if (run.parallel.tp_copy_engine) use_copy_engine(rt.tp);
+  if (run.parallel.tp_copy_engine) use_copy_engine(rt);
 #ifdef MESHTRON_HAVE_CUDA
   if (run.run.gemm_autotune) cuda::set_gemm_autotune(true);  // the deck check: run.device = cuda
 #endif

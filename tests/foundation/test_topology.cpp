@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "common/error.hpp"
@@ -115,6 +116,23 @@ TEST(Topology, RankMapGathersEveryRank) {
     EXPECT_EQ(row.gpu, row.local_rank % 2);
   }
   EXPECT_NE(format_rank_map(rows).find("rank"), std::string::npos);
+}
+
+// parallel.tp_copy_engine's check: CUDA IPC needs each tp group on one node.
+TEST(Topology, HostsPerTensorParallelGroupFromTheRankMap) {
+  // 4 ranks, tp 2 x dp 2, two ranks per host: tp fastest keeps each tp
+  // group on one host; a round-robin placement splits both.
+  const auto map = [](std::vector<std::string> hosts) {
+    std::vector<RankMapRow> rows;
+    for (int r = 0; r < 4; ++r) rows.push_back({r, {r % 2, r / 2, 0}, hosts[r], 0, -1});
+    return rows;
+  };
+  EXPECT_EQ(max_hosts_per_tp_group(map({"a", "a", "b", "b"})), 1);
+  EXPECT_EQ(max_hosts_per_tp_group(map({"a", "b", "a", "b"})), 2);
+  EXPECT_EQ(max_hosts_per_tp_group(map({"a", "a", "a", "b"})), 2);
+  // This job's own map: one host, so every tp group is on it.
+  Topology topo(MPI_COMM_WORLD, {world_size() % 2 ? 1 : 2, 1, 0});
+  EXPECT_EQ(max_hosts_per_tp_group(gather_rank_map(topo, 0)), 1);
 }
 
 }  // namespace
