@@ -242,7 +242,7 @@ class GemmEngine {
     const void* c_in = g.c_in ? g.c_in : g.C;
     const cublasStatus_t st = cublasLtMatmul(handle_, d.op, &alpha, g.B, d.a, g.A, d.b, &beta,
                                              c_in, d.c, g.C, d.c, &*algo, workspace_,
-                                             kWorkspaceBytes, kStream);
+                                             kWorkspaceBytes, compute_stream());
     // An epilogue the heuristic offered but the launch refuses (argument
     // checks fail before anything runs): remembered as unavailable.
     if (st != CUBLAS_STATUS_SUCCESS && has_extras(g)) {
@@ -392,7 +392,7 @@ void gemm_unfused(const GemmArgs& a) {
     GemmArgs plain = a;
     plain.bias_grad = nullptr;
     gemm(plain);
-    CUDA_CHECK(cudaMemsetAsync(a.bias_grad, 0, std::size_t(a.N) * sizeof(float), kStream));
+    CUDA_CHECK(cudaMemsetAsync(a.bias_grad, 0, std::size_t(a.N) * sizeof(float), compute_stream()));
     bias_backward(a.ab, DType::F32, a.B, a.K, a.N, a.bias_grad);
   } else if (a.bias) {
     GemmArgs plain = a;
@@ -403,7 +403,7 @@ void gemm_unfused(const GemmArgs& a) {
     with_storage_type(a.c, "gemm", [&](auto zero) {
       using T = decltype(zero);
       const kindex total = a.M * a.N * a.batch;
-      scale_or_zero_kernel<<<grid_for(total, 256), 256, 0, kStream>>>(
+      scale_or_zero_kernel<<<grid_for(total, 256), 256, 0, compute_stream()>>>(
           static_cast<T*>(a.C), a.M, a.N, a.ldc, a.batch, a.stride_c, float(a.beta));
       MESH_CUDA_LAUNCHED();
     });
