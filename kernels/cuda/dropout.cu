@@ -238,13 +238,13 @@ void launch_dropout(const T* in, kindex n, std::uint32_t threshold, float keep_s
                     const DropoutPlacement& site, T* out) {
   constexpr int E = kGroupedPacks * kPack<T>;
   if (aligned16(in) && aligned16(out) && groups_align(site))
-    dropout_grouped_kernel<T, I><<<grid_for(n / E + 1, kThreads), kThreads, 0, kStream>>>(
+    dropout_grouped_kernel<T, I><<<grid_for(n / E + 1, kThreads), kThreads, 0, compute_stream()>>>(
         in, n, threshold, keep_scale, site, out);
   else if (aligned16(in) && aligned16(out))
-    dropout_packed_kernel<T, I><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, kStream>>>(
+    dropout_packed_kernel<T, I><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, compute_stream()>>>(
         in, n, threshold, keep_scale, site, out);
   else
-    dropout_kernel<T, I><<<grid_for(n, kThreads), kThreads, 0, kStream>>>(in, n, threshold,
+    dropout_kernel<T, I><<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(in, n, threshold,
                                                                           keep_scale, site, out);
   MESH_CUDA_LAUNCHED();
 }
@@ -259,7 +259,7 @@ void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPl
     if (p == 0.0) {  // no mask, no scaling: a copy (or nothing, in place)
       if (in != out)
         CUDA_CHECK(cudaMemcpyAsync(out, in, std::size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice,
-                                   kStream));
+                                   compute_stream()));
       return;
     }
     const auto threshold = std::uint32_t(std::ceil(p * 16777216.0));  // p < 1: <= 2^24

@@ -5,13 +5,10 @@
 
 #include "common/error.hpp"
 #include "ops/ops_cuda.hpp"
+#include "tensor/device_stream.hpp"
 
 namespace meshtron {
 namespace {
-
-/// The stream of meshtron's kernels (the legacy default stream, as in
-/// kernels/cuda/common.cuh and communicator_nccl.cpp).
-constexpr cudaStream_t kKernelStream = 0;
 
 using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -157,7 +154,7 @@ void PeerExchange::reduce_scatter(const void* partial, std::size_t count, DType 
               "PeerExchange::reduce_scatter: " << size_ << " blocks of " << block
                                                << " bytes at " << offset << " overflow the "
                                                << arena_bytes_ << "-byte arena");
-  const cudaStream_t stream = kKernelStream;
+  const cudaStream_t stream = device::compute_stream();  // the add kernel's stream
   const char* mine = static_cast<const char*>(partial);
   if (size_ == 1) {
     CUDA_CHECK(cudaMemcpyAsync(out, mine, block, cudaMemcpyDefault, stream));

@@ -2,11 +2,13 @@
 #include "tensor/device_allocator.hpp"
 
 #include "common/error.hpp"
+#include "tensor/device_stream.hpp"
 
 #ifdef MESHTRON_HAVE_CUDA
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -146,8 +148,34 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 
+void copy_device_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
+}
+
 void zero_bytes(void* ptr, std::size_t bytes) {
-  if (bytes) CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, 0));
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, compute_stream()));
+}
+
+cudaStream_t compute_stream() {
+  // Called for every launch: the last answer is kept per host thread, the
+  // table (one stream per device, shared by all threads) is only locked when
+  // the current device changes.
+  thread_local int cached_device = -1;
+  thread_local cudaStream_t cached = nullptr;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  if (device == cached_device) return cached;
+  static std::mutex mutex;
+  static std::array<cudaStream_t, 64> streams{};
+  MESH_VERIFY(device >= 0 && std::size_t(device) < streams.size(),
+              "compute_stream: device " << device << " out of range");
+  std::lock_guard<std::mutex> lock(mutex);
+  cudaStream_t& stream = streams[std::size_t(device)];
+  if (stream == nullptr) CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: see the header
+  cached_device = device;
+  cached = stream;
+  return stream;
 }
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -171,6 +199,7 @@ void release_cached() {}
 AllocatorStats allocator_stats() { return {}; }
 void reset_peak() {}
 void copy_bytes(void*, const void*, std::size_t) { not_built("device::copy_bytes"); }
+void copy_device_bytes(void*, const void*, std::size_t) { not_built("device::copy_device_bytes"); }
 void zero_bytes(void*, std::size_t) { not_built("device::zero_bytes"); }
 void synchronize() {}
 
