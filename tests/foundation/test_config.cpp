@@ -72,6 +72,15 @@ TEST(Config, ResolvedTextEchoesEverySection) {
   EXPECT_NE(RunConfig::schema_help().find("model.hidden_size"), std::string::npos);
 }
 
+// The deck that training.cuda_graphs accepts (its refusals are ValidationCases).
+TEST(Config, CudaGraphsOnOneGpuWithoutDropoutIsValid) {
+  RunConfig c = parse({"training.cuda_graphs=true", "run.device=cuda",
+                       "parallel.tensor_parallel=1", "parallel.pipeline_parallel=1",
+                       "model.hidden_dropout=0", "model.attention_dropout=0"});
+  c.validate(1);
+  EXPECT_TRUE(c.training.cuda_graphs);
+}
+
 TEST(Config, UnknownKeysAndBadValuesAreErrors) {
   EXPECT_THROW(RunConfig::from_text("[model]\nnum_layer = 3\n"), UserError);
   EXPECT_THROW(RunConfig::from_text("[modle]\nnum_layers = 3\n"), UserError);
@@ -114,6 +123,18 @@ INSTANTIATE_TEST_SUITE_P(
                        "tp_copy_engine = true needs run.device = cuda"},
         ValidationCase{{"run.gemm_autotune=true"}, 8,
                        "gemm_autotune = true needs run.device = cuda"},
+        ValidationCase{{"training.cuda_graphs=true"}, 8, "cuda_graphs = true needs run.device"},
+        ValidationCase{{"training.cuda_graphs=true", "run.device=cuda"}, 8,
+                       "tensor_parallel = pipeline_parallel = 1 (got 2 and 2)"},
+        ValidationCase{{"training.cuda_graphs=true", "run.device=cuda",
+                        "parallel.tensor_parallel=1", "parallel.pipeline_parallel=1"},
+                       4, "model.hidden_dropout = model.attention_dropout = 0"},
+        ValidationCase{{"training.cuda_graphs=true", "run.device=cuda",
+                        "parallel.tensor_parallel=1", "parallel.pipeline_parallel=1",
+                        "model.hidden_dropout=0", "model.attention_dropout=0",
+                        "parallel.distributed_optimizer=true",
+                        "parallel.overlap_grad_reduce=true"},
+                       4, "overlap_grad_reduce = overlap_param_gather = false"},
         ValidationCase{{"run.device=cuda", "logging.profile=true", "logging.profile_step_start=5",
                         "logging.profile_step_end=5"},
                        8, "1 <= start < end"},
