@@ -153,7 +153,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("training.check_for_nan", &t.check_for_nan, "bool", "skip steps with NaN/Inf");
   key("training.cuda_graphs", &t.cuda_graphs, "bool",
       "cuda: replay each micro-batch's forward + backward from one CUDA graph "
-      "(tp = pp = 1, no dropout, no overlapped dp communication)");
+      "(tp = pp = 1, no overlapped dp communication)");
   key("training.max_nan_skips", &t.max_nan_skips, "int", "abort after this many skips");
   key("training.eval_interval", &t.eval_interval, "int", "evaluate every N steps (0 = off)");
   key("training.eval_iters", &t.eval_iters, "int", "batches per evaluation");
@@ -296,8 +296,8 @@ void require_positive(const std::string& key, long v) {
 }
 
 /// training.cuda_graphs: what a replayed forward + backward cannot do
-/// (train/cuda_graph.hpp): host-side pipeline or tp logic, per-step dropout
-/// arguments, hooks into the dp overlap.
+/// (train/cuda_graph.hpp): host-side pipeline or tp logic, hooks into the
+/// dp overlap.
 void require_capturable(const RunConfig& c) {
   if (!c.training.cuda_graphs) return;
   const std::string needs = "training.cuda_graphs = true needs ";
@@ -306,9 +306,6 @@ void require_capturable(const RunConfig& c) {
                needs << "tensor_parallel = pipeline_parallel = 1 (got "
                      << c.parallel.tensor_parallel << " and " << c.parallel.pipeline_parallel
                      << ")");
-  MESH_REQUIRE(c.model.hidden_dropout == 0 && c.model.attention_dropout == 0,
-               needs << "model.hidden_dropout = model.attention_dropout = 0 (dropout's step "
-                        "and offsets are kernel arguments)");
   MESH_REQUIRE(!c.parallel.overlap_grad_reduce && !c.parallel.overlap_param_gather,
                needs << "parallel.overlap_grad_reduce = overlap_param_gather = false");
 }

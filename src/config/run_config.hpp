@@ -119,7 +119,7 @@ struct TrainingSection {
   int max_nan_skips = 10;
   /// cuda: each micro-batch's forward and backward replayed from one CUDA
   /// graph captured at the second step (train/cuda_graph.hpp); tp = pp = 1,
-  /// no dropout, no overlapped dp communication.
+  /// no overlapped dp communication.
   bool cuda_graphs = false;
   int eval_interval = 0;  ///< 0 disables evaluation
   int eval_iters = 10;

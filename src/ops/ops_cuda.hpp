@@ -173,6 +173,8 @@ struct DropoutPlacement {
   index_t b, c;
   index_t a_offset, b_offset, c_offset;
   index_t b_global, c_global;
+  const std::uint32_t* live;  ///< see ops::DropoutSite::live
+  int sample_axis;
 };
 void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPlacement& site,
                    void* out);

@@ -13,9 +13,10 @@
 //   from a private pool of the caching allocator (device_allocator.hpp),
 //   which the graph owns until it is destroyed;
 // - nothing in `work` may wait for the host or depend on host values that
-//   change between replays (the caller checks: no dropout, whose step and
-//   sample offsets are kernel arguments; the loss gradient's value held in a
-//   device tensor; GEMM algorithms chosen by an eager warm-up step).
+//   change between replays (the caller sees to it: dropout reads its step
+//   and sample offset from device words, LayerContext::dropout_live; the
+//   loss gradient's value is a device tensor; GEMM algorithms, cuDNN plans
+//   and workspaces are made by an eager warm-up step).
 // A capture that cannot be made (an operation that is not capturable) throws
 // with CUDA's reason; no half-made graph is kept.
 //

@@ -8,6 +8,7 @@
 #ifdef MESHTRON_HAVE_CUDA
 #include "ops/ops_cuda.hpp"
 #include "parallel/communicator_nccl.hpp"
+#include "tensor/device_allocator.hpp"
 #include "train/cuda_graph.hpp"
 #endif
 
@@ -94,6 +95,10 @@ double tensor_sum(const Tensor& t) {
 /// over fixed inputs (see cuda_graph.hpp for what a replay may depend on).
 struct Trainer::GraphedMicroBatch {
   Tensor ids, targets;  ///< refilled (device copies) before each replay
+  /// Dropout's {step, sample offset low, high} (LayerContext::dropout_live),
+  /// refilled before each replay from `live_of_step` (all micro-batches'
+  /// words, copied to the device once per step).
+  Tensor live, live_of_step;
   Tensor dloss;         ///< the loss gradient, refilled when its value changes
   double dloss_value = 0;
   Tensor losses;  ///< per-token losses, written by each replay
@@ -283,9 +288,12 @@ double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step
     // The eager step's cached blocks go back to CUDA: the graph's private
     // pool takes its own, and both would otherwise stay reserved.
     device::release_cached();
-    // Dropout is off (the deck check), so the step and sample offset baked
-    // into the graph's arguments are not read.
-    const LayerContext ctx = context_for(first, step, /*training=*/true);
+    g->live = Tensor::empty({4}, DType::I32, base_ctx_.space);
+    // Dropout reads the step and sample offset from g->live at run time, so
+    // the captured arguments hold neither.
+    LayerContext ctx = context_for(first, 0, /*training=*/true);
+    ctx.sample_offset = 0;
+    ctx.dropout_live = static_cast<const std::uint32_t*>(g->live.raw());
     g->work = std::make_unique<CapturedWork>([&] {
       LayerContext c = ctx;
       GptModel::Cache cache;
@@ -299,10 +307,24 @@ double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step
     g.dloss_value = dloss_value();
     g.dloss.fill(g.dloss_value);
   }
+  // Every micro-batch's dropout words in one host -> device copy.
+  Tensor live_host = Tensor::empty({index_t(4 * batch.size())}, DType::I32);
+  auto* words = static_cast<std::uint32_t*>(live_host.raw());
+  for (std::size_t m = 0; m < batch.size(); ++m) {
+    const auto offset = std::uint64_t(batch[m].sample_offset);
+    words[4 * m + 0] = std::uint32_t(step);
+    words[4 * m + 1] = std::uint32_t(offset);
+    words[4 * m + 2] = std::uint32_t(offset >> 32);
+    words[4 * m + 3] = 0;
+  }
+  g.live_of_step = live_host.to_space(base_ctx_.space);
   std::vector<Tensor> losses;
-  for (const MicroBatch& mb : batch) {
+  for (std::size_t m = 0; m < batch.size(); ++m) {
+    const MicroBatch& mb = batch[m];
     g.ids.copy_from(mb.ids);  // device copies, queued before the replay
     g.targets.copy_from(mb.targets);
+    device::copy_device_bytes(g.live.raw(),
+                              static_cast<const char*>(g.live_of_step.raw()) + 16 * m, 16);
     g.work->replay();
     losses.push_back(g.losses.clone());  // the next replay overwrites them
   }

@@ -73,10 +73,9 @@ TEST(Config, ResolvedTextEchoesEverySection) {
 }
 
 // The deck that training.cuda_graphs accepts (its refusals are ValidationCases).
-TEST(Config, CudaGraphsOnOneGpuWithoutDropoutIsValid) {
+TEST(Config, CudaGraphsOnOneGpuIsValid) {
   RunConfig c = parse({"training.cuda_graphs=true", "run.device=cuda",
-                       "parallel.tensor_parallel=1", "parallel.pipeline_parallel=1",
-                       "model.hidden_dropout=0", "model.attention_dropout=0"});
+                       "parallel.tensor_parallel=1", "parallel.pipeline_parallel=1"});
   c.validate(1);
   EXPECT_TRUE(c.training.cuda_graphs);
 }
@@ -127,11 +126,7 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"training.cuda_graphs=true", "run.device=cuda"}, 8,
                        "tensor_parallel = pipeline_parallel = 1 (got 2 and 2)"},
         ValidationCase{{"training.cuda_graphs=true", "run.device=cuda",
-                        "parallel.tensor_parallel=1", "parallel.pipeline_parallel=1"},
-                       4, "model.hidden_dropout = model.attention_dropout = 0"},
-        ValidationCase{{"training.cuda_graphs=true", "run.device=cuda",
                         "parallel.tensor_parallel=1", "parallel.pipeline_parallel=1",
-                        "model.hidden_dropout=0", "model.attention_dropout=0",
                         "parallel.distributed_optimizer=true",
                         "parallel.overlap_grad_reduce=true"},
                        4, "overlap_grad_reduce = overlap_param_gather = false"},
