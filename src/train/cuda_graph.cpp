@@ -10,7 +10,11 @@ namespace meshtron {
 
 CapturedWork::CapturedWork(const std::function<void()>& work) : pool_(device::create_pool()) {
   const cudaStream_t stream = device::compute_stream();
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  // Relaxed: calls that only might be unsafe (cudaMalloc for the pool, a
+  // kernel's cudaFuncSetAttribute) are allowed; what really breaks a
+  // capture (a synchronous copy, which waits for the capturing stream)
+  // still fails, with CUDA's error at that call.
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   device::begin_pool_capture(pool_);
   try {
     work();
