@@ -8,14 +8,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <map>
 #include <string>
 #include <vector>
 
 #include "parallel/decomposition.hpp"
 #include "tensor/device_allocator.hpp"
 #include "train/cuda_graph.hpp"
-#include "train/data_source.hpp"
 #include "train/trainer.hpp"
 
 namespace meshtron {
@@ -51,53 +49,32 @@ TEST(GpuCudaGraphs, ReplayReadsTheNewInputAndKeepsItsBlocks) {
   }
 }
 
-struct GraphRun {
-  std::vector<StepReport> steps;
-  std::map<std::string, std::vector<double>> params;
-};
-
 struct GraphCase {
   const char* precision;
   const char* dropout;  ///< hidden and attention
 };
 
-/// The tiny GPT on one GPU for `steps` steps on one fixed batch of 4
-/// micro-batches (memorisation, so the loss falls); `graphs` replays steps
-/// 2.. from a CUDA graph.
-GraphRun train(const GraphCase& c, bool graphs, int steps) {
+/// The tiny GPT on one GPU, 6 steps on one fixed batch of 4 micro-batches
+/// (memorisation, so the loss falls); `graphs` replays steps 2.. from a CUDA
+/// graph.
+testing::MemorisedRun train(const GraphCase& c, bool graphs, int steps) {
   const std::string precision = c.precision;
-  testing::Layout layout;
-  layout.overrides = {"run.device=cuda",
-                      "training.precision=" + precision,
-                      "training.train_iters=" + std::to_string(steps),
-                      "training.global_batch_size=4",
-                      "optimizer.lr=1e-2",
-                      "optimizer.min_lr=1e-3",
-                      std::string("model.hidden_dropout=") + c.dropout,
-                      std::string("model.attention_dropout=") + c.dropout,
-                      std::string("training.cuda_graphs=") + (graphs ? "true" : "false")};
-  RunConfig config = testing::tiny_config(layout, 1);
-  ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), MemorySpace::Cuda);
-  const GptConfig model = GptConfig::from_run(config, 100, 1);
-  const DType dtype = precision == "fp16" ? DType::F16 : DType::BF16;
-  Trainer trainer(config, model, rt, dtype);
-  DataLayout data{model.seq_length, config.training.micro_batch_size,
-                  config.training.global_batch_size, 0, 1, steps, 1, config.run.seed};
-  auto source = make_synthetic_data(data, 100);
-  const auto batch = source->train_step(1);
-  GraphRun run;
-  for (long step = 1; step <= steps; ++step) run.steps.push_back(trainer.train_step(step, batch));
-  for (Parameter* p : trainer.parameters()) run.params[p->name] = p->value.to_doubles();
-  return run;
+  return testing::memorise(
+      {"run.device=cuda", "training.precision=" + precision, "training.global_batch_size=4",
+       "optimizer.lr=1e-2", "optimizer.min_lr=1e-3",
+       std::string("model.hidden_dropout=") + c.dropout,
+       std::string("model.attention_dropout=") + c.dropout,
+       std::string("training.cuda_graphs=") + (graphs ? "true" : "false")},
+      precision == "fp16" ? DType::F16 : DType::BF16, steps);
 }
 
 class GpuCudaGraphsTraining : public ::testing::TestWithParam<GraphCase> {};
 
 TEST_P(GpuCudaGraphsTraining, ReplayedRunEqualsEagerRunBitwise) {
   REQUIRE_GPU();
-  const int steps = 5;
-  const GraphRun eager = train(GetParam(), false, steps);
-  const GraphRun graphed = train(GetParam(), true, steps);
+  const int steps = 6;
+  const testing::MemorisedRun eager = train(GetParam(), false, steps);
+  const testing::MemorisedRun graphed = train(GetParam(), true, steps);
   for (int k = 0; k < steps; ++k) {
     const StepReport &e = eager.steps[std::size_t(k)], &g = graphed.steps[std::size_t(k)];
     EXPECT_EQ(g.loss, e.loss) << "step " << k + 1;
