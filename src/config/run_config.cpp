@@ -153,7 +153,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("training.check_for_nan", &t.check_for_nan, "bool", "skip steps with NaN/Inf");
   key("training.cuda_graphs", &t.cuda_graphs, "bool",
       "cuda: replay each micro-batch's forward + backward from one CUDA graph "
-      "(tp = pp = 1, no overlapped dp communication)");
+      "(pp = 1, tp on NCCL, no overlapped dp communication)");
   key("training.max_nan_skips", &t.max_nan_skips, "int", "abort after this many skips");
   key("training.eval_interval", &t.eval_interval, "int", "evaluate every N steps (0 = off)");
   key("training.eval_iters", &t.eval_iters, "int", "batches per evaluation");
@@ -296,16 +296,17 @@ void require_positive(const std::string& key, long v) {
 }
 
 /// training.cuda_graphs: what a replayed forward + backward cannot do
-/// (train/cuda_graph.hpp): host-side pipeline or tp logic, hooks into the
-/// dp overlap.
+/// (train/cuda_graph.hpp): the pipeline's host-side message logic, the copy
+/// engines' host-side sequence numbers (baked into a graph), hooks into the
+/// dp overlap. NCCL's tp collectives are captured like kernels.
 void require_capturable(const RunConfig& c) {
   if (!c.training.cuda_graphs) return;
   const std::string needs = "training.cuda_graphs = true needs ";
   MESH_REQUIRE(c.run.device == "cuda", needs << "run.device = cuda");
-  MESH_REQUIRE(c.parallel.tensor_parallel == 1 && c.parallel.pipeline_parallel == 1,
-               needs << "tensor_parallel = pipeline_parallel = 1 (got "
-                     << c.parallel.tensor_parallel << " and " << c.parallel.pipeline_parallel
+  MESH_REQUIRE(c.parallel.pipeline_parallel == 1,
+               needs << "parallel.pipeline_parallel = 1 (got " << c.parallel.pipeline_parallel
                      << ")");
+  MESH_REQUIRE(!c.parallel.tp_copy_engine, needs << "parallel.tp_copy_engine = false");
   MESH_REQUIRE(!c.parallel.overlap_grad_reduce && !c.parallel.overlap_param_gather,
                needs << "parallel.overlap_grad_reduce = overlap_param_gather = false");
 }

@@ -271,8 +271,9 @@ double Trainer::dloss_value() const {
 
 double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step) {
 #ifdef MESHTRON_HAVE_CUDA
-  // The deck check (require_capturable) gives tp = pp = 1: one chunk, whose
-  // tasks are F0 B0 F1 B1 ..., no messages, no hooks.
+  // The deck check (require_capturable) gives pp = 1: one chunk, whose
+  // tasks are F0 B0 F1 B1 ..., no pipeline messages, no hooks; tp's NCCL
+  // collectives (and their side-stream events) are captured like kernels.
   const std::vector<MicroBatch> batch = staged_in(host_batch, base_ctx_.space);
   GptModel& model = *chunks_[0];
   if (!graphed_) {
