@@ -15,6 +15,7 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 124m 350m 774m
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 774m --gpus 2 --no-torch
     python3 perf/e2e_gpu.py ... --set parallel.overlap_grad_reduce=true   # any deck override
+    python3 perf/e2e_gpu.py ... --tune-gemms   # both autotune GEMMs (run.gemm_autotune, TunableOp)
 
 Runs on the GPU node; PyTorch is the baseline here, never part of meshtron.
 """
@@ -94,6 +95,9 @@ def main():
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--tune-gemms", action="store_true",
+                        help="both frameworks autotune their GEMMs: meshtron's run.gemm_autotune, "
+                             "PyTorch's TunableOp (a like-for-like comparison)")
     parser.add_argument("--dp-set", action="append", default=[], metavar="KEY=VALUE",
                         help="deck override for the dp 2 run only, e.g. "
                              "parallel.overlap_grad_reduce=true (repeatable)")
@@ -105,6 +109,8 @@ def main():
                              "parallel.overlap_grad_reduce=true (with it, also "
                              "parallel.distributed_optimizer=true; repeatable)")
     args = parser.parse_args()
+    if args.tune_gemms:
+        args.set.append("run.gemm_autotune=true")
     extra = [arg for kv in args.set for arg in ("--set", kv)]
     dp_extra = extra + [arg for kv in args.dp_set for arg in ("--set", kv)]
     tp_extra = extra + [arg for kv in args.tp_set for arg in ("--set", kv)]
@@ -121,7 +127,8 @@ def main():
                       {"memory_mib": round(one["memory_mib"]), "recompute": args.recompute}, accumulate=acc)
         if not args.no_torch:
             import torch_baseline  # imports torch only when asked for
-            base = torch_baseline.run(name, mb, args.steps, args.warmup, accumulate=acc)
+            base = torch_baseline.run(name, mb, args.steps, args.warmup, accumulate=acc,
+                                      tune_gemms=args.tune_gemms)
             ratio = mine["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
             print(json.dumps({"model": name, "ratio_meshtron_over_pytorch": round(ratio, 3)}), flush=True)
         if args.gpus >= 2:

@@ -27,8 +27,15 @@ def flops_per_token(layers, hidden, seq, vocab=50304):
     return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * ffn + 2 * seq * hidden) + hidden * vocab)
 
 
-def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12, accumulate=1):
-    """One optimizer step = `accumulate` micro-batches (gradient accumulation)."""
+def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12, accumulate=1, tune_gemms=False):
+    """One optimizer step = `accumulate` micro-batches (gradient accumulation).
+    `tune_gemms`: PyTorch's TunableOp times the GEMM solutions of each shape at
+    its first call (the warm-up steps) and keeps the fastest, as meshtron's
+    run.gemm_autotune does."""
+    if tune_gemms:
+        torch.cuda.tunable.enable(True)
+        torch.cuda.tunable.tuning_enable(True)
+        torch.cuda.tunable.write_file_on_exit(False)
     layers, hidden, heads = SHAPES[name]
     config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq,
                                      vocab_size=50304, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,

@@ -3,6 +3,8 @@
 
 #include "parallel/peer_exchange.hpp"
 
+#include <algorithm>
+
 #include "common/error.hpp"
 #include "ops/ops_cuda.hpp"
 #include "tensor/device_stream.hpp"
@@ -41,7 +43,9 @@ void check_driver(CUresult r, const char* what) {
                                                   << ")");
 }
 
-/// Every rank's `mine`, opened in this process (its own as is).
+/// Every rank's `mine`, opened in this process (its own as is). Collective:
+/// when some rank cannot open a peer's memory (GPUs without peer access),
+/// every rank stops with the same line.
 std::vector<char*> open_peers(MPI_Comm group, int rank, int size, void* mine) {
   cudaIpcMemHandle_t handle;
   CUDA_CHECK(cudaIpcGetMemHandle(&handle, mine));
@@ -55,9 +59,18 @@ std::vector<char*> open_peers(MPI_Comm group, int rank, int size, void* mine) {
       continue;
     }
     void* p = nullptr;
-    CUDA_CHECK(cudaIpcOpenMemHandle(&p, all[std::size_t(r)], cudaIpcMemLazyEnablePeerAccess));
+    if (cudaIpcOpenMemHandle(&p, all[std::size_t(r)], cudaIpcMemLazyEnablePeerAccess) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      p = nullptr;
+    }
     out[std::size_t(r)] = static_cast<char*>(p);
   }
+  int opened = std::count(out.begin(), out.end(), nullptr) == 0 ? 1 : 0, all_opened = 0;
+  MPI_CHECK(MPI_Allreduce(&opened, &all_opened, 1, MPI_INT, MPI_MIN, group));
+  MESH_VERIFY(all_opened == 1, "PeerExchange (parallel.tp_copy_engine): some rank cannot open "
+                               "its peers' GPU memory over CUDA IPC (no peer access between "
+                               "these GPUs?); set parallel.tp_copy_engine = false");
   return out;
 }
 
