@@ -381,8 +381,7 @@ class GemmEngine {
         if (!key.out_of_place || supports_out_of_place(results[i].algo))
           usable[count++] = results[i].algo;
     std::optional<cublasLtMatmulAlgo_t> chosen;
-    if (count == 1 || (count > 1 && !autotune_)) chosen = usable[0];
-    if (count > 1 && autotune_) chosen = fastest(g, usable, count);
+    if (count > 0) chosen = autotune_ && count > 1 ? fastest(g, usable, count) : usable[0];
     const bool extras = key.out_of_place || key.epilogue != int(CUBLASLT_EPILOGUE_DEFAULT);
     MESH_VERIFY(chosen || extras,
                 "gemm: cuBLASLt found no algorithm (status " << int(st) << ") for M=" << key.M

@@ -34,6 +34,11 @@ void accumulate_weight_grads(const Tensor& x, const Tensor& dy, Parameter& w,
   ops::linear_weight_grads(x, dy, w.grad, b.grad);
 }
 
+/// Rows of the GEMM input: x's, times tp under SP (the all-gathered tokens).
+index_t gathered_rows(const Tensor& x, const LayerContext& ctx) {
+  return x.dim(0) * (ctx.sequence_parallel ? ctx.tp.size() : 1);
+}
+
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(const std::string& name, index_t in, index_t out,
@@ -76,7 +81,7 @@ void ColumnParallelLinear::multiply_gathered(const Tensor& x, LayerContext& ctx,
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
                                      Cache& cache) const {
-  const index_t tokens = x.dim(0) * (ctx.sequence_parallel ? ctx.tp.size() : 1);
+  const index_t tokens = gathered_rows(x, ctx);
   Tensor y = Tensor::empty({tokens, weight.value.dim(1)}, x.dtype(), x.space());
   multiply_gathered(x, ctx, cache, [&](const Tensor& rows, index_t begin, index_t end) {
     Tensor out = y.slice_rows(begin, end);
@@ -87,7 +92,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
 
 Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Cache& cache,
                                           Tensor& pre_gelu) const {
-  const index_t tokens = x.dim(0) * (ctx.sequence_parallel ? ctx.tp.size() : 1);
+  const index_t tokens = gathered_rows(x, ctx);
   const Shape shape{tokens, weight.value.dim(1)};
   pre_gelu = Tensor::empty(shape, x.dtype(), x.space());
   Tensor activated = Tensor::empty(shape, x.dtype(), x.space());

@@ -58,8 +58,6 @@ struct GemmArgs {
   float* bias_grad = nullptr;
 };
 void gemm(const GemmArgs& args);
-/// How many bias GEMMs ran as plain GEMM + bias_add because cuBLASLt had no
-/// algorithm with the bias epilogue (so tests can insist the fused path ran).
 /// GEMM algorithm choice: the heuristic's first (default) or, with
 /// autotuning on (also MESHTRON_GEMM_AUTOTUNE=1), the fastest of its first
 /// eight, timed once per problem (gemm.cu). Setting it forgets the cache.
@@ -68,6 +66,8 @@ void set_gemm_autotune(bool on);
 /// took another than the heuristic's first.
 std::uint64_t gemm_autotuned_problems();
 std::uint64_t gemm_autotune_changed();
+/// How many bias GEMMs ran as plain GEMM + bias_add because cuBLASLt had no
+/// algorithm with the bias epilogue (so tests can insist the fused path ran).
 std::uint64_t gemm_bias_fallbacks();
 /// The same for the GeLU epilogues (forward GELU_AUX_BIAS and backward
 /// DGELU, run unfused as GEMM + gelu_forward / gelu_backward) and for the

@@ -150,10 +150,7 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send
 }
 
 void NcclCommunicator::use_copy_engine() {
-  int have = PeerExchange::available() ? 1 : 0;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &have, 1, MPI_INT, MPI_MIN, host_.comm()));
-  MESH_REQUIRE(have == 1, "parallel.tp_copy_engine: the CUDA driver of some rank has no stream "
-                          "memory operations (cuStreamWriteValue32 / cuStreamWaitValue32)");
+  PeerExchange::require_available(host_.comm());  // at start-up, not at the first call
   copy_engine_ = true;
 }
 

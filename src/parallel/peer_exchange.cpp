@@ -94,14 +94,19 @@ bool PeerExchange::available() {
   return stream_mem_ops().write != nullptr && stream_mem_ops().wait != nullptr;
 }
 
+void PeerExchange::require_available(MPI_Comm group) {
+  int usable = available() ? 1 : 0, all_usable = 0;
+  MPI_CHECK(MPI_Allreduce(&usable, &all_usable, 1, MPI_INT, MPI_MIN, group));
+  MESH_REQUIRE(all_usable == 1, "parallel.tp_copy_engine: the CUDA driver of some rank has no "
+                                "stream memory operations (cuStreamWriteValue32 / "
+                                "cuStreamWaitValue32)");
+}
+
 PeerExchange::PeerExchange(MPI_Comm group, std::size_t arena_bytes)
     : arena_bytes_(arena_bytes) {
   MPI_CHECK(MPI_Comm_rank(group, &rank_));
   MPI_CHECK(MPI_Comm_size(group, &size_));
-  int usable = available() ? 1 : 0, all_usable = 0;
-  MPI_CHECK(MPI_Allreduce(&usable, &all_usable, 1, MPI_INT, MPI_MIN, group));
-  MESH_VERIFY(all_usable == 1, "PeerExchange: the CUDA driver of some rank has no stream memory "
-                               "operations (cuStreamWriteValue32 / cuStreamWaitValue32)");
+  require_available(group);
   CUDA_CHECK(cudaMalloc(&own_arena_, arena_bytes_ > 0 ? arena_bytes_ : 1));
   CUDA_CHECK(cudaMalloc(&own_flags_, sizeof(cuuint32_t) * std::size_t(size_)));
   CUDA_CHECK(cudaMemset(own_flags_, 0, sizeof(cuuint32_t) * std::size_t(size_)));
@@ -127,16 +132,19 @@ PeerExchange::~PeerExchange() {
   cudaFree(own_flags_);
 }
 
+void PeerExchange::check_fits(const char* call, std::size_t block, std::size_t offset) const {
+  MESH_VERIFY(offset + block * std::size_t(size_) <= arena_bytes_,
+              "PeerExchange::" << call << ": " << size_ << " blocks of " << block << " bytes at "
+                               << offset << " overflow the " << arena_bytes_ << "-byte arena");
+}
+
 CUdeviceptr PeerExchange::flag(int owner, int writer) const {
   return CUdeviceptr(peer_flags_[std::size_t(owner)] + sizeof(cuuint32_t) * std::size_t(writer));
 }
 
 void PeerExchange::all_gather(const void* shard, std::size_t bytes, std::size_t offset,
                               cudaStream_t stream) {
-  MESH_VERIFY(offset + bytes * std::size_t(size_) <= arena_bytes_,
-              "PeerExchange::all_gather: " << size_ << " blocks of " << bytes << " bytes at "
-                                           << offset << " overflow the " << arena_bytes_
-                                           << "-byte arena");
+  check_fits("all_gather", bytes, offset);
   // The peers from the next one on, then this rank's own block.
   for (int k = 1; k <= size_; ++k) {
     const int r = (rank_ + k) % size_;
@@ -163,10 +171,7 @@ void PeerExchange::signal_and_wait(cudaStream_t stream) {
 void PeerExchange::reduce_scatter(const void* partial, std::size_t count, DType dtype, void* out,
                                   std::size_t offset) {
   const std::size_t block = count * dtype_size(dtype);
-  MESH_VERIFY(offset + block * std::size_t(size_) <= arena_bytes_,
-              "PeerExchange::reduce_scatter: " << size_ << " blocks of " << block
-                                               << " bytes at " << offset << " overflow the "
-                                               << arena_bytes_ << "-byte arena");
+  check_fits("reduce_scatter", block, offset);
   const cudaStream_t stream = device::compute_stream();  // the add kernel's stream
   const char* mine = static_cast<const char*>(partial);
   if (size_ == 1) {

@@ -46,6 +46,9 @@ class PeerExchange {
   /// Whether this process can use it: the driver has the stream memory
   /// operations. (Peer access is checked when the peers' memory is opened.)
   static bool available();
+  /// Collective over `group`: stops every rank with one line unless
+  /// available() holds on all of them.
+  static void require_available(MPI_Comm group);
 
   PeerExchange(MPI_Comm group, std::size_t arena_bytes);
   ~PeerExchange();
@@ -84,6 +87,8 @@ class PeerExchange {
                       std::size_t offset);
 
  private:
+  /// Stops unless size() blocks of `block` bytes at `offset` fit in the arena.
+  void check_fits(const char* call, std::size_t block, std::size_t offset) const;
   CUdeviceptr flag(int owner, int writer) const;
   /// Raises this rank's flag on every peer to the next sequence number,
   /// then waits on `stream` until every peer has raised its flag here.

@@ -538,8 +538,6 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{1, 1, 2, "1f1b", true, false}),
     [](const auto& info) { return info.param.name(); });
 
-// tp 2 + SP with the gathered input of qkv/fc1 kept for the backward
-// (parallel.sequence_parallel_keep_gathered) on NCCL.
 // parallel.tp_copy_engine: the tp group's forward all-gathers and
 // reduce-scatters (SP) on PeerExchange instead of NCCL, with and without the
 // kept gathered input (which moves the backward's re-gathers too).
@@ -573,6 +571,8 @@ TEST(GpuTraining, CudaGraphsAtTp2EqualTheEagerRunBitwise) {
   for (const auto& [name, values] : e.params) EXPECT_EQ(g.params.at(name), values) << name;
 }
 
+// tp 2 + SP with the gathered input of qkv/fc1 kept for the backward
+// (parallel.sequence_parallel_keep_gathered) on NCCL.
 TEST(GpuTraining, KeepingGatheredInputMatchesOneGpuRun) {
   REQUIRE_TWO_GPUS();
   Layout kept{2, 1, 1, "1f1b", false, true};
