@@ -189,7 +189,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, index_t n,
     if constexpr (std::is_same_v<C, float>) {
       MESH_VERIFY(false, "adamw_step: the compute copy is bf16 or fp16, got fp32");
     } else {
-      adamw_kernel<C><<<grid_for(n, 256), 256, 0, kStream>>>(param, grad, m, v,
+      adamw_kernel<C><<<grid_for(n, 256), 256, 0, compute_stream()>>>(param, grad, m, v,
                                                               static_cast<C*>(copy), n, k);
       MESH_CUDA_LAUNCHED();
     }
@@ -219,16 +219,17 @@ void AdamWTable::step(const std::vector<AdamWTensorPtrs>& tensors, DType copy_dt
       reinterpret_cast<const BlockWork*>(static_cast<const char*>(device_) + image_.size());
   const unsigned grid = unsigned(blocks_);
   if (copy_dtype == DType::BF16)
-    adamw_multi_kernel<bf16_t><<<grid, kThreads, 0, kStream>>>(table, work, k);
+    adamw_multi_kernel<bf16_t><<<grid, kThreads, 0, compute_stream()>>>(table, work, k);
   else
-    adamw_multi_kernel<f16_t><<<grid, kThreads, 0, kStream>>>(table, work, k);
+    adamw_multi_kernel<f16_t><<<grid, kThreads, 0, compute_stream()>>>(table, work, k);
   MESH_CUDA_LAUNCHED();
 }
 
 // Device layout: the entries, then the per-block work list (8-byte aligned
 // after 64-byte entries). Only the entries are kept on the host to compare:
-// the work list follows from them. The copy is stream-ordered (legacy
-// default stream): a kernel still reading the previous table runs first.
+// the work list follows from them. The copy is synchronous, on the legacy
+// default stream, which the compute stream synchronises with: a kernel still
+// reading the previous table runs first.
 void AdamWTable::upload(const std::vector<unsigned char>& image) {
   std::vector<TableEntry> entries(image.size() / sizeof(TableEntry));
   std::memcpy(entries.data(), image.data(), image.size());

@@ -29,10 +29,10 @@ void cast(DType from, const void* src, DType to, void* dst, index_t n) {
   with_storage_type(half, "cast", [&](auto zero) {
     using H = decltype(zero);
     if (from == DType::F32)
-      cast_kernel<<<grid, threads, 0, kStream>>>(static_cast<const float*>(src),
+      cast_kernel<<<grid, threads, 0, compute_stream()>>>(static_cast<const float*>(src),
                                                  static_cast<H*>(dst), n);
     else
-      cast_kernel<<<grid, threads, 0, kStream>>>(static_cast<const H*>(src),
+      cast_kernel<<<grid, threads, 0, compute_stream()>>>(static_cast<const H*>(src),
                                                  static_cast<float*>(dst), n);
     MESH_CUDA_LAUNCHED();
   });

@@ -95,7 +95,7 @@ inline ColumnSplit column_split(kindex N, kindex col_blocks, kindex resident) {
 
 template <int NV, class G>
 void column_finalize(const device::Buffer& partial, kindex splits, kindex C, G* out0, G* out1) {
-  column_finalize_kernel<NV><<<grid_for(C, 256), 256, 0, kStream>>>(partial.as<float>(), splits,
+  column_finalize_kernel<NV><<<grid_for(C, 256), 256, 0, compute_stream()>>>(partial.as<float>(), splits,
                                                                    C, out0, out1);
   MESH_CUDA_LAUNCHED();
 }
@@ -110,7 +110,7 @@ void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullp
   const ColumnSplit split = column_split(N, col_blocks, resident);
   device::Buffer partial(std::size_t(split.splits * NV * C) * sizeof(float));
   column_partials_kernel<NV><<<dim3(unsigned(col_blocks), unsigned(split.splits)),
-                               dim3(kColTile, kRowLanes), 0, kStream>>>(
+                               dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
       src, N, C, split.rows_per_split, partial.as<float>());
   MESH_CUDA_LAUNCHED();
   column_finalize<NV>(partial, split.splits, C, out0, out1);
@@ -150,7 +150,7 @@ template <int NV, class Source, class G>
 void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr) {
   if (C == 0) return;
   column_sums_one_pass_kernel<NV><<<unsigned((C + kColTile - 1) / kColTile),
-                                    dim3(kColTile, kRowLanes), 0, kStream>>>(src, N, C, out0,
+                                    dim3(kColTile, kRowLanes), 0, compute_stream()>>>(src, N, C, out0,
                                                                              out1);
   MESH_CUDA_LAUNCHED();
 }
@@ -219,7 +219,7 @@ void plain_column_sums(const T* x, kindex N, kindex C, G* out) {
   const ColumnSplit split = column_split(N, col_blocks, resident);
   device::Buffer partial(std::size_t(split.splits * C) * sizeof(float));
   column_partials_packed_kernel<T><<<dim3(unsigned(col_blocks), unsigned(split.splits)),
-                                     dim3(kColTile, kRowLanes), 0, kStream>>>(
+                                     dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
       x, N, C, split.rows_per_split, partial.as<float>());
   MESH_CUDA_LAUNCHED();
   column_finalize<1>(partial, split.splits, C, out, static_cast<G*>(nullptr));

@@ -4,8 +4,8 @@
 // through load_f() and stores through store_f(), so the arithmetic is always
 // fp32 (bf16 and fp16 are storage formats only, as on the host path's
 // types.hpp).
-// All work runs on the legacy default stream (see device_allocator.hpp for
-// why the caching allocator relies on that). Launchers check the launch with
+// All work runs on the compute stream (tensor/device_stream.hpp; see
+// device_allocator.hpp for why the caching allocator relies on one stream). Launchers check the launch with
 // CUDA_CHECK(cudaGetLastError()) right after it.
 #pragma once
 
@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "common/error.hpp"
+#include "tensor/device_stream.hpp"
 #include "tensor/types.hpp"
 
 namespace meshtron::cuda {
@@ -24,7 +25,7 @@ using kindex = std::int64_t;
 using bf16_t = __nv_bfloat16;
 using f16_t = __half;
 
-inline constexpr cudaStream_t kStream = 0;  // legacy default stream
+using device::compute_stream;  // every launch below is queued there
 
 // ------------------------------------------------------ storage <-> fp32 ---
 
@@ -233,10 +234,10 @@ void map3(F f, const T* a, const T* b, const T* c, kindex n, T* out) {
   const bool packed = (!a || aligned16(a)) && (!b || aligned16(b)) && (!c || aligned16(c)) &&
                       aligned16(out);
   if (packed)
-    map3_packed_kernel<T><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, kStream>>>(
+    map3_packed_kernel<T><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, compute_stream()>>>(
         f, a, b, c, n, out);
   else
-    map3_scalar_kernel<T><<<grid_for(n, kThreads), kThreads, 0, kStream>>>(f, a, b, c, n, out);
+    map3_scalar_kernel<T><<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(f, a, b, c, n, out);
   MESH_CUDA_LAUNCHED();
 }
 

@@ -165,7 +165,7 @@ void cross_entropy_row_max(DType t, const void* logits, index_t N, index_t V_loc
   with_storage_type(t, "cross_entropy_row_max", [&](auto zero) {
     using T = decltype(zero);
     with_columns_per_access(V_local, {logits}, [&](auto c) {
-      row_max_kernel<T, decltype(c)::value><<<unsigned(N), kThreads, 0, kStream>>>(
+      row_max_kernel<T, decltype(c)::value><<<unsigned(N), kThreads, 0, compute_stream()>>>(
           static_cast<const T*>(logits), int(V_local), int(valid_local), row_max);
       MESH_CUDA_LAUNCHED();
     });
@@ -179,7 +179,7 @@ void cross_entropy_partials(DType t, const void* logits, const std::int32_t* tar
   with_storage_type(t, "cross_entropy_partials", [&](auto zero) {
     using T = decltype(zero);
     with_columns_per_access(V_local, {logits}, [&](auto c) {
-      partials_kernel<T, decltype(c)::value><<<unsigned(N), kThreads, 0, kStream>>>(
+      partials_kernel<T, decltype(c)::value><<<unsigned(N), kThreads, 0, compute_stream()>>>(
           static_cast<const T*>(logits), targets, row_max, int(V_local), vocab_begin,
           int(valid_local), sum_exp, target_logit);
       MESH_CUDA_LAUNCHED();
@@ -189,7 +189,7 @@ void cross_entropy_partials(DType t, const void* logits, const std::int32_t* tar
 
 void cross_entropy_loss(const float* sum_exp, const float* target_logit, index_t N, float* loss) {
   if (N == 0) return;
-  loss_kernel<<<grid_for(N, kThreads), kThreads, 0, kStream>>>(sum_exp, target_logit, N, loss);
+  loss_kernel<<<grid_for(N, kThreads), kThreads, 0, compute_stream()>>>(sum_exp, target_logit, N, loss);
   MESH_CUDA_LAUNCHED();
 }
 
@@ -204,7 +204,7 @@ void cross_entropy_backward(DType t, DType out, const void* logits, const std::i
     with_storage_type(out, "cross_entropy_backward", [&](auto out_zero) {
       using O = decltype(out_zero);
       with_columns_per_access(V_local, {logits, dlogits}, [&](auto c) {
-        backward_kernel<T, O, decltype(c)::value><<<unsigned(N), kThreads, 0, kStream>>>(
+        backward_kernel<T, O, decltype(c)::value><<<unsigned(N), kThreads, 0, compute_stream()>>>(
             static_cast<const T*>(logits), targets, row_max, sum_exp, dloss, int(V_local),
             vocab_begin, int(valid_local), static_cast<O*>(dlogits));
         MESH_CUDA_LAUNCHED();

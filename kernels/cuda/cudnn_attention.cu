@@ -29,7 +29,7 @@
 // the CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC note is never taken (meshtron
 // promises bitwise restart replay), and the first that finalizes wins.
 // Execution: a variant pack per call (pointers change), the plan's
-// workspace from the caching allocator, on meshtron's stream (kStream, set
+// workspace from the caching allocator, on meshtron's stream (compute_stream(), set
 // on the handle with cudnnSetStream).
 //
 // Measured on an H100 (cuDNN 9.19.0, bf16, bench_cuda_ops attention fused),
@@ -488,7 +488,7 @@ class Planner {
       cudnnHandle_t h = nullptr;
       const cudnnStatus_t st = cudnnCreate(&h);
       if (st == CUDNN_STATUS_SUCCESS) {
-        CUDNN_CHECK(cudnnSetStream(h, kStream));  // meshtron's one compute stream
+        CUDNN_CHECK(cudnnSetStream(h, compute_stream()));  // meshtron's one compute stream
       } else {
         h = nullptr;
         handle_error_ = describe_failure("cudnnCreate", st);

@@ -72,6 +72,16 @@ __device__ __forceinline__ uint4 philox4x32_10(std::uint32_t c0, std::uint32_t c
   return make_uint4(c0, c1, c2, c3);
 }
 
+/// `s` with the step and sample offset of this launch: the device words of
+/// s.live when set (CUDA graphs: one captured launch, many steps), else as is.
+__device__ __forceinline__ DropoutPlacement resolved(DropoutPlacement s) {
+  if (s.live == nullptr) return s;
+  s.step = s.live[0];
+  const kindex sample = kindex(std::uint64_t(s.live[1]) | (std::uint64_t(s.live[2]) << 32));
+  (s.sample_axis == 0 ? s.a_offset : s.b_offset) += sample;
+  return s;
+}
+
 /// The four words of group q (global indices 4q .. 4q + 3).
 __device__ __forceinline__ uint4 group_bits(const DropoutPlacement& s, std::uint64_t q) {
   return philox4x32_10(std::uint32_t(q), std::uint32_t(q >> 32), s.step, s.stream,
@@ -96,7 +106,8 @@ __device__ __forceinline__ bool keep_element(const DropoutPlacement& s, std::uin
 /// GPU and would cost more than the generator itself), else uint64_t.
 template <class T, class I>
 __global__ void dropout_kernel(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
-                               DropoutPlacement s, T* out) {
+                               DropoutPlacement site, T* out) {
+  const DropoutPlacement s = resolved(site);
   const I sc = I(s.c), sb = I(s.b);
   GRID_STRIDE(i, n) {
     const I li = I(i);
@@ -125,7 +136,8 @@ __device__ __forceinline__ kindex row_start(const DropoutPlacement& s, kindex a,
 /// n % V tail goes element by element (block 0), like map3_packed_kernel.
 template <class T, class I>
 __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t threshold,
-                                      float keep_scale, DropoutPlacement s, T* out) {
+                                      float keep_scale, DropoutPlacement site, T* out) {
+  const DropoutPlacement s = resolved(site);
   constexpr int V = kPack<T>;
   const I sc = I(s.c), sb = I(s.b);
   const kindex packs = n / V;
@@ -175,7 +187,8 @@ __device__ __forceinline__ std::uint32_t word(const uint4& r, int j) {
 /// E = kGroupedPacks packs; the n % E tail (whole groups) in block 0.
 template <class T, class I>
 __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t threshold,
-                                       float keep_scale, DropoutPlacement s, T* out) {
+                                       float keep_scale, DropoutPlacement site, T* out) {
+  const DropoutPlacement s = resolved(site);
   constexpr int E = kGroupedPacks * kPack<T>, G = E / 4;
   const I sc = I(s.c), sb = I(s.b);
   const kindex chunks = n / E;
@@ -238,13 +251,13 @@ void launch_dropout(const T* in, kindex n, std::uint32_t threshold, float keep_s
                     const DropoutPlacement& site, T* out) {
   constexpr int E = kGroupedPacks * kPack<T>;
   if (aligned16(in) && aligned16(out) && groups_align(site))
-    dropout_grouped_kernel<T, I><<<grid_for(n / E + 1, kThreads), kThreads, 0, kStream>>>(
+    dropout_grouped_kernel<T, I><<<grid_for(n / E + 1, kThreads), kThreads, 0, compute_stream()>>>(
         in, n, threshold, keep_scale, site, out);
   else if (aligned16(in) && aligned16(out))
-    dropout_packed_kernel<T, I><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, kStream>>>(
+    dropout_packed_kernel<T, I><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, compute_stream()>>>(
         in, n, threshold, keep_scale, site, out);
   else
-    dropout_kernel<T, I><<<grid_for(n, kThreads), kThreads, 0, kStream>>>(in, n, threshold,
+    dropout_kernel<T, I><<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(in, n, threshold,
                                                                           keep_scale, site, out);
   MESH_CUDA_LAUNCHED();
 }
@@ -259,7 +272,7 @@ void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPl
     if (p == 0.0) {  // no mask, no scaling: a copy (or nothing, in place)
       if (in != out)
         CUDA_CHECK(cudaMemcpyAsync(out, in, std::size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice,
-                                   kStream));
+                                   compute_stream()));
       return;
     }
     const auto threshold = std::uint32_t(std::ceil(p * 16777216.0));  // p < 1: <= 2^24

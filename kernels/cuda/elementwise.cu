@@ -99,7 +99,7 @@ __device__ __forceinline__ void add_squares(const Pack<T>& p, double& acc) {
 
 /// Blocks finished so far in the current sum_of_squares_many call; the
 /// block that takes the last ticket resets it to 0 for the next call (calls
-/// run one after another on the legacy stream).
+/// run one after another on the compute stream).
 __device__ unsigned int g_squares_tickets = 0;
 
 /// Writes this block's sum of x^2 to partial[slot0 + blockIdx.x]; the last
@@ -179,13 +179,13 @@ void bias_add(DType t, void* y, const void* bias, index_t N, index_t C) {
       constexpr int kPackThreads = 128;  // C = 768 bf16 is 96 packs
       const kindex packs = C / kPack<T>;
       const dim3 grid(unsigned((packs + kPackThreads - 1) / kPackThreads), row_blocks);
-      bias_add_packed_kernel<T><<<grid, kPackThreads, 0, kStream>>>(
+      bias_add_packed_kernel<T><<<grid, kPackThreads, 0, compute_stream()>>>(
           static_cast<T*>(y), static_cast<const T*>(bias), N, packs);
       MESH_CUDA_LAUNCHED();
       return;
     }
     const dim3 grid(unsigned((C + kThreads - 1) / kThreads), row_blocks);
-    bias_add_kernel<T><<<grid, kThreads, 0, kStream>>>(static_cast<T*>(y),
+    bias_add_kernel<T><<<grid, kThreads, 0, compute_stream()>>>(static_cast<T*>(y),
                                                        static_cast<const T*>(bias), N, C);
     MESH_CUDA_LAUNCHED();
   });
@@ -251,14 +251,14 @@ double sum_of_squares_many(int count, const DType* types, const void* const* xs,
     if (blocks[k] == 0) continue;
     with_storage_type(types[k], "sum_of_squares", [&](auto zero) {
       using T = decltype(zero);
-      sum_of_squares_kernel<T><<<blocks[k], kThreads, 0, kStream>>>(
+      sum_of_squares_kernel<T><<<blocks[k], kThreads, 0, compute_stream()>>>(
           static_cast<const T*>(xs[k]), ns[k], partial.as<double>(), unsigned(at),
           unsigned(slots), total_dev);
       MESH_CUDA_LAUNCHED();
     });
     at += blocks[k];
   }
-  CUDA_CHECK(cudaStreamSynchronize(kStream));
+  CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
   return *static_cast<volatile double*>(host_total);
 }
 

@@ -211,18 +211,18 @@ struct SortedRows {
                 "embedding_backward: " << N << " tokens or " << V << " rows exceed int32");
     device::Buffer rows_in(std::size_t(N) * sizeof(std::uint32_t));
     device::Buffer tokens_in(std::size_t(N) * sizeof(std::int32_t));
-    embedding_keys_kernel<<<grid_for(N, kThreads), kThreads, 0, kStream>>>(
+    embedding_keys_kernel<<<grid_for(N, kThreads), kThreads, 0, compute_stream()>>>(
         ids, N, V, vocab_begin, rows_in.as<std::uint32_t>(), tokens_in.as<std::int32_t>());
     MESH_CUDA_LAUNCHED();
     const int n = int(N), end_bit = key_bits(V);
     std::size_t scratch_bytes = 0;  // a size query: launches nothing
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
         nullptr, scratch_bytes, rows_in.as<std::uint32_t>(), rows.as<std::uint32_t>(),
-        tokens_in.as<std::int32_t>(), tokens.as<std::int32_t>(), n, 0, end_bit, kStream));
+        tokens_in.as<std::int32_t>(), tokens.as<std::int32_t>(), n, 0, end_bit, compute_stream()));
     device::Buffer scratch(scratch_bytes);
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
         scratch.as<void>(), scratch_bytes, rows_in.as<std::uint32_t>(), rows.as<std::uint32_t>(),
-        tokens_in.as<std::int32_t>(), tokens.as<std::int32_t>(), n, 0, end_bit, kStream));
+        tokens_in.as<std::int32_t>(), tokens.as<std::int32_t>(), n, 0, end_bit, compute_stream()));
     // The scratch buffers go back to the allocator here, reused only by work
     // queued after the sort on the same stream (device_allocator.hpp).
   }
@@ -239,7 +239,7 @@ void launch_runs_packed(const SortedRows& sorted, kindex N, const T* dout, kinde
   const kindex y_blocks = (N + ty - 1) / ty;
   const dim3 grid(unsigned((row_packs + tx - 1) / tx),
                   unsigned(y_blocks < 65535 ? y_blocks : 65535));
-  embedding_runs_packed_kernel<T, G><<<grid, dim3(tx, ty), 0, kStream>>>(
+  embedding_runs_packed_kernel<T, G><<<grid, dim3(tx, ty), 0, compute_stream()>>>(
       sorted.rows.as<std::uint32_t>(), sorted.tokens.as<std::int32_t>(), N, dout, V, row_packs,
       dtable);
   MESH_CUDA_LAUNCHED();
@@ -280,14 +280,14 @@ void embedding_forward(DType t, const std::int32_t* ids, index_t N, const void* 
       const unsigned blocks = grid_for((packs + U - 1) / U, kThreads);
       if (packs < kindex(UINT32_MAX))  // 32-bit index division where it fits
         embedding_forward_packed_kernel<T, std::uint32_t, U>
-            <<<blocks, kThreads, 0, kStream>>>(ids, N, tab, V_local, H, vocab_begin, o);
+            <<<blocks, kThreads, 0, compute_stream()>>>(ids, N, tab, V_local, H, vocab_begin, o);
       else
         embedding_forward_packed_kernel<T, std::uint64_t, U>
-            <<<blocks, kThreads, 0, kStream>>>(ids, N, tab, V_local, H, vocab_begin, o);
+            <<<blocks, kThreads, 0, compute_stream()>>>(ids, N, tab, V_local, H, vocab_begin, o);
       MESH_CUDA_LAUNCHED();
       return;
     }
-    embedding_forward_kernel<T><<<grid_for(N * H, kThreads), kThreads, 0, kStream>>>(
+    embedding_forward_kernel<T><<<grid_for(N * H, kThreads), kThreads, 0, compute_stream()>>>(
         ids, N, static_cast<const T*>(table), V_local, H, vocab_begin, static_cast<T*>(out));
     MESH_CUDA_LAUNCHED();
   });
@@ -305,7 +305,7 @@ void embedding_backward(DType t, DType g, const std::int32_t* ids, index_t N, co
                                static_cast<G*>(dtable));
       return;
     }
-    embedding_runs_kernel<T, G><<<grid_for(N * H, kThreads), kThreads, 0, kStream>>>(
+    embedding_runs_kernel<T, G><<<grid_for(N * H, kThreads), kThreads, 0, compute_stream()>>>(
         sorted.rows.as<std::uint32_t>(), sorted.tokens.as<std::int32_t>(), N,
         static_cast<const T*>(dout), V_local, H, static_cast<G*>(dtable));
     MESH_CUDA_LAUNCHED();
@@ -317,7 +317,7 @@ void position_embedding_forward(DType t, const void* table, index_t seq_len, ind
   if (N * H == 0) return;
   with_storage_type(t, "position_embedding_forward", [&](auto zero) {
     using T = decltype(zero);
-    position_forward_kernel<T><<<grid_for(N * H, kThreads), kThreads, 0, kStream>>>(
+    position_forward_kernel<T><<<grid_for(N * H, kThreads), kThreads, 0, compute_stream()>>>(
         static_cast<const T*>(table), seq_len, N, H, static_cast<T*>(out));
     MESH_CUDA_LAUNCHED();
   });
@@ -329,7 +329,7 @@ void position_embedding_backward(DType t, DType g, const void* dout, index_t N, 
   with_storage_and_grad_type(t, g, "position_embedding_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    position_backward_kernel<T, G><<<grid_for(seq_len * H, kThreads), kThreads, 0, kStream>>>(
+    position_backward_kernel<T, G><<<grid_for(seq_len * H, kThreads), kThreads, 0, compute_stream()>>>(
         static_cast<const T*>(dout), N, H, seq_len, static_cast<G*>(dtable));
     MESH_CUDA_LAUNCHED();
   });

@@ -724,7 +724,7 @@ void with_flash_types(DType t, index_t D, const char* op, F&& f) {
 template <class... KArgs, class... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, int threads, std::size_t smem, Args... args) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<grid, threads, smem, kStream>>>(args...);
+  kernel<<<grid, threads, smem, compute_stream()>>>(args...);
   MESH_CUDA_LAUNCHED();
 }
 
@@ -759,7 +759,7 @@ void launch_forward(const FlashArgs& a) {
 template <class T, int D>
 void launch_row_dot(const FlashArgs& a) {
   const kindex rows = a.B * a.S;
-  row_dot_kernel<T, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, kStream>>>(
+  row_dot_kernel<T, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, compute_stream()>>>(
       static_cast<const T*>(a.dout), static_cast<const T*>(a.out), a.os, kindex(a.S), rows,
       a.delta);
   MESH_CUDA_LAUNCHED();

@@ -73,7 +73,7 @@ void bias_gelu_forward(DType t, const void* x, const void* bias, index_t N, inde
   if (N * C == 0) return;
   with_storage_type(t, "bias_gelu_forward", [&](auto zero) {
     using T = decltype(zero);
-    bias_gelu_forward_kernel<T><<<grid_for(N * C, kThreads), kThreads, 0, kStream>>>(
+    bias_gelu_forward_kernel<T><<<grid_for(N * C, kThreads), kThreads, 0, compute_stream()>>>(
         static_cast<const T*>(x), static_cast<const T*>(bias), N, C, static_cast<T*>(pre),
         static_cast<T*>(y));
     MESH_CUDA_LAUNCHED();

@@ -295,7 +295,7 @@ class GemmEngine {
     const float alpha = float(g.alpha), beta = float(g.beta);
     const void* c_in = g.c_in ? g.c_in : g.C;
     return cublasLtMatmul(handle_, d.op, &alpha, g.B, d.a, g.A, d.b, &beta, c_in, d.c, g.C, d.c,
-                          &algo, workspace_, kWorkspaceBytes, kStream);
+                          &algo, workspace_, kWorkspaceBytes, compute_stream());
   }
 
   /// Of the heuristic's candidates for g, the fastest by CUDA events (the
@@ -326,9 +326,9 @@ class GemmEngine {
       if (launch(t, d, candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
       float ms[kRuns] = {};
       for (int r = 0; r < kRuns; ++r) {
-        CUDA_CHECK(cudaEventRecord(start, kStream));
+        CUDA_CHECK(cudaEventRecord(start, compute_stream()));
         CUBLAS_CHECK(launch(t, d, candidates[i]));
-        CUDA_CHECK(cudaEventRecord(stop, kStream));
+        CUDA_CHECK(cudaEventRecord(stop, compute_stream()));
         CUDA_CHECK(cudaEventSynchronize(stop));
         CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
       }
@@ -485,7 +485,7 @@ void gemm_unfused(const GemmArgs& a) {
     GemmArgs plain = a;
     plain.bias_grad = nullptr;
     gemm(plain);
-    CUDA_CHECK(cudaMemsetAsync(a.bias_grad, 0, std::size_t(a.N) * sizeof(float), kStream));
+    CUDA_CHECK(cudaMemsetAsync(a.bias_grad, 0, std::size_t(a.N) * sizeof(float), compute_stream()));
     bias_backward(a.ab, DType::F32, a.B, a.K, a.N, a.bias_grad);
   } else if (a.bias) {
     GemmArgs plain = a;
@@ -496,7 +496,7 @@ void gemm_unfused(const GemmArgs& a) {
     with_storage_type(a.c, "gemm", [&](auto zero) {
       using T = decltype(zero);
       const kindex total = a.M * a.N * a.batch;
-      scale_or_zero_kernel<<<grid_for(total, 256), 256, 0, kStream>>>(
+      scale_or_zero_kernel<<<grid_for(total, 256), 256, 0, compute_stream()>>>(
           static_cast<T*>(a.C), a.M, a.N, a.ldc, a.batch, a.stride_c, float(a.beta));
       MESH_CUDA_LAUNCHED();
     });

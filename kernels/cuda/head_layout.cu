@@ -54,7 +54,7 @@ void launch(const void* src, std::size_t element_size, index_t s, index_t b, ind
   auto go = [&](auto word, auto index) {
     using W = decltype(word);
     using I = decltype(index);
-    head_layout_kernel<W, kSplit, I><<<blocks, 256, 0, kStream>>>(
+    head_layout_kernel<W, kSplit, I><<<blocks, 256, 0, compute_stream()>>>(
         static_cast<const W*>(src), I(s), I(b), I(heads), I(dw), I(parts), I(p),
         static_cast<W*>(dst));
   };

@@ -464,14 +464,14 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
       with_packs_per_lane(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
         layernorm_forward_packed_kernel<T, K>
-            <<<unsigned(forward_blocks<T, K>(N)), kWarpsPerBlock * 32, 0, kStream>>>(
+            <<<unsigned(forward_blocks<T, K>(N)), kWarpsPerBlock * 32, 0, compute_stream()>>>(
                 static_cast<const T*>(x), static_cast<const T*>(gamma),
                 static_cast<const T*>(beta), N, H, float(eps), static_cast<T*>(y), mean, rstd);
         MESH_CUDA_LAUNCHED();
       });
       return;
     }
-    layernorm_forward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, kStream>>>(
+    layernorm_forward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, compute_stream()>>>(
         static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), N, H,
         float(eps), static_cast<T*>(y), mean, rstd);
     MESH_CUDA_LAUNCHED();
@@ -506,7 +506,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
           return true;
         }();
         (void)opted_in;
-        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), WK * 32, ring, kStream>>>(
+        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), WK * 32, ring, compute_stream()>>>(
             static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma),
             mean, rstd, N, H, static_cast<T*>(dx), residual, partial.as<float>());
         MESH_CUDA_LAUNCHED();
@@ -518,7 +518,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
     }
     if (N > 0) {
       layernorm_backward_dx_kernel<T><<<grid_for(N, kWarpsPerBlock, 1LL << 31),
-                                        kWarpsPerBlock * 32, 0, kStream>>>(
+                                        kWarpsPerBlock * 32, 0, compute_stream()>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma), mean,
           rstd, N, H, static_cast<T*>(dx), residual);
       MESH_CUDA_LAUNCHED();

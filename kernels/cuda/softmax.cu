@@ -62,7 +62,7 @@ void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_he
   with_storage_type(t, "scaled_causal_softmax_forward", [&](auto zero) {
     using T = decltype(zero);
     softmax_forward_kernel<T><<<grid_for(rows, kWarpsPerBlock, 1LL << 31), kWarpsPerBlock * 32, 0,
-                                kStream>>>(static_cast<const T*>(scores), rows, S, float(scale),
+                                compute_stream()>>>(static_cast<const T*>(scores), rows, S, float(scale),
                                            static_cast<T*>(probs));
     MESH_CUDA_LAUNCHED();
   });
@@ -75,7 +75,7 @@ void scaled_causal_softmax_backward(DType t, const void* dprobs, const void* pro
   with_storage_type(t, "scaled_causal_softmax_backward", [&](auto zero) {
     using T = decltype(zero);
     softmax_backward_kernel<T><<<grid_for(rows, kWarpsPerBlock, 1LL << 31), kWarpsPerBlock * 32,
-                                 0, kStream>>>(static_cast<const T*>(dprobs),
+                                 0, compute_stream()>>>(static_cast<const T*>(dprobs),
                                                static_cast<const T*>(probs), rows, S,
                                                float(scale), static_cast<T*>(dscores));
     MESH_CUDA_LAUNCHED();

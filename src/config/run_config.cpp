@@ -151,6 +151,9 @@ void DeckSchema::bind(RunConfig& c) {
   key("training.recompute_num_layers", &t.recompute_num_layers, "int",
       "layers recomputed with full (0 = all)");
   key("training.check_for_nan", &t.check_for_nan, "bool", "skip steps with NaN/Inf");
+  key("training.cuda_graphs", &t.cuda_graphs, "bool",
+      "cuda: replay each micro-batch's forward + backward from one CUDA graph "
+      "(pp = 1, tp on NCCL, no overlapped dp communication)");
   key("training.max_nan_skips", &t.max_nan_skips, "int", "abort after this many skips");
   key("training.eval_interval", &t.eval_interval, "int", "evaluate every N steps (0 = off)");
   key("training.eval_iters", &t.eval_iters, "int", "batches per evaluation");
@@ -292,6 +295,22 @@ void require_positive(const std::string& key, long v) {
   MESH_REQUIRE(v >= 1, key << " = " << v << " must be at least 1");
 }
 
+/// training.cuda_graphs: what a replayed forward + backward cannot do
+/// (train/cuda_graph.hpp): the pipeline's host-side message logic, the copy
+/// engines' host-side sequence numbers (baked into a graph), hooks into the
+/// dp overlap. NCCL's tp collectives are captured like kernels.
+void require_capturable(const RunConfig& c) {
+  if (!c.training.cuda_graphs) return;
+  const std::string needs = "training.cuda_graphs = true needs ";
+  MESH_REQUIRE(c.run.device == "cuda", needs << "run.device = cuda");
+  MESH_REQUIRE(c.parallel.pipeline_parallel == 1,
+               needs << "parallel.pipeline_parallel = 1 (got " << c.parallel.pipeline_parallel
+                     << ")");
+  MESH_REQUIRE(!c.parallel.tp_copy_engine, needs << "parallel.tp_copy_engine = false");
+  MESH_REQUIRE(!c.parallel.overlap_grad_reduce && !c.parallel.overlap_param_gather,
+               needs << "parallel.overlap_grad_reduce = overlap_param_gather = false");
+}
+
 }  // namespace
 
 void RunConfig::validate(int world_size) {
@@ -381,6 +400,7 @@ void RunConfig::validate(int world_size) {
                    << t.micro_batch_size << ") x data_parallel (" << p.data_parallel << ")");
   require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
   require_one_of("training.recompute", t.recompute, {"none", "selective", "full"});
+  require_capturable(*this);
   MESH_REQUIRE(t.recompute_num_layers >= 0,
                "training.recompute_num_layers = " << t.recompute_num_layers
                    << " is negative (0 recomputes every layer)");

@@ -117,6 +117,10 @@ struct TrainingSection {
   int recompute_num_layers = 0;
   bool check_for_nan = true;
   int max_nan_skips = 10;
+  /// cuda: each micro-batch's forward and backward replayed from one CUDA
+  /// graph captured at the second step (train/cuda_graph.hpp); pp = 1, tp
+  /// on NCCL (not the copy engines), no overlapped dp communication.
+  bool cuda_graphs = false;
   int eval_interval = 0;  ///< 0 disables evaluation
   int eval_iters = 10;
 };

@@ -43,6 +43,8 @@ ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
   site.b_offset = index_t(ctx.tp.rank()) * heads_local_;
   site.b_global = index_t(heads_local_) * ctx.tp.size();
   site.c_global = site.c;
+  site.live = ctx.dropout_live;
+  site.sample_axis = 0;  // samples are the a axis here
   return site;
 }
 

@@ -65,6 +65,10 @@ struct LayerContext {
   index_t micro_batch = 0;        ///< b
   index_t sample_offset = 0;      ///< global index of sample 0 within the step
   index_t global_batch = 0;       ///< samples in the step over all dp ranks
+  /// CUDA graphs: device words {step, sample_offset low, high} the dropout
+  /// kernels read at run time (ops::DropoutSite::live); `step` and
+  /// `sample_offset` are then 0. Null otherwise. Not owned.
+  const std::uint32_t* dropout_live = nullptr;
   /// Where the layers keep their parameters, gradients and activations.
   /// Activations follow their inputs; inputs from elsewhere (token ids,
   /// targets built on the host) are copied here by in_space().
@@ -100,6 +104,8 @@ struct LayerContext {
     s.b_offset = sample_offset;
     s.b_global = global_batch;
     s.c_global = hidden;
+    s.live = dropout_live;
+    s.sample_axis = 1;  // samples are the b axis here
     return s;
   }
 };

@@ -160,6 +160,13 @@ struct DropoutSite {
   index_t a = 1, b = 1, c = 1;            ///< local view [A, B, C]
   index_t a_offset = 0, b_offset = 0, c_offset = 0;
   index_t b_global = 1, c_global = 1;
+  /// Device path, CUDA graphs (training.cuda_graphs): when set, three device
+  /// words {step, sample offset low, high} that the kernels read at run time
+  /// instead of `step`, adding the sample offset to axis `sample_axis`'s
+  /// offset (0: a, 1: b), so that one captured launch serves every step and
+  /// micro-batch. Null: the values above, as they are.
+  const std::uint32_t* live = nullptr;
+  int sample_axis = 0;
 };
 /// y = x * keep / (1 - p), keep ~ Bernoulli(1 - p) from the site's counter.
 /// p = 0 copies. y may alias x.

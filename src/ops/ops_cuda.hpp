@@ -6,7 +6,7 @@
 // weights, `g` (fp32 or t) for accumulated parameter gradients. Per-row
 // statistics (LayerNorm mean/rstd, cross-entropy row_max, sum_exp,
 // target_logit, loss, dloss) are always fp32 on the device. All launches go
-// to the legacy default stream and return without synchronising, except
+// to the compute stream (tensor/device_stream.hpp) and return without synchronising, except
 // sum_of_squares(_many), which return their value to the host.
 //
 // Only built with MESHTRON_HAVE_CUDA.
@@ -173,6 +173,8 @@ struct DropoutPlacement {
   index_t b, c;
   index_t a_offset, b_offset, c_offset;
   index_t b_global, c_global;
+  const std::uint32_t* live;  ///< see ops::DropoutSite::live
+  int sample_axis;
 };
 void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPlacement& site,
                    void* out);

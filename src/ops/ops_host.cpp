@@ -867,10 +867,11 @@ void dropout_apply(const Tensor& in, double p, const DropoutSite& s, Tensor& out
   if (!in.is_host()) {
     ON_CUDA(cuda::dropout_apply(in.dtype(), in.raw(), in.numel(), p,
                                 {s.seed, s.step, s.stream, s.b, s.c, s.a_offset, s.b_offset,
-                                 s.c_offset, s.b_global, s.c_global},
+                                 s.c_offset, s.b_global, s.c_global, s.live, s.sample_axis},
                                 out.raw()));
     return;
   }
+  MESH_VERIFY(s.live == nullptr, "dropout: live step and offsets are device words (CUDA graphs)");
   const kernels::DropoutPlacement place{s.seed,     s.step,     s.stream,   s.b,        s.c,
                                         s.a_offset, s.b_offset, s.c_offset, s.b_global, s.c_global};
   with_float_type(in.dtype(), [&](auto zero) {

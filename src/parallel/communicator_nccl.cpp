@@ -7,12 +7,12 @@
 
 #include "common/error.hpp"
 #include "tensor/device_allocator.hpp"
+#include "tensor/device_stream.hpp"
 
 namespace meshtron {
 
 namespace {
 
-constexpr cudaStream_t kStream = 0;  ///< the legacy default stream (see the header)
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -41,10 +41,10 @@ bool equal_counts(std::span<const std::size_t> counts) {
   return !counts.empty() && counts[0] > 0;
 }
 
-/// Device-to-device copy on the default stream (a group of one rank).
+/// Device-to-device copy on the compute stream (a group of one rank).
 void local_copy(void* dst, const void* src, std::size_t bytes) {
   if (dst != src && bytes > 0)
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kStream));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, device::compute_stream()));
 }
 
 /// The same answer on every rank of `comm` for "is this buffer on the
@@ -105,7 +105,7 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
     return;
   }
   if (!comm_) return;
-  NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, kStream));
+  NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, device::compute_stream()));
 }
 
 void NcclCommunicator::all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) {
@@ -131,7 +131,7 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
     return;
   }
   NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_,
-                               kStream));
+                               device::compute_stream()));
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
@@ -143,8 +143,10 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send
   }
   if (!comm_) return local_copy(recv, send, bytes_of(send_count, dtype));
   if (copy_engine_) return copy_engine_all_gather(blocking_ce_, send, recv,
-                                                  bytes_of(send_count, dtype), kStream);
-  NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, kStream));
+                                                  bytes_of(send_count, dtype),
+                                                  device::compute_stream());
+  NCCL_CHECK(
+      ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, device::compute_stream()));
 }
 
 void NcclCommunicator::use_copy_engine() {
@@ -177,12 +179,12 @@ void NcclCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int 
     return;
   }
   if (!comm_) return;
-  NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, kStream));
+  NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_, device::compute_stream()));
 }
 
 void NcclCommunicator::barrier() {
   record(CollectiveKind::Barrier, 0);
-  CUDA_CHECK(cudaStreamSynchronize(kStream));
+  CUDA_CHECK(cudaStreamSynchronize(device::compute_stream()));
   host_.barrier();
 }
 
@@ -198,7 +200,7 @@ NcclCommunicator::P2PLink& NcclCommunicator::link(int peer, int lane, bool sendi
 
 void NcclCommunicator::after_compute(const P2PLink& l) {
   // Waiting captures the event's latest record: one event serves every link.
-  CUDA_CHECK(cudaEventRecord(compute_ready_, kStream));
+  CUDA_CHECK(cudaEventRecord(compute_ready_, device::compute_stream()));
   CUDA_CHECK(cudaStreamWaitEvent(l.stream, compute_ready_, 0));
 }
 
@@ -222,7 +224,7 @@ void NcclCommunicator::send(const void* buf, std::size_t count, DType dtype, int
   isend(buf, count, dtype, peer, tag, lane);
   P2PLink& l = link(peer, lane, /*sending=*/true);
   CUDA_CHECK(cudaEventRecord(l.done, l.stream));
-  CUDA_CHECK(cudaStreamWaitEvent(kStream, l.done, 0));
+  CUDA_CHECK(cudaStreamWaitEvent(device::compute_stream(), l.done, 0));
   l.unwaited_sends = false;  // the event covers every earlier send of the link
 }
 
@@ -234,7 +236,7 @@ void NcclCommunicator::recv(void* buf, std::size_t count, DType dtype, int peer,
   after_compute(l);
   NCCL_CHECK(ncclRecv(buf, count, nccl_type(dtype), /*sender=*/0, l.comm, l.stream));
   CUDA_CHECK(cudaEventRecord(l.done, l.stream));
-  CUDA_CHECK(cudaStreamWaitEvent(kStream, l.done, 0));
+  CUDA_CHECK(cudaStreamWaitEvent(device::compute_stream(), l.done, 0));
 }
 
 void NcclCommunicator::wait_sends() {
@@ -242,7 +244,7 @@ void NcclCommunicator::wait_sends() {
   for (P2PLink& l : links_) {
     if (!l.unwaited_sends) continue;
     CUDA_CHECK(cudaEventRecord(l.done, l.stream));
-    CUDA_CHECK(cudaStreamWaitEvent(kStream, l.done, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(device::compute_stream(), l.done, 0));
     l.unwaited_sends = false;
   }
 }
@@ -330,7 +332,7 @@ void NcclCommunicator::ireduce_scatter(const void* send, void* recv,
   record_nonblocking();
   if (!comm_) return local_copy(recv, send, bytes_of(total, dtype));
   make_comm_stream();
-  CUDA_CHECK(cudaEventRecord(inputs_ready_, kStream));
+  CUDA_CHECK(cudaEventRecord(inputs_ready_, device::compute_stream()));
   CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
   if (equal_counts(recv_counts)) {  // NCCL's own reduce-scatter kernel
     NCCL_CHECK(ncclReduceScatter(send, recv, recv_counts[0], nccl_type(dtype), nccl_op(op),
@@ -372,7 +374,7 @@ void NcclCommunicator::wait_collectives() {
   first_gather_ticket_ += long(gathers_.size());
   gathers_.clear();
   if (!collectives_pending_) return;
-  CUDA_CHECK(cudaStreamWaitEvent(kStream, reduced_, 0));
+  CUDA_CHECK(cudaStreamWaitEvent(device::compute_stream(), reduced_, 0));
   collectives_pending_ = false;
 }
 
@@ -396,7 +398,7 @@ long NcclCommunicator::iall_gather(const void* send, void* recv,
     return first_gather_ticket_ - 1;  // stream-ordered already: nothing to wait for
   }
   make_comm_stream();
-  CUDA_CHECK(cudaEventRecord(inputs_ready_, kStream));
+  CUDA_CHECK(cudaEventRecord(inputs_ready_, device::compute_stream()));
   CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
   if (copy_engine_ && equal_counts(counts)) {
     copy_engine_all_gather(async_ce_, send, recv, bytes_of(counts[0], dtype), comm_stream_);
@@ -430,7 +432,7 @@ void NcclCommunicator::wait_collective(long ticket) {
   if (index < 0 || index >= long(gathers_.size())) return;  // completed
   PendingGather& g = gathers_[std::size_t(index)];
   if (g.done)
-    CUDA_CHECK(cudaStreamWaitEvent(kStream, g.done, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(device::compute_stream(), g.done, 0));
   else
     host_.wait_collective(g.host_ticket);
 }
@@ -454,12 +456,12 @@ void NcclCommunicator::batch_p2p(std::span<const P2POp> ops) {
   NCCL_CHECK(ncclGroupStart());
   for (const P2POp& op : ops) {
     if (op.kind == P2POp::Send)
-      NCCL_CHECK(ncclSend(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, kStream));
+      NCCL_CHECK(ncclSend(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, device::compute_stream()));
     else
-      NCCL_CHECK(ncclRecv(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, kStream));
+      NCCL_CHECK(ncclRecv(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, device::compute_stream()));
   }
   NCCL_CHECK(ncclGroupEnd());
-  CUDA_CHECK(cudaStreamSynchronize(kStream));
+  CUDA_CHECK(cudaStreamSynchronize(device::compute_stream()));
 }
 
 }  // namespace meshtron

@@ -6,8 +6,8 @@
 // selected with cudaSetDevice (select_gpu below). A group of one rank makes
 // no NCCL communicator: its collectives are local copies.
 //
-// Streams. Every collective runs on the legacy default stream (the compute
-// stream), the stream of every meshtron kernel and of the caching allocator
+// Streams. Every collective runs on the compute stream (device_stream.hpp),
+// the stream of every meshtron kernel and of the caching allocator
 // (device_allocator.hpp), so a collective is ordered after the kernels that
 // produced its input and before those that read its output, with no events
 // or host waits. The two exceptions, ireduce_scatter and point-to-point,
@@ -26,9 +26,9 @@
 //   link and lane (see below)
 //
 // Overlapped gradient reduce-scatter (ireduce_scatter). It runs on comm_stream_, a cudaStreamNonBlocking
-// stream (a blocking stream would serialize with the legacy default stream
-// and overlap nothing). An event recorded on the default stream orders it
-// after the kernels that wrote `send`; wait_collectives() makes the default
+// stream (it must not wait for the host <-> device copies of the legacy
+// default stream either). An event recorded on the compute stream orders it
+// after the kernels that wrote `send`; wait_collectives() makes the compute
 // stream wait on the event recorded after it, before anything reads `recv`.
 // The per-rank counts are one ncclReduce per receiving rank in one group
 // (ncclReduceScatter needs equal counts); for dp = 2 each element is a + b,
@@ -36,13 +36,13 @@
 // buffers alive (and, for `send`, unchanged) until wait_collectives().
 //
 // Overlapped parameter all-gather (iall_gather). On comm_stream_ as well,
-// after an event recorded on the default stream (the update kernel that
+// after an event recorded on the compute stream (the update kernel that
 // wrote `send` has run). NCCL's all-gather needs equal counts and a bucket's
 // parts are not (its overlap with each rank's shard), so it is one
 // ncclBroadcast per contributing rank, rooted there, into that rank's place
 // in `recv`, in one group: every element is a copy, the same bits as
 // ncclAllGather. Each call records its own event (a pool reused after
-// wait_collectives()), and wait_collective(ticket) makes the default stream
+// wait_collectives()), and wait_collective(ticket) makes the compute stream
 // wait on it alone, so the forward waits for the bucket it needs and not
 // for the later ones.
 //
@@ -71,7 +71,7 @@
 // neighbour, though a pipeline uses one direction of each lane, and the
 // wrap-around links only when interleaved).
 //
-// Stream order (the compute stream is the legacy default stream):
+// Stream order:
 //   isend: record an event on the compute stream, the link's stream waits on
 //          it (the kernels that wrote `buf` have run), then ncclSend there.
 //          The host returns at once.
@@ -115,7 +115,7 @@
 // The staged fallback is gone: device point-to-point without
 // connect_ring_p2p(), or to a rank that is not a ring neighbour, stops the
 // job. batch_p2p ("exchange") stays a single ncclGroup on the group's own
-// communicator and the default stream.
+// communicator and the compute stream.
 //
 // Teardown (NCCL's documented order): ~NcclCommunicator calls
 // ncclCommFinalize then ncclCommDestroy, first on the link communicators

@@ -7,13 +7,10 @@
 
 #include "common/error.hpp"
 #include "ops/ops_cuda.hpp"
+#include "tensor/device_stream.hpp"
 
 namespace meshtron {
 namespace {
-
-/// The stream of meshtron's kernels (the legacy default stream, as in
-/// kernels/cuda/common.cuh and communicator_nccl.cpp).
-constexpr cudaStream_t kKernelStream = 0;
 
 using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -175,7 +172,7 @@ void PeerExchange::reduce_scatter(const void* partial, std::size_t count, DType 
                                   std::size_t offset) {
   const std::size_t block = count * dtype_size(dtype);
   check_fits("reduce_scatter", block, offset);
-  const cudaStream_t stream = kKernelStream;
+  const cudaStream_t stream = device::compute_stream();  // the add kernel's stream
   const char* mine = static_cast<const char*>(partial);
   if (size_ == 1) {
     CUDA_CHECK(cudaMemcpyAsync(out, mine, block, cudaMemcpyDefault, stream));

@@ -2,13 +2,16 @@
 #include "tensor/device_allocator.hpp"
 
 #include "common/error.hpp"
+#include "tensor/device_stream.hpp"
 
 #ifdef MESHTRON_HAVE_CUDA
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <map>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -28,7 +31,11 @@ std::size_t bucket_size(std::size_t bytes) {
 struct Block {
   std::size_t size;
   int device;
+  PoolId pool;  ///< 0: general; else a private pool (see the header)
 };
+
+/// The private pool this host thread captures into, 0 when none.
+thread_local PoolId capturing_pool = 0;
 
 class CachingAllocator {
  public:
@@ -37,10 +44,11 @@ class CachingAllocator {
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     std::lock_guard<std::mutex> lock(mutex_);
+    const PoolId pool = capturing_pool;
     std::size_t block_size = size;  // a cached block may be one bucket larger
-    void* ptr = take_cached(device, block_size);
+    void* ptr = take_cached(device, pool, block_size);
     if (!ptr) ptr = malloc_fresh(size);
-    live_[ptr] = {block_size, device};
+    live_[ptr] = {block_size, device, pool};
     stats_.current_bytes += block_size;
     if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
     return ptr;
@@ -50,11 +58,40 @@ class CachingAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(ptr);
     MESH_VERIFY(it != live_.end(), "device::deallocate of a pointer it did not allocate");
-    const Block b = it->second;
+    Block b = it->second;
     live_.erase(it);
     stats_.current_bytes -= b.size;
     stats_.cached_bytes += b.size;
-    free_[b.device][b.size].push_back(ptr);
+    if (b.pool != 0 && !live_pools_.count(b.pool)) b.pool = 0;  // its graph is gone
+    if (b.pool == 0 && capturing_pool != 0) {
+      held_[capturing_pool].push_back({ptr, b});  // the graph may read it at replay
+      return;
+    }
+    free_[{b.device, b.pool}][b.size].push_back(ptr);
+  }
+
+  PoolId create_pool() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_pools_.insert(++last_pool_);
+    return last_pool_;
+  }
+
+  void release_pool(PoolId pool) {
+    CUDA_CHECK(cudaDeviceSynchronize());  // no replay still reads the blocks
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_pools_.erase(pool);
+    for (auto it = free_.begin(); it != free_.end();) {
+      const auto [device, owner] = it->first;
+      if (owner != pool) {
+        ++it;
+        continue;
+      }
+      for (auto& [size, ptrs] : it->second)
+        for (void* p : ptrs) free_[{device, 0}][size].push_back(p);
+      it = free_.erase(it);
+    }
+    for (const auto& [ptr, b] : held_[pool]) free_[{b.device, 0}][b.size].push_back(ptr);
+    held_.erase(pool);
   }
 
   void release_cached() {
@@ -75,8 +112,8 @@ class CachingAllocator {
  private:
   /// A cached block of `size`, or of a larger bucket if that wastes at most
   /// a quarter (`size` becomes the block's real size); null if none.
-  void* take_cached(int device, std::size_t& size) {
-    auto& lists = free_[device];
+  void* take_cached(int device, PoolId pool, std::size_t& size) {
+    auto& lists = free_[{device, pool}];
     auto it = lists.lower_bound(size);
     if (it == lists.end() || it->first > size + size / 4) return nullptr;
     void* ptr = it->second.back();
@@ -88,8 +125,14 @@ class CachingAllocator {
   }
 
   void* malloc_fresh(std::size_t size) {
+    // Inside a capture, cudaMalloc is a "potentially unsafe" call that would
+    // invalidate it: allowed here (relaxed for this call only), since the
+    // block belongs to the pool, hence to the graph, for the graph's life.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (capturing_pool != 0) CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     void* ptr = nullptr;
     cudaError_t err = cudaMalloc(&ptr, size);
+    if (capturing_pool != 0) CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     if (err == cudaErrorMemoryAllocation) {  // give the cache back, then retry once
       (void)cudaGetLastError();
       release_cached_locked();
@@ -102,18 +145,31 @@ class CachingAllocator {
     return ptr;
   }
 
+  /// cudaFree the general pool's free blocks (a private pool's belong to its graph).
   void release_cached_locked() {
     CUDA_CHECK(cudaDeviceSynchronize());
-    for (auto& [device, lists] : free_)
-      for (auto& [size, ptrs] : lists)
-        for (void* p : ptrs) CUDA_CHECK(cudaFree(p));
-    free_.clear();
-    stats_.cached_bytes = 0;
+    for (auto it = free_.begin(); it != free_.end();) {
+      if (it->first.second != 0) {
+        ++it;
+        continue;
+      }
+      for (auto& [size, ptrs] : it->second)
+        for (void* p : ptrs) {
+          CUDA_CHECK(cudaFree(p));
+          stats_.cached_bytes -= size;
+        }
+      it = free_.erase(it);
+    }
   }
 
   std::mutex mutex_;
   std::unordered_map<void*, Block> live_;
-  std::map<int, std::map<std::size_t, std::vector<void*>>> free_;  // device -> size -> blocks
+  /// (device, pool) -> size -> free blocks
+  std::map<std::pair<int, PoolId>, std::map<std::size_t, std::vector<void*>>> free_;
+  /// General blocks freed while a pool was captured into, held for its graph.
+  std::map<PoolId, std::vector<std::pair<void*, Block>>> held_;
+  std::set<PoolId> live_pools_;
+  PoolId last_pool_ = 0;
   AllocatorStats stats_;
 };
 
@@ -140,14 +196,48 @@ void deallocate(void* ptr) { allocator().deallocate(ptr); }
 void release_cached() { allocator().release_cached(); }
 AllocatorStats allocator_stats() { return allocator().stats(); }
 void reset_peak() { allocator().reset_peak(); }
+PoolId create_pool() { return allocator().create_pool(); }
+void begin_pool_capture(PoolId pool) {
+  MESH_VERIFY(capturing_pool == 0, "device::begin_pool_capture: already capturing into pool "
+                                       << capturing_pool);
+  capturing_pool = pool;
+}
+void end_pool_capture() { capturing_pool = 0; }
+void release_pool(PoolId pool) { allocator().release_pool(pool); }
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0 || dst == src) return;
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 
+void copy_device_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
+}
+
 void zero_bytes(void* ptr, std::size_t bytes) {
-  if (bytes) CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, 0));
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, compute_stream()));
+}
+
+cudaStream_t compute_stream() {
+  // Called for every launch: the last answer is kept per host thread, the
+  // table (one stream per device, shared by all threads) is only locked when
+  // the current device changes.
+  thread_local int cached_device = -1;
+  thread_local cudaStream_t cached = nullptr;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  if (device == cached_device) return cached;
+  static std::mutex mutex;
+  static std::array<cudaStream_t, 64> streams{};
+  MESH_VERIFY(device >= 0 && std::size_t(device) < streams.size(),
+              "compute_stream: device " << device << " out of range");
+  std::lock_guard<std::mutex> lock(mutex);
+  cudaStream_t& stream = streams[std::size_t(device)];
+  if (stream == nullptr) CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: see the header
+  cached_device = device;
+  cached = stream;
+  return stream;
 }
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -170,7 +260,12 @@ void deallocate(void*) { not_built("device::deallocate"); }
 void release_cached() {}
 AllocatorStats allocator_stats() { return {}; }
 void reset_peak() {}
+PoolId create_pool() { not_built("device::create_pool"); }
+void begin_pool_capture(PoolId) { not_built("device::begin_pool_capture"); }
+void end_pool_capture() {}
+void release_pool(PoolId) {}
 void copy_bytes(void*, const void*, std::size_t) { not_built("device::copy_bytes"); }
+void copy_device_bytes(void*, const void*, std::size_t) { not_built("device::copy_device_bytes"); }
 void zero_bytes(void*, std::size_t) { not_built("device::zero_bytes"); }
 void synchronize() {}
 

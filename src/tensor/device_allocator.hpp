@@ -12,10 +12,12 @@
 // one of four steps per power of two (1, 1.25, 1.5, 1.75 x 2^k), so a block
 // wastes at most 25% and similar sizes share a bucket.
 //
-// Streams: every meshtron kernel and copy runs on the legacy default stream,
-// so a block freed by the host while a kernel that used it is still queued
-// is only reused by work queued after it, on the same stream: safe without
-// events. (A multi-stream design must record an event per freed block.)
+// Streams: every meshtron kernel and device copy runs on the compute stream
+// (device_stream.hpp; host <-> device copies are synchronous and ordered
+// with it), so a block freed by the host while a kernel that used it is
+// still queued is only reused by work queued after it, on the same stream:
+// safe without events. (A multi-stream design must record an event per
+// freed block.)
 //
 // Without MESHTRON_HAVE_CUDA every function here stops with "CUDA path not
 // built" except cuda_device_count(), which returns 0.
@@ -46,9 +48,31 @@ AllocatorStats allocator_stats();
 /// Peak back to the current value (benchmarks measure one phase at a time).
 void reset_peak();
 
+// Private pools for CUDA graphs (train/cuda_graph.hpp). A captured graph
+// replays the addresses its kernels were captured with, so the blocks they
+// touch must stay its own: while this host thread captures into pool P,
+// allocate() takes P's free blocks or fresh ones (tagged P), and a P block,
+// whenever it is freed, goes back to P's free list only; a general block
+// freed during the capture (the graph may read it at replay) is held by P,
+// unused, until P is released. Outside a capture, allocate() never hands out
+// a P block.
+using PoolId = int;  ///< 0: the general pool
+/// A new, empty private pool.
+PoolId create_pool();
+/// This thread's allocations and frees go through `pool` until end_pool_capture().
+void begin_pool_capture(PoolId pool);
+void end_pool_capture();
+/// Wait for the device, then give every block of `pool` (free, held, and
+/// later the live ones when freed) to the general pool. For the graph's
+/// destructor.
+void release_pool(PoolId pool);
+
 /// Copy between any two spaces (cudaMemcpyDefault); synchronous for the host.
 void copy_bytes(void* dst, const void* src, std::size_t bytes);
-/// Set `bytes` of device memory to zero (asynchronous on the default stream).
+/// Device-to-device copy, queued on the compute stream (device_stream.hpp);
+/// the host does not wait for it.
+void copy_device_bytes(void* dst, const void* src, std::size_t bytes);
+/// Set `bytes` of device memory to zero (asynchronous on the compute stream).
 void zero_bytes(void* ptr, std::size_t bytes);
 /// Wait for all device work (tests and benchmarks).
 void synchronize();

@@ -135,6 +135,8 @@ void Tensor::copy_from(const Tensor& src) {
   if (src.dtype() == dtype_) {
     if (is_host() && src.is_host())
       std::memcpy(data_, src.raw(), bytes());
+    else if (!is_host() && !src.is_host())  // queued: the host need not wait
+      device::copy_device_bytes(data_, src.raw(), bytes());
     else
       device::copy_bytes(data_, src.raw(), bytes());
     return;

@@ -8,6 +8,8 @@
 #ifdef MESHTRON_HAVE_CUDA
 #include "ops/ops_cuda.hpp"
 #include "parallel/communicator_nccl.hpp"
+#include "tensor/device_allocator.hpp"
+#include "train/cuda_graph.hpp"
 #endif
 
 namespace meshtron {
@@ -89,6 +91,24 @@ double tensor_sum(const Tensor& t) {
 
 }  // namespace
 
+/// training.cuda_graphs: one micro-batch's forward + backward as a graph
+/// over fixed inputs (see cuda_graph.hpp for what a replay may depend on).
+struct Trainer::GraphedMicroBatch {
+  Tensor ids, targets;  ///< refilled (device copies) before each replay
+  /// Dropout's {step, sample offset low, high} (LayerContext::dropout_live),
+  /// refilled before each replay from `live_of_step` (all micro-batches'
+  /// words, copied to the device once per step).
+  Tensor live, live_of_step;
+  Tensor dloss;         ///< the loss gradient, refilled when its value changes
+  double dloss_value = 0;
+  Tensor losses;  ///< per-token losses, written by each replay
+#ifdef MESHTRON_HAVE_CUDA
+  std::unique_ptr<CapturedWork> work;
+#endif
+};
+
+Trainer::~Trainer() = default;
+
 Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype,
                  const LossScalerConfig& scaler)
     : run_(run), model_config_(model), rt_(rt), base_ctx_{rt.tp_group} {
@@ -161,20 +181,20 @@ LayerContext Trainer::context_for(const MicroBatch& mb, long step, bool training
 double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
                              const std::vector<MicroBatch>& host_batch, long step,
                              bool training) {
+  // Graphs from the second step on: the first, eager, chooses the GEMM
+  // algorithms and makes the plans and workspaces a capture must not make.
+  if (training && run_.training.cuda_graphs && steps_run_ > 0) return run_graphed(host_batch, step);
   const std::vector<MicroBatch> batch = staged_in(host_batch, base_ctx_.space);
   const int pp = rt_.topo.pp(), rank = rt_.topo.pp_rank();
   const int total_chunks = pp * virtual_stages_;
   const index_t tokens = base_ctx_.seq_length * base_ctx_.micro_batch;
-  // Under fp16 the backward starts from the scaled dloss (loss_scaler.hpp).
-  const double dloss_value = (scaler_ ? scaler_->scale() : 1.0) /
-                             double(base_ctx_.seq_length * run_.training.global_batch_size);
   // Every head backward of the step starts from this same constant (read
   // only): filled once, before the first kernel, not once per micro-batch.
   Tensor dloss;
   if (training) {
     const DType activations = chunks_[0]->parameters()[0]->value.dtype();
     dloss = Tensor::empty({tokens}, stats_dtype(activations, base_ctx_.space), base_ctx_.space);
-    dloss.fill(dloss_value);
+    dloss.fill(dloss_value());
   }
   // Messages are tagged by (micro-batch, receiving chunk, lane = direction).
   auto tag = [&](int mb, int g, int dir) { return (mb * total_chunks + g) * 2 + dir; };
@@ -243,6 +263,83 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
   return loss_sum;
 }
 
+double Trainer::dloss_value() const {
+  // Under fp16 the backward starts from the scaled dloss (loss_scaler.hpp).
+  return (scaler_ ? scaler_->scale() : 1.0) /
+         double(base_ctx_.seq_length * run_.training.global_batch_size);
+}
+
+double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step) {
+#ifdef MESHTRON_HAVE_CUDA
+  // The deck check (require_capturable) gives pp = 1: one chunk, whose
+  // tasks are F0 B0 F1 B1 ..., no pipeline messages, no hooks; tp's NCCL
+  // collectives (and their side-stream events) are captured like kernels.
+  const std::vector<MicroBatch> batch = staged_in(host_batch, base_ctx_.space);
+  GptModel& model = *chunks_[0];
+  if (!graphed_) {
+    auto g = std::make_unique<GraphedMicroBatch>();
+    const MicroBatch& first = batch[0];
+    g->ids = Tensor::empty(first.ids.shape(), first.ids.dtype(), base_ctx_.space);
+    g->targets = Tensor::empty(first.targets.shape(), first.targets.dtype(), base_ctx_.space);
+    const DType activations = model.parameters()[0]->value.dtype();
+    g->dloss = Tensor::empty({base_ctx_.seq_length * base_ctx_.micro_batch},
+                             stats_dtype(activations, base_ctx_.space), base_ctx_.space);
+    g->dloss_value = dloss_value();
+    g->dloss.fill(g->dloss_value);
+    // The eager step's cached blocks go back to CUDA: the graph's private
+    // pool takes its own, and both would otherwise stay reserved.
+    device::release_cached();
+    g->live = Tensor::empty({4}, DType::I32, base_ctx_.space);
+    // Dropout reads the step and sample offset from g->live at run time, so
+    // the captured arguments hold neither.
+    LayerContext ctx = context_for(first, 0, /*training=*/true);
+    ctx.sample_offset = 0;
+    ctx.dropout_live = static_cast<const std::uint32_t*>(g->live.raw());
+    g->work = std::make_unique<CapturedWork>([&] {
+      LayerContext c = ctx;
+      GptModel::Cache cache;
+      g->losses = model.forward(g->ids, g->targets, c, cache);
+      model.backward(g->dloss, c, cache);
+    });
+    graphed_ = std::move(g);
+  }
+  GraphedMicroBatch& g = *graphed_;
+  if (g.dloss_value != dloss_value()) {  // fp16: the loss scale moved
+    g.dloss_value = dloss_value();
+    g.dloss.fill(g.dloss_value);
+  }
+  // Every micro-batch's dropout words in one host -> device copy.
+  Tensor live_host = Tensor::empty({index_t(4 * batch.size())}, DType::I32);
+  auto* words = static_cast<std::uint32_t*>(live_host.raw());
+  for (std::size_t m = 0; m < batch.size(); ++m) {
+    const auto offset = std::uint64_t(batch[m].sample_offset);
+    words[4 * m + 0] = std::uint32_t(step);
+    words[4 * m + 1] = std::uint32_t(offset);
+    words[4 * m + 2] = std::uint32_t(offset >> 32);
+    words[4 * m + 3] = 0;
+  }
+  g.live_of_step = live_host.to_space(base_ctx_.space);
+  std::vector<Tensor> losses;
+  for (std::size_t m = 0; m < batch.size(); ++m) {
+    const MicroBatch& mb = batch[m];
+    g.ids.copy_from(mb.ids);  // device copies, queued before the replay
+    g.targets.copy_from(mb.targets);
+    device::copy_device_bytes(g.live.raw(),
+                              static_cast<const char*>(g.live_of_step.raw()) + 16 * m, 16);
+    g.work->replay();
+    losses.push_back(g.losses.clone());  // the next replay overwrites them
+  }
+  double loss_sum = 0;
+  for (const Tensor& l : losses) loss_sum += tensor_sum(l);
+  return loss_sum;
+#else
+  (void)host_batch;
+  (void)step;
+  MESH_REQUIRE(false, "training.cuda_graphs needs the CUDA path");
+  return 0;
+#endif
+}
+
 void Trainer::receive(Tensor& t, int peer, int tag) {
   const auto t0 = std::chrono::steady_clock::now();
   rt_.pp.recv(t.raw(), std::size_t(t.numel()), t.dtype(), peer, tag, lane_of_tag(tag));
@@ -263,6 +360,7 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   wait_seconds_ = 0;
   const auto t0 = std::chrono::steady_clock::now();
   const double local = run_schedule(tasks, batch, step, /*training=*/true);
+  ++steps_run_;
   StepReport r;
   r.schedule_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.wait_seconds = wait_seconds_;

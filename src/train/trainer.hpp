@@ -35,6 +35,7 @@ class Trainer {
   /// `dtype` F16 adds a dynamic loss scaler (`scaler`'s settings).
   Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype,
           const LossScalerConfig& scaler = {});
+  ~Trainer();
 
   /// Forward, backward and update for step `step` (1-based) on `batch`
   /// (this dp rank's micro-batches).
@@ -61,6 +62,11 @@ class Trainer {
   /// on the last stage (0 elsewhere).
   double run_schedule(const std::vector<PipelineTask>& tasks,
                       const std::vector<MicroBatch>& batch, long step, bool training);
+  /// training.cuda_graphs from the second step of this process on: each
+  /// micro-batch's forward + backward replayed from one graph.
+  double run_graphed(const std::vector<MicroBatch>& batch, long step);
+  /// The loss gradient's value at this step (the scale under fp16).
+  double dloss_value() const;
   /// A blocking receive from the pipeline neighbour, timed into wait_seconds_.
   void receive(Tensor& t, int peer, int tag);
   LayerContext context_for(const MicroBatch& mb, long step, bool training) const;
@@ -79,6 +85,9 @@ class Trainer {
   LrSchedule lr_;
   std::optional<DynamicLossScaler> scaler_;  ///< fp16 only
   double wait_seconds_ = 0;
+  long steps_run_ = 0;  ///< train_step calls so far in this process
+  struct GraphedMicroBatch;  ///< training.cuda_graphs (CUDA builds)
+  std::unique_ptr<GraphedMicroBatch> graphed_;
 };
 
 }  // namespace meshtron

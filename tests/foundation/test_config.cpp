@@ -72,6 +72,14 @@ TEST(Config, ResolvedTextEchoesEverySection) {
   EXPECT_NE(RunConfig::schema_help().find("model.hidden_size"), std::string::npos);
 }
 
+// The deck that training.cuda_graphs accepts (its refusals are ValidationCases).
+TEST(Config, CudaGraphsOnOneGpuIsValid) {
+  RunConfig c = parse({"training.cuda_graphs=true", "run.device=cuda",
+                       "parallel.tensor_parallel=1", "parallel.pipeline_parallel=1"});
+  c.validate(1);
+  EXPECT_TRUE(c.training.cuda_graphs);
+}
+
 TEST(Config, UnknownKeysAndBadValuesAreErrors) {
   EXPECT_THROW(RunConfig::from_text("[model]\nnum_layer = 3\n"), UserError);
   EXPECT_THROW(RunConfig::from_text("[modle]\nnum_layers = 3\n"), UserError);
@@ -114,6 +122,17 @@ INSTANTIATE_TEST_SUITE_P(
                        "tp_copy_engine = true needs run.device = cuda"},
         ValidationCase{{"run.gemm_autotune=true"}, 8,
                        "gemm_autotune = true needs run.device = cuda"},
+        ValidationCase{{"training.cuda_graphs=true"}, 8, "cuda_graphs = true needs run.device"},
+        ValidationCase{{"training.cuda_graphs=true", "run.device=cuda"}, 8,
+                       "parallel.pipeline_parallel = 1 (got 2)"},
+        ValidationCase{{"training.cuda_graphs=true", "run.device=cuda",
+                        "parallel.pipeline_parallel=1", "parallel.tp_copy_engine=true"},
+                       8, "parallel.tp_copy_engine = false"},
+        ValidationCase{{"training.cuda_graphs=true", "run.device=cuda",
+                        "parallel.tensor_parallel=1", "parallel.pipeline_parallel=1",
+                        "parallel.distributed_optimizer=true",
+                        "parallel.overlap_grad_reduce=true"},
+                       4, "overlap_grad_reduce = overlap_param_gather = false"},
         ValidationCase{{"run.device=cuda", "logging.profile=true", "logging.profile_step_start=5",
                         "logging.profile_step_end=5"},
                        8, "1 <= start < end"},

@@ -163,35 +163,14 @@ TEST(GpuBf16, AdamWStepsFp32MasterAndWritesBf16Copy) {
   EXPECT_LT(moved, 1000);
 }
 
-struct MemoriseRun {
-  std::vector<StepReport> steps;
-  long optimizer_steps = 0;
-  std::vector<double> losses() const {
-    std::vector<double> out;
-    for (const StepReport& r : steps) out.push_back(r.loss);
-    return out;
-  }
-};
+using MemoriseRun = testing::MemorisedRun;
 
 /// Trains the tiny GPT on the GPU on one fixed batch (memorisation).
 MemoriseRun memorise_run(DType dtype, const std::string& precision, int steps,
                          const LossScalerConfig& scaler = {}) {
-  testing::Layout layout;
-  layout.overrides = {"run.device=cuda", "training.precision=" + precision,
-                      "training.train_iters=" + std::to_string(steps), "optimizer.lr=1e-2",
-                      "optimizer.min_lr=1e-3"};
-  RunConfig config = testing::tiny_config(layout, 1);
-  ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), MemorySpace::Cuda);
-  const GptConfig model = GptConfig::from_run(config, 100, 1);
-  Trainer trainer(config, model, rt, dtype, scaler);
-  DataLayout data{model.seq_length, config.training.micro_batch_size,
-                  config.training.global_batch_size, 0, 1, steps, 1, config.run.seed};
-  auto source = make_synthetic_data(data, 100);
-  const auto batch = source->train_step(1);
-  MemoriseRun run;
-  for (long step = 1; step <= steps; ++step) run.steps.push_back(trainer.train_step(step, batch));
-  run.optimizer_steps = trainer.optimizer().step_count();
-  return run;
+  return testing::memorise({"run.device=cuda", "training.precision=" + precision,
+                            "optimizer.lr=1e-2", "optimizer.min_lr=1e-3"},
+                           dtype, steps, scaler);
 }
 
 std::vector<double> memorise(DType dtype, const std::string& precision, int steps) {

@@ -553,6 +553,25 @@ TEST(GpuTraining, CopyEngineTpCollectivesMatchOneGpuRun) {
   }
 }
 
+// training.cuda_graphs at tp 2 + SP: NCCL's collectives (and the backward's
+// side-stream all-gathers) captured with the kernels; steps 2.. replayed
+// equal the eager run bitwise, and so the 1-GPU run as every layout does.
+TEST(GpuTraining, CudaGraphsAtTp2EqualTheEagerRunBitwise) {
+  REQUIRE_TWO_GPUS();
+  Layout eager{2, 1, 1, "1f1b", false, true};
+  Layout graphed = eager;
+  graphed.overrides = {"training.cuda_graphs=true"};
+  const int steps = 3;  // as one_gpu_reference(); steps 2 and 3 replayed
+  const RunResult e = testing::train_layout(MPI_COMM_WORLD, eager, DType::F32, steps,
+                                            MemorySpace::Cuda);
+  const RunResult g = testing::train_layout(MPI_COMM_WORLD, graphed, DType::F32, steps,
+                                            MemorySpace::Cuda);
+  EXPECT_EQ(g.losses, e.losses);
+  EXPECT_EQ(g.grad_norms, e.grad_norms);
+  for (const auto& [name, values] : e.params) EXPECT_EQ(g.params.at(name), values) << name;
+  if (is_rank0()) expect_same_run(g, one_gpu_reference());
+}
+
 // tp 2 + SP with the gathered input of qkv/fc1 kept for the backward
 // (parallel.sequence_parallel_keep_gathered) on NCCL.
 TEST(GpuTraining, KeepingGatheredInputMatchesOneGpuRun) {

@@ -142,4 +142,30 @@ double norm_rel_error(const std::vector<double>& a, const std::vector<double>& b
   return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
 }
 
+std::vector<double> MemorisedRun::losses() const {
+  std::vector<double> out;
+  for (const StepReport& r : steps) out.push_back(r.loss);
+  return out;
+}
+
+MemorisedRun memorise(const std::vector<std::string>& overrides, DType dtype, int steps,
+                      const LossScalerConfig& scaler) {
+  Layout layout;
+  layout.overrides = overrides;
+  layout.overrides.push_back("training.train_iters=" + std::to_string(steps));
+  RunConfig config = tiny_config(layout, 1);
+  const MemorySpace space = config.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host;
+  ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), space);
+  const GptConfig model = GptConfig::from_run(config, 100, 1);
+  Trainer trainer(config, model, rt, dtype, scaler);
+  DataLayout data{model.seq_length, config.training.micro_batch_size,
+                  config.training.global_batch_size, 0, 1, steps, 1, config.run.seed};
+  const auto batch = make_synthetic_data(data, 100)->train_step(1);
+  MemorisedRun run;
+  for (long step = 1; step <= steps; ++step) run.steps.push_back(trainer.train_step(step, batch));
+  run.optimizer_steps = trainer.optimizer().step_count();
+  for (Parameter* p : trainer.parameters()) run.params[p->name] = p->value.to_doubles();
+  return run;
+}
+
 }  // namespace meshtron::testing

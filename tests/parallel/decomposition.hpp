@@ -47,6 +47,18 @@ RunConfig tiny_config(const Layout& layout, int world, MemorySpace space = Memor
 RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int steps = 3,
                        MemorySpace space = MemorySpace::Host);
 
+/// The tiny deck with `overrides` (run.device among them) trained on one
+/// rank (MPI_COMM_SELF) for `steps` steps on one fixed batch (memorisation:
+/// the loss falls), the batch of step 1 of the synthetic data.
+struct MemorisedRun {
+  std::vector<StepReport> steps;
+  long optimizer_steps = 0;
+  std::map<std::string, std::vector<double>> params;  ///< final values
+  std::vector<double> losses() const;
+};
+MemorisedRun memorise(const std::vector<std::string>& overrides, DType dtype, int steps,
+                      const LossScalerConfig& scaler = {});
+
 /// Norm-wise relative error ||a - b||_2 / ||b||_2. Element-wise errors are
 /// not meaningful after AdamW in fp32: an element whose gradient is ~0 (the
 /// attention key bias, exactly 0 in exact arithmetic) is divided by its own

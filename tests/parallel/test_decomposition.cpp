@@ -105,6 +105,16 @@ TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
                   single_rank_reference(DType::F64), 1e-10, 1e-10);
 }
 
+// The one-rank memorisation run the GPU tests build on (testing::memorise):
+// on the host path too the loss of a fixed batch falls, every step updates.
+TEST(Reference, MemorisingOneBatchLowersItsLoss) {
+  const MemorisedRun run = memorise({"optimizer.lr=1e-2", "optimizer.min_lr=1e-3"}, DType::F32, 6);
+  ASSERT_EQ(run.steps.size(), 6u);
+  EXPECT_EQ(run.optimizer_steps, 6);
+  EXPECT_LT(run.losses().back(), run.losses().front() - 0.1);
+  EXPECT_FALSE(run.params.empty());
+}
+
 TEST(Reference, LossesAreFiniteAndTrainingMovesTheModel) {
   const RunResult& ref = single_rank_reference(DType::F32);
   for (double l : ref.losses) EXPECT_TRUE(std::isfinite(l));
