@@ -14,6 +14,7 @@ Runs on the GPU node (torch + transformers); never part of meshtron itself.
 """
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -35,7 +36,10 @@ def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12, accumulate=1, t
     if tune_gemms:
         torch.cuda.tunable.enable(True)
         torch.cuda.tunable.tuning_enable(True)
-        torch.cuda.tunable.write_file_on_exit(False)
+        if hasattr(torch.cuda.tunable, "write_file_on_exit"):  # newer PyTorch only
+            torch.cuda.tunable.write_file_on_exit(False)
+        else:  # older ones write the tuned results on exit: keep them out of the tree
+            torch.cuda.tunable.set_filename(f"/tmp/tunableop_results_{os.getpid()}.csv")
     layers, hidden, heads = SHAPES[name]
     config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq,
                                      vocab_size=50304, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
