@@ -269,48 +269,15 @@ double Trainer::dloss_value() const {
          double(base_ctx_.seq_length * run_.training.global_batch_size);
 }
 
-double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step) {
 #ifdef MESHTRON_HAVE_CUDA
-  // The deck check (require_capturable) gives pp = 1: one chunk, whose
-  // tasks are F0 B0 F1 B1 ..., no pipeline messages, no hooks; tp's NCCL
-  // collectives (and their side-stream events) are captured like kernels.
-  const std::vector<MicroBatch> batch = staged_in(host_batch, base_ctx_.space);
-  GptModel& model = *chunks_[0];
-  if (!graphed_) {
-    auto g = std::make_unique<GraphedMicroBatch>();
-    const MicroBatch& first = batch[0];
-    g->ids = Tensor::empty(first.ids.shape(), first.ids.dtype(), base_ctx_.space);
-    g->targets = Tensor::empty(first.targets.shape(), first.targets.dtype(), base_ctx_.space);
-    const DType activations = model.parameters()[0]->value.dtype();
-    g->dloss = Tensor::empty({base_ctx_.seq_length * base_ctx_.micro_batch},
-                             stats_dtype(activations, base_ctx_.space), base_ctx_.space);
-    g->dloss_value = dloss_value();
-    g->dloss.fill(g->dloss_value);
-    // The eager step's cached blocks go back to CUDA: the graph's private
-    // pool takes its own, and both would otherwise stay reserved.
-    device::release_cached();
-    g->live = Tensor::empty({4}, DType::I32, base_ctx_.space);
-    // Dropout reads the step and sample offset from g->live at run time, so
-    // the captured arguments hold neither.
-    LayerContext ctx = context_for(first, 0, /*training=*/true);
-    ctx.sample_offset = 0;
-    ctx.dropout_live = static_cast<const std::uint32_t*>(g->live.raw());
-    g->work = std::make_unique<CapturedWork>([&] {
-      LayerContext c = ctx;
-      GptModel::Cache cache;
-      g->losses = model.forward(g->ids, g->targets, c, cache);
-      model.backward(g->dloss, c, cache);
-    });
-    graphed_ = std::move(g);
-  }
-  GraphedMicroBatch& g = *graphed_;
-  if (g.dloss_value != dloss_value()) {  // fp16: the loss scale moved
-    g.dloss_value = dloss_value();
-    g.dloss.fill(g.dloss_value);
-  }
-  // Every micro-batch's dropout words in one host -> device copy.
-  Tensor live_host = Tensor::empty({index_t(4 * batch.size())}, DType::I32);
-  auto* words = static_cast<std::uint32_t*>(live_host.raw());
+namespace {
+
+/// Dropout's device words of every micro-batch of a step, 4 per micro-batch:
+/// {step, sample offset low, sample offset high, 0}, in one tensor so that
+/// one host -> device copy serves the step.
+Tensor dropout_words(const std::vector<MicroBatch>& batch, long step, MemorySpace space) {
+  Tensor words_host = Tensor::empty({index_t(4 * batch.size())}, DType::I32);
+  auto* words = static_cast<std::uint32_t*>(words_host.raw());
   for (std::size_t m = 0; m < batch.size(); ++m) {
     const auto offset = std::uint64_t(batch[m].sample_offset);
     words[4 * m + 0] = std::uint32_t(step);
@@ -318,7 +285,53 @@ double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step
     words[4 * m + 2] = std::uint32_t(offset >> 32);
     words[4 * m + 3] = 0;
   }
-  g.live_of_step = live_host.to_space(base_ctx_.space);
+  return words_host.to_space(space);
+}
+
+}  // namespace
+
+void Trainer::capture_micro_batch(const MicroBatch& first) {
+  GptModel& model = *chunks_[0];
+  auto g = std::make_unique<GraphedMicroBatch>();
+  g->ids = Tensor::empty(first.ids.shape(), first.ids.dtype(), base_ctx_.space);
+  g->targets = Tensor::empty(first.targets.shape(), first.targets.dtype(), base_ctx_.space);
+  const DType activations = model.parameters()[0]->value.dtype();
+  g->dloss = Tensor::empty({base_ctx_.seq_length * base_ctx_.micro_batch},
+                           stats_dtype(activations, base_ctx_.space), base_ctx_.space);
+  g->dloss_value = dloss_value();
+  g->dloss.fill(g->dloss_value);
+  // The eager step's cached blocks go back to CUDA: the graph's private
+  // pool takes its own, and both would otherwise stay reserved.
+  device::release_cached();
+  g->live = Tensor::empty({4}, DType::I32, base_ctx_.space);
+  // Dropout reads the step and sample offset from g->live at run time, so
+  // the captured arguments hold neither.
+  LayerContext ctx = context_for(first, 0, /*training=*/true);
+  ctx.sample_offset = 0;
+  ctx.dropout_live = static_cast<const std::uint32_t*>(g->live.raw());
+  g->work = std::make_unique<CapturedWork>([&] {
+    LayerContext c = ctx;
+    GptModel::Cache cache;
+    g->losses = model.forward(g->ids, g->targets, c, cache);
+    model.backward(g->dloss, c, cache);
+  });
+  graphed_ = std::move(g);
+}
+#endif
+
+double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step) {
+#ifdef MESHTRON_HAVE_CUDA
+  // The deck check (require_capturable) gives pp = 1: one chunk, whose
+  // tasks are F0 B0 F1 B1 ..., no pipeline messages, no hooks; tp's NCCL
+  // collectives (and their side-stream events) are captured like kernels.
+  const std::vector<MicroBatch> batch = staged_in(host_batch, base_ctx_.space);
+  if (!graphed_) capture_micro_batch(batch[0]);
+  GraphedMicroBatch& g = *graphed_;
+  if (g.dloss_value != dloss_value()) {  // fp16: the loss scale moved
+    g.dloss_value = dloss_value();
+    g.dloss.fill(g.dloss_value);
+  }
+  g.live_of_step = dropout_words(batch, step, base_ctx_.space);
   std::vector<Tensor> losses;
   for (std::size_t m = 0; m < batch.size(); ++m) {
     const MicroBatch& mb = batch[m];

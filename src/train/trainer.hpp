@@ -65,6 +65,9 @@ class Trainer {
   /// training.cuda_graphs from the second step of this process on: each
   /// micro-batch's forward + backward replayed from one graph.
   double run_graphed(const std::vector<MicroBatch>& batch, long step);
+  /// Makes graphed_: buffers shaped like `first`, and the capture of one
+  /// micro-batch's forward + backward over them (CUDA builds).
+  void capture_micro_batch(const MicroBatch& first);
   /// The loss gradient's value at this step (the scale under fp16).
   double dloss_value() const;
   /// A blocking receive from the pipeline neighbour, timed into wait_seconds_.
