@@ -36,7 +36,9 @@
 // instead of twice.
 // Other shapes (odd H, views from slice_rows that are not 16-byte aligned,
 // very wide rows) take the scalar kernels, unchanged.
+#include <cstdlib>
 #include <initializer_list>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/column_sums.cuh"
@@ -404,6 +406,192 @@ struct BlockPartialTerms {
   }
 };
 
+// ------------------------------------------- column-owner backward (test) ---
+//
+// Nsight Compute on the packed backward (session 9, bf16 H = 1280): 241
+// registers per thread (the K x V dgamma and dbeta sums of every lane), so 8
+// warps per SM, and ~32 instructions per element; the SMs wait on their own
+// instruction latencies, not on DRAM (50 % busy). This layout turns the work
+// around: thread p of a row group owns column pack p for every row the group
+// takes, so its dgamma/dbeta sums are 2 V registers, gamma is converted
+// once, and a row's two sums (g, g xhat) are reduced across the group's
+// warps through shared memory, R rows at a time (one barrier per R rows).
+// A block is Y row groups of ceil32(P) threads; group y takes the tiles of R
+// rows t Y + y, t = blockIdx.x, blockIdx.x + gridDim.x, ... The loop's trip
+// count is the block's (a group past the last tile computes nothing), so
+// every thread reaches every barrier. The sums of a row are taken in a fixed
+// order (the pack's V values, the warp's lanes by warp_sum, the group's warps
+// in order), and the block adds its groups in order into one partial row:
+// deterministic; rounds differently from the packed kernel (another order).
+// Selected by MESHTRON_LN_BACKWARD=cols2 / cols4 (R = 2 / 4), for measuring
+// against the packed kernel in one build; not the default.
+
+constexpr int kColumnsBlockThreads = 512;
+
+template <class T, int R>
+__global__ void __launch_bounds__(kColumnsBlockThreads)
+    layernorm_backward_columns_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                      const T* __restrict__ gamma,
+                                      const float* __restrict__ mean,
+                                      const float* __restrict__ rstd, kindex N, kindex H,
+                                      T* __restrict__ dx, const T* __restrict__ residual,
+                                      float* __restrict__ partial) {
+  constexpr int V = kPack<T>;
+  extern __shared__ float group_sums[];  // [Y][2][H]: each group's dgamma and dbeta sums
+  __shared__ float row_sums[2][32][2 * R];  // [parity][warp][g sums of R rows, g xhat sums]
+  const int P = int(H / V), group_threads = int(blockDim.x), Y = int(blockDim.y);
+  const int p = int(threadIdx.x), y = int(threadIdx.y), lane = p & 31;
+  const int group_warps = group_threads / 32, warp = y * group_warps + (p >> 5);
+  const bool owner = p < P;
+  const kindex tiles = (N + R - 1) / R;
+
+  float gam[V], acc_dgamma[V], acc_dbeta[V];
+  {
+    Pack<T> gp{};
+    if (owner) gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      gam[j] = to_f(gp.v[j]);
+      acc_dgamma[j] = acc_dbeta[j] = 0.f;
+    }
+  }
+  const auto row_of = [&](kindex block_tile, int r) { return (block_tile * Y + y) * R + r; };
+  const auto load_tile = [&](kindex block_tile, Pack<T> (&a)[R], Pack<T> (&b)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const kindex row = row_of(block_tile, r);
+      if (owner && row < N) {
+        a[r] = reinterpret_cast<const Pack<T>*>(dy + row * H)[p];
+        b[r] = reinterpret_cast<const Pack<T>*>(x + row * H)[p];
+      }
+    }
+  };
+
+  Pack<T> next_dy[R], next_x[R];
+  kindex t = blockIdx.x;
+  if (t * Y < tiles) load_tile(t, next_dy, next_x);
+  for (int parity = 0; t * Y < tiles; t += gridDim.x, parity ^= 1) {
+    Pack<T> dyr[R], xr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      dyr[r] = next_dy[r];
+      xr[r] = next_x[r];
+    }
+    if ((t + gridDim.x) * Y < tiles) load_tile(t + gridDim.x, next_dy, next_x);
+    float mu[R], rs[R], sums[2 * R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const kindex row = row_of(t, r);
+      const bool live = owner && row < N;
+      mu[r] = row < N ? mean[row] : 0.f;
+      rs[r] = row < N ? rstd[row] : 0.f;
+      float sum_g = 0.f, sum_g_xhat = 0.f;
+      if (live)
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float d = to_f(dyr[r].v[j]), xv = to_f(xr[r].v[j]);
+          const float g = d * gam[j];
+          sum_g += g;
+          sum_g_xhat += g * (xv - mu[r]) * rs[r];
+          acc_dgamma[j] += d * (xv - mu[r]) * rs[r];  // LayerNormParamTerms' terms
+          acc_dbeta[j] += d;
+        }
+      sums[r] = warp_sum(sum_g);
+      sums[R + r] = warp_sum(sum_g_xhat);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int i = 0; i < 2 * R; ++i) row_sums[parity][warp][i] = sums[i];
+    __syncthreads();  // row_sums[parity] is rewritten two tiles on, after the next barrier
+#pragma unroll
+    for (int i = 0; i < 2 * R; ++i) {
+      float s = 0.f;
+      for (int w = 0; w < group_warps; ++w) s += row_sums[parity][y * group_warps + w][i];
+      sums[i] = s / float(H);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const kindex row = row_of(t, r);
+      if (!owner || row >= N) continue;
+      Pack<T> res{};
+      if (residual) res = reinterpret_cast<const Pack<T>*>(residual + row * H)[p];
+      Pack<T> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float g = to_f(dyr[r].v[j]) * gam[j];
+        const float xhat = (to_f(xr[r].v[j]) - mu[r]) * rs[r];
+        const float d = rs[r] * (g - sums[r] - xhat * sums[R + r]);
+        out.v[j] = from_f<T>(residual ? __fadd_rn(round_to<T>(d), to_f(res.v[j])) : d);
+      }
+      reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
+    }
+  }
+
+  // The block's partial row: its groups' sums added in group order.
+  if (owner)
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      group_sums[(y * 2 + 0) * H + p * V + j] = acc_dgamma[j];
+      group_sums[(y * 2 + 1) * H + p * V + j] = acc_dbeta[j];
+    }
+  __syncthreads();
+  for (int q = y * group_threads + p; q < 2 * H; q += group_threads * Y) {
+    float s = 0.f;
+    for (int g = 0; g < Y; ++g) s += group_sums[g * 2 * H + q];
+    partial[kindex(blockIdx.x) * 2 * H + q] = s;  // q = v H + c: row (block 2 + v), column c
+  }
+}
+
+/// Rows per tile of the column-owner backward asked for by
+/// MESHTRON_LN_BACKWARD (cols2 / cols4), or 0 for the packed kernel.
+int columns_backward_rows() {
+  const char* choice = std::getenv("MESHTRON_LN_BACKWARD");
+  if (choice == nullptr) return 0;
+  const std::string c(choice);
+  return c == "cols2" ? 2 : c == "cols4" ? 4 : 0;
+}
+
+/// Launches the column-owner backward with R rows per tile and adds the
+/// blocks' partial rows into dgamma, dbeta. Its dynamic shared memory (Y x 2
+/// x H floats, Y H <= 512 V) is at most 32 KiB: no opt-in needed.
+template <class T, int R, class G>
+void launch_columns_backward(const T* dy, const T* x, const T* gamma, const float* mean,
+                             const float* rstd, kindex N, kindex H, T* dx, const T* residual,
+                             G* dgamma, G* dbeta) {
+  const kindex group_threads = (H / kPack<T> + 31) / 32 * 32;
+  const dim3 block(unsigned(group_threads), unsigned(kColumnsBlockThreads / group_threads));
+  const std::size_t shared = std::size_t(block.y) * 2 * H * sizeof(float);
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, layernorm_backward_columns_kernel<T, R>, int(block.x * block.y), shared));
+  const kindex tiles = (N + R - 1) / R, block_tiles = (tiles + block.y - 1) / block.y;
+  kindex blocks = kindex(sms) * (per_sm > 0 ? per_sm : 1);
+  if (blocks > block_tiles) blocks = block_tiles;
+  device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
+  layernorm_backward_columns_kernel<T, R><<<unsigned(blocks), block, shared, compute_stream()>>>(
+      dy, x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
+  MESH_CUDA_LAUNCHED();
+  column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
+}
+
+/// The column-owner backward when MESHTRON_LN_BACKWARD asks for it and a
+/// row fits one group (ceil32(H / V) <= 512 threads); false otherwise
+/// (nothing launched).
+template <class T, class G>
+bool layernorm_backward_columns(const T* dy, const T* x, const T* gamma, const float* mean,
+                                const float* rstd, kindex N, kindex H, T* dx, const T* residual,
+                                G* dgamma, G* dbeta) {
+  const int R = columns_backward_rows();
+  if (R == 0 || (H / kPack<T> + 31) / 32 * 32 > kColumnsBlockThreads) return false;
+  if (R == 2)
+    launch_columns_backward<T, 2>(dy, x, gamma, mean, rstd, N, H, dx, residual, dgamma, dbeta);
+  else
+    launch_columns_backward<T, 4>(dy, x, gamma, mean, rstd, N, H, dx, residual, dgamma, dbeta);
+  return true;
+}
+
 /// Smallest instantiated K >= packs / 32, or 0 when it exceeds max_k.
 int packs_per_lane(kindex packs, int max_k) {
   const kindex need = (packs + 31) / 32;
@@ -489,6 +677,11 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
     const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx, residual_grad ? residual_grad : dx},
                                       max_k)
                         : 0;
+    if (k != 0 && layernorm_backward_columns(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                             static_cast<const T*>(gamma), mean, rstd, N, H,
+                                             static_cast<T*>(dx), residual,
+                                             static_cast<G*>(dgamma), static_cast<G*>(dbeta)))
+      return;
     if (k != 0 && backward_shared_fits<T>(k)) {
       const int W = backward_warps(sizeof(T), k);
       const kindex row_blocks = (N + W - 1) / W;

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -431,6 +432,56 @@ TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
       EXPECT_TRUE(dbeta2.to_doubles() == dbeta.dev.to_doubles())
           << what << ": dbeta differs between calls";
     }
+}
+
+// The column-owner layernorm backward (MESHTRON_LN_BACKWARD = cols2 / cols4,
+// kernels/cuda/layernorm.cu), which is measured against the packed kernel:
+// it matches the host at the packed shapes with a partial last tile (N odd),
+// one row group per block (H = 2048 bf16) and several (H <= 1280), repeats
+// bit for bit, and its residual form is its plain form followed by add().
+TEST_F(GpuOps, LayerNormColumnOwnerBackwardMatchesHostAndRepeats) {
+  struct Variant {  // sets the variable for this test only, even on a failed ASSERT
+    explicit Variant(const char* v) { setenv("MESHTRON_LN_BACKWARD", v, 1); }
+    ~Variant() { unsetenv("MESHTRON_LN_BACKWARD"); }
+  };
+  const index_t N = 2501;
+  for (const char* v : {"cols2", "cols4"}) {
+    const Variant variant(v);
+    for (DType dt : kDtypes)
+      for (index_t H : {index_t(256), index_t(768), index_t(1280), index_t(2048)}) {
+        const std::string what = std::string(v) + " " + name(dt) + " H=" + std::to_string(H);
+        const LayerNormCase c = layernorm_forward_case(N, H, dt, what);
+        const Pair &x = c.x, &gamma = c.gamma, &mean = c.mean, &rstd = c.rstd;
+        const Pair dy = input({N, H}, dt), residual = input({N, H}, dt);
+        Pair dx = output({N, H}, dt), dgamma = input({H}, DType::F32),
+             dbeta = input({H}, DType::F32);
+        const Tensor dgamma0 = dgamma.dev.clone(), dbeta0 = dbeta.dev.clone();
+        layernorm_backward(dy.host, x.host, gamma.host, mean.host, rstd.host, dx.host,
+                           dgamma.host, dbeta.host);
+        layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, dx.dev, dgamma.dev,
+                           dbeta.dev);
+        expect_close(dx, dt, what + " dx");
+        expect_close(dgamma, dt, what + " dgamma");
+        expect_close(dbeta, dt, what + " dbeta");
+
+        Tensor dx2 = Tensor::empty({N, H}, dt, MemorySpace::Cuda), dgamma2 = dgamma0.clone(),
+               dbeta2 = dbeta0.clone();
+        dx2.fill(kNaN);
+        layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, dx2, dgamma2, dbeta2);
+        EXPECT_TRUE(dx2.to_doubles() == dx.dev.to_doubles()) << what << ": dx differs";
+        EXPECT_TRUE(dgamma2.to_doubles() == dgamma.dev.to_doubles()) << what << ": dgamma differs";
+        EXPECT_TRUE(dbeta2.to_doubles() == dbeta.dev.to_doubles()) << what << ": dbeta differs";
+
+        Tensor fused = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
+        Tensor dg3 = dgamma0.clone(), db3 = dbeta0.clone();
+        layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, fused, dg3, db3,
+                           &residual.dev);
+        Tensor two_pass = dx.dev.clone();
+        add(two_pass, residual.dev, two_pass);
+        EXPECT_TRUE(fused.to_doubles() == two_pass.to_doubles()) << what << ": + residual";
+        EXPECT_TRUE(dg3.to_doubles() == dgamma.dev.to_doubles()) << what << ": dgamma, residual";
+      }
+  }
 }
 
 // ============================================================== Softmax ==
