@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/error.hpp"
@@ -75,16 +76,17 @@ inline unsigned grid_for(kindex n, int threads, kindex cap = 65535LL * 8) {
 
 #define MESH_CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
 
-/// Blocks of `kernel` (block_threads each, no dynamic shared memory) that
-/// the whole GPU holds at once, from the occupancy calculator: the largest
-/// grid that runs in one wave. Callers cache it per kernel (one GPU per
-/// process).
+/// Blocks of `kernel` (block_threads each, `shared_bytes` of dynamic shared
+/// memory) that the whole GPU holds at once, from the occupancy calculator:
+/// the largest grid that runs in one wave. Callers cache it per kernel where
+/// the block shape is fixed (one GPU per process).
 template <class Kernel>
-kindex resident_blocks(Kernel kernel, int block_threads) {
+kindex resident_blocks(Kernel kernel, int block_threads, std::size_t shared_bytes = 0) {
   int device = 0, sms = 0, per_sm = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, 0));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads,
+                                                           shared_bytes));
   return kindex(sms) * (per_sm > 0 ? per_sm : 1);
 }
 

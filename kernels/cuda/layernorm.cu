@@ -561,14 +561,10 @@ void launch_columns_backward(const T* dy, const T* x, const T* gamma, const floa
   const kindex group_threads = (H / kPack<T> + 31) / 32 * 32;
   const dim3 block(unsigned(group_threads), unsigned(kColumnsBlockThreads / group_threads));
   const std::size_t shared = std::size_t(block.y) * 2 * H * sizeof(float);
-  int device = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, layernorm_backward_columns_kernel<T, R>, int(block.x * block.y), shared));
   const kindex tiles = (N + R - 1) / R, block_tiles = (tiles + block.y - 1) / block.y;
-  kindex blocks = kindex(sms) * (per_sm > 0 ? per_sm : 1);
-  if (blocks > block_tiles) blocks = block_tiles;
+  const kindex resident = resident_blocks(layernorm_backward_columns_kernel<T, R>,
+                                          int(block.x * block.y), shared);
+  const kindex blocks = resident < block_tiles ? resident : block_tiles;
   device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
   layernorm_backward_columns_kernel<T, R><<<unsigned(blocks), block, shared, compute_stream()>>>(
       dy, x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
