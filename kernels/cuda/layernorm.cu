@@ -627,13 +627,20 @@ bool backward_shared_fits(int k) {
   return need <= std::size_t(optin);
 }
 
+/// Whether rows of H values of T can be read in 16-byte packs: H a multiple
+/// of V and every pointer 16-byte aligned.
+template <class T>
+bool packable(kindex H, std::initializer_list<const void*> pointers) {
+  if (H % kPack<T> != 0) return false;
+  for (const void* p : pointers)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
 /// K for the packed kernels, or 0 for the scalar ones.
 template <class T>
 int packed_k(kindex H, std::initializer_list<const void*> pointers, int max_k) {
-  if (H % kPack<T> != 0) return 0;
-  for (const void* p : pointers)
-    if (!aligned16(p)) return 0;
-  return packs_per_lane(H / kPack<T>, max_k);
+  return packable<T>(H, pointers) ? packs_per_lane(H / kPack<T>, max_k) : 0;
 }
 
 }  // namespace
@@ -670,10 +677,11 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
     using G = decltype(gz);
     const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 6;  // 16-bit K = 8 spills
     const T* residual = static_cast<const T*>(residual_grad);
-    const int k = N > 0 ? packed_k<T>(H, {dy, x, gamma, dx, residual_grad ? residual_grad : dx},
-                                      max_k)
-                        : 0;
-    if (k != 0 && layernorm_backward_columns(static_cast<const T*>(dy), static_cast<const T*>(x),
+    const std::initializer_list<const void*> rows = {dy, x, gamma, dx,
+                                                     residual_grad ? residual_grad : dx};
+    const int k = N > 0 ? packed_k<T>(H, rows, max_k) : 0;
+    // The column-owner kernel has no K limit (fp32 rows up to 2048 wide too).
+    if (N > 0 && packable<T>(H, rows) && layernorm_backward_columns(static_cast<const T*>(dy), static_cast<const T*>(x),
                                              static_cast<const T*>(gamma), mean, rstd, N, H,
                                              static_cast<T*>(dx), residual,
                                              static_cast<G*>(dgamma), static_cast<G*>(dbeta)))

@@ -437,7 +437,8 @@ TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
 // The column-owner layernorm backward (MESHTRON_LN_BACKWARD = cols2 / cols4,
 // kernels/cuda/layernorm.cu), which is measured against the packed kernel:
 // it matches the host at the packed shapes with a partial last tile (N odd),
-// one row group per block (H = 2048 bf16) and several (H <= 1280), repeats
+// one row group per block (H = 2048 bf16) and several (H <= 1280), fp32 rows
+// wider than the packed kernel takes (H = 1280, 2048: scalar before), repeats
 // bit for bit, and its residual form is its plain form followed by add().
 TEST_F(GpuOps, LayerNormColumnOwnerBackwardMatchesHostAndRepeats) {
   struct Variant {  // sets the variable for this test only, even on a failed ASSERT
