@@ -423,8 +423,8 @@ struct BlockPartialTerms {
 // order (the pack's V values, the warp's lanes by warp_sum, the group's warps
 // in order), and the block adds its groups in order into one partial row:
 // deterministic; rounds differently from the packed kernel (another order).
-// Selected by MESHTRON_LN_BACKWARD=cols2 / cols4 (R = 2 / 4), for measuring
-// against the packed kernel in one build; not the default.
+// Selected by MESHTRON_LN_COLUMNS=2 / 4 (R), with the forward below, for
+// measuring against the packed kernels in one build; not the default.
 
 constexpr int kColumnsBlockThreads = 512;
 
@@ -542,13 +542,32 @@ __global__ void __launch_bounds__(kColumnsBlockThreads)
   }
 }
 
-/// Rows per tile of the column-owner backward asked for by
-/// MESHTRON_LN_BACKWARD (cols2 / cols4), or 0 for the packed kernel.
-int columns_backward_rows() {
-  const char* choice = std::getenv("MESHTRON_LN_BACKWARD");
+/// Rows per tile of the column-owner kernels asked for by MESHTRON_LN_COLUMNS
+/// (2 or 4), or 0 for the packed ones.
+int columns_rows() {
+  const char* choice = std::getenv("MESHTRON_LN_COLUMNS");
   if (choice == nullptr) return 0;
   const std::string c(choice);
-  return c == "cols2" ? 2 : c == "cols4" ? 4 : 0;
+  return c == "2" ? 2 : c == "4" ? 4 : 0;
+}
+
+/// Block of the column-owner kernels for rows of H values of T: a row group
+/// of ceil32(H / V) threads (x), as many groups as fit 512 threads (y).
+/// Zero threads where a row does not fit one group.
+template <class T>
+dim3 columns_block(kindex H) {
+  const kindex group_threads = (H / kPack<T> + 31) / 32 * 32;
+  if (group_threads > kColumnsBlockThreads) return dim3(0, 0);
+  return dim3(unsigned(group_threads), unsigned(kColumnsBlockThreads / group_threads));
+}
+
+/// Grid of a column-owner kernel over N rows in tiles of R: what fits on the
+/// GPU at once, at most one tile per row group.
+template <class Kernel>
+kindex columns_grid(Kernel kernel, dim3 block, std::size_t shared, kindex N, int R) {
+  const kindex tiles = (N + R - 1) / R, block_tiles = (tiles + block.y - 1) / block.y;
+  const kindex resident = resident_blocks(kernel, int(block.x * block.y), shared);
+  return resident < block_tiles ? resident : block_tiles;
 }
 
 /// Launches the column-owner backward with R rows per tile and adds the
@@ -558,13 +577,9 @@ template <class T, int R, class G>
 void launch_columns_backward(const T* dy, const T* x, const T* gamma, const float* mean,
                              const float* rstd, kindex N, kindex H, T* dx, const T* residual,
                              G* dgamma, G* dbeta) {
-  const kindex group_threads = (H / kPack<T> + 31) / 32 * 32;
-  const dim3 block(unsigned(group_threads), unsigned(kColumnsBlockThreads / group_threads));
+  const dim3 block = columns_block<T>(H);
   const std::size_t shared = std::size_t(block.y) * 2 * H * sizeof(float);
-  const kindex tiles = (N + R - 1) / R, block_tiles = (tiles + block.y - 1) / block.y;
-  const kindex resident = resident_blocks(layernorm_backward_columns_kernel<T, R>,
-                                          int(block.x * block.y), shared);
-  const kindex blocks = resident < block_tiles ? resident : block_tiles;
+  const kindex blocks = columns_grid(layernorm_backward_columns_kernel<T, R>, block, shared, N, R);
   device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
   layernorm_backward_columns_kernel<T, R><<<unsigned(blocks), block, shared, compute_stream()>>>(
       dy, x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
@@ -572,19 +587,152 @@ void launch_columns_backward(const T* dy, const T* x, const T* gamma, const floa
   column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
 }
 
-/// The column-owner backward when MESHTRON_LN_BACKWARD asks for it and a
+/// The column-owner backward when MESHTRON_LN_COLUMNS asks for it and a
 /// row fits one group (ceil32(H / V) <= 512 threads); false otherwise
 /// (nothing launched).
 template <class T, class G>
 bool layernorm_backward_columns(const T* dy, const T* x, const T* gamma, const float* mean,
                                 const float* rstd, kindex N, kindex H, T* dx, const T* residual,
                                 G* dgamma, G* dbeta) {
-  const int R = columns_backward_rows();
-  if (R == 0 || (H / kPack<T> + 31) / 32 * 32 > kColumnsBlockThreads) return false;
+  const int R = columns_rows();
+  if (R == 0 || columns_block<T>(H).x == 0) return false;
   if (R == 2)
     launch_columns_backward<T, 2>(dy, x, gamma, mean, rstd, N, H, dx, residual, dgamma, dbeta);
   else
     launch_columns_backward<T, 4>(dy, x, gamma, mean, rstd, N, H, dx, residual, dgamma, dbeta);
+  return true;
+}
+
+/// The forward in the same layout: thread p of a row group owns column pack
+/// p (gamma and beta converted once), a tile's R row sums cross the group's
+/// warps through shared memory, then the R sums of squares about the mean
+/// (two passes, as every forward here: no E[x^2] - E[x]^2), two barriers
+/// per tile. row_sums[0] and [1] alternate: a thread reads [0] before it
+/// reaches the barrier after [1] is written, and [1] before the next tile's
+/// barrier after [0], so neither is rewritten while read. Thread 0 of a
+/// group writes the tile's mean and rstd.
+template <class T, int R>
+__global__ void __launch_bounds__(kColumnsBlockThreads)
+    layernorm_forward_columns_kernel(const T* __restrict__ x, const T* __restrict__ gamma,
+                                     const T* __restrict__ beta, kindex N, kindex H, float eps,
+                                     T* __restrict__ y, float* __restrict__ mean,
+                                     float* __restrict__ rstd) {
+  constexpr int V = kPack<T>;
+  __shared__ float row_sums[2][32][R];  // [sum, sum of squares][warp][row of the tile]
+  const int P = int(H / V), group_threads = int(blockDim.x), Y = int(blockDim.y);
+  const int p = int(threadIdx.x), g = int(threadIdx.y), lane = p & 31;
+  const int group_warps = group_threads / 32, warp = g * group_warps + (p >> 5);
+  const bool owner = p < P;
+  const kindex tiles = (N + R - 1) / R;
+
+  float gam[V], bet[V];
+  {
+    Pack<T> gp{}, bp{};
+    if (owner) {
+      gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
+      bp = reinterpret_cast<const Pack<T>*>(beta)[p];
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      gam[j] = to_f(gp.v[j]);
+      bet[j] = to_f(bp.v[j]);
+    }
+  }
+  const auto row_of = [&](kindex block_tile, int r) { return (block_tile * Y + g) * R + r; };
+  const auto load_tile = [&](kindex block_tile, Pack<T> (&a)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const kindex row = row_of(block_tile, r);
+      if (owner && row < N) a[r] = reinterpret_cast<const Pack<T>*>(x + row * H)[p];
+    }
+  };
+  // Adds each of the R values across the group (lanes by warp_sum, then the
+  // group's warps in order) through row_sums[k]; every thread gets the sums.
+  const auto group_sums = [&](float (&v)[R], int k) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] = warp_sum(v[r]);
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) row_sums[k][warp][r] = v[r];
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float s = 0.f;
+      for (int w = 0; w < group_warps; ++w) s += row_sums[k][g * group_warps + w][r];
+      v[r] = s;
+    }
+  };
+
+  Pack<T> next[R];
+  kindex t = blockIdx.x;
+  if (t * Y < tiles) load_tile(t, next);
+  for (; t * Y < tiles; t += gridDim.x) {
+    Pack<T> xr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) xr[r] = next[r];
+    if ((t + gridDim.x) * Y < tiles) load_tile(t + gridDim.x, next);
+    float mu[R], rs[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float sum = 0.f;
+      if (owner && row_of(t, r) < N)
+#pragma unroll
+        for (int j = 0; j < V; ++j) sum += to_f(xr[r].v[j]);
+      mu[r] = sum;
+    }
+    group_sums(mu, 0);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      mu[r] /= float(H);
+      float sq = 0.f;
+      if (owner && row_of(t, r) < N)
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float d = to_f(xr[r].v[j]) - mu[r];
+          sq += d * d;
+        }
+      rs[r] = sq;
+    }
+    group_sums(rs, 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const kindex row = row_of(t, r);
+      rs[r] = rsqrtf(rs[r] / float(H) + eps);
+      if (!owner || row >= N) continue;
+      Pack<T> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        out.v[j] = from_f<T>((to_f(xr[r].v[j]) - mu[r]) * rs[r] * gam[j] + bet[j]);
+      reinterpret_cast<Pack<T>*>(y + row * H)[p] = out;
+      if (p == 0) {
+        mean[row] = mu[r];
+        rstd[row] = rs[r];
+      }
+    }
+  }
+}
+
+template <class T, int R>
+void launch_columns_forward(const T* x, const T* gamma, const T* beta, kindex N, kindex H,
+                            float eps, T* y, float* mean, float* rstd) {
+  const dim3 block = columns_block<T>(H);
+  const kindex blocks = columns_grid(layernorm_forward_columns_kernel<T, R>, block, 0, N, R);
+  layernorm_forward_columns_kernel<T, R><<<unsigned(blocks), block, 0, compute_stream()>>>(
+      x, gamma, beta, N, H, eps, y, mean, rstd);
+  MESH_CUDA_LAUNCHED();
+}
+
+/// The column-owner forward when MESHTRON_LN_COLUMNS asks for it and a row
+/// fits one group; false otherwise (nothing launched).
+template <class T>
+bool layernorm_forward_columns(const T* x, const T* gamma, const T* beta, kindex N, kindex H,
+                               float eps, T* y, float* mean, float* rstd) {
+  const int R = columns_rows();
+  if (R == 0 || columns_block<T>(H).x == 0) return false;
+  if (R == 2)
+    launch_columns_forward<T, 2>(x, gamma, beta, N, H, eps, y, mean, rstd);
+  else
+    launch_columns_forward<T, 4>(x, gamma, beta, N, H, eps, y, mean, rstd);
   return true;
 }
 
@@ -651,6 +799,11 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
   with_storage_type(t, "layernorm_forward", [&](auto zero) {
     using T = decltype(zero);
     const unsigned blocks = grid_for(N, kWarpsPerBlock, 1LL << 31);
+    if (N > 0 && packable<T>(H, {x, gamma, beta, y}) &&
+        layernorm_forward_columns(static_cast<const T*>(x), static_cast<const T*>(gamma),
+                                  static_cast<const T*>(beta), N, H, float(eps),
+                                  static_cast<T*>(y), mean, rstd))
+      return;
     if (const int k = packed_k<T>(H, {x, gamma, beta, y}, kMaxPacksPerLane)) {
       with_packs_per_lane(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;

@@ -434,25 +434,32 @@ TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
     }
 }
 
-// The column-owner layernorm backward (MESHTRON_LN_BACKWARD = cols2 / cols4,
-// kernels/cuda/layernorm.cu), which is measured against the packed kernel:
-// it matches the host at the packed shapes with a partial last tile (N odd),
-// one row group per block (H = 2048 bf16) and several (H <= 1280), fp32 rows
-// wider than the packed kernel takes (H = 1280, 2048: scalar before), repeats
-// bit for bit, and its residual form is its plain form followed by add().
-TEST_F(GpuOps, LayerNormColumnOwnerBackwardMatchesHostAndRepeats) {
+// The column-owner layernorm kernels (MESHTRON_LN_COLUMNS = 2 / 4 rows per
+// tile, kernels/cuda/layernorm.cu), measured against the packed kernels: the
+// forward (layernorm_forward_case checks y, mean, rstd) and the backward match
+// the host at the packed shapes with a partial last tile (N odd), one row
+// group per block (H = 2048 bf16) and several (H <= 1280), fp32 rows wider
+// than the packed kernels take (H = 1280, 2048: scalar before); both repeat
+// bit for bit, and the backward's residual form is its plain form + add().
+TEST_F(GpuOps, LayerNormColumnOwnerKernelsMatchHostAndRepeat) {
   struct Variant {  // sets the variable for this test only, even on a failed ASSERT
-    explicit Variant(const char* v) { setenv("MESHTRON_LN_BACKWARD", v, 1); }
-    ~Variant() { unsetenv("MESHTRON_LN_BACKWARD"); }
+    explicit Variant(const char* v) { setenv("MESHTRON_LN_COLUMNS", v, 1); }
+    ~Variant() { unsetenv("MESHTRON_LN_COLUMNS"); }
   };
   const index_t N = 2501;
-  for (const char* v : {"cols2", "cols4"}) {
+  for (const char* v : {"2", "4"}) {
     const Variant variant(v);
     for (DType dt : kDtypes)
       for (index_t H : {index_t(256), index_t(768), index_t(1280), index_t(2048)}) {
-        const std::string what = std::string(v) + " " + name(dt) + " H=" + std::to_string(H);
+        const std::string what =
+            "R=" + std::string(v) + " " + name(dt) + " H=" + std::to_string(H);
         const LayerNormCase c = layernorm_forward_case(N, H, dt, what);
         const Pair &x = c.x, &gamma = c.gamma, &mean = c.mean, &rstd = c.rstd;
+        Tensor y2 = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
+        Tensor mean2 = Tensor::empty({N}, DType::F32, MemorySpace::Cuda), rstd2 = mean2.clone();
+        layernorm_forward(x.dev, c.gamma.dev, c.beta.dev, 1e-5, y2, mean2, rstd2);
+        EXPECT_TRUE(y2.to_doubles() == c.y.dev.to_doubles()) << what << ": y differs";
+        EXPECT_TRUE(rstd2.to_doubles() == rstd.dev.to_doubles()) << what << ": rstd differs";
         const Pair dy = input({N, H}, dt), residual = input({N, H}, dt);
         Pair dx = output({N, H}, dt), dgamma = input({H}, DType::F32),
              dbeta = input({H}, DType::F32);
