@@ -92,6 +92,10 @@ def main():
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--layouts", nargs="+", default=["dp2", "tp2"], choices=["dp2", "tp2"],
                         help="with --gpus 2: which 2-GPU layouts to run after the 1-GPU run")
+    parser.add_argument("--tp-micro-batch", type=int, default=None,
+                        help="micro-batch of the tp 2 run (default: --micro-batch); tp 2 holds half "
+                             "the model per GPU, so it can take a larger one. The row names it, and "
+                             "the speed-up compares tokens/s with the one-GPU run's micro-batch")
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
@@ -135,16 +139,18 @@ def main():
             for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1)):
                 if label not in args.layouts:
                     continue
-                two = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, tp=tp, dp=dp,
+                two_mb = args.tp_micro_batch if tp > 1 and args.tp_micro_batch else mb
+                two = run_meshtron(args.meshtron, name, two_mb, args.steps, args.warmup, tp=tp, dp=dp,
                                    recompute=args.recompute, extra=dp_extra if dp > 1 else tp_extra,
                                    accumulate=acc)
                 if two is None:
                     print(json.dumps({"model": name, "layout": label, "error": "run failed"}))
                     continue
                 # dp2 trains 2 micro-batches per step on 2 GPUs; tp2 one micro-batch on 2 GPUs.
-                tokens = mb * 1024 * dp * acc
+                tokens = two_mb * 1024 * dp * acc
                 speedup = (tokens / two["ms_per_step"]) / (mb * 1024 * acc / one["ms_per_step"])
-                print(json.dumps({"model": name, "layout": label, "ms_per_step": round(two["ms_per_step"], 2),
+                print(json.dumps({"model": name, "layout": label, "micro_batch": two_mb,
+                                  "ms_per_step": round(two["ms_per_step"], 2),
                                   "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
                                   "speedup_over_1_gpu": round(speedup, 3),
                                   "memory_mib": round(two["memory_mib"])}), flush=True)

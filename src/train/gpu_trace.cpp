@@ -190,7 +190,10 @@ TraceEvent event_of(const CUpti_Activity* record) {
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
       e.name = copy_kind_name(m->copyKind);
-      e.kind = TraceEvent::Kind::Copy;
+      // A copy between two GPUs is a collective's transfer (the copy-engine
+      // tp collectives, parallel.tp_copy_engine), so it counts with NCCL's.
+      e.kind = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_PTOP ? TraceEvent::Kind::Communication
+                                                              : TraceEvent::Kind::Copy;
       e.bytes = m->bytes;
       e.start_ns = m->start, e.end_ns = m->end, e.stream = m->streamId;
       break;
