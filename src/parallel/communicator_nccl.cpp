@@ -454,14 +454,15 @@ void NcclCommunicator::batch_p2p(std::span<const P2POp> ops) {
   // One group: NCCL progresses every send and receive together, so no order
   // among them can deadlock. Completes before returning, as the MPI backend.
   NCCL_CHECK(ncclGroupStart());
+  const cudaStream_t stream = device::compute_stream();
   for (const P2POp& op : ops) {
     if (op.kind == P2POp::Send)
-      NCCL_CHECK(ncclSend(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, device::compute_stream()));
+      NCCL_CHECK(ncclSend(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, stream));
     else
-      NCCL_CHECK(ncclRecv(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, device::compute_stream()));
+      NCCL_CHECK(ncclRecv(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, stream));
   }
   NCCL_CHECK(ncclGroupEnd());
-  CUDA_CHECK(cudaStreamSynchronize(device::compute_stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace meshtron

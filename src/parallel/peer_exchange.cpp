@@ -38,6 +38,14 @@ const StreamMemOps& stream_mem_ops() {
   return ops;
 }
 
+/// Whether `mine` holds on every rank of `group` (collective), so that a
+/// check fails on all ranks alike.
+bool on_every_rank(bool mine, MPI_Comm group) {
+  int local = mine ? 1 : 0, all = 0;
+  MPI_CHECK(MPI_Allreduce(&local, &all, 1, MPI_INT, MPI_MIN, group));
+  return all == 1;
+}
+
 void check_driver(CUresult r, const char* what) {
   MESH_VERIFY(r == CUDA_SUCCESS, "PeerExchange: " << what << " failed (CUresult " << int(r)
                                                   << ")");
@@ -66,9 +74,8 @@ std::vector<char*> open_peers(MPI_Comm group, int rank, int size, void* mine) {
     }
     out[std::size_t(r)] = static_cast<char*>(p);
   }
-  int opened = std::count(out.begin(), out.end(), nullptr) == 0 ? 1 : 0, all_opened = 0;
-  MPI_CHECK(MPI_Allreduce(&opened, &all_opened, 1, MPI_INT, MPI_MIN, group));
-  MESH_VERIFY(all_opened == 1, "PeerExchange (parallel.tp_copy_engine): some rank cannot open "
+  const bool opened = std::count(out.begin(), out.end(), nullptr) == 0;
+  MESH_VERIFY(on_every_rank(opened, group), "PeerExchange (parallel.tp_copy_engine): some rank cannot open "
                                "its peers' GPU memory over CUDA IPC (no peer access between "
                                "these GPUs?); set parallel.tp_copy_engine = false");
   return out;
@@ -95,9 +102,7 @@ bool PeerExchange::available() {
 }
 
 void PeerExchange::require_available(MPI_Comm group) {
-  int usable = available() ? 1 : 0, all_usable = 0;
-  MPI_CHECK(MPI_Allreduce(&usable, &all_usable, 1, MPI_INT, MPI_MIN, group));
-  MESH_REQUIRE(all_usable == 1, "parallel.tp_copy_engine: the CUDA driver of some rank has no "
+  MESH_REQUIRE(on_every_rank(available(), group), "parallel.tp_copy_engine: the CUDA driver of some rank has no "
                                 "stream memory operations (cuStreamWriteValue32 / "
                                 "cuStreamWaitValue32)");
 }

@@ -89,6 +89,13 @@ double tensor_sum(const Tensor& t) {
   return s;
 }
 
+/// The per-token losses of a step's micro-batches, added in order.
+double sum_of_losses(const std::vector<Tensor>& losses) {
+  double sum = 0;
+  for (const Tensor& l : losses) sum += tensor_sum(l);
+  return sum;
+}
+
 }  // namespace
 
 /// training.cuda_graphs: one micro-batch's forward + backward as a graph
@@ -187,15 +194,10 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
   const std::vector<MicroBatch> batch = staged_in(host_batch, base_ctx_.space);
   const int pp = rt_.topo.pp(), rank = rt_.topo.pp_rank();
   const int total_chunks = pp * virtual_stages_;
-  const index_t tokens = base_ctx_.seq_length * base_ctx_.micro_batch;
   // Every head backward of the step starts from this same constant (read
   // only): filled once, before the first kernel, not once per micro-batch.
   Tensor dloss;
-  if (training) {
-    const DType activations = chunks_[0]->parameters()[0]->value.dtype();
-    dloss = Tensor::empty({tokens}, stats_dtype(activations, base_ctx_.space), base_ctx_.space);
-    dloss.fill(dloss_value());
-  }
+  if (training) dloss = filled_dloss();
   // Messages are tagged by (micro-batch, receiving chunk, lane = direction).
   auto tag = [&](int mb, int g, int dir) { return (mb * total_chunks + g) * 2 + dir; };
 
@@ -258,15 +260,21 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
   const auto t0 = std::chrono::steady_clock::now();
   rt_.pp.wait_sends();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  double loss_sum = 0;
-  for (const Tensor& l : losses) loss_sum += tensor_sum(l);
-  return loss_sum;
+  return sum_of_losses(losses);
 }
 
 double Trainer::dloss_value() const {
   // Under fp16 the backward starts from the scaled dloss (loss_scaler.hpp).
   return (scaler_ ? scaler_->scale() : 1.0) /
          double(base_ctx_.seq_length * run_.training.global_batch_size);
+}
+
+Tensor Trainer::filled_dloss() const {
+  const DType activations = chunks_[0]->parameters()[0]->value.dtype();
+  Tensor dloss = Tensor::empty({base_ctx_.seq_length * base_ctx_.micro_batch},
+                               stats_dtype(activations, base_ctx_.space), base_ctx_.space);
+  dloss.fill(dloss_value());
+  return dloss;
 }
 
 #ifdef MESHTRON_HAVE_CUDA
@@ -295,11 +303,8 @@ void Trainer::capture_micro_batch(const MicroBatch& first) {
   auto g = std::make_unique<GraphedMicroBatch>();
   g->ids = Tensor::empty(first.ids.shape(), first.ids.dtype(), base_ctx_.space);
   g->targets = Tensor::empty(first.targets.shape(), first.targets.dtype(), base_ctx_.space);
-  const DType activations = model.parameters()[0]->value.dtype();
-  g->dloss = Tensor::empty({base_ctx_.seq_length * base_ctx_.micro_batch},
-                           stats_dtype(activations, base_ctx_.space), base_ctx_.space);
+  g->dloss = filled_dloss();
   g->dloss_value = dloss_value();
-  g->dloss.fill(g->dloss_value);
   // The eager step's cached blocks go back to CUDA: the graph's private
   // pool takes its own, and both would otherwise stay reserved.
   device::release_cached();
@@ -342,9 +347,7 @@ double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step
     g.work->replay();
     losses.push_back(g.losses.clone());  // the next replay overwrites them
   }
-  double loss_sum = 0;
-  for (const Tensor& l : losses) loss_sum += tensor_sum(l);
-  return loss_sum;
+  return sum_of_losses(losses);
 #else
   (void)host_batch;
   (void)step;

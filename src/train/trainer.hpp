@@ -70,6 +70,8 @@ class Trainer {
   void capture_micro_batch(const MicroBatch& first);
   /// The loss gradient's value at this step (the scale under fp16).
   double dloss_value() const;
+  /// The head backward's input: dloss_value() for each of a micro-batch's tokens.
+  Tensor filled_dloss() const;
   /// A blocking receive from the pipeline neighbour, timed into wait_seconds_.
   void receive(Tensor& t, int peer, int tag);
   LayerContext context_for(const MicroBatch& mb, long step, bool training) const;

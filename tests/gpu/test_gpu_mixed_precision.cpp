@@ -163,11 +163,9 @@ TEST(GpuBf16, AdamWStepsFp32MasterAndWritesBf16Copy) {
   EXPECT_LT(moved, 1000);
 }
 
-using MemoriseRun = testing::MemorisedRun;
-
 /// Trains the tiny GPT on the GPU on one fixed batch (memorisation).
-MemoriseRun memorise_run(DType dtype, const std::string& precision, int steps,
-                         const LossScalerConfig& scaler = {}) {
+testing::MemorisedRun memorise_run(DType dtype, const std::string& precision, int steps,
+                                   const LossScalerConfig& scaler = {}) {
   return testing::memorise({"run.device=cuda", "training.precision=" + precision,
                             "optimizer.lr=1e-2", "optimizer.min_lr=1e-3"},
                            dtype, steps, scaler);
@@ -193,7 +191,7 @@ TEST(GpuBf16, TinyGptTrainingLossFallsAndStaysFinite) {
 TEST(GpuFp16, TinyGptTrainingWithLossScalingFallsAndStaysFinite) {
   REQUIRE_GPU();
   const int steps = 20;
-  const MemoriseRun fp16 = memorise_run(DType::F16, "fp16", steps);
+  const testing::MemorisedRun fp16 = memorise_run(DType::F16, "fp16", steps);
   const auto fp32 = memorise(DType::F32, "fp32", steps);
   const auto losses = fp16.losses();
   for (int k = 0; k < steps; ++k) {
@@ -215,7 +213,7 @@ TEST(GpuFp16, HugeInitialScaleOverflowsIsSkippedAndBacksOff) {
   const int steps = 40;
   LossScalerConfig scaler;
   scaler.initial_scale = std::ldexp(1.0, 40);  // dloss x 2^40 overflows fp16 (max 65504)
-  const MemoriseRun run = memorise_run(DType::F16, "fp16", steps, scaler);
+  const testing::MemorisedRun run = memorise_run(DType::F16, "fp16", steps, scaler);
   ASSERT_TRUE(run.steps[0].skipped);
   EXPECT_TRUE(run.steps[0].overflow);
   EXPECT_FALSE(std::isfinite(run.steps[0].grad_norm));
