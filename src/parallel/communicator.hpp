@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -147,6 +148,20 @@ class Communicator {
     return v;
   }
 
+  /// parallel.tp_interleave: `yield` runs where a blocking collective has
+  /// been queued and its caller is about to wait for it (on the GPU path the
+  /// collective then runs on a side stream: the other job's compute, queued
+  /// meanwhile, overlaps it), so that another job (FiberPair) can queue its
+  /// own work first. The MPI backend, whose collectives block the host,
+  /// yields before each one: the same switching, testable on the host.
+  /// Blocking all_reduce, reduce_scatter and all_gather only: not
+  /// wait_collective(), which the row-parallel backward calls between the
+  /// two halves of its weight-gradient accumulation (a yield there would
+  /// make the paired micro-batches add their halves in another order).
+  /// Empty (the default): no switching; collectives as before.
+  void set_yield(std::function<void()> yield) { yield_ = std::move(yield); }
+  bool interleaving() const { return bool(yield_); }
+
   const CommStats& stats() const { return stats_; }
   void reset_stats() {
     stats_.reset();
@@ -159,11 +174,15 @@ class Communicator {
     ++stats_.calls[int(k)];
     stats_.bytes[int(k)] += long(bytes);
   }
+  void yield_point() {
+    if (yield_) yield_();
+  }
   void record_nonblocking() { ++nonblocking_started_; }
   void record_nonblocking_gather() { ++nonblocking_gathers_started_; }
 
  private:
   CommStats stats_;
+  std::function<void()> yield_;
   long nonblocking_started_ = 0;
   long nonblocking_gathers_started_ = 0;
 };

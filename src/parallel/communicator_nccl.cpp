@@ -91,6 +91,7 @@ NcclCommunicator::~NcclCommunicator() {
   }
   // Streams after the communicator (NCCL's teardown order).
   for (cudaEvent_t e : gather_events_) cudaEventDestroy(e);
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   if (comm_stream_) {
     cudaEventDestroy(inputs_ready_);
     cudaEventDestroy(reduced_);
@@ -105,6 +106,10 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
     return;
   }
   if (!comm_) return;
+  if (interleaving())
+    return interleaved([&](cudaStream_t stream) {
+      NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, stream));
+    });
   NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, device::compute_stream()));
 }
 
@@ -127,11 +132,21 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
   if (!comm_) return local_copy(recv, send, bytes_of(recv_count, dtype));
   if (copy_engine_ && op == ReduceOp::Sum) {
     const std::size_t at = blocking_ce_.region(host_.comm(), bytes_of(recv_count * size(), dtype));
-    blocking_ce_.exchange->reduce_scatter(send, recv_count, dtype, recv, at);
-    return;
+    if (!interleaving()) return blocking_ce_.exchange->reduce_scatter(send, recv_count, dtype, recv, at);
+    // Held across the yield: the other job's call may grow (replace) the arena.
+    const std::shared_ptr<PeerExchange> exchange = blocking_ce_.exchange;
+    return interleaved(
+        [&](cudaStream_t stream) {
+          exchange->reduce_scatter_transfer(send, recv_count, dtype, at, stream);
+        },
+        [&] { exchange->reduce_scatter_sum(send, recv_count, dtype, recv, at); });
   }
-  NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_,
-                               device::compute_stream()));
+  const auto queue = [&](cudaStream_t stream) {
+    NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_,
+                                 stream));
+  };
+  if (interleaving()) return interleaved(queue);
+  queue(device::compute_stream());
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
@@ -142,11 +157,38 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send
     return;
   }
   if (!comm_) return local_copy(recv, send, bytes_of(send_count, dtype));
-  if (copy_engine_) return copy_engine_all_gather(blocking_ce_, send, recv,
-                                                  bytes_of(send_count, dtype),
-                                                  device::compute_stream());
-  NCCL_CHECK(
-      ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, device::compute_stream()));
+  const auto queue = [&](cudaStream_t stream) {
+    if (copy_engine_)
+      copy_engine_all_gather(blocking_ce_, send, recv, bytes_of(send_count, dtype), stream);
+    else
+      NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream));
+  };
+  if (interleaving()) return interleaved(queue);
+  queue(device::compute_stream());
+}
+
+void NcclCommunicator::interleaved(const std::function<void(cudaStream_t)>& queue,
+                                   const std::function<void()>& finish) {
+  // The comm stream starts after the compute work queued so far (the
+  // collective's inputs). While this job is switched out, the other queues
+  // its compute, which runs during the transfer; the event is this call's
+  // own, since the other job records its collectives' events meanwhile.
+  make_comm_stream();
+  CUDA_CHECK(cudaEventRecord(inputs_ready_, device::compute_stream()));
+  CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
+  queue(comm_stream_);
+  if (free_events_.empty()) {
+    free_events_.emplace_back();
+    CUDA_CHECK(cudaEventCreateWithFlags(&free_events_.back(), cudaEventDisableTiming));
+  }
+  const cudaEvent_t done = free_events_.back();
+  free_events_.pop_back();
+  CUDA_CHECK(cudaEventRecord(done, comm_stream_));
+  yield_point();
+  // A wait captures the event's state now: the event is free again after it.
+  CUDA_CHECK(cudaStreamWaitEvent(device::compute_stream(), done, 0));
+  free_events_.push_back(done);
+  if (finish) finish();
 }
 
 void NcclCommunicator::use_copy_engine() {
@@ -155,12 +197,12 @@ void NcclCommunicator::use_copy_engine() {
 }
 
 std::size_t NcclCommunicator::CopyEngine::region(MPI_Comm group, std::size_t bytes) {
-  if (!exchange || exchange->arena_bytes() < 2 * bytes) {
+  if (!exchange || exchange->arena_bytes() < kCopyEngineRegions * bytes) {
     exchange.reset();  // collective: every rank of the group makes the same calls
-    exchange = std::make_unique<PeerExchange>(group, 2 * bytes);
+    exchange = std::make_shared<PeerExchange>(group, kCopyEngineRegions * bytes);
     calls = 0;
   }
-  return (calls++ % 2) * (exchange->arena_bytes() / 2);
+  return (calls++ % kCopyEngineRegions) * (exchange->arena_bytes() / kCopyEngineRegions);
 }
 
 void NcclCommunicator::copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv,
