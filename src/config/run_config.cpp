@@ -128,6 +128,8 @@ void DeckSchema::bind(RunConfig& c) {
       "tp all-gathers / reduce-scatters on the copy engines (CUDA IPC) instead of NCCL (GPU)");
   key("parallel.tp_interleave", &p.tp_interleave, "bool",
       "micro-batches in interleaved pairs: one's tp collectives overlap the other's compute");
+  key("parallel.tp_interleave_streams", &p.tp_interleave_streams, "int",
+      "tp_interleave: 1 side stream for both micro-batches' collectives, or 2 (one each)");
   key("parallel.schedule", &p.schedule, "string", "gpipe | 1f1b | interleaved");
   key("parallel.virtual_stages", &p.virtual_stages, "int",
       "model chunks per pipeline rank (interleaved)");
@@ -316,6 +318,11 @@ void require_capturable(const RunConfig& c) {
 
 /// parallel.tp_interleave pairs the micro-batches of a step on one stage.
 void require_tp_interleave(const RunConfig& c) {
+  MESH_REQUIRE(c.parallel.tp_interleave_streams == 1 || c.parallel.tp_interleave_streams == 2,
+               "parallel.tp_interleave_streams = " << c.parallel.tp_interleave_streams
+                                                   << " must be 1 or 2");
+  MESH_REQUIRE(c.parallel.tp_interleave_streams == 1 || c.parallel.tp_interleave,
+               "parallel.tp_interleave_streams = 2 needs parallel.tp_interleave = true");
   if (!c.parallel.tp_interleave) return;
   const std::string needs = "parallel.tp_interleave = true needs ";
   MESH_REQUIRE(c.parallel.pipeline_parallel == 1,

@@ -12,11 +12,11 @@
 
 #include <array>
 #include <cstddef>
-#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
+#include "parallel/fiber_pair.hpp"
 #include "tensor/tensor.hpp"
 
 namespace meshtron {
@@ -148,8 +148,9 @@ class Communicator {
     return v;
   }
 
-  /// parallel.tp_interleave: `yield` runs where a blocking collective has
-  /// been queued and its caller is about to wait for it (on the GPU path the
+  /// parallel.tp_interleave: `fibers` (not owned; null to stop) yields where
+  /// a blocking collective has been queued and its caller is about to wait
+  /// for it (on the GPU path the
   /// collective then runs on a side stream: the other job's compute, queued
   /// meanwhile, overlaps it), so that another job (FiberPair) can queue its
   /// own work first. The MPI backend, whose collectives block the host,
@@ -159,8 +160,8 @@ class Communicator {
   /// two halves of its weight-gradient accumulation (a yield there would
   /// make the paired micro-batches add their halves in another order).
   /// Empty (the default): no switching; collectives as before.
-  void set_yield(std::function<void()> yield) { yield_ = std::move(yield); }
-  bool interleaving() const { return bool(yield_); }
+  void set_interleave(FiberPair* fibers) { fibers_ = fibers; }
+  bool interleaving() const { return fibers_ != nullptr; }
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() {
@@ -175,14 +176,16 @@ class Communicator {
     stats_.bytes[int(k)] += long(bytes);
   }
   void yield_point() {
-    if (yield_) yield_();
+    if (fibers_) fibers_->yield();
   }
+  /// The job making this call while interleaving (0 or 1), else -1.
+  int interleaved_job() const { return fibers_ ? fibers_->current_job() : -1; }
   void record_nonblocking() { ++nonblocking_started_; }
   void record_nonblocking_gather() { ++nonblocking_gathers_started_; }
 
  private:
   CommStats stats_;
-  std::function<void()> yield_;
+  FiberPair* fibers_ = nullptr;
   long nonblocking_started_ = 0;
   long nonblocking_gathers_started_ = 0;
 };

@@ -171,6 +171,13 @@ class NcclCommunicator final : public Communicator {
   /// Fails on every rank where some rank's driver lacks the stream memory
   /// operations.
   void use_copy_engine();
+  /// parallel.tp_interleave_streams = 2: the second interleaved job's
+  /// blocking collectives on a communicator (ncclCommSplit), side stream
+  /// and copy-engine exchange of their own, so that they need not queue
+  /// behind the first job's (one communicator's collectives must not run on
+  /// two streams at once, and one exchange's calls must complete in order).
+  /// Collective over the group; call before the first interleaved step.
+  void separate_interleaved_jobs();
 
   void all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
   void all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) override;
@@ -209,10 +216,20 @@ class NcclCommunicator final : public Communicator {
     long host_ticket = 0;
   };
   void make_comm_stream();
-  /// parallel.tp_interleave (set_yield): a blocking collective on
-  /// comm_stream_ (`queue` queues it on the stream it is given), the yield,
-  /// then the compute stream waits for it, then `finish` (compute stream).
-  void interleaved(const std::function<void(cudaStream_t)>& queue,
+  struct CopyEngine;
+  /// Where an interleaved job's blocking collectives run.
+  struct JobLane {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    CopyEngine* copy_engine;
+  };
+  /// comm_ / comm_stream_ / blocking_ce_, or job 1's own after
+  /// separate_interleaved_jobs().
+  JobLane lane_of_current_job();
+  /// parallel.tp_interleave (set_interleave): a blocking collective on the
+  /// current job's lane (`queue` queues it there), the yield, then the
+  /// compute stream waits for it, then `finish` (compute stream).
+  void interleaved(const std::function<void(const JobLane&)>& queue,
                    const std::function<void()>& finish = {});
 
   /// One directed point-to-point link (see the header comment).
@@ -248,6 +265,10 @@ class NcclCommunicator final : public Communicator {
   MpiCommunicator host_;        ///< Host buffers.
   bool copy_engine_ = false;
   CopyEngine blocking_ce_, async_ce_;  ///< compute stream / comm_stream_
+  /// separate_interleaved_jobs(): job 1's lane (owned).
+  ncclComm_t job1_comm_ = nullptr;
+  cudaStream_t job1_stream_ = nullptr;
+  CopyEngine job1_ce_;
   ncclComm_t comm_ = nullptr;   ///< Owned; null for a group of one rank.
   std::vector<P2PLink> links_;  ///< In creation order (the same on every rank).
   int lanes_ = 0;               ///< lanes connected so far

@@ -3,7 +3,7 @@
 // parallel.tp_interleave (Domino-style tensor-parallel overlap, trainer.cpp)
 // runs two micro-batches' forward + backward as the two jobs. A job yields
 // where it has queued a tp collective and is about to make its compute wait
-// for it (Communicator::set_yield); the other job then queues its own
+// for it (Communicator::set_interleave); the other job then queues its own
 // compute, which the GPU runs while the first job's collective is in
 // flight, and yields at its own collective in turn.
 //
@@ -51,6 +51,8 @@ class FiberPair {
   /// Switches between the jobs since construction (tests check that
   /// interleaving really happened).
   long switches() const { return switches_; }
+  /// The running job: 0 (a) or 1 (b); -1 outside run().
+  int current_job() const { return current_; }
 
  private:
   static void entry(unsigned self_high, unsigned self_low, int job);

@@ -129,6 +129,10 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   if (run.parallel.tp_copy_engine) use_copy_engine(rt);
   if (run.parallel.tp_interleave) fibers_ = std::make_unique<FiberPair>();
 #ifdef MESHTRON_HAVE_CUDA
+  if (run.parallel.tp_interleave_streams == 2)
+    if (auto* nccl = dynamic_cast<NcclCommunicator*>(&rt.tp)) nccl->separate_interleaved_jobs();
+#endif
+#ifdef MESHTRON_HAVE_CUDA
   if (run.run.gemm_autotune) cuda::set_gemm_autotune(true);  // the deck check: run.device = cuda
 #endif
   base_ctx_.seed = run.run.seed;
@@ -274,15 +278,15 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
 
 namespace {
 
-/// Sets `comm`'s yield (Communicator::set_yield) for a scope.
-class ScopedYield {
+/// Makes `comm` yield to `fibers` (Communicator::set_interleave) for a scope.
+class ScopedInterleave {
  public:
-  ScopedYield(Communicator& comm, FiberPair& fibers) : comm_(comm) {
-    comm_.set_yield([&fibers] { fibers.yield(); });
+  ScopedInterleave(Communicator& comm, FiberPair& fibers) : comm_(comm) {
+    comm_.set_interleave(&fibers);
   }
-  ~ScopedYield() { comm_.set_yield({}); }
-  ScopedYield(const ScopedYield&) = delete;
-  ScopedYield& operator=(const ScopedYield&) = delete;
+  ~ScopedInterleave() { comm_.set_interleave(nullptr); }
+  ScopedInterleave(const ScopedInterleave&) = delete;
+  ScopedInterleave& operator=(const ScopedInterleave&) = delete;
 
  private:
   Communicator& comm_;
@@ -304,7 +308,7 @@ void Trainer::run_interleaved(const std::vector<PipelineTask>& tasks,
       for (std::size_t k : of_micro_batch[m]) run_task(k);
     };
   };
-  ScopedYield yield_at_tp_collectives(rt_.tp, *fibers_);
+  ScopedInterleave yield_at_tp_collectives(rt_.tp, *fibers_);
   std::size_t m = 0;
   for (; m + 1 < of_micro_batch.size(); m += 2) fibers_->run(job(m), job(m + 1));
   if (m < of_micro_batch.size()) job(m)();  // an odd one out runs alone

@@ -554,8 +554,9 @@ TEST(GpuTraining, CopyEngineTpCollectivesMatchOneGpuRun) {
 }
 
 // parallel.tp_interleave at tp 2 + SP (the gathered input kept, as the
-// 774M runs), on NCCL and on the copy engines: the paired micro-batches'
-// blocking tp collectives run on the side stream with an event per call
+// 774M runs), on NCCL and on the copy engines, with one side stream and with
+// one per job (parallel.tp_interleave_streams): the paired micro-batches'
+// blocking tp collectives run on a side stream with an event per call
 // (and the copy-engine reduce-scatter's adds after the switch). One step
 // without clipping equals the plain run bit for bit except the tied word
 // table (test_tp_interleave.cpp says why), and three steps the 1-GPU run.
@@ -563,12 +564,15 @@ TEST(GpuTraining, TpInterleaveEqualsThePlainRunAndTheOneGpuRun) {
   REQUIRE_TWO_GPUS();
   for (const bool copy_engine : {false, true}) {
     if (copy_engine && !PeerExchange::available()) continue;
-    SCOPED_TRACE(copy_engine ? "copy engines" : "NCCL");
+    for (const int streams : {1, 2}) {
+    SCOPED_TRACE(std::string(copy_engine ? "copy engines, " : "NCCL, ") + std::to_string(streams) +
+                 " side streams");
     Layout plain{2, 1, 1, "1f1b", false, true};
     plain.overrides = {"parallel.sequence_parallel_keep_gathered=true",
                        std::string("parallel.tp_copy_engine=") + (copy_engine ? "true" : "false")};
     Layout paired = plain;
     paired.overrides.push_back("parallel.tp_interleave=true");
+    paired.overrides.push_back("parallel.tp_interleave_streams=" + std::to_string(streams));
     Layout plain_1 = plain, paired_1 = paired;
     plain_1.overrides.push_back("training.clip_grad=0");
     paired_1.overrides.push_back("training.clip_grad=0");
@@ -584,6 +588,7 @@ TEST(GpuTraining, TpInterleaveEqualsThePlainRunAndTheOneGpuRun) {
     }
     const RunResult got = testing::train_layout(MPI_COMM_WORLD, paired, DType::F32, 3, MemorySpace::Cuda);
     if (is_rank0()) expect_same_run(got, one_gpu_reference());
+    }
   }
 }
 

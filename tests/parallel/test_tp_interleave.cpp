@@ -1,6 +1,6 @@
 // parallel.tp_interleave (Domino-style tp overlap): a step's micro-batches
 // run in pairs on two fibers that switch at every tp collective
-// (parallel/fiber_pair.hpp, Communicator::set_yield).
+// (parallel/fiber_pair.hpp, Communicator::set_interleave).
 //
 //  * Job a's k-th segment always runs before job b's, so every gradient adds
 //    its micro-batches in the same order as without interleaving, except the
