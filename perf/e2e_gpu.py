@@ -54,10 +54,15 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
             "parallel.tensor_parallel": tp, "parallel.data_parallel": dp,
             "parallel.sequence_parallel": "true" if tp > 1 else "false",
             "parallel.distributed_optimizer": "true" if dp > 1 else "false"}
+    # The caller's overrides (--set K=V pairs) replace these defaults: the
+    # deck parser takes each key once.
+    for flag, kv in zip(extra[::2], extra[1::2]):
+        assert flag == "--set", extra
+        key, value = kv.split("=", 1)
+        sets[key] = value
     cmd = ["mpirun", "-np", str(ranks), binary, "train", DECKS[name]]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
-    cmd += list(extra)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
