@@ -54,10 +54,15 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
             "parallel.tensor_parallel": tp, "parallel.data_parallel": dp,
             "parallel.sequence_parallel": "true" if tp > 1 else "false",
             "parallel.distributed_optimizer": "true" if dp > 1 else "false"}
+    # The caller's overrides (--set K=V pairs) replace these defaults: the
+    # deck parser takes each key once.
+    for flag, kv in zip(extra[::2], extra[1::2]):
+        assert flag == "--set", extra
+        key, value = kv.split("=", 1)
+        sets[key] = value
     cmd = ["mpirun", "-np", str(ranks), binary, "train", DECKS[name]]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
-    cmd += list(extra)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
@@ -96,6 +101,10 @@ def main():
                         help="micro-batch of the tp 2 run (default: --micro-batch); tp 2 holds half "
                              "the model per GPU, so it can take a larger one. The row names it, and "
                              "the speed-up compares tokens/s with the one-GPU run's micro-batch")
+    parser.add_argument("--tp-accumulate", type=int, default=None,
+                        help="micro-batches per step of the tp 2 run (default: --accumulate); with "
+                             "parallel.tp_interleave (pairs of micro-batches) e.g. --tp-micro-batch 4 "
+                             "--tp-accumulate 2 trains the one-GPU run's 8 x 1024 tokens per step")
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
@@ -140,16 +149,18 @@ def main():
                 if label not in args.layouts:
                     continue
                 two_mb = args.tp_micro_batch if tp > 1 and args.tp_micro_batch else mb
+                two_acc = args.tp_accumulate if tp > 1 and args.tp_accumulate else acc
                 two = run_meshtron(args.meshtron, name, two_mb, args.steps, args.warmup, tp=tp, dp=dp,
                                    recompute=args.recompute, extra=dp_extra if dp > 1 else tp_extra,
-                                   accumulate=acc)
+                                   accumulate=two_acc)
                 if two is None:
                     print(json.dumps({"model": name, "layout": label, "error": "run failed"}))
                     continue
                 # dp2 trains 2 micro-batches per step on 2 GPUs; tp2 one micro-batch on 2 GPUs.
-                tokens = two_mb * 1024 * dp * acc
+                tokens = two_mb * 1024 * dp * two_acc
                 speedup = (tokens / two["ms_per_step"]) / (mb * 1024 * acc / one["ms_per_step"])
                 print(json.dumps({"model": name, "layout": label, "micro_batch": two_mb,
+                                  "micro_batches_per_step": two_acc,
                                   "ms_per_step": round(two["ms_per_step"], 2),
                                   "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
                                   "speedup_over_1_gpu": round(speedup, 3),

@@ -126,6 +126,10 @@ void DeckSchema::bind(RunConfig& c) {
       "column-parallel forward GEMMs on own rows while the input all-gather runs (SP)");
   key("parallel.tp_copy_engine", &p.tp_copy_engine, "bool",
       "tp all-gathers / reduce-scatters on the copy engines (CUDA IPC) instead of NCCL (GPU)");
+  key("parallel.tp_interleave", &p.tp_interleave, "bool",
+      "micro-batches in interleaved pairs: one's tp collectives overlap the other's compute");
+  key("parallel.tp_interleave_streams", &p.tp_interleave_streams, "int",
+      "tp_interleave: 1 side stream for both micro-batches' collectives, or 2 (one each)");
   key("parallel.schedule", &p.schedule, "string", "gpipe | 1f1b | interleaved");
   key("parallel.virtual_stages", &p.virtual_stages, "int",
       "model chunks per pipeline rank (interleaved)");
@@ -307,8 +311,30 @@ void require_capturable(const RunConfig& c) {
                needs << "parallel.pipeline_parallel = 1 (got " << c.parallel.pipeline_parallel
                      << ")");
   MESH_REQUIRE(!c.parallel.tp_copy_engine, needs << "parallel.tp_copy_engine = false");
+  MESH_REQUIRE(!c.parallel.tp_interleave, needs << "parallel.tp_interleave = false");
   MESH_REQUIRE(!c.parallel.overlap_grad_reduce && !c.parallel.overlap_param_gather,
                needs << "parallel.overlap_grad_reduce = overlap_param_gather = false");
+}
+
+/// parallel.tp_interleave pairs the micro-batches of a step on one stage.
+void require_tp_interleave(const RunConfig& c) {
+  MESH_REQUIRE(c.parallel.tp_interleave_streams == 1 || c.parallel.tp_interleave_streams == 2,
+               "parallel.tp_interleave_streams = " << c.parallel.tp_interleave_streams
+                                                   << " must be 1 or 2");
+  MESH_REQUIRE(c.parallel.tp_interleave_streams == 1 || c.parallel.tp_interleave,
+               "parallel.tp_interleave_streams = 2 needs parallel.tp_interleave = true");
+  if (!c.parallel.tp_interleave) return;
+  const std::string needs = "parallel.tp_interleave = true needs ";
+  MESH_REQUIRE(c.parallel.pipeline_parallel == 1,
+               needs << "parallel.pipeline_parallel = 1 (got " << c.parallel.pipeline_parallel
+                     << ")");
+  const long per_step = c.training.global_batch_size /
+                        (long(c.training.micro_batch_size) * c.parallel.data_parallel);
+  MESH_REQUIRE(per_step >= 2, needs << "at least 2 micro-batches per step on each dp rank (got "
+                                    << per_step << ": training.global_batch_size = "
+                                    << c.training.global_batch_size << ", micro_batch_size = "
+                                    << c.training.micro_batch_size << ", data_parallel = "
+                                    << c.parallel.data_parallel << ")");
 }
 
 }  // namespace
@@ -398,6 +424,7 @@ void RunConfig::validate(int world_size) {
                "training.global_batch_size (" << t.global_batch_size
                    << ") is not divisible by training.micro_batch_size ("
                    << t.micro_batch_size << ") x data_parallel (" << p.data_parallel << ")");
+  require_tp_interleave(*this);
   require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
   require_one_of("training.recompute", t.recompute, {"none", "selective", "full"});
   require_capturable(*this);

@@ -80,6 +80,18 @@ struct ParallelSection {
   /// engines (PeerExchange: CUDA IPC, no NCCL kernels, no SMs) instead of
   /// NCCL; GPU path only.
   bool tp_copy_engine = false;
+  /// Domino-style tp overlap: a step's micro-batches run in pairs, the two
+  /// forward + backward interleaved on one thread (FiberPair): where one
+  /// waits for a tp collective, the other's compute is queued, and the GPU
+  /// runs it while the collective is in flight (the collectives then run on
+  /// a side stream). Same results, bit for bit, as one micro-batch after the
+  /// other; twice the activations alive. pp = 1, >= 2 micro-batches a step.
+  bool tp_interleave = false;
+  /// Side streams of the interleaved tp collectives: 1 (both jobs' in one
+  /// queue), or 2 (the second job's on a communicator, stream and
+  /// copy-engine arena of its own, so its collectives need not wait for
+  /// the first job's). GPU path; the host's collectives block either way.
+  int tp_interleave_streams = 1;
   std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
   int virtual_stages = 1;
   bool distributed_optimizer = false;

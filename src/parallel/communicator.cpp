@@ -78,6 +78,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
 }
 
 void MpiCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
+  yield_point();
   record(CollectiveKind::AllReduce, count * dtype_size(dtype));
   if (size_ == 1) return;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count), mpi_datatype(dtype),
@@ -86,6 +87,7 @@ void MpiCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Redu
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
                                      DType dtype, ReduceOp op) {
+  yield_point();
   record(CollectiveKind::ReduceScatter, recv_count * size_ * dtype_size(dtype));
   if (size_ == 1) {
     if (send != recv) std::memcpy(recv, send, recv_count * dtype_size(dtype));
@@ -97,6 +99,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t r
 
 void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
                                  DType dtype) {
+  yield_point();
   record(CollectiveKind::AllGather, send_count * size_ * dtype_size(dtype));
   if (size_ == 1) {
     if (send != recv) std::memcpy(recv, send, send_count * dtype_size(dtype));

@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "parallel/fiber_pair.hpp"
 #include "tensor/tensor.hpp"
 
 namespace meshtron {
@@ -147,6 +148,21 @@ class Communicator {
     return v;
   }
 
+  /// parallel.tp_interleave: `fibers` (not owned; null to stop) yields where
+  /// a blocking collective has been queued and its caller is about to wait
+  /// for it (on the GPU path the
+  /// collective then runs on a side stream: the other job's compute, queued
+  /// meanwhile, overlaps it), so that another job (FiberPair) can queue its
+  /// own work first. The MPI backend, whose collectives block the host,
+  /// yields before each one: the same switching, testable on the host.
+  /// Blocking all_reduce, reduce_scatter and all_gather only: not
+  /// wait_collective(), which the row-parallel backward calls between the
+  /// two halves of its weight-gradient accumulation (a yield there would
+  /// make the paired micro-batches add their halves in another order).
+  /// Empty (the default): no switching; collectives as before.
+  void set_interleave(FiberPair* fibers) { fibers_ = fibers; }
+  bool interleaving() const { return fibers_ != nullptr; }
+
   const CommStats& stats() const { return stats_; }
   void reset_stats() {
     stats_.reset();
@@ -159,11 +175,17 @@ class Communicator {
     ++stats_.calls[int(k)];
     stats_.bytes[int(k)] += long(bytes);
   }
+  void yield_point() {
+    if (fibers_) fibers_->yield();
+  }
+  /// The job making this call while interleaving (0 or 1), else -1.
+  int interleaved_job() const { return fibers_ ? fibers_->current_job() : -1; }
   void record_nonblocking() { ++nonblocking_started_; }
   void record_nonblocking_gather() { ++nonblocking_gathers_started_; }
 
  private:
   CommStats stats_;
+  FiberPair* fibers_ = nullptr;
   long nonblocking_started_ = 0;
   long nonblocking_gathers_started_ = 0;
 };

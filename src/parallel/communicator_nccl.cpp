@@ -84,6 +84,12 @@ NcclCommunicator::~NcclCommunicator() {
   wait_sends();
   wait_collectives();
   destroy_links();  // before the group's communicator they were split from
+  job1_ce_.exchange.reset();
+  if (job1_comm_) {
+    ncclCommFinalize(job1_comm_);
+    ncclCommDestroy(job1_comm_);
+    cudaStreamDestroy(job1_stream_);
+  }
   if (comm_) {
     // Finalize flushes outstanding operations; only then is Destroy safe.
     ncclCommFinalize(comm_);
@@ -91,6 +97,7 @@ NcclCommunicator::~NcclCommunicator() {
   }
   // Streams after the communicator (NCCL's teardown order).
   for (cudaEvent_t e : gather_events_) cudaEventDestroy(e);
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   if (comm_stream_) {
     cudaEventDestroy(inputs_ready_);
     cudaEventDestroy(reduced_);
@@ -105,6 +112,11 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
     return;
   }
   if (!comm_) return;
+  if (interleaving())
+    return interleaved([&](const JobLane& lane) {
+      NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), lane.comm,
+                               lane.stream));
+    });
   NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, device::compute_stream()));
 }
 
@@ -126,12 +138,29 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
   }
   if (!comm_) return local_copy(recv, send, bytes_of(recv_count, dtype));
   if (copy_engine_ && op == ReduceOp::Sum) {
-    const std::size_t at = blocking_ce_.region(host_.comm(), bytes_of(recv_count * size(), dtype));
-    blocking_ce_.exchange->reduce_scatter(send, recv_count, dtype, recv, at);
-    return;
+    const std::size_t bytes = bytes_of(recv_count * size(), dtype);
+    if (!interleaving()) {
+      const std::size_t at = blocking_ce_.region(host_.comm(), bytes);
+      return blocking_ce_.exchange->reduce_scatter(send, recv_count, dtype, recv, at);
+    }
+    // Held across the yield: the other job's call may grow (replace) the arena.
+    std::shared_ptr<PeerExchange> exchange;
+    std::size_t at = 0;
+    return interleaved(
+        [&](const JobLane& lane) {
+          at = lane.copy_engine->region(host_.comm(), bytes);
+          exchange = lane.copy_engine->exchange;
+          exchange->reduce_scatter_transfer(send, recv_count, dtype, at, lane.stream);
+        },
+        [&] { exchange->reduce_scatter_sum(send, recv_count, dtype, recv, at); });
   }
-  NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_,
-                               device::compute_stream()));
+  const auto queue = [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm,
+                                 stream));
+  };
+  if (interleaving())
+    return interleaved([&](const JobLane& lane) { queue(lane.comm, lane.stream); });
+  queue(comm_, device::compute_stream());
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
@@ -142,11 +171,55 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send
     return;
   }
   if (!comm_) return local_copy(recv, send, bytes_of(send_count, dtype));
-  if (copy_engine_) return copy_engine_all_gather(blocking_ce_, send, recv,
-                                                  bytes_of(send_count, dtype),
-                                                  device::compute_stream());
-  NCCL_CHECK(
-      ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, device::compute_stream()));
+  const auto queue = [&](const JobLane& lane) {
+    if (copy_engine_)
+      copy_engine_all_gather(*lane.copy_engine, send, recv, bytes_of(send_count, dtype),
+                             lane.stream);
+    else
+      NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), lane.comm, lane.stream));
+  };
+  if (interleaving()) return interleaved(queue);
+  queue({comm_, device::compute_stream(), &blocking_ce_});
+}
+
+void NcclCommunicator::separate_interleaved_jobs() {
+  if (!comm_ || job1_comm_) return;  // every rank of the group takes the same branch
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.splitShare = 0;  // own resources: its collectives run beside comm_'s
+  NCCL_CHECK(ncclCommSplit(comm_, 0, rank(), &job1_comm_, &config));
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&job1_stream_, cudaStreamNonBlocking, greatest));
+}
+
+NcclCommunicator::JobLane NcclCommunicator::lane_of_current_job() {
+  make_comm_stream();
+  if (job1_comm_ && interleaved_job() == 1) return {job1_comm_, job1_stream_, &job1_ce_};
+  return {comm_, comm_stream_, &blocking_ce_};
+}
+
+void NcclCommunicator::interleaved(const std::function<void(const JobLane&)>& queue,
+                                   const std::function<void()>& finish) {
+  // The side stream starts after the compute work queued so far (the
+  // collective's inputs). While this job is switched out, the other queues
+  // its compute, which runs during the transfer; the event is this call's
+  // own, since the other job records its collectives' events meanwhile.
+  const JobLane lane = lane_of_current_job();
+  CUDA_CHECK(cudaEventRecord(inputs_ready_, device::compute_stream()));
+  CUDA_CHECK(cudaStreamWaitEvent(lane.stream, inputs_ready_, 0));
+  queue(lane);
+  if (free_events_.empty()) {
+    free_events_.emplace_back();
+    CUDA_CHECK(cudaEventCreateWithFlags(&free_events_.back(), cudaEventDisableTiming));
+  }
+  const cudaEvent_t done = free_events_.back();
+  free_events_.pop_back();
+  CUDA_CHECK(cudaEventRecord(done, lane.stream));
+  yield_point();
+  // A wait captures the event's state now: the event is free again after it.
+  CUDA_CHECK(cudaStreamWaitEvent(device::compute_stream(), done, 0));
+  free_events_.push_back(done);
+  if (finish) finish();
 }
 
 void NcclCommunicator::use_copy_engine() {
@@ -155,12 +228,12 @@ void NcclCommunicator::use_copy_engine() {
 }
 
 std::size_t NcclCommunicator::CopyEngine::region(MPI_Comm group, std::size_t bytes) {
-  if (!exchange || exchange->arena_bytes() < 2 * bytes) {
+  if (!exchange || exchange->arena_bytes() < kCopyEngineRegions * bytes) {
     exchange.reset();  // collective: every rank of the group makes the same calls
-    exchange = std::make_unique<PeerExchange>(group, 2 * bytes);
+    exchange = std::make_shared<PeerExchange>(group, kCopyEngineRegions * bytes);
     calls = 0;
   }
-  return (calls++ % 2) * (exchange->arena_bytes() / 2);
+  return (calls++ % kCopyEngineRegions) * (exchange->arena_bytes() / kCopyEngineRegions);
 }
 
 void NcclCommunicator::copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv,

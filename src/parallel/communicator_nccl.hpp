@@ -155,16 +155,29 @@ class NcclCommunicator final : public Communicator {
   /// From now on (collective: every rank of the group calls it), the
   /// blocking device all_gather and Sum reduce_scatter, and the
   /// equal-count iall_gather, run on the copy engines (PeerExchange)
-  /// instead of NCCL: each call uses one of two regions of an arena in turn
-  /// (so a peer's next-but-one call, which my flags order after my reads of
-  /// this one, is the first to overwrite it), and an all-gather's result is
-  /// copied out of the arena into `recv`. Blocking calls (compute stream)
-  /// and iall_gather (comm_stream_) use two exchanges, each with its own
-  /// flags: one exchange's sequence must follow one stream's order. An
-  /// arena grows (collectively) to the largest call.
+  /// instead of NCCL: each call uses one of kCopyEngineRegions regions of an
+  /// arena in turn, and an all-gather's result is copied out of the arena
+  /// into `recv`. Blocking calls (compute stream, or comm_stream_ while
+  /// interleaving) and iall_gather (comm_stream_) use two exchanges, each
+  /// with its own flags: one exchange's calls must run on the device in
+  /// their sequence order (the streams an exchange moves between are
+  /// ordered by events). An arena grows (collectively) to the largest call.
+  /// Four regions: a peer writes a region again 4 calls later, after it has
+  /// passed my flags of the calls in between. Without interleaving the
+  /// next-but-one call would do (my flags of the next one follow my reads of
+  /// this one); while interleaving, a reduce-scatter's adds (which read the
+  /// region) run after the other job's next call has raised my flags, so
+  /// only the call after that one is ordered after them.
   /// Fails on every rank where some rank's driver lacks the stream memory
   /// operations.
   void use_copy_engine();
+  /// parallel.tp_interleave_streams = 2: the second interleaved job's
+  /// blocking collectives on a communicator (ncclCommSplit), side stream
+  /// and copy-engine exchange of their own, so that they need not queue
+  /// behind the first job's (one communicator's collectives must not run on
+  /// two streams at once, and one exchange's calls must complete in order).
+  /// Collective over the group; call before the first interleaved step.
+  void separate_interleaved_jobs();
 
   void all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
   void all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) override;
@@ -203,6 +216,21 @@ class NcclCommunicator final : public Communicator {
     long host_ticket = 0;
   };
   void make_comm_stream();
+  struct CopyEngine;
+  /// Where an interleaved job's blocking collectives run.
+  struct JobLane {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    CopyEngine* copy_engine;
+  };
+  /// comm_ / comm_stream_ / blocking_ce_, or job 1's own after
+  /// separate_interleaved_jobs().
+  JobLane lane_of_current_job();
+  /// parallel.tp_interleave (set_interleave): a blocking collective on the
+  /// current job's lane (`queue` queues it there), the yield, then the
+  /// compute stream waits for it, then `finish` (compute stream).
+  void interleaved(const std::function<void(const JobLane&)>& queue,
+                   const std::function<void()>& finish = {});
 
   /// One directed point-to-point link (see the header comment).
   struct P2PLink {
@@ -221,12 +249,15 @@ class NcclCommunicator final : public Communicator {
 
   /// A PeerExchange used on one stream, and its calls so far.
   struct CopyEngine {
-    std::unique_ptr<PeerExchange> exchange;  ///< Made on the first call.
+    /// Made on the first call; shared with an interleaved reduce-scatter
+    /// whose adds are still to be queued (a grown arena replaces it).
+    std::shared_ptr<PeerExchange> exchange;
     std::uint64_t calls = 0;
-    /// The offset of this call's region (two regions of `bytes`, in
-    /// turn); creates or grows the exchange first (collective).
+    /// The offset of this call's region (kCopyEngineRegions regions of
+    /// `bytes`, in turn); creates or grows the exchange first (collective).
     std::size_t region(MPI_Comm group, std::size_t bytes);
   };
+  static constexpr std::size_t kCopyEngineRegions = 4;
   /// The copy-engine all-gather of `send` into `recv` on `stream`.
   void copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv, std::size_t shard,
                               cudaStream_t stream);
@@ -234,6 +265,10 @@ class NcclCommunicator final : public Communicator {
   MpiCommunicator host_;        ///< Host buffers.
   bool copy_engine_ = false;
   CopyEngine blocking_ce_, async_ce_;  ///< compute stream / comm_stream_
+  /// separate_interleaved_jobs(): job 1's lane (owned).
+  ncclComm_t job1_comm_ = nullptr;
+  cudaStream_t job1_stream_ = nullptr;
+  CopyEngine job1_ce_;
   ncclComm_t comm_ = nullptr;   ///< Owned; null for a group of one rank.
   std::vector<P2PLink> links_;  ///< In creation order (the same on every rank).
   int lanes_ = 0;               ///< lanes connected so far
@@ -245,6 +280,8 @@ class NcclCommunicator final : public Communicator {
   /// gathers_[i] is first_gather_ticket_ + i, its event gather_events_[i].
   std::vector<PendingGather> gathers_;
   std::vector<cudaEvent_t> gather_events_;  ///< Owned; grows to the most gathers in flight.
+  /// Owned; interleaved() events not in use (one per job in flight).
+  std::vector<cudaEvent_t> free_events_;
   long first_gather_ticket_ = 0;
 };
 

@@ -175,26 +175,38 @@ void PeerExchange::signal_and_wait(cudaStream_t stream) {
 
 void PeerExchange::reduce_scatter(const void* partial, std::size_t count, DType dtype, void* out,
                                   std::size_t offset) {
+  reduce_scatter_transfer(partial, count, dtype, offset, device::compute_stream());
+  reduce_scatter_sum(partial, count, dtype, out, offset);
+}
+
+void PeerExchange::reduce_scatter_transfer(const void* partial, std::size_t count, DType dtype,
+                                           std::size_t offset, cudaStream_t stream) {
   const std::size_t block = count * dtype_size(dtype);
   check_fits("reduce_scatter", block, offset);
-  const cudaStream_t stream = device::compute_stream();  // the add kernel's stream
+  if (size_ == 1) return;
   const char* mine = static_cast<const char*>(partial);
-  if (size_ == 1) {
-    CUDA_CHECK(cudaMemcpyAsync(out, mine, block, cudaMemcpyDefault, stream));
-    return;
-  }
   for (int k = 1; k < size_; ++k) {  // block r of this partial to rank r, slot rank_
     const int r = (rank_ + k) % size_;
     CUDA_CHECK(cudaMemcpyAsync(peers_[std::size_t(r)] + offset + std::size_t(rank_) * block,
                                mine + std::size_t(r) * block, block, cudaMemcpyDefault, stream));
   }
   signal_and_wait(stream);
+}
+
+void PeerExchange::reduce_scatter_sum(const void* partial, std::size_t count, DType dtype,
+                                      void* out, std::size_t offset) {
+  const std::size_t block = count * dtype_size(dtype);
+  const char* mine = static_cast<const char*>(partial);
+  if (size_ == 1) {
+    CUDA_CHECK(cudaMemcpyAsync(out, mine, block, cudaMemcpyDefault, device::compute_stream()));
+    return;
+  }
   // out = own block + slot 0 + slot 1 + ... (rank order, own block at its rank's place).
   const char* slots = arena() + offset;
   const auto term = [&](int q) -> const void* {
     return q == rank_ ? mine + std::size_t(rank_) * block : slots + std::size_t(q) * block;
   };
-  cuda::add(dtype, term(0), term(1), index_t(count), out);
+  cuda::add(dtype, term(0), term(1), index_t(count), out);  // on the compute stream
   for (int q = 2; q < size_; ++q) cuda::add(dtype, out, term(q), index_t(count), out);
 }
 

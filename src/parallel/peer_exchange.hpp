@@ -85,6 +85,14 @@ class PeerExchange {
   /// of the add kernel. The same rule for reusing a region as all_gather.
   void reduce_scatter(const void* partial, std::size_t count, DType dtype, void* out,
                       std::size_t offset);
+  /// reduce_scatter in its two halves: the copies and flags on `stream`,
+  /// then (once the compute stream is ordered after them) the adds on the
+  /// compute stream. For parallel.tp_interleave, which moves the transfer
+  /// off the compute stream.
+  void reduce_scatter_transfer(const void* partial, std::size_t count, DType dtype,
+                               std::size_t offset, cudaStream_t stream);
+  void reduce_scatter_sum(const void* partial, std::size_t count, DType dtype, void* out,
+                          std::size_t offset);
 
  private:
   /// Stops unless size() blocks of `block` bytes at `offset` fit in the arena.

@@ -89,10 +89,12 @@ double tensor_sum(const Tensor& t) {
   return s;
 }
 
-/// The per-token losses of a step's micro-batches, added in order.
+/// The per-token losses of a step's micro-batches, added in order (none
+/// where this rank does not hold the head).
 double sum_of_losses(const std::vector<Tensor>& losses) {
   double sum = 0;
-  for (const Tensor& l : losses) sum += tensor_sum(l);
+  for (const Tensor& l : losses)
+    if (l.defined()) sum += tensor_sum(l);
   return sum;
 }
 
@@ -125,6 +127,11 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.split_row_parallel_backward = run.parallel.split_row_parallel_backward;
   base_ctx_.split_column_parallel_forward = run.parallel.split_column_parallel_forward;
   if (run.parallel.tp_copy_engine) use_copy_engine(rt);
+  if (run.parallel.tp_interleave) fibers_ = std::make_unique<FiberPair>();
+#ifdef MESHTRON_HAVE_CUDA
+  if (run.parallel.tp_interleave_streams == 2)
+    if (auto* nccl = dynamic_cast<NcclCommunicator*>(&rt.tp)) nccl->separate_interleaved_jobs();
+#endif
 #ifdef MESHTRON_HAVE_CUDA
   if (run.run.gemm_autotune) cuda::set_gemm_autotune(true);  // the deck check: run.device = cuda
 #endif
@@ -203,7 +210,9 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
 
   std::map<std::pair<int, int>, GptModel::Cache> caches;
   std::vector<Tensor> in_flight_sends;  // kept alive until wait_sends()
-  std::vector<Tensor> losses;  // per-token losses of the micro-batches this rank heads
+  // Per-token losses of the micro-batches this rank heads, by micro-batch
+  // (summed in that order whatever order the forwards ran in).
+  std::vector<Tensor> losses(batch.size());
   // A chunk's gradients are final during its last backward task: that task
   // reports them to the optimizer, which may start reducing them
   // (parallel.overlap_grad_reduce; earlier micro-batches only accumulate).
@@ -213,7 +222,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
     optimizer_->grads_ready(done, groups);
     rt_.dp.progress();  // Open MPI advances the started buckets only inside MPI calls
   };
-  for (std::size_t k = 0; k < tasks.size(); ++k) {
+  auto run_task = [&](std::size_t k) {
     const PipelineTask& t = tasks[k];
     rt_.pp.progress();  // advance the sends of earlier tasks
     rt_.dp.progress();  // and the gradient buckets
@@ -231,7 +240,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
       }
       Tensor out = chunk.forward(input, mb.targets, ctx, cache);
       if (chunk.placement().has_head) {
-        losses.push_back(out);  // summed after the schedule: no host wait mid-step
+        losses[std::size_t(t.micro_batch)] = out;  // summed after the schedule: no host wait mid-step
         if (!training) caches.erase({t.micro_batch, t.chunk});
       } else {
         rt_.pp.isend(out.raw(), std::size_t(out.numel()), out.dtype(), (rank + 1) % pp,
@@ -256,11 +265,53 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
         in_flight_sends.push_back(dx);
       }
     }
-  }
+  };
+  if (training && fibers_)
+    run_interleaved(tasks, run_task);
+  else
+    for (std::size_t k = 0; k < tasks.size(); ++k) run_task(k);
   const auto t0 = std::chrono::steady_clock::now();
   rt_.pp.wait_sends();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum_of_losses(losses);
+}
+
+namespace {
+
+/// Makes `comm` yield to `fibers` (Communicator::set_interleave) for a scope.
+class ScopedInterleave {
+ public:
+  ScopedInterleave(Communicator& comm, FiberPair& fibers) : comm_(comm) {
+    comm_.set_interleave(&fibers);
+  }
+  ~ScopedInterleave() { comm_.set_interleave(nullptr); }
+  ScopedInterleave(const ScopedInterleave&) = delete;
+  ScopedInterleave& operator=(const ScopedInterleave&) = delete;
+
+ private:
+  Communicator& comm_;
+};
+
+}  // namespace
+
+void Trainer::run_interleaved(const std::vector<PipelineTask>& tasks,
+                              const std::function<void(std::size_t)>& run_task) {
+  // One stage (the deck check): each micro-batch's tasks, in schedule order.
+  std::vector<std::vector<std::size_t>> of_micro_batch;
+  for (std::size_t k = 0; k < tasks.size(); ++k) {
+    const auto m = std::size_t(tasks[k].micro_batch);
+    if (m >= of_micro_batch.size()) of_micro_batch.resize(m + 1);
+    of_micro_batch[m].push_back(k);
+  }
+  auto job = [&](std::size_t m) {
+    return [&run_task, &of_micro_batch, m] {
+      for (std::size_t k : of_micro_batch[m]) run_task(k);
+    };
+  };
+  ScopedInterleave yield_at_tp_collectives(rt_.tp, *fibers_);
+  std::size_t m = 0;
+  for (; m + 1 < of_micro_batch.size(); m += 2) fibers_->run(job(m), job(m + 1));
+  if (m < of_micro_batch.size()) job(m)();  // an odd one out runs alone
 }
 
 double Trainer::dloss_value() const {
@@ -375,13 +426,15 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   const auto tasks = schedule_tasks(shape, rt_.topo.pp_rank());
   wait_seconds_ = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  const long switches_before = fibers_ ? fibers_->switches() : 0;
   const double local = run_schedule(tasks, batch, step, /*training=*/true);
   ++steps_run_;
   StepReport r;
   r.schedule_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.wait_seconds = wait_seconds_;
   r.step = step;
-  r.max_in_flight = max_in_flight(tasks);
+  r.max_in_flight = fibers_ ? 2 : max_in_flight(tasks);
+  r.interleave_switches = fibers_ ? fibers_->switches() - switches_before : 0;
   r.loss = reduce_loss(local, base_ctx_.seq_length * run_.training.global_batch_size);
   r.lr = lr_.at(step);
   r.loss_scale = scaler_ ? scaler_->scale() : 1.0;

@@ -3,12 +3,14 @@
 // with or without sequence parallelism and the distributed optimizer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "config/run_config.hpp"
 #include "model/gpt_model.hpp"
+#include "parallel/fiber_pair.hpp"
 #include "train/data_source.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/lr_schedule.hpp"
@@ -28,6 +30,8 @@ struct StepReport {
   int max_in_flight = 0; ///< micro-batches alive at once on this rank
   double schedule_seconds = 0;  ///< forward + backward of all micro-batches
   double wait_seconds = 0;      ///< of which blocked on pipeline receives (bubble)
+  /// parallel.tp_interleave: switches between the paired micro-batches.
+  long interleave_switches = 0;
 };
 
 class Trainer {
@@ -62,6 +66,10 @@ class Trainer {
   /// on the last stage (0 elsewhere).
   double run_schedule(const std::vector<PipelineTask>& tasks,
                       const std::vector<MicroBatch>& batch, long step, bool training);
+  /// parallel.tp_interleave: the micro-batches' tasks in pairs on fibers_,
+  /// switching at the tp group's collectives.
+  void run_interleaved(const std::vector<PipelineTask>& tasks,
+                       const std::function<void(std::size_t)>& run_task);
   /// training.cuda_graphs from the second step of this process on: each
   /// micro-batch's forward + backward replayed from one graph.
   double run_graphed(const std::vector<MicroBatch>& batch, long step);
@@ -93,6 +101,7 @@ class Trainer {
   long steps_run_ = 0;  ///< train_step calls so far in this process
   struct GraphedMicroBatch;  ///< training.cuda_graphs (CUDA builds)
   std::unique_ptr<GraphedMicroBatch> graphed_;
+  std::unique_ptr<FiberPair> fibers_;  ///< parallel.tp_interleave only
 };
 
 }  // namespace meshtron

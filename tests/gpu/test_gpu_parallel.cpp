@@ -553,6 +553,53 @@ TEST(GpuTraining, CopyEngineTpCollectivesMatchOneGpuRun) {
   }
 }
 
+// parallel.tp_interleave at tp 2: with SP (the gathered input kept, as the
+// 774M runs) on NCCL and on the copy engines, and without SP on NCCL, each
+// with one side stream and with one per job (parallel.tp_interleave_streams):
+// the paired micro-batches' blocking tp collectives run on a side stream
+// with an event per call (and the copy-engine reduce-scatter's adds after
+// the switch). One step without clipping equals the plain run bit for bit
+// except the tied word table (test_tp_interleave.cpp says why), and three
+// steps the 1-GPU run.
+TEST(GpuTraining, TpInterleaveEqualsThePlainRunAndTheOneGpuRun) {
+  REQUIRE_TWO_GPUS();
+  const std::vector<std::pair<const char*, std::vector<std::string>>> transports = {
+      {"SP, NCCL", {"parallel.sequence_parallel_keep_gathered=true"}},
+      {"SP, copy engines",
+       {"parallel.sequence_parallel_keep_gathered=true", "parallel.tp_copy_engine=true"}},
+      {"no SP, NCCL", {}}};
+  for (const auto& [label, overrides] : transports) {
+    const bool sp = std::string(label).rfind("SP", 0) == 0;
+    if (std::string(label).find("copy") != std::string::npos && !PeerExchange::available()) continue;
+    for (const int streams : {1, 2}) {
+      SCOPED_TRACE(std::string(label) + ", " + std::to_string(streams) + " side streams");
+      Layout plain{2, 1, 1, "1f1b", false, sp};
+      plain.overrides = overrides;
+      Layout paired = plain;
+      paired.overrides.push_back("parallel.tp_interleave=true");
+      paired.overrides.push_back("parallel.tp_interleave_streams=" + std::to_string(streams));
+      Layout plain_1 = plain, paired_1 = paired;
+      plain_1.overrides.push_back("training.clip_grad=0");
+      paired_1.overrides.push_back("training.clip_grad=0");
+      const RunResult p =
+          testing::train_layout(MPI_COMM_WORLD, plain_1, DType::F32, 1, MemorySpace::Cuda);
+      const RunResult i =
+          testing::train_layout(MPI_COMM_WORLD, paired_1, DType::F32, 1, MemorySpace::Cuda);
+      EXPECT_EQ(i.losses, p.losses);
+      EXPECT_GE(i.interleave_switches.at(0), 8 * 8 * 4);  // 8 pairs, 8 layers
+      for (const auto& [name, values] : p.params) {
+        if (name == "embedding.word.weight")
+          EXPECT_LE(testing::norm_rel_error(i.params.at(name), values), 1e-6);
+        else
+          EXPECT_EQ(i.params.at(name), values) << name;
+      }
+      const RunResult got =
+          testing::train_layout(MPI_COMM_WORLD, paired, DType::F32, 3, MemorySpace::Cuda);
+      if (is_rank0()) expect_same_run(got, one_gpu_reference());
+    }
+  }
+}
+
 // training.cuda_graphs at tp 2 + SP: NCCL's collectives (and the backward's
 // side-stream all-gathers) captured with the kernels; steps 2.. replayed
 // equal the eager run bitwise, and so the 1-GPU run as every layout does.

@@ -124,6 +124,7 @@ RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int ste
     result.losses.push_back(r.loss);
     result.grad_norms.push_back(r.grad_norm);
     result.max_in_flight.push_back(r.max_in_flight);
+    result.interleave_switches.push_back(r.interleave_switches);
   }
   result.optimizer_state_bytes = trainer.optimizer().moment_bytes();
   if (auto* d = dynamic_cast<DistributedAdamW*>(&trainer.optimizer()))

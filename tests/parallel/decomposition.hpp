@@ -33,6 +33,7 @@ struct RunResult {
   std::vector<int> buckets_started_early;
   std::vector<long> dp_nonblocking_started;
   int bucket_count = 0;  ///< 0 without overlap
+  std::vector<long> interleave_switches;  ///< per step (parallel.tp_interleave)
 };
 
 /// The tiny model: 8 layers, hidden 32, 8 heads, seq 8, vocab 100, dropout on,

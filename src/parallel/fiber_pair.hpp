@@ -1,0 +1,77 @@
+// FiberPair: two jobs on one thread, switching where a job yields.
+//
+// parallel.tp_interleave (Domino-style tensor-parallel overlap, trainer.cpp)
+// runs two micro-batches' forward + backward as the two jobs. A job yields
+// where it has queued a tp collective and is about to make its compute wait
+// for it (Communicator::set_interleave); the other job then queues its own
+// compute, which the GPU runs while the first job's collective is in
+// flight, and yields at its own collective in turn.
+//
+// The switching is deterministic: a job runs until it yields or ends, then
+// the other resumes where it stopped. So
+//  * every rank issues its collectives in the same order (NCCL and MPI
+//    match collectives on a communicator by order);
+//  * both jobs running the same code, job a's k-th segment (the code
+//    between two yields) always runs before job b's k-th: a gradient
+//    accumulated by both is accumulated by a first, as when the
+//    micro-batches run one after the other, so the results are the same
+//    bits.
+//
+// Stackful (POSIX ucontext): the yields happen deep inside the layers'
+// code, which stays as it is. One thread; run() is not reentrant. An
+// exception a job throws is caught at the job's base (it cannot cross a
+// context switch), the other job still runs to its end, and run() rethrows
+// the first one.
+#pragma once
+
+#include <ucontext.h>
+
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+
+namespace meshtron {
+
+class FiberPair {
+ public:
+  /// Each job's stack: the layers' frames, which are shallow (a few KB);
+  /// pages are touched only as used.
+  explicit FiberPair(std::size_t stack_bytes = std::size_t(8) << 20);
+  ~FiberPair();
+  FiberPair(const FiberPair&) = delete;
+  FiberPair& operator=(const FiberPair&) = delete;
+
+  /// Runs `a` and `b` to their ends, `a` first; rethrows the first
+  /// exception a job threw (by `a` if both threw).
+  void run(std::function<void()> a, std::function<void()> b);
+  /// Inside a job of run(): switch to the other job unless it has ended
+  /// (then return at once). Outside run(): does nothing.
+  void yield();
+  /// Switches between the jobs since construction (tests check that
+  /// interleaving really happened).
+  long switches() const { return switches_; }
+  /// The running job: 0 (a) or 1 (b); -1 outside run().
+  int current_job() const { return current_; }
+
+ private:
+  static void entry(unsigned self_high, unsigned self_low, int job);
+  void run_job(int job);
+  /// The job that ran last has ended: resume the other, or run()'s caller.
+  [[noreturn]] void leave(int job);
+
+  struct Job {
+    ucontext_t context;
+    std::unique_ptr<char[]> stack;
+    std::function<void()> work;
+    std::exception_ptr error;
+    bool ended = true;
+  };
+  std::size_t stack_bytes_;
+  Job jobs_[2];
+  ucontext_t caller_;
+  int current_ = -1;  ///< the running job, -1 outside run()
+  long switches_ = 0;
+};
+
+}  // namespace meshtron
