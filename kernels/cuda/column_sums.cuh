@@ -8,6 +8,9 @@
 // (atomics would make the order, and so the rounding, vary).
 #pragma once
 
+#include <cstdlib>
+#include <string>
+
 #include "kernels/cuda/common.cuh"
 #include "tensor/device_allocator.hpp"
 
@@ -155,15 +158,29 @@ void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out
   MESH_CUDA_LAUNCHED();
 }
 
+/// Tickets of the fused column sums (column_partials_packed_kernel with
+/// kFused): one per column block, taken by each of its row-split blocks
+/// after writing its partial row; the block that takes the last finishes
+/// the column block and sets the ticket back to 0 (for the next call and
+/// for graph replays). Calls run one after another on the compute stream.
+inline constexpr int kMaxFusedColumnBlocks = 1024;
+static __device__ unsigned int g_column_tickets[kMaxFusedColumnBlocks];
+
 /// column_partials_kernel for plain column sums of x [N, C] (NV = 1), with
 /// each thread reading a 16-byte pack of V = 16 / sizeof(T) columns per row
 /// (C % V == 0, x 16-byte aligned): a warp moves 512 bytes per row instead
 /// of 64. A block covers V times the columns, so the rows are split into
 /// more (smaller) groups than the scalar kernel's: the sums are fixed-order
 /// and deterministic, but round differently from the scalar path's.
-template <class T>
-__global__ void column_partials_packed_kernel(const T* __restrict__ x, kindex N, kindex C,
-                                              kindex rows_per_split, float* partial) {
+/// U rows' loads in flight per thread; at least MinBlocks blocks per SM
+/// (launch bounds: fewer registers, more warps). kFused: the last block of each
+/// column block (a ticket) adds that column block's partial rows in split
+/// order into out, as column_finalize_kernel does (the same adds, so the
+/// same bits), instead of a second launch.
+template <class T, int U, int MinBlocks, bool kFused, class G>
+__global__ void __launch_bounds__(kColTile * kRowLanes, MinBlocks)
+    column_partials_packed_kernel(const T* __restrict__ x, kindex N, kindex C,
+                                  kindex rows_per_split, float* partial, G* out) {
   constexpr int V = kPack<T>;
   __shared__ float tile[kRowLanes][kColTile * V + 1];
   const kindex c0 = (kindex(blockIdx.x) * kColTile + threadIdx.x) * V;
@@ -173,18 +190,17 @@ __global__ void column_partials_packed_kernel(const T* __restrict__ x, kindex N,
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = 0.f;
   if (c0 < C) {
-    // Eight rows' loads in flight per thread (128 bytes; rows past r1 not
-    // loaded), then added in row order: the same order, so the same bits,
-    // as one row at a time.
-    constexpr int kUnroll = 8;
-    for (kindex r = r0 + threadIdx.y; r < r1; r += kUnroll * kRowLanes) {
-      Pack<T> p[kUnroll];
+    // U rows' loads in flight per thread (rows past r1 not loaded), then
+    // added in row order: the same order, so the same bits, as one row at
+    // a time.
+    for (kindex r = r0 + threadIdx.y; r < r1; r += U * kRowLanes) {
+      Pack<T> p[U];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
+      for (int u = 0; u < U; ++u)
         if (r + u * kRowLanes < r1)
           p[u] = *reinterpret_cast<const Pack<T>*>(x + (r + u * kRowLanes) * C + c0);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
+      for (int u = 0; u < U; ++u)
         if (r + u * kRowLanes < r1)
 #pragma unroll
           for (int j = 0; j < V; ++j) acc[j] += to_f(p[u].v[j]);
@@ -201,6 +217,69 @@ __global__ void column_partials_packed_kernel(const T* __restrict__ x, kindex N,
     for (int y = 0; y < kRowLanes; ++y) s += tile[y][q];
     partial[kindex(blockIdx.y) * C + c] = s;
   }
+  if constexpr (kFused) {
+    __shared__ bool last;
+    __threadfence();  // this thread's partials are visible before the ticket counts them
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+      last = atomicAdd(&g_column_tickets[blockIdx.x], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const kindex splits = gridDim.y;
+    for (int q = threadIdx.y * kColTile + threadIdx.x; q < kColTile * V;
+         q += kColTile * kRowLanes) {
+      const kindex c = kindex(blockIdx.x) * kColTile * V + q;
+      if (c >= C) continue;
+      float s = 0.f;  // column_finalize_kernel's loop: the same adds in the same order
+      for (kindex k = 0; k < splits; k += kFinalizeUnroll) {
+        float p[kFinalizeUnroll];
+#pragma unroll
+        for (int u = 0; u < kFinalizeUnroll; ++u)
+          p[u] = k + u < splits ? __ldcg(partial + (k + u) * C + c) : 0.f;
+#pragma unroll
+        for (int u = 0; u < kFinalizeUnroll; ++u)
+          if (k + u < splits) s += p[u];
+      }
+      store_f(out, c, load_f(out, c) + s);
+    }
+    if (threadIdx.x == 0 && threadIdx.y == 0) g_column_tickets[blockIdx.x] = 0;
+  }
+}
+
+/// The packed column sums' variants, for comparing them in one build
+/// (MESHTRON_COLSUM = occ3 | fused | fused-occ3; unset: 8 rows in flight,
+/// 2 blocks per SM (ptxas, sm_90, bf16: 117 registers), and the separate
+/// finalize; occ3: 3 blocks per SM, 80 registers and ~230 bytes of spill
+/// loads). Every variant makes the same adds in the same order: the same
+/// bits. (16 rows in flight took 220 registers: 1 block per SM, the same
+/// bytes in flight as 8 rows at 2.)
+struct ColumnSumVariant {
+  bool fused = false;
+  bool occupancy3 = false;
+};
+inline ColumnSumVariant column_sum_variant() {
+  static const ColumnSumVariant v = [] {
+    const char* e = std::getenv("MESHTRON_COLSUM");
+    const std::string s = e ? e : "";
+    return ColumnSumVariant{s == "fused" || s == "fused-occ3", s == "occ3" || s == "fused-occ3"};
+  }();
+  return v;
+}
+
+template <class T, int MinBlocks, bool kFused, class G>
+void launch_packed_column_sums(const T* x, kindex N, kindex C, G* out) {
+  constexpr int V = kPack<T>, U = 8;
+  static const kindex resident = resident_blocks(
+      column_partials_packed_kernel<T, U, MinBlocks, kFused, G>, kColTile * kRowLanes);
+  const kindex col_blocks = (C / V + kColTile - 1) / kColTile;
+  const ColumnSplit split = column_split(N, col_blocks, resident);
+  device::Buffer partial(std::size_t(split.splits * C) * sizeof(float));
+  column_partials_packed_kernel<T, U, MinBlocks, kFused, G>
+      <<<dim3(unsigned(col_blocks), unsigned(split.splits)), dim3(kColTile, kRowLanes), 0,
+         compute_stream()>>>(x, N, C, split.rows_per_split, partial.as<float>(), out);
+  MESH_CUDA_LAUNCHED();
+  if (!kFused) column_finalize<1>(partial, split.splits, C, out, static_cast<G*>(nullptr));
 }
 
 /// out[c] += sum_r x[r, c]: the packed kernel where it applies, else the
@@ -213,16 +292,12 @@ void plain_column_sums(const T* x, kindex N, kindex C, G* out) {
     column_sums<1>(ColumnTerms<T>{x, C}, N, C, out);
     return;
   }
-  static const kindex resident =
-      resident_blocks(column_partials_packed_kernel<T>, kColTile * kRowLanes);
-  const kindex col_blocks = (C / V + kColTile - 1) / kColTile;
-  const ColumnSplit split = column_split(N, col_blocks, resident);
-  device::Buffer partial(std::size_t(split.splits * C) * sizeof(float));
-  column_partials_packed_kernel<T><<<dim3(unsigned(col_blocks), unsigned(split.splits)),
-                                     dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
-      x, N, C, split.rows_per_split, partial.as<float>());
-  MESH_CUDA_LAUNCHED();
-  column_finalize<1>(partial, split.splits, C, out, static_cast<G*>(nullptr));
+  const ColumnSumVariant v = column_sum_variant();
+  const bool fused = v.fused && (C / V + kColTile - 1) / kColTile <= kMaxFusedColumnBlocks;
+  if (fused && v.occupancy3) return launch_packed_column_sums<T, 3, true>(x, N, C, out);
+  if (fused) return launch_packed_column_sums<T, 2, true>(x, N, C, out);
+  if (v.occupancy3) return launch_packed_column_sums<T, 3, false>(x, N, C, out);
+  launch_packed_column_sums<T, 2, false>(x, N, C, out);
 }
 
 }  // namespace meshtron::cuda
