@@ -229,18 +229,24 @@ __global__ void map3_scalar_kernel(F f, const T* a, const T* b, const T* c, kind
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
+/// map3 on `stream` (the compute stream unless a caller says otherwise).
 template <class T, class F>
-void map3(F f, const T* a, const T* b, const T* c, kindex n, T* out) {
+void map3_on(cudaStream_t stream, F f, const T* a, const T* b, const T* c, kindex n, T* out) {
   if (n == 0) return;
   constexpr int kThreads = 256;
   const bool packed = (!a || aligned16(a)) && (!b || aligned16(b)) && (!c || aligned16(c)) &&
                       aligned16(out);
   if (packed)
-    map3_packed_kernel<T><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, compute_stream()>>>(
+    map3_packed_kernel<T><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, stream>>>(
         f, a, b, c, n, out);
   else
-    map3_scalar_kernel<T><<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(f, a, b, c, n, out);
+    map3_scalar_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(f, a, b, c, n, out);
   MESH_CUDA_LAUNCHED();
+}
+
+template <class T, class F>
+void map3(F f, const T* a, const T* b, const T* c, kindex n, T* out) {
+  map3_on(compute_stream(), f, a, b, c, n, out);
 }
 
 }  // namespace meshtron::cuda

@@ -200,11 +200,16 @@ void bias_backward(DType t, DType g, const void* dy, index_t N, index_t C, void*
 }
 
 void add(DType t, const void* a, const void* b, index_t n, void* out) {
+  add_on_stream(t, a, b, n, out, compute_stream());
+}
+
+void add_on_stream(DType t, const void* a, const void* b, index_t n, void* out,
+                   CUstream_st* stream) {
   if (n == 0) return;
   with_storage_type(t, "add", [&](auto zero) {
     using T = decltype(zero);
-    map3(Add{}, static_cast<const T*>(a), static_cast<const T*>(b),
-         static_cast<const T*>(nullptr), n, static_cast<T*>(out));
+    map3_on(stream, Add{}, static_cast<const T*>(a), static_cast<const T*>(b),
+            static_cast<const T*>(nullptr), n, static_cast<T*>(out));
   });
 }
 

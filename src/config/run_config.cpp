@@ -125,7 +125,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("parallel.split_column_parallel_forward", &p.split_column_parallel_forward, "bool",
       "column-parallel forward GEMMs on own rows while the input all-gather runs (SP)");
   key("parallel.tp_copy_engine", &p.tp_copy_engine, "bool",
-      "tp all-gathers / reduce-scatters on the copy engines (CUDA IPC) instead of NCCL (GPU)");
+      "tp all-gathers / reduce-scatters / all-reduces on the copy engines (CUDA IPC), not NCCL (GPU)");
   key("parallel.tp_interleave", &p.tp_interleave, "bool",
       "micro-batches in interleaved pairs: one's tp collectives overlap the other's compute");
   key("parallel.tp_interleave_streams", &p.tp_interleave_streams, "int",

@@ -18,6 +18,8 @@
 
 #include "tensor/types.hpp"
 
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
 namespace meshtron::cuda {
 
 // ------------------------------------------------------------------ GEMM ---
@@ -157,6 +159,10 @@ void bias_gelu_forward(DType t, const void* x, const void* bias, index_t N, inde
 void bias_add(DType t, void* y, const void* bias, index_t N, index_t C);
 void bias_backward(DType t, DType g, const void* dy, index_t N, index_t C, void* dbias);
 void add(DType t, const void* a, const void* b, index_t n, void* out);
+/// add() on `stream` instead of the compute stream: the sums of the
+/// copy-engine collectives, queued behind their transfers (PeerExchange).
+void add_on_stream(DType t, const void* a, const void* b, index_t n, void* out,
+                   CUstream_st* stream);
 void axpy(DType t, double alpha, const void* x, index_t n, void* y);
 void scale(DType t, void* x, index_t n, double alpha);
 double sum_of_squares(DType t, const void* x, index_t n);

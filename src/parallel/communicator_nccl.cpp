@@ -112,12 +112,23 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
     return;
   }
   if (!comm_) return;
-  if (interleaving())
-    return interleaved([&](const JobLane& lane) {
+  // The copy engines take sums whose blocks split evenly over the ranks (the
+  // row-parallel outputs without SP; not the few-element statistics).
+  const bool copy_engines = copy_engine_ && op == ReduceOp::Sum && count % std::size_t(size()) == 0 &&
+                            bytes_of(count, dtype) >= kCopyEngineMinBytes;
+  const auto queue = [&](const JobLane& lane) {
+    if (!copy_engines) {
       NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), lane.comm,
                                lane.stream));
-    });
-  NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, device::compute_stream()));
+      return;
+    }
+    const std::size_t bytes = bytes_of(count, dtype);
+    const std::size_t scatter_at = lane.copy_engine->region(host_.comm(), bytes);
+    const std::size_t gather_at = lane.copy_engine->region(host_.comm(), bytes);
+    lane.copy_engine->exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, lane.stream);
+  };
+  if (interleaving()) return interleaved(queue);
+  queue({comm_, device::compute_stream(), &blocking_ce_});
 }
 
 void NcclCommunicator::all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) {
@@ -152,7 +163,10 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
           exchange = lane.copy_engine->exchange;
           exchange->reduce_scatter_transfer(send, recv_count, dtype, at, lane.stream);
         },
-        [&] { exchange->reduce_scatter_sum(send, recv_count, dtype, recv, at); });
+        [&] {
+          exchange->reduce_scatter_sum(send, recv_count, dtype, recv, at,
+                                       device::compute_stream());
+        });
   }
   const auto queue = [&](ncclComm_t comm, cudaStream_t stream) {
     NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm,

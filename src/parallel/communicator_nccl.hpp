@@ -153,7 +153,9 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return host_.size(); }
 
   /// From now on (collective: every rank of the group calls it), the
-  /// blocking device all_gather and Sum reduce_scatter, and the
+  /// blocking device all_gather and Sum reduce_scatter, the Sum all_reduce
+  /// of kCopyEngineMinBytes or more that splits evenly over the ranks (a
+  /// reduce-scatter and an all-gather through two regions), and the
   /// equal-count iall_gather, run on the copy engines (PeerExchange)
   /// instead of NCCL: each call uses one of kCopyEngineRegions regions of an
   /// arena in turn, and an all-gather's result is copied out of the arena
@@ -258,6 +260,10 @@ class NcclCommunicator final : public Communicator {
     std::size_t region(MPI_Comm group, std::size_t bytes);
   };
   static constexpr std::size_t kCopyEngineRegions = 4;
+  /// Smallest all-reduce on the copy engines: below it (the vocab-parallel
+  /// loss statistics, a few KB) NCCL's one kernel beats four copies, two
+  /// flag round trips and an add.
+  static constexpr std::size_t kCopyEngineMinBytes = 1 << 20;
   /// The copy-engine all-gather of `send` into `recv` on `stream`.
   void copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv, std::size_t shard,
                               cudaStream_t stream);

@@ -1,11 +1,28 @@
 #include "parallel/fiber_pair.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 
 #include "common/error.hpp"
 
 namespace meshtron {
+
+FiberPair::Stack::Stack(std::size_t bytes) {
+  const auto page = std::size_t(sysconf(_SC_PAGESIZE));
+  bytes_ = (bytes + page - 1) / page * page;
+  mapped_ = bytes_ + page;
+  void* m = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  MESH_VERIFY(m != MAP_FAILED, "FiberPair: cannot map a " << mapped_ << "-byte stack");
+  mapping_ = static_cast<char*>(m);
+  MESH_VERIFY(mprotect(mapping_, page, PROT_NONE) == 0, "FiberPair: cannot protect a guard page");
+  base_ = mapping_ + page;
+}
+
+FiberPair::Stack::~Stack() { munmap(mapping_, mapped_); }
 
 FiberPair::FiberPair(std::size_t stack_bytes) : stack_bytes_(stack_bytes) {}
 
@@ -47,13 +64,13 @@ void FiberPair::run(std::function<void()> a, std::function<void()> b) {
   std::function<void()>* works[2] = {&a, &b};
   for (int k = 0; k < 2; ++k) {
     Job& j = jobs_[k];
-    if (!j.stack) j.stack.reset(new char[stack_bytes_]);  // untouched until used
+    if (!j.stack) j.stack = std::make_unique<Stack>(stack_bytes_);
     j.work = std::move(*works[k]);
     j.error = nullptr;
     j.ended = false;
     MESH_VERIFY(getcontext(&j.context) == 0, "FiberPair: getcontext failed");
-    j.context.uc_stack.ss_sp = j.stack.get();
-    j.context.uc_stack.ss_size = stack_bytes_;
+    j.context.uc_stack.ss_sp = j.stack->base();
+    j.context.uc_stack.ss_size = j.stack->bytes();
     j.context.uc_link = nullptr;  // a job leaves through leave(), never by returning
     makecontext(&j.context, reinterpret_cast<void (*)()>(&FiberPair::entry), 3,
                 unsigned(address >> 32), unsigned(address & 0xffffffffu), k);

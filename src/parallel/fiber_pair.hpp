@@ -36,7 +36,8 @@ namespace meshtron {
 class FiberPair {
  public:
   /// Each job's stack: the layers' frames, which are shallow (a few KB);
-  /// pages are touched only as used.
+  /// pages are touched only as used, and a guard page below each stack
+  /// turns an overflow into a fault instead of corrupted memory.
   explicit FiberPair(std::size_t stack_bytes = std::size_t(8) << 20);
   ~FiberPair();
   FiberPair(const FiberPair&) = delete;
@@ -60,9 +61,24 @@ class FiberPair {
   /// The job that ran last has ended: resume the other, or run()'s caller.
   [[noreturn]] void leave(int job);
 
+  /// An mmap'd stack with a PROT_NONE guard page at its low end.
+  class Stack {
+   public:
+    explicit Stack(std::size_t bytes);
+    ~Stack();
+    Stack(const Stack&) = delete;
+    Stack& operator=(const Stack&) = delete;
+    void* base() const { return base_; }  ///< above the guard page
+    std::size_t bytes() const { return bytes_; }
+
+   private:
+    char* mapping_ = nullptr;
+    void* base_ = nullptr;
+    std::size_t bytes_ = 0, mapped_ = 0;
+  };
   struct Job {
     ucontext_t context;
-    std::unique_ptr<char[]> stack;
+    std::unique_ptr<Stack> stack;
     std::function<void()> work;
     std::exception_ptr error;
     bool ended = true;

@@ -176,7 +176,7 @@ void PeerExchange::signal_and_wait(cudaStream_t stream) {
 void PeerExchange::reduce_scatter(const void* partial, std::size_t count, DType dtype, void* out,
                                   std::size_t offset) {
   reduce_scatter_transfer(partial, count, dtype, offset, device::compute_stream());
-  reduce_scatter_sum(partial, count, dtype, out, offset);
+  reduce_scatter_sum(partial, count, dtype, out, offset, device::compute_stream());
 }
 
 void PeerExchange::reduce_scatter_transfer(const void* partial, std::size_t count, DType dtype,
@@ -194,11 +194,11 @@ void PeerExchange::reduce_scatter_transfer(const void* partial, std::size_t coun
 }
 
 void PeerExchange::reduce_scatter_sum(const void* partial, std::size_t count, DType dtype,
-                                      void* out, std::size_t offset) {
+                                      void* out, std::size_t offset, cudaStream_t stream) {
   const std::size_t block = count * dtype_size(dtype);
   const char* mine = static_cast<const char*>(partial);
   if (size_ == 1) {
-    CUDA_CHECK(cudaMemcpyAsync(out, mine, block, cudaMemcpyDefault, device::compute_stream()));
+    if (out != mine) CUDA_CHECK(cudaMemcpyAsync(out, mine, block, cudaMemcpyDefault, stream));
     return;
   }
   // out = own block + slot 0 + slot 1 + ... (rank order, own block at its rank's place).
@@ -206,8 +206,27 @@ void PeerExchange::reduce_scatter_sum(const void* partial, std::size_t count, DT
   const auto term = [&](int q) -> const void* {
     return q == rank_ ? mine + std::size_t(rank_) * block : slots + std::size_t(q) * block;
   };
-  cuda::add(dtype, term(0), term(1), index_t(count), out);  // on the compute stream
-  for (int q = 2; q < size_; ++q) cuda::add(dtype, out, term(q), index_t(count), out);
+  // `out` may be this rank's own block of `partial` (all_reduce): add reads
+  // each element before writing it.
+  cuda::add_on_stream(dtype, term(0), term(1), index_t(count), out, stream);
+  for (int q = 2; q < size_; ++q)
+    cuda::add_on_stream(dtype, out, term(q), index_t(count), out, stream);
+}
+
+void PeerExchange::all_reduce(void* buf, std::size_t count, DType dtype,
+                              std::size_t scatter_offset, std::size_t gather_offset,
+                              cudaStream_t stream) {
+  MESH_VERIFY(count % std::size_t(size_) == 0, "PeerExchange::all_reduce: " << count
+                                                   << " elements in " << size_ << " blocks");
+  if (size_ == 1) return;
+  const std::size_t block_count = count / std::size_t(size_);
+  const std::size_t block = block_count * dtype_size(dtype);
+  char* own_block = static_cast<char*>(buf) + std::size_t(rank_) * block;
+  reduce_scatter_transfer(buf, block_count, dtype, scatter_offset, stream);
+  reduce_scatter_sum(buf, block_count, dtype, own_block, scatter_offset, stream);
+  all_gather(own_block, block, gather_offset, stream);
+  CUDA_CHECK(cudaMemcpyAsync(buf, arena() + gather_offset, block * std::size_t(size_),
+                             cudaMemcpyDeviceToDevice, stream));
 }
 
 }  // namespace meshtron

@@ -92,7 +92,18 @@ class PeerExchange {
   void reduce_scatter_transfer(const void* partial, std::size_t count, DType dtype,
                                std::size_t offset, cudaStream_t stream);
   void reduce_scatter_sum(const void* partial, std::size_t count, DType dtype, void* out,
-                          std::size_t offset);
+                          std::size_t offset, cudaStream_t stream);
+
+  /// All-reduce (sum) of `buf` in place (count elements of `dtype`, count a
+  /// multiple of size()), everything on `stream`, the adds included: a
+  /// reduce-scatter of its size() blocks through the region at
+  /// `scatter_offset` (size() blocks), each rank adding its block in place
+  /// (the reduce_scatter order: one rounding of a + b for two ranks, NCCL's
+  /// bits), then an all-gather of the summed blocks through the region at
+  /// `gather_offset`, copied back into `buf`. Two regions, the rule for
+  /// reusing them as all_gather's.
+  void all_reduce(void* buf, std::size_t count, DType dtype, std::size_t scatter_offset,
+                  std::size_t gather_offset, cudaStream_t stream);
 
  private:
   /// Stops unless size() blocks of `block` bytes at `offset` fit in the arena.

@@ -72,12 +72,14 @@ TEST(FiberPair, AnExceptionIsRethrownAfterTheOtherJobEnds) {
   EXPECT_EQ(log, (std::vector<std::string>{"a0", "b0", "a1", "b1"}));
 }
 
-/// Recursion with a kilobyte of locals per frame: 1 MB of stack in all.
+/// Recursion with a kilobyte of locals per frame, live across the call (so
+/// the compiler cannot turn it into a loop): `depth` KB of stack.
 int deep(FiberPair& fibers, int depth) {
-  volatile char frame[1024];
-  frame[0] = char(depth);
+  volatile int frame[256];
+  frame[0] = 0;
   if (depth % 256 == 0) fibers.yield();
-  return depth == 0 ? frame[0] : deep(fibers, depth - 1) + 1;
+  if (depth > 0) frame[0] = deep(fibers, depth - 1) + 1;
+  return frame[0];
 }
 
 TEST(FiberPair, JobsHaveStacksOfTheirOwn) {
@@ -87,6 +89,26 @@ TEST(FiberPair, JobsHaveStacksOfTheirOwn) {
   EXPECT_EQ(a, 1024);
   EXPECT_EQ(b, 1000);
   EXPECT_GT(fibers.switches(), 4);
+}
+
+}  // namespace
+}  // namespace meshtron
+
+namespace meshtron {
+namespace {
+
+// The guard page below a job's stack: running past its end faults at once
+// (the test's child process dies) instead of writing over other memory.
+TEST(FiberPairDeathTest, AStackOverflowFaultsInsteadOfCorruptingMemory) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        FiberPair fibers(std::size_t(64) << 10);
+        int depth = 0;
+        fibers.run([&] { depth = deep(fibers, 1000); }, [] {});  // ~1 MB of frames
+        std::printf("%d\n", depth);
+      },
+      "");
 }
 
 }  // namespace
