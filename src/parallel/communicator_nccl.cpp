@@ -127,8 +127,7 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
     const std::size_t gather_at = lane.copy_engine->region(host_.comm(), bytes);
     lane.copy_engine->exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, lane.stream);
   };
-  if (interleaving()) return interleaved(queue);
-  queue({comm_, device::compute_stream(), &blocking_ce_});
+  blocking(queue);
 }
 
 void NcclCommunicator::all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) {
@@ -168,13 +167,10 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
                                        device::compute_stream());
         });
   }
-  const auto queue = [&](ncclComm_t comm, cudaStream_t stream) {
-    NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm,
-                                 stream));
-  };
-  if (interleaving())
-    return interleaved([&](const JobLane& lane) { queue(lane.comm, lane.stream); });
-  queue(comm_, device::compute_stream());
+  blocking([&](const JobLane& lane) {
+    NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), lane.comm,
+                                 lane.stream));
+  });
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
@@ -192,6 +188,10 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send
     else
       NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), lane.comm, lane.stream));
   };
+  blocking(queue);
+}
+
+void NcclCommunicator::blocking(const std::function<void(const JobLane&)>& queue) {
   if (interleaving()) return interleaved(queue);
   queue({comm_, device::compute_stream(), &blocking_ce_});
 }

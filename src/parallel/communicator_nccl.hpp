@@ -228,6 +228,9 @@ class NcclCommunicator final : public Communicator {
   /// comm_ / comm_stream_ / blocking_ce_, or job 1's own after
   /// separate_interleaved_jobs().
   JobLane lane_of_current_job();
+  /// A blocking collective: `queue` on the compute stream's lane, or
+  /// interleaved() while interleaving.
+  void blocking(const std::function<void(const JobLane&)>& queue);
   /// parallel.tp_interleave (set_interleave): a blocking collective on the
   /// current job's lane (`queue` queues it there), the yield, then the
   /// compute stream waits for it, then `finish` (compute stream).
