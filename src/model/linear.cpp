@@ -214,8 +214,15 @@ void RowParallelLinear::backward_by_blocks(const Tensor& dy, LayerContext& ctx,
     ops::gemm(cache.x.slice_rows(begin, end), true, dy_block, false, weight.grad, 1.0, 1.0);
     dgrad_rows(dy_block, begin, end);
   };
-  block(dy, me);
+  // Under parallel.tp_interleave the wait switches to the other micro-batch,
+  // which then fills the gap instead of this rank's own block; the block
+  // goes after the wait, so that all of this layer's gradient accumulations
+  // (the weight's, and fc's bias in dgrad_rows) stay on one side of the
+  // switch, in the same order as without it.
+  const bool own_block_first = !ctx.tp.comm.interleaving();
+  if (own_block_first) block(dy, me);
   ctx.tp.comm.wait_collective(gather);
+  if (!own_block_first) block(dy, me);
   for (index_t r = 0; r < ranks; ++r)
     if (r != me) block(dy_full.slice_rows(r * rows, (r + 1) * rows), r);
 }

@@ -204,6 +204,7 @@ void MpiCommunicator::ireduce_scatter(const void* send, void* recv,
 }
 
 void MpiCommunicator::wait_collectives() {
+  yield_point();
   if (pending_collectives_.empty()) return;
   MPI_CHECK(MPI_Waitall(int(pending_collectives_.size()), pending_collectives_.data(),
                         MPI_STATUSES_IGNORE));
@@ -236,6 +237,7 @@ long MpiCommunicator::iall_gather(const void* send, void* recv,
 }
 
 void MpiCommunicator::wait_collective(long ticket) {
+  yield_point();  // before the index: the other job's wait_collectives() may complete this one
   const long index = ticket - first_ticket_;
   if (index < 0 || index >= long(pending_collectives_.size())) return;  // completed
   // A completed request becomes MPI_REQUEST_NULL, which later waits skip.

@@ -155,11 +155,11 @@ class Communicator {
   /// meanwhile, overlaps it), so that another job (FiberPair) can queue its
   /// own work first. The MPI backend, whose collectives block the host,
   /// yields before each one: the same switching, testable on the host.
-  /// Blocking all_reduce, reduce_scatter and all_gather only: not
-  /// wait_collective(), which the row-parallel backward calls between the
-  /// two halves of its weight-gradient accumulation (a yield there would
-  /// make the paired micro-batches add their halves in another order).
-  /// Empty (the default): no switching; collectives as before.
+  /// The blocking all_reduce, reduce_scatter and all_gather, and
+  /// wait_collective() / wait_collectives() (the row-parallel backward,
+  /// interleaving, moves its own token block after that wait, so that a
+  /// layer's gradient accumulations never straddle a switch).
+  /// Null (the default): no switching; collectives as before.
   void set_interleave(FiberPair* fibers) { fibers_ = fibers; }
   bool interleaving() const { return fibers_ != nullptr; }
 

@@ -455,6 +455,10 @@ void NcclCommunicator::make_comm_stream() {
 }
 
 void NcclCommunicator::wait_collectives() {
+  // Interleaving: the switch first; the wait below then covers the other
+  // job's side-stream work too (reduced_ follows every op there): a longer
+  // wait, never a missed one.
+  yield_point();
   host_.wait_collectives();
   // reduced_ is recorded after every operation on comm_stream_ (reduce-
   // scatters and gathers): waiting on it covers them all.
@@ -515,6 +519,10 @@ long NcclCommunicator::iall_gather(const void* send, void* recv,
 }
 
 void NcclCommunicator::wait_collective(long ticket) {
+  // Interleaving: the other job queues its compute while the gather runs.
+  // The index after the switch: the other job's wait_collectives() may have
+  // completed this gather (its wait on reduced_ covers every side-stream op).
+  yield_point();
   const long index = ticket - first_gather_ticket_;
   if (index < 0 || index >= long(gathers_.size())) return;  // completed
   PendingGather& g = gathers_[std::size_t(index)];
