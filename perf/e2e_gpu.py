@@ -16,6 +16,10 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 774m --gpus 2 --no-torch
     python3 perf/e2e_gpu.py ... --set parallel.overlap_grad_reduce=true   # any deck override
     python3 perf/e2e_gpu.py ... --tune-gemms   # both autotune GEMMs (run.gemm_autotune, TunableOp)
+    python3 perf/e2e_gpu.py --models 774m --gpus 2 --layouts tp2 --no-torch \
+        --tp-variant plain:8:1:parallel.tp_copy_engine=true \
+        --tp-variant interleaved:4:2:parallel.tp_copy_engine=true,parallel.tp_interleave=true
+        # tp 2 variants (name:micro-batch:micro-batches per step:settings) against one 1-GPU run
 
 Runs on the GPU node; PyTorch is the baseline here, never part of meshtron.
 """
