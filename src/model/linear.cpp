@@ -115,10 +115,19 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const
                                       bool bias_grad_accumulated) {
   if (ctx.sequence_sharded())
     return backward_overlapped(dy, ctx, cache, bias_grad_accumulated);
+  Tensor dx = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
+  ops::gemm(dy, false, weight.value, true, dx);
+  if (ctx.tp.size() == 1) {
+    accumulate_grads(cache.x, dy, bias_grad_accumulated);
+    return dx;
+  }
+  // copy_to_tp's backward, started before the weight-gradient GEMM and
+  // waited for after it (Megatron's async all-reduce of the input gradient).
+  const long reducing =
+      ctx.tp.comm.iall_reduce(dx.raw(), std::size_t(dx.numel()), dx.dtype(), ReduceOp::Sum);
   accumulate_grads(cache.x, dy, bias_grad_accumulated);
-  Tensor dx_full = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
-  ops::gemm(dy, false, weight.value, true, dx_full);
-  return mapping::copy_to_tp_backward(ctx.tp, dx_full);
+  ctx.tp.comm.wait_collective(reducing);
+  return dx;
 }
 
 Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext& ctx,
