@@ -39,6 +39,15 @@
 // wait must also see the peer's data written before its flag: that takes
 // CU_STREAM_WAIT_VALUE_FLUSH where the device has
 // CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES (not measured here).
+//
+// Then the all-reduce of tp 2 without SP at micro-batch 4 ([4096, 1280]
+// bf16, 10.5 MB; parallel.tp_interleave's no-SP shape) behind that shape's
+// fc1 GEMM ([4096, 1280] x [1280, 2560]) the way tp_interleave runs it: a
+// FiberPair whose first job all-reduces (queued on the communicator's side
+// stream, then a switch) and whose second job queues the GEMM, so the first
+// job's wait follows the GEMM. On NCCL and on the copy engines
+// (PeerExchange::all_reduce: a reduce-scatter, the adds on the side stream,
+// an all-gather), with the blocking all-reduce alone for reference.
 #include <mpi.h>
 
 #include <algorithm>
@@ -53,6 +62,7 @@
 #include "common/error.hpp"
 #include "ops/ops.hpp"
 #include "parallel/communicator_nccl.hpp"
+#include "parallel/fiber_pair.hpp"
 #include "parallel/peer_exchange.hpp"
 
 namespace meshtron {
@@ -269,6 +279,34 @@ void bench_overlap(NcclCommunicator& comm, bool print) {
   CUDA_CHECK(cudaFree(full));
 }
 
+/// tp_interleave's all-reduce behind the other micro-batch's GEMM (see the
+/// file comment) on `comm` (NCCL, or copy engines after use_copy_engine()).
+void interleaved_all_reduce_row(NcclCommunicator& comm, const char* label, bool print) {
+  const index_t tokens = 4096, hidden = 1280, out = 2560;
+  const Tensor x = Tensor::zeros({tokens, hidden}, DType::BF16, MemorySpace::Cuda);
+  const Tensor w = Tensor::zeros({hidden, out}, DType::BF16, MemorySpace::Cuda);
+  Tensor y = Tensor::empty({tokens, out}, DType::BF16, MemorySpace::Cuda);
+  Tensor buf = Tensor::zeros({tokens, hidden}, DType::BF16, MemorySpace::Cuda);
+  auto gemm = [&] { ops::gemm(x, false, w, false, y); };
+  auto all_reduce = [&] { comm.all_reduce(buf, ReduceOp::Sum); };
+  const double gemm_ms = median_ms(gemm), alone = median_ms(all_reduce);
+  FiberPair fibers;
+  comm.set_interleave(&fibers);
+  const double both = median_ms([&] { fibers.run(all_reduce, gemm); });
+  comm.set_interleave(nullptr);
+  if (print) overlap_row(label, gemm_ms, alone, both);
+}
+
+void bench_interleaved_all_reduce(NcclCommunicator& comm, bool print) {
+  if (print)
+    std::printf("\ntp_interleave, no SP, micro-batch 4: all-reduce of [4096, 1280] bf16 (10.5 MB) "
+                "behind GEMM [4096, 1280] x [1280, 2560]\n");
+  interleaved_all_reduce_row(comm, "NCCL all_reduce", print);
+  NcclCommunicator copy_engines(MPI_COMM_WORLD);
+  copy_engines.use_copy_engine();
+  interleaved_all_reduce_row(copy_engines, "CE all_reduce", print);
+}
+
 }  // namespace
 }  // namespace meshtron
 
@@ -300,6 +338,7 @@ int main(int argc, char** argv) {
                                  std::size_t(8192) * 1280 / 2, std::size_t(1) << 24})
       meshtron::bench_shard(comm, elements, rank == 0);
     meshtron::bench_overlap(comm, rank == 0);
+    meshtron::bench_interleaved_all_reduce(comm, rank == 0);
   }
   MPI_Finalize();
   return 0;

@@ -16,6 +16,10 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 774m --gpus 2 --no-torch
     python3 perf/e2e_gpu.py ... --set parallel.overlap_grad_reduce=true   # any deck override
     python3 perf/e2e_gpu.py ... --tune-gemms   # both autotune GEMMs (run.gemm_autotune, TunableOp)
+    python3 perf/e2e_gpu.py --models 774m --gpus 2 --layouts tp2 --no-torch \
+        --tp-variant plain:8:1:parallel.tp_copy_engine=true \
+        --tp-variant interleaved:4:2:parallel.tp_copy_engine=true,parallel.tp_interleave=true
+        # tp 2 variants (name:micro-batch:micro-batches per step:settings) against one 1-GPU run
 
 Runs on the GPU node; PyTorch is the baseline here, never part of meshtron.
 """
@@ -105,6 +109,12 @@ def main():
                         help="micro-batches per step of the tp 2 run (default: --accumulate); with "
                              "parallel.tp_interleave (pairs of micro-batches) e.g. --tp-micro-batch 4 "
                              "--tp-accumulate 2 trains the one-GPU run's 8 x 1024 tokens per step")
+    parser.add_argument("--tp-variant", action="append", default=[],
+                        metavar="NAME:MB:ACC:KEY=VALUE,...",
+                        help="with --gpus 2: instead of the one tp 2 row, one row per variant, all "
+                             "against the same one-GPU run (one baseline for many tp settings: e.g. "
+                             "'interleave:4:2:parallel.tp_interleave=true'; the variant's settings "
+                             "add to --set and --tp-set; repeatable)")
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
@@ -145,21 +155,30 @@ def main():
             ratio = mine["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
             print(json.dumps({"model": name, "ratio_meshtron_over_pytorch": round(ratio, 3)}), flush=True)
         if args.gpus >= 2:
-            for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1)):
-                if label not in args.layouts:
-                    continue
+            runs = [(label, tp, dp, None) for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1))
+                    if label in args.layouts]
+            if args.tp_variant:
+                runs = [r for r in runs if r[0] != "tp2"] + [("tp2", 2, 1, v) for v in args.tp_variant]
+            for label, tp, dp, variant in runs:
                 two_mb = args.tp_micro_batch if tp > 1 and args.tp_micro_batch else mb
                 two_acc = args.tp_accumulate if tp > 1 and args.tp_accumulate else acc
+                extra_two = dp_extra if dp > 1 else tp_extra
+                variant_name = None
+                if variant is not None:  # NAME:MB:ACC:KEY=VALUE,...
+                    variant_name, v_mb, v_acc, v_sets = (variant.split(":", 3) + [""])[:4]
+                    two_mb, two_acc = int(v_mb), int(v_acc)
+                    extra_two = extra_two + [a for kv in v_sets.split(",") if kv for a in ("--set", kv)]
                 two = run_meshtron(args.meshtron, name, two_mb, args.steps, args.warmup, tp=tp, dp=dp,
-                                   recompute=args.recompute, extra=dp_extra if dp > 1 else tp_extra,
-                                   accumulate=two_acc)
+                                   recompute=args.recompute, extra=extra_two, accumulate=two_acc)
                 if two is None:
-                    print(json.dumps({"model": name, "layout": label, "error": "run failed"}))
+                    print(json.dumps({"model": name, "layout": label, "variant": variant_name,
+                                      "error": "run failed"}), flush=True)
                     continue
                 # dp2 trains 2 micro-batches per step on 2 GPUs; tp2 one micro-batch on 2 GPUs.
                 tokens = two_mb * 1024 * dp * two_acc
                 speedup = (tokens / two["ms_per_step"]) / (mb * 1024 * acc / one["ms_per_step"])
-                print(json.dumps({"model": name, "layout": label, "micro_batch": two_mb,
+                print(json.dumps({"model": name, "layout": label, "variant": variant_name,
+                                  "micro_batch": two_mb,
                                   "micro_batches_per_step": two_acc,
                                   "ms_per_step": round(two["ms_per_step"], 2),
                                   "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),

@@ -115,10 +115,19 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const
                                       bool bias_grad_accumulated) {
   if (ctx.sequence_sharded())
     return backward_overlapped(dy, ctx, cache, bias_grad_accumulated);
+  Tensor dx = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
+  ops::gemm(dy, false, weight.value, true, dx);
+  if (ctx.tp.size() == 1) {
+    accumulate_grads(cache.x, dy, bias_grad_accumulated);
+    return dx;
+  }
+  // copy_to_tp's backward, started before the weight-gradient GEMM and
+  // waited for after it (Megatron's async all-reduce of the input gradient).
+  const long reducing =
+      ctx.tp.comm.iall_reduce(dx.raw(), std::size_t(dx.numel()), dx.dtype(), ReduceOp::Sum);
   accumulate_grads(cache.x, dy, bias_grad_accumulated);
-  Tensor dx_full = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
-  ops::gemm(dy, false, weight.value, true, dx_full);
-  return mapping::copy_to_tp_backward(ctx.tp, dx_full);
+  ctx.tp.comm.wait_collective(reducing);
+  return dx;
 }
 
 Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext& ctx,
@@ -214,8 +223,15 @@ void RowParallelLinear::backward_by_blocks(const Tensor& dy, LayerContext& ctx,
     ops::gemm(cache.x.slice_rows(begin, end), true, dy_block, false, weight.grad, 1.0, 1.0);
     dgrad_rows(dy_block, begin, end);
   };
-  block(dy, me);
+  // Under parallel.tp_interleave the wait switches to the other micro-batch,
+  // which then fills the gap instead of this rank's own block; the block
+  // goes after the wait, so that all of this layer's gradient accumulations
+  // (the weight's, and fc's bias in dgrad_rows) stay on one side of the
+  // switch, in the same order as without it.
+  const bool own_block_first = !ctx.tp.comm.interleaving();
+  if (own_block_first) block(dy, me);
   ctx.tp.comm.wait_collective(gather);
+  if (!own_block_first) block(dy, me);
   for (index_t r = 0; r < ranks; ++r)
     if (r != me) block(dy_full.slice_rows(r * rows, (r + 1) * rows), r);
 }

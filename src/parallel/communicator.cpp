@@ -204,6 +204,7 @@ void MpiCommunicator::ireduce_scatter(const void* send, void* recv,
 }
 
 void MpiCommunicator::wait_collectives() {
+  yield_point();
   if (pending_collectives_.empty()) return;
   MPI_CHECK(MPI_Waitall(int(pending_collectives_.size()), pending_collectives_.data(),
                         MPI_STATUSES_IGNORE));
@@ -235,7 +236,18 @@ long MpiCommunicator::iall_gather(const void* send, void* recv,
   return first_ticket_ + long(pending_collectives_.size()) - 1;
 }
 
+long MpiCommunicator::iall_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
+  record(CollectiveKind::AllReduce, count * dtype_size(dtype));
+  record_nonblocking_all_reduce();
+  if (size_ == 1) return first_ticket_ - 1;  // already complete
+  pending_collectives_.emplace_back();
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, checked_count(count), mpi_datatype(dtype),
+                           mpi_op(op, dtype), comm_, &pending_collectives_.back()));
+  return first_ticket_ + long(pending_collectives_.size()) - 1;
+}
+
 void MpiCommunicator::wait_collective(long ticket) {
+  yield_point();  // before the index: the other job's wait_collectives() may complete this one
   const long index = ticket - first_ticket_;
   if (index < 0 || index >= long(pending_collectives_.size())) return;  // completed
   // A completed request becomes MPI_REQUEST_NULL, which later waits skip.

@@ -119,12 +119,20 @@ class Communicator {
   /// Counted as an AllGather.
   virtual long iall_gather(const void* send, void* recv, std::span<const std::size_t> counts,
                            DType dtype) = 0;
+  /// Start an in-place all-reduce of `buf` and return at once with a ticket
+  /// for wait_collective(); `buf` must stay alive and untouched until then.
+  /// The column-parallel backward without SP starts its input gradient's
+  /// all-reduce before its weight-gradient GEMM (Megatron's async
+  /// all-reduce). Counted as an AllReduce.
+  virtual long iall_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) = 0;
   /// Complete the non-blocking collective `ticket` (on the GPU path: make the
   /// compute stream wait for it). A ticket already completed, by an earlier
   /// wait or by wait_collectives(), is a no-op.
   virtual void wait_collective(long ticket) = 0;
   /// iall_gather() calls since the last reset_stats().
   long nonblocking_gathers_started() const { return nonblocking_gathers_started_; }
+  /// iall_reduce() calls since the last reset_stats().
+  long nonblocking_all_reduces_started() const { return nonblocking_all_reduces_started_; }
 
   /// All-reduce every tensor of the list, each as its own payload. The NCCL
   /// backend issues them as one group (one launch, not one per tensor: the
@@ -155,11 +163,11 @@ class Communicator {
   /// meanwhile, overlaps it), so that another job (FiberPair) can queue its
   /// own work first. The MPI backend, whose collectives block the host,
   /// yields before each one: the same switching, testable on the host.
-  /// Blocking all_reduce, reduce_scatter and all_gather only: not
-  /// wait_collective(), which the row-parallel backward calls between the
-  /// two halves of its weight-gradient accumulation (a yield there would
-  /// make the paired micro-batches add their halves in another order).
-  /// Empty (the default): no switching; collectives as before.
+  /// The blocking all_reduce, reduce_scatter and all_gather, and
+  /// wait_collective() / wait_collectives() (the row-parallel backward,
+  /// interleaving, moves its own token block after that wait, so that a
+  /// layer's gradient accumulations never straddle a switch).
+  /// Null (the default): no switching; collectives as before.
   void set_interleave(FiberPair* fibers) { fibers_ = fibers; }
   bool interleaving() const { return fibers_ != nullptr; }
 
@@ -168,6 +176,7 @@ class Communicator {
     stats_.reset();
     nonblocking_started_ = 0;
     nonblocking_gathers_started_ = 0;
+    nonblocking_all_reduces_started_ = 0;
   }
 
  protected:
@@ -182,12 +191,14 @@ class Communicator {
   int interleaved_job() const { return fibers_ ? fibers_->current_job() : -1; }
   void record_nonblocking() { ++nonblocking_started_; }
   void record_nonblocking_gather() { ++nonblocking_gathers_started_; }
+  void record_nonblocking_all_reduce() { ++nonblocking_all_reduces_started_; }
 
  private:
   CommStats stats_;
   FiberPair* fibers_ = nullptr;
   long nonblocking_started_ = 0;
   long nonblocking_gathers_started_ = 0;
+  long nonblocking_all_reduces_started_ = 0;
 };
 
 /// MPI backend over an MPI communicator (not owned: Topology owns it).
@@ -222,6 +233,7 @@ class MpiCommunicator final : public Communicator {
   long iall_gather(const void* send, void* recv, std::span<const std::size_t> counts,
                    DType dtype) override;
   void wait_collective(long ticket) override;
+  long iall_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
 

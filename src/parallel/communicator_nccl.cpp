@@ -96,7 +96,7 @@ NcclCommunicator::~NcclCommunicator() {
     ncclCommDestroy(comm_);
   }
   // Streams after the communicator (NCCL's teardown order).
-  for (cudaEvent_t e : gather_events_) cudaEventDestroy(e);
+  for (cudaEvent_t e : pending_events_) cudaEventDestroy(e);
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   if (comm_stream_) {
     cudaEventDestroy(inputs_ready_);
@@ -112,10 +112,7 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
     return;
   }
   if (!comm_) return;
-  // The copy engines take sums whose blocks split evenly over the ranks (the
-  // row-parallel outputs without SP; not the few-element statistics).
-  const bool copy_engines = copy_engine_ && op == ReduceOp::Sum && count % std::size_t(size()) == 0 &&
-                            bytes_of(count, dtype) >= kCopyEngineMinBytes;
+  const bool copy_engines = copy_engine_sum(count, dtype, op);
   const auto queue = [&](const JobLane& lane) {
     if (!copy_engines) {
       NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), lane.comm,
@@ -127,8 +124,15 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
     const std::size_t gather_at = lane.copy_engine->region(host_.comm(), bytes);
     lane.copy_engine->exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, lane.stream);
   };
-  if (interleaving()) return interleaved(queue);
-  queue({comm_, device::compute_stream(), &blocking_ce_});
+  blocking(queue);
+}
+
+bool NcclCommunicator::copy_engine_sum(std::size_t count, DType dtype, ReduceOp op) const {
+  // Sums whose blocks split evenly over the ranks (the row-parallel outputs
+  // and column-parallel input gradients without SP; not the few-element
+  // statistics).
+  return copy_engine_ && op == ReduceOp::Sum && count % std::size_t(size()) == 0 &&
+         bytes_of(count, dtype) >= kCopyEngineMinBytes;
 }
 
 void NcclCommunicator::all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) {
@@ -168,13 +172,10 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
                                        device::compute_stream());
         });
   }
-  const auto queue = [&](ncclComm_t comm, cudaStream_t stream) {
-    NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm,
-                                 stream));
-  };
-  if (interleaving())
-    return interleaved([&](const JobLane& lane) { queue(lane.comm, lane.stream); });
-  queue(comm_, device::compute_stream());
+  blocking([&](const JobLane& lane) {
+    NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), lane.comm,
+                                 lane.stream));
+  });
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
@@ -192,6 +193,10 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send
     else
       NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(dtype), lane.comm, lane.stream));
   };
+  blocking(queue);
+}
+
+void NcclCommunicator::blocking(const std::function<void(const JobLane&)>& queue) {
   if (interleaving()) return interleaved(queue);
   queue({comm_, device::compute_stream(), &blocking_ce_});
 }
@@ -418,9 +423,7 @@ void NcclCommunicator::ireduce_scatter(const void* send, void* recv,
   record(CollectiveKind::ReduceScatter, bytes_of(total, dtype));
   record_nonblocking();
   if (!comm_) return local_copy(recv, send, bytes_of(total, dtype));
-  make_comm_stream();
-  CUDA_CHECK(cudaEventRecord(inputs_ready_, device::compute_stream()));
-  CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
+  after_compute_on_comm_stream();
   if (equal_counts(recv_counts)) {  // NCCL's own reduce-scatter kernel
     NCCL_CHECK(ncclReduceScatter(send, recv, recv_counts[0], nccl_type(dtype), nccl_op(op),
                                  comm_, comm_stream_));
@@ -455,11 +458,15 @@ void NcclCommunicator::make_comm_stream() {
 }
 
 void NcclCommunicator::wait_collectives() {
+  // Interleaving: the switch first; the wait below then covers the other
+  // job's side-stream work too (reduced_ follows every op there): a longer
+  // wait, never a missed one.
+  yield_point();
   host_.wait_collectives();
   // reduced_ is recorded after every operation on comm_stream_ (reduce-
   // scatters and gathers): waiting on it covers them all.
-  first_gather_ticket_ += long(gathers_.size());
-  gathers_.clear();
+  first_ticket_ += long(pending_.size());
+  pending_.clear();
   if (!collectives_pending_) return;
   CUDA_CHECK(cudaStreamWaitEvent(device::compute_stream(), reduced_, 0));
   collectives_pending_ = false;
@@ -471,22 +478,14 @@ long NcclCommunicator::iall_gather(const void* send, void* recv,
               "iall_gather: " << counts.size() << " counts for " << size() << " ranks");
   std::size_t total = 0;
   for (std::size_t c : counts) total += c;
-  const long ticket = first_gather_ticket_ + long(gathers_.size());
-  if (!device_buffer(recv)) {
-    gathers_.push_back({nullptr, host_.iall_gather(send, recv, counts, dtype)});
-    record(CollectiveKind::AllGather, bytes_of(total, dtype));
-    record_nonblocking_gather();
-    return ticket;
-  }
   record(CollectiveKind::AllGather, bytes_of(total, dtype));
   record_nonblocking_gather();
+  if (!device_buffer(recv)) return pending_on_host(host_.iall_gather(send, recv, counts, dtype));
   if (!comm_) {
     local_copy(recv, send, bytes_of(total, dtype));
-    return first_gather_ticket_ - 1;  // stream-ordered already: nothing to wait for
+    return first_ticket_ - 1;  // stream-ordered already: nothing to wait for
   }
-  make_comm_stream();
-  CUDA_CHECK(cudaEventRecord(inputs_ready_, device::compute_stream()));
-  CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
+  after_compute_on_comm_stream();
   if (copy_engine_ && equal_counts(counts)) {
     copy_engine_all_gather(async_ce_, send, recv, bytes_of(counts[0], dtype), comm_stream_);
   } else if (equal_counts(counts)) {  // NCCL's own all-gather kernel
@@ -502,22 +501,59 @@ long NcclCommunicator::iall_gather(const void* send, void* recv,
     }
     NCCL_CHECK(ncclGroupEnd());
   }
-  if (gathers_.size() == gather_events_.size()) {
-    gather_events_.emplace_back();
-    CUDA_CHECK(cudaEventCreateWithFlags(&gather_events_.back(), cudaEventDisableTiming));
+  return pending_on_comm_stream();
+}
+
+void NcclCommunicator::after_compute_on_comm_stream() {
+  make_comm_stream();
+  CUDA_CHECK(cudaEventRecord(inputs_ready_, device::compute_stream()));
+  CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, inputs_ready_, 0));
+}
+
+long NcclCommunicator::pending_on_comm_stream() {
+  const long ticket = first_ticket_ + long(pending_.size());
+  if (pending_.size() == pending_events_.size()) {
+    pending_events_.emplace_back();
+    CUDA_CHECK(cudaEventCreateWithFlags(&pending_events_.back(), cudaEventDisableTiming));
   }
-  cudaEvent_t done = gather_events_[gathers_.size()];
+  cudaEvent_t done = pending_events_[pending_.size()];
   CUDA_CHECK(cudaEventRecord(done, comm_stream_));
   CUDA_CHECK(cudaEventRecord(reduced_, comm_stream_));  // for wait_collectives()
   collectives_pending_ = true;
-  gathers_.push_back({done, 0});
+  pending_.push_back({done, 0});
   return ticket;
 }
 
+long NcclCommunicator::pending_on_host(long host_ticket) {
+  pending_.push_back({nullptr, host_ticket});
+  return first_ticket_ + long(pending_.size()) - 1;
+}
+
+long NcclCommunicator::iall_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
+  record(CollectiveKind::AllReduce, bytes_of(count, dtype));
+  record_nonblocking_all_reduce();
+  if (!device_buffer(buf)) return pending_on_host(host_.iall_reduce(buf, count, dtype, op));
+  if (!comm_) return first_ticket_ - 1;  // nothing to reduce, nothing to wait for
+  after_compute_on_comm_stream();
+  if (copy_engine_sum(count, dtype, op)) {
+    const std::size_t bytes = bytes_of(count, dtype);
+    const std::size_t scatter_at = async_ce_.region(host_.comm(), bytes);
+    const std::size_t gather_at = async_ce_.region(host_.comm(), bytes);
+    async_ce_.exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, comm_stream_);
+  } else {
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, comm_stream_));
+  }
+  return pending_on_comm_stream();
+}
+
 void NcclCommunicator::wait_collective(long ticket) {
-  const long index = ticket - first_gather_ticket_;
-  if (index < 0 || index >= long(gathers_.size())) return;  // completed
-  PendingGather& g = gathers_[std::size_t(index)];
+  // Interleaving: the other job queues its compute while the gather runs.
+  // The index after the switch: the other job's wait_collectives() may have
+  // completed this gather (its wait on reduced_ covers every side-stream op).
+  yield_point();
+  const long index = ticket - first_ticket_;
+  if (index < 0 || index >= long(pending_.size())) return;  // completed
+  PendingCollective& g = pending_[std::size_t(index)];
   if (g.done)
     CUDA_CHECK(cudaStreamWaitEvent(device::compute_stream(), g.done, 0));
   else

@@ -207,17 +207,27 @@ class NcclCommunicator final : public Communicator {
   long iall_gather(const void* send, void* recv, std::span<const std::size_t> counts,
                    DType dtype) override;
   void wait_collective(long ticket) override;
+  long iall_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
  private:
-  /// An iall_gather() not yet waited for: on the device (its event), or on
-  /// host buffers (the MPI backend's ticket).
-  struct PendingGather {
-    cudaEvent_t done = nullptr;  ///< Not owned (gather_events_).
+  /// An iall_gather() or iall_reduce() not yet waited for: on the device
+  /// (its event), or on host buffers (the MPI backend's ticket).
+  struct PendingCollective {
+    cudaEvent_t done = nullptr;  ///< Not owned (pending_events_).
     long host_ticket = 0;
   };
   void make_comm_stream();
+  /// comm_stream_ (made if need be) waits for the compute stream's work so far.
+  void after_compute_on_comm_stream();
+  /// A ticket for the work just queued on comm_stream_ (its own event, and
+  /// reduced_ for wait_collectives()).
+  long pending_on_comm_stream();
+  /// A ticket for a collective on host buffers (the MPI backend's ticket).
+  long pending_on_host(long host_ticket);
+  /// Whether an all-reduce of `count` elements goes over the copy engines.
+  bool copy_engine_sum(std::size_t count, DType dtype, ReduceOp op) const;
   struct CopyEngine;
   /// Where an interleaved job's blocking collectives run.
   struct JobLane {
@@ -228,6 +238,9 @@ class NcclCommunicator final : public Communicator {
   /// comm_ / comm_stream_ / blocking_ce_, or job 1's own after
   /// separate_interleaved_jobs().
   JobLane lane_of_current_job();
+  /// A blocking collective: `queue` on the compute stream's lane, or
+  /// interleaved() while interleaving.
+  void blocking(const std::function<void(const JobLane&)>& queue);
   /// parallel.tp_interleave (set_interleave): a blocking collective on the
   /// current job's lane (`queue` queues it there), the yield, then the
   /// compute stream waits for it, then `finish` (compute stream).
@@ -279,16 +292,19 @@ class NcclCommunicator final : public Communicator {
   std::vector<P2PLink> links_;  ///< In creation order (the same on every rank).
   int lanes_ = 0;               ///< lanes connected so far
   cudaEvent_t compute_ready_ = nullptr;  ///< Owned; made with the first link.
-  cudaStream_t comm_stream_ = nullptr;  ///< Owned; ireduce_scatter only (made on first use).
+  /// Owned (made on first use): the non-blocking collectives, and the
+  /// interleaved blocking ones of job 0 (and of job 1 unless separated).
+  cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t inputs_ready_ = nullptr, reduced_ = nullptr;  ///< Owned.
   bool collectives_pending_ = false;
-  /// iall_gather() calls since the last wait_collectives(); the ticket of
-  /// gathers_[i] is first_gather_ticket_ + i, its event gather_events_[i].
-  std::vector<PendingGather> gathers_;
-  std::vector<cudaEvent_t> gather_events_;  ///< Owned; grows to the most gathers in flight.
+  /// iall_gather() / iall_reduce() calls since the last wait_collectives();
+  /// the ticket of pending_[i] is first_ticket_ + i, its event
+  /// pending_events_[i].
+  std::vector<PendingCollective> pending_;
+  std::vector<cudaEvent_t> pending_events_;  ///< Owned; grows to the most in flight.
   /// Owned; interleaved() events not in use (one per job in flight).
   std::vector<cudaEvent_t> free_events_;
-  long first_gather_ticket_ = 0;
+  long first_ticket_ = 0;
 };
 
 /// A directed point-to-point link: sender -> receiver on one lane.

@@ -12,10 +12,12 @@
 //  * every rank issues its collectives in the same order (NCCL and MPI
 //    match collectives on a communicator by order);
 //  * both jobs running the same code, job a's k-th segment (the code
-//    between two yields) always runs before job b's k-th: a gradient
-//    accumulated by both is accumulated by a first, as when the
-//    micro-batches run one after the other, so the results are the same
-//    bits.
+//    between two yields) always runs before job b's k-th: a gradient that
+//    each job adds to once, or several times within one segment, gets a's
+//    part first, as when the micro-batches run one after the other: the
+//    same bits. (One added to in two segments of a job, like the tied word
+//    table by the head and by the embedding, gets a's and b's parts in
+//    another order: the same sum, rounded differently.)
 //
 // Stackful (POSIX ucontext): the yields happen deep inside the layers'
 // code, which stays as it is. One thread; run() is not reentrant. An

@@ -166,7 +166,8 @@ TEST_F(Nccl, CopyEngineReduceScatterEqualsNcclReduceScatter) {
 }
 
 // PeerExchange::all_reduce (reduce-scatter, in-place adds, all-gather, all on
-// one stream) and the communicator's copy-engine all-reduce: bit for bit
+// one stream), the communicator's copy-engine all-reduce, and iall_reduce on
+// NCCL and on the copy engines: bit for bit
 // NCCL's all-reduce in fp32 and bf16 (two ranks: one rounding of a + b),
 // call after call through the rotating regions.
 TEST_F(Nccl, CopyEngineAllReduceEqualsNcclAllReduce) {
@@ -186,9 +187,14 @@ TEST_F(Nccl, CopyEngineAllReduceEqualsNcclAllReduce) {
       exchange.all_reduce(direct.raw(), n, dt, 0, n * dtype_size(dt), device::compute_stream());
       Tensor through_comm = device_from(mine, dt);
       copy_engines.all_reduce(through_comm, ReduceOp::Sum);
-      EXPECT_TRUE(direct.to_doubles() == expected.to_doubles()) << dtype_name(dt) << " call " << call;
-      EXPECT_TRUE(through_comm.to_doubles() == expected.to_doubles())
-          << dtype_name(dt) << " call " << call;
+      // The non-blocking ones (the column-parallel backward's), NCCL and copy engines.
+      Tensor nccl_async = device_from(mine, dt), ce_async = device_from(mine, dt);
+      comm->wait_collective(
+          comm->iall_reduce(nccl_async.raw(), n, dt, ReduceOp::Sum));
+      copy_engines.wait_collective(
+          copy_engines.iall_reduce(ce_async.raw(), n, dt, ReduceOp::Sum));
+      for (const Tensor* t : {&direct, &through_comm, &nccl_async, &ce_async})
+        EXPECT_TRUE(t->to_doubles() == expected.to_doubles()) << dtype_name(dt) << " call " << call;
       MPI_Barrier(MPI_COMM_WORLD);  // both ranks have read their arena before the next call
     }
 }

@@ -29,6 +29,7 @@ std::size_t cache_bytes(const TransformerLayer::Cache& c) {
 struct LayerRun {
   CommStats forward, backward;
   long backward_nonblocking_gathers = 0, backward_nonblocking_reduce_scatters = 0;
+  long backward_nonblocking_all_reduces = 0;
   std::size_t activation_bytes = 0, norm_bytes = 0;
 };
 
@@ -64,6 +65,7 @@ LayerRun run_layer(int tp, bool sp, bool keep_gathered = false) {
     out.backward = comm.stats();
     out.backward_nonblocking_gathers = comm.nonblocking_gathers_started();
     out.backward_nonblocking_reduce_scatters = comm.nonblocking_started();
+    out.backward_nonblocking_all_reduces = comm.nonblocking_all_reduces_started();
     out.activation_bytes = cache_bytes(cache);
     out.norm_bytes = cache.ln_1.x.bytes() + cache.ln_2.x.bytes();
   }
@@ -71,12 +73,14 @@ LayerRun run_layer(int tp, bool sp, bool keep_gathered = false) {
   return out;
 }
 
-TEST(TensorParallel, TwoAllReducesForwardAndTwoBackwardPerLayer) {
+TEST(TensorParallel, TwoAllReducesForwardAndTwoNonBlockingBackwardPerLayer) {
   for (int tp : {2, 4}) {
     if (world_size() % tp) continue;
     const LayerRun r = run_layer(tp, false);
     EXPECT_EQ(r.forward.count(CollectiveKind::AllReduce), 2) << "tp=" << tp;
     EXPECT_EQ(r.backward.count(CollectiveKind::AllReduce), 2) << "tp=" << tp;
+    // Both started before the weight-gradient GEMM (Megatron's async all-reduce).
+    EXPECT_EQ(r.backward_nonblocking_all_reduces, 2) << "tp=" << tp;
     for (auto k : {CollectiveKind::ReduceScatter, CollectiveKind::AllGather})
       EXPECT_EQ(r.forward.count(k) + r.backward.count(k), 0);
   }
