@@ -77,8 +77,9 @@ struct ParallelSection {
   bool split_column_parallel_forward = false;
   /// The tp group's blocking all-gathers and reduce-scatters (the forward's
   /// under SP), its all-reduces of 1 MB or more (without SP) and its
-  /// overlapped all-gathers (the backward's) on the copy engines (PeerExchange: CUDA IPC, no NCCL kernels, no SMs) instead of
-  /// NCCL; GPU path only.
+  /// overlapped all-gathers (the backward's) on the copy engines
+  /// (PeerExchange: CUDA IPC, no NCCL kernels, no SMs) instead of NCCL; GPU
+  /// path only.
   bool tp_copy_engine = false;
   /// Domino-style tp overlap: a step's micro-batches run in pairs, the two
   /// forward + backward interleaved on one thread (FiberPair): where one

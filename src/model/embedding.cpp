@@ -113,31 +113,12 @@ Tensor LmHeadLoss::backward(const Tensor& dloss, LayerContext& ctx, const Cache&
   Tensor dlogits = Tensor::empty(c.logits.shape(), c.x_full.dtype(), c.logits.space());
   ops::cross_entropy_backward(c.logits, c.targets, c.row_max, c.sum_exp, dloss, begin,
                               config_.vocab_size, dlogits);
-  Tensor dx_full = matmul(dlogits, word->value);  // dX = dL W
-  auto weight_grad = [&] { ops::gemm(dlogits, true, c.x_full, false, word->grad, 1.0, 1.0); };
-  if (ctx.tp.size() == 1) {
-    weight_grad();  // dW += dL^T X
-    return dx_full;
-  }
-  // The input gradient's reduction over tp (all_gather_from_sp's or
-  // copy_to_tp's backward) runs during the weight gradient's GEMM, the
-  // largest of the backward (vocabulary / tp rows).
-  Communicator& comm = ctx.tp.comm;
-  if (ctx.sequence_parallel) {
-    Shape shard = dx_full.shape();
-    shard[0] /= ctx.tp.size();
-    Tensor dx = Tensor::empty(shard, dx_full.dtype(), dx_full.space());
-    const std::vector<std::size_t> counts(std::size_t(ctx.tp.size()), std::size_t(dx.numel()));
-    comm.ireduce_scatter(dx_full.raw(), dx.raw(), counts, dx.dtype(), ReduceOp::Sum);
-    weight_grad();
-    comm.wait_collectives();
-    return dx;
-  }
-  const long reducing =
-      comm.iall_reduce(dx_full.raw(), std::size_t(dx_full.numel()), dx_full.dtype(), ReduceOp::Sum);
-  weight_grad();
-  comm.wait_collective(reducing);
-  return dx_full;
+  const Tensor dx_full = matmul(dlogits, word->value);  // dX = dL W
+  // Its reduction over tp runs during the weight gradient's GEMM, the
+  // backward's largest (vocabulary / tp rows): dW += dL^T X.
+  return mapping::reduce_input_grad(ctx.tp, dx_full, ctx.sequence_parallel, [&] {
+    ops::gemm(dlogits, true, c.x_full, false, word->grad, 1.0, 1.0);
+  });
 }
 
 }  // namespace meshtron

@@ -115,19 +115,13 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const
                                       bool bias_grad_accumulated) {
   if (ctx.sequence_sharded())
     return backward_overlapped(dy, ctx, cache, bias_grad_accumulated);
-  Tensor dx = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
-  ops::gemm(dy, false, weight.value, true, dx);
-  if (ctx.tp.size() == 1) {
+  Tensor dx_full = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
+  ops::gemm(dy, false, weight.value, true, dx_full);
+  // copy_to_tp's backward during the weight-gradient GEMM (Megatron's async
+  // all-reduce of the input gradient).
+  return mapping::reduce_input_grad(ctx.tp, dx_full, /*sequence_parallel=*/false, [&] {
     accumulate_grads(cache.x, dy, bias_grad_accumulated);
-    return dx;
-  }
-  // copy_to_tp's backward, started before the weight-gradient GEMM and
-  // waited for after it (Megatron's async all-reduce of the input gradient).
-  const long reducing =
-      ctx.tp.comm.iall_reduce(dx.raw(), std::size_t(dx.numel()), dx.dtype(), ReduceOp::Sum);
-  accumulate_grads(cache.x, dy, bias_grad_accumulated);
-  ctx.tp.comm.wait_collective(reducing);
-  return dx;
+  });
 }
 
 Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext& ctx,
@@ -140,24 +134,21 @@ Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext&
   // does.
   Communicator& comm = ctx.tp.comm;
   const bool gather = !ctx.keep_gathered_input;
-  Shape shard_shape = cache.x.shape(), full_shape = cache.x.shape();
-  if (gather)
-    full_shape[0] *= ctx.tp.size();
-  else
-    shard_shape[0] /= ctx.tp.size();
-  const std::vector<std::size_t> counts(std::size_t(ctx.tp.size()),
-                                        std::size_t(shard_shape[0] * shard_shape[1]));
+  Shape full_shape = cache.x.shape();
+  if (gather) full_shape[0] *= ctx.tp.size();
   Tensor x_full = gather ? Tensor::empty(full_shape, cache.x.dtype(), cache.x.space()) : cache.x;
-  const long gathering =
-      gather ? comm.iall_gather(cache.x.raw(), x_full.raw(), counts, x_full.dtype()) : -1;
+  long gathering = -1;
+  if (gather) {
+    const std::vector<std::size_t> counts(std::size_t(ctx.tp.size()),
+                                          std::size_t(cache.x.numel()));
+    gathering = comm.iall_gather(cache.x.raw(), x_full.raw(), counts, x_full.dtype());
+  }
   Tensor dx_full = Tensor::empty(full_shape, dy.dtype(), dy.space());
   ops::gemm(dy, false, weight.value, true, dx_full);
   if (gather) comm.wait_collective(gathering);
-  Tensor dx = Tensor::empty(shard_shape, dy.dtype(), dy.space());
-  comm.ireduce_scatter(dx_full.raw(), dx.raw(), counts, dx.dtype(), ReduceOp::Sum);
-  accumulate_grads(x_full, dy, bias_grad_accumulated);
-  comm.wait_collectives();
-  return dx;
+  return mapping::reduce_input_grad(ctx.tp, dx_full, /*sequence_parallel=*/true, [&] {
+    accumulate_grads(x_full, dy, bias_grad_accumulated);
+  });
 }
 
 RowParallelLinear::RowParallelLinear(const std::string& name, index_t in, index_t out,

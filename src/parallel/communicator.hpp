@@ -157,14 +157,13 @@ class Communicator {
   }
 
   /// parallel.tp_interleave: `fibers` (not owned; null to stop) yields where
-  /// a blocking collective has been queued and its caller is about to wait
-  /// for it (on the GPU path the
-  /// collective then runs on a side stream: the other job's compute, queued
-  /// meanwhile, overlaps it), so that another job (FiberPair) can queue its
-  /// own work first. The MPI backend, whose collectives block the host,
-  /// yields before each one: the same switching, testable on the host.
-  /// The blocking all_reduce, reduce_scatter and all_gather, and
-  /// wait_collective() / wait_collectives() (the row-parallel backward,
+  /// a collective has been queued and its caller is about to wait for it (on
+  /// the GPU path it then runs on a side stream: the other job's compute,
+  /// queued meanwhile, overlaps it), so that the other job (FiberPair) can
+  /// queue its own work first. The MPI backend, whose collectives block the
+  /// host, yields before each one: the same switching, testable on the host.
+  /// Yield points: the blocking all_reduce, reduce_scatter and all_gather,
+  /// and wait_collective() / wait_collectives() (the row-parallel backward,
   /// interleaving, moves its own token block after that wait, so that a
   /// layer's gradient accumulations never straddle a switch).
   /// Null (the default): no switching; collectives as before.

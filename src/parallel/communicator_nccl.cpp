@@ -113,18 +113,13 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
   }
   if (!comm_) return;
   const bool copy_engines = copy_engine_sum(count, dtype, op);
-  const auto queue = [&](const JobLane& lane) {
-    if (!copy_engines) {
+  blocking([&](const JobLane& lane) {
+    if (copy_engines)
+      copy_engine_all_reduce(*lane.copy_engine, buf, count, dtype, lane.stream);
+    else
       NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), lane.comm,
                                lane.stream));
-      return;
-    }
-    const std::size_t bytes = bytes_of(count, dtype);
-    const std::size_t scatter_at = lane.copy_engine->region(host_.comm(), bytes);
-    const std::size_t gather_at = lane.copy_engine->region(host_.comm(), bytes);
-    lane.copy_engine->exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, lane.stream);
-  };
-  blocking(queue);
+  });
 }
 
 bool NcclCommunicator::copy_engine_sum(std::size_t count, DType dtype, ReduceOp op) const {
@@ -154,14 +149,12 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
   if (!comm_) return local_copy(recv, send, bytes_of(recv_count, dtype));
   if (copy_engine_ && op == ReduceOp::Sum) {
     const std::size_t bytes = bytes_of(recv_count * size(), dtype);
-    if (!interleaving()) {
-      const std::size_t at = blocking_ce_.region(host_.comm(), bytes);
-      return blocking_ce_.exchange->reduce_scatter(send, recv_count, dtype, recv, at);
-    }
-    // Held across the yield: the other job's call may grow (replace) the arena.
+    // The transfer on the lane's stream, the adds on the compute stream
+    // (after the switch when interleaving). The exchange is held across the
+    // switch: the other job's call may grow (replace) the arena.
     std::shared_ptr<PeerExchange> exchange;
     std::size_t at = 0;
-    return interleaved(
+    return blocking(
         [&](const JobLane& lane) {
           at = lane.copy_engine->region(host_.comm(), bytes);
           exchange = lane.copy_engine->exchange;
@@ -196,9 +189,11 @@ void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send
   blocking(queue);
 }
 
-void NcclCommunicator::blocking(const std::function<void(const JobLane&)>& queue) {
-  if (interleaving()) return interleaved(queue);
+void NcclCommunicator::blocking(const std::function<void(const JobLane&)>& queue,
+                                const std::function<void()>& finish) {
+  if (interleaving()) return interleaved(queue, finish);
   queue({comm_, device::compute_stream(), &blocking_ce_});
+  if (finish) finish();
 }
 
 void NcclCommunicator::separate_interleaved_jobs() {
@@ -253,6 +248,14 @@ std::size_t NcclCommunicator::CopyEngine::region(MPI_Comm group, std::size_t byt
     calls = 0;
   }
   return (calls++ % kCopyEngineRegions) * (exchange->arena_bytes() / kCopyEngineRegions);
+}
+
+void NcclCommunicator::copy_engine_all_reduce(CopyEngine& ce, void* buf, std::size_t count,
+                                              DType dtype, cudaStream_t stream) {
+  const std::size_t bytes = bytes_of(count, dtype);
+  const std::size_t scatter_at = ce.region(host_.comm(), bytes);
+  const std::size_t gather_at = ce.region(host_.comm(), bytes);
+  ce.exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, stream);
 }
 
 void NcclCommunicator::copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv,
@@ -535,14 +538,10 @@ long NcclCommunicator::iall_reduce(void* buf, std::size_t count, DType dtype, Re
   if (!device_buffer(buf)) return pending_on_host(host_.iall_reduce(buf, count, dtype, op));
   if (!comm_) return first_ticket_ - 1;  // nothing to reduce, nothing to wait for
   after_compute_on_comm_stream();
-  if (copy_engine_sum(count, dtype, op)) {
-    const std::size_t bytes = bytes_of(count, dtype);
-    const std::size_t scatter_at = async_ce_.region(host_.comm(), bytes);
-    const std::size_t gather_at = async_ce_.region(host_.comm(), bytes);
-    async_ce_.exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, comm_stream_);
-  } else {
+  if (copy_engine_sum(count, dtype, op))
+    copy_engine_all_reduce(async_ce_, buf, count, dtype, comm_stream_);
+  else
     NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, comm_stream_));
-  }
   return pending_on_comm_stream();
 }
 

@@ -238,9 +238,10 @@ class NcclCommunicator final : public Communicator {
   /// comm_ / comm_stream_ / blocking_ce_, or job 1's own after
   /// separate_interleaved_jobs().
   JobLane lane_of_current_job();
-  /// A blocking collective: `queue` on the compute stream's lane, or
-  /// interleaved() while interleaving.
-  void blocking(const std::function<void(const JobLane&)>& queue);
+  /// A blocking collective: `queue` on the compute stream's lane, then
+  /// `finish`; or interleaved() while interleaving.
+  void blocking(const std::function<void(const JobLane&)>& queue,
+                const std::function<void()>& finish = {});
   /// parallel.tp_interleave (set_interleave): a blocking collective on the
   /// current job's lane (`queue` queues it there), the yield, then the
   /// compute stream waits for it, then `finish` (compute stream).
@@ -277,6 +278,9 @@ class NcclCommunicator final : public Communicator {
   /// loss statistics, a few KB) NCCL's one kernel beats four copies, two
   /// flag round trips and an add.
   static constexpr std::size_t kCopyEngineMinBytes = 1 << 20;
+  /// The copy-engine all-reduce of `buf` on `stream` (two regions of `ce`).
+  void copy_engine_all_reduce(CopyEngine& ce, void* buf, std::size_t count, DType dtype,
+                              cudaStream_t stream);
   /// The copy-engine all-gather of `send` into `recv` on `stream`.
   void copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv, std::size_t shard,
                               cudaStream_t stream);

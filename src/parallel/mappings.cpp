@@ -56,6 +56,30 @@ Tensor all_gather_from_sp(TensorParallelGroup& g, const Tensor& x) {
   return gather_from_sp(g, x);
 }
 
+Tensor reduce_input_grad(TensorParallelGroup& g, const Tensor& dx_full, bool sequence_parallel,
+                         const std::function<void()>& meanwhile) {
+  if (g.size() == 1) {
+    meanwhile();
+    return dx_full;
+  }
+  if (!sequence_parallel) {
+    const long reducing = g.comm.iall_reduce(dx_full.raw(), std::size_t(dx_full.numel()),
+                                             dx_full.dtype(), ReduceOp::Sum);
+    meanwhile();
+    g.comm.wait_collective(reducing);
+    return dx_full;
+  }
+  require_divisible(dx_full, 0, g.size(), "reduce_input_grad");
+  Shape shape = dx_full.shape();
+  shape[0] /= g.size();
+  Tensor dx = Tensor::empty(shape, dx_full.dtype(), dx_full.space());
+  const std::vector<std::size_t> counts(std::size_t(g.size()), std::size_t(dx.numel()));
+  g.comm.ireduce_scatter(dx_full.raw(), dx.raw(), counts, dx.dtype(), ReduceOp::Sum);
+  meanwhile();
+  g.comm.wait_collectives();
+  return dx;
+}
+
 // scatter_to_tp and gather_from_tp interleave columns with a host loop of
 // memcpy; a device tensor takes the same path through a host copy (neither
 // runs in the GPT training step: its logits are never gathered).

@@ -17,6 +17,8 @@
 // Communicator and returns a new tensor (or the input itself for identities).
 #pragma once
 
+#include <functional>
+
 #include "parallel/communicator.hpp"
 #include "tensor/tensor.hpp"
 
@@ -70,6 +72,16 @@ inline Tensor gather_from_tp_backward(TensorParallelGroup& g, const Tensor& dy) 
 }  // namespace meshtron
 
 namespace meshtron::mapping {
+/// The input gradient of a column-parallel GEMM reduced over the tp group
+/// while `meanwhile` runs (the weight-gradient GEMM: Megatron's async
+/// communication): with `sequence_parallel` all_gather_from_sp's backward
+/// (a reduce-scatter of rows, returning this rank's shard), else
+/// copy_to_tp's (an all-reduce, in place). The collective is started,
+/// `meanwhile` called, then the collective waited for; on one rank just
+/// `meanwhile`.
+Tensor reduce_input_grad(TensorParallelGroup& g, const Tensor& dx_full, bool sequence_parallel,
+                         const std::function<void()>& meanwhile);
+
 /// Element-wise max over the tp group (vocab-parallel softmax statistics;
 /// the maximum carries no gradient, so there is no backward).
 Tensor reduce_max_from_tp(TensorParallelGroup& g, const Tensor& x);

@@ -131,8 +131,6 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
 #ifdef MESHTRON_HAVE_CUDA
   if (run.parallel.tp_interleave_streams == 2)
     if (auto* nccl = dynamic_cast<NcclCommunicator*>(&rt.tp)) nccl->separate_interleaved_jobs();
-#endif
-#ifdef MESHTRON_HAVE_CUDA
   if (run.run.gemm_autotune) cuda::set_gemm_autotune(true);  // the deck check: run.device = cuda
 #endif
   base_ctx_.seed = run.run.seed;
@@ -240,7 +238,8 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
       }
       Tensor out = chunk.forward(input, mb.targets, ctx, cache);
       if (chunk.placement().has_head) {
-        losses[std::size_t(t.micro_batch)] = out;  // summed after the schedule: no host wait mid-step
+        // Summed after the schedule: no host wait mid-step.
+        losses[std::size_t(t.micro_batch)] = out;
         if (!training) caches.erase({t.micro_batch, t.chunk});
       } else {
         rt_.pp.isend(out.raw(), std::size_t(out.numel()), out.dtype(), (rank + 1) % pp,
