@@ -8,9 +8,6 @@
 // (atomics would make the order, and so the rounding, vary).
 #pragma once
 
-#include <cstdlib>
-#include <string>
-
 #include "kernels/cuda/common.cuh"
 #include "tensor/device_allocator.hpp"
 
@@ -172,13 +169,15 @@ static __device__ unsigned int g_column_tickets[kMaxFusedColumnBlocks];
 /// of 64. A block covers V times the columns, so the rows are split into
 /// more (smaller) groups than the scalar kernel's: the sums are fixed-order
 /// and deterministic, but round differently from the scalar path's.
-/// U rows' loads in flight per thread; at least MinBlocks blocks per SM
-/// (launch bounds: fewer registers, more warps). kFused: the last block of each
-/// column block (a ticket) adds that column block's partial rows in split
-/// order into out, as column_finalize_kernel does (the same adds, so the
-/// same bits), instead of a second launch.
-template <class T, int U, int MinBlocks, bool kFused, class G>
-__global__ void __launch_bounds__(kColTile * kRowLanes, MinBlocks)
+/// kFused: the last block of each column block (a ticket) adds that column
+/// block's partial rows in split order into out, as column_finalize_kernel
+/// does (the same adds, so the same bits), instead of a second launch: 0.70
+/// of copy instead of 0.65 at bf16 [8192, 3072] on an H100 (perf/RESULTS.md,
+/// session 11). Two blocks per SM (ptxas, sm_90, bf16: 117 registers); three
+/// (80 registers and ~230 bytes of spills) were slower (0.49 of copy), and 16
+/// rows in flight per thread took 220 registers (one block per SM).
+template <class T, bool kFused, class G>
+__global__ void __launch_bounds__(kColTile * kRowLanes, 2)
     column_partials_packed_kernel(const T* __restrict__ x, kindex N, kindex C,
                                   kindex rows_per_split, float* partial, G* out) {
   constexpr int V = kPack<T>;
@@ -190,9 +189,10 @@ __global__ void __launch_bounds__(kColTile * kRowLanes, MinBlocks)
 #pragma unroll
   for (int j = 0; j < V; ++j) acc[j] = 0.f;
   if (c0 < C) {
-    // U rows' loads in flight per thread (rows past r1 not loaded), then
-    // added in row order: the same order, so the same bits, as one row at
-    // a time.
+    // U rows' loads in flight per thread (128 bytes; rows past r1 not
+    // loaded), then added in row order: the same order, so the same bits,
+    // as one row at a time.
+    constexpr int U = 8;
     for (kindex r = r0 + threadIdx.y; r < r1; r += U * kRowLanes) {
       Pack<T> p[U];
 #pragma unroll
@@ -247,35 +247,15 @@ __global__ void __launch_bounds__(kColTile * kRowLanes, MinBlocks)
   }
 }
 
-/// The packed column sums' variants, for comparing them in one build
-/// (MESHTRON_COLSUM = occ3 | fused | fused-occ3; unset: 8 rows in flight,
-/// 2 blocks per SM (ptxas, sm_90, bf16: 117 registers), and the separate
-/// finalize; occ3: 3 blocks per SM, 80 registers and ~230 bytes of spill
-/// loads). Every variant makes the same adds in the same order: the same
-/// bits. (16 rows in flight took 220 registers: 1 block per SM, the same
-/// bytes in flight as 8 rows at 2.)
-struct ColumnSumVariant {
-  bool fused = false;
-  bool occupancy3 = false;
-};
-inline ColumnSumVariant column_sum_variant() {
-  static const ColumnSumVariant v = [] {
-    const char* e = std::getenv("MESHTRON_COLSUM");
-    const std::string s = e ? e : "";
-    return ColumnSumVariant{s == "fused" || s == "fused-occ3", s == "occ3" || s == "fused-occ3"};
-  }();
-  return v;
-}
-
-template <class T, int MinBlocks, bool kFused, class G>
+template <bool kFused, class T, class G>
 void launch_packed_column_sums(const T* x, kindex N, kindex C, G* out) {
-  constexpr int V = kPack<T>, U = 8;
-  static const kindex resident = resident_blocks(
-      column_partials_packed_kernel<T, U, MinBlocks, kFused, G>, kColTile * kRowLanes);
+  constexpr int V = kPack<T>;
+  static const kindex resident =
+      resident_blocks(column_partials_packed_kernel<T, kFused, G>, kColTile * kRowLanes);
   const kindex col_blocks = (C / V + kColTile - 1) / kColTile;
   const ColumnSplit split = column_split(N, col_blocks, resident);
   device::Buffer partial(std::size_t(split.splits * C) * sizeof(float));
-  column_partials_packed_kernel<T, U, MinBlocks, kFused, G>
+  column_partials_packed_kernel<T, kFused, G>
       <<<dim3(unsigned(col_blocks), unsigned(split.splits)), dim3(kColTile, kRowLanes), 0,
          compute_stream()>>>(x, N, C, split.rows_per_split, partial.as<float>(), out);
   MESH_CUDA_LAUNCHED();
@@ -292,12 +272,10 @@ void plain_column_sums(const T* x, kindex N, kindex C, G* out) {
     column_sums<1>(ColumnTerms<T>{x, C}, N, C, out);
     return;
   }
-  const ColumnSumVariant v = column_sum_variant();
-  const bool fused = v.fused && (C / V + kColTile - 1) / kColTile <= kMaxFusedColumnBlocks;
-  if (fused && v.occupancy3) return launch_packed_column_sums<T, 3, true>(x, N, C, out);
-  if (fused) return launch_packed_column_sums<T, 2, true>(x, N, C, out);
-  if (v.occupancy3) return launch_packed_column_sums<T, 3, false>(x, N, C, out);
-  launch_packed_column_sums<T, 2, false>(x, N, C, out);
+  if ((C / V + kColTile - 1) / kColTile <= kMaxFusedColumnBlocks)
+    launch_packed_column_sums<true>(x, N, C, out);
+  else  // more column blocks than tickets
+    launch_packed_column_sums<false>(x, N, C, out);
 }
 
 }  // namespace meshtron::cuda

@@ -34,11 +34,11 @@
 // gradients in one launch. The grid is a function of (N, H, dtype) only, the orders
 // are fixed, there are no atomics: deterministic. dy and x are read once
 // instead of twice.
-// Other shapes (odd H, views from slice_rows that are not 16-byte aligned,
-// very wide rows) take the scalar kernels, unchanged.
-#include <cstdlib>
+// Packable rows wider than the packed kernels take (fp32 H > 1024, 16-bit
+// backward H > 1536) take the column-owner kernels further down; other
+// shapes (odd H, views from slice_rows that are not 16-byte aligned, rows
+// wider still) the scalar kernels.
 #include <initializer_list>
-#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/column_sums.cuh"
@@ -423,8 +423,13 @@ struct BlockPartialTerms {
 // order (the pack's V values, the warp's lanes by warp_sum, the group's warps
 // in order), and the block adds its groups in order into one partial row:
 // deterministic; rounds differently from the packed kernel (another order).
-// Selected by MESHTRON_LN_COLUMNS=2 / 4 (R), with the forward below, for
-// measuring against the packed kernels in one build; not the default.
+// Used, with the forward below, for 16-byte-packable rows wider than the
+// packed kernels take (fp32 H > 1024, 16-bit backward H > 1536: the scalar
+// kernels before, 0.38-0.45 of copy at fp32 [8192, 1280], now 0.64-0.82).
+// At the widths the packed kernels take they were slower on an H100
+// (bf16 H = 768: forward 0.55 vs 0.89 of copy, backward 0.43 vs 0.57), and
+// R = 4 rows per tile slower than R = 2 (perf/RESULTS.md, session 11).
+constexpr int kColumnsTileRows = 2;
 
 constexpr int kColumnsBlockThreads = 512;
 
@@ -542,15 +547,6 @@ __global__ void __launch_bounds__(kColumnsBlockThreads)
   }
 }
 
-/// Rows per tile of the column-owner kernels asked for by MESHTRON_LN_COLUMNS
-/// (2 or 4), or 0 for the packed ones.
-int columns_rows() {
-  const char* choice = std::getenv("MESHTRON_LN_COLUMNS");
-  if (choice == nullptr) return 0;
-  const std::string c(choice);
-  return c == "2" ? 2 : c == "4" ? 4 : 0;
-}
-
 /// Block of the column-owner kernels for rows of H values of T: a row group
 /// of ceil32(H / V) threads (x), as many groups as fit 512 threads (y).
 /// Zero threads where a row does not fit one group.
@@ -587,19 +583,15 @@ void launch_columns_backward(const T* dy, const T* x, const T* gamma, const floa
   column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
 }
 
-/// The column-owner backward when MESHTRON_LN_COLUMNS asks for it and a
-/// row fits one group (ceil32(H / V) <= 512 threads); false otherwise
-/// (nothing launched).
+/// The column-owner backward where a row fits one group (ceil32(H / V) <=
+/// 512 threads); false otherwise (nothing launched).
 template <class T, class G>
 bool layernorm_backward_columns(const T* dy, const T* x, const T* gamma, const float* mean,
                                 const float* rstd, kindex N, kindex H, T* dx, const T* residual,
                                 G* dgamma, G* dbeta) {
-  const int R = columns_rows();
-  if (R == 0 || columns_block<T>(H).x == 0) return false;
-  if (R == 2)
-    launch_columns_backward<T, 2>(dy, x, gamma, mean, rstd, N, H, dx, residual, dgamma, dbeta);
-  else
-    launch_columns_backward<T, 4>(dy, x, gamma, mean, rstd, N, H, dx, residual, dgamma, dbeta);
+  if (columns_block<T>(H).x == 0) return false;
+  launch_columns_backward<T, kColumnsTileRows>(dy, x, gamma, mean, rstd, N, H, dx, residual,
+                                               dgamma, dbeta);
   return true;
 }
 
@@ -722,17 +714,13 @@ void launch_columns_forward(const T* x, const T* gamma, const T* beta, kindex N,
   MESH_CUDA_LAUNCHED();
 }
 
-/// The column-owner forward when MESHTRON_LN_COLUMNS asks for it and a row
-/// fits one group; false otherwise (nothing launched).
+/// The column-owner forward where a row fits one group; false otherwise
+/// (nothing launched).
 template <class T>
 bool layernorm_forward_columns(const T* x, const T* gamma, const T* beta, kindex N, kindex H,
                                float eps, T* y, float* mean, float* rstd) {
-  const int R = columns_rows();
-  if (R == 0 || columns_block<T>(H).x == 0) return false;
-  if (R == 2)
-    launch_columns_forward<T, 2>(x, gamma, beta, N, H, eps, y, mean, rstd);
-  else
-    launch_columns_forward<T, 4>(x, gamma, beta, N, H, eps, y, mean, rstd);
+  if (columns_block<T>(H).x == 0) return false;
+  launch_columns_forward<T, kColumnsTileRows>(x, gamma, beta, N, H, eps, y, mean, rstd);
   return true;
 }
 
@@ -799,11 +787,6 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
   with_storage_type(t, "layernorm_forward", [&](auto zero) {
     using T = decltype(zero);
     const unsigned blocks = grid_for(N, kWarpsPerBlock, 1LL << 31);
-    if (N > 0 && packable<T>(H, {x, gamma, beta, y}) &&
-        layernorm_forward_columns(static_cast<const T*>(x), static_cast<const T*>(gamma),
-                                  static_cast<const T*>(beta), N, H, float(eps),
-                                  static_cast<T*>(y), mean, rstd))
-      return;
     if (const int k = packed_k<T>(H, {x, gamma, beta, y}, kMaxPacksPerLane)) {
       with_packs_per_lane(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
@@ -815,6 +798,12 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
       });
       return;
     }
+    // Packable rows too wide for the packed kernel (fp32 H > 1024).
+    if (packable<T>(H, {x, gamma, beta, y}) &&
+        layernorm_forward_columns(static_cast<const T*>(x), static_cast<const T*>(gamma),
+                                  static_cast<const T*>(beta), N, H, float(eps),
+                                  static_cast<T*>(y), mean, rstd))
+      return;
     layernorm_forward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, compute_stream()>>>(
         static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), N, H,
         float(eps), static_cast<T*>(y), mean, rstd);
@@ -833,12 +822,6 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
     const std::initializer_list<const void*> rows = {dy, x, gamma, dx,
                                                      residual_grad ? residual_grad : dx};
     const int k = N > 0 ? packed_k<T>(H, rows, max_k) : 0;
-    // The column-owner kernel has no K limit (fp32 rows up to 2048 wide too).
-    if (N > 0 && packable<T>(H, rows) && layernorm_backward_columns(static_cast<const T*>(dy), static_cast<const T*>(x),
-                                             static_cast<const T*>(gamma), mean, rstd, N, H,
-                                             static_cast<T*>(dx), residual,
-                                             static_cast<G*>(dgamma), static_cast<G*>(dbeta)))
-      return;
     if (k != 0 && backward_shared_fits<T>(k)) {
       const int W = backward_warps(sizeof(T), k);
       const kindex row_blocks = (N + W - 1) / W;
@@ -866,6 +849,14 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
                               static_cast<G*>(dgamma), static_cast<G*>(dbeta));
       return;
     }
+    // Packable rows too wide for the packed kernel (fp32 H > 1024, 16-bit
+    // H > 1536).
+    if (N > 0 && packable<T>(H, rows) &&
+        layernorm_backward_columns(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                   static_cast<const T*>(gamma), mean, rstd, N, H,
+                                   static_cast<T*>(dx), residual, static_cast<G*>(dgamma),
+                                   static_cast<G*>(dbeta)))
+      return;
     if (N > 0) {
       layernorm_backward_dx_kernel<T><<<grid_for(N, kWarpsPerBlock, 1LL << 31),
                                         kWarpsPerBlock * 32, 0, compute_stream()>>>(

@@ -23,6 +23,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/cast.hpp"
@@ -434,62 +435,54 @@ TEST_F(GpuOps, LayerNormPackedPathsOnManyRowsMatchHostAndRepeatBitwise) {
     }
 }
 
-// The column-owner layernorm kernels (MESHTRON_LN_COLUMNS = 2 / 4 rows per
-// tile, kernels/cuda/layernorm.cu), measured against the packed kernels: the
-// forward (layernorm_forward_case checks y, mean, rstd) and the backward match
-// the host at the packed shapes with a partial last tile (N odd), one row
-// group per block (H = 2048 bf16) and several (H <= 1280), fp32 rows wider
-// than the packed kernels take (H = 1280, 2048: scalar before); both repeat
-// bit for bit, and the backward's residual form is its plain form + add().
-TEST_F(GpuOps, LayerNormColumnOwnerKernelsMatchHostAndRepeat) {
-  struct Variant {  // sets the variable for this test only, even on a failed ASSERT
-    explicit Variant(const char* v) { setenv("MESHTRON_LN_COLUMNS", v, 1); }
-    ~Variant() { unsetenv("MESHTRON_LN_COLUMNS"); }
-  };
+// Rows wider than the packed layernorm kernels take (fp32 H = 1280, 1600,
+// 2048; bf16 / fp16 backward H = 1600, 2048) go to the column-owner kernels
+// (kernels/cuda/layernorm.cu; the scalar kernels before): the forward
+// (layernorm_forward_case checks y, mean, rstd) and the backward match the
+// host with a partial last tile (N odd), one row group per block (H = 2048
+// bf16) and several; both repeat bit for bit, and the backward's residual
+// form is its plain form + add().
+TEST_F(GpuOps, LayerNormWideRowsMatchHostAndRepeat) {
   const index_t N = 2501;
-  for (const char* v : {"2", "4"}) {
-    const Variant variant(v);
-    for (DType dt : kDtypes)
-      for (index_t H : {index_t(256), index_t(768), index_t(1280), index_t(2048)}) {
-        const std::string what =
-            "R=" + std::string(v) + " " + name(dt) + " H=" + std::to_string(H);
-        const LayerNormCase c = layernorm_forward_case(N, H, dt, what);
-        const Pair &x = c.x, &gamma = c.gamma, &mean = c.mean, &rstd = c.rstd;
-        Tensor y2 = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
-        Tensor mean2 = Tensor::empty({N}, DType::F32, MemorySpace::Cuda), rstd2 = mean2.clone();
-        layernorm_forward(x.dev, c.gamma.dev, c.beta.dev, 1e-5, y2, mean2, rstd2);
-        EXPECT_TRUE(y2.to_doubles() == c.y.dev.to_doubles()) << what << ": y differs";
-        EXPECT_TRUE(rstd2.to_doubles() == rstd.dev.to_doubles()) << what << ": rstd differs";
-        const Pair dy = input({N, H}, dt), residual = input({N, H}, dt);
-        Pair dx = output({N, H}, dt), dgamma = input({H}, DType::F32),
-             dbeta = input({H}, DType::F32);
-        const Tensor dgamma0 = dgamma.dev.clone(), dbeta0 = dbeta.dev.clone();
-        layernorm_backward(dy.host, x.host, gamma.host, mean.host, rstd.host, dx.host,
-                           dgamma.host, dbeta.host);
-        layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, dx.dev, dgamma.dev,
-                           dbeta.dev);
-        expect_close(dx, dt, what + " dx");
-        expect_close(dgamma, dt, what + " dgamma");
-        expect_close(dbeta, dt, what + " dbeta");
+  for (DType dt : kDtypes)
+    for (index_t H : {index_t(1280), index_t(1600), index_t(2048)}) {
+      const std::string what = name(dt) + " H=" + std::to_string(H);
+      const LayerNormCase c = layernorm_forward_case(N, H, dt, what);
+      const Pair &x = c.x, &gamma = c.gamma, &mean = c.mean, &rstd = c.rstd;
+      Tensor y2 = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
+      Tensor mean2 = Tensor::empty({N}, DType::F32, MemorySpace::Cuda), rstd2 = mean2.clone();
+      layernorm_forward(x.dev, c.gamma.dev, c.beta.dev, 1e-5, y2, mean2, rstd2);
+      EXPECT_TRUE(y2.to_doubles() == c.y.dev.to_doubles()) << what << ": y differs";
+      EXPECT_TRUE(rstd2.to_doubles() == rstd.dev.to_doubles()) << what << ": rstd differs";
+      const Pair dy = input({N, H}, dt), residual = input({N, H}, dt);
+      Pair dx = output({N, H}, dt), dgamma = input({H}, DType::F32),
+           dbeta = input({H}, DType::F32);
+      const Tensor dgamma0 = dgamma.dev.clone(), dbeta0 = dbeta.dev.clone();
+      layernorm_backward(dy.host, x.host, gamma.host, mean.host, rstd.host, dx.host,
+                         dgamma.host, dbeta.host);
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, dx.dev, dgamma.dev,
+                         dbeta.dev);
+      expect_close(dx, dt, what + " dx");
+      expect_close(dgamma, dt, what + " dgamma");
+      expect_close(dbeta, dt, what + " dbeta");
 
-        Tensor dx2 = Tensor::empty({N, H}, dt, MemorySpace::Cuda), dgamma2 = dgamma0.clone(),
-               dbeta2 = dbeta0.clone();
-        dx2.fill(kNaN);
-        layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, dx2, dgamma2, dbeta2);
-        EXPECT_TRUE(dx2.to_doubles() == dx.dev.to_doubles()) << what << ": dx differs";
-        EXPECT_TRUE(dgamma2.to_doubles() == dgamma.dev.to_doubles()) << what << ": dgamma differs";
-        EXPECT_TRUE(dbeta2.to_doubles() == dbeta.dev.to_doubles()) << what << ": dbeta differs";
+      Tensor dx2 = Tensor::empty({N, H}, dt, MemorySpace::Cuda), dgamma2 = dgamma0.clone(),
+             dbeta2 = dbeta0.clone();
+      dx2.fill(kNaN);
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, dx2, dgamma2, dbeta2);
+      EXPECT_TRUE(dx2.to_doubles() == dx.dev.to_doubles()) << what << ": dx differs";
+      EXPECT_TRUE(dgamma2.to_doubles() == dgamma.dev.to_doubles()) << what << ": dgamma differs";
+      EXPECT_TRUE(dbeta2.to_doubles() == dbeta.dev.to_doubles()) << what << ": dbeta differs";
 
-        Tensor fused = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
-        Tensor dg3 = dgamma0.clone(), db3 = dbeta0.clone();
-        layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, fused, dg3, db3,
-                           &residual.dev);
-        Tensor two_pass = dx.dev.clone();
-        add(two_pass, residual.dev, two_pass);
-        EXPECT_TRUE(fused.to_doubles() == two_pass.to_doubles()) << what << ": + residual";
-        EXPECT_TRUE(dg3.to_doubles() == dgamma.dev.to_doubles()) << what << ": dgamma, residual";
-      }
-  }
+      Tensor fused = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
+      Tensor dg3 = dgamma0.clone(), db3 = dbeta0.clone();
+      layernorm_backward(dy.dev, x.dev, gamma.dev, mean.dev, rstd.dev, fused, dg3, db3,
+                         &residual.dev);
+      Tensor two_pass = dx.dev.clone();
+      add(two_pass, residual.dev, two_pass);
+      EXPECT_TRUE(fused.to_doubles() == two_pass.to_doubles()) << what << ": + residual";
+      EXPECT_TRUE(dg3.to_doubles() == dgamma.dev.to_doubles()) << what << ": dgamma, residual";
+    }
 }
 
 // ============================================================== Softmax ==
@@ -799,28 +792,31 @@ TEST_F(GpuOps, EmbeddingsForwardAndBackwardMatchHost) {
 
 // bias_backward reads 16-byte packs of columns where it can (C % V == 0,
 // aligned) and single columns otherwise (the same data at a misaligned
-// address): both match the host, and the packed path repeats bit for bit.
+// address): both match the host, and the packed path repeats bit for bit,
+// with its finalize fused (C = 1280) and, past kMaxFusedColumnBlocks column
+// blocks (C = 262400), launched on its own.
 TEST_F(GpuOps, BiasBackwardPackedAndScalarPathsMatchHostAndRepeat) {
-  for (DType dt : kDtypes) {
-    const index_t N = 8192, C = 1280;
-    const Tensor flat = input({N * C + 1}, dt).dev;
-    const Tensor aligned = flat.slice_rows(0, N * C).reshape({N, C});
-    Tensor shifted = Tensor::empty({N * C + 1}, dt, MemorySpace::Cuda);
-    shifted.slice_rows(1, N * C + 1).copy_from(aligned.reshape({N * C}));
-    const Tensor misaligned = shifted.slice_rows(1, N * C + 1).reshape({N, C});
-    Tensor packed = Tensor::zeros({C}, DType::F32, MemorySpace::Cuda);
-    Tensor scalar = Tensor::zeros({C}, DType::F32, MemorySpace::Cuda);
-    bias_backward(aligned, packed);
-    bias_backward(misaligned, scalar);
-    Tensor again = Tensor::zeros({C}, DType::F32, MemorySpace::Cuda);
-    bias_backward(aligned, again);
-    EXPECT_TRUE(packed.to_doubles() == again.to_doubles()) << name(dt) << ": not deterministic";
-    const Tensor host = aligned.to_host().to(DType::F32);
-    Tensor reference = Tensor::zeros({C}, DType::F32, MemorySpace::Host);
-    bias_backward(host, reference);
-    expect_close(Pair{reference, packed}, dt, "bias_backward packed " + name(dt));
-    expect_close(Pair{reference, scalar}, dt, "bias_backward scalar " + name(dt));
-  }
+  for (DType dt : kDtypes)
+    for (const auto& [N, C] : {std::pair<index_t, index_t>{8192, 1280}, {16, 262400}}) {
+      const std::string what = name(dt) + " C=" + std::to_string(C);
+      const Tensor flat = input({N * C + 1}, dt).dev;
+      const Tensor aligned = flat.slice_rows(0, N * C).reshape({N, C});
+      Tensor shifted = Tensor::empty({N * C + 1}, dt, MemorySpace::Cuda);
+      shifted.slice_rows(1, N * C + 1).copy_from(aligned.reshape({N * C}));
+      const Tensor misaligned = shifted.slice_rows(1, N * C + 1).reshape({N, C});
+      Tensor packed = Tensor::zeros({C}, DType::F32, MemorySpace::Cuda);
+      Tensor scalar = Tensor::zeros({C}, DType::F32, MemorySpace::Cuda);
+      bias_backward(aligned, packed);
+      bias_backward(misaligned, scalar);
+      Tensor again = Tensor::zeros({C}, DType::F32, MemorySpace::Cuda);
+      bias_backward(aligned, again);
+      EXPECT_TRUE(packed.to_doubles() == again.to_doubles()) << what << ": not deterministic";
+      const Tensor host = aligned.to_host().to(DType::F32);
+      Tensor reference = Tensor::zeros({C}, DType::F32, MemorySpace::Host);
+      bias_backward(host, reference);
+      expect_close(Pair{reference, packed}, dt, "bias_backward packed " + what);
+      expect_close(Pair{reference, scalar}, dt, "bias_backward scalar " + what);
+    }
 }
 
 // The backward sums repeated ids in token order (kernels/cuda/embedding.cu):
