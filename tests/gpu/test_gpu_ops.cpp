@@ -822,31 +822,36 @@ TEST_F(GpuOps, BiasBackwardPackedAndScalarPathsMatchHostAndRepeat) {
 // The backward sums repeated ids in token order (kernels/cuda/embedding.cu):
 // into an fp32 table it is the host's result bit for bit (same order, same
 // roundings; bf16/fp16 dout are exact fp32 numbers),
-// and every call gives the same bits (atomics would not). 8192 tokens over
-// 64 ids give ~128 repeats per row; some ids fall outside the shard; the
-// position table's ids (token / micro-batch) are the model's other use.
+// and every call gives the same bits (atomics would not). 8192 tokens (the
+// one-block sort) and 12000 (the device-wide sort) over 64 ids give
+// ~128-190 repeats per row; some ids fall outside the shard; the position
+// table's ids (token / micro-batch) are the model's other use.
 TEST_F(GpuOps, EmbeddingBackwardIsDeterministicAndExactInFp32) {
-  const index_t N = 8192, H = 96, V = 50, vocab_begin = 7, micro_batch = 4;
-  Tensor positions = Tensor::empty({N}, DType::I32);
-  for (index_t t = 0; t < N; ++t) positions.data<std::int32_t>()[t] = std::int32_t(t / micro_batch);
-  const std::pair<std::string, Tensor> cases[] = {{"word ids", random_ids(N, 0, 64)},
-                                                  {"position ids", positions}};
-  for (const auto& [what, ids_host] : cases) {
-    const index_t rows = what == "word ids" ? V : N / micro_batch;
-    const index_t begin = what == "word ids" ? vocab_begin : 0;
-    const Tensor ids_dev = ids_host.to_device();
-    for (DType dt : kDtypes) {
-      const Pair dout = input({N, H}, dt);
-      const Pair start = input({rows, H}, DType::F32);  // fp32 main_grad
-      Tensor host = start.host.clone();
-      embedding_backward(ids_host, dout.host, begin, host);
-      Tensor first = start.dev.clone(), second = start.dev.clone();
-      embedding_backward(ids_dev, dout.dev, begin, first);
-      embedding_backward(ids_dev, dout.dev, begin, second);
-      const auto a = first.to_doubles(), b = second.to_doubles();
-      EXPECT_TRUE(a == b) << what << " " << name(dt) << ": two calls differ";
-      // bf16/fp16 dout are exact in fp32, so the fp32 sums match too.
-      EXPECT_TRUE(a == host.to_doubles()) << what << " " << name(dt) << ": differs from the host";
+  const index_t H = 96, V = 50, vocab_begin = 7, micro_batch = 4;
+  for (const index_t N : {index_t(8192), index_t(12000)}) {
+    Tensor positions = Tensor::empty({N}, DType::I32);
+    for (index_t t = 0; t < N; ++t)
+      positions.data<std::int32_t>()[t] = std::int32_t(t / micro_batch);
+    const std::pair<std::string, Tensor> cases[] = {{"word ids", random_ids(N, 0, 64)},
+                                                    {"position ids", positions}};
+    for (const auto& [ids_name, ids_host] : cases) {
+      const std::string what = ids_name + " N=" + std::to_string(N);
+      const index_t rows = ids_name == "word ids" ? V : N / micro_batch;
+      const index_t begin = ids_name == "word ids" ? vocab_begin : 0;
+      const Tensor ids_dev = ids_host.to_device();
+      for (DType dt : kDtypes) {
+        const Pair dout = input({N, H}, dt);
+        const Pair start = input({rows, H}, DType::F32);  // fp32 main_grad
+        Tensor host = start.host.clone();
+        embedding_backward(ids_host, dout.host, begin, host);
+        Tensor first = start.dev.clone(), second = start.dev.clone();
+        embedding_backward(ids_dev, dout.dev, begin, first);
+        embedding_backward(ids_dev, dout.dev, begin, second);
+        const auto a = first.to_doubles(), b = second.to_doubles();
+        EXPECT_TRUE(a == b) << what << " " << name(dt) << ": two calls differ";
+        // bf16/fp16 dout are exact in fp32, so the fp32 sums match too.
+        EXPECT_TRUE(a == host.to_doubles()) << what << " " << name(dt) << ": differs from the host";
+      }
     }
   }
 }
