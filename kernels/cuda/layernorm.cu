@@ -727,7 +727,7 @@ bool layernorm_forward_columns(const T* x, const T* gamma, const T* beta, kindex
 /// Smallest instantiated K >= packs / 32, or 0 when it exceeds max_k.
 int packs_per_lane(kindex packs, int max_k) {
   const kindex need = (packs + 31) / 32;
-  for (int k : {1, 2, 3, 4, 6, kMaxPacksPerLane})
+  for (int k : {1, 2, 3, 4, 5, 6, kMaxPacksPerLane})
     if (need <= k) return k <= max_k ? k : 0;
   return 0;
 }
@@ -740,6 +740,7 @@ void with_packs_per_lane(int k, F&& f) {
     case 2: f(std::integral_constant<int, 2>{}); break;
     case 3: f(std::integral_constant<int, 3>{}); break;
     case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
     case 6: f(std::integral_constant<int, 6>{}); break;
     default: f(std::integral_constant<int, kMaxPacksPerLane>{}); break;
   }
