@@ -406,7 +406,7 @@ struct BlockPartialTerms {
   }
 };
 
-// ------------------------------------------- column-owner backward (test) ---
+// ------------------------------------------------- column-owner kernels ---
 //
 // Nsight Compute on the packed backward (session 9, bf16 H = 1280): 241
 // registers per thread (the K x V dgamma and dbeta sums of every lane), so 8
@@ -566,14 +566,17 @@ kindex columns_grid(Kernel kernel, dim3 block, std::size_t shared, kindex N, int
   return resident < block_tiles ? resident : block_tiles;
 }
 
-/// Launches the column-owner backward with R rows per tile and adds the
-/// blocks' partial rows into dgamma, dbeta. Its dynamic shared memory (Y x 2
-/// x H floats, Y H <= 512 V) is at most 32 KiB: no opt-in needed.
-template <class T, int R, class G>
-void launch_columns_backward(const T* dy, const T* x, const T* gamma, const float* mean,
-                             const float* rstd, kindex N, kindex H, T* dx, const T* residual,
-                             G* dgamma, G* dbeta) {
+/// The column-owner backward where a row fits one group (ceil32(H / V) <=
+/// 512 threads), its blocks' partial rows then added into dgamma, dbeta;
+/// false otherwise (nothing launched). Its dynamic shared memory (Y x 2 x H
+/// floats, Y H <= 512 V) is at most 32 KiB: no opt-in needed.
+template <class T, class G>
+bool layernorm_backward_columns(const T* dy, const T* x, const T* gamma, const float* mean,
+                                const float* rstd, kindex N, kindex H, T* dx, const T* residual,
+                                G* dgamma, G* dbeta) {
+  constexpr int R = kColumnsTileRows;
   const dim3 block = columns_block<T>(H);
+  if (block.x == 0) return false;
   const std::size_t shared = std::size_t(block.y) * 2 * H * sizeof(float);
   const kindex blocks = columns_grid(layernorm_backward_columns_kernel<T, R>, block, shared, N, R);
   device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
@@ -581,17 +584,6 @@ void launch_columns_backward(const T* dy, const T* x, const T* gamma, const floa
       dy, x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
   MESH_CUDA_LAUNCHED();
   column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
-}
-
-/// The column-owner backward where a row fits one group (ceil32(H / V) <=
-/// 512 threads); false otherwise (nothing launched).
-template <class T, class G>
-bool layernorm_backward_columns(const T* dy, const T* x, const T* gamma, const float* mean,
-                                const float* rstd, kindex N, kindex H, T* dx, const T* residual,
-                                G* dgamma, G* dbeta) {
-  if (columns_block<T>(H).x == 0) return false;
-  launch_columns_backward<T, kColumnsTileRows>(dy, x, gamma, mean, rstd, N, H, dx, residual,
-                                               dgamma, dbeta);
   return true;
 }
 
@@ -704,23 +696,18 @@ __global__ void __launch_bounds__(kColumnsBlockThreads)
   }
 }
 
-template <class T, int R>
-void launch_columns_forward(const T* x, const T* gamma, const T* beta, kindex N, kindex H,
-                            float eps, T* y, float* mean, float* rstd) {
-  const dim3 block = columns_block<T>(H);
-  const kindex blocks = columns_grid(layernorm_forward_columns_kernel<T, R>, block, 0, N, R);
-  layernorm_forward_columns_kernel<T, R><<<unsigned(blocks), block, 0, compute_stream()>>>(
-      x, gamma, beta, N, H, eps, y, mean, rstd);
-  MESH_CUDA_LAUNCHED();
-}
-
 /// The column-owner forward where a row fits one group; false otherwise
 /// (nothing launched).
 template <class T>
 bool layernorm_forward_columns(const T* x, const T* gamma, const T* beta, kindex N, kindex H,
                                float eps, T* y, float* mean, float* rstd) {
-  if (columns_block<T>(H).x == 0) return false;
-  launch_columns_forward<T, kColumnsTileRows>(x, gamma, beta, N, H, eps, y, mean, rstd);
+  constexpr int R = kColumnsTileRows;
+  const dim3 block = columns_block<T>(H);
+  if (block.x == 0) return false;
+  const kindex blocks = columns_grid(layernorm_forward_columns_kernel<T, R>, block, 0, N, R);
+  layernorm_forward_columns_kernel<T, R><<<unsigned(blocks), block, 0, compute_stream()>>>(
+      x, gamma, beta, N, H, eps, y, mean, rstd);
+  MESH_CUDA_LAUNCHED();
   return true;
 }
 
