@@ -1,6 +1,7 @@
 #include "model/embedding.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "model/linear.hpp"
 #include "ops/cast.hpp"
@@ -49,7 +50,7 @@ Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const 
   Tensor partial =
       Tensor::empty({n, config_.hidden_size}, word.value.dtype(), word.value.space());
   ops::embedding_forward(c.ids, word.value, vocab_begin(config_, ctx.tp), partial);
-  Tensor full = mapping::reduce_from_tp(ctx.tp, partial);
+  Tensor full = mapping::reduce_from_tp(ctx.tp, std::move(partial));
   Tensor positions = Tensor::empty(full.shape(), full.dtype(), full.space());
   ops::embedding_forward(c.positions, position.value, 0, positions);
   ops::add(full, positions, full);
@@ -99,7 +100,7 @@ Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext&
   Tensor target_logit = partials.slice_rows(1, 2).reshape({n});
   ops::cross_entropy_partials(c.logits, c.targets, c.row_max, begin, config_.vocab_size,
                               sum_exp, target_logit);
-  Tensor totals = mapping::reduce_from_tp(ctx.tp, partials);
+  Tensor totals = mapping::reduce_from_tp(ctx.tp, std::move(partials));
   c.sum_exp = totals.slice_rows(0, 1).reshape({n});
   Tensor loss = Tensor::empty({n}, stats, x.space());
   ops::cross_entropy_loss(c.sum_exp, totals.slice_rows(1, 2).reshape({n}), loss);

@@ -1,5 +1,7 @@
 #include "model/linear.hpp"
 
+#include <utility>
+
 namespace meshtron {
 
 Tensor matmul(const Tensor& x, const Tensor& w) {
@@ -165,7 +167,7 @@ Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cac
   if (ctx.tp.size() == 1) return matmul_bias(x, weight.value, bias.value);
   Tensor partial = matmul(x, weight.value);
   Tensor y = ctx.sequence_parallel ? mapping::reduce_scatter_to_sp(ctx.tp, partial)
-                                   : mapping::reduce_from_tp(ctx.tp, partial);
+                                   : mapping::reduce_from_tp(ctx.tp, std::move(partial));
   ops::bias_add(y, bias.value);
   return y;
 }

@@ -262,9 +262,11 @@ void NcclCommunicator::copy_engine_all_gather(CopyEngine& ce, const void* send, 
                                               std::size_t shard, cudaStream_t stream) {
   const std::size_t bytes = shard * std::size_t(size());
   const std::size_t at = ce.region(host_.comm(), bytes);
-  ce.exchange->all_gather(send, shard, at, stream);
-  CUDA_CHECK(cudaMemcpyAsync(recv, ce.exchange->arena() + at, bytes, cudaMemcpyDeviceToDevice,
-                             stream));
+  // This rank's shard straight into `recv`; only the peers' pass through the arena.
+  ce.exchange->push_to_peers(send, shard, at, stream);
+  char* own = static_cast<char*>(recv) + std::size_t(rank()) * shard;
+  if (own != send) CUDA_CHECK(cudaMemcpyAsync(own, send, shard, cudaMemcpyDeviceToDevice, stream));
+  ce.exchange->copy_peer_blocks(recv, shard, at, stream);
 }
 
 void NcclCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {

@@ -1,6 +1,7 @@
 #include "parallel/mappings.hpp"
 
 #include <cstring>
+#include <utility>
 
 #include "common/error.hpp"
 
@@ -20,9 +21,13 @@ Tensor copy_to_tp(TensorParallelGroup&, const Tensor& x) { return x; }
 
 Tensor reduce_from_tp(TensorParallelGroup& g, const Tensor& x) {
   if (g.size() == 1) return x;
-  Tensor out = x.clone();
-  g.comm.all_reduce(out);
-  return out;
+  return reduce_from_tp(g, x.clone());
+}
+
+Tensor reduce_from_tp(TensorParallelGroup& g, Tensor&& partial) {
+  Tensor sum = std::move(partial);
+  if (g.size() > 1) g.comm.all_reduce(sum);
+  return sum;
 }
 
 Tensor scatter_to_sp(TensorParallelGroup& g, const Tensor& x) {

@@ -35,6 +35,10 @@ namespace mapping {
 // Forward functions, named as Megatron names them.
 Tensor copy_to_tp(TensorParallelGroup& g, const Tensor& x);
 Tensor reduce_from_tp(TensorParallelGroup& g, const Tensor& x);
+/// The same sum written over `partial` itself, for a caller's own partial
+/// sum that nothing else reads (the row-parallel GEMM's output): no clone,
+/// which cost a full-size copy on the compute stream per call.
+Tensor reduce_from_tp(TensorParallelGroup& g, Tensor&& partial);
 Tensor scatter_to_sp(TensorParallelGroup& g, const Tensor& x);
 Tensor gather_from_sp(TensorParallelGroup& g, const Tensor& x);
 Tensor reduce_scatter_to_sp(TensorParallelGroup& g, const Tensor& x);

@@ -149,15 +149,34 @@ CUdeviceptr PeerExchange::flag(int owner, int writer) const {
 
 void PeerExchange::all_gather(const void* shard, std::size_t bytes, std::size_t offset,
                               cudaStream_t stream) {
+  push_to_peers(shard, bytes, offset, stream);
+  char* own = arena() + offset + std::size_t(rank_) * bytes;
+  if (own != shard) CUDA_CHECK(cudaMemcpyAsync(own, shard, bytes, cudaMemcpyDefault, stream));
+}
+
+void PeerExchange::push_to_peers(const void* shard, std::size_t bytes, std::size_t offset,
+                                 cudaStream_t stream) {
   check_fits("all_gather", bytes, offset);
-  // The peers from the next one on, then this rank's own block.
-  for (int k = 1; k <= size_; ++k) {
+  for (int k = 1; k < size_; ++k) {  // from the next rank on
     const int r = (rank_ + k) % size_;
-    char* block = peers_[std::size_t(r)] + offset + std::size_t(rank_) * bytes;
-    if (block != shard)
-      CUDA_CHECK(cudaMemcpyAsync(block, shard, bytes, cudaMemcpyDefault, stream));
+    CUDA_CHECK(cudaMemcpyAsync(peers_[std::size_t(r)] + offset + std::size_t(rank_) * bytes,
+                               shard, bytes, cudaMemcpyDefault, stream));
   }
   signal_and_wait(stream);
+}
+
+void PeerExchange::copy_peer_blocks(void* out, std::size_t bytes, std::size_t offset,
+                                    cudaStream_t stream) const {
+  // The blocks before this rank's and those after it: two contiguous copies.
+  char* dst = static_cast<char*>(out);
+  const char* src = arena() + offset;
+  const std::size_t mine = std::size_t(rank_) * bytes, after = mine + bytes;
+  const std::size_t end = std::size_t(size_) * bytes;
+  if (mine > 0)
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, mine, cudaMemcpyDeviceToDevice, stream));
+  if (end > after)
+    CUDA_CHECK(cudaMemcpyAsync(dst + after, src + after, end - after, cudaMemcpyDeviceToDevice,
+                               stream));
 }
 
 void PeerExchange::signal_and_wait(cudaStream_t stream) {
@@ -224,9 +243,10 @@ void PeerExchange::all_reduce(void* buf, std::size_t count, DType dtype,
   char* own_block = static_cast<char*>(buf) + std::size_t(rank_) * block;
   reduce_scatter_transfer(buf, block_count, dtype, scatter_offset, stream);
   reduce_scatter_sum(buf, block_count, dtype, own_block, scatter_offset, stream);
-  all_gather(own_block, block, gather_offset, stream);
-  CUDA_CHECK(cudaMemcpyAsync(buf, arena() + gather_offset, block * std::size_t(size_),
-                             cudaMemcpyDeviceToDevice, stream));
+  // The summed block is already in place in `buf`: only the peers' come
+  // back through the arena (no copy of this rank's block into it and out).
+  push_to_peers(own_block, block, gather_offset, stream);
+  copy_peer_blocks(buf, block, gather_offset, stream);
 }
 
 }  // namespace meshtron

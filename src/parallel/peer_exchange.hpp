@@ -73,6 +73,18 @@ class PeerExchange {
   /// region before anyone gathers into it again (a region per use within a
   /// step, reused only after a point all ranks pass, e.g. the step's end).
   void all_gather(const void* shard, std::size_t bytes, std::size_t offset, cudaStream_t stream);
+  /// all_gather without this rank's own block: `shard` goes to every peer's
+  /// slot rank() of the region at `offset`, and the stream continues once
+  /// the peers' blocks have landed in this rank's arena (this rank's slot
+  /// there is left as it was). For callers that place their own block in
+  /// the destination themselves, saving a local copy into the arena and out.
+  void push_to_peers(const void* shard, std::size_t bytes, std::size_t offset,
+                     cudaStream_t stream);
+  /// Queues on `stream` the copy of every block of the region at `offset`
+  /// but this rank's own into `out` (size() blocks of `bytes`, the same
+  /// places): what push_to_peers brought in.
+  void copy_peer_blocks(void* out, std::size_t bytes, std::size_t offset,
+                        cudaStream_t stream) const;
 
   /// Reduce-scatter (sum) of every rank's `partial` (size() blocks of
   /// `count` elements of `dtype`): `out` (count elements) on rank r gets the
@@ -100,8 +112,9 @@ class PeerExchange {
   /// `scatter_offset` (size() blocks), each rank adding its block in place
   /// (the reduce_scatter order: one rounding of a + b for two ranks, NCCL's
   /// bits), then an all-gather of the summed blocks through the region at
-  /// `gather_offset`, copied back into `buf`. Two regions, the rule for
-  /// reusing them as all_gather's.
+  /// `gather_offset`: each rank's summed block stays in `buf`, the peers'
+  /// are copied back from the arena. Two regions, the rule for reusing them
+  /// as all_gather's.
   void all_reduce(void* buf, std::size_t count, DType dtype, std::size_t scatter_offset,
                   std::size_t gather_offset, cudaStream_t stream);
 
