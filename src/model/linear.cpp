@@ -161,28 +161,41 @@ RowParallelLinear::RowParallelLinear(const std::string& name, index_t in, index_
                       dtype, ctx.space)) {}
 
 Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cache) const {
-  cache.x = x;
-  // On one tp rank the reduction is the identity, so the bias can ride in
-  // the GEMM's epilogue; otherwise it is added once, after the sum.
-  if (ctx.tp.size() == 1) return matmul_bias(x, weight.value, bias.value);
-  Tensor partial = matmul(x, weight.value);
-  Tensor y = ctx.sequence_parallel ? mapping::reduce_scatter_to_sp(ctx.tp, partial)
-                                   : mapping::reduce_from_tp(ctx.tp, std::move(partial));
-  ops::bias_add(y, bias.value);
-  return y;
+  return project(x, nullptr, ctx, cache);
 }
 
 Tensor RowParallelLinear::forward_residual(const Tensor& x, const Tensor& residual,
                                            LayerContext& ctx, Cache& cache) const {
-  if (ctx.tp.size() == 1) {
-    cache.x = x;
-    Tensor y = Tensor::empty(residual.shape(), x.dtype(), x.space());
-    ops::gemm_bias_residual(x, false, weight.value, false, bias.value, residual, y);
+  return project(x, &residual, ctx, cache);
+}
+
+Tensor RowParallelLinear::project(const Tensor& x, const Tensor* residual, LayerContext& ctx,
+                                  Cache& cache) const {
+  cache.x = x;
+  if (ctx.sequence_parallel && ctx.tp.size() > 1) {
+    // The residual is this rank's row shard: bias and residual follow the
+    // reduce-scatter.
+    Tensor y = mapping::reduce_scatter_to_sp(ctx.tp, matmul(x, weight.value));
+    ops::bias_add(y, bias.value);
+    if (residual) ops::add(*residual, y, y);
     return y;
   }
-  Tensor y = forward(x, ctx, cache);
-  ops::add(residual, y, y);
-  return y;
+  // Without SP the bias and the residual are the same on every tp rank, so
+  // tp rank 0 adds them in its GEMM's epilogue and the all-reduce sums them
+  // in once: after the reduction (which the other micro-batch's compute
+  // hides under parallel.tp_interleave) no kernel is left to wait for it.
+  // Megatron adds the bias after the sum; this rounds the partial products
+  // once less. On one tp rank the reduction is the identity.
+  Tensor y;
+  if (ctx.tp.rank() != 0) {
+    y = matmul(x, weight.value);
+  } else if (residual) {
+    y = Tensor::empty(residual->shape(), x.dtype(), x.space());
+    ops::gemm_bias_residual(x, false, weight.value, false, bias.value, *residual, y);
+  } else {
+    y = matmul_bias(x, weight.value, bias.value);
+  }
+  return mapping::reduce_from_tp(ctx.tp, std::move(y));
 }
 
 Tensor RowParallelLinear::accumulate_grads(const Tensor& dy, LayerContext& ctx,

@@ -73,8 +73,9 @@ class RowParallelLinear {
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// residual + forward(x), for the residual add after a projection
   /// (residual [rows of Y, out]); its backward is backward() (the add's is
-  /// the identity). On one tp rank the add rides in the GEMM's epilogue on
-  /// the device (ops::gemm_bias_residual); otherwise it follows the sum.
+  /// the identity). Without SP the add rides in tp rank 0's GEMM epilogue on
+  /// the device (ops::gemm_bias_residual), before the sum; under SP it
+  /// follows the reduce-scatter.
   Tensor forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
                           Cache& cache) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
@@ -90,6 +91,9 @@ class RowParallelLinear {
   Parameter weight, bias;
 
  private:
+  /// forward() with an optional residual (forward_residual()).
+  Tensor project(const Tensor& x, const Tensor* residual, LayerContext& ctx,
+                 Cache& cache) const;
   /// Accumulates dA and db; returns the dY this rank's dgrad GEMM takes.
   Tensor accumulate_grads(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   /// Writes the input gradient's rows [begin, end) from dy's rows there.

@@ -1,8 +1,9 @@
 // Without hidden dropout the transformer layer's residual adds ride in the
-// projections' GEMM epilogues (one tp rank: gemm_bias_residual; tp > 1: the
-// reduction, then the add) and in the layernorm backwards. The other
-// decomposition tests train with dropout on, which keeps the unfused adds,
-// so this one turns dropout off: tp2 + SP x dp2, pp2 x dp2 (1f1b) and
+// projections' GEMM epilogues (gemm_bias_residual: on one tp rank, and on tp
+// rank 0 before the all-reduce without SP; under SP the reduce-scatter, then
+// the add) and in the layernorm backwards. The other decomposition tests
+// train with dropout on, which keeps the unfused adds, so this one turns
+// dropout off: tp2 + SP x dp2, tp2 x dp2 without SP, pp2 x dp2 (1f1b) and
 // tp2 x pp2 must still equal the 1-rank run with the same deck, and a
 // 1-rank run with dropout off must differ from the run with dropout on
 // (the overrides really took effect).
@@ -43,6 +44,7 @@ TEST_P(FusedResidual, MatchesOneRankRunWithoutDropout) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, FusedResidual,
                          ::testing::Values(without_dropout({2, 1, 2, "1f1b", false, true}),
+                                           without_dropout({2, 1, 2, "1f1b", false, false}),
                                            without_dropout({1, 2, 2, "1f1b", false, false}),
                                            without_dropout({2, 2, 1, "1f1b", false, true})),
                          [](const auto& info) { return info.param.name(); });
