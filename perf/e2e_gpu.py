@@ -20,6 +20,8 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
         --tp-variant plain:8:1:parallel.tp_copy_engine=true \
         --tp-variant interleaved:4:2:parallel.tp_copy_engine=true,parallel.tp_interleave=true
         # tp 2 variants (name:micro-batch:micro-batches per step:settings) against one 1-GPU run
+    python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --compare base/build-gpu/meshtron \
+        --models 774m --gpus 2 --layouts tp2 --no-torch   # A/B: each run by both trees in turn
 
 Runs on the GPU node; PyTorch is the baseline here, never part of meshtron.
 """
@@ -78,7 +80,7 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
     return {"ms_per_step": ms, "memory_mib": max(l["memory_mib"] for l in timed), "loss": timed[-1]["loss"]}
 
 
-def report(name, framework, micro_batch, gpus, ms, extra=None, accumulate=1):
+def report(name, framework, micro_batch, gpus, ms, extra=None, accumulate=1, echo=True):
     tps_gpu = accumulate * micro_batch * 1024 / (ms / 1e3)
     row = {"model": name, "framework": framework, "gpus": gpus, "micro_batch": micro_batch,
            "micro_batches_per_step": accumulate,
@@ -86,13 +88,19 @@ def report(name, framework, micro_batch, gpus, ms, extra=None, accumulate=1):
            "tflops_per_gpu": round(tps_gpu * flops_per_token(name) / 1e12, 1),
            "mfu": round(tps_gpu * flops_per_token(name) / PEAK, 4)}
     row.update(extra or {})
-    print(json.dumps(row), flush=True)
+    if echo:
+        print(json.dumps(row), flush=True)
     return row
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--meshtron", default="build-gpu/meshtron")
+    parser.add_argument("--compare", default=None, metavar="BINARY",
+                        help="a second meshtron binary (another tree's build): every meshtron run "
+                             "is repeated with it straight after, its rows tagged tree=compare "
+                             "(the others tree=main) and scaled against its own one-GPU run: an "
+                             "A/B in one command, on one machine")
     parser.add_argument("--models", nargs="+", default=["124m", "350m", "774m"])
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10)
@@ -138,16 +146,30 @@ def main():
     dp_extra = extra + [arg for kv in args.dp_set for arg in ("--set", kv)]
     tp_extra = extra + [arg for kv in args.tp_set for arg in ("--set", kv)]
 
+    # (tag, binary): with --compare every meshtron run is made by both, one after the other.
+    trees = [("main", args.meshtron)] + ([("compare", args.compare)] if args.compare else [])
+    tagged = (lambda tag, row: {"tree": tag, **row}) if args.compare else (lambda tag, row: row)
+
     for name in args.models:
         mb = args.micro_batch
         acc = args.accumulate
-        one = run_meshtron(args.meshtron, name, mb, args.steps, args.warmup, recompute=args.recompute,
-                           extra=extra, accumulate=acc)
-        if one is None:
-            print(json.dumps({"model": name, "framework": "meshtron", "error": "run failed"}))
+        one = {}  # tree -> its one-GPU run
+        for tag, binary in trees:
+            run = run_meshtron(binary, name, mb, args.steps, args.warmup, recompute=args.recompute,
+                               extra=extra, accumulate=acc)
+            if run is None:
+                print(json.dumps(tagged(tag, {"model": name, "framework": "meshtron",
+                                              "error": "run failed"})), flush=True)
+                continue
+            one[tag] = run
+            row = report(name, "meshtron", mb, 1, run["ms_per_step"],
+                         {"memory_mib": round(run["memory_mib"]), "recompute": args.recompute},
+                         accumulate=acc, echo=False)
+            print(json.dumps(tagged(tag, row)), flush=True)
+            if tag == "main":
+                mine = row
+        if "main" not in one:
             continue
-        mine = report(name, "meshtron", mb, 1, one["ms_per_step"],
-                      {"memory_mib": round(one["memory_mib"]), "recompute": args.recompute}, accumulate=acc)
         if not args.no_torch:
             import torch_baseline  # imports torch only when asked for
             base = torch_baseline.run(name, mb, args.steps, args.warmup, accumulate=acc,
@@ -168,23 +190,26 @@ def main():
                     variant_name, v_mb, v_acc, v_sets = (variant.split(":", 3) + [""])[:4]
                     two_mb, two_acc = int(v_mb), int(v_acc)
                     extra_two = extra_two + [a for kv in v_sets.split(",") if kv for a in ("--set", kv)]
-                two = run_meshtron(args.meshtron, name, two_mb, args.steps, args.warmup, tp=tp, dp=dp,
-                                   recompute=args.recompute, extra=extra_two, accumulate=two_acc)
-                if two is None:
-                    print(json.dumps({"model": name, "layout": label, "variant": variant_name,
-                                      "error": "run failed"}), flush=True)
-                    continue
-                # dp2 trains 2 micro-batches per step on 2 GPUs; tp2 one micro-batch on 2 GPUs.
-                tokens = two_mb * 1024 * dp * two_acc
-                speedup = (tokens / two["ms_per_step"]) / (mb * 1024 * acc / one["ms_per_step"])
-                print(json.dumps({"model": name, "layout": label, "variant": variant_name,
-                                  "micro_batch": two_mb,
-                                  "micro_batches_per_step": two_acc,
-                                  "ms_per_step": round(two["ms_per_step"], 2),
-                                  "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
-                                  "speedup_over_1_gpu": round(speedup, 3),
-                                  "memory_mib": round(two["memory_mib"])}), flush=True)
-
+                for tag, binary in trees:
+                    if tag not in one:
+                        continue
+                    two = run_meshtron(binary, name, two_mb, args.steps, args.warmup, tp=tp, dp=dp,
+                                       recompute=args.recompute, extra=extra_two, accumulate=two_acc)
+                    if two is None:
+                        print(json.dumps(tagged(tag, {"model": name, "layout": label,
+                                                      "variant": variant_name,
+                                                      "error": "run failed"})), flush=True)
+                        continue
+                    # dp2 trains 2 micro-batches per step on 2 GPUs; tp2 one micro-batch on 2 GPUs.
+                    tokens = two_mb * 1024 * dp * two_acc
+                    speedup = (tokens / two["ms_per_step"]) / (mb * 1024 * acc / one[tag]["ms_per_step"])
+                    print(json.dumps(tagged(tag, {"model": name, "layout": label, "variant": variant_name,
+                                                  "micro_batch": two_mb,
+                                                  "micro_batches_per_step": two_acc,
+                                                  "ms_per_step": round(two["ms_per_step"], 2),
+                                                  "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
+                                                  "speedup_over_1_gpu": round(speedup, 3),
+                                                  "memory_mib": round(two["memory_mib"])})), flush=True)
 
 if __name__ == "__main__":
     main()
