@@ -156,7 +156,7 @@ void PeerExchange::all_gather(const void* shard, std::size_t bytes, std::size_t 
 
 void PeerExchange::push_to_peers(const void* shard, std::size_t bytes, std::size_t offset,
                                  cudaStream_t stream) {
-  check_fits("all_gather", bytes, offset);
+  check_fits("push_to_peers", bytes, offset);
   for (int k = 1; k < size_; ++k) {  // from the next rank on
     const int r = (rank_ + k) % size_;
     CUDA_CHECK(cudaMemcpyAsync(peers_[std::size_t(r)] + offset + std::size_t(rank_) * bytes,
