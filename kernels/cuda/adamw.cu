@@ -21,11 +21,15 @@
 //    host, compared with the one already on the device and uploaded only
 //    when a pointer, size or weight decay changed: the per-step scalars (lr,
 //    bias corrections) travel as kernel arguments.
+// Gradient clipping may come from a norm still on the device (the global
+// sum of squares, after its all-reduce): every block reads it and derives
+// the same factor, so the host never waits for the norm inside a step.
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "ops/clip_factor.hpp"
 #include "ops/ops_cuda.hpp"
 #include "tensor/device_allocator.hpp"
 
@@ -61,10 +65,22 @@ __device__ __forceinline__ void adamw_element(float* param, const float* grad, f
   if (copy) store_f(copy, i, u.param);
 }
 
+/// Takes grad_scale from the norm on the device where there is one (the
+/// expression the host uses: clip_factor.hpp); false: this step updates
+/// nothing (a non-finite norm under skip_nonfinite).
+__device__ __forceinline__ bool clip_from_device_norm(AdamWCoefficients& k) {
+  if (k.grad_sum_of_squares == nullptr) return true;
+  const double norm = sqrt(*k.grad_sum_of_squares);
+  if (k.skip_nonfinite && !isfinite(norm)) return false;
+  k.grad_scale = float(ops::clip_factor(norm, k.clip_grad));
+  return true;
+}
+
 template <class C>
 __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad,
                              float* __restrict__ m, float* __restrict__ v, C* __restrict__ copy,
                              kindex n, AdamWCoefficients k) {
+  if (!clip_from_device_norm(k)) return;
   GRID_STRIDE(i, n) adamw_element(param, grad, m, v, copy, i, k.weight_decay, k);
 }
 
@@ -125,6 +141,7 @@ template <class C>
 __global__ void __launch_bounds__(kThreads)
     adamw_multi_kernel(const TableEntry* __restrict__ table, const BlockWork* __restrict__ work,
                        AdamWCoefficients k) {
+  if (!clip_from_device_norm(k)) return;
   const BlockWork w = work[blockIdx.x];
   const TableEntry e = table[w.entry];
   const kindex begin = kindex(w.chunk) * kChunk;

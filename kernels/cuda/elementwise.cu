@@ -237,6 +237,17 @@ double sum_of_squares(DType t, const void* x, index_t n) {
 
 double sum_of_squares_many(int count, const DType* types, const void* const* xs,
                            const index_t* ns) {
+  double* host_total = squares_result();
+  double* total_dev = nullptr;
+  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&total_dev), host_total, 0));
+  *host_total = std::numeric_limits<double>::quiet_NaN();  // shows a missing write
+  sum_of_squares_many_to(count, types, xs, ns, total_dev);
+  CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+  return *static_cast<volatile double*>(host_total);
+}
+
+void sum_of_squares_many_to(int count, const DType* types, const void* const* xs,
+                            const index_t* ns, double* total) {
   constexpr kindex kMaxBlocks = 1024;  // ~8 per SM: enough loads in flight
   std::vector<unsigned> blocks(std::size_t(count), 0);
   kindex slots = 0;
@@ -244,13 +255,14 @@ double sum_of_squares_many(int count, const DType* types, const void* const* xs,
     if (ns[k] > 0) blocks[k] = grid_for(ns[k], kThreads, kMaxBlocks);
     slots += blocks[k];
   }
-  if (slots == 0) return 0.0;
+  if (slots == 0) {
+    CUDA_CHECK(cudaMemsetAsync(total, 0, sizeof(double), compute_stream()));  // +0.0
+    return;
+  }
   MESH_VERIFY(slots < kindex(UINT32_MAX), "sum_of_squares: " << slots << " blocks");
+  // Freed on return, before the kernels run: the allocator hands the block
+  // out again only to work queued after them on the compute stream.
   device::Buffer partial(std::size_t(slots) * sizeof(double));
-  double* host_total = squares_result();
-  double* total_dev = nullptr;
-  CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&total_dev), host_total, 0));
-  *host_total = std::numeric_limits<double>::quiet_NaN();  // shows a missing write
   kindex at = 0;
   for (int k = 0; k < count; ++k) {
     if (blocks[k] == 0) continue;
@@ -258,13 +270,11 @@ double sum_of_squares_many(int count, const DType* types, const void* const* xs,
       using T = decltype(zero);
       sum_of_squares_kernel<T><<<blocks[k], kThreads, 0, compute_stream()>>>(
           static_cast<const T*>(xs[k]), ns[k], partial.as<double>(), unsigned(at),
-          unsigned(slots), total_dev);
+          unsigned(slots), total);
       MESH_CUDA_LAUNCHED();
     });
     at += blocks[k];
   }
-  CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
-  return *static_cast<volatile double*>(host_total);
 }
 
 }  // namespace meshtron::cuda

@@ -225,6 +225,15 @@ struct AdamWParams {
   /// grad_scale) would store it (gradient clipping folded into the update:
   /// no separate pass over the gradients); grad itself is left unchanged.
   double grad_scale = 1.0;
+  /// Clipping by a norm the host has not read: non-null, a one-element F64
+  /// tensor in the tensors' memory space holding the global sum of squared
+  /// gradients (sum_of_squares_into, all-reduced), read where the update
+  /// runs; it then replaces grad_scale by clip_factor(sqrt(sum), clip_grad)
+  /// (clip_factor.hpp) and, with skip_nonfinite, leaves every tensor
+  /// unchanged when that norm is not finite. No host round trip in the step.
+  const Tensor* grad_sum_of_squares = nullptr;
+  double clip_grad = 0.0;
+  bool skip_nonfinite = false;
 };
 /// torch.optim.AdamW: p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 /// p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
@@ -275,5 +284,9 @@ double sum_of_squares(const Tensor& x);
 /// for device tensors (a gradient norm over a model's ~150 tensors would
 /// otherwise wait for the GPU 150 times). Tensors share a memory space.
 double sum_of_squares(const std::vector<Tensor>& xs);
+/// The same sum written to `total` (one F64 element in xs' memory space)
+/// instead of returned: on the device nothing waits for the GPU, and the
+/// sum can go on to a collective and the AdamW update (AdamWParams) there.
+void sum_of_squares_into(const std::vector<Tensor>& xs, Tensor& total);
 
 }  // namespace meshtron::ops

@@ -7,7 +7,8 @@
 // statistics (LayerNorm mean/rstd, cross-entropy row_max, sum_exp,
 // target_logit, loss, dloss) are always fp32 on the device. All launches go
 // to the compute stream (tensor/device_stream.hpp) and return without synchronising, except
-// sum_of_squares(_many), which return their value to the host.
+// sum_of_squares(_many), which return their value to the host
+// (sum_of_squares_many_to leaves it on the device).
 //
 // Only built with MESHTRON_HAVE_CUDA.
 #pragma once
@@ -170,6 +171,10 @@ double sum_of_squares(DType t, const void* x, index_t n);
 /// fixed order, one copy to the host.
 double sum_of_squares_many(int count, const DType* types, const void* const* xs,
                            const index_t* ns);
+/// The same sum written to `total` (device memory) by the last block, on the
+/// compute stream, without waiting for it.
+void sum_of_squares_many_to(int count, const DType* types, const void* const* xs,
+                            const index_t* ns, double* total);
 
 // --------------------------------------------------------------- Dropout ---
 /// Same placement and Philox keying as kernels/kokkos/dropout.hpp.
@@ -212,6 +217,13 @@ void cross_entropy_backward(DType t, DType out, const void* logits, const std::i
 struct AdamWCoefficients {
   double lr, beta1, beta2, eps, weight_decay, step_size, inv_sqrt_bias2;
   float grad_scale;  ///< g = fp32(grad_scale * grad) first (1: grad as is)
+  /// Non-null: the global sum of squared gradients in device memory; each
+  /// block derives grad_scale = clip_factor(sqrt(sum), clip_grad) from it
+  /// and, with skip_nonfinite, updates nothing when that norm is not finite
+  /// (ops::AdamWParams::grad_sum_of_squares).
+  const double* grad_sum_of_squares = nullptr;
+  double clip_grad = 0.0;
+  bool skip_nonfinite = false;
 };
 /// fp32 master weights, gradients and moments; with a non-null `copy`, also
 /// copy[i] = the updated param[i] rounded to copy_dtype (bf16 or fp16)

@@ -33,6 +33,7 @@
 #include "kernels/kokkos/layernorm.hpp"
 #include "kernels/kokkos/softmax.hpp"
 #include "ops/cast.hpp"
+#include "ops/clip_factor.hpp"
 #include "ops/ops.hpp"
 
 #include "ops/head_layout.hpp"
@@ -1169,11 +1170,42 @@ kernels::AdamWCoefficients adamw_coefficients(const AdamWParams& hp) {
   return kernels::adamw_coefficients(hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.step);
 }
 
+/// The checks of AdamWParams::grad_sum_of_squares against the parameters'
+/// memory space (device: whether they are on the device).
+void check_clip_source(const char* op, const AdamWParams& hp, bool device) {
+  const Tensor* s = hp.grad_sum_of_squares;
+  if (s == nullptr) return;
+  MESH_VERIFY(s->dtype() == DType::F64 && s->numel() == 1 && s->is_host() != device,
+              op << ": grad_sum_of_squares is one F64 element where the parameters are; got "
+                 << describe({"grad_sum_of_squares", *s}));
+}
+
+/// Resolves the clipping of hp on the host, where the norm can be read:
+/// grad_scale from it; false when the update is to be skipped.
+bool resolve_clip_on_host(AdamWParams& hp) {
+  if (hp.grad_sum_of_squares == nullptr) return true;
+  const double norm = std::sqrt(hp.grad_sum_of_squares->data<double>()[0]);
+  if (hp.skip_nonfinite && !std::isfinite(norm)) return false;
+  hp.grad_scale = clip_factor(norm, hp.clip_grad);
+  hp.grad_sum_of_squares = nullptr;
+  return true;
+}
+
 #ifdef MESHTRON_HAVE_CUDA
 cuda::AdamWCoefficients cuda_coefficients(const kernels::AdamWCoefficients& k,
-                                          double grad_scale) {
-  return {k.lr,        k.beta1,          k.beta2,          k.eps,
-          k.weight_decay, k.step_size, k.inv_sqrt_bias2, float(grad_scale)};
+                                          const AdamWParams& hp) {
+  const Tensor* s = hp.grad_sum_of_squares;
+  return {k.lr,
+          k.beta1,
+          k.beta2,
+          k.eps,
+          k.weight_decay,
+          k.step_size,
+          k.inv_sqrt_bias2,
+          float(hp.grad_scale),
+          s ? s->data<double>() : nullptr,
+          hp.clip_grad,
+          hp.skip_nonfinite};
 }
 #endif
 
@@ -1193,18 +1225,21 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& hp,
                 Tensor* compute_copy) {
   const bool device = check_adamw("adamw_step", param, grad, m, v, hp, compute_copy);
+  check_clip_source("adamw_step", hp, device);
   const kernels::AdamWCoefficients k = adamw_coefficients(hp);
   if (device) {
     ON_CUDA(cuda::adamw_step(param.data<float>(), grad.data<float>(), m.data<float>(),
-                             v.data<float>(), param.numel(), cuda_coefficients(k, hp.grad_scale),
+                             v.data<float>(), param.numel(), cuda_coefficients(k, hp),
                              compute_copy ? compute_copy->dtype() : DType::BF16,
                              compute_copy ? compute_copy->raw() : nullptr));
     return;
   }
+  AdamWParams resolved = hp;
+  if (!resolve_clip_on_host(resolved)) return;
   with_float_type(param.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::adamw_step<Host>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(),
-                              param.numel(), k, hp.grad_scale);
+                              param.numel(), k, resolved.grad_scale);
   });
   if (compute_copy) cast(param, *compute_copy);
 }
@@ -1238,10 +1273,13 @@ void MultiTensorAdamW::step(const std::vector<AdamWTensor>& tensors, const AdamW
     MESH_VERIFY(check_adamw(op, t.param, t.grad, t.m, t.v, one, copy) == device,
                 op << ": the tensors are in different memory spaces");
   }
+  check_clip_source(op, hp, device);
   if (!device) {  // the per-tensor host kernels, bit for bit what the device does at once
+    AdamWParams resolved = hp;  // the norm read once, not once per tensor
+    if (!resolve_clip_on_host(resolved)) return;
     for (const AdamWTensor& t : tensors) {
       AdamWTensor u = t;  // handles share the storage: updates land in t's tensors
-      adamw_step(u.param, u.grad, u.m, u.v, tensor_params(hp, t.decay),
+      adamw_step(u.param, u.grad, u.m, u.v, tensor_params(resolved, t.decay),
                  t.compute_copy.defined() ? &u.compute_copy : nullptr);
     }
     return;
@@ -1263,7 +1301,7 @@ void MultiTensorAdamW::step(const std::vector<AdamWTensor>& tensors, const AdamW
                     t.v.data<float>(), copy, t.param.numel(), t.decay ? hp.weight_decay : 0.0});
   }
   if (!table_) table_ = std::make_unique<DeviceTable>();
-  table_->table.step(ptrs, copy_dtype, cuda_coefficients(adamw_coefficients(hp), hp.grad_scale));
+  table_->table.step(ptrs, copy_dtype, cuda_coefficients(adamw_coefficients(hp), hp));
 #endif
 }
 
@@ -1304,6 +1342,29 @@ double sum_of_squares(const std::vector<Tensor>& xs) {
   double total = 0;  // the host sums tensor by tensor, as before
   for (const Tensor& x : xs) total += sum_of_squares(x);
   return total;
+}
+
+void sum_of_squares_into(const std::vector<Tensor>& xs, Tensor& total) {
+  const char* op = "sum_of_squares_into";
+  MESH_VERIFY(total.dtype() == DType::F64 && total.numel() == 1,
+              op << ": total is one F64 element; got " << describe({"total", total}));
+  if (total.is_host()) {
+    total.data<double>()[0] = sum_of_squares(xs);
+    return;
+  }
+  std::vector<DType> types;
+  std::vector<const void*> data;
+  std::vector<index_t> sizes;
+  for (const Tensor& x : xs) {
+    require_float_args(op, {{"x", x}});
+    MESH_VERIFY(x.space() == total.space(), op << ": " << describe({"x", x})
+                                               << " is not where total is");
+    types.push_back(x.dtype());
+    data.push_back(x.raw());
+    sizes.push_back(x.numel());
+  }
+  ON_CUDA(cuda::sum_of_squares_many_to(int(xs.size()), types.data(), data.data(), sizes.data(),
+                                       total.data<double>()));
 }
 
 }  // namespace meshtron::ops

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -242,6 +243,55 @@ cudaStream_t compute_stream() {
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
+namespace {
+
+/// The stream of StreamMark's copies on the current device: non-blocking, so
+/// that it waits for nothing on the compute stream but the mark's event.
+cudaStream_t readback_stream() {
+  static std::mutex mutex;
+  static std::array<cudaStream_t, 64> streams{};
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  MESH_VERIFY(device >= 0 && std::size_t(device) < streams.size(),
+              "readback_stream: device " << device << " out of range");
+  std::lock_guard<std::mutex> lock(mutex);
+  cudaStream_t& stream = streams[std::size_t(device)];
+  if (stream == nullptr) CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+}  // namespace
+
+StreamMark::~StreamMark() {
+  if (event_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  if (pinned_) (void)cudaFreeHost(pinned_);
+}
+
+void StreamMark::record() {
+  if (event_ == nullptr) {
+    cudaEvent_t event = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    event_ = event;
+  }
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), compute_stream()));
+}
+
+void StreamMark::copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  MESH_VERIFY(event_ != nullptr, "StreamMark::copy_to_host before record()");
+  if (bytes == 0) return;
+  if (bytes > pinned_bytes_) {  // page-locked: the copy is truly asynchronous
+    if (pinned_) CUDA_CHECK(cudaFreeHost(pinned_));
+    pinned_ = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&pinned_, bytes, cudaHostAllocDefault));
+    pinned_bytes_ = bytes;
+  }
+  cudaStream_t stream = readback_stream();
+  CUDA_CHECK(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event_), 0));
+  CUDA_CHECK(cudaMemcpyAsync(pinned_, src, bytes, cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::memcpy(dst, pinned_, bytes);
+}
+
 }  // namespace meshtron::device
 
 #else  // no CUDA path
@@ -268,6 +318,12 @@ void copy_bytes(void*, const void*, std::size_t) { not_built("device::copy_bytes
 void copy_device_bytes(void*, const void*, std::size_t) { not_built("device::copy_device_bytes"); }
 void zero_bytes(void*, std::size_t) { not_built("device::zero_bytes"); }
 void synchronize() {}
+
+StreamMark::~StreamMark() = default;
+void StreamMark::record() {}
+void StreamMark::copy_to_host(void*, const void*, std::size_t) {
+  not_built("device::StreamMark::copy_to_host");
+}
 
 }  // namespace meshtron::device
 

@@ -77,6 +77,30 @@ void zero_bytes(void* ptr, std::size_t bytes);
 /// Wait for all device work (tests and benchmarks).
 void synchronize();
 
+/// A point in the compute stream's work (a CUDA event), and copies to the
+/// host that wait for the work queued before that point but not for what was
+/// queued after it: a training step reads its loss and gradient norm this
+/// way once its optimizer update is queued, rather than draining the stream
+/// before the update (the device would idle while the host launches it).
+/// The source memory must stay allocated until the copy (keep its Tensor).
+class StreamMark {
+ public:
+  StreamMark() = default;
+  ~StreamMark();
+  StreamMark(const StreamMark&) = delete;
+  StreamMark& operator=(const StreamMark&) = delete;
+  /// The mark at the end of the work queued so far on the compute stream.
+  void record();
+  /// Copies `bytes` of device memory written before record() into host
+  /// memory `dst`; returns when they have arrived.
+  void copy_to_host(void* dst, const void* src, std::size_t bytes);
+
+ private:
+  void* event_ = nullptr;   ///< Owned cudaEvent_t, created by the first record().
+  void* pinned_ = nullptr;  ///< Owned page-locked staging (cudaHostAlloc).
+  std::size_t pinned_bytes_ = 0;
+};
+
 /// An owned scratch buffer from the allocator (kernels' partial sums).
 class Buffer {
  public:

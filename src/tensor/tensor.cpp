@@ -129,6 +129,13 @@ std::vector<double> Tensor::to_doubles() const {
   return out;
 }
 
+std::vector<double> Tensor::to_doubles_at(device::StreamMark& mark) const {
+  if (is_host()) return to_doubles();
+  Tensor staged = Tensor::empty(shape_, dtype_, MemorySpace::Host);
+  mark.copy_to_host(staged.raw(), raw(), staged.bytes());
+  return staged.to_doubles();
+}
+
 void Tensor::copy_from(const Tensor& src) {
   MESH_VERIFY(src.numel() == numel(), "copy_from: " << shape_string(src.shape())
                                       << " into " << shape_string(shape_));

@@ -14,6 +14,9 @@
 #include "tensor/types.hpp"
 
 namespace meshtron {
+namespace device {
+class StreamMark;  // device_allocator.hpp
+}
 
 using Shape = std::vector<index_t>;
 
@@ -66,6 +69,10 @@ class Tensor {
   void fill(double value);
   /// Copy of the elements as doubles (for tests and checks).
   std::vector<double> to_doubles() const;
+  /// to_doubles() of values written before `mark` was recorded: a device
+  /// tensor's copy waits for that point of the compute stream only, not for
+  /// the work queued after it (a host tensor is read at once).
+  std::vector<double> to_doubles_at(device::StreamMark& mark) const;
   /// Deep copy into a new owning tensor of `dtype`, in the same space.
   Tensor to(DType dtype) const;
   Tensor clone() const { return to(dtype_); }

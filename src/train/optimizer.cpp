@@ -48,11 +48,6 @@ void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, boo
 
 namespace {
 
-/// torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6).
-double clip_factor(double norm, double clip) {
-  return clip > 0 && norm > clip ? clip / (norm + 1e-6) : 1.0;
-}
-
 ops::AdamWParams adam_params(const AdamWConfig& c, double lr, bool decay, long step) {
   ops::AdamWParams hp;
   hp.lr = lr;
@@ -209,7 +204,45 @@ void AdamW::load_full_state(const std::vector<Tensor>& m, const std::vector<Tens
   }
 }
 
-double AdamW::global_grad_norm(OptimizerGroups& g) const {
+// ----------------------------------------------------- gradient norm ---
+
+Tensor& GradNormOnDevice::sum_of_squares(const std::vector<Tensor>& counted,
+                                         MemorySpace space) {
+  if (!total_.defined() || total_.space() != space) total_ = Tensor::zeros({1}, DType::F64, space);
+  ops::sum_of_squares_into(counted, total_);
+  return total_;
+}
+
+double GradNormOnDevice::norm() { return std::sqrt(total_.to_doubles_at(mark_)[0]); }
+
+ops::AdamWParams GradNormOnDevice::clip_by_this(ops::AdamWParams hp, double clip_grad,
+                                                bool skip_nonfinite) const {
+  hp.grad_sum_of_squares = &total_;
+  hp.clip_grad = clip_grad;
+  hp.skip_nonfinite = skip_nonfinite;
+  return hp;
+}
+
+namespace {
+
+/// What the host learns of a step once its update is queued: the norm and,
+/// when a non-finite norm made the update kernel skip (skip_on_nonfinite),
+/// that the step did not count.
+StepStats finish_step(GradNormOnDevice& norm, bool skip_on_nonfinite, long& step) {
+  StepStats stats;
+  stats.grad_norm = norm.norm();
+  if (skip_on_nonfinite && !std::isfinite(stats.grad_norm)) {
+    stats.skipped = true;
+    --step;
+  }
+  return stats;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ replicated ---
+
+Tensor& AdamW::local_grad_sum_of_squares(OptimizerGroups& g) {
   std::vector<Tensor> counted;  // per parameter, or runs of grads_ where they share it
   std::vector<Range> ranges;
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -224,7 +257,8 @@ double AdamW::global_grad_norm(OptimizerGroups& g) const {
     std::sort(ranges.begin(), ranges.end());  // buffer order: the longest runs
     counted = merged_views(grads_, ranges);
   }
-  return std::sqrt(g.model.all_reduce_scalar(ops::sum_of_squares(counted)));
+  const MemorySpace space = grads_.defined() ? grads_.space() : params_[0]->grad.space();
+  return grad_norm_.sum_of_squares(counted, space);
 }
 
 void AdamW::reduce_gradients(OptimizerGroups& g) {
@@ -252,11 +286,12 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
     else
       for (Parameter* p : params_) ops::scale(p->grad, unscale);
   }
+  groups.model.all_reduce(local_grad_sum_of_squares(groups));
+  grad_norm_.mark();
   // Every parameter in one update (one kernel on the device), writing the
   // bf16/fp16 compute copy of the master in the same pass and applying the
-  // clipping factor to each gradient as it is read. Listed before the norm,
-  // which waits for the device: after it the device idles until the update
-  // is launched.
+  // clipping factor (or the skip) it derives from the norm to each gradient
+  // as it is read.
   std::vector<ops::AdamWTensor> tensors;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
@@ -264,19 +299,11 @@ StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite
     tensors.push_back({mixed ? master_[i] : p.value, p.grad, m_[i], v_[i],
                        mixed ? p.value : Tensor(), p.weight_decay});
   }
-  StepStats stats;
-  stats.grad_norm = global_grad_norm(groups);
-  if (skip_on_nonfinite && !std::isfinite(stats.grad_norm)) {
-    stats.skipped = true;
-    zero_grad();
-    return stats;
-  }
   ++step_;
-  ops::AdamWParams hp = adam_params(config_, lr, /*decay=*/true, step_);
-  hp.grad_scale = clip_factor(stats.grad_norm, config_.clip_grad);
-  update_.step(tensors, hp);
+  update_.step(tensors, grad_norm_.clip_by_this(adam_params(config_, lr, /*decay=*/true, step_),
+                                                config_.clip_grad, skip_on_nonfinite));
   zero_grad();
-  return stats;
+  return finish_step(grad_norm_, skip_on_nonfinite, step_);
 }
 
 // --------------------------------------------------------- distributed ---
@@ -518,14 +545,11 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
     if (counts_in_grad_norm(*params_[i], g, tied_head_copy_))
       counted.emplace_back(pos, pos + end - begin);
   });
-  const double local = ops::sum_of_squares(merged_views(grad, counted));
-  StepStats stats;
-  stats.grad_norm = std::sqrt(g.dp.all_reduce_scalar(g.model.all_reduce_scalar(local)));
+  Tensor& squares = grad_norm_.sum_of_squares(merged_views(grad, counted), space_);
+  g.model.all_reduce(squares);
+  g.dp.all_reduce(squares);
+  grad_norm_.mark();
   zero_grad();
-  if (skip_on_nonfinite && !std::isfinite(stats.grad_norm)) {
-    stats.skipped = true;
-    return stats;
-  }
   ++step_;
   // One update over the shard's per-parameter ranges (one kernel on the
   // device). Under mixed precision the same pass writes the shard's 16-bit
@@ -540,9 +564,11 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
                       low ? flat_view(compute_shard_, pos, pos + len) : Tensor(),
                       params_[i]->weight_decay});
   });
-  ops::AdamWParams hp = adam_params(config_, lr, /*decay=*/true, step_);
-  hp.grad_scale = clip_factor(stats.grad_norm, config_.clip_grad);  // applied as grads are read
-  update_.step(ranges, hp);
+  // The clipping factor or the skip, derived from the norm as grads are read.
+  update_.step(ranges, grad_norm_.clip_by_this(adam_params(config_, lr, /*decay=*/true, step_),
+                                               config_.clip_grad, skip_on_nonfinite));
+  const StepStats stats = finish_step(grad_norm_, skip_on_nonfinite, step_);
+  if (stats.skipped) return stats;  // nothing was updated: nothing to gather
   if (overlap_.param_gather) {
     waited_in_forward_last_ = waited_in_forward_;
     waited_in_forward_ = 0;

@@ -13,6 +13,11 @@
 //      clipped to training.clip_grad;
 //   6. AdamW with decoupled weight decay (none on biases and norms).
 //
+// Steps 5-6 never wait for the device: the sum of squares is written, all-
+// reduced and read by the update where the gradients are (GradNormOnDevice),
+// the clipping factor and the skip of a non-finite step are decided in the
+// update kernel, and the host reads the norm only once the update is queued.
+//
 // Mixed precision (bf16 or fp16 parameter values, fp32 gradients: see
 // grad_dtype_for in model/parameter.hpp): the optimizer keeps fp32 master
 // weights and fp32 moments, steps the master, and writes the bf16/fp16 compute
@@ -30,6 +35,7 @@
 #include "model/parameter.hpp"
 #include "ops/ops.hpp"
 #include "parallel/communicator.hpp"
+#include "tensor/device_allocator.hpp"
 
 namespace meshtron {
 
@@ -113,6 +119,30 @@ bool counts_in_grad_norm(const Parameter& p, const OptimizerGroups& g,
 /// the data-parallel all-reduce is left to the caller (distributed optimizer).
 void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp);
 
+/// The squared global gradient norm kept where the gradients are: summed
+/// there (ops::sum_of_squares_into), all-reduced there by the caller, read
+/// there by the update (ops::AdamWParams::grad_sum_of_squares), and read by
+/// the host only after the update is queued (mark(), then norm()): no host
+/// round trip between the backward and the update.
+class GradNormOnDevice {
+ public:
+  /// The local sum of squares of `counted` (queued), in `space`.
+  Tensor& sum_of_squares(const std::vector<Tensor>& counted, MemorySpace space);
+  /// The point after the caller's all-reduces that norm() waits for (on
+  /// the device; the host's sum is final when the all-reduce returns).
+  void mark() {
+    if (!total_.is_host()) mark_.record();
+  }
+  /// sqrt of the reduced sum; waits for the mark only.
+  double norm();
+  /// AdamW's parameters with clipping and the skip decided from this norm.
+  ops::AdamWParams clip_by_this(ops::AdamWParams hp, double clip_grad, bool skip_nonfinite) const;
+
+ private:
+  Tensor total_;  ///< one F64 element
+  device::StreamMark mark_;
+};
+
 /// Replicated AdamW: every dp rank holds and steps the full optimizer state.
 class AdamW final : public Optimizer {
  public:
@@ -132,10 +162,10 @@ class AdamW final : public Optimizer {
   long step_count() const override { return step_; }
   void set_step_count(long s) override { step_ = s; }
 
-  /// Global gradient L2 norm over the grid (reduction 4).
-  double global_grad_norm(OptimizerGroups& groups) const;
 
  private:
+  /// The local part of the global gradient norm (reduction 5) into grad_norm_.
+  Tensor& local_grad_sum_of_squares(OptimizerGroups& groups);
   ParameterList params_;
   AdamWConfig config_;
   Parameter* tied_head_copy_;  ///< Not owned.
@@ -150,6 +180,7 @@ class AdamW final : public Optimizer {
   /// fp32 master weights where a value is bf16 (undefined tensors otherwise).
   std::vector<Tensor> master_;
   ops::MultiTensorAdamW update_;  ///< one launch for all parameters on the device
+  GradNormOnDevice grad_norm_;
   long step_ = 0;
 };
 
@@ -260,6 +291,7 @@ class DistributedAdamW final : public Optimizer, public ParamGatherHook {
   index_t total_ = 0, padded_total_ = 0, shard_begin_ = 0, shard_size_ = 0;
   Tensor master_, m_, v_;  ///< this rank's shard (fp32)
   ops::MultiTensorAdamW update_;  ///< one launch over the shard on the device
+  GradNormOnDevice grad_norm_;
   MemorySpace space_ = MemorySpace::Host;  ///< where the parameters and the buffers live
   long step_ = 0;
   BucketOverlap overlap_;

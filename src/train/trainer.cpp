@@ -83,18 +83,15 @@ void use_copy_engine(ParallelRuntime& rt) {
 #endif
 }
 
-double tensor_sum(const Tensor& t) {
-  double s = 0;
-  for (double v : t.to_doubles()) s += v;
-  return s;
-}
-
 /// The per-token losses of a step's micro-batches, added in order (none
-/// where this rank does not hold the head).
-double sum_of_losses(const std::vector<Tensor>& losses) {
+/// where this rank does not hold the head). With a mark, device losses are
+/// read as of that point of the compute stream (StreamMark).
+double sum_of_losses(const std::vector<Tensor>& losses, device::StreamMark* mark = nullptr) {
   double sum = 0;
-  for (const Tensor& l : losses)
-    if (l.defined()) sum += tensor_sum(l);
+  for (const Tensor& l : losses) {
+    if (!l.defined()) continue;
+    for (double v : mark && !l.is_host() ? l.to_doubles_at(*mark) : l.to_doubles()) sum += v;
+  }
   return sum;
 }
 
@@ -190,9 +187,9 @@ LayerContext Trainer::context_for(const MicroBatch& mb, long step, bool training
   return ctx;
 }
 
-double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
-                             const std::vector<MicroBatch>& host_batch, long step,
-                             bool training) {
+std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
+                                          const std::vector<MicroBatch>& host_batch, long step,
+                                          bool training) {
   // Graphs from the second step on: the first, eager, chooses the GEMM
   // algorithms and makes the plans and workspaces a capture must not make.
   if (training && run_.training.cuda_graphs && steps_run_ > 0) return run_graphed(host_batch, step);
@@ -272,7 +269,7 @@ double Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
   const auto t0 = std::chrono::steady_clock::now();
   rt_.pp.wait_sends();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return sum_of_losses(losses);
+  return losses;
 }
 
 namespace {
@@ -374,7 +371,7 @@ void Trainer::capture_micro_batch(const MicroBatch& first) {
 }
 #endif
 
-double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step) {
+std::vector<Tensor> Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step) {
 #ifdef MESHTRON_HAVE_CUDA
   // The deck check (require_capturable) gives pp = 1: one chunk, whose
   // tasks are F0 B0 F1 B1 ..., no pipeline messages, no hooks; tp's NCCL
@@ -397,12 +394,12 @@ double Trainer::run_graphed(const std::vector<MicroBatch>& host_batch, long step
     g.work->replay();
     losses.push_back(g.losses.clone());  // the next replay overwrites them
   }
-  return sum_of_losses(losses);
+  return losses;
 #else
   (void)host_batch;
   (void)step;
   MESH_REQUIRE(false, "training.cuda_graphs needs the CUDA path");
-  return 0;
+  return {};
 #endif
 }
 
@@ -426,7 +423,8 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   wait_seconds_ = 0;
   const auto t0 = std::chrono::steady_clock::now();
   const long switches_before = fibers_ ? fibers_->switches() : 0;
-  const double local = run_schedule(tasks, batch, step, /*training=*/true);
+  const std::vector<Tensor> losses = run_schedule(tasks, batch, step, /*training=*/true);
+  if (base_ctx_.space != MemorySpace::Host) losses_written_.record();
   ++steps_run_;
   StepReport r;
   r.schedule_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -434,19 +432,24 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   r.step = step;
   r.max_in_flight = fibers_ ? 2 : max_in_flight(tasks);
   r.interleave_switches = fibers_ ? fibers_->switches() - switches_before : 0;
-  r.loss = reduce_loss(local, base_ctx_.seq_length * run_.training.global_batch_size);
   r.lr = lr_.at(step);
   r.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const bool guard = run_.training.check_for_nan;
-  if (guard && !std::isfinite(r.loss)) {
-    optimizer_->zero_grad();
-    r.skipped = true;
-    return r;
-  }
   OptimizerGroups groups = rt_.optimizer_groups();
-  // The loss scaler always skips a non-finite step: overflow is its signal.
+  // The update is queued before the loss is read, so that the device never
+  // waits for the host inside the step. check_for_nan still skips a step
+  // whose loss is not finite: such a loss comes from non-finite logits, whose
+  // gradients (and so the global norm) are not finite either, and the
+  // update kernel skips on the norm. The loss scaler always skips a
+  // non-finite step: overflow is its signal.
   const StepStats stats = optimizer_->step(r.lr, groups, guard || scaler_.has_value(),
                                            scaler_ ? scaler_->inverse_scale() : 1.0);
+  r.loss = reduce_loss(sum_of_losses(losses, &losses_written_),
+                       base_ctx_.seq_length * run_.training.global_batch_size);
+  MESH_REQUIRE(!guard || std::isfinite(r.loss) || stats.skipped,
+               "iteration " << step << ": the loss is " << r.loss
+                            << " but the gradient norm is finite (" << stats.grad_norm
+                            << "), so check_for_nan could not skip the update");
   r.grad_norm = stats.grad_norm;
   r.skipped = stats.skipped;
   if (scaler_) {
@@ -462,7 +465,7 @@ double Trainer::evaluate(const std::vector<MicroBatch>& batch) {
     for (int c = 0; c < virtual_stages_; ++c) tasks.push_back({PipelineTask::Forward, m, c});
   // Chunks must run in dependency order per micro-batch: forward of chunk c
   // before c + 1, which the loop above gives.
-  const double local = run_schedule(tasks, batch, 0, /*training=*/false);
+  const double local = sum_of_losses(run_schedule(tasks, batch, 0, /*training=*/false));
   return reduce_loss(local, base_ctx_.seq_length * run_.training.global_batch_size);
 }
 

@@ -62,17 +62,18 @@ class Trainer {
   int layers_per_chunk() const { return layers_per_chunk_; }
 
  private:
-  /// Runs `tasks` over the micro-batches; returns the sum of per-token losses
-  /// on the last stage (0 elsewhere).
-  double run_schedule(const std::vector<PipelineTask>& tasks,
-                      const std::vector<MicroBatch>& batch, long step, bool training);
+  /// Runs `tasks` over the micro-batches; returns the per-token losses of
+  /// each micro-batch on the last stage (none elsewhere), not yet read.
+  std::vector<Tensor> run_schedule(const std::vector<PipelineTask>& tasks,
+                                   const std::vector<MicroBatch>& batch, long step,
+                                   bool training);
   /// parallel.tp_interleave: the micro-batches' tasks in pairs on fibers_,
   /// switching at the tp group's collectives.
   void run_interleaved(const std::vector<PipelineTask>& tasks,
                        const std::function<void(std::size_t)>& run_task);
   /// training.cuda_graphs from the second step of this process on: each
   /// micro-batch's forward + backward replayed from one graph.
-  double run_graphed(const std::vector<MicroBatch>& batch, long step);
+  std::vector<Tensor> run_graphed(const std::vector<MicroBatch>& batch, long step);
   /// Makes graphed_: buffers shaped like `first`, and the capture of one
   /// micro-batch's forward + backward over them (CUDA builds).
   void capture_micro_batch(const MicroBatch& first);
@@ -102,6 +103,9 @@ class Trainer {
   struct GraphedMicroBatch;  ///< training.cuda_graphs (CUDA builds)
   std::unique_ptr<GraphedMicroBatch> graphed_;
   std::unique_ptr<FiberPair> fibers_;  ///< parallel.tp_interleave only
+  /// The end of a training step's backward: its losses are read from there
+  /// once the optimizer update is queued behind it.
+  device::StreamMark losses_written_;
 };
 
 }  // namespace meshtron

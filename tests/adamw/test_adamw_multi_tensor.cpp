@@ -6,7 +6,9 @@
 //  * the decay flag means what it says: against torch.optim.AdamW written
 //    out in long double, a decayed tensor follows weight_decay and an
 //    undecayed one follows weight_decay = 0;
-//  * adamw_step with a compute copy equals adamw_step then cast.
+//  * adamw_step with a compute copy equals adamw_step then cast;
+//  * clipping given as a sum of squares (read where the update runs) equals
+//    clipping given as a factor, and a non-finite norm can skip the update.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "ops/cast.hpp"
+#include "ops/clip_factor.hpp"
 #include "ops/ops.hpp"
 
 namespace meshtron::ops {
@@ -162,6 +165,45 @@ TEST(MultiTensorAdamWHost, SingleStepWithCopyEqualsStepThenCast) {
       EXPECT_TRUE(bitwise_equal(v, v2)) << what;
       EXPECT_TRUE(bitwise_equal(copy, copy2)) << what;
     }
+}
+
+// Clipping from a sum of squares the host has not read (the device path's
+// AdamWParams::grad_sum_of_squares, here in host memory): the update equals
+// the one with grad_scale = clip_factor(sqrt(sum), clip) given directly, bit
+// for bit; a sum below the clip leaves the gradients unscaled; a non-finite
+// norm under skip_nonfinite changes nothing (without it NaN updates
+// unclipped and inf with a factor of 0, as torch's clip_grad_norm_ would).
+TEST(MultiTensorAdamWHost, ClipFromASumOfSquaresTensorEqualsTheGivenFactor) {
+  ops::AdamWParams hp;
+  hp.lr = 1e-3, hp.weight_decay = 0.1, hp.step = 5;
+  const double clip = 1.0;
+  Tensor sum = Tensor::zeros({1}, DType::F64);
+  for (const double squares : {25.0, 0.25, std::nan(""), HUGE_VAL}) {
+    for (const bool skip : {true, false}) {
+      const std::string what = "sum " + std::to_string(squares) + (skip ? " skip" : "");
+      const State before = random_state(DType::F32);
+      State fused = before.clone(), given = before.clone();
+      sum.data<double>()[0] = squares;
+      ops::AdamWParams from_norm = hp;
+      from_norm.grad_sum_of_squares = &sum;
+      from_norm.clip_grad = clip;
+      from_norm.skip_nonfinite = skip;
+      MultiTensorAdamW a, b;
+      a.step(fused.tensors, from_norm);
+      const double norm = std::sqrt(squares);
+      if (skip && !std::isfinite(norm)) {
+        expect_bitwise(fused, before, what + " (skipped: unchanged)");
+        continue;
+      }
+      ops::AdamWParams scaled = hp;
+      scaled.grad_scale = clip_factor(norm, clip);
+      if (squares == 25.0) EXPECT_EQ(scaled.grad_scale, clip / (5.0 + 1e-6));
+      if (squares == 0.25) EXPECT_EQ(scaled.grad_scale, 1.0);
+      b.step(given.tensors, scaled);
+      expect_bitwise(fused, given, what);
+      EXPECT_FALSE(bitwise_equal(fused.tensors[0].param, before.tensors[0].param)) << what;
+    }
+  }
 }
 
 }  // namespace

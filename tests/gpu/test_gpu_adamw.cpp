@@ -13,6 +13,7 @@
 //    NaN), shows. The device table is uploaded once for the three steps and
 //    again when the list of tensors changes.
 //  * ops::adamw_step with a compute copy against adamw_step then cast.
+//  * clipping from a norm left on the device against the factor given.
 //  * AdamW (replicated) on bf16 parameters against the per-tensor loop, and
 //    DistributedAdamW on one rank against AdamW: values, masters, moments.
 //
@@ -28,6 +29,7 @@
 
 #include "common/parameter_set.hpp"
 #include "ops/cast.hpp"
+#include "ops/clip_factor.hpp"
 #include "ops/ops.hpp"
 #include "parallel/communicator_nccl.hpp"
 #include "tensor/device_allocator.hpp"
@@ -228,6 +230,70 @@ TEST(GpuAdamW, GradScaleEqualsScalingTheGradientsFirstBitwise) {
       expect_bitwise_equal(v[i], v2[i], what + " v");
       expect_bitwise_equal(copy[i], copy2[i], what + " copy");
       expect_bitwise_equal(g[i], g_before[i], what + " grad untouched");
+    }
+  }
+}
+
+// Clipping from the norm on the device (AdamWParams::grad_sum_of_squares,
+// the sum written by ops::sum_of_squares_into and read by the host through a
+// StreamMark): the kernels derive the factor as the host does, so the update
+// equals the one with that factor given, bit for bit; a non-finite norm
+// under skip_nonfinite leaves everything as it was. Multi-tensor and single-
+// tensor launches both.
+TEST(GpuAdamW, ClipFromTheNormOnTheDeviceEqualsTheFactorFromTheHostBitwise) {
+  REQUIRE_GPU();
+  std::vector<Tensor> g_list;
+  for (index_t n : {index_t(7), index_t(1000003), index_t(16385)})
+    g_list.push_back(random_device(n, -2, 2, /*some_large=*/true));
+  Tensor sum = Tensor::zeros({1}, DType::F64, MemorySpace::Cuda);
+  ops::sum_of_squares_into(g_list, sum);
+  device::StreamMark mark;
+  mark.record();
+  const double squares = sum.to_doubles_at(mark)[0];
+  EXPECT_EQ(squares, ops::sum_of_squares(g_list)) << "sum_of_squares_into vs the host read";
+  ASSERT_GT(std::sqrt(squares), 1.0) << "the test needs a norm above the clip";
+
+  for (const double poison : {0.0, std::nan(""), HUGE_VAL}) {
+    if (poison != 0.0) sum.fill(poison);
+    const bool finite = poison == 0.0;
+    std::vector<Tensor> p, m, v, copy, p2, m2, v2, copy2, p0;
+    std::vector<ops::AdamWTensor> fused, given;
+    for (std::size_t i = 0; i < g_list.size(); ++i) {
+      const index_t n = g_list[i].numel();
+      p.push_back(random_device(n, -1, 1)), m.push_back(random_device(n, -0.1, 0.1));
+      v.push_back(random_device(n, 0, 0.01));
+      copy.push_back(Tensor::zeros({n}, DType::BF16, MemorySpace::Cuda));
+      p2.push_back(p.back().clone()), m2.push_back(m.back().clone());
+      v2.push_back(v.back().clone()), copy2.push_back(copy.back().clone());
+      p0.push_back(p.back().clone());
+      fused.push_back({p[i], g_list[i], m[i], v[i], copy[i], i % 2 == 0});
+      given.push_back({p2[i], g_list[i], m2[i], v2[i], copy2[i], i % 2 == 0});
+    }
+    ops::AdamWParams hp;
+    hp.lr = 3e-4, hp.weight_decay = 0.1, hp.step = 4;
+    ops::AdamWParams from_norm = hp;
+    from_norm.grad_sum_of_squares = &sum;
+    from_norm.clip_grad = 1.0;
+    from_norm.skip_nonfinite = true;
+    ops::MultiTensorAdamW a, b;
+    // All but the last tensor in one launch, the last by the single-tensor kernel.
+    a.step(std::vector<ops::AdamWTensor>(fused.begin(), fused.end() - 1), from_norm);
+    ops::adamw_step(p.back(), g_list.back(), m.back(), v.back(), from_norm, &copy.back());
+    const std::string what = finite ? "finite norm" : "poisoned norm " + std::to_string(poison);
+    if (!finite) {
+      for (std::size_t i = 0; i < p.size(); ++i)
+        expect_bitwise_equal(p[i], p0[i], what + " tensor " + std::to_string(i) + " unchanged");
+      continue;
+    }
+    ops::AdamWParams scaled = hp;
+    scaled.grad_scale = ops::clip_factor(std::sqrt(squares), 1.0);
+    b.step(given, scaled);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const std::string at = what + " tensor " + std::to_string(i);
+      expect_bitwise_equal(p[i], p2[i], at + " param");
+      expect_bitwise_equal(m[i], m2[i], at + " m");
+      expect_bitwise_equal(v[i], v2[i], at + " v");
+      expect_bitwise_equal(copy[i], copy2[i], at + " copy");
     }
   }
 }
