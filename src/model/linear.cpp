@@ -154,11 +154,12 @@ Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext&
 }
 
 RowParallelLinear::RowParallelLinear(const std::string& name, index_t in, index_t out,
-                                     const LayerContext& ctx, DType dtype)
+                                     const LayerContext& ctx, DType dtype, int epilogue_rank)
     : weight(make_param(name + ".weight", {in, out}, {in / ctx.tp.size(), out},
                         {0, 1, false}, true, dtype, ctx.space)),
       bias(make_param(name + ".bias", {out}, {out}, {-1, 1, ctx.sequence_parallel}, false,
-                      dtype, ctx.space)) {}
+                      dtype, ctx.space)),
+      epilogue_rank_(epilogue_rank % ctx.tp.size()) {}
 
 Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cache) const {
   return project(x, nullptr, ctx, cache);
@@ -181,13 +182,14 @@ Tensor RowParallelLinear::project(const Tensor& x, const Tensor* residual, Layer
     return y;
   }
   // Without SP the bias and the residual are the same on every tp rank, so
-  // tp rank 0 adds them in its GEMM's epilogue and the all-reduce sums them
-  // in once: after the reduction (which the other micro-batch's compute
-  // hides under parallel.tp_interleave) no kernel is left to wait for it.
-  // Megatron adds the bias after the sum; this rounds the partial products
-  // once less. On one tp rank the reduction is the identity.
+  // one tp rank (epilogue_rank_) adds them in its GEMM's epilogue and the
+  // all-reduce sums them in once: after the reduction (which the other
+  // micro-batch's compute hides under parallel.tp_interleave) no kernel is
+  // left to wait for it. Megatron adds the bias after the sum; this rounds
+  // the partial products once less. On one tp rank the reduction is the
+  // identity.
   Tensor y;
-  if (ctx.tp.rank() != 0) {
+  if (ctx.tp.rank() != epilogue_rank_) {
     y = matmul(x, weight.value);
   } else if (residual) {
     y = Tensor::empty(residual->shape(), x.dtype(), x.space());

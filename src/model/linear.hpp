@@ -62,18 +62,23 @@ class ColumnParallelLinear {
 /// columns (the output of a ColumnParallelLinear),
 ///   A = [A_1; ...; A_p],  X = [X_1, ..., X_p],  Y = sum_i X_i A_i + b.
 /// The sum is reduce_from_tp (or reduce_scatter_to_sp under sequence
-/// parallelism); b is replicated and added after the reduction.
+/// parallelism); b is replicated and added after the reduction under SP,
+/// before it (by one tp rank, epilogue_rank) without SP.
 class RowParallelLinear {
  public:
   struct Cache {
     Tensor x;
   };
+  /// `epilogue_rank`: the tp rank (taken modulo tp) that adds bias and
+  /// residual in its GEMM before the all-reduce without SP; the layers
+  /// spread it over the tp ranks (Attention, Mlp), so that no rank does all
+  /// of these adds while the others wait for it at the reductions.
   RowParallelLinear(const std::string& name, index_t in, index_t out,
-                    const LayerContext& ctx, DType dtype);
+                    const LayerContext& ctx, DType dtype, int epilogue_rank);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// residual + forward(x), for the residual add after a projection
   /// (residual [rows of Y, out]); its backward is backward() (the add's is
-  /// the identity). Without SP the add rides in tp rank 0's GEMM epilogue on
+  /// the identity). Without SP the add rides in one tp rank's GEMM epilogue on
   /// the device (ops::gemm_bias_residual), before the sum; under SP it
   /// follows the reduce-scatter.
   Tensor forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
@@ -101,6 +106,8 @@ class RowParallelLinear {
   void backward_by_blocks(const Tensor& dy, LayerContext& ctx, const Cache& cache,
                           const RowGradient& dgrad_rows);
   static bool splits_backward(const LayerContext& ctx);
+
+  int epilogue_rank_;  ///< in [0, tp)
 };
 
 /// Y = X W for X [n, in], W [in, out] (helper shared by the layers).

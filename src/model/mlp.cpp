@@ -2,9 +2,12 @@
 
 namespace meshtron {
 
-Mlp::Mlp(const std::string& name, index_t hidden, index_t ffn, const LayerContext& ctx,
-         DType dtype)
-    : fc(name + ".fc", hidden, ffn, 1, ctx, dtype), proj(name + ".proj", ffn, hidden, ctx, dtype) {}
+// The projection's adds take the tp rank after the attention's (Attention:
+// 2 layer): at tp 2 one rank adds in every attention, the other in every MLP.
+Mlp::Mlp(const std::string& name, int layer, index_t hidden, index_t ffn,
+         const LayerContext& ctx, DType dtype)
+    : fc(name + ".fc", hidden, ffn, 1, ctx, dtype),
+      proj(name + ".proj", ffn, hidden, ctx, dtype, /*epilogue_rank=*/2 * layer + 1) {}
 
 // The GeLU rides in the GEMMs next to it (cuBLASLt epilogues on the device;
 // on the host the same ops run one after the other, as before): fc's

@@ -13,7 +13,8 @@ class Mlp {
     RowParallelLinear::Cache proj;
     Tensor pre_gelu;
   };
-  Mlp(const std::string& name, index_t hidden, index_t ffn, const LayerContext& ctx,
+  /// `layer`: the transformer layer's index (it picks proj's epilogue rank).
+  Mlp(const std::string& name, int layer, index_t hidden, index_t ffn, const LayerContext& ctx,
       DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// residual + forward(x), the add riding in proj's GEMM where it can

@@ -11,8 +11,8 @@ TransformerLayer::TransformerLayer(int index, const GptConfig& c, const LayerCon
                 attention_backend_from_string(c.attention_backend)),
       ln_2("layers." + std::to_string(index) + ".ln_2", c.hidden_size, c.layernorm_epsilon,
            dtype, ctx.sequence_parallel, ctx.space),
-      mlp("layers." + std::to_string(index) + ".mlp", c.hidden_size, c.ffn_hidden_size, ctx,
-          dtype),
+      mlp("layers." + std::to_string(index) + ".mlp", index, c.hidden_size, c.ffn_hidden_size,
+          ctx, dtype),
       index_(index),
       hidden_dropout_(c.hidden_dropout) {}
 

@@ -211,6 +211,10 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 
+void upload_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_stream()));
+}
+
 void copy_device_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0 || dst == src) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
@@ -315,6 +319,7 @@ void begin_pool_capture(PoolId) { not_built("device::begin_pool_capture"); }
 void end_pool_capture() {}
 void release_pool(PoolId) {}
 void copy_bytes(void*, const void*, std::size_t) { not_built("device::copy_bytes"); }
+void upload_bytes(void*, const void*, std::size_t) { not_built("device::upload_bytes"); }
 void copy_device_bytes(void*, const void*, std::size_t) { not_built("device::copy_device_bytes"); }
 void zero_bytes(void*, std::size_t) { not_built("device::zero_bytes"); }
 void synchronize() {}

@@ -69,6 +69,11 @@ void release_pool(PoolId pool);
 
 /// Copy between any two spaces (cudaMemcpyDefault); synchronous for the host.
 void copy_bytes(void* dst, const void* src, std::size_t bytes);
+/// Host-to-device copy queued on the compute stream: from pageable memory
+/// CUDA stages the bytes before returning, so the host neither waits for
+/// the kernels queued before it nor keeps `src` (a training step's token ids
+/// go up this way while the previous update still runs).
+void upload_bytes(void* dst, const void* src, std::size_t bytes);
 /// Device-to-device copy, queued on the compute stream (device_stream.hpp);
 /// the host does not wait for it.
 void copy_device_bytes(void* dst, const void* src, std::size_t bytes);

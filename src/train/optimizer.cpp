@@ -130,15 +130,20 @@ AdamW::AdamW(ParameterList params, const AdamWConfig& config, Parameter* tied_he
   // range): zero_grad is one memset, the norm reads long runs and the
   // gradient all-reduces are one each, where GPT-2 774M would launch 436 of
   // each. The tp-partial gradients (SP's norms and biases) come first, so
-  // that their tp all-reduce is one range.
+  // that their tp all-reduce is one range, then the other tp-replicated ones
+  // (which only tp rank 0 counts in the norm), then the tp-split ones: every
+  // tp rank's norm reads one run.
+  auto group = [](const Parameter& p) {
+    return p.shard.tp_partial_grad ? 0 : p.tp_replicated() ? 1 : 2;
+  };
   index_t total = 0;
   grad_offsets_.assign(params_.size(), 0);
-  for (const bool partial : {true, false})
+  for (const int g : {0, 1, 2})
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i]->shard.tp_partial_grad != partial) continue;
+      if (group(*params_[i]) != g) continue;
       grad_offsets_[i] = total;
       total += params_[i]->grad.numel();
-      if (partial) tp_partial_elements_ = total;
+      if (g == 0) tp_partial_elements_ = total;
     }
   if (!params_.empty() && uniform_grads(params_)) {
     grads_ = Tensor::zeros({total}, params_[0]->grad.dtype(), params_[0]->grad.space());

@@ -53,14 +53,23 @@ std::vector<bool> last_backward_per_chunk(const std::vector<PipelineTask>& tasks
 constexpr int kActivationLane = 0, kGradientLane = 1, kPipelineLanes = 2;
 int lane_of_tag(int tag) { return tag % 2; }  // tag = (...) * 2 + direction
 
-/// `batch` with its token ids and targets in `space`. Done before the
-/// schedule, while the device is idle: a pageable upload inside it makes the
-/// host wait for the device in the middle of the step.
+/// `t` in `space`; a host tensor goes to the device through a copy queued
+/// on the compute stream (device::upload_bytes), which waits neither for the
+/// previous step's update still running there nor makes the host wait.
+Tensor queued_in_space(const Tensor& t, MemorySpace space) {
+  if (t.space() == space || space == MemorySpace::Host || !t.is_host()) return in_space(t, space);
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), space);
+  device::upload_bytes(out.raw(), t.raw(), t.bytes());
+  return out;
+}
+
+/// `batch` with its token ids and targets in `space`, before the schedule
+/// (an upload inside it would be a host wait in the middle of the step).
 std::vector<MicroBatch> staged_in(const std::vector<MicroBatch>& batch, MemorySpace space) {
   std::vector<MicroBatch> out = batch;
   for (MicroBatch& mb : out) {
-    mb.ids = in_space(mb.ids, space);
-    mb.targets = in_space(mb.targets, space);
+    mb.ids = queued_in_space(mb.ids, space);
+    mb.targets = queued_in_space(mb.targets, space);
   }
   return out;
 }

@@ -241,7 +241,7 @@ TEST_F(GradCheck, ColumnParallelLinear) {
 }
 
 TEST_F(GradCheck, RowParallelLinear) {
-  RowParallelLinear linear("row", kFfn, kHidden, ctx, DType::F64);
+  RowParallelLinear linear("row", kFfn, kHidden, ctx, DType::F64, /*epilogue_rank=*/0);
   Subject s = layer_subject(linear, ctx, random({kTokens, kFfn}));
   randomize(s.params);
   expect_gradients_match("RowParallelLinear", s, random({kTokens, kHidden}));
@@ -263,7 +263,7 @@ TEST_F(GradCheck, AttentionWithDropout) {
 }
 
 TEST_F(GradCheck, Mlp) {
-  Mlp mlp("mlp", kHidden, kFfn, ctx, DType::F64);
+  Mlp mlp("mlp", /*layer=*/0, kHidden, kFfn, ctx, DType::F64);
   Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
   randomize(s.params);
   expect_gradients_match("Mlp", s, random({kTokens, kHidden}));
@@ -389,7 +389,7 @@ TEST_F(GptModelGradCheck, BackwardAccumulatesIntoGrad) {
 /// gradients in three ways a buggy backward would: a small error in one
 /// element, dx off by a relative 1e-5, and a dropped term (bias gradient).
 TEST_F(GradCheck, RejectsWrongGradients) {
-  Mlp mlp("mlp", kHidden, kFfn, ctx, DType::F64);
+  Mlp mlp("mlp", /*layer=*/0, kHidden, kFfn, ctx, DType::F64);
   Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
   randomize(s.params);
   const Tensor w = random({kTokens, kHidden});
