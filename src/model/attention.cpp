@@ -10,7 +10,7 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, int hea
                      double dropout, const LayerContext& ctx, DType dtype,
                      AttentionBackend backend)
     : qkv(name + ".qkv", hidden, 3 * hidden, /*fused_parts=*/3, ctx, dtype),
-      proj(name + ".proj", hidden, hidden, ctx, dtype, /*epilogue_rank=*/2 * layer),
+      proj(name + ".proj", hidden, hidden, ctx, dtype, /*epilogue_rank=*/layer),
       layer_(layer),
       heads_local_(heads / ctx.tp.size()),
       head_dim_(hidden / heads),

@@ -3,11 +3,14 @@
 namespace meshtron {
 
 // The projection's adds take the tp rank after the attention's (Attention:
-// 2 layer): at tp 2 one rank adds in every attention, the other in every MLP.
+// layer), so every rank has its share of both kinds: at tp 2 rank 0 adds in
+// the even layers' attention and the odd layers' MLP, rank 1 in the others.
+// (The MLP's fused add costs more than the attention's: its GEMM, K = ffn /
+// tp, takes a slower out-of-place algorithm.)
 Mlp::Mlp(const std::string& name, int layer, index_t hidden, index_t ffn,
          const LayerContext& ctx, DType dtype)
     : fc(name + ".fc", hidden, ffn, 1, ctx, dtype),
-      proj(name + ".proj", ffn, hidden, ctx, dtype, /*epilogue_rank=*/2 * layer + 1) {}
+      proj(name + ".proj", ffn, hidden, ctx, dtype, /*epilogue_rank=*/layer + 1) {}
 
 // The GeLU rides in the GEMMs next to it (cuBLASLt epilogues on the device;
 // on the host the same ops run one after the other, as before): fc's
