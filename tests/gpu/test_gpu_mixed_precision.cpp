@@ -28,6 +28,8 @@
 //    5e-2); an initial scale of 2^40 overflows: each overflowing step is
 //    skipped with the Adam step untouched and halves the scale, until the
 //    steps succeed.
+//  * check_for_nan under bf16: a NaN weight's step is skipped by the AdamW
+//    kernel (norm on the device), nothing else moves, training continues.
 //
 // Skips (exit 0) without a GPU (and the golden case without its files).
 #include <gtest/gtest.h>
@@ -244,6 +246,55 @@ TEST(GpuFp16, HugeInitialScaleOverflowsIsSkippedAndBacksOff) {
   // Skipped steps leave the Adam step count (and so the weights) alone.
   EXPECT_EQ(run.optimizer_steps, steps - skipped);
   EXPECT_LT(run.steps.back().loss, run.steps[std::size_t(leading)].loss);
+}
+
+// check_for_nan on the GPU, where the skip is decided by the AdamW kernel
+// from the gradient norm on the device (the host reads the norm and the loss
+// only after the update is queued): a NaN weight makes the step's loss and
+// norm NaN; the step is reported skipped, no other parameter moves, the Adam
+// step count stays, the gradients are cleared; with the weight restored the
+// next step counts and moves the parameters.
+TEST(GpuBf16, NanLossIsSkippedByTheUpdateKernel) {
+  REQUIRE_GPU();
+  testing::Layout layout;
+  layout.overrides = {"run.device=cuda", "training.precision=bf16", "training.train_iters=3",
+                      "training.check_for_nan=true"};
+  const RunConfig config = testing::tiny_config(layout, 1, MemorySpace::Cuda);
+  ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), MemorySpace::Cuda);
+  const GptConfig model = GptConfig::from_run(config, 100, 1);
+  Trainer trainer(config, model, rt, DType::BF16);
+  const DataLayout data{model.seq_length, config.training.micro_batch_size,
+                        config.training.global_batch_size, 0, 1, 3, 1, config.run.seed};
+  const auto batch = make_synthetic_data(data, 100)->train_step(1);
+  ASSERT_FALSE(trainer.train_step(1, batch).skipped);
+  ASSERT_EQ(trainer.optimizer().step_count(), 1);
+
+  const ParameterList params = trainer.parameters();
+  Parameter& poisoned = *params[2];
+  const Tensor saved = poisoned.value.clone();
+  std::vector<std::vector<double>> before;
+  for (Parameter* p : params) before.push_back(p->value.to_doubles());
+  Tensor host = poisoned.value.to_host();
+  set_element_from_double(host, 0, std::nan(""));
+  poisoned.value.copy_from(host);
+  const StepReport bad = trainer.train_step(2, batch);
+  EXPECT_TRUE(bad.skipped);
+  EXPECT_FALSE(std::isfinite(bad.loss));
+  EXPECT_FALSE(std::isfinite(bad.grad_norm));
+  EXPECT_EQ(trainer.optimizer().step_count(), 1) << "a skipped step must not count";
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i] == &poisoned) continue;
+    EXPECT_EQ(params[i]->value.to_doubles(), before[i]) << params[i]->name << " moved";
+    EXPECT_EQ(ops::sum_of_squares(params[i]->grad), 0.0) << params[i]->name;
+  }
+
+  poisoned.value.copy_from(saved);
+  const StepReport good = trainer.train_step(3, batch);
+  EXPECT_FALSE(good.skipped);
+  EXPECT_TRUE(std::isfinite(good.loss));
+  EXPECT_TRUE(std::isfinite(good.grad_norm));
+  EXPECT_EQ(trainer.optimizer().step_count(), 2);
+  EXPECT_NE(params[0]->value.to_doubles(), before[0]) << "the counted step moved nothing";
 }
 
 struct RecomputeRun {
