@@ -23,7 +23,9 @@
 //                   depend on scheduling; the atomic ticket only picks WHICH
 //                   block adds, not the order), total written to mapped
 //                   pinned host memory: one launch per tensor, then a
-//                   stream synchronisation instead of a pageable cudaMemcpy
+//                   stream synchronisation instead of a pageable cudaMemcpy;
+//                   sum_of_squares_many_to writes it to device memory and
+//                   does not wait (the training step's gradient norm)
 #include <limits>
 #include <vector>
 
@@ -105,7 +107,8 @@ __device__ unsigned int g_squares_tickets = 0;
 /// Writes this block's sum of x^2 to partial[slot0 + blockIdx.x]; the last
 /// block of the whole call (all its kernels: `slots` blocks in all) then
 /// adds partial[0 .. slots) in index order (a fixed order: deterministic)
-/// and writes the total to *total (mapped host memory). One launch per
+/// and writes the total to *total (mapped host memory, or device memory for
+/// sum_of_squares_many_to). One launch per
 /// tensor and no separate finishing kernel. Launch bounds: 32 registers,
 /// so 8 blocks of 256 fit an SM and the 1024-block grid is one wave of an
 /// H100's 132 SMs (at 40 registers, 6 fit: 1.3 waves).
