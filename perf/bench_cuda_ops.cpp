@@ -432,6 +432,44 @@ void bench_gemm_autotune() {
               (unsigned long)cuda::gemm_autotune_changed());
 }
 
+/// The row-parallel projections' GEMMs with the bias and residual adds in
+/// the epilogue (ops::gemm_bias_residual, C = residual out of place) at
+/// GPT-2 774M's tp 1 and tp 2 shapes (M = 8192 tokens, N = 1280, K = the
+/// local 1280 / 640 of the attention and 5120 / 2560 of the MLP), against
+/// the plain GEMM (the tp ranks that do not add) and the residual copied
+/// into C then a beta = 1 GEMM in place (no bias: a lower bound for that
+/// route, which session 13 measured end to end: no gain); heuristic and
+/// autotuned. At tp 2 the other ranks wait for the rank that adds at the
+/// all-reduce: session 13's traces put the MLP's out-of-place GEMM 22 us
+/// above the plain one.
+/// `bench_cuda_ops residual` runs this table alone.
+void bench_residual_epilogues() {
+  std::printf("\n%-30s %9s %9s %9s %9s %9s\n", "proj GEMM + bias + residual", "plain",
+              "fused", "fused tun", "copy+beta1", "c+b1 tun");
+  const index_t M = 8192, N = 1280;
+  const DType dt = DType::BF16;
+  for (const index_t K : {index_t(640), index_t(1280), index_t(2560), index_t(5120)}) {
+    const Tensor x = random_device({M, K}, dt), w = random_device({K, N}, dt, -0.05, 0.05);
+    const Tensor bias = random_device({N}, dt), residual = random_device({M, N}, dt);
+    Tensor out = Tensor::empty({M, N}, dt, MemorySpace::Cuda);
+    double ms[5];
+    ms[0] = median_ms([&] { ops::gemm(x, false, w, false, out); });
+    for (int tuned = 0; tuned < 2; ++tuned) {
+      cuda::set_gemm_autotune(tuned == 1);
+      ms[1 + tuned] =
+          median_ms([&] { ops::gemm_bias_residual(x, false, w, false, bias, residual, out); });
+      ms[3 + tuned] = median_ms([&] {
+        out.copy_from(residual);
+        ops::gemm(x, false, w, false, out, 1.0, 1.0);
+      });
+    }
+    cuda::set_gemm_autotune(false);
+    char what[64];
+    std::snprintf(what, sizeof(what), "M N K = %ld %ld %ld", long(M), long(N), long(K));
+    std::printf("%-30s %9.4f %9.4f %9.4f %9.4f %9.4f\n", what, ms[0], ms[1], ms[2], ms[3], ms[4]);
+  }
+}
+
 void bench_gemm() {
   std::printf("\n%-40s %9s %9s\n", "GEMM (row-major, cuBLASLt)", "ms", "TFLOP/s");
   struct Case {
@@ -457,6 +495,7 @@ void bench_gemm() {
   }
   bench_gemm_autotune();
   bench_mlp_gelu_epilogues();
+  bench_residual_epilogues();
 }
 
 struct AttentionTimes {
@@ -615,6 +654,10 @@ int main(int argc, char** argv) {
   // `bench_cuda_ops memory` runs the memory-bound table alone.
   if (argc > 1 && std::string(argv[1]) == "memory") {
     bench_memory_bound(copy_gbps);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "residual") {
+    bench_residual_epilogues();
     return 0;
   }
   if (!attention_only) {
