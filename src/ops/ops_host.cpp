@@ -1321,22 +1321,35 @@ double sum_of_squares(const Tensor& x) {
   return total;
 }
 
-double sum_of_squares(const std::vector<Tensor>& xs) {
-  if (xs.empty()) return 0.0;
-  if (xs.front().space() == MemorySpace::Cuda) {
-    std::vector<DType> types;
-    std::vector<const void*> data;
-    std::vector<index_t> sizes;
+namespace {
+
+/// The launchers' view of a list of device tensors (sum_of_squares_many*),
+/// each checked to be floating point and on the device.
+struct DeviceTensorList {
+  std::vector<DType> types;
+  std::vector<const void*> data;
+  std::vector<index_t> sizes;
+  explicit DeviceTensorList(const char* op, const std::vector<Tensor>& xs) {
     for (const Tensor& x : xs) {
-      require_float_args("sum_of_squares", {{"x", x}});
-      MESH_VERIFY(x.space() == MemorySpace::Cuda, "sum_of_squares: tensors in different spaces");
+      require_float_args(op, {{"x", x}});
+      MESH_VERIFY(x.space() == MemorySpace::Cuda, op << ": tensors in different spaces");
       types.push_back(x.dtype());
       data.push_back(x.raw());
       sizes.push_back(x.numel());
     }
+  }
+  int count() const { return int(types.size()); }
+};
+
+}  // namespace
+
+double sum_of_squares(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return 0.0;
+  if (xs.front().space() == MemorySpace::Cuda) {
+    const DeviceTensorList l("sum_of_squares", xs);
     double total = 0;
-    ON_CUDA(total = cuda::sum_of_squares_many(int(xs.size()), types.data(), data.data(),
-                                              sizes.data()));
+    ON_CUDA(total = cuda::sum_of_squares_many(l.count(), l.types.data(), l.data.data(),
+                                              l.sizes.data()));
     return total;
   }
   double total = 0;  // the host sums tensor by tensor, as before
@@ -1352,18 +1365,8 @@ void sum_of_squares_into(const std::vector<Tensor>& xs, Tensor& total) {
     total.data<double>()[0] = sum_of_squares(xs);
     return;
   }
-  std::vector<DType> types;
-  std::vector<const void*> data;
-  std::vector<index_t> sizes;
-  for (const Tensor& x : xs) {
-    require_float_args(op, {{"x", x}});
-    MESH_VERIFY(x.space() == total.space(), op << ": " << describe({"x", x})
-                                               << " is not where total is");
-    types.push_back(x.dtype());
-    data.push_back(x.raw());
-    sizes.push_back(x.numel());
-  }
-  ON_CUDA(cuda::sum_of_squares_many_to(int(xs.size()), types.data(), data.data(), sizes.data(),
+  const DeviceTensorList l(op, xs);
+  ON_CUDA(cuda::sum_of_squares_many_to(l.count(), l.types.data(), l.data.data(), l.sizes.data(),
                                        total.data<double>()));
 }
 

@@ -224,25 +224,48 @@ void zero_bytes(void* ptr, std::size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, compute_stream()));
 }
 
-cudaStream_t compute_stream() {
-  // Called for every launch: the last answer is kept per host thread, the
-  // table (one stream per device, shared by all threads) is only locked when
-  // the current device changes.
-  thread_local int cached_device = -1;
-  thread_local cudaStream_t cached = nullptr;
+namespace {
+
+/// One stream per device, shared by all host threads, created with `flags`
+/// on first use there.
+class PerDeviceStreams {
+ public:
+  PerDeviceStreams(unsigned flags, const char* name) : flags_(flags), name_(name) {}
+  cudaStream_t of(int device) {
+    MESH_VERIFY(device >= 0 && std::size_t(device) < streams_.size(),
+                name_ << ": device " << device << " out of range");
+    std::lock_guard<std::mutex> lock(mutex_);
+    cudaStream_t& stream = streams_[std::size_t(device)];
+    if (stream == nullptr) CUDA_CHECK(cudaStreamCreateWithFlags(&stream, flags_));
+    return stream;
+  }
+
+ private:
+  unsigned flags_;
+  const char* name_;
+  std::mutex mutex_;
+  std::array<cudaStream_t, 64> streams_{};
+};
+
+int current_device() {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+}  // namespace
+
+cudaStream_t compute_stream() {
+  // Called for every launch: the last answer is kept per host thread, the
+  // table is only locked when the current device changes.
+  thread_local int cached_device = -1;
+  thread_local cudaStream_t cached = nullptr;
+  const int device = current_device();
   if (device == cached_device) return cached;
-  static std::mutex mutex;
-  static std::array<cudaStream_t, 64> streams{};
-  MESH_VERIFY(device >= 0 && std::size_t(device) < streams.size(),
-              "compute_stream: device " << device << " out of range");
-  std::lock_guard<std::mutex> lock(mutex);
-  cudaStream_t& stream = streams[std::size_t(device)];
-  if (stream == nullptr) CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: see the header
+  static PerDeviceStreams streams(cudaStreamDefault, "compute_stream");  // blocking: see the header
+  cached = streams.of(device);
   cached_device = device;
-  cached = stream;
-  return stream;
+  return cached;
 }
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -252,16 +275,8 @@ namespace {
 /// The stream of StreamMark's copies on the current device: non-blocking, so
 /// that it waits for nothing on the compute stream but the mark's event.
 cudaStream_t readback_stream() {
-  static std::mutex mutex;
-  static std::array<cudaStream_t, 64> streams{};
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  MESH_VERIFY(device >= 0 && std::size_t(device) < streams.size(),
-              "readback_stream: device " << device << " out of range");
-  std::lock_guard<std::mutex> lock(mutex);
-  cudaStream_t& stream = streams[std::size_t(device)];
-  if (stream == nullptr) CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return stream;
+  static PerDeviceStreams streams(cudaStreamNonBlocking, "readback_stream");
+  return streams.of(current_device());
 }
 
 }  // namespace

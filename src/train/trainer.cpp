@@ -99,7 +99,7 @@ double sum_of_losses(const std::vector<Tensor>& losses, device::StreamMark* mark
   double sum = 0;
   for (const Tensor& l : losses) {
     if (!l.defined()) continue;
-    for (double v : mark && !l.is_host() ? l.to_doubles_at(*mark) : l.to_doubles()) sum += v;
+    for (double v : mark ? l.to_doubles_at(*mark) : l.to_doubles()) sum += v;
   }
   return sum;
 }
