@@ -8,6 +8,9 @@
 //                                                 columns, fixed-order finish)
 //   add             out = a + b    (out may alias a or b: each thread reads
 //                                  its elements before writing them)
+//   add_residual_bias  out = a + b + residual + bias[column] (the
+//                   copy-engine tp all-reduce's sum with a row-parallel
+//                   layer's epilogue, PeerExchange)
 // The pure elementwise ones go through map3() (common.cuh): 16-byte packs.
 // bias_add has a packed kernel too (C a multiple of V = 16 / sizeof(T) and
 // y, bias 16-byte aligned): one thread per pack of columns, its bias pack
@@ -67,6 +70,41 @@ __global__ void bias_add_packed_kernel(T* __restrict__ y, const T* __restrict__ 
 struct Add {
   __device__ float operator()(float a, float b, float) const { return a + b; }
 };
+
+/// add_residual_bias on 16-byte packs: pack k of the call is pack
+/// (first_pack + k) of the row-major output, whose bias pack is its column
+/// pack. The sum in the order ((a + b) + residual) + bias, rounded once.
+template <class T>
+__global__ void add_residual_bias_packed_kernel(const T* a, const T* b,
+                                                const T* __restrict__ residual,
+                                                const T* __restrict__ bias, kindex packs_per_row,
+                                                kindex first_pack, kindex packs, T* out) {
+  constexpr int V = kPack<T>;
+  GRID_STRIDE(k, packs) {
+    const Pack<T> pa = reinterpret_cast<const Pack<T>*>(a)[k];
+    const Pack<T> pb = reinterpret_cast<const Pack<T>*>(b)[k];
+    Pack<T> pr{}, pbias{};
+    if (residual) pr = reinterpret_cast<const Pack<T>*>(residual)[k];
+    if (bias) pbias = reinterpret_cast<const Pack<T>*>(bias)[(first_pack + k) % packs_per_row];
+    Pack<T> po;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      po.v[j] = from_f<T>(to_f(pa.v[j]) + to_f(pb.v[j]) + to_f(pr.v[j]) + to_f(pbias.v[j]));
+    reinterpret_cast<Pack<T>*>(out)[k] = po;
+  }
+}
+
+/// The same element by element (unaligned pointers or widths).
+template <class T>
+__global__ void add_residual_bias_kernel(const T* a, const T* b, const T* __restrict__ residual,
+                                         const T* __restrict__ bias, kindex C, kindex first,
+                                         kindex n, T* out) {
+  GRID_STRIDE(i, n) {
+    const float r = residual ? to_f(residual[i]) : 0.f;
+    const float c = bias ? to_f(bias[(first + i) % C]) : 0.f;
+    out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]) + r + c);
+  }
+}
 struct Axpy {  // inputs (y, x)
   float alpha;
   __device__ float operator()(float y, float x, float) const { return y + alpha * x; }
@@ -213,6 +251,32 @@ void add_on_stream(DType t, const void* a, const void* b, index_t n, void* out,
     using T = decltype(zero);
     map3_on(stream, Add{}, static_cast<const T*>(a), static_cast<const T*>(b),
             static_cast<const T*>(nullptr), n, static_cast<T*>(out));
+  });
+}
+
+void add_residual_bias_on_stream(DType t, const void* a, const void* b, const void* residual,
+                                 const void* bias, index_t C, index_t first, index_t n,
+                                 void* out, CUstream_st* stream) {
+  if (n == 0) return;
+  MESH_VERIFY(C > 0, "add_residual_bias: " << C << " columns");
+  with_storage_type(t, "add_residual_bias", [&](auto zero) {
+    using T = decltype(zero);
+    constexpr int V = kPack<T>;
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    const T* pr = static_cast<const T*>(residual);
+    const T* pbias = static_cast<const T*>(bias);
+    T* po = static_cast<T*>(out);
+    const bool packed = aligned16(pa) && aligned16(pb) && (!pr || aligned16(pr)) &&
+                        (!pbias || aligned16(pbias)) && aligned16(po) && C % V == 0 &&
+                        first % V == 0 && n % V == 0;
+    if (packed)
+      add_residual_bias_packed_kernel<T><<<grid_for(n / V, kThreads), kThreads, 0, stream>>>(
+          pa, pb, pr, pbias, C / V, first / V, n / V, po);
+    else
+      add_residual_bias_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+          pa, pb, pr, pbias, C, first, n, po);
+    MESH_CUDA_LAUNCHED();
   });
 }
 

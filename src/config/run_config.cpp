@@ -126,6 +126,8 @@ void DeckSchema::bind(RunConfig& c) {
       "column-parallel forward GEMMs on own rows while the input all-gather runs (SP)");
   key("parallel.tp_copy_engine", &p.tp_copy_engine, "bool",
       "tp all-gathers / reduce-scatters / all-reduces on the copy engines (CUDA IPC), not NCCL (GPU)");
+  key("parallel.tp_copy_engine_min_bytes", &p.tp_copy_engine_min_bytes, "int",
+      "tp_copy_engine: smallest all-reduce (bytes) on the copy engines; smaller ones on NCCL");
   key("parallel.tp_interleave", &p.tp_interleave, "bool",
       "micro-batches in interleaved pairs: one's tp collectives overlap the other's compute");
   key("parallel.tp_interleave_streams", &p.tp_interleave_streams, "int",
@@ -382,6 +384,8 @@ void RunConfig::validate(int world_size) {
                    << p.tensor_parallel << ")");
   MESH_REQUIRE(!p.sequence_parallel_keep_gathered || p.sequence_parallel,
                "parallel.sequence_parallel_keep_gathered = true needs parallel.sequence_parallel");
+  MESH_REQUIRE(p.tp_copy_engine_min_bytes >= 0,
+               "parallel.tp_copy_engine_min_bytes must be >= 0, got " << p.tp_copy_engine_min_bytes);
   MESH_REQUIRE(!p.tp_copy_engine || run.device == "cuda",
                "parallel.tp_copy_engine = true needs run.device = cuda (CUDA IPC between GPUs)");
   MESH_REQUIRE(!p.sequence_parallel || m.seq_length % p.tensor_parallel == 0,

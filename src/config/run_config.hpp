@@ -81,6 +81,11 @@ struct ParallelSection {
   /// (PeerExchange: CUDA IPC, no NCCL kernels, no SMs) instead of NCCL; GPU
   /// path only.
   bool tp_copy_engine = false;
+  /// tp_copy_engine: the smallest all-reduce (bytes) it takes; smaller ones
+  /// (the vocab-parallel loss statistics) stay on NCCL, whose one kernel
+  /// beats four copies, two flag round trips and an add there. Tests set 0
+  /// to run their tiny models' sums over the copy engines.
+  long tp_copy_engine_min_bytes = 1 << 20;
   /// Domino-style tp overlap: a step's micro-batches run in pairs, the two
   /// forward + backward interleaved on one thread (FiberPair): where one
   /// waits for a tp collective, the other's compute is queued, and the GPU

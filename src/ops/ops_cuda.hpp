@@ -164,6 +164,14 @@ void add(DType t, const void* a, const void* b, index_t n, void* out);
 /// copy-engine collectives, queued behind their transfers (PeerExchange).
 void add_on_stream(DType t, const void* a, const void* b, index_t n, void* out,
                    CUstream_st* stream);
+/// out[i] = a[i] + b[i] + residual[i] + bias[(first + i) % C] on `stream`
+/// (residual or bias may be null), in fp32 with one rounding: the sum of a
+/// tp all-reduce's two blocks with a row-parallel layer's bias and residual
+/// added in the same pass (elements [first, first + n) of a row-major
+/// [rows, C] output). out may alias a or b.
+void add_residual_bias_on_stream(DType t, const void* a, const void* b, const void* residual,
+                                 const void* bias, index_t C, index_t first, index_t n,
+                                 void* out, CUstream_st* stream);
 void axpy(DType t, double alpha, const void* x, index_t n, void* y);
 void scale(DType t, void* x, index_t n, double alpha);
 double sum_of_squares(DType t, const void* x, index_t n);

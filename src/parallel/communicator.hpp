@@ -144,6 +144,24 @@ class Communicator {
     for (Tensor* t : tensors) all_reduce(*t, op);
   }
 
+  /// Whether all_reduce_adding takes a sum of `count` elements of `dtype`:
+  /// a backend that adds the addends in its own reduction pass says so
+  /// (the copy-engine tp sum); the others do not, and a row-parallel layer
+  /// then adds its bias and residual in one rank's GEMM epilogue instead.
+  virtual bool adds_in_all_reduce(std::size_t count, DType dtype) const {
+    (void)count, (void)dtype;
+    return false;
+  }
+  /// The Sum all-reduce of `buf` plus, once, `residual` (null or laid out
+  /// as `buf`) and `bias` (null or `columns` elements broadcast over the
+  /// rows of `buf` read as [count / columns, columns]), all of `dtype`.
+  /// Only where adds_in_all_reduce(count, dtype) holds.
+  virtual void all_reduce_adding(void* buf, std::size_t count, DType dtype,
+                                 const void* residual, const void* bias, std::size_t columns) {
+    (void)buf, (void)count, (void)dtype, (void)residual, (void)bias, (void)columns;
+    MESH_VERIFY(false, "all_reduce_adding: this communicator adds nothing in its all-reduce");
+  }
+
   // Tensor conveniences (whole tensor as the payload).
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) {
     all_reduce(t.raw(), std::size_t(t.numel()), t.dtype(), op);

@@ -115,10 +115,29 @@ void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Red
   const bool copy_engines = copy_engine_sum(count, dtype, op);
   blocking([&](const JobLane& lane) {
     if (copy_engines)
-      copy_engine_all_reduce(*lane.copy_engine, buf, count, dtype, lane.stream);
+      copy_engine_all_reduce(*lane.copy_engine, buf, count, dtype, lane.stream, nullptr);
     else
       NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), lane.comm,
                                lane.stream));
+  });
+}
+
+bool NcclCommunicator::adds_in_all_reduce(std::size_t count, DType dtype) const {
+  return comm_ && copy_engine_sum(count, dtype, ReduceOp::Sum);
+}
+
+void NcclCommunicator::all_reduce_adding(void* buf, std::size_t count, DType dtype,
+                                         const void* residual, const void* bias,
+                                         std::size_t columns) {
+  MESH_VERIFY(adds_in_all_reduce(count, dtype) && device_buffer(buf),
+              "all_reduce_adding: " << count << " elements of " << dtype_name(dtype)
+                                    << " do not go over the copy engines");
+  MESH_VERIFY(columns > 0 && count % columns == 0,
+              "all_reduce_adding: " << count << " elements are not rows of " << columns);
+  record(CollectiveKind::AllReduce, bytes_of(count, dtype));
+  const PeerExchange::Addends addends{residual, bias, columns};
+  blocking([&](const JobLane& lane) {
+    copy_engine_all_reduce(*lane.copy_engine, buf, count, dtype, lane.stream, &addends);
   });
 }
 
@@ -127,7 +146,7 @@ bool NcclCommunicator::copy_engine_sum(std::size_t count, DType dtype, ReduceOp 
   // and column-parallel input gradients without SP; not the few-element
   // statistics).
   return copy_engine_ && op == ReduceOp::Sum && count % std::size_t(size()) == 0 &&
-         bytes_of(count, dtype) >= kCopyEngineMinBytes;
+         bytes_of(count, dtype) >= copy_engine_min_bytes_;
 }
 
 void NcclCommunicator::all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) {
@@ -236,9 +255,10 @@ void NcclCommunicator::interleaved(const std::function<void(const JobLane&)>& qu
   if (finish) finish();
 }
 
-void NcclCommunicator::use_copy_engine() {
+void NcclCommunicator::use_copy_engine(std::size_t min_all_reduce_bytes) {
   PeerExchange::require_available(host_.comm());  // at start-up, not at the first call
   copy_engine_ = true;
+  copy_engine_min_bytes_ = min_all_reduce_bytes;
 }
 
 std::size_t NcclCommunicator::CopyEngine::region(MPI_Comm group, std::size_t bytes) {
@@ -251,11 +271,15 @@ std::size_t NcclCommunicator::CopyEngine::region(MPI_Comm group, std::size_t byt
 }
 
 void NcclCommunicator::copy_engine_all_reduce(CopyEngine& ce, void* buf, std::size_t count,
-                                              DType dtype, cudaStream_t stream) {
+                                              DType dtype, cudaStream_t stream,
+                                              const PeerExchange::Addends* addends) {
   const std::size_t bytes = bytes_of(count, dtype);
   const std::size_t scatter_at = ce.region(host_.comm(), bytes);
   const std::size_t gather_at = ce.region(host_.comm(), bytes);
-  ce.exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, stream);
+  if (addends)
+    ce.exchange->all_reduce_adding(buf, count, dtype, *addends, scatter_at, gather_at, stream);
+  else
+    ce.exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, stream);
 }
 
 void NcclCommunicator::copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv,
@@ -541,7 +565,7 @@ long NcclCommunicator::iall_reduce(void* buf, std::size_t count, DType dtype, Re
   if (!comm_) return first_ticket_ - 1;  // nothing to reduce, nothing to wait for
   after_compute_on_comm_stream();
   if (copy_engine_sum(count, dtype, op))
-    copy_engine_all_reduce(async_ce_, buf, count, dtype, comm_stream_);
+    copy_engine_all_reduce(async_ce_, buf, count, dtype, comm_stream_, nullptr);
   else
     NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, comm_stream_));
   return pending_on_comm_stream();

@@ -154,7 +154,7 @@ class NcclCommunicator final : public Communicator {
 
   /// From now on (collective: every rank of the group calls it), the
   /// blocking device all_gather and Sum reduce_scatter, the Sum all_reduce
-  /// of kCopyEngineMinBytes or more that splits evenly over the ranks (a
+  /// of min_all_reduce_bytes or more that splits evenly over the ranks (a
   /// reduce-scatter and an all-gather through two regions), and the
   /// equal-count iall_gather, run on the copy engines (PeerExchange)
   /// instead of NCCL: each call uses one of kCopyEngineRegions regions of an
@@ -172,7 +172,7 @@ class NcclCommunicator final : public Communicator {
   /// only the call after that one is ordered after them.
   /// Fails on every rank where some rank's driver lacks the stream memory
   /// operations.
-  void use_copy_engine();
+  void use_copy_engine(std::size_t min_all_reduce_bytes = kCopyEngineMinBytes);
   /// parallel.tp_interleave_streams = 2: the second interleaved job's
   /// blocking collectives on a communicator (ncclCommSplit), side stream
   /// and copy-engine exchange of their own, so that they need not queue
@@ -182,6 +182,11 @@ class NcclCommunicator final : public Communicator {
   void separate_interleaved_jobs();
 
   void all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
+  /// The copy-engine all-reduces (use_copy_engine) add a row-parallel
+  /// layer's bias and residual in their sum kernel (PeerExchange::Addends).
+  bool adds_in_all_reduce(std::size_t count, DType dtype) const override;
+  void all_reduce_adding(void* buf, std::size_t count, DType dtype, const void* residual,
+                         const void* bias, std::size_t columns) override;
   void all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
                       ReduceOp op) override;
@@ -280,13 +285,14 @@ class NcclCommunicator final : public Communicator {
   static constexpr std::size_t kCopyEngineMinBytes = 1 << 20;
   /// The copy-engine all-reduce of `buf` on `stream` (two regions of `ce`).
   void copy_engine_all_reduce(CopyEngine& ce, void* buf, std::size_t count, DType dtype,
-                              cudaStream_t stream);
+                              cudaStream_t stream, const PeerExchange::Addends* addends);
   /// The copy-engine all-gather of `send` into `recv` on `stream`.
   void copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv, std::size_t shard,
                               cudaStream_t stream);
 
   MpiCommunicator host_;        ///< Host buffers.
   bool copy_engine_ = false;
+  std::size_t copy_engine_min_bytes_ = kCopyEngineMinBytes;  ///< use_copy_engine's
   CopyEngine blocking_ce_, async_ce_;  ///< compute stream / comm_stream_
   /// separate_interleaved_jobs(): job 1's lane (owned).
   ncclComm_t job1_comm_ = nullptr;

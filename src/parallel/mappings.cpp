@@ -30,6 +30,26 @@ Tensor reduce_from_tp(TensorParallelGroup& g, Tensor&& partial) {
   return sum;
 }
 
+bool tp_sum_adds(const TensorParallelGroup& g, std::size_t count, DType dtype) {
+  return g.size() > 1 && g.comm.adds_in_all_reduce(count, dtype);
+}
+
+Tensor reduce_from_tp_adding(TensorParallelGroup& g, Tensor&& partial, const Tensor& bias,
+                             const Tensor* residual) {
+  Tensor sum = std::move(partial);
+  const index_t columns = sum.dim(sum.rank() - 1);
+  MESH_VERIFY(bias.numel() == columns && bias.dtype() == sum.dtype() &&
+                  (!residual || (residual->shape() == sum.shape() &&
+                                 residual->dtype() == sum.dtype())),
+              "reduce_from_tp_adding: bias " << shape_string(bias.shape()) << " / residual "
+                                             << (residual ? shape_string(residual->shape()) : "-")
+                                             << " do not fit the sum "
+                                             << shape_string(sum.shape()));
+  g.comm.all_reduce_adding(sum.raw(), std::size_t(sum.numel()), sum.dtype(),
+                           residual ? residual->raw() : nullptr, bias.raw(), std::size_t(columns));
+  return sum;
+}
+
 Tensor scatter_to_sp(TensorParallelGroup& g, const Tensor& x) {
   if (g.size() == 1) return x;
   require_divisible(x, 0, g.size(), "scatter_to_sp");

@@ -39,6 +39,15 @@ Tensor reduce_from_tp(TensorParallelGroup& g, const Tensor& x);
 /// sum that nothing else reads (the row-parallel GEMM's output): no clone,
 /// which cost a full-size copy on the compute stream per call.
 Tensor reduce_from_tp(TensorParallelGroup& g, Tensor&& partial);
+/// Whether reduce_from_tp_adding can sum `count` elements of `dtype` (the
+/// communicator adds in its own reduction pass: the copy-engine sums).
+/// The same answer on every rank of the group.
+bool tp_sum_adds(const TensorParallelGroup& g, std::size_t count, DType dtype);
+/// reduce_from_tp(partial) + bias (broadcast over rows) + residual (null:
+/// none), the addends added once in the reduction's own sum kernel; only
+/// where tp_sum_adds holds.
+Tensor reduce_from_tp_adding(TensorParallelGroup& g, Tensor&& partial, const Tensor& bias,
+                             const Tensor* residual);
 Tensor scatter_to_sp(TensorParallelGroup& g, const Tensor& x);
 Tensor gather_from_sp(TensorParallelGroup& g, const Tensor& x);
 Tensor reduce_scatter_to_sp(TensorParallelGroup& g, const Tensor& x);

@@ -214,8 +214,14 @@ void PeerExchange::reduce_scatter_transfer(const void* partial, std::size_t coun
 
 void PeerExchange::reduce_scatter_sum(const void* partial, std::size_t count, DType dtype,
                                       void* out, std::size_t offset, cudaStream_t stream) {
+  sum_blocks(partial, count, dtype, out, offset, nullptr, stream);
+}
+
+void PeerExchange::sum_blocks(const void* partial, std::size_t count, DType dtype, void* out,
+                              std::size_t offset, const Addends* addends, cudaStream_t stream) {
   const std::size_t block = count * dtype_size(dtype);
   const char* mine = static_cast<const char*>(partial);
+  MESH_VERIFY(size_ > 1 || !addends, "PeerExchange: addends on one rank");
   if (size_ == 1) {
     if (out != mine) CUDA_CHECK(cudaMemcpyAsync(out, mine, block, cudaMemcpyDefault, stream));
     return;
@@ -227,7 +233,16 @@ void PeerExchange::reduce_scatter_sum(const void* partial, std::size_t count, DT
   };
   // `out` may be this rank's own block of `partial` (all_reduce): add reads
   // each element before writing it.
-  cuda::add_on_stream(dtype, term(0), term(1), index_t(count), out, stream);
+  if (addends) {
+    const std::size_t first = std::size_t(rank_) * count;  // this block's first element
+    const char* residual = static_cast<const char*>(addends->residual);
+    cuda::add_residual_bias_on_stream(dtype, term(0), term(1),
+                                      residual ? residual + std::size_t(rank_) * block : nullptr,
+                                      addends->bias, index_t(addends->columns), index_t(first),
+                                      index_t(count), out, stream);
+  } else {
+    cuda::add_on_stream(dtype, term(0), term(1), index_t(count), out, stream);
+  }
   for (int q = 2; q < size_; ++q)
     cuda::add_on_stream(dtype, out, term(q), index_t(count), out, stream);
 }
@@ -235,6 +250,18 @@ void PeerExchange::reduce_scatter_sum(const void* partial, std::size_t count, DT
 void PeerExchange::all_reduce(void* buf, std::size_t count, DType dtype,
                               std::size_t scatter_offset, std::size_t gather_offset,
                               cudaStream_t stream) {
+  all_reduce_summing(buf, count, dtype, nullptr, scatter_offset, gather_offset, stream);
+}
+
+void PeerExchange::all_reduce_adding(void* buf, std::size_t count, DType dtype,
+                                     const Addends& addends, std::size_t scatter_offset,
+                                     std::size_t gather_offset, cudaStream_t stream) {
+  all_reduce_summing(buf, count, dtype, &addends, scatter_offset, gather_offset, stream);
+}
+
+void PeerExchange::all_reduce_summing(void* buf, std::size_t count, DType dtype,
+                                      const Addends* addends, std::size_t scatter_offset,
+                                      std::size_t gather_offset, cudaStream_t stream) {
   MESH_VERIFY(count % std::size_t(size_) == 0, "PeerExchange::all_reduce: " << count
                                                    << " elements in " << size_ << " blocks");
   if (size_ == 1) return;
@@ -242,7 +269,7 @@ void PeerExchange::all_reduce(void* buf, std::size_t count, DType dtype,
   const std::size_t block = block_count * dtype_size(dtype);
   char* own_block = static_cast<char*>(buf) + std::size_t(rank_) * block;
   reduce_scatter_transfer(buf, block_count, dtype, scatter_offset, stream);
-  reduce_scatter_sum(buf, block_count, dtype, own_block, scatter_offset, stream);
+  sum_blocks(buf, block_count, dtype, own_block, scatter_offset, addends, stream);
   // The summed block is already in place in `buf`: only the peers' come
   // back through the arena (no copy of this rank's block into it and out).
   push_to_peers(own_block, block, gather_offset, stream);

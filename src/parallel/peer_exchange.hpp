@@ -118,6 +118,23 @@ class PeerExchange {
   void all_reduce(void* buf, std::size_t count, DType dtype, std::size_t scatter_offset,
                   std::size_t gather_offset, cudaStream_t stream);
 
+  /// What all_reduce_adding adds to the sum, once: `residual` (null or
+  /// count elements, laid out as `buf`) and `bias` (null or `columns`
+  /// elements, broadcast over the rows of `buf` read as [count / columns,
+  /// columns]), both of the sum's dtype.
+  struct Addends {
+    const void* residual = nullptr;
+    const void* bias = nullptr;
+    std::size_t columns = 1;
+  };
+  /// all_reduce, with each rank adding the addends' part of its block in
+  /// the same pass as the blocks' sum (add_residual_bias: one rounding of
+  /// a + b + residual + bias). A row-parallel layer's bias and residual,
+  /// without an out-of-place epilogue in one rank's GEMM.
+  void all_reduce_adding(void* buf, std::size_t count, DType dtype, const Addends& addends,
+                         std::size_t scatter_offset, std::size_t gather_offset,
+                         cudaStream_t stream);
+
  private:
   /// Stops unless size() blocks of `block` bytes at `offset` fit in the arena.
   void check_fits(const char* call, std::size_t block, std::size_t offset) const;
@@ -125,6 +142,14 @@ class PeerExchange {
   /// Raises this rank's flag on every peer to the next sequence number,
   /// then waits on `stream` until every peer has raised its flag here.
   void signal_and_wait(cudaStream_t stream);
+  /// reduce_scatter_sum with this rank's part of `addends` (null: none)
+  /// added in the first add.
+  void sum_blocks(const void* partial, std::size_t count, DType dtype, void* out,
+                  std::size_t offset, const Addends* addends, cudaStream_t stream);
+  /// all_reduce and all_reduce_adding (addends null: none).
+  void all_reduce_summing(void* buf, std::size_t count, DType dtype, const Addends* addends,
+                          std::size_t scatter_offset, std::size_t gather_offset,
+                          cudaStream_t stream);
 
   int rank_ = 0, size_ = 1;
   std::size_t arena_bytes_ = 0;

@@ -7,8 +7,9 @@
 //   - a time split per step: busy / compute / communication, how much of
 //     the communication no compute kernel hid ("exposed"), idle gaps, and
 //     the kernels that took the most time.
-// Communication = NCCL's kernels (their names start with "nccl"); copies
-// and sets are counted as busy but in neither class.
+// Communication = NCCL's kernels (their names start with "nccl") and copies
+// between GPUs (the copy-engine collectives); other copies and sets are
+// counted as busy but in neither class.
 //
 // The split is pure interval arithmetic (summarize_trace), tested on the
 // host; GpuTracer needs the CUDA build with CUPTI.

@@ -78,7 +78,7 @@ std::vector<MicroBatch> staged_in(const std::vector<MicroBatch>& batch, MemorySp
 /// engines (NcclCommunicator::use_copy_engine; the deck check makes sure
 /// this is the GPU path). Collective over the world: every rank learns
 /// whether some tp group spans nodes (CUDA IPC cannot), so all fail alike.
-void use_copy_engine(ParallelRuntime& rt) {
+void use_copy_engine(ParallelRuntime& rt, long min_all_reduce_bytes) {
   const int hosts = max_hosts_per_tp_group(gather_rank_map(rt.topo, 0));
   MESH_REQUIRE(hosts == 1, "parallel.tp_copy_engine = true needs every tp group on one node "
                            "(CUDA IPC between its GPUs); a tp group here spans "
@@ -86,8 +86,9 @@ void use_copy_engine(ParallelRuntime& rt) {
 #ifdef MESHTRON_HAVE_CUDA
   auto* nccl = dynamic_cast<NcclCommunicator*>(&rt.tp);
   MESH_REQUIRE(nccl != nullptr, "parallel.tp_copy_engine needs the tp group on NCCL (GPU path)");
-  nccl->use_copy_engine();
+  nccl->use_copy_engine(std::size_t(min_all_reduce_bytes));
 #else
+  (void)min_all_reduce_bytes;
   MESH_REQUIRE(false, "parallel.tp_copy_engine needs the CUDA path");
 #endif
 }
@@ -132,7 +133,7 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.keep_gathered_input = run.parallel.sequence_parallel_keep_gathered;
   base_ctx_.split_row_parallel_backward = run.parallel.split_row_parallel_backward;
   base_ctx_.split_column_parallel_forward = run.parallel.split_column_parallel_forward;
-  if (run.parallel.tp_copy_engine) use_copy_engine(rt);
+  if (run.parallel.tp_copy_engine) use_copy_engine(rt, run.parallel.tp_copy_engine_min_bytes);
   if (run.parallel.tp_interleave) fibers_ = std::make_unique<FiberPair>();
 #ifdef MESHTRON_HAVE_CUDA
   if (run.parallel.tp_interleave_streams == 2)

@@ -32,6 +32,7 @@
 #include "tensor/device_allocator.hpp"
 #ifdef MESHTRON_HAVE_CUDA
 #include "ops/ops_cuda.hpp"
+#include "tensor/device_stream.hpp"
 #endif
 
 namespace meshtron::ops {
@@ -789,6 +790,61 @@ TEST_F(GpuOps, BiasBackwardPackedAndScalarPathsMatchHostAndRepeat) {
       expect_close(Pair{reference, scalar}, dt, "bias_backward scalar " + what);
     }
 }
+
+#ifdef MESHTRON_HAVE_CUDA  // a kernel without an ops:: entry (PeerExchange calls it)
+// The copy-engine tp all-reduce's sum kernel with a row-parallel layer's
+// epilogue (PeerExchange::Addends): out = a + b + residual + bias[column]
+// over elements [first, first + n) of a row-major [rows, C] output, in fp32
+// with one rounding, so within a few fp32 roundings of the exact sum in fp32
+// and within one rounding in 16 bits; the packed kernel (aligned, C and
+// first multiples of the pack) and the element kernel (a misaligned
+// operand, C = 5); residual and bias each optional; out aliasing a.
+TEST_F(GpuOps, AddResidualBiasPackedAndScalarPathsAreOneRoundingOfTheExactSum) {
+  struct Case {
+    index_t rows, C, first;
+    bool misaligned, residual, bias, alias;
+  };
+  const Case cases[] = {{64, 1280, 0, false, true, true, false},
+                        {64, 1280, 32 * 1280, false, true, true, true},
+                        {64, 1280, 640, false, false, true, false},
+                        {64, 1280, 0, false, true, false, false},
+                        {64, 1280, 1280, true, true, true, false},
+                        {33, 5, 3, false, true, true, false}};
+  for (DType dt : kDtypes)
+    for (const Case& c : cases) {
+      const std::string what = name(dt) + " C=" + std::to_string(c.C) + " first=" +
+                               std::to_string(c.first) + (c.misaligned ? " misaligned" : "") +
+                               (c.residual ? "" : " no residual") + (c.bias ? "" : " no bias") +
+                               (c.alias ? " out = a" : "");
+      const index_t n = c.rows * c.C;
+      const Pair a = input({n + 1}, dt), b = input({n}, dt), r = input({n}, dt, -4, 4),
+                 bias = input({c.C}, dt);
+      // Misaligned: a read from its second element (2 or 4 bytes off).
+      const Tensor a_dev = a.dev.slice_rows(c.misaligned ? 1 : 0, n + (c.misaligned ? 1 : 0));
+      const Tensor a_host = a.host.slice_rows(c.misaligned ? 1 : 0, n + (c.misaligned ? 1 : 0));
+      Tensor out = c.alias ? a_dev : Tensor::empty({n}, dt, MemorySpace::Cuda);
+      cuda::add_residual_bias_on_stream(dt, a_dev.raw(), b.dev.raw(),
+                                        c.residual ? r.dev.raw() : nullptr,
+                                        c.bias ? bias.dev.raw() : nullptr, c.C, c.first, n,
+                                        out.raw(), device::compute_stream());
+      const std::vector<double> got = out.to_doubles();
+      const double unit = dt == DType::F32 ? 4 * std::ldexp(1.0, -24)
+                          : dt == DType::BF16 ? std::ldexp(1.0, -8)
+                                              : std::ldexp(1.0, -11);
+      index_t bad = 0, first_bad = -1;
+      for (index_t i = 0; i < n; ++i) {
+        const double terms[] = {a_host.data<float>()[i], b.host.data<float>()[i],
+                                c.residual ? r.host.data<float>()[i] : 0.0,
+                                c.bias ? bias.host.data<float>()[(c.first + i) % c.C] : 0.0};
+        double exact = 0, magnitude = 0;
+        for (double t : terms) exact += t, magnitude += std::abs(t);
+        if (!(std::abs(got[std::size_t(i)] - exact) <= unit * magnitude + 1e-30))
+          if (bad++ == 0) first_bad = i;
+      }
+      EXPECT_EQ(bad, 0) << what << ": first at " << first_bad;
+    }
+}
+#endif
 
 // The backward sums repeated ids in token order (kernels/cuda/embedding.cu):
 // into an fp32 table it is the host's result bit for bit (same order, same

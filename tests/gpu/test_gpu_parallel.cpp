@@ -199,6 +199,52 @@ TEST_F(Nccl, CopyEngineAllReduceEqualsNcclAllReduce) {
     }
 }
 
+// all_reduce_adding (the row-parallel forward without SP on the copy
+// engines): the sum of both ranks' blocks plus a residual and a bias
+// broadcast over rows, added once, within one rounding (16-bit) or a few
+// fp32 roundings of the exact sum; at a width that packs (1280) and one
+// that does not (1000). NCCL alone does not add (adds_in_all_reduce false),
+// nor do the copy engines below their smallest all-reduce.
+TEST_F(Nccl, CopyEngineAllReduceAddsResidualAndBiasOnce) {
+  if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
+  NcclCommunicator copy_engines(MPI_COMM_WORLD);
+  copy_engines.use_copy_engine();
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const std::size_t columns : {std::size_t(1280), std::size_t(1000)}) {
+      const std::size_t rows = 1024, n = rows * columns;  // >= 1 MiB in either dtype
+      EXPECT_FALSE(comm->adds_in_all_reduce(n, dt));
+      EXPECT_FALSE(copy_engines.adds_in_all_reduce(64, dt));
+      ASSERT_TRUE(copy_engines.adds_in_all_reduce(n, dt));
+      const auto partial_of = [&](int r) {
+        std::vector<float> v(n);
+        for (std::size_t i = 0; i < n; ++i) v[i] = float(r + 1) * 0.37f - float(i % 1013) * 0.01f;
+        return v;
+      };
+      std::vector<float> residual(n), bias(columns);
+      for (std::size_t i = 0; i < n; ++i) residual[i] = float(i % 977) * 0.003f - 1.5f;
+      for (std::size_t c = 0; c < columns; ++c) bias[c] = 0.25f - float(c % 61) * 0.01f;
+      Tensor sum = device_from(partial_of(rank), dt);
+      const Tensor residual_dev = device_from(residual, dt), bias_dev = device_from(bias, dt);
+      copy_engines.all_reduce_adding(sum.raw(), n, dt, residual_dev.raw(), bias_dev.raw(),
+                                     columns);
+      // The exact sum of the values as stored in dt.
+      const std::vector<double> p0 = device_from(partial_of(0), dt).to_doubles(),
+                                p1 = device_from(partial_of(1), dt).to_doubles(),
+                                res = residual_dev.to_doubles(), b = bias_dev.to_doubles(),
+                                got = sum.to_doubles();
+      const double unit = dt == DType::F32 ? 4 * std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double terms[] = {p0[i], p1[i], res[i], b[i % columns]};
+        double exact = 0, magnitude = 0;
+        for (double t : terms) exact += t, magnitude += std::abs(t);
+        if (!(std::abs(got[i] - exact) <= unit * magnitude + 1e-30)) ++bad;
+      }
+      EXPECT_EQ(bad, 0u) << dtype_name(dt) << " columns " << columns;
+      MPI_Barrier(MPI_COMM_WORLD);  // both ranks have read their arena before the next call
+    }
+}
+
 TEST_F(Nccl, Bf16SumIsReducedOnTheDevice) {
   // 1 + 2^-7 is exact in bf16 (7 stored mantissa bits); the sum 2 + 2^-6 too.
   const float x = 1.0f + 1.0f / 128;
@@ -583,6 +629,23 @@ TEST(GpuTraining, CopyEngineTpCollectivesMatchOneGpuRun) {
     Layout ce{2, 1, 1, "1f1b", false, true};
     ce.overrides = {"parallel.tp_copy_engine=true",
                     std::string("parallel.sequence_parallel_keep_gathered=") + keep};
+    const RunResult got = testing::train_layout(MPI_COMM_WORLD, ce, DType::F32, 3, MemorySpace::Cuda);
+    if (is_rank0()) expect_same_run(got, one_gpu_reference());
+  }
+}
+
+// Without SP on the copy engines (the 774M tp 2 runs' layout), every
+// all-reduce on them (tp_copy_engine_min_bytes = 0: the test model's sums
+// are a few KB), so the row-parallel layers' bias and residual ride in the
+// sums (all_reduce_adding); plain and with interleaved micro-batches.
+TEST(GpuTraining, CopyEngineTpWithoutSpMatchesOneGpuRun) {
+  REQUIRE_TWO_GPUS();
+  if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
+  for (const bool interleave : {false, true}) {
+    SCOPED_TRACE(interleave ? "tp_interleave" : "plain");
+    Layout ce{2, 1, 1, "1f1b", false, false};
+    ce.overrides = {"parallel.tp_copy_engine=true", "parallel.tp_copy_engine_min_bytes=0"};
+    if (interleave) ce.overrides.push_back("parallel.tp_interleave=true");
     const RunResult got = testing::train_layout(MPI_COMM_WORLD, ce, DType::F32, 3, MemorySpace::Cuda);
     if (is_rank0()) expect_same_run(got, one_gpu_reference());
   }
