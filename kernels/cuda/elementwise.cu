@@ -105,6 +105,7 @@ __global__ void add_residual_bias_kernel(const T* a, const T* b, const T* __rest
     out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]) + r + c);
   }
 }
+
 struct Axpy {  // inputs (y, x)
   float alpha;
   __device__ float operator()(float y, float x, float) const { return y + alpha * x; }

@@ -176,6 +176,13 @@ const char* copy_kind_name(std::uint8_t kind) {
   }
 }
 
+/// Size, device times and stream of a copy or set record.
+template <class Record>
+void take_span(const Record* m, TraceEvent& e) {
+  e.bytes = m->bytes;
+  e.start_ns = m->start, e.end_ns = m->end, e.stream = m->streamId;
+}
+
 TraceEvent event_of(const CUpti_Activity* record) {
   TraceEvent e;
   switch (record->kind) {
@@ -194,8 +201,7 @@ TraceEvent event_of(const CUpti_Activity* record) {
       // tp collectives, parallel.tp_copy_engine), so it counts with NCCL's.
       e.kind = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_PTOP ? TraceEvent::Kind::Communication
                                                               : TraceEvent::Kind::Copy;
-      e.bytes = m->bytes;
-      e.start_ns = m->start, e.end_ns = m->end, e.stream = m->streamId;
+      take_span(m, e);
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY2: {
@@ -204,16 +210,14 @@ TraceEvent event_of(const CUpti_Activity* record) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(record);
       e.name = "memcpy PtoP";
       e.kind = TraceEvent::Kind::Communication;
-      e.bytes = m->bytes;
-      e.start_ns = m->start, e.end_ns = m->end, e.stream = m->streamId;
+      take_span(m, e);
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
       e.name = "memset";
       e.kind = TraceEvent::Kind::Copy;
-      e.bytes = m->bytes;
-      e.start_ns = m->start, e.end_ns = m->end, e.stream = m->streamId;
+      take_span(m, e);
       break;
     }
     default:  // a kind not asked for: named, without times (clipped out of the window)
