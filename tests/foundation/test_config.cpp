@@ -120,6 +120,8 @@ INSTANTIATE_TEST_SUITE_P(
                        "keep_gathered = true needs parallel.sequence_parallel"},
         ValidationCase{{"parallel.tp_copy_engine=true"}, 8,
                        "tp_copy_engine = true needs run.device = cuda"},
+        ValidationCase{{"parallel.tp_copy_engine_min_bytes=-1"}, 8,
+                       "parallel.tp_copy_engine_min_bytes must be >= 0, got -1"},
         ValidationCase{{"parallel.tp_interleave=true"}, 8,
                        "tp_interleave = true needs parallel.pipeline_parallel = 1 (got 2)"},
         ValidationCase{{"parallel.tp_interleave=true", "parallel.pipeline_parallel=1",
