@@ -135,10 +135,10 @@ constexpr int kMaxPacksPerLane = 8;
 // 128 registers for bf16 at K = 3 (H = 768), so one 512-thread block per
 // SM is resident (backward_warps); 132 blocks are one wave of an H100 and
 // 132 partial rows. 16-bit rows with K = 8 would spill (ptxas: 192 bytes),
-// so rows wider than 32 x 6 packs (H > 1536 in bf16/fp16) stay scalar; K = 6
-// (8-warp blocks, no spills) covers GPT-2 774M's H = 1280. (K = 5, exact
-// for H = 1280, measured no faster: backward the same, a single forward
-// launch 3 us slower on an H100; not instantiated.)
+// so rows wider than 32 x 6 packs (H > 1536 in bf16/fp16) stay scalar. K = 5
+// (8-warp blocks, no spills) is GPT-2 774M's H = 1280 exactly (`4210b80`:
+// forward 0.74 -> 0.76 of copy against K = 6, whose sixth load per lane
+// idled).
 constexpr kindex kBackwardBlocks = 132;
 
 /// Loads packs lane, lane + 32, ... (< P) of a row into r.
