@@ -276,10 +276,7 @@ void NcclCommunicator::copy_engine_all_reduce(CopyEngine& ce, void* buf, std::si
   const std::size_t bytes = bytes_of(count, dtype);
   const std::size_t scatter_at = ce.region(host_.comm(), bytes);
   const std::size_t gather_at = ce.region(host_.comm(), bytes);
-  if (addends)
-    ce.exchange->all_reduce_adding(buf, count, dtype, *addends, scatter_at, gather_at, stream);
-  else
-    ce.exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, stream);
+  ce.exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, stream, addends);
 }
 
 void NcclCommunicator::copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv,

@@ -213,12 +213,8 @@ void PeerExchange::reduce_scatter_transfer(const void* partial, std::size_t coun
 }
 
 void PeerExchange::reduce_scatter_sum(const void* partial, std::size_t count, DType dtype,
-                                      void* out, std::size_t offset, cudaStream_t stream) {
-  sum_blocks(partial, count, dtype, out, offset, nullptr, stream);
-}
-
-void PeerExchange::sum_blocks(const void* partial, std::size_t count, DType dtype, void* out,
-                              std::size_t offset, const Addends* addends, cudaStream_t stream) {
+                                      void* out, std::size_t offset, cudaStream_t stream,
+                                      const Addends* addends) {
   const std::size_t block = count * dtype_size(dtype);
   const char* mine = static_cast<const char*>(partial);
   MESH_VERIFY(size_ > 1 || !addends, "PeerExchange: addends on one rank");
@@ -249,19 +245,7 @@ void PeerExchange::sum_blocks(const void* partial, std::size_t count, DType dtyp
 
 void PeerExchange::all_reduce(void* buf, std::size_t count, DType dtype,
                               std::size_t scatter_offset, std::size_t gather_offset,
-                              cudaStream_t stream) {
-  all_reduce_summing(buf, count, dtype, nullptr, scatter_offset, gather_offset, stream);
-}
-
-void PeerExchange::all_reduce_adding(void* buf, std::size_t count, DType dtype,
-                                     const Addends& addends, std::size_t scatter_offset,
-                                     std::size_t gather_offset, cudaStream_t stream) {
-  all_reduce_summing(buf, count, dtype, &addends, scatter_offset, gather_offset, stream);
-}
-
-void PeerExchange::all_reduce_summing(void* buf, std::size_t count, DType dtype,
-                                      const Addends* addends, std::size_t scatter_offset,
-                                      std::size_t gather_offset, cudaStream_t stream) {
+                              cudaStream_t stream, const Addends* addends) {
   MESH_VERIFY(count % std::size_t(size_) == 0, "PeerExchange::all_reduce: " << count
                                                    << " elements in " << size_ << " blocks");
   if (size_ == 1) return;
@@ -269,7 +253,7 @@ void PeerExchange::all_reduce_summing(void* buf, std::size_t count, DType dtype,
   const std::size_t block = block_count * dtype_size(dtype);
   char* own_block = static_cast<char*>(buf) + std::size_t(rank_) * block;
   reduce_scatter_transfer(buf, block_count, dtype, scatter_offset, stream);
-  sum_blocks(buf, block_count, dtype, own_block, scatter_offset, addends, stream);
+  reduce_scatter_sum(buf, block_count, dtype, own_block, scatter_offset, stream, addends);
   // The summed block is already in place in `buf`: only the peers' come
   // back through the arena (no copy of this rank's block into it and out).
   push_to_peers(own_block, block, gather_offset, stream);

@@ -86,6 +86,19 @@ class PeerExchange {
   void copy_peer_blocks(void* out, std::size_t bytes, std::size_t offset,
                         cudaStream_t stream) const;
 
+  /// What a sum may add once besides the ranks' blocks (a row-parallel
+  /// layer's epilogue without an out-of-place GEMM): `residual` (null or
+  /// laid out as the summed buffer: this rank adds its block's part) and
+  /// `bias` (null or `columns` elements, broadcast over the rows of the
+  /// buffer read as [elements / columns, columns]), both of the sum's dtype;
+  /// added in the same pass as the blocks (add_residual_bias: one rounding
+  /// of a + b + residual + bias).
+  struct Addends {
+    const void* residual = nullptr;
+    const void* bias = nullptr;
+    std::size_t columns = 1;
+  };
+
   /// Reduce-scatter (sum) of every rank's `partial` (size() blocks of
   /// `count` elements of `dtype`): `out` (count elements) on rank r gets the
   /// sum over ranks q of block r of q's partial. Rank q copies its block r
@@ -100,11 +113,13 @@ class PeerExchange {
   /// reduce_scatter in its two halves: the copies and flags on `stream`,
   /// then (once the compute stream is ordered after them) the adds on the
   /// compute stream. For parallel.tp_interleave, which moves the transfer
-  /// off the compute stream.
+  /// off the compute stream. With `addends`, reduce_scatter_sum adds their
+  /// part of this rank's block (the residual laid out as `partial`).
   void reduce_scatter_transfer(const void* partial, std::size_t count, DType dtype,
                                std::size_t offset, cudaStream_t stream);
   void reduce_scatter_sum(const void* partial, std::size_t count, DType dtype, void* out,
-                          std::size_t offset, cudaStream_t stream);
+                          std::size_t offset, cudaStream_t stream,
+                          const Addends* addends = nullptr);
 
   /// All-reduce (sum) of `buf` in place (count elements of `dtype`, count a
   /// multiple of size()), everything on `stream`, the adds included: a
@@ -115,25 +130,10 @@ class PeerExchange {
   /// `gather_offset`: each rank's summed block stays in `buf`, the peers'
   /// are copied back from the arena. Two regions, the rule for reusing them
   /// as all_gather's.
+  /// With `addends`, each rank adds their part of its block in its sum.
   void all_reduce(void* buf, std::size_t count, DType dtype, std::size_t scatter_offset,
-                  std::size_t gather_offset, cudaStream_t stream);
-
-  /// What all_reduce_adding adds to the sum, once: `residual` (null or
-  /// count elements, laid out as `buf`) and `bias` (null or `columns`
-  /// elements, broadcast over the rows of `buf` read as [count / columns,
-  /// columns]), both of the sum's dtype.
-  struct Addends {
-    const void* residual = nullptr;
-    const void* bias = nullptr;
-    std::size_t columns = 1;
-  };
-  /// all_reduce, with each rank adding the addends' part of its block in
-  /// the same pass as the blocks' sum (add_residual_bias: one rounding of
-  /// a + b + residual + bias). A row-parallel layer's bias and residual,
-  /// without an out-of-place epilogue in one rank's GEMM.
-  void all_reduce_adding(void* buf, std::size_t count, DType dtype, const Addends& addends,
-                         std::size_t scatter_offset, std::size_t gather_offset,
-                         cudaStream_t stream);
+                  std::size_t gather_offset, cudaStream_t stream,
+                  const Addends* addends = nullptr);
 
  private:
   /// Stops unless size() blocks of `block` bytes at `offset` fit in the arena.
@@ -142,14 +142,6 @@ class PeerExchange {
   /// Raises this rank's flag on every peer to the next sequence number,
   /// then waits on `stream` until every peer has raised its flag here.
   void signal_and_wait(cudaStream_t stream);
-  /// reduce_scatter_sum with this rank's part of `addends` (null: none)
-  /// added in the first add.
-  void sum_blocks(const void* partial, std::size_t count, DType dtype, void* out,
-                  std::size_t offset, const Addends* addends, cudaStream_t stream);
-  /// all_reduce and all_reduce_adding (addends null: none).
-  void all_reduce_summing(void* buf, std::size_t count, DType dtype, const Addends* addends,
-                          std::size_t scatter_offset, std::size_t gather_offset,
-                          cudaStream_t stream);
 
   int rank_ = 0, size_ = 1;
   std::size_t arena_bytes_ = 0;
