@@ -117,21 +117,30 @@ void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullp
 }
 
 /// out_v[c] += sum_r src(r, c)[v] in ONE launch, for short N (a few hundred
-/// rows: the per-block partial rows of a fused backward kernel): a block
-/// per 32 columns, row lane y adds rows y, y + kRowLanes, ... (loads
-/// unrolled, adds in row order), then lane 0 adds the lanes in order and
-/// accumulates into out. Deterministic; rounds differently from the
-/// two-pass column_sums (another order of the same adds).
+/// rows: the per-block partial rows of a fused backward kernel). A block
+/// takes kOnePassCols columns with kOnePassLanes row lanes: lane y adds rows
+/// y, y + kOnePassLanes, ... (loads unrolled, adds in row order), then lane
+/// 0 adds the lanes in order and accumulates into out. Deterministic; rounds
+/// differently from the two-pass column_sums (another order of the same
+/// adds). Narrow tiles and many lanes because the work is latency, not
+/// bytes: 132 partial rows x 768 columns as 24 blocks of 32 columns x 8
+/// lanes (17 dependent rounds of loads per thread) took 6.1 us on an H100
+/// (Nsight Compute, session 15), ~28 % of the layernorm backward it ends;
+/// 8 columns x 32 lanes is 96 blocks of 4-5 loads per value and thread.
+inline constexpr int kOnePassCols = 8, kOnePassLanes = 32;
+
 template <int NV, class Source, class G>
-__global__ void column_sums_one_pass_kernel(Source src, kindex N, kindex C, G* out0, G* out1) {
-  __shared__ float tile[NV][kRowLanes][kColTile + 1];
-  const kindex c = kindex(blockIdx.x) * kColTile + threadIdx.x;
+__global__ void __launch_bounds__(kOnePassCols * kOnePassLanes)
+    column_sums_one_pass_kernel(Source src, kindex N, kindex C, G* out0, G* out1) {
+  __shared__ float tile[NV][kOnePassLanes][kOnePassCols + 1];
+  wait_for_prior_grid();  // the partial rows (when launched as a dependent)
+  const kindex c = kindex(blockIdx.x) * kOnePassCols + threadIdx.x;
   float acc[NV];
 #pragma unroll
   for (int v = 0; v < NV; ++v) acc[v] = 0.f;
   if (c < C) {
 #pragma unroll 8
-    for (kindex r = threadIdx.y; r < N; r += kRowLanes) src(r, c, acc);
+    for (kindex r = threadIdx.y; r < N; r += kOnePassLanes) src(r, c, acc);
   }
 #pragma unroll
   for (int v = 0; v < NV; ++v) tile[v][threadIdx.y][threadIdx.x] = acc[v];
@@ -141,17 +150,24 @@ __global__ void column_sums_one_pass_kernel(Source src, kindex N, kindex C, G* o
 #pragma unroll
   for (int v = 0; v < NV; ++v) {
     float s = 0.f;
-    for (int y = 0; y < kRowLanes; ++y) s += tile[v][y][threadIdx.x];
+    for (int y = 0; y < kOnePassLanes; ++y) s += tile[v][y][threadIdx.x];
     store_f(outs[v], c, load_f(outs[v], c) + s);
   }
 }
 
+/// dependent: launched as the programmatic dependent of the kernel that
+/// wrote what src reads (which calls allow_dependent_launch()).
 template <int NV, class Source, class G>
-void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr) {
+void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr,
+                          bool dependent = false) {
   if (C == 0) return;
-  column_sums_one_pass_kernel<NV><<<unsigned((C + kColTile - 1) / kColTile),
-                                    dim3(kColTile, kRowLanes), 0, compute_stream()>>>(src, N, C, out0,
-                                                                             out1);
+  const dim3 grid(unsigned((C + kOnePassCols - 1) / kOnePassCols)), block(kOnePassCols, kOnePassLanes);
+  if (dependent) {
+    launch_dependent(column_sums_one_pass_kernel<NV, Source, G>, grid, block, compute_stream(), src,
+                     N, C, out0, out1);
+    return;
+  }
+  column_sums_one_pass_kernel<NV><<<grid, block, 0, compute_stream()>>>(src, N, C, out0, out1);
   MESH_CUDA_LAUNCHED();
 }
 

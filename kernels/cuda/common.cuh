@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "common/error.hpp"
 #include "tensor/device_stream.hpp"
@@ -184,6 +185,46 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ------------------------------------ programmatic dependent launch (PDL) ---
+//
+// A kernel that only finishes what the kernel before it on the stream wrote
+// (e.g. the sum of a backward kernel's per-block partial rows) can be
+// launched as its programmatic dependent (sm_90): its blocks are scheduled
+// while the first kernel still runs (once that kernel calls
+// allow_dependent_launch()) and wait in wait_for_prior_grid() until it has
+// finished and its writes are visible. The launch gap and the ramp-up of
+// the second grid then overlap the first one's tail. Both calls are no-ops
+// for a kernel launched the ordinary way, and below sm_90.
+
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/// kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent
+/// of the stream's previous kernel (see above).
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                      Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // ------------------------------------------------ vectorised elementwise ---

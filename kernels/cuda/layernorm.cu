@@ -12,28 +12,18 @@
 //
 // Packed paths (taken when H is a multiple of V = 16 / sizeof(T), every
 // pointer is 16-byte aligned and a row fits in 32 * 8 packs: H <= 1024
-// fp32 / 2048 bf16, and H <= 1536 for the backward of 16-bit types): still
-// one warp per row, but lane l loads packs l, l + 32, ... (K of them, K a
-// template constant) with 16-byte loads and keeps the row in registers, so
-// DRAM sees each row once and the loads are wide. Both packed kernels run
-// a grid that fits on the GPU at once, each warp looping over rows with the
-// next row's loads in flight while it works on the current one (forward:
-// in registers; backward: cp.async into a per-warp shared-memory ring). The formulas and the
-// points where values round to T are the scalar kernels' (same
-// expressions, fp32 statistics); only the order in which each lane adds
-// its elements before the warp reduction differs (lane l owns elements
-// l V .. l V + V - 1, l V + 32 V, ... instead of l, l + 32, ...), so the
-// results agree with the scalar path to fp32 rounding, not bit for bit,
-// and every run gives the same bits.
-// The packed backward also fuses dgamma and dbeta: each lane owns the same
-// columns in every row, so it accumulates its columns' terms over the rows
-// of its warp in registers; a block adds its 8 or 16 warps in warp order
-// through shared memory and writes one fp32 partial row per block (132
-// blocks at most), and column_sums_one_pass adds the partials (row lane y
-// takes blocks y, y + 8, ... in order, then the lanes in order) into the
-// gradients in one launch. The grid is a function of (N, H, dtype) only, the orders
-// are fixed, there are no atomics: deterministic. dy and x are read once
-// instead of twice.
+// fp32 / 2048 bf16, and H <= 1536 for the backward of 16-bit types): 16-byte
+// loads, each row read from DRAM once. The packed forward keeps one warp
+// per row, lane l holding packs l, l + 32, ... (K of them, K a template
+// constant) in registers, each warp looping over rows with the next row's
+// loads in flight. The packed backward streams tiles of rows through a
+// shared-memory ring and splits the work between row warps (dx) and column
+// warps (dgamma, dbeta partial rows, added by column_sums_one_pass): see
+// "packed backward" below. The formulas and the points where values round
+// to T are the scalar kernels'; only the order of the fp32 sums differs
+// (lanes own packs, not single elements; the backward forms x - mu and
+// folds rstd in once per row), so the results agree with the scalar path
+// to fp32 rounding, not bit for bit, and every run gives the same bits.
 // Packable rows wider than the packed kernels take (fp32 H > 1024, 16-bit
 // backward H > 1536) take the column-owner kernels further down; other
 // shapes (odd H, views from slice_rows that are not 16-byte aligned, rows
@@ -131,14 +121,12 @@ struct LayerNormParamTerms {
 // ------------------------------------------------------------ packed paths ---
 
 constexpr int kMaxPacksPerLane = 8;
-// The packed backward holds dy, x and 2 K V fp32 column sums per lane:
-// 128 registers for bf16 at K = 3 (H = 768), so one 512-thread block per
-// SM is resident (backward_warps); 132 blocks are one wave of an H100 and
-// 132 partial rows. 16-bit rows with K = 8 would spill (ptxas: 192 bytes),
-// so rows wider than 32 x 6 packs (H > 1536 in bf16/fp16) stay scalar. K = 5
-// (8-warp blocks, no spills) is GPT-2 774M's H = 1280 exactly (`4210b80`:
-// forward 0.74 -> 0.76 of copy against K = 6, whose sixth load per lane
-// idled).
+// 16-bit backward rows stop at K = 6 (H <= 1536): wider ones have not been
+// measured against the column-owner kernel. K = 5 is GPT-2 774M's H = 1280
+// exactly (`4210b80`: forward 0.74 -> 0.76 of copy against K = 6, whose
+// sixth load per lane idled).
+/// Blocks of the packed backward: one per SM of an H100 / H200 (its ring
+/// holds most of an SM's shared memory), so also its partial rows.
 constexpr kindex kBackwardBlocks = 132;
 
 /// Loads packs lane, lane + 32, ... (< P) of a row into r.
@@ -225,175 +213,230 @@ kindex forward_blocks(kindex N) {
   return row_blocks < resident ? row_blocks : resident;
 }
 
-/// Warps per block of the packed backward: 16 (512 threads, so at most 128
-/// registers) where ptxas (nvcc 13, sm_90) fits the kernel in 128 registers
-/// without spills (bf16/fp16 K <= 3, fp32 K <= 6: H <= 768 either way),
-/// else 8. Either way one block per SM is resident.
-constexpr int backward_warps(std::size_t type_bytes, int K) {
-  return (type_bytes == 2 ? K <= 3 : K <= 6) ? 16 : 8;
+// --------------------------------- packed backward: row and column warps ---
+//
+// The backward of 16-byte-packable rows up to 32 K packs (16-bit H <= 1536,
+// fp32 H <= 1024). Its work is split between two kinds of warps of one block
+// so that neither holds the other's registers: before (one warp per row doing
+// both), each lane kept 2 K V dgamma/dbeta sums next to its row, 241
+// registers at bf16 H = 1280, 8 warps per SM and ~32 instructions per element
+// (Nsight Compute, session 9), 0.55-0.60 of the copy's bandwidth.
+// - A block takes tiles of kSplitRows consecutive rows (tile b, b + grid,
+//   ...). All its threads copy a tile's dy, x (and residual) and statistics
+//   with cp.async into a ring of D shared-memory slots, D - 1 tiles ahead.
+// - Row warp w (w < kSplitRows) computes row w of the tile: the row sums of
+//   g = dy gamma and g (x - mu) (gamma converted to fp32 once per block),
+//   then dx; g and x - mu stay in registers between the two passes where
+//   they fit (K V <= 40), else the second pass re-reads the slot.
+// - Column thread c (K column warps) owns pack c of every row and adds
+//   dy xhat and dy over the tile's rows into 2 V registers; after the last
+//   tile it writes them as the block's partial row, and column_sums_one_pass
+//   adds the blocks' rows into dgamma, dbeta.
+// One block barrier per tile. 8 + K warps per SM, ~30 % fewer instructions;
+// bf16 [8192, 1280] 0.69 of copy (+ residual 0.72), bf16 H = 768 0.68
+// (0.66), fp32 H = 768 0.74 (0.79), H100 (perf/RESULTS.md, session 15).
+// Column thread c adds its rows in order and its tiles in order, the grid is
+// a function of N only: deterministic, no atomics.
+constexpr int kSplitRows = 8;
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
 }
 
-/// Shared memory one block may hold on sm_90 (the opt-in maximum, 227 KiB).
-constexpr std::size_t kMaxSharedPerBlock = 227 * 1024;
-
-/// Rows streamed through the packed backward's ring: dy, x and, where the
-/// ring for three still fits next to the static stage, the residual
-/// gradient (when the call has one); else the residual is read directly.
-/// Only fp32 K = 6 (16 warps) needs the fallback: 288 KiB for three.
-template <class T, int K, int W>
-__host__ __device__ constexpr int ring_tensors() {
-  const std::size_t stage = std::size_t(2) * W * 32 * kPack<T> * sizeof(float);
-  const std::size_t three = std::size_t(W) * 2 * 3 * 32 * K * sizeof(Pack<T>);
-  return stage + three <= kMaxSharedPerBlock ? 3 : 2;
+/// Shared memory of one ring slot: kSplitRows rows of `tensors` row tensors
+/// of H values of T, then the rows' mean and rstd.
+template <class T>
+__host__ __device__ constexpr std::size_t split_slot_bytes(kindex H, int tensors) {
+  return std::size_t(kSplitRows) * std::size_t(H) * sizeof(T) * tensors +
+         2 * kSplitRows * sizeof(float);
 }
 
-/// Dynamic shared memory of the packed backward: per warp two buffers
-/// (this row, next row) of ring_tensors() rows, 32 K packs each.
-template <class T, int K, int W>
-__host__ __device__ constexpr std::size_t backward_ring_bytes() {
-  return std::size_t(W) * 2 * ring_tensors<T, K, W>() * 32 * K * sizeof(Pack<T>);
-}
+template <class T, int K, int D>
+__global__ void __launch_bounds__((kSplitRows + K) * 32, 1)
+    layernorm_backward_split_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                    const T* __restrict__ gamma, const float* __restrict__ mean,
+                                    const float* __restrict__ rstd, kindex N, kindex H,
+                                    T* __restrict__ dx, const T* __restrict__ residual,
+                                    float* __restrict__ partial) {
+  constexpr int V = kPack<T>, Q = V / 4, WR = kSplitRows, threads = (WR + K) * 32;
+  static_assert(V % 4 == 0, "gamma is staged as float4");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, P = int(H / V);
+  const int tensors = residual ? 3 : 2;
+  allow_dependent_launch();  // the partial-row sums may queue up behind us
+  extern __shared__ __align__(16) unsigned char smem[];
+  // gamma as fp32, float4 (k Q + q) 32 + lane for pack lane + 32 k: a row
+  // warp's lanes read consecutive float4s (no bank conflicts).
+  float4* gamma4 = reinterpret_cast<float4*>(smem);
+  unsigned char* ring = smem + std::size_t(32) * K * Q * sizeof(float4);
+  const std::size_t slot_bytes = split_slot_bytes<T>(H, tensors);
+  const auto tile_rows = [&](int s, int t) {  // tensor t of slot s, as packs
+    return reinterpret_cast<Pack<T>*>(ring + s * slot_bytes) + std::size_t(t) * WR * P;
+  };
+  const auto tile_stats = [&](int s) {  // [0, WR) mean, [WR, 2 WR) rstd
+    return reinterpret_cast<float*>(ring + s * slot_bytes + slot_bytes - 2 * WR * sizeof(float));
+  };
+  for (int i = tid; i < 32 * K * Q; i += threads) {
+    const int p = (i / (32 * Q)) * 32 + i % 32, q = (i / 32) % Q;
+    float4 g = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p < P) {
+      const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
+#pragma unroll
+      for (int u = 0; u < Q; ++u)  // compile-time indices: no local-memory copy of gp
+        if (u == q)
+          g = make_float4(to_f(gp.v[4 * u]), to_f(gp.v[4 * u + 1]), to_f(gp.v[4 * u + 2]),
+                          to_f(gp.v[4 * u + 3]));
+    }
+    gamma4[i] = g;
+  }
 
-/// dx as layernorm_backward_dx_kernel, plus per-block partial column sums
-/// partial[(block * 2 + 0) * H + c] (dgamma terms) and [... + 1] (dbeta).
-/// Warp w of the grid takes rows w, w + (warps in the grid), ... gamma is
-/// re-read per row (an L1 hit) rather than held, to save 4 K registers.
-/// Rows arrive through a per-warp ring in shared memory: at the top of an
-/// iteration the warp issues cp.async copies of its NEXT row's dy and x,
-/// then waits for the current row's (issued one iteration earlier), so the
-/// loads of one row overlap the reductions, dx stores and column sums of
-/// the previous one. (Before, each warp loaded its row into registers and
-/// waited a full DRAM latency per row, about 4 rows per warp at N = 8192,
-/// with only 16 warps per SM to hide it: the 128 registers of the column
-/// sums leave no room for a register prefetch, shared memory has room.)
-/// Each lane copies and reads back only its own packs, so no barrier; the
-/// buffer refilled at the top of an iteration was last read in the
-/// previous one, by loads whose values that iteration's stores consumed.
-template <class T, int K, int W = backward_warps(sizeof(T), K)>
-__global__ void __launch_bounds__(W * 32)
-    layernorm_backward_packed_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                     const T* __restrict__ gamma,
-                                     const float* __restrict__ mean,
-                                     const float* __restrict__ rstd, kindex N, kindex H,
-                                     T* __restrict__ dx, const T* __restrict__ residual,
-                                     float* __restrict__ partial) {
-  constexpr int V = kPack<T>;
-  __shared__ float stage[2][W][32 * V];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, P = int(H / V);
-  float acc_dgamma[K][V], acc_dbeta[K][V];
+  const kindex tiles = (N + WR - 1) / WR, grid = gridDim.x;
+  const auto fetch = [&](kindex t, int s) {
+    const kindex first = t * WR;
+    const int rows = int(N - first < WR ? N - first : WR);
+    const int packs = rows * P;
+    for (int u = 0; u < tensors; ++u) {
+      const T* source = u == 0 ? dy : u == 1 ? x : residual;
+      const Pack<T>* src = reinterpret_cast<const Pack<T>*>(source + first * H);
+      Pack<T>* dst = tile_rows(s, u);
+      for (int i = tid; i < packs; i += threads) cp_async16(dst + i, src + i);
+    }
+    if (tid < rows) {
+      cp_async4(tile_stats(s) + tid, mean + first + tid);
+      cp_async4(tile_stats(s) + WR + tid, rstd + first + tid);
+    }
+  };
 #pragma unroll
-  for (int k = 0; k < K; ++k)
-#pragma unroll
-    for (int j = 0; j < V; ++j) acc_dgamma[k][j] = acc_dbeta[k][j] = 0.f;
+  for (int i = 0; i < D - 1; ++i) {
+    const kindex t = blockIdx.x + i * grid;
+    if (t < tiles) fetch(t, i);
+    cp_async_commit();
+  }
 
-  constexpr int R = ring_tensors<T, K, W>();
-  const bool ring_residual = R == 3 && residual != nullptr;
-  extern __shared__ __align__(16) unsigned char ring_bytes[];
-  Pack<T>* ring = reinterpret_cast<Pack<T>*>(ring_bytes) + warp * (2 * R * 32 * K);
-  // ring[(buf R + t) 32 K + p]: buffer buf, t = 0 dy / 1 x / 2 residual, pack p.
-  const auto slot = [&](int buf, int t, int p) { return ring + (buf * R + t) * 32 * K + p; };
-  const auto fetch = [&](kindex r, int buf) {
+  float acc_dgamma[V], acc_dbeta[V];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int p = lane + 32 * k;
-      if (p < P) {
-        cp_async16(slot(buf, 0, p), dy + r * H + kindex(p) * V);
-        cp_async16(slot(buf, 1, p), x + r * H + kindex(p) * V);
-        if (ring_residual) cp_async16(slot(buf, R - 1, p), residual + r * H + kindex(p) * V);
-      }
+  for (int j = 0; j < V; ++j) acc_dgamma[j] = acc_dbeta[j] = 0.f;
+  const int column = (warp - WR) * 32 + lane;  // column threads: their pack
+  // Column thread: dy xhat and dy of one row of its pack into the sums,
+  // xhat = x rs - mu rs in one FMA (the row warps form x - mu instead).
+  const auto add_column_terms = [&](const Pack<T>& dp, const Pack<T>& xp, float rs, float mu_rs) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = to_f(dp.v[j]);
+      acc_dgamma[j] += d * fmaf(to_f(xp.v[j]), rs, -mu_rs);
+      acc_dbeta[j] += d;
     }
   };
 
-  const kindex warps = kindex(gridDim.x) * W;
-  kindex row = kindex(blockIdx.x) * W + warp;
-  float next_mu = 0.f, next_rs = 0.f;  // the statistics ride along with the row
-  if (row < N) {
-    fetch(row, 0);
-    next_mu = mean[row];
-    next_rs = rstd[row];
-  }
-  cp_async_commit();
-  for (int buf = 0; row < N; row += warps, buf ^= 1) {
-    const float mu = next_mu, rs = next_rs;
-    if (row + warps < N) {
-      fetch(row + warps, buf ^ 1);
-      next_mu = mean[row + warps];
-      next_rs = rstd[row + warps];
-    }
+  // One barrier per tile: after it, tile i has landed for every thread's
+  // copies AND every warp has finished tile i - 1, so its slot is refilled
+  // (with tile i + D - 1) only now.
+  for (int i = 0;; ++i) {
+    const kindex t = blockIdx.x + kindex(i) * grid;
+    if (t >= tiles) break;
+    cp_async_wait<D - 2>();
+    __syncthreads();
+    const kindex ahead = t + kindex(D - 1) * grid;
+    if (ahead < tiles) fetch(ahead, (i + D - 1) % D);
     cp_async_commit();  // possibly empty: one group per iteration either way
-    cp_async_wait<1>();  // this row's group (the older one) has landed
-    Pack<T> dyr[K], xr[K];
+    const int s = i % D;
+    const int rows = int(N - t * WR < WR ? N - t * WR : WR);
+    const float* stats = tile_stats(s);
+    if (warp < WR) {
+      if (warp < rows) {
+        const Pack<T>* dyr = tile_rows(s, 0) + warp * P;
+        const Pack<T>* xr = tile_rows(s, 1) + warp * P;
+        const float mu = stats[warp], rs = stats[WR + warp];
+        // sum g xhat = rs sum g (x - mu); dx = rs (g - mean(g) - (x - mu) c)
+        // with c = rs^2 mean(g (x - mu)).
+        constexpr bool kKeep = K * V <= 40;  // ptxas sm_90: bf16 K = 6 would spill
+        constexpr int KK = kKeep ? K : 1;
+        float g[KK][V], xm[KK][V];
+        float sum_g = 0.f, sum_g_xm = 0.f;
+        const auto terms = [&](int k, int q, const Pack<T>& dp, const Pack<T>& xp, int e,
+                               float& gv, float& xv) {
+          const float4 gm = gamma4[(k * Q + q) * 32 + lane];
+          const float gj[4] = {gm.x, gm.y, gm.z, gm.w};
+          xv = to_f(xp.v[4 * q + e]) - mu;
+          gv = to_f(dp.v[4 * q + e]) * gj[e];
+        };
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int p = lane + 32 * k;
-      if (p < P) {
-        dyr[k] = *slot(buf, 0, p);
-        xr[k] = *slot(buf, 1, p);
-      }
-    }
-    float sum_g = 0.f, sum_g_xhat = 0.f;
+        for (int k = 0; k < K; ++k) {
+          const int p = lane + 32 * k;
+          if (p >= P) continue;
+          const Pack<T> dp = dyr[p], xp = xr[p];
 #pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (lane + 32 * k < P) {
-        const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[lane + 32 * k];
+          for (int q = 0; q < Q; ++q)
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float d = to_f(dyr[k].v[j]), xv = to_f(xr[k].v[j]);
-          const float g = d * to_f(gp.v[j]);
-          sum_g += g;
-          sum_g_xhat += g * (xv - mu) * rs;
-          acc_dgamma[k][j] += d * (xv - mu) * rs;  // LayerNormParamTerms' terms
-          acc_dbeta[k][j] += d;
+            for (int e = 0; e < 4; ++e) {
+              float gv, xv;
+              terms(k, q, dp, xp, e, gv, xv);
+              sum_g += gv;
+              sum_g_xm += gv * xv;
+              if constexpr (kKeep) g[k][4 * q + e] = gv, xm[k][4 * q + e] = xv;
+            }
+        }
+        const float mean_g = warp_sum(sum_g) / float(H);
+        const float c = rs * rs * (warp_sum(sum_g_xm) / float(H));
+        const kindex row = t * WR + warp;
+        const Pack<T>* res = residual ? tile_rows(s, 2) + warp * P : nullptr;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          const int p = lane + 32 * k;
+          if (p >= P) continue;
+          Pack<T> rp{}, dp{}, xp{};
+          if (residual) rp = res[p];
+          if constexpr (!kKeep) dp = dyr[p], xp = xr[p];
+          Pack<T> out;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            float gv, xv;
+            if constexpr (kKeep)
+              gv = g[k][j], xv = xm[k][j];
+            else
+              terms(k, j / 4, dp, xp, j % 4, gv, xv);
+            const float d = rs * fmaf(-xv, c, gv - mean_g);
+            out.v[j] = from_f<T>(residual ? __fadd_rn(round_to<T>(d), to_f(rp.v[j])) : d);
+          }
+          reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
         }
       }
-    const float mean_g = warp_sum(sum_g) / float(H);
-    const float mean_g_xhat = warp_sum(sum_g_xhat) / float(H);
+    } else if (column < P) {
+      const Pack<T>* dys = tile_rows(s, 0) + column;
+      const Pack<T>* xs = tile_rows(s, 1) + column;
+      if (rows == WR) {  // every tile but possibly the last: all loads first
+        Pack<T> dp[WR], xp[WR];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int p = lane + 32 * k;
-      if (p >= P) continue;
-      const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
-      Pack<T> res{};
-      if (ring_residual)
-        res = *slot(buf, R - 1, p);
-      else if (residual)
-        res = reinterpret_cast<const Pack<T>*>(residual + row * H)[p];
-      Pack<T> out;
+        for (int r = 0; r < WR; ++r) dp[r] = dys[r * P], xp[r] = xs[r * P];
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float g = to_f(dyr[k].v[j]) * to_f(gp.v[j]);
-        const float xhat = (to_f(xr[k].v[j]) - mu) * rs;
-        const float d = rs * (g - mean_g - xhat * mean_g_xhat);
-        out.v[j] = from_f<T>(residual ? __fadd_rn(round_to<T>(d), to_f(res.v[j])) : d);
-      }
-      reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
-    }
-  }
-
-  cp_async_wait<0>();  // nothing left in flight (only empty groups remain)
-
-  // Block partials, pack slot by pack slot: column c = 32 V k + q for the
-  // q-th value of slot k (q = lane V + j). Warps are added in warp order.
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      stage[0][warp][lane * V + j] = acc_dgamma[k][j];
-      stage[1][warp][lane * V + j] = acc_dbeta[k][j];
-    }
-    __syncthreads();
-    for (int q = threadIdx.x; q < 32 * V; q += W * 32) {
-      const kindex c = kindex(32 * V) * k + q;
-      if (c >= H) continue;
-#pragma unroll
-      for (int v = 0; v < 2; ++v) {
-        float s = 0.f;
-        for (int w = 0; w < W; ++w) s += stage[v][w][q];
-        partial[(kindex(blockIdx.x) * 2 + v) * H + c] = s;
+        for (int r = 0; r < WR; ++r) add_column_terms(dp[r], xp[r], stats[WR + r], stats[r] * stats[WR + r]);
+      } else {
+        for (int r = 0; r < rows; ++r)
+          add_column_terms(dys[r * P], xs[r * P], stats[WR + r], stats[r] * stats[WR + r]);
       }
     }
-    __syncthreads();  // stage is rewritten for the next slot
   }
+  cp_async_wait<0>();
+
+  if (warp >= WR && column < P) {
+    float4* out_g = reinterpret_cast<float4*>(partial + (kindex(blockIdx.x) * 2) * H + column * V);
+    float4* out_b = reinterpret_cast<float4*>(partial + (kindex(blockIdx.x) * 2 + 1) * H + column * V);
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      out_g[q] = make_float4(acc_dgamma[4 * q], acc_dgamma[4 * q + 1], acc_dgamma[4 * q + 2],
+                             acc_dgamma[4 * q + 3]);
+      out_b[q] = make_float4(acc_dbeta[4 * q], acc_dbeta[4 * q + 1], acc_dbeta[4 * q + 2],
+                             acc_dbeta[4 * q + 3]);
+    }
+  }
+}
+
+/// Ring depth of the split kernel: 3 slots where they fit next to gamma in
+/// `optin` bytes, else 2, else 0 (not usable).
+template <class T, int K>
+std::size_t split_shared_bytes(kindex H, bool with_residual, int depth) {
+  return std::size_t(32) * K * (kPack<T> / 4) * sizeof(float4) +
+         depth * split_slot_bytes<T>(H, with_residual ? 3 : 2);
 }
 
 /// Row r of the partials as column_sums' source (acc[0] dgamma, acc[1] dbeta).
@@ -733,22 +776,44 @@ void with_packs_per_lane(int k, F&& f) {
   }
 }
 
-/// Whether this GPU lets one block of the packed backward for K hold its
-/// static stage and ring (H100 / H200: always; smaller parts may not).
-template <class T>
-bool backward_shared_fits(int k) {
+/// The split backward for K packs per lane, its partial rows then added
+/// into dgamma, dbeta (as the kernel's programmatic dependent); false where
+/// its ring does not fit this GPU's shared memory (nothing launched).
+template <class T, class G>
+bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, const float* mean,
+                              const float* rstd, kindex N, kindex H, T* dx, const T* residual,
+                              G* dgamma, G* dbeta) {
   static const int optin = [] {
     int device = 0, bytes = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     return bytes;
   }();
-  std::size_t need = 0;
+  const kindex tiles = (N + kSplitRows - 1) / kSplitRows;
+  const kindex blocks = tiles < kBackwardBlocks ? tiles : kBackwardBlocks;
+  bool launched = false;
+  device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
   with_packs_per_lane(k, [&](auto kc) {
-    constexpr int K = decltype(kc)::value, W = backward_warps(sizeof(T), K);
-    need = std::size_t(2) * W * 32 * kPack<T> * sizeof(float) + backward_ring_bytes<T, K, W>();
+    constexpr int K = decltype(kc)::value;
+    const auto launch = [&](auto kernel, std::size_t bytes) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(bytes)));
+      kernel<<<unsigned(blocks), (kSplitRows + K) * 32, bytes, compute_stream()>>>(
+          dy, x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
+      MESH_CUDA_LAUNCHED();
+      launched = true;
+    };
+    const std::size_t three = split_shared_bytes<T, K>(H, residual != nullptr, 3);
+    const std::size_t two = split_shared_bytes<T, K>(H, residual != nullptr, 2);
+    if (three <= std::size_t(optin))
+      launch(layernorm_backward_split_kernel<T, K, 3>, three);
+    else if (two <= std::size_t(optin))
+      launch(layernorm_backward_split_kernel<T, K, 2>, two);
   });
-  return need <= std::size_t(optin);
+  if (launched)
+    column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta,
+                            /*dependent=*/true);
+  return launched;
 }
 
 /// Whether rows of H values of T can be read in 16-byte packs: H a multiple
@@ -805,38 +870,17 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
   with_storage_and_grad_type(t, g, "layernorm_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 6;  // 16-bit K = 8 spills
+    const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 6;  // see kMaxPacksPerLane
     const T* residual = static_cast<const T*>(residual_grad);
     const std::initializer_list<const void*> rows = {dy, x, gamma, dx,
                                                      residual_grad ? residual_grad : dx};
     const int k = N > 0 ? packed_k<T>(H, rows, max_k) : 0;
-    if (k != 0 && backward_shared_fits<T>(k)) {
-      const int W = backward_warps(sizeof(T), k);
-      const kindex row_blocks = (N + W - 1) / W;
-      const kindex blocks = row_blocks < kBackwardBlocks ? row_blocks : kBackwardBlocks;
-      device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
-      with_packs_per_lane(k, [&](auto kc) {
-        constexpr int K = decltype(kc)::value;
-        constexpr int WK = backward_warps(sizeof(T), K);
-        static_assert(WK * 32 <= 1024);
-        constexpr std::size_t ring = backward_ring_bytes<T, K, WK>();
-        static const bool opted_in = [] {  // once per kernel: > 48 KiB needs the opt-in
-          CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_packed_kernel<T, K>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(ring)));
-          return true;
-        }();
-        (void)opted_in;
-        layernorm_backward_packed_kernel<T, K><<<unsigned(blocks), WK * 32, ring, compute_stream()>>>(
-            static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma),
-            mean, rstd, N, H, static_cast<T*>(dx), residual, partial.as<float>());
-        MESH_CUDA_LAUNCHED();
-      });
-      // blocks <= 132 partial rows: one launch (two for column_sums).
-      column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H,
-                              static_cast<G*>(dgamma), static_cast<G*>(dbeta));
+    if (k != 0 && layernorm_backward_split<T>(k, static_cast<const T*>(dy),
+                                              static_cast<const T*>(x),
+                                              static_cast<const T*>(gamma), mean, rstd, N, H,
+                                              static_cast<T*>(dx), residual,
+                                              static_cast<G*>(dgamma), static_cast<G*>(dbeta)))
       return;
-    }
     // Packable rows too wide for the packed kernel (fp32 H > 1024, 16-bit
     // H > 1536).
     if (N > 0 && packable<T>(H, rows) &&

@@ -402,8 +402,9 @@ TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
 // multiple of 16 bytes up to 1024 fp32 / 2048 bf16 (backward: 1536 for
 // 16-bit types), K = 1..8 packs per lane; wider rows (fp32 H = 1280, 1600,
 // 2048; 16-bit backward H = 1600, 2048) the column-owner kernels, whose
-// 2-row tiles N = 2501 leaves one short. 2501 rows > 132 blocks x 16 warps,
-// so some warps of the fused backward take two rows. Forward and backward
+// 2-row tiles N = 2501 leaves one short. The packed backward takes 8-row
+// tiles: 313 of them over 132 blocks, so blocks take two or three, and the
+// last tile has 5 rows. Forward and backward
 // give the same bits on a second call (the dgamma/dbeta partials are added
 // in a fixed order), and the backward's residual form is its plain form +
 // add().
