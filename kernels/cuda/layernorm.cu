@@ -143,7 +143,13 @@ __device__ __forceinline__ void load_row(const T* row, int P, int lane, Pack<T> 
 /// is what fits on the GPU at once (forward_blocks), so every warp is
 /// resident from the start, and while a warp normalises one row the next
 /// row's loads are already in flight (`next`): no warp waits a full DRAM
-/// latency between its rows. Per row the same expressions as before.
+/// latency between its rows. gamma and beta are converted to fp32 once per
+/// block into shared memory (lane-consecutive float4s, no bank conflicts)
+/// instead of loaded and converted for every row, and the row's sum and sum
+/// of squares each add into two partial sums (even and odd packs) to halve
+/// the dependent chains: bf16 [8192, 1280] 0.77 -> 0.80 of copy, fp32
+/// [8192, 768] 0.79 -> 0.90 (H100, perf/RESULTS.md, session 15). Per
+/// element the same expressions as the scalar kernel.
 template <class T, int K>
 __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 const T* __restrict__ gamma,
@@ -151,8 +157,26 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 float eps, T* __restrict__ y,
                                                 float* __restrict__ mean,
                                                 float* __restrict__ rstd) {
-  constexpr int V = kPack<T>;
+  constexpr int V = kPack<T>, Q = V / 4;
+  static_assert(V % 4 == 0, "gamma and beta are staged as float4");
   const int lane = threadIdx.x & 31, P = int(H / V);
+  extern __shared__ float4 affine[];  // gamma [K Q 32], then beta: float4 (k Q + q) 32 + lane
+  for (int i = threadIdx.x; i < 32 * K * Q; i += blockDim.x) {
+    const int p = (i / (32 * Q)) * 32 + i % 32, q = (i / 32) % Q;
+    affine[i] = affine[32 * K * Q + i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p >= P) continue;
+    const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
+    const Pack<T> bp = reinterpret_cast<const Pack<T>*>(beta)[p];
+#pragma unroll
+    for (int u = 0; u < Q; ++u)  // compile-time indices: no local-memory copy of gp, bp
+      if (u == q) {
+        affine[i] = make_float4(to_f(gp.v[4 * u]), to_f(gp.v[4 * u + 1]), to_f(gp.v[4 * u + 2]),
+                                to_f(gp.v[4 * u + 3]));
+        affine[32 * K * Q + i] = make_float4(to_f(bp.v[4 * u]), to_f(bp.v[4 * u + 1]),
+                                             to_f(bp.v[4 * u + 2]), to_f(bp.v[4 * u + 3]));
+      }
+  }
+  __syncthreads();
   const kindex warps = kindex(gridDim.x) * kWarpsPerBlock;
   kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -163,33 +187,37 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
 #pragma unroll
     for (int k = 0; k < K; ++k) xr[k] = next[k];
     if (row + warps < N) load_row(x + (row + warps) * H, P, lane, next);
-    float sum = 0.f;
+    float sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < K; ++k)
       if (lane + 32 * k < P)
 #pragma unroll
-        for (int j = 0; j < V; ++j) sum += to_f(xr[k].v[j]);
-    const float mu = warp_sum(sum) / float(H);
-    float sq = 0.f;
+        for (int j = 0; j < V; ++j) sum[k & 1] += to_f(xr[k].v[j]);
+    const float mu = warp_sum(sum[0] + sum[1]) / float(H);
+    float sq[2] = {0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < K; ++k)
       if (lane + 32 * k < P)
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const float d = to_f(xr[k].v[j]) - mu;
-          sq += d * d;
+          sq[k & 1] += d * d;
         }
-    const float rs = rsqrtf(warp_sum(sq) / float(H) + eps);
+    const float rs = rsqrtf(warp_sum(sq[0] + sq[1]) / float(H) + eps);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int p = lane + 32 * k;
       if (p >= P) continue;
-      const Pack<T> g = reinterpret_cast<const Pack<T>*>(gamma)[p];
-      const Pack<T> b = reinterpret_cast<const Pack<T>*>(beta)[p];
       Pack<T> out;
 #pragma unroll
-      for (int j = 0; j < V; ++j)
-        out.v[j] = from_f<T>((to_f(xr[k].v[j]) - mu) * rs * to_f(g.v[j]) + to_f(b.v[j]));
+      for (int q = 0; q < Q; ++q) {
+        const float4 g4 = affine[(k * Q + q) * 32 + lane];
+        const float4 b4 = affine[32 * K * Q + (k * Q + q) * 32 + lane];
+        const float g[4] = {g4.x, g4.y, g4.z, g4.w}, b[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          out.v[4 * q + e] = from_f<T>((to_f(xr[k].v[4 * q + e]) - mu) * rs * g[e] + b[e]);
+      }
       reinterpret_cast<Pack<T>*>(y + row * H)[p] = out;
     }
     if (lane == 0) {
@@ -197,6 +225,12 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
       rstd[row] = rs;
     }
   }
+}
+
+/// Dynamic shared memory of the packed forward: gamma and beta as fp32.
+template <class T, int K>
+constexpr std::size_t forward_shared_bytes() {
+  return std::size_t(2) * 32 * K * (kPack<T> / 4) * sizeof(float4);
 }
 
 /// Grid of the packed forward: one block per kWarpsPerBlock rows, at most
@@ -207,8 +241,8 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
 /// Looked up once per kernel (one GPU per process).
 template <class T, int K>
 kindex forward_blocks(kindex N) {
-  static const kindex resident =
-      resident_blocks(layernorm_forward_packed_kernel<T, K>, kWarpsPerBlock * 32);
+  static const kindex resident = resident_blocks(layernorm_forward_packed_kernel<T, K>,
+                                                 kWarpsPerBlock * 32, forward_shared_bytes<T, K>());
   const kindex row_blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
   return row_blocks < resident ? row_blocks : resident;
 }
@@ -843,8 +877,9 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
     if (const int k = packed_k<T>(H, {x, gamma, beta, y}, kMaxPacksPerLane)) {
       with_packs_per_lane(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
-        layernorm_forward_packed_kernel<T, K>
-            <<<unsigned(forward_blocks<T, K>(N)), kWarpsPerBlock * 32, 0, compute_stream()>>>(
+        layernorm_forward_packed_kernel<T, K><<<unsigned(forward_blocks<T, K>(N)),
+                                                kWarpsPerBlock * 32, forward_shared_bytes<T, K>(),
+                                                compute_stream()>>>(
                 static_cast<const T*>(x), static_cast<const T*>(gamma),
                 static_cast<const T*>(beta), N, H, float(eps), static_cast<T*>(y), mean, rstd);
         MESH_CUDA_LAUNCHED();
