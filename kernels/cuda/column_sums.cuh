@@ -123,10 +123,12 @@ void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullp
 /// 0 adds the lanes in order and accumulates into out. Deterministic; rounds
 /// differently from the two-pass column_sums (another order of the same
 /// adds). Narrow tiles and many lanes because the work is latency, not
-/// bytes: 132 partial rows x 768 columns as 24 blocks of 32 columns x 8
-/// lanes (17 dependent rounds of loads per thread) took 6.1 us on an H100
-/// (Nsight Compute, session 15), ~28 % of the layernorm backward it ends;
-/// 8 columns x 32 lanes is 96 blocks of 4-5 loads per value and thread.
+/// bytes: 132 partial rows x 768 columns as blocks of 32 columns x 8 lanes
+/// were 24 blocks with 17 rounds of loads per thread; 8 columns x 32 lanes
+/// are 96 blocks with 4-5. (Nsight Compute, which flushes the caches, puts
+/// both near 6.3 us; in the stream the finish was only measured together
+/// with the layernorm backward it ends, with PDL: perf/RESULTS.md, session
+/// 15.)
 inline constexpr int kOnePassCols = 8, kOnePassLanes = 32;
 
 template <int NV, class Source, class G>
