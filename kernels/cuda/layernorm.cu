@@ -147,8 +147,9 @@ __device__ __forceinline__ void load_row(const T* row, int P, int lane, Pack<T> 
 /// block into shared memory (lane-consecutive float4s, no bank conflicts)
 /// instead of loaded and converted for every row, and the row's sum and sum
 /// of squares each add into two partial sums (even and odd packs) to halve
-/// the dependent chains: bf16 [8192, 1280] 0.77 -> 0.80 of copy, fp32
-/// [8192, 768] 0.79 -> 0.90 (H100, perf/RESULTS.md, session 15). Per
+/// the dependent chains: bf16 [8192, 1280] 0.75-0.76 -> 0.79-0.81 of copy,
+/// fp32 [8192, 768] 0.77-0.81 -> 0.89-0.90 (H100, perf/RESULTS.md, session
+/// 15). Per
 /// element the same expressions as the scalar kernel.
 template <class T, int K>
 __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
