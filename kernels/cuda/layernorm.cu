@@ -139,6 +139,37 @@ __device__ __forceinline__ void load_row(const T* row, int P, int lane, Pack<T> 
   }
 }
 
+/// Shared memory of one row vector of 32 K packs of T staged as fp32
+/// (stage_row_fp32).
+template <class T, int K>
+__host__ __device__ constexpr std::size_t staged_row_bytes() {
+  return std::size_t(32) * K * (kPack<T> / 4) * sizeof(float4);
+}
+
+/// A row vector of P packs of T (gamma, beta) converted to fp32 into shared
+/// memory for the packed kernels' lane-ordered reads: float4 (k Q + q) 32 + l
+/// holds values 4 q .. 4 q + 3 of pack l + 32 k (Q = V / 4; zeros past P),
+/// so a warp's lanes read consecutive float4s (no bank conflicts). The
+/// block's threads share the work; the caller synchronises before reading.
+template <class T, int K>
+__device__ void stage_row_fp32(const T* __restrict__ v, int P, float4* out) {
+  constexpr int Q = kPack<T> / 4;
+  static_assert(kPack<T> % 4 == 0, "rows are staged as float4");
+  for (int i = threadIdx.x; i < 32 * K * Q; i += blockDim.x) {
+    const int p = (i / (32 * Q)) * 32 + i % 32, q = (i / 32) % Q;
+    float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p < P) {
+      const Pack<T> pack = reinterpret_cast<const Pack<T>*>(v)[p];
+#pragma unroll
+      for (int u = 0; u < Q; ++u)  // compile-time indices: no local-memory copy of the pack
+        if (u == q)
+          f = make_float4(to_f(pack.v[4 * u]), to_f(pack.v[4 * u + 1]), to_f(pack.v[4 * u + 2]),
+                          to_f(pack.v[4 * u + 3]));
+    }
+    out[i] = f;
+  }
+}
+
 /// Warp w of the grid takes rows w, w + (warps in the grid), ...; the grid
 /// is what fits on the GPU at once (forward_blocks), so every warp is
 /// resident from the start, and while a warp normalises one row the next
@@ -159,24 +190,10 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 float* __restrict__ mean,
                                                 float* __restrict__ rstd) {
   constexpr int V = kPack<T>, Q = V / 4;
-  static_assert(V % 4 == 0, "gamma and beta are staged as float4");
   const int lane = threadIdx.x & 31, P = int(H / V);
-  extern __shared__ float4 affine[];  // gamma [K Q 32], then beta: float4 (k Q + q) 32 + lane
-  for (int i = threadIdx.x; i < 32 * K * Q; i += blockDim.x) {
-    const int p = (i / (32 * Q)) * 32 + i % 32, q = (i / 32) % Q;
-    affine[i] = affine[32 * K * Q + i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (p >= P) continue;
-    const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
-    const Pack<T> bp = reinterpret_cast<const Pack<T>*>(beta)[p];
-#pragma unroll
-    for (int u = 0; u < Q; ++u)  // compile-time indices: no local-memory copy of gp, bp
-      if (u == q) {
-        affine[i] = make_float4(to_f(gp.v[4 * u]), to_f(gp.v[4 * u + 1]), to_f(gp.v[4 * u + 2]),
-                                to_f(gp.v[4 * u + 3]));
-        affine[32 * K * Q + i] = make_float4(to_f(bp.v[4 * u]), to_f(bp.v[4 * u + 1]),
-                                             to_f(bp.v[4 * u + 2]), to_f(bp.v[4 * u + 3]));
-      }
-  }
+  extern __shared__ float4 affine[];  // gamma, then beta (stage_row_fp32)
+  stage_row_fp32<T, K>(gamma, P, affine);
+  stage_row_fp32<T, K>(beta, P, affine + 32 * K * Q);
   __syncthreads();
   const kindex warps = kindex(gridDim.x) * kWarpsPerBlock;
   kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -231,7 +248,7 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
 /// Dynamic shared memory of the packed forward: gamma and beta as fp32.
 template <class T, int K>
 constexpr std::size_t forward_shared_bytes() {
-  return std::size_t(2) * 32 * K * (kPack<T> / 4) * sizeof(float4);
+  return 2 * staged_row_bytes<T, K>();
 }
 
 /// Grid of the packed forward: one block per kWarpsPerBlock rows, at most
@@ -267,17 +284,13 @@ kindex forward_blocks(kindex N) {
 //   dy xhat and dy over the tile's rows into 2 V registers; after the last
 //   tile it writes them as the block's partial row, and column_sums_one_pass
 //   adds the blocks' rows into dgamma, dbeta.
-// One block barrier per tile. 8 + K warps per SM, ~30 % fewer instructions;
+// One block barrier per tile. 8 + K warps per SM instead of 8, about as many
+// instructions (Nsight, bf16 H = 1280: 10.0 M against 10.45 M);
 // bf16 [8192, 1280] 0.69 of copy (+ residual 0.72), bf16 H = 768 0.68
 // (0.66), fp32 H = 768 0.74 (0.79), H100 (perf/RESULTS.md, session 15).
 // Column thread c adds its rows in order and its tiles in order, the grid is
 // a function of N only: deterministic, no atomics.
 constexpr int kSplitRows = 8;
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src)
-               : "memory");
-}
 
 /// Shared memory of one ring slot: kSplitRows rows of `tensors` row tensors
 /// of H values of T, then the rows' mean and rstd.
@@ -295,15 +308,12 @@ __global__ void __launch_bounds__((kSplitRows + K) * 32, 1)
                                     T* __restrict__ dx, const T* __restrict__ residual,
                                     float* __restrict__ partial) {
   constexpr int V = kPack<T>, Q = V / 4, WR = kSplitRows, threads = (WR + K) * 32;
-  static_assert(V % 4 == 0, "gamma is staged as float4");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, P = int(H / V);
   const int tensors = residual ? 3 : 2;
   allow_dependent_launch();  // the partial-row sums may queue up behind us
   extern __shared__ __align__(16) unsigned char smem[];
-  // gamma as fp32, float4 (k Q + q) 32 + lane for pack lane + 32 k: a row
-  // warp's lanes read consecutive float4s (no bank conflicts).
-  float4* gamma4 = reinterpret_cast<float4*>(smem);
-  unsigned char* ring = smem + std::size_t(32) * K * Q * sizeof(float4);
+  float4* gamma4 = reinterpret_cast<float4*>(smem);  // stage_row_fp32
+  unsigned char* ring = smem + staged_row_bytes<T, K>();
   const std::size_t slot_bytes = split_slot_bytes<T>(H, tensors);
   const auto tile_rows = [&](int s, int t) {  // tensor t of slot s, as packs
     return reinterpret_cast<Pack<T>*>(ring + s * slot_bytes) + std::size_t(t) * WR * P;
@@ -311,19 +321,7 @@ __global__ void __launch_bounds__((kSplitRows + K) * 32, 1)
   const auto tile_stats = [&](int s) {  // [0, WR) mean, [WR, 2 WR) rstd
     return reinterpret_cast<float*>(ring + s * slot_bytes + slot_bytes - 2 * WR * sizeof(float));
   };
-  for (int i = tid; i < 32 * K * Q; i += threads) {
-    const int p = (i / (32 * Q)) * 32 + i % 32, q = (i / 32) % Q;
-    float4 g = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (p < P) {
-      const Pack<T> gp = reinterpret_cast<const Pack<T>*>(gamma)[p];
-#pragma unroll
-      for (int u = 0; u < Q; ++u)  // compile-time indices: no local-memory copy of gp
-        if (u == q)
-          g = make_float4(to_f(gp.v[4 * u]), to_f(gp.v[4 * u + 1]), to_f(gp.v[4 * u + 2]),
-                          to_f(gp.v[4 * u + 3]));
-    }
-    gamma4[i] = g;
-  }
+  stage_row_fp32<T, K>(gamma, P, gamma4);  // read after the first tile's barrier
 
   const kindex tiles = (N + WR - 1) / WR, grid = gridDim.x;
   const auto fetch = [&](kindex t, int s) {
@@ -466,12 +464,11 @@ __global__ void __launch_bounds__((kSplitRows + K) * 32, 1)
   }
 }
 
-/// Ring depth of the split kernel: 3 slots where they fit next to gamma in
-/// `optin` bytes, else 2, else 0 (not usable).
+/// Dynamic shared memory of the split kernel with a ring of `depth` slots:
+/// gamma staged as fp32, then the slots.
 template <class T, int K>
 std::size_t split_shared_bytes(kindex H, bool with_residual, int depth) {
-  return std::size_t(32) * K * (kPack<T> / 4) * sizeof(float4) +
-         depth * split_slot_bytes<T>(H, with_residual ? 3 : 2);
+  return staged_row_bytes<T, K>() + depth * split_slot_bytes<T>(H, with_residual ? 3 : 2);
 }
 
 /// Row r of the partials as column_sums' source (acc[0] dgamma, acc[1] dbeta).
