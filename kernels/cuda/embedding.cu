@@ -10,17 +10,22 @@
 //             plain one bit for bit. Instead:
 //               1. key[n] = shard row of ids[n] (V for ids outside the
 //                  shard), value[n] = n;
-//               2. a stable radix sort of (key, n) over the key's low bits:
-//                  equal rows become a contiguous run, in increasing token
-//                  order. Up to 8192 tokens (a 774M micro-batch of 8) in
-//                  one block (cub::BlockRadixSort, steps 1 and 2 in one
-//                  launch); more with cub::DeviceRadixSort (scratch from the
-//                  caching allocator, no host synchronisation), whose five
-//                  launches took 33 of the backward's 53 us at 8192 tokens
-//                  on an H100, its two digit passes on a single block;
+//               2. a stable sort of (key, n) by key: equal rows become a
+//                  contiguous run, in increasing token order. Up to 8192
+//                  tokens (a 774M micro-batch of 8) in one launch of
+//                  embedding_sort_ranges_kernel (steps 1 and 2; each block
+//                  sorts a range of keys, see there); more tokens with
+//                  cub::DeviceRadixSort over the key's low bits (scratch from
+//                  the caching allocator, no host synchronisation), whose
+//                  five launches took 33 of the backward's 53 us at 8192
+//                  tokens on an H100, its two digit passes on a single block;
 //               3. one thread per (sorted position, feature); the thread at
-//                  the start of a run walks it: acc = dtable[r, h], then
-//                  acc += dout[n, h] token by token, one store. In fp32 this
+//                  the start of a run (the sort writes runs[j] = (row,
+//                  length) there, length 0 elsewhere, so no thread compares
+//                  neighbouring rows or searches for the run's end) walks
+//                  it: acc = dtable[r, h], then acc += dout[n, h] token by
+//                  token, one store. Launched as the sort's programmatic
+//                  dependent. In fp32 this
 //                  is the host's order and rounding exactly; a bf16/fp16
 //                  dtable is rounded once, at the store. Packed (H a
 //                  multiple of V = 16 / sizeof(T), dout and dtable 16-byte
@@ -41,7 +46,7 @@
 //   forward   out[n, h] += table[n mod S, h]
 //   backward  dtable[s, h] += sum_{n mod S = s} dout[n, h], one thread per
 //             (s, h) walking the batch in order (no collisions, no atomics)
-#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/common.cuh"
@@ -123,56 +128,144 @@ __global__ void embedding_keys_kernel(const std::int32_t* __restrict__ ids, kind
   }
 }
 
-/// Steps 1 and 2 for N <= kBlockSortItems tokens in one block: thread t
-/// keys tokens t P .. t P + P - 1, the block sorts them over end_bit bits
-/// (stable, as the device sort), and writes the first N sorted pairs. Slots
-/// past N get key 2^end_bit - 1 >= V and come after every real token (the
-/// largest key, and the largest index among equal keys).
-constexpr int kBlockSortThreads = 1024, kBlockSortPerThread = 8;
-constexpr kindex kBlockSortItems = kindex(kBlockSortThreads) * kBlockSortPerThread;
+/// Steps 1 and 2 for N <= kRangeSortTokens tokens, spread over the GPU:
+/// block b owns the keys [b R, b R + R) (R = rows_per_block; key V means
+/// "not in this shard"). Every block reads all N ids (32 KB, coalesced; L2
+/// hits after the first block), so it knows without talking to other blocks
+/// how many keys fall below its range (where its pairs start in the sorted
+/// arrays) and which tokens are its own. It lists those in token order
+/// (warp w reads tokens w 1024 .. w 1024 + 1023 in rounds of 32; ballots give
+/// each its place), counts them per key in shared memory, and one warp places
+/// them in rounds of 32 (stable: lanes of one key by lane, rounds in list
+/// order). So the output is the (key, token) order of a stable sort by key:
+/// the order cub's one-block radix sort gave, which took four dependent
+/// 4-bit passes on a single SM.
+constexpr int kRangeThreads = 256, kRangeWarps = kRangeThreads / 32;
+constexpr int kRangeRounds = 32;  // of 32 ids per warp
+constexpr kindex kRangeSortTokens = kindex(kRangeWarps) * kRangeRounds * 32;  // 8192
+constexpr int kRangeMaxBlocks = 1024;
+constexpr kindex kRangeRowsPerBlock = 256;  // one key counter per thread at most vocabularies
+constexpr kindex kRangeMaxRowsPerBlock = 16384;  // 64 KB of counters beside the 32 KB list
+constexpr std::uint32_t kNotMine = 0xffffffffu;
 
-__global__ void __launch_bounds__(kBlockSortThreads)
-    embedding_sort_block_kernel(const std::int32_t* __restrict__ ids, kindex N, kindex V,
-                                kindex vocab_begin, int end_bit, std::uint32_t* __restrict__ rows,
-                                std::int32_t* __restrict__ tokens) {
-  using BlockSort = cub::BlockRadixSort<std::uint32_t, kBlockSortThreads, kBlockSortPerThread,
-                                        std::int32_t>;
-  __shared__ typename BlockSort::TempStorage scratch;
-  std::uint32_t key[kBlockSortPerThread];
-  std::int32_t token[kBlockSortPerThread];
-  const std::uint32_t padding = std::uint32_t((std::uint64_t(1) << end_bit) - 1);
+__global__ void __launch_bounds__(kRangeThreads)
+    embedding_sort_ranges_kernel(const std::int32_t* __restrict__ ids, int N, kindex V,
+                                 kindex vocab_begin, int rows_per_block,
+                                 uint2* __restrict__ runs, std::int32_t* __restrict__ tokens) {
+  allow_dependent_launch();  // the accumulation's blocks start up while this sorts
+  __shared__ std::uint32_t list[kRangeSortTokens];  // (key - first) << 16 | token, token order
+  __shared__ int warp_listed[kRangeWarps], warp_below[kRangeWarps];
+  __shared__ typename cub::BlockScan<int, kRangeThreads>::TempStorage scan_scratch;
+  extern __shared__ int cursor[];  // per key of the range: its count, then its next slot
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const unsigned lanes_before = (1u << lane) - 1u;
+  const kindex first = kindex(blockIdx.x) * rows_per_block;
+  const int range = int(V + 1 - first < rows_per_block ? V + 1 - first : rows_per_block);
+  for (int c = threadIdx.x; c < range; c += kRangeThreads) cursor[c] = 0;
+  // 1. This warp's ids: which are in the range (local key), how many are below it.
+  std::uint32_t local[kRangeRounds];
+  int listed = 0, below = 0;
 #pragma unroll
-  for (int i = 0; i < kBlockSortPerThread; ++i) {
-    const kindex n = kindex(threadIdx.x) * kBlockSortPerThread + i;
-    const kindex row = n < N ? kindex(ids[n]) - vocab_begin : -1;
-    key[i] = n >= N ? padding : std::uint32_t(row >= 0 && row < V ? row : V);
-    token[i] = std::int32_t(n);
-  }
-  BlockSort(scratch).SortBlockedToStriped(key, token, 0, end_bit);
-#pragma unroll
-  for (int i = 0; i < kBlockSortPerThread; ++i) {
-    const kindex at = kindex(i) * kBlockSortThreads + threadIdx.x;  // striped: coalesced
-    if (at < N) {
-      rows[at] = key[i];
-      tokens[at] = token[i];
+  for (int r = 0; r < kRangeRounds; ++r) {
+    const int n = (warp * kRangeRounds + r) * 32 + lane;
+    kindex key = V + 1;  // padding: past every range
+    if (n < N) {
+      const kindex row = kindex(ids[n]) - vocab_begin;
+      key = row >= 0 && row < V ? row : V;
     }
+    below += key < first;
+    const bool mine = key >= first && key < first + range;
+    local[r] = mine ? std::uint32_t(key - first) : kNotMine;
+    listed += __popc(__ballot_sync(0xffffffffu, mine));
+  }
+  below = warp_sum(below);
+  if (lane == 0) warp_listed[warp] = listed, warp_below[warp] = below;
+  __syncthreads();
+  int list_at = 0, start = 0, total = 0;  // start: pairs of keys below this range
+  for (int w = 0; w < kRangeWarps; ++w) {
+    list_at += w < warp ? warp_listed[w] : 0;
+    total += warp_listed[w];
+    start += warp_below[w];
+  }
+  // 2. The list in token order, and the counts per key.
+#pragma unroll
+  for (int r = 0; r < kRangeRounds; ++r) {
+    const bool mine = local[r] != kNotMine;
+    const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+    if (mine) {
+      const int n = (warp * kRangeRounds + r) * 32 + lane;
+      list[list_at + __popc(ballot & lanes_before)] = local[r] << 16 | std::uint32_t(n);
+      atomicAdd(&cursor[local[r]], 1);  // a count: the same whatever the order
+    }
+    list_at += __popc(ballot);
+  }
+  __syncthreads();
+  // 3. Exclusive scan of the counts: thread t owns keys t C .. t C + C - 1.
+  const int per_thread = (range + kRangeThreads - 1) / kRangeThreads;
+  const int c0 = int(threadIdx.x) * per_thread, c1 = c0 + per_thread < range ? c0 + per_thread : range;
+  int count = 0;
+  for (int c = c0; c < c1; ++c) count += cursor[c];
+  int slot = 0;
+  cub::BlockScan<int, kRangeThreads>(scan_scratch).ExclusiveSum(count, slot);
+  for (int c = c0; c < c1; ++c) {
+    const int k = cursor[c];
+    cursor[c] = slot;
+    slot += k;
+  }
+  __syncthreads();
+  // 4. Stable placement by warp 0, 32 list entries per round.
+  if (warp != 0) return;
+  for (int base = 0; base < total; base += 32) {
+    const int i = base + lane;
+    const bool valid = i < total;
+    const std::uint32_t entry = valid ? list[i] : 0u;
+    const std::uint32_t key = valid ? entry >> 16 : 0x10000u + lane;  // no real key is >= 2^16
+    const unsigned peers = __match_any_sync(0xffffffffu, key);
+    const int rank = __popc(peers & lanes_before);
+    if (valid) {
+      const int at = start + cursor[key] + rank;
+      runs[at] = make_uint2(std::uint32_t(first) + key, 0u);
+      tokens[at] = std::int32_t(entry & 0xffffu);
+    }
+    __syncwarp();
+    if (valid && rank == 0) cursor[key] += __popc(peers);
+    __syncwarp();
+  }
+  // 5. Run lengths at run starts (the cursors now hold each key's end, the
+  //    next key's start); key V (outside the shard) keeps length 0.
+  for (int c = lane; c < range && first + c < V; c += 32) {
+    const int begin = c > 0 ? cursor[c - 1] : 0, length = cursor[c] - begin;
+    if (length > 0) runs[start + begin] = make_uint2(std::uint32_t(first + c), std::uint32_t(length));
+  }
+}
+
+/// runs[j] for the device-wide sort's sorted rows: (row, run length) where
+/// a run of a row < V starts at j, else (row, 0).
+__global__ void embedding_mark_runs_kernel(const std::uint32_t* __restrict__ rows, kindex N,
+                                           kindex V, uint2* __restrict__ runs) {
+  GRID_STRIDE(j, N) {
+    const std::uint32_t row = rows[j];
+    kindex end = j;
+    if (row < V && (j == 0 || rows[j - 1] != row))
+      while (end < N && rows[end] == row) ++end;
+    runs[j] = make_uint2(row, std::uint32_t(end - j));
   }
 }
 
 /// Step 3: the first thread of each run of equal rows sums the run in token order.
 template <class T, class G>
-__global__ void embedding_runs_kernel(const std::uint32_t* __restrict__ rows,
+__global__ void embedding_runs_kernel(const uint2* __restrict__ runs,
                                       const std::int32_t* __restrict__ tokens, kindex N,
-                                      const T* __restrict__ dout, kindex V, kindex H,
+                                      const T* __restrict__ dout, kindex H,
                                       G* __restrict__ dtable) {
+  wait_for_prior_grid();  // the sort (when launched as its dependent)
   GRID_STRIDE(i, N * H) {
     const kindex j = i / H, h = i % H;
-    const std::uint32_t row = rows[j];
-    if (row >= V || (j > 0 && rows[j - 1] == row)) continue;
-    float acc = load_f(dtable, kindex(row) * H + h);
-    for (kindex k = j; k < N && rows[k] == row; ++k)
-      acc += load_f(dout, kindex(tokens[k]) * H + h);
-    store_f(dtable, kindex(row) * H + h, acc);
+    const uint2 run = runs[j];
+    if (run.y == 0) continue;
+    float acc = load_f(dtable, kindex(run.x) * H + h);
+    for (kindex k = j; k < j + run.y; ++k) acc += load_f(dout, kindex(tokens[k]) * H + h);
+    store_f(dtable, kindex(run.x) * H + h, acc);
   }
 }
 
@@ -183,33 +276,32 @@ __global__ void embedding_runs_kernel(const std::uint32_t* __restrict__ rows,
 /// dout packs in token order and stores once. Per element the same fp32
 /// adds in the same order as embedding_runs_kernel: the same bits.
 template <class T, class G>
-__global__ void embedding_runs_packed_kernel(const std::uint32_t* __restrict__ rows,
+__global__ void embedding_runs_packed_kernel(const uint2* __restrict__ runs,
                                              const std::int32_t* __restrict__ tokens,
-                                             kindex N, const T* __restrict__ dout, kindex V,
+                                             kindex N, const T* __restrict__ dout,
                                              kindex row_packs, G* __restrict__ dtable) {
   constexpr int PV = kPack<T>, GP = PV / kPack<G>;  // dtable packs per dout pack
+  wait_for_prior_grid();  // the sort (when launched as its dependent)
   const kindex q = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q >= row_packs) return;
   const Pack<T>* dpacks = reinterpret_cast<const Pack<T>*>(dout);
   Pack<G>* tpacks = reinterpret_cast<Pack<G>*>(dtable);
   for (kindex j = kindex(blockIdx.y) * blockDim.y + threadIdx.y; j < N;
        j += kindex(gridDim.y) * blockDim.y) {
-    const std::uint32_t row = rows[j];
-    if (row >= V || (j > 0 && rows[j - 1] == row)) continue;
-    const kindex at = (kindex(row) * row_packs + q) * GP;
+    const uint2 run = runs[j];
+    if (run.y == 0) continue;
+    const kindex at = (kindex(run.x) * row_packs + q) * GP, end = j + run.y;
+    // The dtable loads and the run's first dout loads go out together;
+    // frequent words make runs of hundreds of tokens, walked four dout
+    // loads at a time. The adds stay in token order.
+    Pack<G> g[GP];
+#pragma unroll
+    for (int s = 0; s < GP; ++s) g[s] = tpacks[at + s];
     float acc[PV];
 #pragma unroll
-    for (int s = 0; s < GP; ++s) {
-      const Pack<G> g = tpacks[at + s];
+    for (int s = 0; s < GP; ++s)
 #pragma unroll
-      for (int e = 0; e < kPack<G>; ++e) acc[s * kPack<G> + e] = to_f(g.v[e]);
-    }
-    // The run's end first (sorted keys: cache hits), so that the dout
-    // loads of four tokens can be in flight together instead of one load
-    // waiting on the previous loop test: frequent words make runs of
-    // hundreds of tokens. The adds stay in token order.
-    kindex end = j + 1;
-    while (end < N && rows[end] == row) ++end;
+      for (int e = 0; e < kPack<G>; ++e) acc[s * kPack<G> + e] = to_f(g[s].v[e]);
     kindex k = j;
     for (; k + kRunUnroll <= end; k += kRunUnroll) {
       Pack<T> d[kRunUnroll];
@@ -227,10 +319,9 @@ __global__ void embedding_runs_packed_kernel(const std::uint32_t* __restrict__ r
     }
 #pragma unroll
     for (int s = 0; s < GP; ++s) {
-      Pack<G> g;
 #pragma unroll
-      for (int e = 0; e < kPack<G>; ++e) g.v[e] = from_f<G>(acc[s * kPack<G> + e]);
-      tpacks[at + s] = g;
+      for (int e = 0; e < kPack<G>; ++e) g[s].v[e] = from_f<G>(acc[s * kPack<G> + e]);
+      tpacks[at + s] = g[s];
     }
   }
 }
@@ -242,36 +333,51 @@ int key_bits(kindex V) {
   return bits;
 }
 
-/// Sorted (row, token) pairs of the backward, in allocator scratch.
-struct SortedRows {
-  device::Buffer rows, tokens;
-  SortedRows(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin)
-      : rows(std::size_t(N) * sizeof(std::uint32_t)),
-        tokens(std::size_t(N) * sizeof(std::int32_t)) {
+/// Keys (rows 0 .. V - 1 and V) per block of the range sort.
+kindex range_rows_per_block(kindex V) {
+  const kindex keys = V + 1;
+  return keys <= kRangeRowsPerBlock * kRangeMaxBlocks ? kRangeRowsPerBlock
+                                                      : (keys + kRangeMaxBlocks - 1) / kRangeMaxBlocks;
+}
+
+/// The backward's tokens sorted by row (stable) and their runs: runs[j] =
+/// (row, length) where a run of a row of the shard starts at j, (row, 0)
+/// elsewhere. In allocator scratch.
+struct SortedRuns {
+  device::Buffer runs, tokens;
+  SortedRuns(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin)
+      : runs(std::size_t(N) * sizeof(uint2)), tokens(std::size_t(N) * sizeof(std::int32_t)) {
     MESH_VERIFY(N < (kindex(1) << 31) && V < (kindex(1) << 31) - 1,
                 "embedding_backward: " << N << " tokens or " << V << " rows exceed int32");
-    const int end_bit = key_bits(V);
-    if (N <= kBlockSortItems)
-      sort_in_one_block(ids, N, V, vocab_begin, end_bit);
+    if (N <= kRangeSortTokens && range_rows_per_block(V) <= kRangeMaxRowsPerBlock)
+      sort_by_ranges(ids, N, V, vocab_begin);
     else
-      sort_on_device(ids, N, V, vocab_begin, end_bit);
+      sort_on_device(ids, N, V, vocab_begin);
   }
 
-  void sort_in_one_block(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin,
-                         int end_bit) {
-    embedding_sort_block_kernel<<<1, kBlockSortThreads, 0, compute_stream()>>>(
-        ids, N, V, vocab_begin, end_bit, rows.as<std::uint32_t>(), tokens.as<std::int32_t>());
+  void sort_by_ranges(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin) {
+    const kindex keys = V + 1;  // V: not in this shard
+    const kindex rows_per_block = range_rows_per_block(V);
+    const unsigned blocks = unsigned((keys + rows_per_block - 1) / rows_per_block);
+    const std::size_t cursor_bytes = std::size_t(rows_per_block) * sizeof(int);
+    if (cursor_bytes > 12 * 1024)  // with the 32 KB list: over the 48 KB default
+      CUDA_CHECK(cudaFuncSetAttribute(embedding_sort_ranges_kernel,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(cursor_bytes)));
+    embedding_sort_ranges_kernel<<<blocks, kRangeThreads, cursor_bytes, compute_stream()>>>(
+        ids, int(N), V, vocab_begin, int(rows_per_block), runs.as<uint2>(),
+        tokens.as<std::int32_t>());
     MESH_CUDA_LAUNCHED();
   }
 
-  void sort_on_device(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin,
-                      int end_bit) {
+  void sort_on_device(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin) {
     device::Buffer rows_in(std::size_t(N) * sizeof(std::uint32_t));
     device::Buffer tokens_in(std::size_t(N) * sizeof(std::int32_t));
+    device::Buffer rows(std::size_t(N) * sizeof(std::uint32_t));
     embedding_keys_kernel<<<grid_for(N, kThreads), kThreads, 0, compute_stream()>>>(
         ids, N, V, vocab_begin, rows_in.as<std::uint32_t>(), tokens_in.as<std::int32_t>());
     MESH_CUDA_LAUNCHED();
-    const int n = int(N);
+    const int n = int(N), end_bit = key_bits(V);
     std::size_t scratch_bytes = 0;  // a size query: launches nothing
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
         nullptr, scratch_bytes, rows_in.as<std::uint32_t>(), rows.as<std::uint32_t>(),
@@ -280,26 +386,28 @@ struct SortedRows {
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
         scratch.as<void>(), scratch_bytes, rows_in.as<std::uint32_t>(), rows.as<std::uint32_t>(),
         tokens_in.as<std::int32_t>(), tokens.as<std::int32_t>(), n, 0, end_bit, compute_stream()));
+    embedding_mark_runs_kernel<<<grid_for(N, kThreads), kThreads, 0, compute_stream()>>>(
+        rows.as<std::uint32_t>(), N, V, runs.as<uint2>());
+    MESH_CUDA_LAUNCHED();
     // The scratch buffers go back to the allocator here, reused only by work
     // queued after the sort on the same stream (device_allocator.hpp).
   }
 };
 
 /// Block (x: packs of a row, y: sorted positions) of ~256 threads; grid y
-/// capped at 65535 (the kernel grid-strides over positions).
+/// capped at 65535 (the kernel grid-strides over positions). Launched as the
+/// sort's programmatic dependent.
 template <class T, class G>
-void launch_runs_packed(const SortedRows& sorted, kindex N, const T* dout, kindex V, kindex H,
-                        G* dtable) {
+void launch_runs_packed(const SortedRuns& sorted, kindex N, const T* dout, kindex H, G* dtable) {
   const kindex row_packs = H / kPack<T>;
   const int tx = row_packs >= kThreads ? kThreads : int((row_packs + 31) / 32 * 32);
   const int ty = kThreads / tx;
   const kindex y_blocks = (N + ty - 1) / ty;
   const dim3 grid(unsigned((row_packs + tx - 1) / tx),
                   unsigned(y_blocks < 65535 ? y_blocks : 65535));
-  embedding_runs_packed_kernel<T, G><<<grid, dim3(tx, ty), 0, compute_stream()>>>(
-      sorted.rows.as<std::uint32_t>(), sorted.tokens.as<std::int32_t>(), N, dout, V, row_packs,
-      dtable);
-  MESH_CUDA_LAUNCHED();
+  launch_dependent(embedding_runs_packed_kernel<T, G>, grid, dim3(tx, ty), compute_stream(),
+                   sorted.runs.as<uint2>(), sorted.tokens.as<std::int32_t>(), N, dout,
+                   row_packs, dtable);
 }
 
 template <class T>
@@ -356,15 +464,14 @@ void embedding_backward(DType t, DType g, const std::int32_t* ids, index_t N, co
   with_storage_and_grad_type(t, g, "embedding_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    const SortedRows sorted(ids, N, V_local, vocab_begin);
+    const SortedRuns sorted(ids, N, V_local, vocab_begin);
     if (H % kPack<T> == 0 && aligned16(dout) && aligned16(dtable)) {
-      launch_runs_packed<T, G>(sorted, N, static_cast<const T*>(dout), V_local, H,
-                               static_cast<G*>(dtable));
+      launch_runs_packed<T, G>(sorted, N, static_cast<const T*>(dout), H, static_cast<G*>(dtable));
       return;
     }
     embedding_runs_kernel<T, G><<<grid_for(N * H, kThreads), kThreads, 0, compute_stream()>>>(
-        sorted.rows.as<std::uint32_t>(), sorted.tokens.as<std::int32_t>(), N,
-        static_cast<const T*>(dout), V_local, H, static_cast<G*>(dtable));
+        sorted.runs.as<uint2>(), sorted.tokens.as<std::int32_t>(), N,
+        static_cast<const T*>(dout), H, static_cast<G*>(dtable));
     MESH_CUDA_LAUNCHED();
   });
 }

@@ -884,6 +884,37 @@ TEST_F(GpuOps, EmbeddingBackwardIsDeterministicAndExactInFp32) {
   }
 }
 
+// The range sort of kernels/cuda/embedding.cu (up to 8192 tokens): a hot
+// row (real text's "the": here 3/4 of the tokens, so one block lists 6000
+// of them), every token the same row, a shard of 300000 rows (more keys
+// than 256 per block), and token counts that are not a multiple of 32,
+// ids outside the shard among them. Exact against the host in fp32.
+TEST_F(GpuOps, EmbeddingBackwardSortHandlesHotRowsAndLargeShards) {
+  struct Case {
+    std::string name;
+    index_t N, V;
+    double hot;  // fraction of tokens on row 17
+  };
+  const Case cases[] = {{"hot row", 8192, 50304, 0.75},
+                        {"one row", 8192, 50304, 1.0},
+                        {"large shard", 8192, 300000, 0.1},
+                        {"odd count", 4001, 50304, 0.3},
+                        {"one token", 1, 50304, 0.0}};
+  const index_t H = 16, vocab_begin = 3;
+  for (const Case& c : cases) {
+    Tensor ids = random_ids(c.N, 0, int(c.V + 2 * vocab_begin));  // some outside [begin, begin + V)
+    std::bernoulli_distribution is_hot(c.hot);
+    for (index_t n = 0; n < c.N; ++n)
+      if (is_hot(rng())) ids.data<std::int32_t>()[n] = std::int32_t(vocab_begin + 17);
+    const Tensor ids_dev = ids.to_device();
+    const Pair dout = input({c.N, H}, DType::F32), start = input({c.V, H}, DType::F32);
+    Tensor host = start.host.clone(), dev = start.dev.clone();
+    embedding_backward(ids, dout.host, vocab_begin, host);
+    embedding_backward(ids_dev, dout.dev, vocab_begin, dev);
+    EXPECT_TRUE(dev.to_doubles() == host.to_doubles()) << c.name << ": differs from the host";
+  }
+}
+
 // ======================================================== Cross-entropy ==
 
 TEST_F(GpuOps, VocabParallelCrossEntropyMatchesHost) {
