@@ -23,10 +23,11 @@
 // inputs are the same for every call of a batch: the ops are idempotent
 // (out = f(in)) or accumulate into a gradient (dbias, dgamma, embedding's
 // dtable), either way the same work per call. sum_of_squares (+sync) waits
-// for its result on the host by design (the op returns a double; there is
-// no device-result variant in the op table), so its batch includes 10
-// synchronisations; its row at [124M] fp32 is the size training calls it at
-// (all of GPT-2 124M's gradients at once, once per step).
+// for its result on the host by design (the op returns a double), so its
+// batch includes 10 synchronisations; sum_of_squares_into (device) leaves
+// the total in device memory and does not wait: what the training step's
+// gradient norm calls, once per step over all gradients (its row at [124M]
+// fp32 is GPT-2 124M's).
 //
 // Attention core, fused (ops::fused_attention_*, FlashAttention-2 kernels)
 // against unfused (the path of src/model/attention.cpp: batched cuBLASLt
@@ -175,6 +176,9 @@ void bench_memory_bound(double copy_gbps) {
       add_row("axpy", dt, "[8192, 3072]", 3 * n * es, [&] { axpy(0.5, x, y); });
       add_row("scale", dt, "[8192, 3072]", 2 * n * es, [&] { scale(y, 0.999); });
       add_row("sum_of_squares (+sync)", dt, "[8192, 3072]", n * es, [&] { (void)sum_of_squares(x); });
+      Tensor total = Tensor::empty({1}, DType::F64, MemorySpace::Cuda);
+      const std::vector<Tensor> xs = {x};
+      add_row("sum_of_squares_into (device)", dt, "[8192, 3072]", n * es, [&] { sum_of_squares_into(xs, total); });
       DropoutSite site;
       site.a = tokens, site.b = 1, site.c = H4, site.c_global = H4;
       add_row("dropout_forward p=0.1", dt, "[8192, 3072]", 2 * n * es, [&] { dropout_forward(x, 0.1, site, y); });
@@ -223,6 +227,9 @@ void bench_memory_bound(double copy_gbps) {
     // The gradient norm as training takes it: once per step over every
     // fp32 gradient of the model (here 124M of them), then the host waits.
     add_row("sum_of_squares (+sync)", DType::F32, "[124M]", 4.0 * double(params), [&] { (void)sum_of_squares(g); });
+    Tensor total = Tensor::empty({1}, DType::F64, MemorySpace::Cuda);
+    const std::vector<Tensor> gs = {g};
+    add_row("sum_of_squares_into (device)", DType::F32, "[124M]", 4.0 * double(params), [&] { sum_of_squares_into(gs, total); });
   }
   print_memory_bound(rows, copy_gbps);
 }
