@@ -374,7 +374,7 @@ struct SortedRuns {
     const kindex rows_per_block = range_rows_per_block(V);
     const unsigned blocks = unsigned((keys + rows_per_block - 1) / rows_per_block);
     const std::size_t cursor_bytes = std::size_t(rows_per_block) * sizeof(int);
-    if (cursor_bytes > 12 * 1024)  // with the 32 KB list: over the 48 KB default
+    if (cursor_bytes > 8 * 1024)  // beside ~37 KB of static shared memory: past the 48 KB default
       CUDA_CHECK(cudaFuncSetAttribute(embedding_sort_ranges_kernel,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       int(cursor_bytes)));
