@@ -77,18 +77,24 @@ inline unsigned grid_for(kindex n, int threads, kindex cap = 65535LL * 8) {
 
 #define MESH_CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
 
+/// SMs of the current GPU.
+inline kindex multiprocessor_count() {
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return kindex(sms);
+}
+
 /// Blocks of `kernel` (block_threads each, `shared_bytes` of dynamic shared
 /// memory) that the whole GPU holds at once, from the occupancy calculator:
 /// the largest grid that runs in one wave. Callers cache it per kernel where
 /// the block shape is fixed (one GPU per process).
 template <class Kernel>
 kindex resident_blocks(Kernel kernel, int block_threads, std::size_t shared_bytes = 0) {
-  int device = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int per_sm = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads,
                                                            shared_bytes));
-  return kindex(sms) * (per_sm > 0 ? per_sm : 1);
+  return multiprocessor_count() * (per_sm > 0 ? per_sm : 1);
 }
 
 /// Grid-stride loop over [0, n): any grid size covers any n.

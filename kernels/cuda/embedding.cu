@@ -343,12 +343,7 @@ int key_bits(kindex V) {
 /// Keys (rows 0 .. V - 1 and V) per block of the range sort: at most one
 /// block per SM (a block of 1024 threads holds an SM), at least 256 keys.
 kindex range_rows_per_block(kindex V) {
-  static const kindex sms = [] {
-    int device = 0, count = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return kindex(count);
-  }();
+  static const kindex sms = multiprocessor_count();  // one GPU per process
   const kindex per_sm = (V + 1 + sms - 1) / sms;
   return per_sm > kRangeMinRowsPerBlock ? per_sm : kRangeMinRowsPerBlock;
 }
@@ -362,16 +357,17 @@ struct SortedRuns {
       : runs(std::size_t(N) * sizeof(uint2)), tokens(std::size_t(N) * sizeof(std::int32_t)) {
     MESH_VERIFY(N < (kindex(1) << 31) && V < (kindex(1) << 31) - 1,
                 "embedding_backward: " << N << " tokens or " << V << " rows exceed int32");
-    if (N <= kRangeSortTokens && range_rows_per_block(V) <= kRangeMaxRowsPerBlock &&
+    const kindex rows_per_block = range_rows_per_block(V);
+    if (N <= kRangeSortTokens && rows_per_block <= kRangeMaxRowsPerBlock &&
         vocab_begin < (kindex(1) << 31) - V)  // int32 key arithmetic
-      sort_by_ranges(ids, N, V, vocab_begin);
+      sort_by_ranges(ids, N, V, vocab_begin, rows_per_block);
     else
       sort_on_device(ids, N, V, vocab_begin);
   }
 
-  void sort_by_ranges(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin) {
+  void sort_by_ranges(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin,
+                      kindex rows_per_block) {
     const kindex keys = V + 1;  // V: not in this shard
-    const kindex rows_per_block = range_rows_per_block(V);
     const unsigned blocks = unsigned((keys + rows_per_block - 1) / rows_per_block);
     const std::size_t cursor_bytes = std::size_t(rows_per_block) * sizeof(int);
     if (cursor_bytes > 8 * 1024)  // beside ~37 KB of static shared memory: past the 48 KB default
