@@ -14,7 +14,7 @@
 // the separate kernels, with the speed-up. Times are medians of 20 runs timed
 // with CUDA events after 3 warm-ups; inputs are random (never zeros).
 //
-// Memory-bound rows, two timings. "/copy" times a batch of 10 back-to-back
+// Memory-bound rows, three timings. "/copy" times a batch of 10 back-to-back
 // calls between the two events and divides by 10, as the kernels run in
 // training (one after another on the stream, the next launch queued while
 // the previous kernel runs). "/copy 1x" times ONE call per event pair, so
@@ -27,7 +27,15 @@
 // batch includes 10 synchronisations; sum_of_squares_into (device) leaves
 // the total in device memory and does not wait: what the training step's
 // gradient norm calls, once per step over all gradients (its row at [124M]
-// fp32 is GPT-2 124M's).
+// fp32 is GPT-2 124M's). "graph" replays the same batch of 10 calls
+// captured in one CUDA graph (CapturedWork, as training.cuda_graphs runs the
+// step: no host launch work between the kernels; "-" for the row that waits
+// on the host). "host us" is the host's time to queue one call (the batch's
+// launches, no wait): where it nears the kernel's time, the "/copy" column
+// measures the host, not the kernel. "copy@size" is a device-to-device
+// cudaMemcpy moving the row's bytes (half read, half written), batched the
+// same way, as a fraction of the 1 GiB copy: the ramp-up and tail a copy of
+// that size pays too, for reading the rows at 12-100 MB.
 //
 // Attention core, fused (ops::fused_attention_*, FlashAttention-2 kernels)
 // against unfused (the path of src/model/attention.cpp: batched cuBLASLt
@@ -49,8 +57,11 @@
 //
 // Run: ./perf/bench_cuda_ops        (prints "skipped" without a GPU)
 //      ./perf/bench_cuda_ops attention [fused]   (attention only [fused rows only])
-//      ./perf/bench_cuda_ops memory              (the memory-bound table only)
+//      ./perf/bench_cuda_ops memory [ops]        (the memory-bound table only
+//                                                 [rows whose op contains one of
+//                                                 the comma-separated ops])
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -66,6 +77,8 @@
 #include <cuda_runtime.h>
 
 #include "ops/ops_cuda.hpp"
+#include "tensor/device_stream.hpp"
+#include "train/cuda_graph.hpp"
 
 namespace meshtron {
 namespace {
@@ -127,15 +140,63 @@ constexpr int kBatch = 10;
 struct Row {
   std::string op, dtype, shape;
   double ms, gbps, ms_1x, gbps_1x;
+  double gbps_graph;  // NaN: not capturable (waits on the host)
+  double host_us;     // host time to queue one call
+  double gbps_copy_at_size;
 };
 
 void print_memory_bound(const std::vector<Row>& rows, double copy_gbps) {
-  std::printf("\n%-34s %-5s %-16s %9s %9s %7s %9s %8s\n", "memory-bound op", "dtype", "shape",
-              "ms", "GB/s", "/copy", "ms 1x", "/copy 1x");
-  for (const Row& r : rows)
-    std::printf("%-34s %-5s %-16s %9.4f %9.1f %7.2f %9.4f %8.2f\n", r.op.c_str(),
-                r.dtype.c_str(), r.shape.c_str(), r.ms, r.gbps, r.gbps / copy_gbps, r.ms_1x,
-                r.gbps_1x / copy_gbps);
+  std::printf("\n%-34s %-5s %-16s %9s %9s %7s %7s %7s %9s %9s %8s\n", "memory-bound op", "dtype",
+              "shape", "ms", "GB/s", "/copy", "graph", "host us", "copy@size", "ms 1x",
+              "/copy 1x");
+  for (const Row& r : rows) {
+    char graph[16] = "      -";
+    if (!std::isnan(r.gbps_graph)) std::snprintf(graph, sizeof graph, "%7.2f", r.gbps_graph / copy_gbps);
+    std::printf("%-34s %-5s %-16s %9.4f %9.1f %7.2f %s %7.1f %9.2f %9.4f %8.2f\n", r.op.c_str(),
+                r.dtype.c_str(), r.shape.c_str(), r.ms, r.gbps, r.gbps / copy_gbps, graph,
+                r.host_us, r.gbps_copy_at_size / copy_gbps, r.ms_1x, r.gbps_1x / copy_gbps);
+  }
+}
+
+/// GB/s of `batch` calls of f captured into one CUDA graph and replayed;
+/// NaN when f cannot be captured (it waits on the host).
+double graph_gbps(const std::function<void()>& f, int batch, double bytes) {
+  try {
+    CapturedWork work([&] {
+      for (int b = 0; b < batch; ++b) f();
+    });
+    const double ms = median_ms([&] { work.replay(); }) / batch;
+    return bytes / (ms * 1e6);
+  } catch (const std::exception&) {
+    return std::nan("");
+  }
+}
+
+/// Microseconds the host takes to queue one call of f (a batch, no wait).
+double host_queue_us(const std::function<void()>& f, int batch) {
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const auto start = std::chrono::steady_clock::now();
+  for (int b = 0; b < batch; ++b) f();
+  const auto stop = std::chrono::steady_clock::now();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return std::chrono::duration<double, std::micro>(stop - start).count() / batch;
+}
+
+/// GB/s (read + write) of a device-to-device cudaMemcpy of bytes / 2, in
+/// batches as the rows are timed. Scratch buffers grow to the largest row.
+double copy_at_size_gbps(double bytes, int batch) {
+  static void* a = nullptr;
+  static void* b = nullptr;
+  static std::size_t have = 0;
+  const std::size_t half = std::size_t(bytes / 2) / 16 * 16;
+  if (half > have) {
+    if (a) device::deallocate(a), device::deallocate(b);
+    a = device::allocate(half), b = device::allocate(half);
+    CUDA_CHECK(cudaMemset(a, 1, half));
+    have = half;
+  }
+  const double ms = median_ms([&] { CUDA_CHECK(cudaMemcpyAsync(b, a, half, cudaMemcpyDeviceToDevice, 0)); }, batch);
+  return 2.0 * double(half) / (ms * 1e6);
 }
 
 double copy_bandwidth_gbps() {
@@ -149,16 +210,32 @@ double copy_bandwidth_gbps() {
   return 2.0 * double(bytes) / (ms * 1e6);
 }
 
-void bench_memory_bound(double copy_gbps) {
+/// Whether `op` is among the comma-separated substrings of `only` (all when
+/// `only` is empty).
+bool row_selected(const std::string& op, const std::string& only) {
+  if (only.empty()) return true;
+  std::size_t at = 0;
+  while (at <= only.size()) {
+    const std::size_t comma = std::min(only.find(',', at), only.size());
+    const std::string want = only.substr(at, comma - at);
+    if (!want.empty() && op.find(want) != std::string::npos) return true;
+    at = comma + 1;
+  }
+  return false;
+}
+
+void bench_memory_bound(double copy_gbps, const std::string& only = "") {
   using namespace ops;
   const index_t tokens = 8 * 1024, H = 768, H4 = 3072, heads_batch = 8 * 12, S = 1024,
                 vocab = 50304, params = 124'000'000;
   std::vector<Row> rows;
   auto add_row = [&](const std::string& op, DType dt, const std::string& shape, double bytes,
                      const std::function<void()>& f) {
+    if (!row_selected(op, only)) return;
     const double ms = median_ms(f, kBatch), ms_1x = median_ms(f);
     rows.push_back({op, std::string(dtype_name(dt)), shape, ms, bytes / (ms * 1e6), ms_1x,
-                    bytes / (ms_1x * 1e6)});
+                    bytes / (ms_1x * 1e6), graph_gbps(f, kBatch, bytes), host_queue_us(f, kBatch),
+                    copy_at_size_gbps(bytes, kBatch)});
   };
   for (DType dt : {DType::BF16, DType::F32}) {
     const double es = double(dtype_size(dt));
@@ -660,7 +737,7 @@ int main(int argc, char** argv) {
   const bool fused_only = attention_only && argc > 2 && std::string(argv[2]) == "fused";
   // `bench_cuda_ops memory` runs the memory-bound table alone.
   if (argc > 1 && std::string(argv[1]) == "memory") {
-    bench_memory_bound(copy_gbps);
+    bench_memory_bound(copy_gbps, argc > 2 ? argv[2] : "");
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "residual") {
