@@ -57,6 +57,7 @@
 //
 // Run: ./perf/bench_cuda_ops        (prints "skipped" without a GPU)
 //      ./perf/bench_cuda_ops attention [fused]   (attention only [fused rows only])
+//      ./perf/bench_cuda_ops trace [ops]         (those rows' kernels, CUPTI)
 //      ./perf/bench_cuda_ops memory [ops]        (the memory-bound table only
 //                                                 [rows whose op contains one of
 //                                                 the comma-separated ops])
@@ -79,6 +80,7 @@
 #include "ops/ops_cuda.hpp"
 #include "tensor/device_stream.hpp"
 #include "train/cuda_graph.hpp"
+#include "train/gpu_trace.hpp"
 
 namespace meshtron {
 namespace {
@@ -224,7 +226,43 @@ bool row_selected(const std::string& op, const std::string& only) {
   return false;
 }
 
-void bench_memory_bound(double copy_gbps, const std::string& only = "") {
+/// `bench_cuda_ops trace [ops]`: the kernels of a batch of calls of f as
+/// the GPU ran them (CUPTI, device timestamps): per kernel its calls and
+/// mean duration, and per call the window (first start to last end), the
+/// time some kernel ran and the gaps between them.
+void trace_row(const std::string& what, const std::function<void()>& f, int batch) {
+  for (int i = 0; i < kWarmup; ++i) f();
+  GpuTracer tracer;
+  tracer.start();
+  for (int b = 0; b < batch; ++b) f();
+  tracer.stop();
+  std::vector<TraceEvent> events = tracer.events();
+  std::sort(events.begin(), events.end(),
+            [](const TraceEvent& a, const TraceEvent& b) { return a.start_ns < b.start_ns; });
+  std::printf("\n%s: %zu kernels in %d calls\n", what.c_str(), events.size(), batch);
+  if (events.empty()) return;
+  std::vector<std::pair<std::string, std::vector<double>>> kernels;
+  std::uint64_t busy = 0, reach = events.front().start_ns;
+  for (const TraceEvent& e : events) {
+    auto it = std::find_if(kernels.begin(), kernels.end(), [&](const auto& k) { return k.first == e.name; });
+    if (it == kernels.end()) it = kernels.insert(kernels.end(), {e.name, {}});
+    it->second.push_back(double(e.end_ns - e.start_ns) / 1e3);
+    const std::uint64_t from = std::max(e.start_ns, reach);  // overlapping kernels (PDL) once
+    if (e.end_ns > from) busy += e.end_ns - from;
+    reach = std::max(reach, e.end_ns);
+  }
+  for (const auto& [name, us] : kernels) {
+    double sum = 0, lo = us.front(), hi = us.front();
+    for (double u : us) sum += u, lo = std::min(lo, u), hi = std::max(hi, u);
+    std::printf("  %-70.70s x%-3zu mean %7.2f us (min %7.2f, max %7.2f)\n", name.c_str(),
+                us.size(), sum / double(us.size()), lo, hi);
+  }
+  const double window = double(reach - events.front().start_ns) / 1e3 / batch;
+  std::printf("  per call: window %.2f us, busy %.2f us, gaps %.2f us\n", window,
+              double(busy) / 1e3 / batch, window - double(busy) / 1e3 / batch);
+}
+
+void bench_memory_bound(double copy_gbps, const std::string& only = "", bool trace = false) {
   using namespace ops;
   const index_t tokens = 8 * 1024, H = 768, H4 = 3072, heads_batch = 8 * 12, S = 1024,
                 vocab = 50304, params = 124'000'000;
@@ -232,10 +270,16 @@ void bench_memory_bound(double copy_gbps, const std::string& only = "") {
   auto add_row = [&](const std::string& op, DType dt, const std::string& shape, double bytes,
                      const std::function<void()>& f) {
     if (!row_selected(op, only)) return;
+    if (trace) {
+      trace_row(op + " " + std::string(dtype_name(dt)) + " " + shape, f, kBatch);
+      return;
+    }
+    const bool waits_on_host = op.find("(+sync)") != std::string::npos;
     const double ms = median_ms(f, kBatch), ms_1x = median_ms(f);
     rows.push_back({op, std::string(dtype_name(dt)), shape, ms, bytes / (ms * 1e6), ms_1x,
-                    bytes / (ms_1x * 1e6), graph_gbps(f, kBatch, bytes), host_queue_us(f, kBatch),
-                    copy_at_size_gbps(bytes, kBatch)});
+                    bytes / (ms_1x * 1e6),
+                    waits_on_host ? std::nan("") : graph_gbps(f, kBatch, bytes),
+                    host_queue_us(f, kBatch), copy_at_size_gbps(bytes, kBatch)});
   };
   for (DType dt : {DType::BF16, DType::F32}) {
     const double es = double(dtype_size(dt));
@@ -308,7 +352,7 @@ void bench_memory_bound(double copy_gbps, const std::string& only = "") {
     const std::vector<Tensor> gs = {g};
     add_row("sum_of_squares_into (device)", DType::F32, "[124M]", 4.0 * double(params), [&] { sum_of_squares_into(gs, total); });
   }
-  print_memory_bound(rows, copy_gbps);
+  if (!trace) print_memory_bound(rows, copy_gbps);
 }
 
 /// GPT-2 774M's parameter tensors (36 layers x 12 + embeddings and the final
@@ -738,6 +782,15 @@ int main(int argc, char** argv) {
   // `bench_cuda_ops memory` runs the memory-bound table alone.
   if (argc > 1 && std::string(argv[1]) == "memory") {
     bench_memory_bound(copy_gbps, argc > 2 ? argv[2] : "");
+    return 0;
+  }
+  // `bench_cuda_ops trace [ops]`: the memory-bound rows' kernels as traced.
+  if (argc > 1 && std::string(argv[1]) == "trace") {
+    if (!GpuTracer::available()) {
+      std::printf("bench_cuda_ops trace: this build has no CUPTI\n");
+      return 1;
+    }
+    bench_memory_bound(copy_gbps, argc > 2 ? argv[2] : "", /*trace=*/true);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "residual") {
