@@ -165,7 +165,7 @@ void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out
   if (C == 0) return;
   const dim3 grid(unsigned((C + kOnePassCols - 1) / kOnePassCols)), block(kOnePassCols, kOnePassLanes);
   if (dependent) {
-    launch_dependent(column_sums_one_pass_kernel<NV, Source, G>, grid, block, compute_stream(), src,
+    launch_dependent(column_sums_one_pass_kernel<NV, Source, G>, grid, block, 0, compute_stream(), src,
                      N, C, out0, out1);
     return;
   }
@@ -198,6 +198,7 @@ template <class T, bool kFused, class G>
 __global__ void __launch_bounds__(kColTile * kRowLanes, 2)
     column_partials_packed_kernel(const T* __restrict__ x, kindex N, kindex C,
                                   kindex rows_per_split, float* partial, G* out) {
+  start_after_prior_grid();
   constexpr int V = kPack<T>;
   __shared__ float tile[kRowLanes][kColTile * V + 1];
   const kindex c0 = (kindex(blockIdx.x) * kColTile + threadIdx.x) * V;
@@ -273,10 +274,9 @@ void launch_packed_column_sums(const T* x, kindex N, kindex C, G* out) {
   const kindex col_blocks = (C / V + kColTile - 1) / kColTile;
   const ColumnSplit split = column_split(N, col_blocks, resident);
   device::Buffer partial(std::size_t(split.splits * C) * sizeof(float));
-  column_partials_packed_kernel<T, kFused, G>
-      <<<dim3(unsigned(col_blocks), unsigned(split.splits)), dim3(kColTile, kRowLanes), 0,
-         compute_stream()>>>(x, N, C, split.rows_per_split, partial.as<float>(), out);
-  MESH_CUDA_LAUNCHED();
+  launch_dependent(column_partials_packed_kernel<T, kFused, G>,
+                   dim3(unsigned(col_blocks), unsigned(split.splits)), dim3(kColTile, kRowLanes), 0,
+                   compute_stream(), x, N, C, split.rows_per_split, partial.as<float>(), out);
   if (!kFused) column_finalize<1>(partial, split.splits, C, out, static_cast<G*>(nullptr));
 }
 

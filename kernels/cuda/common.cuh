@@ -220,15 +220,25 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 #endif
 }
 
-/// kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent
-/// of the stream's previous kernel (see above).
+/// For a kernel launched with launch_dependent: waits until the stream's
+/// previous kernel has finished and its writes are visible, then lets the
+/// next kernel's blocks start up behind this one. First thing such a kernel
+/// does, before it reads or writes global memory (the previous kernel may
+/// still be reading what this one overwrites).
+__device__ __forceinline__ void start_after_prior_grid() {
+  wait_for_prior_grid();
+  allow_dependent_launch();
+}
+
+/// kernel<<<grid, block, shared_bytes, stream>>>(args...) as a programmatic
+/// dependent of the stream's previous kernel (see above).
 template <class... Params, class... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                      Args&&... args) {
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
+                      cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -257,6 +267,7 @@ struct alignas(16) Pack {
 
 template <class T, class F>
 __global__ void map3_packed_kernel(F f, const T* a, const T* b, const T* c, kindex n, T* out) {
+  start_after_prior_grid();
   constexpr int V = kPack<T>;
   const kindex packs = n / V;
   GRID_STRIDE(k, packs) {
@@ -289,8 +300,8 @@ void map3_on(cudaStream_t stream, F f, const T* a, const T* b, const T* c, kinde
   const bool packed = (!a || aligned16(a)) && (!b || aligned16(b)) && (!c || aligned16(c)) &&
                       aligned16(out);
   if (packed)
-    map3_packed_kernel<T><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, stream>>>(
-        f, a, b, c, n, out);
+    launch_dependent(map3_packed_kernel<T, F>, grid_for(n / kPack<T> + 1, kThreads), kThreads, 0,
+                     stream, f, a, b, c, n, out);
   else
     map3_scalar_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(f, a, b, c, n, out);
   MESH_CUDA_LAUNCHED();

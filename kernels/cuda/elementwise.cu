@@ -54,6 +54,7 @@ __global__ void bias_add_kernel(T* __restrict__ y, const T* __restrict__ bias, k
 template <class T>
 __global__ void bias_add_packed_kernel(T* __restrict__ y, const T* __restrict__ bias, kindex N,
                                        kindex packs_per_row) {
+  start_after_prior_grid();
   const kindex cp = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
   if (cp >= packs_per_row) return;
   const Pack<T> b = reinterpret_cast<const Pack<T>*>(bias)[cp];
@@ -155,6 +156,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads, 8)
     sum_of_squares_kernel(const T* __restrict__ x, kindex n, double* partial, unsigned slot0,
                           unsigned slots, double* total) {
+  start_after_prior_grid();
   __shared__ double scratch[32];
   __shared__ bool last;
   double acc = 0.0;
@@ -221,9 +223,8 @@ void bias_add(DType t, void* y, const void* bias, index_t N, index_t C) {
       constexpr int kPackThreads = 128;  // C = 768 bf16 is 96 packs
       const kindex packs = C / kPack<T>;
       const dim3 grid(unsigned((packs + kPackThreads - 1) / kPackThreads), row_blocks);
-      bias_add_packed_kernel<T><<<grid, kPackThreads, 0, compute_stream()>>>(
-          static_cast<T*>(y), static_cast<const T*>(bias), N, packs);
-      MESH_CUDA_LAUNCHED();
+      launch_dependent(bias_add_packed_kernel<T>, grid, kPackThreads, 0, compute_stream(),
+                       static_cast<T*>(y), static_cast<const T*>(bias), N, packs);
       return;
     }
     const dim3 grid(unsigned((C + kThreads - 1) / kThreads), row_blocks);
@@ -336,10 +337,9 @@ void sum_of_squares_many_to(int count, const DType* types, const void* const* xs
     if (blocks[k] == 0) continue;
     with_storage_type(types[k], "sum_of_squares", [&](auto zero) {
       using T = decltype(zero);
-      sum_of_squares_kernel<T><<<blocks[k], kThreads, 0, compute_stream()>>>(
-          static_cast<const T*>(xs[k]), ns[k], partial.as<double>(), unsigned(at),
-          unsigned(slots), total);
-      MESH_CUDA_LAUNCHED();
+      launch_dependent(sum_of_squares_kernel<T>, blocks[k], kThreads, 0, compute_stream(),
+                       static_cast<const T*>(xs[k]), ns[k], partial.as<double>(), unsigned(at),
+                       unsigned(slots), total);
     });
     at += blocks[k];
   }

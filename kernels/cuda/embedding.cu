@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kRangeThreads)
     embedding_sort_ranges_kernel(const std::int32_t* __restrict__ ids, int N, int V,
                                  int vocab_begin, int rows_per_block,
                                  uint2* __restrict__ runs, std::int32_t* __restrict__ tokens) {
-  allow_dependent_launch();  // the accumulation's blocks start up while this sorts
+  start_after_prior_grid();  // and the accumulation's blocks start up while this sorts
   __shared__ std::uint32_t list[kRangeSortTokens];  // (key - first) << 16 | token, token order
   __shared__ int warp_listed[kRangeWarps], warp_below[kRangeWarps];
   __shared__ typename cub::BlockScan<int, kRangeThreads>::TempStorage scan_scratch;
@@ -374,10 +374,9 @@ struct SortedRuns {
       CUDA_CHECK(cudaFuncSetAttribute(embedding_sort_ranges_kernel,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       int(cursor_bytes)));
-    embedding_sort_ranges_kernel<<<blocks, kRangeThreads, cursor_bytes, compute_stream()>>>(
-        ids, int(N), int(V), int(vocab_begin), int(rows_per_block), runs.as<uint2>(),
-        tokens.as<std::int32_t>());
-    MESH_CUDA_LAUNCHED();
+    launch_dependent(embedding_sort_ranges_kernel, blocks, kRangeThreads, cursor_bytes,
+                     compute_stream(), ids, int(N), int(V), int(vocab_begin), int(rows_per_block),
+                     runs.as<uint2>(), tokens.as<std::int32_t>());
   }
 
   void sort_on_device(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin) {
@@ -415,7 +414,7 @@ void launch_runs_packed(const SortedRuns& sorted, kindex N, const T* dout, kinde
   const kindex y_blocks = (N + ty - 1) / ty;
   const dim3 grid(unsigned((row_packs + tx - 1) / tx),
                   unsigned(y_blocks < 65535 ? y_blocks : 65535));
-  launch_dependent(embedding_runs_packed_kernel<T, G>, grid, dim3(tx, ty), compute_stream(),
+  launch_dependent(embedding_runs_packed_kernel<T, G>, grid, dim3(tx, ty), 0, compute_stream(),
                    sorted.runs.as<uint2>(), sorted.tokens.as<std::int32_t>(), N, dout,
                    row_packs, dtable);
 }

@@ -191,6 +191,7 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 float* __restrict__ rstd) {
   constexpr int V = kPack<T>, Q = V / 4;
   const int lane = threadIdx.x & 31, P = int(H / V);
+  start_after_prior_grid();
   extern __shared__ float4 affine[];  // gamma, then beta (stage_row_fp32)
   stage_row_fp32<T, K>(gamma, P, affine);
   stage_row_fp32<T, K>(beta, P, affine + 32 * K * Q);
@@ -310,7 +311,7 @@ __global__ void __launch_bounds__((kSplitRows + K) * 32, 1)
   constexpr int V = kPack<T>, Q = V / 4, WR = kSplitRows, threads = (WR + K) * 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, P = int(H / V);
   const int tensors = residual ? 3 : 2;
-  allow_dependent_launch();  // the partial-row sums may queue up behind us
+  start_after_prior_grid();  // and the partial-row sums may queue up behind us
   extern __shared__ __align__(16) unsigned char smem[];
   float4* gamma4 = reinterpret_cast<float4*>(smem);  // stage_row_fp32
   unsigned char* ring = smem + staged_row_bytes<T, K>();
@@ -827,20 +828,26 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
   device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
   with_packs_per_lane(k, [&](auto kc) {
     constexpr int K = decltype(kc)::value;
-    const auto launch = [&](auto kernel, std::size_t bytes) {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(bytes)));
-      kernel<<<unsigned(blocks), (kSplitRows + K) * 32, bytes, compute_stream()>>>(
-          dy, x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
-      MESH_CUDA_LAUNCHED();
+    const auto launch = [&](auto depth, std::size_t bytes) {
+      const auto kernel = layernorm_backward_split_kernel<T, K, decltype(depth)::value>;
+      // Once per kernel (T, G, K, D: one instantiation of this lambda each),
+      // at the GPU's opt-in limit (the launch's own bytes set what it
+      // takes): a host call less per backward.
+      static const bool opted_in = [&] {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+        return true;
+      }();
+      (void)opted_in;
+      launch_dependent(kernel, unsigned(blocks), (kSplitRows + K) * 32, bytes, compute_stream(), dy,
+                       x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
       launched = true;
     };
     const std::size_t three = split_shared_bytes<T, K>(H, residual != nullptr, 3);
     const std::size_t two = split_shared_bytes<T, K>(H, residual != nullptr, 2);
     if (three <= std::size_t(optin))
-      launch(layernorm_backward_split_kernel<T, K, 3>, three);
+      launch(std::integral_constant<int, 3>{}, three);
     else if (two <= std::size_t(optin))
-      launch(layernorm_backward_split_kernel<T, K, 2>, two);
+      launch(std::integral_constant<int, 2>{}, two);
   });
   if (launched)
     column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta,
@@ -875,12 +882,11 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
     if (const int k = packed_k<T>(H, {x, gamma, beta, y}, kMaxPacksPerLane)) {
       with_packs_per_lane(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
-        layernorm_forward_packed_kernel<T, K><<<unsigned(forward_blocks<T, K>(N)),
-                                                kWarpsPerBlock * 32, forward_shared_bytes<T, K>(),
-                                                compute_stream()>>>(
-                static_cast<const T*>(x), static_cast<const T*>(gamma),
-                static_cast<const T*>(beta), N, H, float(eps), static_cast<T*>(y), mean, rstd);
-        MESH_CUDA_LAUNCHED();
+        launch_dependent(layernorm_forward_packed_kernel<T, K>, unsigned(forward_blocks<T, K>(N)),
+                         kWarpsPerBlock * 32, forward_shared_bytes<T, K>(), compute_stream(),
+                         static_cast<const T*>(x), static_cast<const T*>(gamma),
+                         static_cast<const T*>(beta), N, H, float(eps), static_cast<T*>(y), mean,
+                         rstd);
       });
       return;
     }
