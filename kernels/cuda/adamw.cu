@@ -80,6 +80,7 @@ template <class C>
 __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad,
                              float* __restrict__ m, float* __restrict__ v, C* __restrict__ copy,
                              kindex n, AdamWCoefficients k) {
+  start_after_prior_grid();
   if (!clip_from_device_norm(k)) return;
   GRID_STRIDE(i, n) adamw_element(param, grad, m, v, copy, i, k.weight_decay, k);
 }
@@ -141,6 +142,7 @@ template <class C>
 __global__ void __launch_bounds__(kThreads)
     adamw_multi_kernel(const TableEntry* __restrict__ table, const BlockWork* __restrict__ work,
                        AdamWCoefficients k) {
+  start_after_prior_grid();
   if (!clip_from_device_norm(k)) return;
   const BlockWork w = work[blockIdx.x];
   const TableEntry e = table[w.entry];
@@ -206,9 +208,8 @@ void adamw_step(float* param, const float* grad, float* m, float* v, index_t n,
     if constexpr (std::is_same_v<C, float>) {
       MESH_VERIFY(false, "adamw_step: the compute copy is bf16 or fp16, got fp32");
     } else {
-      adamw_kernel<C><<<grid_for(n, 256), 256, 0, compute_stream()>>>(param, grad, m, v,
-                                                              static_cast<C*>(copy), n, k);
-      MESH_CUDA_LAUNCHED();
+      launch_dependent(adamw_kernel<C>, grid_for(n, 256), 256, 0, compute_stream(), param, grad, m,
+                       v, static_cast<C*>(copy), n, k);
     }
   });
 }
@@ -236,10 +237,9 @@ void AdamWTable::step(const std::vector<AdamWTensorPtrs>& tensors, DType copy_dt
       reinterpret_cast<const BlockWork*>(static_cast<const char*>(device_) + image_.size());
   const unsigned grid = unsigned(blocks_);
   if (copy_dtype == DType::BF16)
-    adamw_multi_kernel<bf16_t><<<grid, kThreads, 0, compute_stream()>>>(table, work, k);
+    launch_dependent(adamw_multi_kernel<bf16_t>, grid, kThreads, 0, compute_stream(), table, work, k);
   else
-    adamw_multi_kernel<f16_t><<<grid, kThreads, 0, compute_stream()>>>(table, work, k);
-  MESH_CUDA_LAUNCHED();
+    launch_dependent(adamw_multi_kernel<f16_t>, grid, kThreads, 0, compute_stream(), table, work, k);
 }
 
 // Device layout: the entries, then the per-block work list (8-byte aligned

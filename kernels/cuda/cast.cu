@@ -10,6 +10,7 @@ namespace {
 
 template <class S, class D>
 __global__ void cast_kernel(const S* src, D* dst, kindex n) {
+  start_after_prior_grid();
   for (kindex i = kindex(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += kindex(gridDim.x) * blockDim.x)
     store_f(dst, i, load_f(src, i));
@@ -29,12 +30,11 @@ void cast(DType from, const void* src, DType to, void* dst, index_t n) {
   with_storage_type(half, "cast", [&](auto zero) {
     using H = decltype(zero);
     if (from == DType::F32)
-      cast_kernel<<<grid, threads, 0, compute_stream()>>>(static_cast<const float*>(src),
-                                                 static_cast<H*>(dst), n);
+      launch_dependent(cast_kernel<float, H>, grid, threads, 0, compute_stream(),
+                       static_cast<const float*>(src), static_cast<H*>(dst), n);
     else
-      cast_kernel<<<grid, threads, 0, compute_stream()>>>(static_cast<const H*>(src),
-                                                 static_cast<float*>(dst), n);
-    MESH_CUDA_LAUNCHED();
+      launch_dependent(cast_kernel<H, float>, grid, threads, 0, compute_stream(),
+                       static_cast<const H*>(src), static_cast<float*>(dst), n);
   });
 }
 

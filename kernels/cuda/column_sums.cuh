@@ -119,46 +119,64 @@ void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullp
 /// out_v[c] += sum_r src(r, c)[v] in ONE launch, for short N (a few hundred
 /// rows: the per-block partial rows of a fused backward kernel). A block
 /// takes kOnePassCols columns with kOnePassLanes row lanes: lane y adds rows
-/// y, y + kOnePassLanes, ... (loads unrolled, adds in row order), then lane
-/// 0 adds the lanes in order and accumulates into out. Deterministic; rounds
-/// differently from the two-pass column_sums (another order of the same
-/// adds). Narrow tiles and many lanes because the work is latency, not
-/// bytes: 132 partial rows x 768 columns as blocks of 32 columns x 8 lanes
-/// were 24 blocks with 17 rounds of loads per thread; 8 columns x 32 lanes
-/// are 96 blocks with 4-5. (Nsight Compute, which flushes the caches, puts
-/// both near 6.3 us; in the stream the finish was only measured together
-/// with the layernorm backward it ends, with PDL: perf/RESULTS.md, session
-/// 15.)
-inline constexpr int kOnePassCols = 8, kOnePassLanes = 32;
+/// y, y + kOnePassLanes, ... in order, then lane 0 adds the lanes in order
+/// and accumulates into out. Deterministic; rounds differently from the
+/// two-pass column_sums (another order of the same adds). Narrow tiles and
+/// many lanes because the work is latency, not bytes: 132 partial rows x 768
+/// columns as blocks of 32 columns x 8 lanes were 24 blocks with 17 rounds
+/// of loads per thread; 8 columns x 32 lanes are 96 blocks with 4-5, and a
+/// lane issues the loads of kOnePassBatch rows before adding them (one round
+/// of L2 latency for up to 256 rows). Launched as a dependent (see
+/// column_sums_one_pass) it reads out before waiting for the partial rows.
+inline constexpr int kOnePassCols = 8, kOnePassLanes = 32, kOnePassBatch = 8;
 
 template <int NV, class Source, class G>
 __global__ void __launch_bounds__(kOnePassCols * kOnePassLanes)
     column_sums_one_pass_kernel(Source src, kindex N, kindex C, G* out0, G* out1) {
   __shared__ float tile[NV][kOnePassLanes][kOnePassCols + 1];
-  wait_for_prior_grid();  // the partial rows (when launched as a dependent)
   const kindex c = kindex(blockIdx.x) * kOnePassCols + threadIdx.x;
+  G* outs[2] = {out0, out1};
+  float before[NV];
+  if (threadIdx.y == 0 && c < C)
+#pragma unroll
+    for (int v = 0; v < NV; ++v) before[v] = load_f(outs[v], c);
+  wait_for_prior_grid();  // the partial rows (when launched as a dependent)
   float acc[NV];
 #pragma unroll
   for (int v = 0; v < NV; ++v) acc[v] = 0.f;
   if (c < C) {
-#pragma unroll 8
-    for (kindex r = threadIdx.y; r < N; r += kOnePassLanes) src(r, c, acc);
+    for (kindex r0 = threadIdx.y; r0 < N; r0 += kOnePassBatch * kOnePassLanes) {
+      float row[kOnePassBatch][NV];  // src adds into zeros: row = the values, exactly
+#pragma unroll
+      for (int u = 0; u < kOnePassBatch; ++u) {
+#pragma unroll
+        for (int v = 0; v < NV; ++v) row[u][v] = 0.f;
+        if (r0 + u * kOnePassLanes < N) src(r0 + u * kOnePassLanes, c, row[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kOnePassBatch; ++u)
+        if (r0 + u * kOnePassLanes < N)
+#pragma unroll
+          for (int v = 0; v < NV; ++v) acc[v] += row[u][v];
+    }
   }
 #pragma unroll
   for (int v = 0; v < NV; ++v) tile[v][threadIdx.y][threadIdx.x] = acc[v];
   __syncthreads();
   if (threadIdx.y != 0 || c >= C) return;
-  G* outs[2] = {out0, out1};
 #pragma unroll
   for (int v = 0; v < NV; ++v) {
     float s = 0.f;
     for (int y = 0; y < kOnePassLanes; ++y) s += tile[v][y][threadIdx.x];
-    store_f(outs[v], c, load_f(outs[v], c) + s);
+    store_f(outs[v], c, before[v] + s);
   }
 }
 
 /// dependent: launched as the programmatic dependent of the kernel that
-/// wrote what src reads (which calls allow_dependent_launch()).
+/// wrote what src reads, which must not write out and must call
+/// allow_dependent_launch() only after wait_for_prior_grid() (as
+/// start_after_prior_grid does): then whatever wrote out before it has
+/// finished when this kernel starts, and out is read before the wait.
 template <int NV, class Source, class G>
 void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr,
                           bool dependent = false) {

@@ -105,6 +105,7 @@ __device__ __forceinline__ void for_valid_columns(const T* l, int valid, F&& f) 
 template <class T, int C>
 __global__ void row_max_kernel(const T* __restrict__ logits, int V, int valid,
                                float* __restrict__ row_max) {
+  start_after_prior_grid();
   __shared__ float scratch[32];
   float m = -INFINITY;
   for_valid_columns<C>(logits + kindex(blockIdx.x) * V, valid,
@@ -119,6 +120,7 @@ __global__ void partials_kernel(const T* __restrict__ logits,
                                 const float* __restrict__ row_max, int V, kindex vocab_begin,
                                 int valid, float* __restrict__ sum_exp,
                                 float* __restrict__ target_logit) {
+  start_after_prior_grid();
   __shared__ float scratch[32];
   const kindex n = blockIdx.x;
   const T* l = logits + n * V;
@@ -136,6 +138,7 @@ __global__ void partials_kernel(const T* __restrict__ logits,
 __global__ void loss_kernel(const float* __restrict__ sum_exp,
                             const float* __restrict__ target_logit, kindex N,
                             float* __restrict__ loss) {
+  start_after_prior_grid();
   GRID_STRIDE(n, N) loss[n] = float(log(double(sum_exp[n])) - double(target_logit[n]));
 }
 
@@ -146,6 +149,7 @@ __global__ void backward_kernel(const T* __restrict__ logits,
                                 const float* __restrict__ sum_exp,
                                 const float* __restrict__ dloss, int V, kindex vocab_begin,
                                 int valid, O* __restrict__ dlogits) {
+  start_after_prior_grid();
   const kindex n = blockIdx.x;
   const T* l = logits + n * V;
   O* d = dlogits + n * V;
@@ -186,9 +190,9 @@ void cross_entropy_row_max(DType t, const void* logits, index_t N, index_t V_loc
   with_storage_type(t, "cross_entropy_row_max", [&](auto zero) {
     using T = decltype(zero);
     with_columns_per_access(V_local, {logits}, [&](auto c) {
-      row_max_kernel<T, decltype(c)::value><<<unsigned(N), kThreads, 0, compute_stream()>>>(
-          static_cast<const T*>(logits), int(V_local), int(valid_local), row_max);
-      MESH_CUDA_LAUNCHED();
+      launch_dependent(row_max_kernel<T, decltype(c)::value>, unsigned(N), kThreads, 0,
+                       compute_stream(), static_cast<const T*>(logits), int(V_local),
+                       int(valid_local), row_max);
     });
   });
 }
@@ -200,18 +204,17 @@ void cross_entropy_partials(DType t, const void* logits, const std::int32_t* tar
   with_storage_type(t, "cross_entropy_partials", [&](auto zero) {
     using T = decltype(zero);
     with_columns_per_access(V_local, {logits}, [&](auto c) {
-      partials_kernel<T, decltype(c)::value><<<unsigned(N), kThreads, 0, compute_stream()>>>(
-          static_cast<const T*>(logits), targets, row_max, int(V_local), vocab_begin,
-          int(valid_local), sum_exp, target_logit);
-      MESH_CUDA_LAUNCHED();
+      launch_dependent(partials_kernel<T, decltype(c)::value>, unsigned(N), kThreads, 0,
+                       compute_stream(), static_cast<const T*>(logits), targets, row_max,
+                       int(V_local), vocab_begin, int(valid_local), sum_exp, target_logit);
     });
   });
 }
 
 void cross_entropy_loss(const float* sum_exp, const float* target_logit, index_t N, float* loss) {
   if (N == 0) return;
-  loss_kernel<<<grid_for(N, kThreads), kThreads, 0, compute_stream()>>>(sum_exp, target_logit, N, loss);
-  MESH_CUDA_LAUNCHED();
+  launch_dependent(loss_kernel, grid_for(N, kThreads), kThreads, 0, compute_stream(), sum_exp,
+                   target_logit, N, loss);
 }
 
 void cross_entropy_backward(DType t, DType out, const void* logits, const std::int32_t* targets,
@@ -225,10 +228,10 @@ void cross_entropy_backward(DType t, DType out, const void* logits, const std::i
     with_storage_type(out, "cross_entropy_backward", [&](auto out_zero) {
       using O = decltype(out_zero);
       with_columns_per_access(V_local, {logits, dlogits}, [&](auto c) {
-        backward_kernel<T, O, decltype(c)::value><<<unsigned(N), kThreads, 0, compute_stream()>>>(
-            static_cast<const T*>(logits), targets, row_max, sum_exp, dloss, int(V_local),
-            vocab_begin, int(valid_local), static_cast<O*>(dlogits));
-        MESH_CUDA_LAUNCHED();
+        launch_dependent(backward_kernel<T, O, decltype(c)::value>, unsigned(N), kThreads, 0,
+                         compute_stream(), static_cast<const T*>(logits), targets, row_max,
+                         sum_exp, dloss, int(V_local), vocab_begin, int(valid_local),
+                         static_cast<O*>(dlogits));
       });
     });
   });

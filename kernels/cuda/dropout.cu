@@ -107,6 +107,7 @@ __device__ __forceinline__ bool keep_element(const DropoutPlacement& s, std::uin
 template <class T, class I>
 __global__ void dropout_kernel(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
                                DropoutPlacement site, T* out) {
+  start_after_prior_grid();
   const DropoutPlacement s = resolved(site);
   const I sc = I(s.c), sb = I(s.b);
   GRID_STRIDE(i, n) {
@@ -137,6 +138,7 @@ __device__ __forceinline__ kindex row_start(const DropoutPlacement& s, kindex a,
 template <class T, class I>
 __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t threshold,
                                       float keep_scale, DropoutPlacement site, T* out) {
+  start_after_prior_grid();
   const DropoutPlacement s = resolved(site);
   constexpr int V = kPack<T>;
   const I sc = I(s.c), sb = I(s.b);
@@ -188,6 +190,7 @@ __device__ __forceinline__ std::uint32_t word(const uint4& r, int j) {
 template <class T, class I>
 __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t threshold,
                                        float keep_scale, DropoutPlacement site, T* out) {
+  start_after_prior_grid();
   const DropoutPlacement s = resolved(site);
   constexpr int E = kGroupedPacks * kPack<T>, G = E / 4;
   const I sc = I(s.c), sb = I(s.b);
@@ -251,15 +254,14 @@ void launch_dropout(const T* in, kindex n, std::uint32_t threshold, float keep_s
                     const DropoutPlacement& site, T* out) {
   constexpr int E = kGroupedPacks * kPack<T>;
   if (aligned16(in) && aligned16(out) && groups_align(site))
-    dropout_grouped_kernel<T, I><<<grid_for(n / E + 1, kThreads), kThreads, 0, compute_stream()>>>(
-        in, n, threshold, keep_scale, site, out);
+    launch_dependent(dropout_grouped_kernel<T, I>, grid_for(n / E + 1, kThreads), kThreads, 0,
+                     compute_stream(), in, n, threshold, keep_scale, site, out);
   else if (aligned16(in) && aligned16(out))
-    dropout_packed_kernel<T, I><<<grid_for(n / kPack<T> + 1, kThreads), kThreads, 0, compute_stream()>>>(
-        in, n, threshold, keep_scale, site, out);
+    launch_dependent(dropout_packed_kernel<T, I>, grid_for(n / kPack<T> + 1, kThreads), kThreads, 0,
+                     compute_stream(), in, n, threshold, keep_scale, site, out);
   else
-    dropout_kernel<T, I><<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(in, n, threshold,
-                                                                          keep_scale, site, out);
-  MESH_CUDA_LAUNCHED();
+    launch_dependent(dropout_kernel<T, I>, grid_for(n, kThreads), kThreads, 0, compute_stream(), in,
+                     n, threshold, keep_scale, site, out);
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ __global__ void add_residual_bias_packed_kernel(const T* a, const T* b,
                                                 const T* __restrict__ residual,
                                                 const T* __restrict__ bias, kindex packs_per_row,
                                                 kindex first_pack, kindex packs, T* out) {
+  start_after_prior_grid();
   constexpr int V = kPack<T>;
   GRID_STRIDE(k, packs) {
     const Pack<T> pa = reinterpret_cast<const Pack<T>*>(a)[k];
@@ -272,12 +273,13 @@ void add_residual_bias_on_stream(DType t, const void* a, const void* b, const vo
     const bool packed = aligned16(pa) && aligned16(pb) && (!pr || aligned16(pr)) &&
                         (!pbias || aligned16(pbias)) && aligned16(po) && C % V == 0 &&
                         first % V == 0 && n % V == 0;
-    if (packed)
-      add_residual_bias_packed_kernel<T><<<grid_for(n / V, kThreads), kThreads, 0, stream>>>(
-          pa, pb, pr, pbias, C / V, first / V, n / V, po);
-    else
-      add_residual_bias_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-          pa, pb, pr, pbias, C, first, n, po);
+    if (packed) {
+      launch_dependent(add_residual_bias_packed_kernel<T>, grid_for(n / V, kThreads), kThreads, 0,
+                       stream, pa, pb, pr, pbias, C / V, first / V, n / V, po);
+      return;
+    }
+    add_residual_bias_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        pa, pb, pr, pbias, C, first, n, po);
     MESH_CUDA_LAUNCHED();
   });
 }

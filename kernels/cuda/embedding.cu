@@ -77,6 +77,7 @@ __global__ void embedding_forward_packed_kernel(const std::int32_t* __restrict__
                                                 const T* __restrict__ table, kindex V,
                                                 kindex H, kindex vocab_begin,
                                                 T* __restrict__ out) {
+  start_after_prior_grid();
   const I row_packs = I(H / kPack<T>);
   const kindex packs = N * kindex(row_packs);
   const kindex stride = kindex(gridDim.x) * blockDim.x;
@@ -422,6 +423,7 @@ void launch_runs_packed(const SortedRuns& sorted, kindex N, const T* dout, kinde
 template <class T>
 __global__ void position_forward_kernel(const T* __restrict__ table, kindex S, kindex N, kindex H,
                                         T* __restrict__ out) {
+  start_after_prior_grid();
   GRID_STRIDE(i, N * H) {
     const kindex n = i / H, h = i % H;
     store_f(out, i, load_f(out, i) + load_f(table, (n % S) * H + h));
@@ -431,6 +433,7 @@ __global__ void position_forward_kernel(const T* __restrict__ table, kindex S, k
 template <class T, class G>
 __global__ void position_backward_kernel(const T* __restrict__ dout, kindex N, kindex H, kindex S,
                                          G* __restrict__ dtable) {
+  start_after_prior_grid();
   GRID_STRIDE(i, S * H) {
     const kindex s = i / H, h = i % H;
     float sum = 0.f;
@@ -453,12 +456,11 @@ void embedding_forward(DType t, const std::int32_t* ids, index_t N, const void* 
       constexpr int U = kForwardPacksPerThread;
       const unsigned blocks = grid_for((packs + U - 1) / U, kThreads);
       if (packs < kindex(UINT32_MAX))  // 32-bit index division where it fits
-        embedding_forward_packed_kernel<T, std::uint32_t, U>
-            <<<blocks, kThreads, 0, compute_stream()>>>(ids, N, tab, V_local, H, vocab_begin, o);
+        launch_dependent(embedding_forward_packed_kernel<T, std::uint32_t, U>, blocks, kThreads, 0,
+                         compute_stream(), ids, N, tab, V_local, H, vocab_begin, o);
       else
-        embedding_forward_packed_kernel<T, std::uint64_t, U>
-            <<<blocks, kThreads, 0, compute_stream()>>>(ids, N, tab, V_local, H, vocab_begin, o);
-      MESH_CUDA_LAUNCHED();
+        launch_dependent(embedding_forward_packed_kernel<T, std::uint64_t, U>, blocks, kThreads, 0,
+                         compute_stream(), ids, N, tab, V_local, H, vocab_begin, o);
       return;
     }
     embedding_forward_kernel<T><<<grid_for(N * H, kThreads), kThreads, 0, compute_stream()>>>(
@@ -490,9 +492,9 @@ void position_embedding_forward(DType t, const void* table, index_t seq_len, ind
   if (N * H == 0) return;
   with_storage_type(t, "position_embedding_forward", [&](auto zero) {
     using T = decltype(zero);
-    position_forward_kernel<T><<<grid_for(N * H, kThreads), kThreads, 0, compute_stream()>>>(
-        static_cast<const T*>(table), seq_len, N, H, static_cast<T*>(out));
-    MESH_CUDA_LAUNCHED();
+    launch_dependent(position_forward_kernel<T>, grid_for(N * H, kThreads), kThreads, 0,
+                     compute_stream(), static_cast<const T*>(table), seq_len, N, H,
+                     static_cast<T*>(out));
   });
 }
 
@@ -502,9 +504,9 @@ void position_embedding_backward(DType t, DType g, const void* dout, index_t N, 
   with_storage_and_grad_type(t, g, "position_embedding_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    position_backward_kernel<T, G><<<grid_for(seq_len * H, kThreads), kThreads, 0, compute_stream()>>>(
-        static_cast<const T*>(dout), N, H, seq_len, static_cast<G*>(dtable));
-    MESH_CUDA_LAUNCHED();
+    launch_dependent(position_backward_kernel<T, G>, grid_for(seq_len * H, kThreads), kThreads, 0,
+                     compute_stream(), static_cast<const T*>(dout), N, H, seq_len,
+                     static_cast<G*>(dtable));
   });
 }
 

@@ -37,6 +37,7 @@ template <class T>
 __global__ void bias_gelu_forward_kernel(const T* __restrict__ x, const T* __restrict__ bias,
                                          kindex N, kindex C, T* __restrict__ pre,
                                          T* __restrict__ y) {
+  start_after_prior_grid();
   GRID_STRIDE(i, N * C) {
     const float v = load_f(x, i) + load_f(bias, i % C);
     if (pre) store_f(pre, i, v);
@@ -73,10 +74,9 @@ void bias_gelu_forward(DType t, const void* x, const void* bias, index_t N, inde
   if (N * C == 0) return;
   with_storage_type(t, "bias_gelu_forward", [&](auto zero) {
     using T = decltype(zero);
-    bias_gelu_forward_kernel<T><<<grid_for(N * C, kThreads), kThreads, 0, compute_stream()>>>(
-        static_cast<const T*>(x), static_cast<const T*>(bias), N, C, static_cast<T*>(pre),
-        static_cast<T*>(y));
-    MESH_CUDA_LAUNCHED();
+    launch_dependent(bias_gelu_forward_kernel<T>, grid_for(N * C, kThreads), kThreads, 0,
+                     compute_stream(), static_cast<const T*>(x), static_cast<const T*>(bias), N, C,
+                     static_cast<T*>(pre), static_cast<T*>(y));
   });
 }
 

@@ -517,6 +517,7 @@ __global__ void __launch_bounds__(kColumnsBlockThreads)
                                       const float* __restrict__ rstd, kindex N, kindex H,
                                       T* __restrict__ dx, const T* __restrict__ residual,
                                       float* __restrict__ partial) {
+  start_after_prior_grid();
   constexpr int V = kPack<T>;
   extern __shared__ float group_sums[];  // [Y][2][H]: each group's dgamma and dbeta sums
   __shared__ float row_sums[2][32][2 * R];  // [parity][warp][g sums of R rows, g xhat sums]
@@ -656,10 +657,11 @@ bool layernorm_backward_columns(const T* dy, const T* x, const T* gamma, const f
   const std::size_t shared = std::size_t(block.y) * 2 * H * sizeof(float);
   const kindex blocks = columns_grid(layernorm_backward_columns_kernel<T, R>, block, shared, N, R);
   device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
-  layernorm_backward_columns_kernel<T, R><<<unsigned(blocks), block, shared, compute_stream()>>>(
-      dy, x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
-  MESH_CUDA_LAUNCHED();
-  column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
+  launch_dependent(layernorm_backward_columns_kernel<T, R>, unsigned(blocks), block, shared,
+                   compute_stream(), dy, x, gamma, mean, rstd, N, H, dx, residual,
+                   partial.as<float>());
+  column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta,
+                          /*dependent=*/true);
   return true;
 }
 
@@ -677,6 +679,7 @@ __global__ void __launch_bounds__(kColumnsBlockThreads)
                                      const T* __restrict__ beta, kindex N, kindex H, float eps,
                                      T* __restrict__ y, float* __restrict__ mean,
                                      float* __restrict__ rstd) {
+  start_after_prior_grid();
   constexpr int V = kPack<T>;
   __shared__ float row_sums[2][32][R];  // [sum, sum of squares][warp][row of the tile]
   const int P = int(H / V), group_threads = int(blockDim.x), Y = int(blockDim.y);
@@ -781,9 +784,8 @@ bool layernorm_forward_columns(const T* x, const T* gamma, const T* beta, kindex
   const dim3 block = columns_block<T>(H);
   if (block.x == 0) return false;
   const kindex blocks = columns_grid(layernorm_forward_columns_kernel<T, R>, block, 0, N, R);
-  layernorm_forward_columns_kernel<T, R><<<unsigned(blocks), block, 0, compute_stream()>>>(
-      x, gamma, beta, N, H, eps, y, mean, rstd);
-  MESH_CUDA_LAUNCHED();
+  launch_dependent(layernorm_forward_columns_kernel<T, R>, unsigned(blocks), block, 0,
+                   compute_stream(), x, gamma, beta, N, H, eps, y, mean, rstd);
   return true;
 }
 

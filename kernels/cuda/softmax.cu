@@ -19,6 +19,7 @@ constexpr int kWarpsPerBlock = 8;
 template <class T>
 __global__ void softmax_forward_kernel(const T* __restrict__ scores, kindex rows, kindex S,
                                        float scale, T* __restrict__ probs) {
+  start_after_prior_grid();
   const kindex r = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -39,6 +40,7 @@ template <class T>
 __global__ void softmax_backward_kernel(const T* __restrict__ dprobs, const T* __restrict__ probs,
                                         kindex rows, kindex S, float scale,
                                         T* __restrict__ dscores) {
+  start_after_prior_grid();
   const kindex r = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
@@ -61,10 +63,9 @@ void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_he
   if (rows == 0) return;
   with_storage_type(t, "scaled_causal_softmax_forward", [&](auto zero) {
     using T = decltype(zero);
-    softmax_forward_kernel<T><<<grid_for(rows, kWarpsPerBlock, 1LL << 31), kWarpsPerBlock * 32, 0,
-                                compute_stream()>>>(static_cast<const T*>(scores), rows, S, float(scale),
-                                           static_cast<T*>(probs));
-    MESH_CUDA_LAUNCHED();
+    launch_dependent(softmax_forward_kernel<T>, grid_for(rows, kWarpsPerBlock, 1LL << 31),
+                     kWarpsPerBlock * 32, 0, compute_stream(), static_cast<const T*>(scores), rows,
+                     S, float(scale), static_cast<T*>(probs));
   });
 }
 
@@ -74,11 +75,9 @@ void scaled_causal_softmax_backward(DType t, const void* dprobs, const void* pro
   if (rows == 0) return;
   with_storage_type(t, "scaled_causal_softmax_backward", [&](auto zero) {
     using T = decltype(zero);
-    softmax_backward_kernel<T><<<grid_for(rows, kWarpsPerBlock, 1LL << 31), kWarpsPerBlock * 32,
-                                 0, compute_stream()>>>(static_cast<const T*>(dprobs),
-                                               static_cast<const T*>(probs), rows, S,
-                                               float(scale), static_cast<T*>(dscores));
-    MESH_CUDA_LAUNCHED();
+    launch_dependent(softmax_backward_kernel<T>, grid_for(rows, kWarpsPerBlock, 1LL << 31),
+                     kWarpsPerBlock * 32, 0, compute_stream(), static_cast<const T*>(dprobs),
+                     static_cast<const T*>(probs), rows, S, float(scale), static_cast<T*>(dscores));
   });
 }
 
