@@ -200,14 +200,25 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ------------------------------------ programmatic dependent launch (PDL) ---
 //
-// A kernel that only finishes what the kernel before it on the stream wrote
-// (e.g. the sum of a backward kernel's per-block partial rows) can be
-// launched as its programmatic dependent (sm_90): its blocks are scheduled
-// while the first kernel still runs (once that kernel calls
-// allow_dependent_launch()) and wait in wait_for_prior_grid() until it has
-// finished and its writes are visible. The launch gap and the ramp-up of
-// the second grid then overlap the first one's tail. Both calls are no-ops
-// for a kernel launched the ordinary way, and below sm_90.
+// The memory-bound kernels of the training step (elementwise, dropout,
+// layernorm, embedding, softmax, cross-entropy, AdamW, column sums; their
+// packed paths, the scalar fallbacks launch ordinarily) are launched as
+// programmatic dependents of the stream's previous kernel (sm_90;
+// launch_dependent below): their blocks are
+// scheduled while the previous kernel still runs (once all of that kernel's
+// blocks have called allow_dependent_launch() or exited) and wait in
+// wait_for_prior_grid() until it has finished and its writes are visible.
+// The launch gap and the ramp-up of the second grid then overlap the first
+// one's tail: 0.03-0.07 of the copy bandwidth per row of bench_cuda_ops
+// memory at 12-100 MB (H100, perf/RESULTS.md, session 17). Such a kernel
+// begins with start_after_prior_grid() (wait, then allow the next), so no
+// global memory is touched before the wait and, transitively, every kernel
+// before it has finished. A kernel that only finishes what the one before
+// it wrote (the sum of a backward kernel's per-block partial rows) may
+// start even earlier: the primary allows it at its own start. Both calls
+// are no-ops for a kernel launched the ordinary way, and below sm_90;
+// kernels launched ordinarily (cuBLASLt's, NCCL's) wait for everything
+// before them as usual.
 
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
