@@ -172,23 +172,17 @@ __global__ void __launch_bounds__(kOnePassCols * kOnePassLanes)
   }
 }
 
-/// dependent: launched as the programmatic dependent of the kernel that
-/// wrote what src reads, which must not write out and must call
-/// allow_dependent_launch() only after wait_for_prior_grid() (as
-/// start_after_prior_grid does): then whatever wrote out before it has
-/// finished when this kernel starts, and out is read before the wait.
+/// Launched as the programmatic dependent of the kernel that wrote what src
+/// reads, which must not write out and, if it allows dependents early at
+/// all, only after its own wait_for_prior_grid() (as start_after_prior_grid
+/// does): then whatever wrote out before it has finished when this kernel
+/// starts, and out is read before the wait.
 template <int NV, class Source, class G>
-void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr,
-                          bool dependent = false) {
+void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr) {
   if (C == 0) return;
-  const dim3 grid(unsigned((C + kOnePassCols - 1) / kOnePassCols)), block(kOnePassCols, kOnePassLanes);
-  if (dependent) {
-    launch_dependent(column_sums_one_pass_kernel<NV, Source, G>, grid, block, 0, compute_stream(), src,
-                     N, C, out0, out1);
-    return;
-  }
-  column_sums_one_pass_kernel<NV><<<grid, block, 0, compute_stream()>>>(src, N, C, out0, out1);
-  MESH_CUDA_LAUNCHED();
+  launch_dependent(column_sums_one_pass_kernel<NV, Source, G>,
+                   dim3(unsigned((C + kOnePassCols - 1) / kOnePassCols)),
+                   dim3(kOnePassCols, kOnePassLanes), 0, compute_stream(), src, N, C, out0, out1);
 }
 
 /// Tickets of the fused column sums (column_partials_packed_kernel with

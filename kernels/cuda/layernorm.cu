@@ -660,8 +660,7 @@ bool layernorm_backward_columns(const T* dy, const T* x, const T* gamma, const f
   launch_dependent(layernorm_backward_columns_kernel<T, R>, unsigned(blocks), block, shared,
                    compute_stream(), dy, x, gamma, mean, rstd, N, H, dx, residual,
                    partial.as<float>());
-  column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta,
-                          /*dependent=*/true);
+  column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
   return true;
 }
 
@@ -852,8 +851,7 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
       launch(std::integral_constant<int, 2>{}, two);
   });
   if (launched)
-    column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta,
-                            /*dependent=*/true);
+    column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
   return launched;
 }
 
