@@ -85,6 +85,32 @@ inline kindex multiprocessor_count() {
   return kindex(sms);
 }
 
+/// Dynamic shared memory one block of the current GPU may opt in to (227 KiB
+/// on sm_90; 48 KiB without the opt-in).
+inline int max_shared_per_block_optin() {
+  int device = 0, bytes = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
+/// Lets Kernel be launched with more than 48 KiB of dynamic shared memory,
+/// up to the GPU's opt-in limit less the kernel's static shared memory (more
+/// is "invalid argument"; each launch's own bytes still set what it takes).
+/// Once per kernel and process (one GPU per process), not per launch.
+template <auto Kernel>
+void opt_in_max_shared_memory() {
+  static const bool opted_in = [] {
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, Kernel));
+    CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    max_shared_per_block_optin() -
+                                        int(attributes.sharedSizeBytes)));
+    return true;
+  }();
+  (void)opted_in;
+}
+
 /// Blocks of `kernel` (block_threads each, `shared_bytes` of dynamic shared
 /// memory) that the whole GPU holds at once, from the occupancy calculator:
 /// the largest grid that runs in one wave. Callers cache it per kernel where

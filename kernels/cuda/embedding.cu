@@ -371,10 +371,9 @@ struct SortedRuns {
     const kindex keys = V + 1;  // V: not in this shard
     const unsigned blocks = unsigned((keys + rows_per_block - 1) / rows_per_block);
     const std::size_t cursor_bytes = std::size_t(rows_per_block) * sizeof(int);
-    if (cursor_bytes > 8 * 1024)  // beside ~37 KB of static shared memory: past the 48 KB default
-      CUDA_CHECK(cudaFuncSetAttribute(embedding_sort_ranges_kernel,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(cursor_bytes)));
+    // Beside its ~37 KB of static shared memory, counters past 8 KB take it
+    // past the 48 KB default.
+    opt_in_max_shared_memory<embedding_sort_ranges_kernel>();
     launch_dependent(embedding_sort_ranges_kernel, blocks, kRangeThreads, cursor_bytes,
                      compute_stream(), ids, int(N), int(V), int(vocab_begin), int(rows_per_block),
                      runs.as<uint2>(), tokens.as<std::int32_t>());

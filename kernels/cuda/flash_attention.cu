@@ -721,10 +721,10 @@ void with_flash_types(DType t, index_t D, const char* op, F&& f) {
 
 /// Launch with `smem` bytes of dynamic shared memory (above the 48 KiB
 /// default, hence the attribute), checked like every launch.
-template <class... KArgs, class... Args>
-void launch(void (*kernel)(KArgs...), dim3 grid, int threads, std::size_t smem, Args... args) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<grid, threads, smem, compute_stream()>>>(args...);
+template <auto Kernel, class... Args>
+void launch(dim3 grid, int threads, std::size_t smem, Args... args) {
+  opt_in_max_shared_memory<Kernel>();
+  Kernel<<<grid, threads, smem, compute_stream()>>>(args...);
   MESH_CUDA_LAUNCHED();
 }
 
@@ -750,7 +750,7 @@ struct FlashArgs {
 
 template <class T, class Tile>
 void launch_forward(const FlashArgs& a) {
-  launch(flash_forward_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
+  launch<flash_forward_kernel<T, Tile>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), a.in, kindex(a.S), float(a.scale * kLog2e),
          static_cast<T*>(a.o), a.os, const_cast<float*>(a.lse));
@@ -767,7 +767,7 @@ void launch_row_dot(const FlashArgs& a) {
 
 template <class T, class Tile>
 void launch_dkdv(const FlashArgs& a) {
-  launch(flash_backward_dkdv_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
+  launch<flash_backward_dkdv_kernel<T, Tile>>(dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
          static_cast<const float*>(a.delta), a.in, a.os, kindex(a.S), float(a.scale),
@@ -776,7 +776,7 @@ void launch_dkdv(const FlashArgs& a) {
 
 template <class T, class Tile>
 void launch_dq(const FlashArgs& a) {
-  launch(flash_backward_dq_kernel<T, Tile>, dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
+  launch<flash_backward_dq_kernel<T, Tile>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
          static_cast<const float*>(a.delta), a.in, a.os, kindex(a.S), float(a.scale),

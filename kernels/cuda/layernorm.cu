@@ -817,12 +817,7 @@ template <class T, class G>
 bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, const float* mean,
                               const float* rstd, kindex N, kindex H, T* dx, const T* residual,
                               G* dgamma, G* dbeta) {
-  static const int optin = [] {
-    int device = 0, bytes = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    return bytes;
-  }();
+  static const int optin = max_shared_per_block_optin();
   const kindex tiles = (N + kSplitRows - 1) / kSplitRows;
   const kindex blocks = tiles < kBackwardBlocks ? tiles : kBackwardBlocks;
   bool launched = false;
@@ -830,15 +825,8 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
   with_packs_per_lane(k, [&](auto kc) {
     constexpr int K = decltype(kc)::value;
     const auto launch = [&](auto depth, std::size_t bytes) {
-      const auto kernel = layernorm_backward_split_kernel<T, K, decltype(depth)::value>;
-      // Once per kernel (T, G, K, D: one instantiation of this lambda each),
-      // at the GPU's opt-in limit (the launch's own bytes set what it
-      // takes): a host call less per backward.
-      static const bool opted_in = [&] {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-        return true;
-      }();
-      (void)opted_in;
+      constexpr auto kernel = layernorm_backward_split_kernel<T, K, decltype(depth)::value>;
+      opt_in_max_shared_memory<kernel>();
       launch_dependent(kernel, unsigned(blocks), (kSplitRows + K) * 32, bytes, compute_stream(), dy,
                        x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
       launched = true;
