@@ -12,7 +12,8 @@
 //
 // Packed paths (taken when H is a multiple of V = 16 / sizeof(T), every
 // pointer is 16-byte aligned and a row fits in 32 * 8 packs: H <= 1024
-// fp32 / 2048 bf16, and H <= 1536 for the backward of 16-bit types): 16-byte
+// fp32 / 2048 bf16; the backward: fp32 H <= 1280 (32 * 10 packs), 16-bit
+// H <= 1536): 16-byte
 // loads, each row read from DRAM once. The packed forward keeps one warp
 // per row, lane l holding packs l, l + 32, ... (K of them, K a template
 // constant) in registers, each warp looping over rows with the next row's
@@ -24,10 +25,10 @@
 // (lanes own packs, not single elements; the backward forms x - mu and
 // folds rstd in once per row), so the results agree with the scalar path
 // to fp32 rounding, not bit for bit, and every run gives the same bits.
-// Packable rows wider than the packed kernels take (fp32 H > 1024, 16-bit
-// backward H > 1536) take the column-owner kernels further down; other
-// shapes (odd H, views from slice_rows that are not 16-byte aligned, rows
-// wider still) the scalar kernels.
+// Packable rows wider than the packed kernels take (fp32 forward H > 1024,
+// fp32 backward H > 1280, 16-bit backward H > 1536) take the column-owner
+// kernels further down; other shapes (odd H, views from slice_rows that are
+// not 16-byte aligned, rows wider still) the scalar kernels.
 #include <initializer_list>
 #include <type_traits>
 
@@ -120,11 +121,12 @@ struct LayerNormParamTerms {
 
 // ------------------------------------------------------------ packed paths ---
 
-constexpr int kMaxPacksPerLane = 8;
-// 16-bit backward rows stop at K = 6 (H <= 1536): wider ones have not been
-// measured against the column-owner kernel. K = 5 is GPT-2 774M's H = 1280
-// exactly (`4210b80`: forward 0.74 -> 0.76 of copy against K = 6, whose
-// sixth load per lane idled).
+constexpr int kMaxPacksPerLane = 8, kMaxBackwardPacksPerLane = 10;
+// The backward takes fp32 rows up to K = 10 (H <= 1280, in 4-row tiles: see
+// kSplitRows); 16-bit backward rows stop at K = 6 (H <= 1536): wider ones
+// have not been measured against the column-owner kernel. K = 5 is GPT-2
+// 774M's H = 1280 exactly (`4210b80`: forward 0.74 -> 0.76 of copy against
+// K = 6, whose sixth load per lane idled).
 /// Blocks of the packed backward: one per SM of an H100 / H200 (its ring
 /// holds most of an SM's shared memory), so also its partial rows.
 constexpr kindex kBackwardBlocks = 132;
@@ -291,31 +293,34 @@ kindex forward_blocks(kindex N) {
 // (0.66), fp32 H = 768 0.74 (0.79), H100 (perf/RESULTS.md, session 15).
 // Column thread c adds its rows in order and its tiles in order, the grid is
 // a function of N only: deterministic, no atomics.
-constexpr int kSplitRows = 8;
+// K = 10 (fp32 H <= 1280) takes tiles of 4 rows: three 8-row slots of
+// three fp32 tensors would be 368 KB, two 246 KB, past an SM's 227 KB.
+template <int K>
+inline constexpr int kSplitRows = K <= 8 ? 8 : 4;
 
-/// Shared memory of one ring slot: kSplitRows rows of `tensors` row tensors
-/// of H values of T, then the rows' mean and rstd.
-template <class T>
+/// Shared memory of one ring slot: kSplitRows<K> rows of `tensors` row
+/// tensors of H values of T, then the rows' mean and rstd.
+template <class T, int K>
 __host__ __device__ constexpr std::size_t split_slot_bytes(kindex H, int tensors) {
-  return std::size_t(kSplitRows) * std::size_t(H) * sizeof(T) * tensors +
-         2 * kSplitRows * sizeof(float);
+  return std::size_t(kSplitRows<K>) * std::size_t(H) * sizeof(T) * tensors +
+         2 * kSplitRows<K> * sizeof(float);
 }
 
 template <class T, int K, int D>
-__global__ void __launch_bounds__((kSplitRows + K) * 32, 1)
+__global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
     layernorm_backward_split_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                     const T* __restrict__ gamma, const float* __restrict__ mean,
                                     const float* __restrict__ rstd, kindex N, kindex H,
                                     T* __restrict__ dx, const T* __restrict__ residual,
                                     float* __restrict__ partial) {
-  constexpr int V = kPack<T>, Q = V / 4, WR = kSplitRows, threads = (WR + K) * 32;
+  constexpr int V = kPack<T>, Q = V / 4, WR = kSplitRows<K>, threads = (WR + K) * 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, P = int(H / V);
   const int tensors = residual ? 3 : 2;
   start_after_prior_grid();  // and the partial-row sums may queue up behind us
   extern __shared__ __align__(16) unsigned char smem[];
   float4* gamma4 = reinterpret_cast<float4*>(smem);  // stage_row_fp32
   unsigned char* ring = smem + staged_row_bytes<T, K>();
-  const std::size_t slot_bytes = split_slot_bytes<T>(H, tensors);
+  const std::size_t slot_bytes = split_slot_bytes<T, K>(H, tensors);
   const auto tile_rows = [&](int s, int t) {  // tensor t of slot s, as packs
     return reinterpret_cast<Pack<T>*>(ring + s * slot_bytes) + std::size_t(t) * WR * P;
   };
@@ -469,7 +474,7 @@ __global__ void __launch_bounds__((kSplitRows + K) * 32, 1)
 /// gamma staged as fp32, then the slots.
 template <class T, int K>
 std::size_t split_shared_bytes(kindex H, bool with_residual, int depth) {
-  return staged_row_bytes<T, K>() + depth * split_slot_bytes<T>(H, with_residual ? 3 : 2);
+  return staged_row_bytes<T, K>() + depth * split_slot_bytes<T, K>(H, with_residual ? 3 : 2);
 }
 
 /// Row r of the partials as column_sums' source (acc[0] dgamma, acc[1] dbeta).
@@ -500,7 +505,8 @@ struct BlockPartialTerms {
 // in order), and the block adds its groups in order into one partial row:
 // deterministic; rounds differently from the packed kernel (another order).
 // Used, with the forward below, for 16-byte-packable rows wider than the
-// packed kernels take (fp32 H > 1024, 16-bit backward H > 1536: the scalar
+// packed kernels take (fp32 H > 1024; backward: fp32 H > 1280, since
+// session 18, 16-bit H > 1536: the scalar
 // kernels before, 0.38-0.45 of copy at fp32 [8192, 1280], now 0.64-0.82).
 // At the widths the packed kernels take they were slower on an H100
 // (bf16 H = 768: forward 0.55 vs 0.89 of copy, backward 0.43 vs 0.57), and
@@ -791,13 +797,14 @@ bool layernorm_forward_columns(const T* x, const T* gamma, const T* beta, kindex
 /// Smallest instantiated K >= packs / 32, or 0 when it exceeds max_k.
 int packs_per_lane(kindex packs, int max_k) {
   const kindex need = (packs + 31) / 32;
-  for (int k : {1, 2, 3, 4, 5, 6, kMaxPacksPerLane})
+  for (int k : {1, 2, 3, 4, 5, 6, kMaxPacksPerLane, kMaxBackwardPacksPerLane})
     if (need <= k) return k <= max_k ? k : 0;
   return 0;
 }
 
-/// Calls f(std::integral_constant<int, K>{}) for K = packs_per_lane(...).
-template <class F>
+/// Calls f(std::integral_constant<int, K>{}) for K = packs_per_lane(...)
+/// <= MaxK (the largest K instantiated).
+template <int MaxK, class F>
 void with_packs_per_lane(int k, F&& f) {
   switch (k) {
     case 1: f(std::integral_constant<int, 1>{}); break;
@@ -806,29 +813,34 @@ void with_packs_per_lane(int k, F&& f) {
     case 4: f(std::integral_constant<int, 4>{}); break;
     case 5: f(std::integral_constant<int, 5>{}); break;
     case 6: f(std::integral_constant<int, 6>{}); break;
-    default: f(std::integral_constant<int, kMaxPacksPerLane>{}); break;
+    case kMaxPacksPerLane: f(std::integral_constant<int, kMaxPacksPerLane>{}); break;
+    default:
+      if constexpr (MaxK >= kMaxBackwardPacksPerLane)
+        f(std::integral_constant<int, kMaxBackwardPacksPerLane>{});
+      break;
   }
 }
 
-/// The split backward for K packs per lane, its partial rows then added
-/// into dgamma, dbeta (as the kernel's programmatic dependent); false where
-/// its ring does not fit this GPU's shared memory (nothing launched).
+/// The split backward for K packs per lane; false where its ring does not
+/// fit this GPU's shared memory (nothing launched).
 template <class T, class G>
 bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, const float* mean,
                               const float* rstd, kindex N, kindex H, T* dx, const T* residual,
                               G* dgamma, G* dbeta) {
   static const int optin = max_shared_per_block_optin();
-  const kindex tiles = (N + kSplitRows - 1) / kSplitRows;
-  const kindex blocks = tiles < kBackwardBlocks ? tiles : kBackwardBlocks;
   bool launched = false;
-  device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
-  with_packs_per_lane(k, [&](auto kc) {
-    constexpr int K = decltype(kc)::value;
+  with_packs_per_lane<kMaxBackwardPacksPerLane>(k, [&](auto kc) {
+    constexpr int K = decltype(kc)::value, WR = kSplitRows<K>;
+    const kindex tiles = (N + WR - 1) / WR;
+    const kindex blocks = tiles < kBackwardBlocks ? tiles : kBackwardBlocks;
+    device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
     const auto launch = [&](auto depth, std::size_t bytes) {
       constexpr auto kernel = layernorm_backward_split_kernel<T, K, decltype(depth)::value>;
       opt_in_max_shared_memory<kernel>();
-      launch_dependent(kernel, unsigned(blocks), (kSplitRows + K) * 32, bytes, compute_stream(), dy,
-                       x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
+      launch_dependent(kernel, unsigned(blocks), (WR + K) * 32, bytes, compute_stream(), dy, x,
+                       gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
+      // The partial rows, added by the kernel's programmatic dependent.
+      column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
       launched = true;
     };
     const std::size_t three = split_shared_bytes<T, K>(H, residual != nullptr, 3);
@@ -838,8 +850,6 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
     else if (two <= std::size_t(optin))
       launch(std::integral_constant<int, 2>{}, two);
   });
-  if (launched)
-    column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
   return launched;
 }
 
@@ -868,7 +878,7 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
     using T = decltype(zero);
     const unsigned blocks = grid_for(N, kWarpsPerBlock, 1LL << 31);
     if (const int k = packed_k<T>(H, {x, gamma, beta, y}, kMaxPacksPerLane)) {
-      with_packs_per_lane(k, [&](auto kc) {
+      with_packs_per_lane<kMaxPacksPerLane>(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
         launch_dependent(layernorm_forward_packed_kernel<T, K>, unsigned(forward_blocks<T, K>(N)),
                          kWarpsPerBlock * 32, forward_shared_bytes<T, K>(), compute_stream(),
@@ -897,7 +907,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
   with_storage_and_grad_type(t, g, "layernorm_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    const int max_k = sizeof(T) == 4 ? kMaxPacksPerLane : 6;  // see kMaxPacksPerLane
+    const int max_k = sizeof(T) == 4 ? kMaxBackwardPacksPerLane : 6;  // see kMaxPacksPerLane
     const T* residual = static_cast<const T*>(residual_grad);
     const std::initializer_list<const void*> rows = {dy, x, gamma, dx,
                                                      residual_grad ? residual_grad : dx};
@@ -908,7 +918,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
                                               static_cast<T*>(dx), residual,
                                               static_cast<G*>(dgamma), static_cast<G*>(dbeta)))
       return;
-    // Packable rows too wide for the packed kernel (fp32 H > 1024, 16-bit
+    // Packable rows too wide for the packed kernel (fp32 H > 1280, 16-bit
     // H > 1536).
     if (N > 0 && packable<T>(H, rows) &&
         layernorm_backward_columns(static_cast<const T*>(dy), static_cast<const T*>(x),
