@@ -203,9 +203,12 @@ static __device__ unsigned int g_column_tickets[kMaxFusedColumnBlocks];
 /// block's partial rows in split order into out, as column_finalize_kernel
 /// does (the same adds, so the same bits), instead of a second launch: 0.70
 /// of copy instead of 0.65 at bf16 [8192, 3072] on an H100 (perf/RESULTS.md,
-/// session 11). Two blocks per SM (ptxas, sm_90, bf16: 117 registers); three
-/// (80 registers and ~230 bytes of spills) were slower (0.49 of copy), and 16
-/// rows in flight per thread took 220 registers (one block per SM).
+/// session 11). Two blocks per SM (ptxas, sm_90, bf16: 128 registers, no
+/// spills); three (80 registers and ~230 bytes of spills) were slower (0.49
+/// of copy), and 16 rows in flight per thread took 220 registers (one block
+/// per SM). A thread issues the next 8 rows' loads before adding the current
+/// 8 (117 registers before): bf16 [8192, 3072] 0.77 -> 0.78 of copy, 0.78 ->
+/// 0.80 replayed from a graph (H100, session 18).
 template <class T, bool kFused, class G>
 __global__ void __launch_bounds__(kColTile * kRowLanes, 2)
     column_partials_packed_kernel(const T* __restrict__ x, kindex N, kindex C,
@@ -224,17 +227,25 @@ __global__ void __launch_bounds__(kColTile * kRowLanes, 2)
     // loaded), then added in row order: the same order, so the same bits,
     // as one row at a time.
     constexpr int U = 8;
-    for (kindex r = r0 + threadIdx.y; r < r1; r += U * kRowLanes) {
-      Pack<T> p[U];
+    Pack<T> cur[U], next[U];
+    const auto load = [&](kindex r, Pack<T>(&p)[U]) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (r + u * kRowLanes < r1)
           p[u] = *reinterpret_cast<const Pack<T>*>(x + (r + u * kRowLanes) * C + c0);
+    };
+    kindex r = r0 + threadIdx.y;
+    if (r < r1) load(r, cur);
+    for (; r < r1; r += U * kRowLanes) {
+      // The next U rows' loads are issued before this batch is added.
+      if (r + U * kRowLanes < r1) load(r + U * kRowLanes, next);
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (r + u * kRowLanes < r1)
 #pragma unroll
-          for (int j = 0; j < V; ++j) acc[j] += to_f(p[u].v[j]);
+          for (int j = 0; j < V; ++j) acc[j] += to_f(cur[u].v[j]);
+#pragma unroll
+      for (int u = 0; u < U; ++u) cur[u] = next[u];
     }
   }
 #pragma unroll
