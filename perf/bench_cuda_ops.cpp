@@ -293,6 +293,12 @@ void bench_memory_bound(double copy_gbps, const std::string& only = "", bool tra
       site.a = tokens, site.b = 1, site.c = H4, site.c_global = H4;
       add_row("dropout_forward p=0.1", dt, "[8192, 3072]", 2 * n * es, [&] { dropout_forward(x, 0.1, site, y); });
     }
+    {  // 774M's fc bias gradient (4 x 1280 columns), taken after the MLP's dgelu GEMM
+      const index_t F = 4 * 1280;
+      Tensor dpre = random_device({tokens, F}, dt), dbias = Tensor::zeros({F}, DType::F32, MemorySpace::Cuda);
+      add_row("bias_backward (fp32 grad)", dt, "[8192, 5120]", double(dpre.numel()) * es,
+              [&] { bias_backward(dpre, dbias); });
+    }
     for (const index_t h : {H, index_t(1280)}) {  // GPT-2 124M's and 774M's width
       const std::string shape = "[8192, " + std::to_string(h) + "]";
       Tensor x = random_device({tokens, h}, dt, -2, 3), y = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
