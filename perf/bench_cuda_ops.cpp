@@ -231,13 +231,11 @@ void trace_row(const std::string& what, const std::function<void()>& f, int batc
   std::printf("\n%s: %zu kernels in %d calls\n", what.c_str(), events.size(), batch);
   if (events.empty()) return;
   std::vector<std::pair<std::string, std::vector<double>>> kernels;
-  std::uint64_t busy = 0, reach = events.front().start_ns;
+  std::uint64_t reach = events.front().start_ns;
   for (const TraceEvent& e : events) {
     auto it = std::find_if(kernels.begin(), kernels.end(), [&](const auto& k) { return k.first == e.name; });
     if (it == kernels.end()) it = kernels.insert(kernels.end(), {e.name, {}});
     it->second.push_back(double(e.end_ns - e.start_ns) / 1e3);
-    const std::uint64_t from = std::max(e.start_ns, reach);  // overlapping kernels (PDL) once
-    if (e.end_ns > from) busy += e.end_ns - from;
     reach = std::max(reach, e.end_ns);
   }
   for (const auto& [name, us] : kernels) {
@@ -246,9 +244,10 @@ void trace_row(const std::string& what, const std::function<void()>& f, int batc
     std::printf("  %-70.70s x%-3zu mean %7.2f us (min %7.2f, max %7.2f)\n", name.c_str(),
                 us.size(), sum / double(us.size()), lo, hi);
   }
-  const double window = double(reach - events.front().start_ns) / 1e3 / batch;
-  std::printf("  per call: window %.2f us, busy %.2f us, gaps %.2f us\n", window,
-              double(busy) / 1e3 / batch, window - double(busy) / 1e3 / batch);
+  // The training profile's split, a call as its "step": overlapping kernels (PDL) count once.
+  const TraceSummary call = summarize_trace(events, events.front().start_ns, reach, batch, 0);
+  std::printf("  per call: window %.2f us, busy %.2f us, gaps %.2f us\n", call.window_ms * 1e3,
+              call.busy_ms * 1e3, call.idle_ms * 1e3);
 }
 
 void bench_memory_bound(double copy_gbps, const std::string& only = "", bool trace = false) {
