@@ -40,9 +40,24 @@ __global__ void column_partials_kernel(Source src, kindex N, kindex C, kindex ro
 /// Loads in flight per thread where a loop adds a column's values in order.
 inline constexpr int kFinalizeUnroll = 8;
 
+/// sum_{k < splits} at(k), added in k order from 0.f. The loads of
+/// kFinalizeUnroll splits are issued before their adds (which stay in split
+/// order: the same bits as one load and add at a time).
+template <class At>
+__device__ __forceinline__ float sum_splits_in_order(kindex splits, const At& at) {
+  float s = 0.f;
+  for (kindex k = 0; k < splits; k += kFinalizeUnroll) {
+    float p[kFinalizeUnroll];
+#pragma unroll
+    for (int u = 0; u < kFinalizeUnroll; ++u) p[u] = k + u < splits ? at(k + u) : 0.f;
+#pragma unroll
+    for (int u = 0; u < kFinalizeUnroll; ++u)
+      if (k + u < splits) s += p[u];
+  }
+  return s;
+}
+
 /// out_v[c] += sum_split partial[(split * NV + v) * C + c], in split order.
-/// The loads of kFinalizeUnroll splits are issued before their adds (which
-/// stay in split order: the same bits as one load and add at a time).
 template <int NV, class G>
 __global__ void column_finalize_kernel(const float* partial, kindex splits, kindex C, G* out0,
                                        G* out1) {
@@ -50,16 +65,8 @@ __global__ void column_finalize_kernel(const float* partial, kindex splits, kind
   if (c >= C) return;
   G* outs[2] = {out0, out1};
   for (int v = 0; v < NV; ++v) {
-    float s = 0.f;
-    for (kindex k = 0; k < splits; k += kFinalizeUnroll) {
-      float p[kFinalizeUnroll];
-#pragma unroll
-      for (int u = 0; u < kFinalizeUnroll; ++u)
-        p[u] = k + u < splits ? partial[((k + u) * NV + v) * C + c] : 0.f;
-#pragma unroll
-      for (int u = 0; u < kFinalizeUnroll; ++u)
-        if (k + u < splits) s += p[u];
-    }
+    const float s =
+        sum_splits_in_order(splits, [&](kindex k) { return partial[(k * NV + v) * C + c]; });
     store_f(outs[v], c, load_f(outs[v], c) + s);
   }
 }
@@ -273,16 +280,10 @@ __global__ void __launch_bounds__(kColTile * kRowLanes, 2)
          q += kColTile * kRowLanes) {
       const kindex c = kindex(blockIdx.x) * kColTile * V + q;
       if (c >= C) continue;
-      float s = 0.f;  // column_finalize_kernel's loop: the same adds in the same order
-      for (kindex k = 0; k < splits; k += kFinalizeUnroll) {
-        float p[kFinalizeUnroll];
-#pragma unroll
-        for (int u = 0; u < kFinalizeUnroll; ++u)
-          p[u] = k + u < splits ? __ldcg(partial + (k + u) * C + c) : 0.f;
-#pragma unroll
-        for (int u = 0; u < kFinalizeUnroll; ++u)
-          if (k + u < splits) s += p[u];
-      }
+      // column_finalize_kernel's adds in the same order (L2 loads: other
+      // blocks wrote the partials).
+      const float s =
+          sum_splits_in_order(splits, [&](kindex k) { return __ldcg(partial + k * C + c); });
       store_f(out, c, load_f(out, c) + s);
     }
     if (threadIdx.x == 0 && threadIdx.y == 0) g_column_tickets[blockIdx.x] = 0;
