@@ -37,6 +37,13 @@ __global__ void column_partials_kernel(Source src, kindex N, kindex C, kindex ro
     }
 }
 
+/// What a column sum s leaves in out[c]: out[c] + s where it accumulates,
+/// else 0 + s (the bits of zeroing out first, -0 included).
+template <class G>
+__device__ __forceinline__ float stored_sum(const G* out, kindex c, float s, bool accumulate) {
+  return (accumulate ? load_f(out, c) : 0.f) + s;
+}
+
 /// Loads in flight per thread where a loop adds a column's values in order.
 inline constexpr int kFinalizeUnroll = 8;
 
@@ -57,17 +64,18 @@ __device__ __forceinline__ float sum_splits_in_order(kindex splits, const At& at
   return s;
 }
 
-/// out_v[c] += sum_split partial[(split * NV + v) * C + c], in split order.
+/// out_v[c] (+)= sum_split partial[(split * NV + v) * C + c], in split order
+/// (added to out with `accumulate`, else written).
 template <int NV, class G>
 __global__ void column_finalize_kernel(const float* partial, kindex splits, kindex C, G* out0,
-                                       G* out1) {
+                                       G* out1, bool accumulate) {
   const kindex c = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   G* outs[2] = {out0, out1};
   for (int v = 0; v < NV; ++v) {
     const float s =
         sum_splits_in_order(splits, [&](kindex k) { return partial[(k * NV + v) * C + c]; });
-    store_f(outs[v], c, load_f(outs[v], c) + s);
+    store_f(outs[v], c, stored_sum(outs[v], c, s, accumulate));
   }
 }
 
@@ -101,15 +109,18 @@ inline ColumnSplit column_split(kindex N, kindex col_blocks, kindex resident) {
 }
 
 template <int NV, class G>
-void column_finalize(const device::Buffer& partial, kindex splits, kindex C, G* out0, G* out1) {
-  column_finalize_kernel<NV><<<grid_for(C, 256), 256, 0, compute_stream()>>>(partial.as<float>(), splits,
-                                                                   C, out0, out1);
+void column_finalize(const device::Buffer& partial, kindex splits, kindex C, G* out0, G* out1,
+                     bool accumulate) {
+  column_finalize_kernel<NV><<<grid_for(C, 256), 256, 0, compute_stream()>>>(
+      partial.as<float>(), splits, C, out0, out1, accumulate);
   MESH_CUDA_LAUNCHED();
 }
 
-/// out_v[c] += sum_r src(r, c)[v] for r < N, c < C (src adds into acc[NV]).
+/// out_v[c] += sum_r src(r, c)[v] for r < N, c < C (src adds into acc[NV]);
+/// = instead of += without `accumulate`.
 template <int NV, class Source, class G>
-void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr) {
+void column_sums(const Source& src, kindex N, kindex C, bool accumulate, G* out0,
+                 G* out1 = nullptr) {
   if (C == 0) return;
   static const kindex resident =
       resident_blocks(column_partials_kernel<NV, Source>, kColTile * kRowLanes);
@@ -120,7 +131,7 @@ void column_sums(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullp
                                dim3(kColTile, kRowLanes), 0, compute_stream()>>>(
       src, N, C, split.rows_per_split, partial.as<float>());
   MESH_CUDA_LAUNCHED();
-  column_finalize<NV>(partial, split.splits, C, out0, out1);
+  column_finalize<NV>(partial, split.splits, C, out0, out1, accumulate);
 }
 
 /// out_v[c] += sum_r src(r, c)[v] in ONE launch, for short N (a few hundred
@@ -139,14 +150,15 @@ inline constexpr int kOnePassCols = 8, kOnePassLanes = 32, kOnePassBatch = 8;
 
 template <int NV, class Source, class G>
 __global__ void __launch_bounds__(kOnePassCols * kOnePassLanes)
-    column_sums_one_pass_kernel(Source src, kindex N, kindex C, G* out0, G* out1) {
+    column_sums_one_pass_kernel(Source src, kindex N, kindex C, bool accumulate, G* out0,
+                                G* out1) {
   __shared__ float tile[NV][kOnePassLanes][kOnePassCols + 1];
   const kindex c = kindex(blockIdx.x) * kOnePassCols + threadIdx.x;
   G* outs[2] = {out0, out1};
   float before[NV];
   if (threadIdx.y == 0 && c < C)
 #pragma unroll
-    for (int v = 0; v < NV; ++v) before[v] = load_f(outs[v], c);
+    for (int v = 0; v < NV; ++v) before[v] = accumulate ? load_f(outs[v], c) : 0.f;
   wait_for_prior_grid();  // the partial rows (when launched as a dependent)
   float acc[NV];
 #pragma unroll
@@ -185,11 +197,13 @@ __global__ void __launch_bounds__(kOnePassCols * kOnePassLanes)
 /// does): then whatever wrote out before it has finished when this kernel
 /// starts, and out is read before the wait.
 template <int NV, class Source, class G>
-void column_sums_one_pass(const Source& src, kindex N, kindex C, G* out0, G* out1 = nullptr) {
+void column_sums_one_pass(const Source& src, kindex N, kindex C, bool accumulate, G* out0,
+                          G* out1 = nullptr) {
   if (C == 0) return;
   launch_dependent(column_sums_one_pass_kernel<NV, Source, G>,
                    dim3(unsigned((C + kOnePassCols - 1) / kOnePassCols)),
-                   dim3(kOnePassCols, kOnePassLanes), 0, compute_stream(), src, N, C, out0, out1);
+                   dim3(kOnePassCols, kOnePassLanes), 0, compute_stream(), src, N, C, accumulate,
+                   out0, out1);
 }
 
 /// Tickets of the fused column sums (column_partials_packed_kernel with
@@ -219,7 +233,8 @@ static __device__ unsigned int g_column_tickets[kMaxFusedColumnBlocks];
 template <class T, bool kFused, class G>
 __global__ void __launch_bounds__(kColTile * kRowLanes, 2)
     column_partials_packed_kernel(const T* __restrict__ x, kindex N, kindex C,
-                                  kindex rows_per_split, float* partial, G* out) {
+                                  kindex rows_per_split, float* partial, G* out,
+                                  bool accumulate) {
   start_after_prior_grid();
   constexpr int V = kPack<T>;
   __shared__ float tile[kRowLanes][kColTile * V + 1];
@@ -284,14 +299,14 @@ __global__ void __launch_bounds__(kColTile * kRowLanes, 2)
       // blocks wrote the partials).
       const float s =
           sum_splits_in_order(splits, [&](kindex k) { return __ldcg(partial + k * C + c); });
-      store_f(out, c, load_f(out, c) + s);
+      store_f(out, c, stored_sum(out, c, s, accumulate));
     }
     if (threadIdx.x == 0 && threadIdx.y == 0) g_column_tickets[blockIdx.x] = 0;
   }
 }
 
 template <bool kFused, class T, class G>
-void launch_packed_column_sums(const T* x, kindex N, kindex C, G* out) {
+void launch_packed_column_sums(const T* x, kindex N, kindex C, G* out, bool accumulate) {
   constexpr int V = kPack<T>;
   static const kindex resident =
       resident_blocks(column_partials_packed_kernel<T, kFused, G>, kColTile * kRowLanes);
@@ -300,24 +315,26 @@ void launch_packed_column_sums(const T* x, kindex N, kindex C, G* out) {
   device::Buffer partial(std::size_t(split.splits * C) * sizeof(float));
   launch_dependent(column_partials_packed_kernel<T, kFused, G>,
                    dim3(unsigned(col_blocks), unsigned(split.splits)), dim3(kColTile, kRowLanes), 0,
-                   compute_stream(), x, N, C, split.rows_per_split, partial.as<float>(), out);
-  if (!kFused) column_finalize<1>(partial, split.splits, C, out, static_cast<G*>(nullptr));
+                   compute_stream(), x, N, C, split.rows_per_split, partial.as<float>(), out,
+                   accumulate);
+  if (!kFused)
+    column_finalize<1>(partial, split.splits, C, out, static_cast<G*>(nullptr), accumulate);
 }
 
-/// out[c] += sum_r x[r, c]: the packed kernel where it applies, else the
-/// scalar one.
+/// out[c] += sum_r x[r, c] (= without `accumulate`): the packed kernel
+/// where it applies, else the scalar one.
 template <class T, class G>
-void plain_column_sums(const T* x, kindex N, kindex C, G* out) {
+void plain_column_sums(const T* x, kindex N, kindex C, G* out, bool accumulate) {
   if (C == 0) return;
   constexpr int V = kPack<T>;
   if (C % V != 0 || !aligned16(x)) {
-    column_sums<1>(ColumnTerms<T>{x, C}, N, C, out);
+    column_sums<1>(ColumnTerms<T>{x, C}, N, C, accumulate, out);
     return;
   }
   if ((C / V + kColTile - 1) / kColTile <= kMaxFusedColumnBlocks)
-    launch_packed_column_sums<true>(x, N, C, out);
+    launch_packed_column_sums<true>(x, N, C, out, accumulate);
   else  // more column blocks than tickets
-    launch_packed_column_sums<false>(x, N, C, out);
+    launch_packed_column_sums<false>(x, N, C, out, accumulate);
 }
 
 }  // namespace meshtron::cuda

@@ -235,11 +235,12 @@ void bias_add(DType t, void* y, const void* bias, index_t N, index_t C) {
   });
 }
 
-void bias_backward(DType t, DType g, const void* dy, index_t N, index_t C, void* dbias) {
+void bias_backward(DType t, DType g, const void* dy, index_t N, index_t C, void* dbias,
+                   bool accumulate) {
   with_storage_and_grad_type(t, g, "bias_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    plain_column_sums(static_cast<const T*>(dy), N, C, static_cast<G*>(dbias));
+    plain_column_sums(static_cast<const T*>(dy), N, C, static_cast<G*>(dbias), accumulate);
   });
 }
 

@@ -487,8 +487,7 @@ void gemm_unfused(const GemmArgs& a) {
     GemmArgs plain = a;
     plain.bias_grad = nullptr;
     gemm(plain);
-    CUDA_CHECK(cudaMemsetAsync(a.bias_grad, 0, std::size_t(a.N) * sizeof(float), compute_stream()));
-    bias_backward(a.ab, DType::F32, a.B, a.K, a.N, a.bias_grad);
+    bias_backward(a.ab, DType::F32, a.B, a.K, a.N, a.bias_grad, /*accumulate=*/false);
   } else if (a.bias) {
     GemmArgs plain = a;
     plain.bias = nullptr;

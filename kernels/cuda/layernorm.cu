@@ -656,7 +656,7 @@ kindex columns_grid(Kernel kernel, dim3 block, std::size_t shared, kindex N, int
 template <class T, class G>
 bool layernorm_backward_columns(const T* dy, const T* x, const T* gamma, const float* mean,
                                 const float* rstd, kindex N, kindex H, T* dx, const T* residual,
-                                G* dgamma, G* dbeta) {
+                                G* dgamma, G* dbeta, bool accumulate) {
   constexpr int R = kColumnsTileRows;
   const dim3 block = columns_block<T>(H);
   if (block.x == 0) return false;
@@ -666,7 +666,8 @@ bool layernorm_backward_columns(const T* dy, const T* x, const T* gamma, const f
   launch_dependent(layernorm_backward_columns_kernel<T, R>, unsigned(blocks), block, shared,
                    compute_stream(), dy, x, gamma, mean, rstd, N, H, dx, residual,
                    partial.as<float>());
-  column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
+  column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, accumulate, dgamma,
+                          dbeta);
   return true;
 }
 
@@ -826,7 +827,7 @@ void with_packs_per_lane(int k, F&& f) {
 template <class T, class G>
 bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, const float* mean,
                               const float* rstd, kindex N, kindex H, T* dx, const T* residual,
-                              G* dgamma, G* dbeta) {
+                              G* dgamma, G* dbeta, bool accumulate) {
   static const int optin = max_shared_per_block_optin();
   bool launched = false;
   with_packs_per_lane<kMaxBackwardPacksPerLane>(k, [&](auto kc) {
@@ -840,7 +841,8 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
       launch_dependent(kernel, unsigned(blocks), (WR + K) * 32, bytes, compute_stream(), dy, x,
                        gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
       // The partial rows, added by the kernel's programmatic dependent.
-      column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, dgamma, dbeta);
+      column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, accumulate,
+                              dgamma, dbeta);
       launched = true;
     };
     const std::size_t three = split_shared_bytes<T, K>(H, residual != nullptr, 3);
@@ -903,7 +905,7 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
 
 void layernorm_backward(DType t, DType g, const void* dy, const void* x, const void* gamma,
                         const float* mean, const float* rstd, index_t N, index_t H, void* dx,
-                        void* dgamma, void* dbeta, const void* residual_grad) {
+                        void* dgamma, void* dbeta, const void* residual_grad, bool accumulate) {
   with_storage_and_grad_type(t, g, "layernorm_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
@@ -916,7 +918,8 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
                                               static_cast<const T*>(x),
                                               static_cast<const T*>(gamma), mean, rstd, N, H,
                                               static_cast<T*>(dx), residual,
-                                              static_cast<G*>(dgamma), static_cast<G*>(dbeta)))
+                                              static_cast<G*>(dgamma), static_cast<G*>(dbeta),
+                                              accumulate))
       return;
     // Packable rows too wide for the packed kernel (fp32 H > 1280, 16-bit
     // H > 1536).
@@ -924,7 +927,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
         layernorm_backward_columns(static_cast<const T*>(dy), static_cast<const T*>(x),
                                    static_cast<const T*>(gamma), mean, rstd, N, H,
                                    static_cast<T*>(dx), residual, static_cast<G*>(dgamma),
-                                   static_cast<G*>(dbeta)))
+                                   static_cast<G*>(dbeta), accumulate))
       return;
     if (N > 0) {
       layernorm_backward_dx_kernel<T><<<grid_for(N, kWarpsPerBlock, 1LL << 31),
@@ -935,7 +938,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
     }
     column_sums<2>(LayerNormParamTerms<T>{static_cast<const T*>(dy), static_cast<const T*>(x),
                                           mean, rstd, H},
-                   N, H, static_cast<G*>(dgamma), static_cast<G*>(dbeta));
+                   N, H, accumulate, static_cast<G*>(dgamma), static_cast<G*>(dbeta));
   });
 }
 

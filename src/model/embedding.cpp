@@ -70,8 +70,10 @@ void Embedding::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
                           ctx.hidden_site(kStreamEmbedding, config_.hidden_size), dx);
   }
   Tensor dfull = ctx.sequence_parallel ? mapping::scatter_to_sp_backward(ctx.tp, dx) : dx;
+  position.zero_stale_grad();  // the scatters add
   ops::embedding_backward(c.positions, dfull, 0, position.grad);
   Tensor dpartial = mapping::reduce_from_tp_backward(ctx.tp, dfull);
+  word.zero_stale_grad();  // (a tied table's head GEMM, when it ran first, wrote it)
   ops::embedding_backward(c.ids, dpartial, vocab_begin(config_, ctx.tp), word.grad);
 }
 
@@ -118,7 +120,8 @@ Tensor LmHeadLoss::backward(const Tensor& dloss, LayerContext& ctx, const Cache&
   // Its reduction over tp runs during the weight gradient's GEMM, the
   // backward's largest (vocabulary / tp rows): dW += dL^T X.
   return mapping::reduce_input_grad(ctx.tp, dx_full, ctx.sequence_parallel, [&] {
-    ops::gemm(dlogits, true, c.x_full, false, word->grad, 1.0, 1.0);
+    ops::gemm(dlogits, true, c.x_full, false, word->grad, 1.0,
+              ops::gemm_beta(word->take_grad_store()));
   });
 }
 

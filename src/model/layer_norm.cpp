@@ -1,5 +1,7 @@
 #include "model/layer_norm.hpp"
 
+#include "common/error.hpp"
+
 namespace meshtron {
 
 namespace {
@@ -14,6 +16,14 @@ Parameter vector_param(const std::string& name, index_t n, DType dtype, double v
   p.shard.tp_partial_grad = sp;
   p.weight_decay = false;
   return p;
+}
+
+/// dgamma and dbeta are written by one op: one store for both.
+ops::GradStore take_grad_store(Parameter& weight, Parameter& bias) {
+  const ops::GradStore store = weight.take_grad_store();
+  MESH_VERIFY(bias.take_grad_store() == store,
+              weight.name << " and " << bias.name << ": one gradient was zeroed without the other");
+  return store;
 }
 }  // namespace
 
@@ -36,7 +46,7 @@ Tensor LayerNorm::forward(const Tensor& x, Cache& cache) const {
 Tensor LayerNorm::backward(const Tensor& dy, const Cache& cache, const Tensor* residual_grad) {
   Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
   ops::layernorm_backward(dy, cache.x, weight.value, cache.mean, cache.rstd, dx,
-                          weight.grad, bias.grad, residual_grad);
+                          weight.grad, bias.grad, residual_grad, take_grad_store(weight, bias));
   return dx;
 }
 

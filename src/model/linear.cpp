@@ -33,7 +33,7 @@ Parameter make_param(const std::string& name, Shape global, Shape local, ShardSp
 /// dW += X^T dY and db += colsum(dY).
 void accumulate_weight_grads(const Tensor& x, const Tensor& dy, Parameter& w,
                              Parameter& b) {
-  ops::linear_weight_grads(x, dy, w.grad, b.grad);
+  ops::linear_weight_grads(x, dy, w.grad, b.grad, w.take_grad_store(), b.take_grad_store());
 }
 
 /// Rows of the GEMM input: x's, times tp under SP (the all-gathered tokens).
@@ -108,7 +108,7 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Ca
 void ColumnParallelLinear::accumulate_grads(const Tensor& x, const Tensor& dy,
                                             bool bias_grad_accumulated) {
   if (bias_grad_accumulated)
-    ops::gemm(x, true, dy, false, weight.grad, 1.0, 1.0);
+    ops::gemm(x, true, dy, false, weight.grad, 1.0, ops::gemm_beta(weight.take_grad_store()));
   else
     accumulate_weight_grads(x, dy, weight, bias);
 }
@@ -216,9 +216,10 @@ Tensor RowParallelLinear::accumulate_grads(const Tensor& dy, LayerContext& ctx,
   }
   // Under SP the bias gradient is this rank's shard's (summed over tp later),
   // the weight gradient the gathered dy's.
-  ops::bias_backward(dy, bias.grad);
+  ops::bias_backward(dy, bias.grad, bias.take_grad_store());
   Tensor dy_full = mapping::reduce_scatter_to_sp_backward(ctx.tp, dy);
-  ops::gemm(cache.x, true, dy_full, false, weight.grad, 1.0, 1.0);
+  ops::gemm(cache.x, true, dy_full, false, weight.grad, 1.0,
+            ops::gemm_beta(weight.take_grad_store()));
   return dy_full;
 }
 
@@ -228,14 +229,15 @@ Tensor RowParallelLinear::accumulate_grads(const Tensor& dy, LayerContext& ctx,
 // this rank's own block runs while the all-gather brings the others'.
 void RowParallelLinear::backward_by_blocks(const Tensor& dy, LayerContext& ctx,
                                            const Cache& cache, const RowGradient& dgrad_rows) {
-  ops::bias_backward(dy, bias.grad);
+  ops::bias_backward(dy, bias.grad, bias.take_grad_store());
   const index_t rows = dy.dim(0), me = ctx.tp.rank(), ranks = ctx.tp.size();
   Tensor dy_full = Tensor::empty({rows * ranks, dy.dim(1)}, dy.dtype(), dy.space());
   const std::vector<std::size_t> counts(std::size_t(ranks), std::size_t(dy.numel()));
   const long gather = ctx.tp.comm.iall_gather(dy.raw(), dy_full.raw(), counts, dy.dtype());
   auto block = [&](const Tensor& dy_block, index_t r) {
     const index_t begin = r * rows, end = begin + rows;
-    ops::gemm(cache.x.slice_rows(begin, end), true, dy_block, false, weight.grad, 1.0, 1.0);
+    ops::gemm(cache.x.slice_rows(begin, end), true, dy_block, false, weight.grad, 1.0,
+              ops::gemm_beta(weight.take_grad_store()));
     dgrad_rows(dy_block, begin, end);
   };
   // Under parallel.tp_interleave the wait switches to the other micro-batch,
@@ -269,20 +271,29 @@ Tensor RowParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Ca
   return dx;
 }
 
+void RowParallelLinear::dgelu_into(const Tensor& dy_rows, const Tensor& pre_gelu, Tensor& dpre,
+                                   Parameter* pre_gelu_bias) const {
+  if (!pre_gelu_bias) {
+    ops::gemm_dgelu(dy_rows, false, weight.value, true, pre_gelu, dpre);
+    return;
+  }
+  ops::gemm_dgelu(dy_rows, false, weight.value, true, pre_gelu, dpre, &pre_gelu_bias->grad,
+                  pre_gelu_bias->take_grad_store());
+}
+
 Tensor RowParallelLinear::backward_through_gelu(const Tensor& dy, LayerContext& ctx,
                                                 const Cache& cache, const Tensor& pre_gelu,
-                                                Tensor* pre_gelu_bias_grad) {
+                                                Parameter* pre_gelu_bias) {
   Tensor dpre = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
   if (splits_backward(ctx)) {
     backward_by_blocks(dy, ctx, cache, [&](const Tensor& dy_rows, index_t begin, index_t end) {
       Tensor out = dpre.slice_rows(begin, end);
-      ops::gemm_dgelu(dy_rows, false, weight.value, true, pre_gelu.slice_rows(begin, end), out,
-                      pre_gelu_bias_grad);
+      dgelu_into(dy_rows, pre_gelu.slice_rows(begin, end), out, pre_gelu_bias);
     });
     return dpre;
   }
   const Tensor dy_full = accumulate_grads(dy, ctx, cache);
-  ops::gemm_dgelu(dy_full, false, weight.value, true, pre_gelu, dpre, pre_gelu_bias_grad);
+  dgelu_into(dy_full, pre_gelu, dpre, pre_gelu_bias);
   return dpre;
 }
 

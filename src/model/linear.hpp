@@ -87,10 +87,10 @@ class RowParallelLinear {
   /// backward() for an input X_i = gelu(P_i) (the MLP's projection): returns
   /// dP_i = (dY A_i^T) * gelu'(P_i), the GeLU's derivative riding in the
   /// dgrad GEMM on the device (ops::gemm_dgelu), so dX_i is never stored.
-  /// With `pre_gelu_bias_grad` (the bias gradient of the layer that made
-  /// P_i), colsum(dP_i) is added into it here (ops::gemm_dgelu).
+  /// With `pre_gelu_bias` (the bias of the layer that made P_i), colsum(dP_i)
+  /// goes into its gradient here (ops::gemm_dgelu).
   Tensor backward_through_gelu(const Tensor& dy, LayerContext& ctx, const Cache& cache,
-                               const Tensor& pre_gelu, Tensor* pre_gelu_bias_grad = nullptr);
+                               const Tensor& pre_gelu, Parameter* pre_gelu_bias = nullptr);
   void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
 
   Parameter weight, bias;
@@ -106,6 +106,10 @@ class RowParallelLinear {
   void backward_by_blocks(const Tensor& dy, LayerContext& ctx, const Cache& cache,
                           const RowGradient& dgrad_rows);
   static bool splits_backward(const LayerContext& ctx);
+  /// dpre = (dy_rows A^T) * gelu'(pre_gelu) and, with pre_gelu_bias, its
+  /// column sums into that bias's gradient.
+  void dgelu_into(const Tensor& dy_rows, const Tensor& pre_gelu, Tensor& dpre,
+                  Parameter* pre_gelu_bias) const;
 
   int epilogue_rank_;  ///< in [0, tp)
 };

@@ -37,7 +37,7 @@ Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerConte
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   const bool bias_grad_after_dgelu = !ctx.sequence_sharded();
   const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu,
-                                                 bias_grad_after_dgelu ? &fc.bias.grad : nullptr);
+                                                 bias_grad_after_dgelu ? &fc.bias : nullptr);
   return fc.backward(dpre, ctx, c.fc, /*bias_grad_accumulated=*/bias_grad_after_dgelu);
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/grad_store.hpp"
 #include "tensor/tensor.hpp"
 
 namespace meshtron {
@@ -36,6 +37,10 @@ struct Parameter {
   /// Same shape as value, dtype grad_dtype_for(value); accumulated over
   /// micro-batches.
   Tensor grad;
+  /// Set by a deferred zero_grad() (train/optimizer.hpp): grad still holds
+  /// the last step's values, which count as zero, and the first op that
+  /// writes it overwrites them (take_grad_store).
+  bool grad_stale = false;
   ShardSpec shard;
   bool weight_decay = true;  ///< false for biases and norm parameters
   /// Vocabulary rows beyond the real vocabulary (padding), present only in
@@ -43,6 +48,19 @@ struct Parameter {
   index_t padded_rows = 0;
 
   bool tp_replicated() const { return shard.split_dim < 0; }
+  /// How the next write into grad stores: Overwrite for the first after a
+  /// deferred zero_grad(), which it makes the gradient's value, else
+  /// Accumulate.
+  ops::GradStore take_grad_store() {
+    const bool first = grad_stale;
+    grad_stale = false;
+    return first ? ops::GradStore::Overwrite : ops::GradStore::Accumulate;
+  }
+  /// Writes the zeros a deferred zero_grad() left out, for writers that
+  /// only add (scatters) and for gradients no op wrote this step.
+  void zero_stale_grad() {
+    if (take_grad_store() == ops::GradStore::Overwrite) grad.fill(0.0);
+  }
 };
 
 /// A flat list of a model's parameters (pointers owned by the layers).

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/grad_store.hpp"
 #include "tensor/tensor.hpp"
 
 namespace meshtron::ops {
@@ -41,13 +42,15 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
 /// Saves mean [N] and rstd [N] (always fp32/fp64 as x) for the backward.
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        double eps, Tensor& y, Tensor& mean, Tensor& rstd);
-/// dx = d/dx (overwrite); dgamma, dbeta accumulate. With `residual_grad`
-/// (the gradient of a residual branch around the layernorm, x's shape),
-/// dx = (d/dx rounded to dx's dtype) + residual_grad: the same bits as the
-/// backward followed by add(), without the extra pass over memory.
+/// dx = d/dx (overwrite); dgamma, dbeta accumulate (or, with `store`
+/// Overwrite, are written). With `residual_grad` (the gradient of a residual
+/// branch around the layernorm, x's shape), dx = (d/dx rounded to dx's
+/// dtype) + residual_grad: the same bits as the backward followed by add(),
+/// without the extra pass over memory.
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                         const Tensor& mean, const Tensor& rstd, Tensor& dx,
-                        Tensor& dgamma, Tensor& dbeta, const Tensor* residual_grad = nullptr);
+                        Tensor& dgamma, Tensor& dbeta, const Tensor* residual_grad = nullptr,
+                        GradStore store = GradStore::Accumulate);
 
 // --------------------------------------------------------------- Softmax ---
 /// Scale, causal mask and softmax over the last dim of scores [B, S, S]
@@ -118,7 +121,8 @@ void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b
 /// GEMM (BGRADA): 38-45 against 50 us at GPT-2 774M's fc on an H100
 /// (perf/RESULTS.md, session 7).
 void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
-                const Tensor& pre_gelu, Tensor& dpre, Tensor* dbias = nullptr);
+                const Tensor& pre_gelu, Tensor& dpre, Tensor* dbias = nullptr,
+                GradStore bias_store = GradStore::Accumulate);
 /// out = op(A) op(B) + bias + residual (a row-parallel projection and the
 /// residual add after it), out and residual [M, N], distinct. On the device
 /// one GEMM (bias epilogue, C = residual, D = out); on the host gemm_bias()
@@ -127,8 +131,8 @@ void gemm_bias_residual(const Tensor& A, bool trans_a, const Tensor& B, bool tra
                         const Tensor& bias, const Tensor& residual, Tensor& out);
 /// y[n, c] += bias[c] for y [N, C] (in place).
 void bias_add(Tensor& y, const Tensor& bias);
-/// dbias[c] += sum_n dy[n, c] (accumulate).
-void bias_backward(const Tensor& dy, Tensor& dbias);
+/// dbias[c] += sum_n dy[n, c] (accumulate; = with `store` Overwrite).
+void bias_backward(const Tensor& dy, Tensor& dbias, GradStore store = GradStore::Accumulate);
 /// A linear layer's parameter gradients, accumulated:
 ///   dweight += x^T dy   (x [tokens, in], dy [tokens, out], dweight [in, out])
 ///   dbias   += sum over tokens of dy
@@ -137,7 +141,10 @@ void bias_backward(const Tensor& dy, Tensor& dbias);
 /// Megatron/TransformerEngine fuse the same way), its bias gradient written
 /// to a scratch [out] and added to dbias; where cuBLASLt has no such
 /// algorithm, and on the host, gemm() then bias_backward().
-void linear_weight_grads(const Tensor& x, const Tensor& dy, Tensor& dweight, Tensor& dbias);
+/// `weight_store`, `bias_store`: Overwrite writes that gradient instead.
+void linear_weight_grads(const Tensor& x, const Tensor& dy, Tensor& dweight, Tensor& dbias,
+                         GradStore weight_store = GradStore::Accumulate,
+                         GradStore bias_store = GradStore::Accumulate);
 /// out = a + b (elementwise; out may alias a or b).
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 /// y += alpha * x (elementwise, accumulate).

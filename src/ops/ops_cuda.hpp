@@ -82,9 +82,10 @@ std::uint64_t gemm_bias_grad_fallbacks();
 // ------------------------------------------------------------- LayerNorm ---
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, index_t N,
                        index_t H, double eps, void* y, float* mean, float* rstd);
+/// dgamma, dbeta: added to with `accumulate`, else written.
 void layernorm_backward(DType t, DType g, const void* dy, const void* x, const void* gamma,
                         const float* mean, const float* rstd, index_t N, index_t H, void* dx,
-                        void* dgamma, void* dbeta, const void* residual_grad);
+                        void* dgamma, void* dbeta, const void* residual_grad, bool accumulate);
 
 // --------------------------------------------------------------- Softmax ---
 void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t S,
@@ -158,7 +159,9 @@ void gelu_backward(DType t, const void* dy, const void* x, index_t n, void* dx);
 void bias_gelu_forward(DType t, const void* x, const void* bias, index_t N, index_t C, void* pre,
                        void* y);
 void bias_add(DType t, void* y, const void* bias, index_t N, index_t C);
-void bias_backward(DType t, DType g, const void* dy, index_t N, index_t C, void* dbias);
+/// dbias (+)= column sums of dy: added with `accumulate`, else written.
+void bias_backward(DType t, DType g, const void* dy, index_t N, index_t C, void* dbias,
+                   bool accumulate);
 void add(DType t, const void* a, const void* b, index_t n, void* out);
 /// add() on `stream` instead of the compute stream: the sums of the
 /// copy-engine collectives, queued behind their transfers (PeerExchange).

@@ -345,7 +345,7 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                        const Tensor* residual_grad) {
+                        const Tensor* residual_grad, GradStore store) {
   const char* op = "layernorm_backward";
   const Arg ady{"dy", dy}, ax{"x", x}, ag{"gamma", gamma}, am{"mean", mean}, ar{"rstd", rstd},
       adx{"dx", dx}, adg{"dgamma", dgamma}, adb{"dbeta", dbeta};
@@ -375,8 +375,13 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
     ON_CUDA(cuda::layernorm_backward(x.dtype(), dgamma.dtype(), dy.raw(), x.raw(), gamma.raw(),
                                      mean.data<float>(), rstd.data<float>(), N, H, dx.raw(),
                                      dgamma.raw(), dbeta.raw(),
-                                     residual_grad ? residual_grad->raw() : nullptr));
+                                     residual_grad ? residual_grad->raw() : nullptr,
+                                     store == GradStore::Accumulate));
     return;
+  }
+  if (store == GradStore::Overwrite) {  // the host kernel adds
+    dgamma.fill(0.0);
+    dbeta.fill(0.0);
   }
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -665,7 +670,7 @@ void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b
 }
 
 void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
-                const Tensor& pre_gelu, Tensor& dpre, Tensor* dbias) {
+                const Tensor& pre_gelu, Tensor& dpre, Tensor* dbias, GradStore bias_store) {
   const char* op = "gemm_dgelu";
   const auto [s, device] = check_fused_gemm(op, A, trans_a, B, trans_b, dpre);
   check_companion(op, {"pre_gelu", pre_gelu}, A, B, dpre);
@@ -689,7 +694,7 @@ void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
     gemm(A, trans_a, B, trans_b, dactivated);
     gelu_backward(dactivated, pre_gelu, dpre);
   }
-  if (dbias) bias_backward(dpre, *dbias);
+  if (dbias) bias_backward(dpre, *dbias, bias_store);
 }
 
 void gemm_bias_residual(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
@@ -761,7 +766,8 @@ void bias_add(Tensor& y, const Tensor& bias) {
   });
 }
 
-void linear_weight_grads(const Tensor& x, const Tensor& dy, Tensor& dweight, Tensor& dbias) {
+void linear_weight_grads(const Tensor& x, const Tensor& dy, Tensor& dweight, Tensor& dbias,
+                         GradStore weight_store, GradStore bias_store) {
   const char* op = "linear_weight_grads";
   const bool device = check_gemm_operands(op, x, dy, dweight, 2);
   const GemmShape s = gemm_shape(op, x.dim(0), x.dim(1), /*trans_a=*/true, dy.dim(0), dy.dim(1),
@@ -774,18 +780,21 @@ void linear_weight_grads(const Tensor& x, const Tensor& dy, Tensor& dweight, Ten
     ON_CUDA({
       Tensor column_sums = Tensor::empty({s.N}, DType::F32, MemorySpace::Cuda);
       cuda::GemmArgs g = gemm_args(x, true, dy, false, dweight, s);
-      g.beta = 1.0;
+      g.beta = gemm_beta(weight_store);
       g.bias_grad = column_sums.data<float>();
       cuda::gemm(g);
-      add(dbias, column_sums, dbias);
+      if (bias_store == GradStore::Overwrite)
+        dbias.copy_from(column_sums);
+      else
+        add(dbias, column_sums, dbias);
     });
     return;
   }
-  gemm(x, true, dy, false, dweight, 1.0, 1.0);
-  bias_backward(dy, dbias);
+  gemm(x, true, dy, false, dweight, 1.0, gemm_beta(weight_store));
+  bias_backward(dy, dbias, bias_store);
 }
 
-void bias_backward(const Tensor& dy, Tensor& dbias) {
+void bias_backward(const Tensor& dy, Tensor& dbias, GradStore store) {
   const char* op = "bias_backward";
   const Arg ady{"dy", dy}, adb{"dbias", dbias};
   on_device(op, {ady, adb});
@@ -795,9 +804,11 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
   MESH_VERIFY(dbias.numel() == C, op << ": " << describe(adb) << " must hold " << C
                                      << " elements, the last dim of " << describe(ady));
   if (device) {
-    ON_CUDA(cuda::bias_backward(dy.dtype(), dbias.dtype(), dy.raw(), N, C, dbias.raw()));
+    ON_CUDA(cuda::bias_backward(dy.dtype(), dbias.dtype(), dy.raw(), N, C, dbias.raw(),
+                                store == GradStore::Accumulate));
     return;
   }
+  if (store == GradStore::Overwrite) dbias.fill(0.0);  // the host kernel adds
   with_float_type(dy.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::bias_backward<Host>(dy.data<T>(), N, C, dbias.data<T>());

@@ -33,6 +33,14 @@ void reduce_tied_word_table(const ParameterList& params, OptimizerGroups& g) {
 
 }  // namespace
 
+void mark_grads_stale(const ParameterList& params) {
+  for (Parameter* p : params) p->grad_stale = true;
+}
+
+void zero_stale_grads(const ParameterList& params) {
+  for (Parameter* p : params) p->zero_stale_grad();
+}
+
 void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp) {
   // Reductions 1-2 of the file comment; each communicator's list goes out as
   // one group (a few hundred small tensors: one launch instead of one each).
@@ -172,6 +180,11 @@ std::size_t AdamW::state_bytes() const {
 }
 
 void AdamW::zero_grad() {
+  if (zeroing_ == GradZeroing::Deferred) {
+    mark_grads_stale(params_);
+    return;
+  }
+  for (Parameter* p : params_) p->grad_stale = false;
   if (grads_.defined()) {
     grads_.fill(0.0);
     return;
@@ -284,6 +297,7 @@ void AdamW::reduce_gradients(OptimizerGroups& g) {
 
 StepStats AdamW::step(double lr, OptimizerGroups& groups, bool skip_on_nonfinite,
                       double unscale) {
+  zero_stale_grads(params_);
   reduce_gradients(groups);
   if (unscale != 1.0) {  // inf/NaN stay inf/NaN: the norm still sees an overflow
     if (grads_.defined())
@@ -418,6 +432,7 @@ void DistributedAdamW::grads_ready(const ParameterList& ready, OptimizerGroups& 
 void DistributedAdamW::start_bucket(Bucket& b, OptimizerGroups& g) {
   ParameterList bucket_params;
   for (std::size_t i : b.params) bucket_params.push_back(params_[i]);
+  zero_stale_grads(bucket_params);
   reduce_model_gradients(bucket_params, g, /*dp=*/false);  // in grad_flat_ (alias_parameters)
   // Rank r receives the bucket's overlap with its shard [r S, (r + 1) S):
   // consecutive pieces in rank order, as the single reduce-scatter has them.
@@ -510,6 +525,11 @@ std::size_t DistributedAdamW::state_bytes() const { return master_.bytes() + mom
 
 void DistributedAdamW::zero_grad() {
   reset_buckets(*dp_);  // a step given up (NaN loss) may have buckets in flight
+  if (zeroing_ == GradZeroing::Deferred) {
+    mark_grads_stale(params_);  // the padding is never written: it stays 0
+    return;
+  }
+  for (Parameter* p : params_) p->grad_stale = false;
   grad_flat_.fill(0.0);  // every gradient at once (they are views of it)
 }
 
@@ -538,6 +558,7 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
   if (overlap_.grad_reduce) {
     finish_buckets(g);
   } else {
+    zero_stale_grads(params_);
     reduce_model_gradients(params_, g, /*dp=*/false);
     g.dp.reduce_scatter(grad_flat_.raw(), grad_shard_.raw(), std::size_t(shard_size_),
                         grad_shard_.dtype(), ReduceOp::Sum);

@@ -118,6 +118,10 @@ struct Trainer::GraphedMicroBatch {
   Tensor dloss;         ///< the loss gradient, refilled when its value changes
   double dloss_value = 0;
   Tensor losses;  ///< per-token losses, written by each replay
+  /// The gradients the captured backward overwrites (stale when captured,
+  /// GradZeroing::Deferred): each replay writes them, as their first
+  /// writer of a one-micro-batch step.
+  ParameterList overwritten;
 #ifdef MESHTRON_HAVE_CUDA
   std::unique_ptr<CapturedWork> work;
 #endif
@@ -173,6 +177,7 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
                               run.parallel.overlap_param_gather};
   optimizer_ = make_optimizer(parameters(), adam_config(run), tied_copy,
                               run.parallel.distributed_optimizer, rt.dp, overlap);
+  optimizer_->set_grad_zeroing(GradZeroing::Deferred);
   // Every forward's context carries it (null unless overlap_param_gather).
   base_ctx_.param_gather = optimizer_->param_gather_hook();
   lr_ = LrSchedule{run.optimizer.lr, run.optimizer.min_lr, run.lr_schedule.warmup_iters,
@@ -371,12 +376,17 @@ void Trainer::capture_micro_batch(const MicroBatch& first) {
   LayerContext ctx = context_for(first, 0, /*training=*/true);
   ctx.sample_offset = 0;
   ctx.dropout_live = static_cast<const std::uint32_t*>(g->live.raw());
+  ParameterList stale;
+  for (Parameter* p : model.parameters())
+    if (p->grad_stale) stale.push_back(p);
   g->work = std::make_unique<CapturedWork>([&] {
     LayerContext c = ctx;
     GptModel::Cache cache;
     g->losses = model.forward(g->ids, g->targets, c, cache);
     model.backward(g->dloss, c, cache);
   });
+  for (Parameter* p : stale)
+    if (!p->grad_stale) g->overwritten.push_back(p);
   graphed_ = std::move(g);
 }
 #endif
@@ -387,8 +397,19 @@ std::vector<Tensor> Trainer::run_graphed(const std::vector<MicroBatch>& host_bat
   // tasks are F0 B0 F1 B1 ..., no pipeline messages, no hooks; tp's NCCL
   // collectives (and their side-stream events) are captured like kernels.
   const std::vector<MicroBatch> batch = staged_in(host_batch, base_ctx_.space);
-  if (!graphed_) capture_micro_batch(batch[0]);
+  if (!graphed_) {
+    // One graph replays every micro-batch: only the first may overwrite
+    // the gradients, so with more the optimizer zeroes them (now, too).
+    if (batch.size() > 1 && optimizer_->grad_zeroing() == GradZeroing::Deferred) {
+      optimizer_->set_grad_zeroing(GradZeroing::Memset);
+      optimizer_->zero_grad();
+    }
+    capture_micro_batch(batch[0]);
+  }
   GraphedMicroBatch& g = *graphed_;
+  MESH_VERIFY(batch.size() == 1 || g.overwritten.empty(),
+              "training.cuda_graphs: a graph that overwrites the gradients replays one "
+              "micro-batch per step, not " << batch.size());
   if (g.dloss_value != dloss_value()) {  // fp16: the loss scale moved
     g.dloss_value = dloss_value();
     g.dloss.fill(g.dloss_value);
@@ -402,6 +423,7 @@ std::vector<Tensor> Trainer::run_graphed(const std::vector<MicroBatch>& host_bat
     device::copy_device_bytes(g.live.raw(),
                               static_cast<const char*>(g.live_of_step.raw()) + 16 * m, 16);
     g.work->replay();
+    for (Parameter* p : g.overwritten) p->grad_stale = false;  // what the capture's host code did
     losses.push_back(g.losses.clone());  // the next replay overwrites them
   }
   return losses;

@@ -285,7 +285,10 @@ TEST(GpuBf16, NanLossIsSkippedByTheUpdateKernel) {
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (params[i] == &poisoned) continue;
     EXPECT_EQ(params[i]->value.to_doubles(), before[i]) << params[i]->name << " moved";
-    EXPECT_EQ(ops::sum_of_squares(params[i]->grad), 0.0) << params[i]->name;
+    // Cleared: stale (the trainer's deferred zero_grad), so the next step's
+    // first writer overwrites the NaN; its finite norm below checks that.
+    EXPECT_TRUE(params[i]->grad_stale || ops::sum_of_squares(params[i]->grad) == 0.0)
+        << params[i]->name;
   }
 
   poisoned.value.copy_from(saved);

@@ -793,6 +793,63 @@ TEST_F(GpuOps, BiasBackwardPackedAndScalarPathsMatchHostAndRepeat) {
     }
 }
 
+// GradStore::Overwrite (the first write of a gradient after a deferred
+// zero_grad) over a gradient holding NaN (a skipped step's) gives the bits
+// of accumulating onto zeros, on every column-sum path: bias_backward
+// packed with the fused finish ([8192, 1280]), packed with the separate
+// finish (more column blocks than tickets) and scalar (misaligned); the
+// layernorm backward's split (H = 768), column-owner (H = 2048) and scalar
+// (H = 130) kernels. The GEMMs' beta = 0 is checked in linear_weight_grads
+// (both gradients) against accumulating onto zeros (another algorithm may
+// serve beta = 0, so to tolerance).
+TEST_F(GpuOps, GradientOverwriteOverNaNEqualsAccumulatingOntoZeros) {
+  const auto zeros = [](index_t n) { return Tensor::zeros({n}, DType::F32, MemorySpace::Cuda); };
+  const auto nans = [](index_t n) {
+    Tensor t = Tensor::empty({n}, DType::F32, MemorySpace::Cuda);
+    t.fill(kNaN);
+    return t;
+  };
+  for (DType dt : kDtypes) {
+    for (const auto& [N, C] : {std::pair<index_t, index_t>{8192, 1280}, {16, 262400}, {33, 130}}) {
+      const std::string what = "bias_backward " + name(dt) + " [" + std::to_string(N) + ", " +
+                               std::to_string(C) + "]";
+      const Tensor flat = input({N * C + 1}, dt).dev;
+      for (index_t shift : {index_t(0), index_t(1)}) {  // aligned (packed) and not (scalar)
+        const Tensor dy = flat.slice_rows(shift, shift + N * C).reshape({N, C});
+        Tensor accumulated = zeros(C), overwritten = nans(C);
+        bias_backward(dy, accumulated);
+        bias_backward(dy, overwritten, GradStore::Overwrite);
+        EXPECT_TRUE(overwritten.to_doubles() == accumulated.to_doubles())
+            << what << " shift " << shift;
+      }
+    }
+    for (index_t H : {index_t(768), index_t(2048), index_t(130)}) {
+      const index_t N = 2501;
+      const std::string what = "layernorm_backward " + name(dt) + " H=" + std::to_string(H);
+      const LayerNormCase c = layernorm_forward_case(N, H, dt, what);
+      const Tensor dy = input({N, H}, dt).dev;
+      Tensor dx = Tensor::empty({N, H}, dt, MemorySpace::Cuda);
+      Tensor dgamma = zeros(H), dbeta = zeros(H), dgamma2 = nans(H), dbeta2 = nans(H);
+      layernorm_backward(dy, c.x.dev, c.gamma.dev, c.mean.dev, c.rstd.dev, dx, dgamma, dbeta);
+      layernorm_backward(dy, c.x.dev, c.gamma.dev, c.mean.dev, c.rstd.dev, dx, dgamma2, dbeta2,
+                         nullptr, GradStore::Overwrite);
+      EXPECT_TRUE(dgamma2.to_doubles() == dgamma.to_doubles()) << what << " dgamma";
+      EXPECT_TRUE(dbeta2.to_doubles() == dbeta.to_doubles()) << what << " dbeta";
+    }
+    for (const GemmCase& g : {GemmCase{5, 3, 17}, GemmCase{1280, 3840, 8192}}) {
+      const std::string what = "linear_weight_grads " + name(dt) + " out=" + std::to_string(g.N);
+      const Tensor x = input({g.K, g.M}, dt).dev, dy = input({g.K, g.N}, dt).dev;
+      Tensor dw = Tensor::zeros({g.M, g.N}, DType::F32, MemorySpace::Cuda), db = zeros(g.N);
+      Tensor dw2 = Tensor::empty({g.M, g.N}, DType::F32, MemorySpace::Cuda), db2 = nans(g.N);
+      dw2.fill(kNaN);
+      linear_weight_grads(x, dy, dw, db);
+      linear_weight_grads(x, dy, dw2, db2, GradStore::Overwrite, GradStore::Overwrite);
+      expect_close(dw2, dw.to_host(), tolerance(dt), what + " dweight");
+      expect_close(db2, db.to_host(), tolerance(dt), what + " dbias");
+    }
+  }
+}
+
 #ifdef MESHTRON_HAVE_CUDA  // a kernel without an ops:: entry (PeerExchange calls it)
 // The copy-engine tp all-reduce's sum kernel with a row-parallel layer's
 // epilogue (PeerExchange::Addends): out = a + b + residual + bias[column]
