@@ -7,38 +7,17 @@
 
 #include <cstring>
 
-#include "config/run_config.hpp"
+#include "train/tiny_train_config.hpp"
 #include "train/trainer.hpp"
 
 namespace meshtron {
 namespace {
 
-RunConfig config(int micro_batches) {
-  RunConfig c = RunConfig::from_text(R"(
-[model]
-num_layers = 2
-hidden_size = 16
-num_attention_heads = 2
-seq_length = 8
-vocab_size = 50
-make_vocab_size_divisible_by = 8
-[training]
-micro_batch_size = 2
-global_batch_size = 4
-train_iters = 10
-[lr_schedule]
-warmup_iters = 0
-)");
-  c.training.global_batch_size = 2 * micro_batches;
-  c.validate(1);
-  return c;
-}
-
 class GradZeroingTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(GradZeroingTest, DeferredZeroingTrainsBitForBitAsTheMemset) {
   const int micro_batches = GetParam();
-  const RunConfig c = config(micro_batches);
+  const RunConfig c = testing::tiny_train_config(2 * micro_batches);
   ParallelRuntime rt(MPI_COMM_SELF, c.parallel.degrees());
   Trainer deferred(c, GptConfig::from_run(c, 50, 1), rt, DType::F32);
   Trainer memset(c, GptConfig::from_run(c, 50, 1), rt, DType::F32);

@@ -5,34 +5,14 @@
 #include <cmath>
 #include <cstring>
 
-#include "config/run_config.hpp"
+#include "train/tiny_train_config.hpp"
 #include "train/trainer.hpp"
 
 namespace meshtron {
 namespace {
 
-RunConfig config() {
-  RunConfig c = RunConfig::from_text(R"(
-[model]
-num_layers = 2
-hidden_size = 16
-num_attention_heads = 2
-seq_length = 8
-vocab_size = 50
-make_vocab_size_divisible_by = 8
-[training]
-micro_batch_size = 2
-global_batch_size = 4
-train_iters = 10
-[lr_schedule]
-warmup_iters = 0
-)");
-  c.validate(1);
-  return c;
-}
-
 TEST(NanGuard, NonFiniteLossSkipsTheStepAndTrainingContinues) {
-  const RunConfig c = config();
+  const RunConfig c = testing::tiny_train_config();
   ParallelRuntime rt(MPI_COMM_SELF, c.parallel.degrees());
   Trainer trainer(c, GptConfig::from_run(c, 50, 1), rt, DType::F32);
   DataLayout layout{8, 2, 4, 0, 1, 10, 1, 1};
