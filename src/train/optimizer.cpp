@@ -31,15 +31,22 @@ void reduce_tied_word_table(const ParameterList& params, OptimizerGroups& g) {
     if (is_tied_word_table(*p)) g.embedding->all_reduce(p->grad);
 }
 
-}  // namespace
-
-void mark_grads_stale(const ParameterList& params) {
-  for (Parameter* p : params) p->grad_stale = true;
+/// zero_grad()'s marks, for both optimizers: under Deferred every gradient
+/// stale, and true (the zeros are left to the writers); under Memset none
+/// stale, and false (the caller writes the zeros).
+bool defer_zeroing(GradZeroing zeroing, const ParameterList& params) {
+  const bool deferred = zeroing == GradZeroing::Deferred;
+  for (Parameter* p : params) p->grad_stale = deferred;
+  return deferred;
 }
 
+/// The zeros of the gradients no op wrote since a deferred zero_grad(),
+/// written before anything reads them.
 void zero_stale_grads(const ParameterList& params) {
   for (Parameter* p : params) p->zero_stale_grad();
 }
+
+}  // namespace
 
 void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp) {
   // Reductions 1-2 of the file comment; each communicator's list goes out as
@@ -180,11 +187,7 @@ std::size_t AdamW::state_bytes() const {
 }
 
 void AdamW::zero_grad() {
-  if (zeroing_ == GradZeroing::Deferred) {
-    mark_grads_stale(params_);
-    return;
-  }
-  for (Parameter* p : params_) p->grad_stale = false;
+  if (defer_zeroing(zeroing_, params_)) return;
   if (grads_.defined()) {
     grads_.fill(0.0);
     return;
@@ -525,11 +528,7 @@ std::size_t DistributedAdamW::state_bytes() const { return master_.bytes() + mom
 
 void DistributedAdamW::zero_grad() {
   reset_buckets(*dp_);  // a step given up (NaN loss) may have buckets in flight
-  if (zeroing_ == GradZeroing::Deferred) {
-    mark_grads_stale(params_);  // the padding is never written: it stays 0
-    return;
-  }
-  for (Parameter* p : params_) p->grad_stale = false;
+  if (defer_zeroing(zeroing_, params_)) return;  // the padding is never written: it stays 0
   grad_flat_.fill(0.0);  // every gradient at once (they are views of it)
 }
 

@@ -130,12 +130,6 @@ struct BucketOverlap {
 bool counts_in_grad_norm(const Parameter& p, const OptimizerGroups& g,
                          const Parameter* tied_head_copy);
 
-/// A deferred zero_grad(): every gradient stale (GradZeroing).
-void mark_grads_stale(const ParameterList& params);
-/// The zeros of the gradients no op wrote since a deferred zero_grad(),
-/// written before anything reads them.
-void zero_stale_grads(const ParameterList& params);
-
 /// Reductions 1-3 of the file comment, on every parameter; with `dp` false
 /// the data-parallel all-reduce is left to the caller (distributed optimizer).
 void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp);
