@@ -1,0 +1,260 @@
+// Session 20 probe (standalone; build: nvcc -O3 -arch=sm_90 -std=c++17 column_sums_shapes.cu).
+// Read floors and finishes for bf16 column sums of [8192, 3072], each back to back 50 times.
+// cluster_kernel<12> sums 21 columns per rank, 252 of the block's 256 (timing only; no variant
+// checks its sums). The memcpy row's TB/s column divides 50 MB, not its 2 GiB: 2 GiB / 713.5 us
+// = 3.01 TB/s.
+// Session 20 probe: where does the bf16 column-sum kernel's per-call time go?
+// Reads x [N, C] bf16 (N = 8192, C = 3072) like column_partials_packed_kernel (32 packs x 8 row
+// lanes per block, rows split among gridDim.y groups, 8 rows in flight + 8 next), records per block
+// start/end (globaltimer) and SM id. Variants: static (one wave, 2 blocks/SM), 4 waves (more, smaller
+// blocks), dynamic (persistent blocks take chunks from a counter).
+#include <cuda_bf16.h>
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+#include <cstdio>
+#include <vector>
+#include <algorithm>
+struct __align__(16) P8 { __nv_bfloat16 v[8]; };
+__device__ unsigned long long now() { unsigned long long t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
+__device__ unsigned smid() { unsigned s; asm volatile("mov.u32 %0, %smid;" : "=r"(s)); return s; }
+__device__ unsigned g_counter;
+
+template <int W, int LAYOUT>
+__device__ void chunkw(const __nv_bfloat16* x, long N, long C, long r0, long r1, int cb, float* partial, long slot) {
+  float acc[W][8] = {};
+  constexpr int U = 8 / W;
+  P8 cur[U][W], next[U][W];
+  const long cbase = long(cb) * 256 * W + threadIdx.x * 8;
+  long step = 8, rs = r0 + threadIdx.y, re = r1;
+  if (LAYOUT == 1) { long per = (r1 - r0 + 7) / 8; rs = r0 + threadIdx.y * per; re = min(rs + per, r1); step = 1; }
+  auto load = [&](long r, P8 (&p)[U][W]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * step < re)
+#pragma unroll
+      for (int w = 0; w < W; ++w) p[u][w] = *reinterpret_cast<const P8*>(x + (r + u * step) * C + cbase + w * 256);
+  };
+  long r = rs;
+  if (r < re) load(r, cur);
+  for (; r < re; r += U * step) {
+    if (r + U * step < re) load(r + U * step, next);
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * step < re)
+#pragma unroll
+      for (int w = 0; w < W; ++w)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[w][j] += __bfloat162float(cur[u][w].v[j]);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int w = 0; w < W; ++w) cur[u][w] = next[u][w];
+  }
+  __shared__ float tile[8][257];
+  for (int w = 0; w < W; ++w) {
+    for (int j = 0; j < 8; ++j) tile[threadIdx.y][threadIdx.x * 8 + j] = acc[w][j];
+    __syncthreads();
+    for (int q = threadIdx.y * 32 + threadIdx.x; q < 256; q += 256) {
+      float s = 0; for (int y = 0; y < 8; ++y) s += tile[y][q];
+      partial[slot * C + long(cb) * 256 * W + w * 256 + q] = s;
+    }
+    __syncthreads();
+  }
+}
+template <int W, int LAYOUT>
+__global__ void __launch_bounds__(256, 2) static_w(const __nv_bfloat16* x, long N, long C, long rows, float* partial) {
+  long r0 = long(blockIdx.y) * rows, r1 = min(r0 + rows, N);
+  chunkw<W, LAYOUT>(x, N, C, r0, r1, blockIdx.x, partial, blockIdx.y);
+}
+__global__ void contiguous_sum(const P8* x, long n, float* out) {
+  float acc = 0;
+  const long stride = long(gridDim.x) * blockDim.x;
+  long i = long(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 7 * stride < n; i += 8 * stride) {
+    P8 p[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) p[u] = x[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) for (int j = 0; j < 8; ++j) acc += __bfloat162float(p[u].v[j]);
+  }
+  for (; i < n; i += stride) for (int j = 0; j < 8; ++j) acc += __bfloat162float(x[i].v[j]);
+  if (acc == 12345.f) out[0] = acc;
+}
+__device__ void chunk(const __nv_bfloat16* x, long N, long C, long r0, long r1, int cb, float* partial, long slot) {
+  __shared__ float tile[8][257];
+  const long c0 = (long(cb) * 32 + threadIdx.x) * 8;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  constexpr int U = 8;
+  P8 cur[U], next[U];
+  auto load = [&](long r, P8 (&p)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * 8 < r1) p[u] = *reinterpret_cast<const P8*>(x + (r + u * 8) * C + c0);
+  };
+  long r = r0 + threadIdx.y;
+  if (r < r1) load(r, cur);
+  for (; r < r1; r += U * 8) {
+    if (r + U * 8 < r1) load(r + U * 8, next);
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * 8 < r1)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(cur[u].v[j]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) cur[u] = next[u];
+  }
+  for (int j = 0; j < 8; ++j) tile[threadIdx.y][threadIdx.x * 8 + j] = acc[j];
+  __syncthreads();
+  for (int q = threadIdx.y * 32 + threadIdx.x; q < 256; q += 256) {
+    float s = 0; for (int y = 0; y < 8; ++y) s += tile[y][q];
+    partial[slot * C + long(cb) * 256 + q] = s;
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(256, 2) static_kernel(const __nv_bfloat16* x, long N, long C, long rows, float* partial, unsigned long long* rec) {
+  unsigned long long t0 = now();
+  long r0 = long(blockIdx.y) * rows, r1 = min(r0 + rows, N);
+  chunk(x, N, C, r0, r1, blockIdx.x, partial, blockIdx.y);
+  if (threadIdx.x == 0 && threadIdx.y == 0) { long b = blockIdx.y * gridDim.x + blockIdx.x; rec[3 * b] = t0; rec[3 * b + 1] = now(); rec[3 * b + 2] = smid(); }
+}
+// persistent: gridDim.x blocks take (column block, chunk) items in order from a counter
+__global__ void __launch_bounds__(256, 2) dynamic_kernel(const __nv_bfloat16* x, long N, long C, long rows, int col_blocks, int items, float* partial, unsigned long long* rec) {
+  unsigned long long t0 = now();
+  __shared__ unsigned item;
+  for (;;) {
+    if (threadIdx.x == 0 && threadIdx.y == 0) item = atomicAdd(&g_counter, 1u);
+    __syncthreads();
+    const unsigned it = item;
+    __syncthreads();
+    if (it >= unsigned(items)) break;
+    const int cb = it % col_blocks; const long ch = it / col_blocks;
+    chunk(x, N, C, ch * rows, min(ch * rows + rows, N), cb, partial, ch);
+  }
+  if (threadIdx.x == 0 && threadIdx.y == 0) { rec[3 * blockIdx.x] = t0; rec[3 * blockIdx.x + 1] = now(); rec[3 * blockIdx.x + 2] = smid(); }
+}
+__global__ void reset() { g_counter = 0; }
+
+
+// Main's fused kernel logic (ticket): partial per split into global, last block per column block sums.
+__device__ unsigned g_tickets[64];
+template <int FU>
+__global__ void __launch_bounds__(256, 2) ticket_kernel(const __nv_bfloat16* x, long N, long C, long rows, float* partial, float* out) {
+  long r0 = long(blockIdx.y) * rows, r1 = min(r0 + rows, N);
+  chunkw<1, 0>(x, N, C, r0, r1, blockIdx.x, partial, blockIdx.y);
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(&g_tickets[blockIdx.x], 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int q = threadIdx.y * 32 + threadIdx.x;
+  const long c = long(blockIdx.x) * 256 + q;
+  float s = 0.f;
+  for (int k = 0; k < int(gridDim.y); k += FU) {
+    float p[FU];
+#pragma unroll
+    for (int u = 0; u < FU; ++u) p[u] = k + u < int(gridDim.y) ? __ldcg(partial + (k + u) * C + c) : 0.f;
+#pragma unroll
+    for (int u = 0; u < FU; ++u) if (k + u < int(gridDim.y)) s += p[u];
+  }
+  out[c] = s;
+  if (q == 0) g_tickets[blockIdx.x] = 0;
+}
+// Cluster of CS blocks along y = all the row splits of one column block: partial tiles reduced through
+// distributed shared memory, no global partials, fences or tickets.
+template <int CS>
+__global__ void __launch_bounds__(256, 2) cluster_kernel(const __nv_bfloat16* x, long N, long C, long rows, float* out) {
+  cg::cluster_group cluster = cg::this_cluster();
+  __shared__ float tile[8][257];
+  __shared__ float part[256];
+  long r0 = long(blockIdx.y) * rows, r1 = min(r0 + rows, N);
+  const long c0 = (long(blockIdx.x) * 32 + threadIdx.x) * 8;
+  float acc[8] = {};
+  constexpr int U = 8;
+  P8 cur[U], next[U];
+  auto load = [&](long r, P8 (&p)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * 8 < r1) p[u] = *reinterpret_cast<const P8*>(x + (r + u * 8) * C + c0);
+  };
+  long r = r0 + threadIdx.y;
+  if (r < r1) load(r, cur);
+  for (; r < r1; r += U * 8) {
+    if (r + U * 8 < r1) load(r + U * 8, next);
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * 8 < r1)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(cur[u].v[j]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) cur[u] = next[u];
+  }
+  for (int j = 0; j < 8; ++j) tile[threadIdx.y][threadIdx.x * 8 + j] = acc[j];
+  __syncthreads();
+  const int q = threadIdx.y * 32 + threadIdx.x;
+  { float s = 0; for (int y = 0; y < 8; ++y) s += tile[y][q]; part[q] = s; }
+  cluster.sync();
+  const unsigned rank = cluster.block_rank();
+  constexpr int cols = 256 / CS;
+  if (q < cols) {
+    const int cq = int(rank) * cols + q;
+    float p[CS];
+#pragma unroll
+    for (int k = 0; k < CS; ++k) p[k] = cluster.map_shared_rank(part, k)[cq];
+    float s = 0;
+#pragma unroll
+    for (int k = 0; k < CS; ++k) s += p[k];
+    out[long(blockIdx.x) * 256 + cq] = s;
+  }
+  cluster.sync();
+}
+template <int CS>
+void launch_cluster(const __nv_bfloat16* x, long N, long C, float* out) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(12, CS); cfg.blockDim = dim3(32, 8);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension; at[0].val.clusterDim.x = 1; at[0].val.clusterDim.y = CS; at[0].val.clusterDim.z = 1;
+  cfg.attrs = at; cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, cluster_kernel<CS>, x, N, C, (N + CS - 1) / CS, out);
+}
+template <int CS>
+void report_clusters() {
+  if (CS > 8) cudaFuncSetAttribute(cluster_kernel<CS>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(12, CS); cfg.blockDim = dim3(32, 8);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension; at[0].val.clusterDim.x = 1; at[0].val.clusterDim.y = CS; at[0].val.clusterDim.z = 1;
+  cfg.attrs = at; cfg.numAttrs = 1;
+  int n = -1; cudaError_t e = cudaOccupancyMaxActiveClusters(&n, cluster_kernel<CS>, &cfg);
+  std::printf("cluster %2d: max active clusters %d (%s)\n", CS, n, cudaGetErrorString(e));
+}
+
+int main() {
+  const long N = 8192, C = 3072;
+  __nv_bfloat16* x; cudaMalloc(&x, N * C * 2); cudaMemset(x, 0, N * C * 2);
+  float* partial; cudaMalloc(&partial, 1024 * C * 4);
+  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+  auto time = [&](const char* name, auto launch) {
+    for (int i = 0; i < 5; ++i) launch();
+    cudaEventRecord(a); for (int i = 0; i < 50; ++i) launch(); cudaEventRecord(b); cudaEventSynchronize(b);
+    float ms; cudaEventElapsedTime(&ms, a, b);
+    const double us = ms * 1000 / 50;
+    std::printf("%-46s %6.2f us  %.2f TB/s  %s\n", name, us, N * C * 2 / us / 1e6, cudaGetErrorString(cudaGetLastError()));
+  };
+  char* big; cudaMalloc(&big, 2l << 30);
+  report_clusters<8>(); report_clusters<12>(); report_clusters<16>();
+  float* out; cudaMalloc(&out, C * 4);
+  for (int rep = 0; rep < 2; ++rep) {
+    time("ticket (main's fused), 22 splits, finish 8", [&] { ticket_kernel<8><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial, out); });
+    time("ticket, 22 splits, finish 32", [&] { ticket_kernel<32><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial, out); });
+    time("cluster 16 (192 blocks), DSMEM finish", [&] { launch_cluster<16>(x, N, C, out); });
+    time("cluster 8 (96 blocks), DSMEM finish", [&] { launch_cluster<8>(x, N, C, out); });
+    time("cluster 12 (144 blocks), DSMEM finish", [&] { launch_cluster<12>(x, N, C, out); });
+    time("memcpy 1 GiB (r+w counted)", [&] { cudaMemcpyAsync(big, big + (1l << 30), 1l << 30, cudaMemcpyDeviceToDevice); });
+    time("contiguous sum, 264 x 256", [&] { contiguous_sum<<<264, 256>>>((const P8*)x, N * C / 8, partial); });
+    time("contiguous sum, 528 x 256", [&] { contiguous_sum<<<528, 256>>>((const P8*)x, N * C / 8, partial); });
+    time("contiguous sum, 1056 x 256", [&] { contiguous_sum<<<1056, 256>>>((const P8*)x, N * C / 8, partial); });
+    time("tile W1 interleaved (main), 12 x 22", [&] { static_w<1, 0><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial); });
+    time("tile W1 lane subranges, 12 x 22", [&] { static_w<1, 1><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial); });
+    time("tile W2 interleaved (1 KB/warp-row), 6 x 44", [&] { static_w<2, 0><<<dim3(6, 44), dim3(32, 8)>>>(x, N, C, 187, partial); });
+    time("tile W2 lane subranges, 6 x 44", [&] { static_w<2, 1><<<dim3(6, 44), dim3(32, 8)>>>(x, N, C, 187, partial); });
+    time("tile W4 interleaved (2 KB/warp-row), 3 x 88", [&] { static_w<4, 0><<<dim3(3, 88), dim3(32, 8)>>>(x, N, C, 94, partial); });
+  }
+  return 0;
+}
