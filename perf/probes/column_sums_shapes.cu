@@ -3,25 +3,17 @@
 // cluster_kernel<12> sums 21 columns per rank, 252 of the block's 256 (timing only; no variant
 // checks its sums). The memcpy row's TB/s column divides 50 MB, not its 2 GiB: 2 GiB / 713.5 us
 // = 3.01 TB/s.
-// Session 20 probe: where does the bf16 column-sum kernel's per-call time go?
-// Reads x [N, C] bf16 (N = 8192, C = 3072) like column_partials_packed_kernel (32 packs x 8 row
-// lanes per block, rows split among gridDim.y groups, 8 rows in flight + 8 next), records per block
-// start/end (globaltimer) and SM id. Variants: static (one wave, 2 blocks/SM), 4 waves (more, smaller
-// blocks), dynamic (persistent blocks take chunks from a counter).
+// The streaming loop is column_partials_packed_kernel's (8 rows in flight + 8 next per thread);
+// the block-end timing of the static / wave / dynamic shapes is column_sums_block_ends.cu.
 #include <cuda_bf16.h>
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
 #include <cstdio>
-#include <vector>
-#include <algorithm>
 struct __align__(16) P8 { __nv_bfloat16 v[8]; };
-__device__ unsigned long long now() { unsigned long long t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
-__device__ unsigned smid() { unsigned s; asm volatile("mov.u32 %0, %smid;" : "=r"(s)); return s; }
-__device__ unsigned g_counter;
 
+// acc[w][j] = sum over this thread's rows of [r0, r1) of column cb * 256 W + 8 threadIdx.x + 256 w + j.
 template <int W, int LAYOUT>
-__device__ void chunkw(const __nv_bfloat16* x, long N, long C, long r0, long r1, int cb, float* partial, long slot) {
-  float acc[W][8] = {};
+__device__ void stream_columns(const __nv_bfloat16* x, long C, long r0, long r1, int cb, float (&acc)[W][8]) {
   constexpr int U = 8 / W;
   P8 cur[U][W], next[U][W];
   const long cbase = long(cb) * 256 * W + threadIdx.x * 8;
@@ -48,6 +40,11 @@ __device__ void chunkw(const __nv_bfloat16* x, long N, long C, long r0, long r1,
 #pragma unroll
       for (int w = 0; w < W; ++w) cur[u][w] = next[u][w];
   }
+}
+template <int W, int LAYOUT>
+__device__ void chunkw(const __nv_bfloat16* x, long N, long C, long r0, long r1, int cb, float* partial, long slot) {
+  float acc[W][8] = {};
+  stream_columns<W, LAYOUT>(x, C, r0, r1, cb, acc);
   __shared__ float tile[8][257];
   for (int w = 0; w < W; ++w) {
     for (int j = 0; j < 8; ++j) tile[threadIdx.y][threadIdx.x * 8 + j] = acc[w][j];
@@ -78,58 +75,6 @@ __global__ void contiguous_sum(const P8* x, long n, float* out) {
   for (; i < n; i += stride) for (int j = 0; j < 8; ++j) acc += __bfloat162float(x[i].v[j]);
   if (acc == 12345.f) out[0] = acc;
 }
-__device__ void chunk(const __nv_bfloat16* x, long N, long C, long r0, long r1, int cb, float* partial, long slot) {
-  __shared__ float tile[8][257];
-  const long c0 = (long(cb) * 32 + threadIdx.x) * 8;
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  constexpr int U = 8;
-  P8 cur[U], next[U];
-  auto load = [&](long r, P8 (&p)[U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) if (r + u * 8 < r1) p[u] = *reinterpret_cast<const P8*>(x + (r + u * 8) * C + c0);
-  };
-  long r = r0 + threadIdx.y;
-  if (r < r1) load(r, cur);
-  for (; r < r1; r += U * 8) {
-    if (r + U * 8 < r1) load(r + U * 8, next);
-#pragma unroll
-    for (int u = 0; u < U; ++u) if (r + u * 8 < r1)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(cur[u].v[j]);
-#pragma unroll
-    for (int u = 0; u < U; ++u) cur[u] = next[u];
-  }
-  for (int j = 0; j < 8; ++j) tile[threadIdx.y][threadIdx.x * 8 + j] = acc[j];
-  __syncthreads();
-  for (int q = threadIdx.y * 32 + threadIdx.x; q < 256; q += 256) {
-    float s = 0; for (int y = 0; y < 8; ++y) s += tile[y][q];
-    partial[slot * C + long(cb) * 256 + q] = s;
-  }
-  __syncthreads();
-}
-
-__global__ void __launch_bounds__(256, 2) static_kernel(const __nv_bfloat16* x, long N, long C, long rows, float* partial, unsigned long long* rec) {
-  unsigned long long t0 = now();
-  long r0 = long(blockIdx.y) * rows, r1 = min(r0 + rows, N);
-  chunk(x, N, C, r0, r1, blockIdx.x, partial, blockIdx.y);
-  if (threadIdx.x == 0 && threadIdx.y == 0) { long b = blockIdx.y * gridDim.x + blockIdx.x; rec[3 * b] = t0; rec[3 * b + 1] = now(); rec[3 * b + 2] = smid(); }
-}
-// persistent: gridDim.x blocks take (column block, chunk) items in order from a counter
-__global__ void __launch_bounds__(256, 2) dynamic_kernel(const __nv_bfloat16* x, long N, long C, long rows, int col_blocks, int items, float* partial, unsigned long long* rec) {
-  unsigned long long t0 = now();
-  __shared__ unsigned item;
-  for (;;) {
-    if (threadIdx.x == 0 && threadIdx.y == 0) item = atomicAdd(&g_counter, 1u);
-    __syncthreads();
-    const unsigned it = item;
-    __syncthreads();
-    if (it >= unsigned(items)) break;
-    const int cb = it % col_blocks; const long ch = it / col_blocks;
-    chunk(x, N, C, ch * rows, min(ch * rows + rows, N), cb, partial, ch);
-  }
-  if (threadIdx.x == 0 && threadIdx.y == 0) { rec[3 * blockIdx.x] = t0; rec[3 * blockIdx.x + 1] = now(); rec[3 * blockIdx.x + 2] = smid(); }
-}
-__global__ void reset() { g_counter = 0; }
 
 
 // Main's fused kernel logic (ticket): partial per split into global, last block per column block sums.
@@ -166,26 +111,9 @@ __global__ void __launch_bounds__(256, 2) cluster_kernel(const __nv_bfloat16* x,
   __shared__ float tile[8][257];
   __shared__ float part[256];
   long r0 = long(blockIdx.y) * rows, r1 = min(r0 + rows, N);
-  const long c0 = (long(blockIdx.x) * 32 + threadIdx.x) * 8;
-  float acc[8] = {};
-  constexpr int U = 8;
-  P8 cur[U], next[U];
-  auto load = [&](long r, P8 (&p)[U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) if (r + u * 8 < r1) p[u] = *reinterpret_cast<const P8*>(x + (r + u * 8) * C + c0);
-  };
-  long r = r0 + threadIdx.y;
-  if (r < r1) load(r, cur);
-  for (; r < r1; r += U * 8) {
-    if (r + U * 8 < r1) load(r + U * 8, next);
-#pragma unroll
-    for (int u = 0; u < U; ++u) if (r + u * 8 < r1)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(cur[u].v[j]);
-#pragma unroll
-    for (int u = 0; u < U; ++u) cur[u] = next[u];
-  }
-  for (int j = 0; j < 8; ++j) tile[threadIdx.y][threadIdx.x * 8 + j] = acc[j];
+  float acc[1][8] = {};
+  stream_columns<1, 0>(x, C, r0, r1, blockIdx.x, acc);
+  for (int j = 0; j < 8; ++j) tile[threadIdx.y][threadIdx.x * 8 + j] = acc[0][j];
   __syncthreads();
   const int q = threadIdx.y * 32 + threadIdx.x;
   { float s = 0; for (int y = 0; y < 8; ++y) s += tile[y][q]; part[q] = s; }
