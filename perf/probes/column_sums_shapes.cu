@@ -1,13 +1,16 @@
 // Session 20 probe (standalone; build: nvcc -O3 -arch=sm_90 -std=c++17 column_sums_shapes.cu).
 // Read floors and finishes for bf16 column sums of [8192, 3072], each back to back 50 times.
-// cluster_kernel<12> sums 21 columns per rank, 252 of the block's 256 (timing only; no variant
-// checks its sums). The memcpy row's TB/s column divides 50 MB, not its 2 GiB: 2 GiB / 713.5 us
+// cluster_kernel<12> sums 21 columns per rank, 252 of the block's 256 (timing only; only the
+// strips have their sums checked). The memcpy row's TB/s column divides 50 MB, not its 2 GiB: 2 GiB / 713.5 us
 // = 3.01 TB/s.
+// Session 21 added column strips (strip_kernel, strip24_kernel: a block owns whole columns, so no
+// finish at all), checked once against the ticket kernel's sums on a non-zero input.
 // The streaming loop is column_partials_packed_kernel's (8 rows in flight + 8 next per thread);
 // the block-end timing of the static / wave / dynamic shapes is column_sums_block_ends.cu.
 #include <cuda_bf16.h>
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
+#include <cmath>
 #include <cstdio>
 struct __align__(16) P8 { __nv_bfloat16 v[8]; };
 
@@ -153,6 +156,97 @@ void report_clusters() {
   std::printf("cluster %2d: max active clusters %d (%s)\n", CS, n, cudaGetErrorString(e));
 }
 
+// Column strips: a block owns CW columns for ALL rows, so there is no cross-block finish at all.
+// TPR = CW / 8 threads read a row's 16-byte packs, THREADS / TPR row lanes; U rows in flight
+// (+ U next). Lanes of a warp are added by shuffles, the warps in order through shared memory.
+template <int CW, int THREADS, int U>
+__global__ void __launch_bounds__(THREADS) strip_kernel(const __nv_bfloat16* x, long N, long C, float* out) {
+  constexpr int TPR = CW / 8, LANES = THREADS / TPR, WARPS = THREADS / 32;
+  const int t = threadIdx.x, pack = t % TPR, lane = t / TPR;
+  const long c0 = long(blockIdx.x) * CW + pack * 8;
+  float acc[8] = {};
+  P8 cur[U], next[U];
+  auto load = [&](long r, P8 (&p)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * LANES < N) p[u] = *reinterpret_cast<const P8*>(x + (r + u * LANES) * C + c0);
+  };
+  long r = lane;
+  if (r < N) load(r, cur);
+  for (; r < N; r += U * LANES) {
+    if (r + U * LANES < N) load(r + U * LANES, next);
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * LANES < N)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(cur[u].v[j]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) cur[u] = next[u];
+  }
+#pragma unroll
+  for (int off = TPR; off < 32; off <<= 1)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], off);
+  __shared__ float ws[WARPS][CW];
+  const int warp = t / 32, wl = t % 32;
+  if (wl < TPR)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ws[warp][wl * 8 + j] = acc[j];
+  __syncthreads();
+  if (t < CW) {
+    float s = 0.f;
+#pragma unroll 8
+    for (int w = 0; w < WARPS; ++w) s += ws[w][t];
+    out[blockIdx.x * CW + t] = s;
+  }
+}
+
+// 24 columns (3 threads x 16 bytes per row): C / 24 = 128 blocks, one per SM on 128 of 132. A warp
+// holds 10 rows (lanes 0-29; 30, 31 idle); WARPS warps, row lanes 10 w + l / 3.
+template <int WARPS, int U>
+__global__ void __launch_bounds__(WARPS * 32) strip24_kernel(const __nv_bfloat16* x, long N, long C, float* out) {
+  constexpr int LANES = WARPS * 10;
+  const int t = threadIdx.x, warp = t / 32, wl = t % 32;
+  const bool active = wl < 30;
+  const int pack = wl % 3, lane = warp * 10 + wl / 3;
+  const long c0 = long(blockIdx.x) * 24 + pack * 8;
+  float acc[8] = {};
+  P8 cur[U], next[U];
+  auto load = [&](long r, P8 (&p)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * LANES < N) p[u] = *reinterpret_cast<const P8*>(x + (r + u * LANES) * C + c0);
+  };
+  long r = active ? lane : N;
+  if (r < N) load(r, cur);
+  for (; r < N; r += U * LANES) {
+    if (r + U * LANES < N) load(r + U * LANES, next);
+#pragma unroll
+    for (int u = 0; u < U; ++u) if (r + u * LANES < N)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(cur[u].v[j]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) cur[u] = next[u];
+  }
+  __shared__ float ws[LANES][25];
+  if (active)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ws[lane][pack * 8 + j] = acc[j];
+  __syncthreads();
+  __shared__ float ws2[WARPS][24];
+  if (t < WARPS * 24) {
+    const int c = t % 24, g = t / 24;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < 10; ++k) s += ws[g * 10 + k][c];
+    ws2[g][c] = s;
+  }
+  __syncthreads();
+  if (t < 24) {
+    float s = 0.f;
+#pragma unroll
+    for (int g = 0; g < WARPS; ++g) s += ws2[g][t];
+    out[blockIdx.x * 24 + t] = s;
+  }
+}
+
 int main() {
   const long N = 8192, C = 3072;
   __nv_bfloat16* x; cudaMalloc(&x, N * C * 2); cudaMemset(x, 0, N * C * 2);
@@ -168,6 +262,28 @@ int main() {
   char* big; cudaMalloc(&big, 2l << 30);
   report_clusters<8>(); report_clusters<12>(); report_clusters<16>();
   float* out; cudaMalloc(&out, C * 4);
+  // a non-zero input, and a check of one variant's sums against the ticket kernel's
+  {
+    __nv_bfloat16* h = new __nv_bfloat16[N * C];
+    for (long i = 0; i < N * C; ++i) h[i] = __float2bfloat16(float((i * 2654435761u) % 1000) / 1000.f - 0.5f);
+    cudaMemcpy(x, h, N * C * 2, cudaMemcpyHostToDevice); delete[] h;
+  }
+  float* out2; cudaMalloc(&out2, C * 4);
+  ticket_kernel<8><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial, out);
+  strip_kernel<32, 1024, 2><<<96, 1024>>>(x, N, C, out2);
+  {
+    float* a = new float[C]; float* b2 = new float[C];
+    cudaMemcpy(a, out, C * 4, cudaMemcpyDeviceToHost); cudaMemcpy(b2, out2, C * 4, cudaMemcpyDeviceToHost);
+    double worst = 0; for (long c = 0; c < C; ++c) worst = fmax(worst, fabs(a[c] - b2[c]) / (1e-3 + fabs(a[c])));
+    std::printf("strip 32 vs ticket: worst relative difference %.3g (sums %g %g)\n", worst, a[0], b2[0]);
+  }
+  strip24_kernel<16, 8><<<128, 512>>>(x, N, C, out2);
+  {
+    float* a = new float[C]; float* b2 = new float[C];
+    cudaMemcpy(a, out, C * 4, cudaMemcpyDeviceToHost); cudaMemcpy(b2, out2, C * 4, cudaMemcpyDeviceToHost);
+    double worst = 0; for (long c = 0; c < C; ++c) worst = fmax(worst, fabs(a[c] - b2[c]) / (1e-3 + fabs(a[c])));
+    std::printf("strip 24 vs ticket: worst relative difference %.3g (sums %g %g)\n", worst, a[C - 1], b2[C - 1]);
+  }
   for (int rep = 0; rep < 2; ++rep) {
     time("ticket (main's fused), 22 splits, finish 8", [&] { ticket_kernel<8><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial, out); });
     time("ticket, 22 splits, finish 32", [&] { ticket_kernel<32><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial, out); });
@@ -183,6 +299,11 @@ int main() {
     time("tile W2 interleaved (1 KB/warp-row), 6 x 44", [&] { static_w<2, 0><<<dim3(6, 44), dim3(32, 8)>>>(x, N, C, 187, partial); });
     time("tile W2 lane subranges, 6 x 44", [&] { static_w<2, 1><<<dim3(6, 44), dim3(32, 8)>>>(x, N, C, 187, partial); });
     time("tile W4 interleaved (2 KB/warp-row), 3 x 88", [&] { static_w<4, 0><<<dim3(3, 88), dim3(32, 8)>>>(x, N, C, 94, partial); });
+    time("strip 32 cols, 512 thr, U8 (96 blocks)", [&] { strip_kernel<32, 512, 8><<<96, 512>>>(x, N, C, out2); });
+    time("strip 32 cols, 1024 thr, U2 (96 blocks)", [&] { strip_kernel<32, 1024, 2><<<96, 1024>>>(x, N, C, out2); });
+    time("strip 24 cols, 32 warps, U2 (128 blocks)", [&] { strip24_kernel<32, 2><<<128, 1024>>>(x, N, C, out2); });
+    time("strip 16 cols, 1024 thr, U2 (192 blocks)", [&] { strip_kernel<16, 1024, 2><<<192, 1024>>>(x, N, C, out2); });
+    time("strip 64 cols, 1024 thr, U2 (48 blocks)", [&] { strip_kernel<64, 1024, 2><<<48, 1024>>>(x, N, C, out2); });
   }
   return 0;
 }
