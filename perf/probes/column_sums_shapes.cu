@@ -156,21 +156,15 @@ void report_clusters() {
   std::printf("cluster %2d: max active clusters %d (%s)\n", CS, n, cudaGetErrorString(e));
 }
 
-// Column strips: a block owns CW columns for ALL rows, so there is no cross-block finish at all.
-// TPR = CW / 8 threads read a row's 16-byte packs, THREADS / TPR row lanes; U rows in flight
-// (+ U next). Lanes of a warp are added by shuffles, the warps in order through shared memory.
-template <int CW, int THREADS, int U>
-__global__ void __launch_bounds__(THREADS) strip_kernel(const __nv_bfloat16* x, long N, long C, float* out) {
-  constexpr int TPR = CW / 8, LANES = THREADS / TPR, WARPS = THREADS / 32;
-  const int t = threadIdx.x, pack = t % TPR, lane = t / TPR;
-  const long c0 = long(blockIdx.x) * CW + pack * 8;
-  float acc[8] = {};
+// acc[j] = sum of column c0 + j over rows r0, r0 + LANES, ... < N (U rows in flight + U next).
+template <int U, int LANES>
+__device__ void stream_strip(const __nv_bfloat16* x, long N, long C, long c0, long r0, float (&acc)[8]) {
   P8 cur[U], next[U];
   auto load = [&](long r, P8 (&p)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) if (r + u * LANES < N) p[u] = *reinterpret_cast<const P8*>(x + (r + u * LANES) * C + c0);
   };
-  long r = lane;
+  long r = r0;
   if (r < N) load(r, cur);
   for (; r < N; r += U * LANES) {
     if (r + U * LANES < N) load(r + U * LANES, next);
@@ -181,6 +175,18 @@ __global__ void __launch_bounds__(THREADS) strip_kernel(const __nv_bfloat16* x, 
 #pragma unroll
     for (int u = 0; u < U; ++u) cur[u] = next[u];
   }
+}
+
+// Column strips: a block owns CW columns for ALL rows, so there is no cross-block finish at all.
+// TPR = CW / 8 threads read a row's 16-byte packs, THREADS / TPR row lanes; U rows in flight
+// (+ U next). Lanes of a warp are added by shuffles, the warps in order through shared memory.
+template <int CW, int THREADS, int U>
+__global__ void __launch_bounds__(THREADS) strip_kernel(const __nv_bfloat16* x, long N, long C, float* out) {
+  constexpr int TPR = CW / 8, LANES = THREADS / TPR, WARPS = THREADS / 32;
+  const int t = threadIdx.x, pack = t % TPR, lane = t / TPR;
+  const long c0 = long(blockIdx.x) * CW + pack * 8;
+  float acc[8] = {};
+  stream_strip<U, LANES>(x, N, C, c0, lane, acc);
 #pragma unroll
   for (int off = TPR; off < 32; off <<= 1)
 #pragma unroll
@@ -209,22 +215,7 @@ __global__ void __launch_bounds__(WARPS * 32) strip24_kernel(const __nv_bfloat16
   const int pack = wl % 3, lane = warp * 10 + wl / 3;
   const long c0 = long(blockIdx.x) * 24 + pack * 8;
   float acc[8] = {};
-  P8 cur[U], next[U];
-  auto load = [&](long r, P8 (&p)[U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) if (r + u * LANES < N) p[u] = *reinterpret_cast<const P8*>(x + (r + u * LANES) * C + c0);
-  };
-  long r = active ? lane : N;
-  if (r < N) load(r, cur);
-  for (; r < N; r += U * LANES) {
-    if (r + U * LANES < N) load(r + U * LANES, next);
-#pragma unroll
-    for (int u = 0; u < U; ++u) if (r + u * LANES < N)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(cur[u].v[j]);
-#pragma unroll
-    for (int u = 0; u < U; ++u) cur[u] = next[u];
-  }
+  stream_strip<U, LANES>(x, N, C, c0, active ? lane : N, acc);
   __shared__ float ws[LANES][25];
   if (active)
 #pragma unroll
@@ -270,20 +261,17 @@ int main() {
   }
   float* out2; cudaMalloc(&out2, C * 4);
   ticket_kernel<8><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial, out);
+  auto check = [&](const char* name) {  // out2 against the ticket kernel's out
+    float* a = new float[C]; float* b2 = new float[C];
+    cudaMemcpy(a, out, C * 4, cudaMemcpyDeviceToHost); cudaMemcpy(b2, out2, C * 4, cudaMemcpyDeviceToHost);
+    double worst = 0; for (long c = 0; c < C; ++c) worst = fmax(worst, fabs(a[c] - b2[c]) / (1e-3 + fabs(a[c])));
+    std::printf("%s vs ticket: worst relative difference %.3g (sums %g %g)\n", name, worst, a[C - 1], b2[C - 1]);
+    delete[] a; delete[] b2;
+  };
   strip_kernel<32, 1024, 2><<<96, 1024>>>(x, N, C, out2);
-  {
-    float* a = new float[C]; float* b2 = new float[C];
-    cudaMemcpy(a, out, C * 4, cudaMemcpyDeviceToHost); cudaMemcpy(b2, out2, C * 4, cudaMemcpyDeviceToHost);
-    double worst = 0; for (long c = 0; c < C; ++c) worst = fmax(worst, fabs(a[c] - b2[c]) / (1e-3 + fabs(a[c])));
-    std::printf("strip 32 vs ticket: worst relative difference %.3g (sums %g %g)\n", worst, a[0], b2[0]);
-  }
+  check("strip 32");
   strip24_kernel<16, 8><<<128, 512>>>(x, N, C, out2);
-  {
-    float* a = new float[C]; float* b2 = new float[C];
-    cudaMemcpy(a, out, C * 4, cudaMemcpyDeviceToHost); cudaMemcpy(b2, out2, C * 4, cudaMemcpyDeviceToHost);
-    double worst = 0; for (long c = 0; c < C; ++c) worst = fmax(worst, fabs(a[c] - b2[c]) / (1e-3 + fabs(a[c])));
-    std::printf("strip 24 vs ticket: worst relative difference %.3g (sums %g %g)\n", worst, a[C - 1], b2[C - 1]);
-  }
+  check("strip 24");
   for (int rep = 0; rep < 2; ++rep) {
     time("ticket (main's fused), 22 splits, finish 8", [&] { ticket_kernel<8><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial, out); });
     time("ticket, 22 splits, finish 32", [&] { ticket_kernel<32><<<dim3(12, 22), dim3(32, 8)>>>(x, N, C, 373, partial, out); });
