@@ -20,6 +20,7 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
         --tp-variant plain:8:1:parallel.tp_copy_engine=true \
         --tp-variant interleaved:4:2:parallel.tp_copy_engine=true,parallel.tp_interleave=true
         # tp 2 variants (name:micro-batch:micro-batches per step:settings) against one 1-GPU run
+    python3 perf/e2e_gpu.py ... --llmc /path/to/llm.c/train_gpt2cu   # also llm.c (perf/llmc_baseline.py)
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --compare base/build-gpu/meshtron \
         --models 774m --gpus 2 --layouts tp2 --no-torch   # A/B: each run by both trees in turn
 
@@ -126,6 +127,10 @@ def main():
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--llmc", default=None, metavar="BINARY",
+                        help="llm.c's train_gpt2cu (built by you, not part of meshtron): trains the "
+                             "same shapes after PyTorch (perf/llmc_baseline.py) and prints the ratio")
+    parser.add_argument("--llmc-extra", default="", help="more llm.c flags, e.g. '-ge 1'")
     parser.add_argument("--tune-gemms", action="store_true",
                         help="both frameworks autotune their GEMMs: meshtron's run.gemm_autotune, "
                              "PyTorch's TunableOp (a like-for-like comparison)")
@@ -176,6 +181,13 @@ def main():
                                       tune_gemms=args.tune_gemms)
             ratio = mine["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
             print(json.dumps({"model": name, "ratio_meshtron_over_pytorch": round(ratio, 3)}), flush=True)
+        if args.llmc:
+            import llmc_baseline
+            base = llmc_baseline.run(args.llmc, name, mb, args.steps, args.warmup, accumulate=acc,
+                                     extra=args.llmc_extra.split())
+            if base is not None:
+                ratio = mine["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
+                print(json.dumps({"model": name, "ratio_meshtron_over_llmc": round(ratio, 3)}), flush=True)
         if args.gpus >= 2:
             runs = [(label, tp, dp, None) for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1))
                     if label in args.layouts]
