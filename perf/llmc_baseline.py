@@ -29,15 +29,12 @@ import sys
 import tempfile
 from array import array
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_gpu import PEAK, flops_per_token  # noqa: E402 (the same formula as meshtron's rows)
+
 DESCRIPTORS = {"124m": "d12", "350m": "d24", "774m": "d36"}
-SHAPES = {"124m": (12, 768), "350m": (24, 1024), "774m": (36, 1280)}
 STEP_LINE = re.compile(r"step\s+(\d+)/\d+ \|.*\|\s*([0-9.]+) ms \|")
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1  # llm.c's dataloader.h: 256 int32 header, then uint16 tokens
-
-
-def flops_per_token(name, seq=1024, vocab=50304):
-    layers, hidden = SHAPES[name]
-    return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * 4 * hidden + 2 * seq * hidden) + hidden * vocab)
 
 
 def write_shard(path, tokens):
@@ -56,7 +53,7 @@ def synthetic_shards(folder, train_tokens=4 << 20, val_tokens=1 << 18, seed=1234
     return train, val
 
 
-def run(binary, name, micro_batch, steps, warmup, seq=1024, peak=989e12, accumulate=1, extra=()):
+def run(binary, name, micro_batch, steps, warmup, seq=1024, peak=PEAK, accumulate=1, extra=()):
     """One optimizer step = `accumulate` micro-batches (llm.c's -d, tokens per step)."""
     folder = tempfile.mkdtemp(prefix="llmc_")
     train, val = synthetic_shards(folder)
