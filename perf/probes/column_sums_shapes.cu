@@ -14,21 +14,17 @@ namespace cg = cooperative_groups;
 #include <cstdio>
 struct __align__(16) P8 { __nv_bfloat16 v[8]; };
 
-// acc[w][j] = sum over this thread's rows of [r0, r1) of column cb * 256 W + 8 threadIdx.x + 256 w + j.
-template <int W, int LAYOUT>
-__device__ void stream_columns(const __nv_bfloat16* x, long C, long r0, long r1, int cb, float (&acc)[W][8]) {
-  constexpr int U = 8 / W;
+// acc[w][j] += column c0 + 256 w + j over rows r, r + step, ... < re: U rows' loads in flight per
+// thread, and the next U rows' loads issued before this batch is added.
+template <int U, int W>
+__device__ void stream_rows(const __nv_bfloat16* x, long C, long c0, long r, long re, long step, float (&acc)[W][8]) {
   P8 cur[U][W], next[U][W];
-  const long cbase = long(cb) * 256 * W + threadIdx.x * 8;
-  long step = 8, rs = r0 + threadIdx.y, re = r1;
-  if (LAYOUT == 1) { long per = (r1 - r0 + 7) / 8; rs = r0 + threadIdx.y * per; re = min(rs + per, r1); step = 1; }
   auto load = [&](long r, P8 (&p)[U][W]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) if (r + u * step < re)
 #pragma unroll
-      for (int w = 0; w < W; ++w) p[u][w] = *reinterpret_cast<const P8*>(x + (r + u * step) * C + cbase + w * 256);
+      for (int w = 0; w < W; ++w) p[u][w] = *reinterpret_cast<const P8*>(x + (r + u * step) * C + c0 + w * 256);
   };
-  long r = rs;
   if (r < re) load(r, cur);
   for (; r < re; r += U * step) {
     if (r + U * step < re) load(r + U * step, next);
@@ -43,6 +39,14 @@ __device__ void stream_columns(const __nv_bfloat16* x, long C, long r0, long r1,
 #pragma unroll
       for (int w = 0; w < W; ++w) cur[u][w] = next[u][w];
   }
+}
+// acc[w][j] = sum over this thread's rows of [r0, r1) of column cb * 256 W + 8 threadIdx.x + 256 w + j.
+template <int W, int LAYOUT>
+__device__ void stream_columns(const __nv_bfloat16* x, long C, long r0, long r1, int cb, float (&acc)[W][8]) {
+  const long cbase = long(cb) * 256 * W + threadIdx.x * 8;
+  long step = 8, rs = r0 + threadIdx.y, re = r1;
+  if (LAYOUT == 1) { long per = (r1 - r0 + 7) / 8; rs = r0 + threadIdx.y * per; re = min(rs + per, r1); step = 1; }
+  stream_rows<8 / W, W>(x, C, cbase, rs, re, step, acc);
 }
 template <int W, int LAYOUT>
 __device__ void chunkw(const __nv_bfloat16* x, long N, long C, long r0, long r1, int cb, float* partial, long slot) {
@@ -156,27 +160,6 @@ void report_clusters() {
   std::printf("cluster %2d: max active clusters %d (%s)\n", CS, n, cudaGetErrorString(e));
 }
 
-// acc[j] = sum of column c0 + j over rows r0, r0 + LANES, ... < N (U rows in flight + U next).
-template <int U, int LANES>
-__device__ void stream_strip(const __nv_bfloat16* x, long N, long C, long c0, long r0, float (&acc)[8]) {
-  P8 cur[U], next[U];
-  auto load = [&](long r, P8 (&p)[U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) if (r + u * LANES < N) p[u] = *reinterpret_cast<const P8*>(x + (r + u * LANES) * C + c0);
-  };
-  long r = r0;
-  if (r < N) load(r, cur);
-  for (; r < N; r += U * LANES) {
-    if (r + U * LANES < N) load(r + U * LANES, next);
-#pragma unroll
-    for (int u = 0; u < U; ++u) if (r + u * LANES < N)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] += __bfloat162float(cur[u].v[j]);
-#pragma unroll
-    for (int u = 0; u < U; ++u) cur[u] = next[u];
-  }
-}
-
 // Column strips: a block owns CW columns for ALL rows, so there is no cross-block finish at all.
 // TPR = CW / 8 threads read a row's 16-byte packs, THREADS / TPR row lanes; U rows in flight
 // (+ U next). Lanes of a warp are added by shuffles, the warps in order through shared memory.
@@ -185,8 +168,9 @@ __global__ void __launch_bounds__(THREADS) strip_kernel(const __nv_bfloat16* x, 
   constexpr int TPR = CW / 8, LANES = THREADS / TPR, WARPS = THREADS / 32;
   const int t = threadIdx.x, pack = t % TPR, lane = t / TPR;
   const long c0 = long(blockIdx.x) * CW + pack * 8;
-  float acc[8] = {};
-  stream_strip<U, LANES>(x, N, C, c0, lane, acc);
+  float acc2[1][8] = {};
+  stream_rows<U, 1>(x, C, c0, lane, N, LANES, acc2);
+  float (&acc)[8] = acc2[0];
 #pragma unroll
   for (int off = TPR; off < 32; off <<= 1)
 #pragma unroll
@@ -214,8 +198,9 @@ __global__ void __launch_bounds__(WARPS * 32) strip24_kernel(const __nv_bfloat16
   const bool active = wl < 30;
   const int pack = wl % 3, lane = warp * 10 + wl / 3;
   const long c0 = long(blockIdx.x) * 24 + pack * 8;
-  float acc[8] = {};
-  stream_strip<U, LANES>(x, N, C, c0, active ? lane : N, acc);
+  float acc2[1][8] = {};
+  stream_rows<U, 1>(x, C, c0, active ? lane : N, N, LANES, acc2);
+  float (&acc)[8] = acc2[0];
   __shared__ float ws[LANES][25];
   if (active)
 #pragma unroll
