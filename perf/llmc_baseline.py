@@ -30,9 +30,10 @@ import tempfile
 from array import array
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_gpu import PEAK, flops_per_token  # noqa: E402 (the same formula as meshtron's rows)
+from e2e_gpu import report  # noqa: E402 (the same row, FLOPs formula and peak as meshtron's)
 
 DESCRIPTORS = {"124m": "d12", "350m": "d24", "774m": "d36"}
+SEQ = 1024  # e2e_gpu.report's sequence length
 STEP_LINE = re.compile(r"step\s+(\d+)/\d+ \|.*\|\s*([0-9.]+) ms \|")
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1  # llm.c's dataloader.h: 256 int32 header, then uint16 tokens
 
@@ -53,12 +54,12 @@ def synthetic_shards(folder, train_tokens=4 << 20, val_tokens=1 << 18, seed=1234
     return train, val
 
 
-def run(binary, name, micro_batch, steps, warmup, seq=1024, peak=PEAK, accumulate=1, extra=()):
+def run(binary, name, micro_batch, steps, warmup, accumulate=1, extra=()):
     """One optimizer step = `accumulate` micro-batches (llm.c's -d, tokens per step)."""
     folder = tempfile.mkdtemp(prefix="llmc_")
     train, val = synthetic_shards(folder)
     cmd = [binary, "-i", train, "-j", val, "-e", DESCRIPTORS[name], "-b", str(micro_batch),
-           "-t", str(seq), "-d", str(accumulate * micro_batch * seq), "-x", str(steps + warmup),
+           "-t", str(SEQ), "-d", str(accumulate * micro_batch * SEQ), "-x", str(steps + warmup),
            "-v", "1000000", "-s", "1000000", "-n", "0", "-r", "0", "-z", "0", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=folder)
     shutil.rmtree(folder, ignore_errors=True)
@@ -67,16 +68,9 @@ def run(binary, name, micro_batch, steps, warmup, seq=1024, peak=PEAK, accumulat
     if proc.returncode != 0 or not timed:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
         return None
-    ms = statistics.median(timed)
-    tps = accumulate * micro_batch * seq / (ms / 1e3)
-    row = {"model": name, "framework": "llm.c", "micro_batch": micro_batch,
-           "micro_batches_per_step": accumulate,
-           "seq": seq, "ms_per_step": round(ms, 2), "tokens_per_s_per_gpu": round(tps),
-           "tflops_per_gpu": round(tps * flops_per_token(name, seq) / 1e12, 1),
-           "mfu": round(tps * flops_per_token(name, seq) / peak, 4), "steps_timed": len(timed),
-           "command": " ".join(os.path.basename(c) if c in (train, val) else c for c in cmd)}
-    print(json.dumps(row), flush=True)
-    return row
+    command = " ".join(os.path.basename(c) if c in (train, val) else c for c in cmd)
+    return report(name, "llm.c", micro_batch, 1, statistics.median(timed),
+                  {"steps_timed": len(timed), "command": command}, accumulate=accumulate)
 
 
 if __name__ == "__main__":
