@@ -1,6 +1,6 @@
 """End-to-end GPU throughput of meshtron against PyTorch, in one run (issue 9).
 
-For each model (GPT-2 124M / 350M / 774M shapes, seq 1024, bf16, dropout 0,
+For each model (GPT-2 124M / 350M / 774M / 1.5B shapes, seq 1024, bf16, dropout 0,
 synthetic tokens) it trains meshtron for --warmup + --steps steps on one GPU,
 then the same model in PyTorch (perf/torch_baseline.py: transformers
 GPT2LMHeadModel, bf16 autocast, SDPA, fused AdamW, torch.compile), and prints
@@ -38,12 +38,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PEAK = 989e12
 DECKS = {"124m": "input_decks/gpt2-124m.deck", "350m": "input_decks/gpt2-350m.deck",
-         "774m": "input_decks/gpt2-774m.deck"}
-SHAPES = {"124m": (12, 768), "350m": (24, 1024), "774m": (36, 1280)}
+         "774m": "input_decks/gpt2-774m.deck", "1.5b": "input_decks/gpt2-1.5b.deck"}
+# (layers, hidden, heads) of each model, for every framework's run.
+SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20),
+          "1.5b": (48, 1600, 25)}
 
 
 def flops_per_token(name, seq=1024, vocab=50304):
-    layers, hidden = SHAPES[name]
+    layers, hidden, _ = SHAPES[name]
     return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * 4 * hidden + 2 * seq * hidden) + hidden * vocab)
 
 
@@ -58,7 +60,7 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
             "training.recompute": recompute, "training.eval_interval": 0, "lr_schedule.warmup_iters": 1,
             "checkpoint.save_dir": "", "checkpoint.load": "", "logging.log_interval": 1,
             "logging.progress": "off", "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
-            "parallel.tensor_parallel": tp, "parallel.data_parallel": dp,
+            "parallel.tensor_parallel": tp, "parallel.data_parallel": dp, "parallel.pipeline_parallel": 1,
             "parallel.sequence_parallel": "true" if tp > 1 else "false",
             "parallel.distributed_optimizer": "true" if dp > 1 else "false"}
     # The caller's overrides (--set K=V pairs) replace these defaults: the

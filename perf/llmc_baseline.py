@@ -2,7 +2,7 @@
 
 Trains llm.c's `train_gpt2cu` (github.com/karpathy/llm.c, built by the
 user: it is not part of meshtron and not in this repository) on the GPT-2
-124M / 350M / 774M shapes (`-e d12 / d24 / d36`: random init, seq 1024,
+124M / 350M / 774M / 1.5B shapes (`-e d12 / d24 / d36 / d48`: random init, seq 1024,
 bf16, micro-batch 8, one micro-batch per step by default, recompute off, fp32 master
 weights as llm.c's default) on synthetic tokens written in llm.c's shard
 format, and prints one JSON line per model with ms/step (the median of
@@ -32,7 +32,7 @@ from array import array
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_gpu import report  # noqa: E402 (the same row, FLOPs formula and peak as meshtron's)
 
-DESCRIPTORS = {"124m": "d12", "350m": "d24", "774m": "d36"}
+DESCRIPTORS = {"124m": "d12", "350m": "d24", "774m": "d36", "1.5b": "d48"}
 SEQ = 1024  # e2e_gpu.report's sequence length
 STEP_LINE = re.compile(r"step\s+(\d+)/\d+ \|.*\|\s*([0-9.]+) ms \|")
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1  # llm.c's dataloader.h: 256 int32 header, then uint16 tokens

@@ -1,12 +1,11 @@
 """PyTorch baseline for meshtron's end-to-end throughput (issue 9).
 
-Trains Hugging Face GPT2LMHeadModel (GPT-2 124M / 350M / 774M shapes,
+Trains Hugging Face GPT2LMHeadModel (GPT-2 124M / 350M / 774M / 1.5B shapes,
 seq 1024) on synthetic tokens the way a strong PyTorch user would: bf16
 autocast, SDPA attention, fused AdamW, torch.compile. Prints one JSON line
-per model with tokens/s/GPU, ms/step, TFLOP/s/GPU and MFU, using the same
-model-FLOPs formula meshtron prints:
-    F = 3 x 2 x [L (4 h^2 + 2 h f + 2 s h) + h V]   per token
-with the padded vocabulary V = 50304 and peak 989 TFLOP/s (H100 dense bf16).
+per model with tokens/s/GPU, ms/step, TFLOP/s/GPU and MFU, through
+perf/e2e_gpu.py's report (the model-FLOPs formula meshtron prints, peak
+989 TFLOP/s).
 
     python3 perf/torch_baseline.py --models 124m 350m 774m --steps 20 --warmup 5
 
@@ -15,20 +14,18 @@ Runs on the GPU node (torch + transformers); never part of meshtron itself.
 import argparse
 import json
 import os
+
+import sys
 import time
 
 import torch
 import transformers
 
-SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20)}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_gpu import SHAPES, report  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
 
 
-def flops_per_token(layers, hidden, seq, vocab=50304):
-    ffn = 4 * hidden
-    return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * ffn + 2 * seq * hidden) + hidden * vocab)
-
-
-def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12, accumulate=1, tune_gemms=False):
+def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False):
     """One optimizer step = `accumulate` micro-batches (gradient accumulation).
     `tune_gemms`: PyTorch's TunableOp times the GEMM solutions of each shape at
     its first call (the warm-up steps) and keeps the fastest, as meshtron's
@@ -41,6 +38,7 @@ def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12, accumulate=1, t
         else:  # older ones write the tuned results on exit: keep them out of the tree
             torch.cuda.tunable.set_filename(f"/tmp/tunableop_results_{os.getpid()}.csv")
     layers, hidden, heads = SHAPES[name]
+    seq = 1024  # e2e_gpu.report's sequence length
     config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq,
                                      vocab_size=50304, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      attn_implementation="sdpa")
@@ -70,15 +68,11 @@ def run(name, micro_batch, steps, warmup, seq=1024, peak=989e12, accumulate=1, t
         loss = train_step(k)
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - t0) / steps
-    tps = accumulate * micro_batch * seq / seconds
-    tflops = tps * flops_per_token(layers, hidden, seq) / 1e12
-    row = {"model": name, "framework": "pytorch", "micro_batch": micro_batch,
-           "micro_batches_per_step": accumulate, "seq": seq,
-           "ms_per_step": round(1e3 * seconds, 2), "tokens_per_s_per_gpu": round(tps),
-           "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops * 1e12 / peak, 4),
-           "loss": round(loss.item(), 4), "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-           "torch": torch.__version__, "device": torch.cuda.get_device_name()}
-    print(json.dumps(row), flush=True)
+    row = report(name, "pytorch", micro_batch, 1, 1e3 * seconds,
+                 {"loss": round(loss.item(), 4),
+                  "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                  "torch": torch.__version__, "device": torch.cuda.get_device_name()},
+                 accumulate=accumulate)
     del model, opt, step_fn
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()

@@ -292,22 +292,38 @@ class GemmEngine {
     set_epilogue(d.op, g);
   }
 
-  cublasStatus_t launch(const GemmArgs& g, const Descriptors& d,
-                        const cublasLtMatmulAlgo_t& algo) {
+  cublasStatus_t launch(const GemmArgs& g, const Descriptors& d, const cublasLtMatmulAlgo_t& algo,
+                        cudaStream_t stream = compute_stream()) {
     const float alpha = float(g.alpha), beta = float(g.beta);
     const void* c_in = g.c_in ? g.c_in : g.C;
     return cublasLtMatmul(handle_, d.op, &alpha, g.B, d.a, g.A, d.b, &beta, c_in, d.c, g.C, d.c,
-                          &algo, workspace_, kWorkspaceBytes, compute_stream());
+                          &algo, workspace_, kWorkspaceBytes, stream);
+  }
+
+  /// The stream fastest() times candidates on: the compute stream, or while
+  /// that is being captured into a CUDA graph (training.cuda_graphs meets a
+  /// problem first in its captured step) a stream of its own, so that the
+  /// timing launches run now instead of being recorded into the graph, and
+  /// their events can be waited on (capture is relaxed: CapturedWork).
+  cudaStream_t timing_stream() {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(compute_stream(), &status));
+    if (status == cudaStreamCaptureStatusNone) return compute_stream();
+    if (!side_stream_) CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+    return side_stream_;
   }
 
   /// Of the heuristic's candidates for g, the fastest by CUDA events (the
   /// median of kRuns launches after one warm-up each), timed on scratch
   /// outputs: the call's C and its epilogue outputs (GeLU aux, bias
-  /// gradient) are not touched; its inputs are read as they are. A candidate
-  /// whose launch fails is skipped. Blocks the host once per problem.
+  /// gradient) are not touched; its inputs are read as they are (inside a
+  /// capture, whatever their memory holds: the timing does not depend on
+  /// it). A candidate whose launch fails is skipped. Blocks the host once
+  /// per problem.
   cublasLtMatmulAlgo_t fastest(const GemmArgs& g, const cublasLtMatmulAlgo_t* candidates,
                                int count) {
     constexpr int kRuns = 5;
+    const cudaStream_t stream = timing_stream();
     const std::size_t c_elements =
         std::size_t((g.batch - 1) * g.stride_c + (g.M - 1) * g.ldc + g.N);
     GemmArgs t = g;
@@ -325,12 +341,12 @@ class GemmEngine {
     int best = 0;
     float best_ms = std::numeric_limits<float>::infinity();
     for (int i = 0; i < count; ++i) {
-      if (launch(t, d, candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
+      if (launch(t, d, candidates[i], stream) != CUBLAS_STATUS_SUCCESS) continue;
       float ms[kRuns] = {};
       for (int r = 0; r < kRuns; ++r) {
-        CUDA_CHECK(cudaEventRecord(start, compute_stream()));
-        CUBLAS_CHECK(launch(t, d, candidates[i]));
-        CUDA_CHECK(cudaEventRecord(stop, compute_stream()));
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        CUBLAS_CHECK(launch(t, d, candidates[i], stream));
+        CUDA_CHECK(cudaEventRecord(stop, stream));
         CUDA_CHECK(cudaEventSynchronize(stop));
         CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
       }
@@ -393,6 +409,7 @@ class GemmEngine {
   }
 
   std::mutex mutex_;
+  cudaStream_t side_stream_ = nullptr;  ///< timing_stream() during a capture; kept for the process
   bool autotune_ = false;  ///< MESHTRON_GEMM_AUTOTUNE=1 (read once) or run.gemm_autotune
   std::uint64_t autotuned_ = 0, autotune_changed_ = 0;
   cublasLtHandle_t handle_ = nullptr;  ///< Owned; never destroyed (see allocator).

@@ -4,13 +4,19 @@
 // bitwise (losses, gradient norms, every parameter), in bf16 and in fp16
 // (whose loss-gradient tensor is refilled when the loss scale moves), and
 // with dropout (whose step and sample offset the replay reads from device
-// words refilled per micro-batch).
+// words refilled per micro-batch). A GEMM autotuned while its stream is
+// captured is timed outside the graph.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.hpp"
+#include "ops/ops.hpp"
+#include "ops/ops_cuda.hpp"
 #include "parallel/decomposition.hpp"
 #include "tensor/device_allocator.hpp"
 #include "train/cuda_graph.hpp"
@@ -18,9 +24,6 @@
 
 namespace meshtron {
 namespace {
-
-#define REQUIRE_GPU() \
-  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no GPU"
 
 TEST(GpuCudaGraphs, ReplayReadsTheNewInputAndKeepsItsBlocks) {
   REQUIRE_GPU();
@@ -93,6 +96,46 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuCudaGraphsTraining,
                            return std::string(info.param.precision) +
                                   (std::string(info.param.dropout) == "0" ? "" : "_dropout");
                          });
+
+// run.gemm_autotune with training.cuda_graphs: a GEMM problem met first in
+// the captured step (with deferred gradient zeroing, a weight gradient the
+// capture overwrites where the eager first step accumulated) is timed on a
+// stream of its own, outside the graph, which records the one launch of the
+// chosen algorithm; the replay computes what that algorithm computes eagerly.
+TEST(GpuCudaGraphs, GemmAutotunedInsideACaptureIsTimedOutsideIt) {
+  REQUIRE_GPU();
+  const index_t M = 256, N = 192, K = 320;  // large enough for several candidates
+  const Tensor a64 = gpu_test::random_rounded({M, K}, DType::BF16, 11, -1.0, 1.0);
+  const Tensor b64 = gpu_test::random_rounded({K, N}, DType::BF16, 12, -1.0, 1.0);
+  const Tensor a = a64.to(DType::BF16).to_space(MemorySpace::Cuda);
+  const Tensor b = b64.to(DType::BF16).to_space(MemorySpace::Cuda);
+  Tensor c = gpu_test::poisoned({M, N}, DType::BF16);
+  const auto product = [&] { ops::gemm(a, false, b, false, c, 1.0, 0.0); };
+  std::size_t untuned_nodes = 0;
+  {
+    CapturedWork untuned(product);
+    untuned_nodes = untuned.nodes();
+  }
+  cuda::set_gemm_autotune(true);  // forgets the choices: the capture meets the problem first
+  const std::uint64_t tuned_before = cuda::gemm_autotuned_problems();
+  {
+    CapturedWork tuned(product);
+    EXPECT_EQ(cuda::gemm_autotuned_problems(), tuned_before + 1);
+    EXPECT_EQ(tuned.nodes(), untuned_nodes);  // no timing launch in the graph
+    tuned.replay();
+  }
+  const std::vector<double> replayed = c.to_doubles();
+  c.fill(std::nan(""));
+  product();  // eagerly, with the algorithm chosen in the capture (cached)
+  cuda::set_gemm_autotune(false);
+  EXPECT_EQ(c.to_doubles(), replayed);
+  Tensor reference = Tensor::empty({M, N}, DType::F64);
+  ops::gemm(a64, false, b64, false, reference, 1.0, 0.0);
+  for (index_t i = 0; i < M * N; ++i) {
+    const double want = reference.data<double>()[i];
+    ASSERT_NEAR(replayed[std::size_t(i)], want, 1e-2 * (1.0 + std::fabs(want))) << "element " << i;
+  }
+}
 
 }  // namespace
 }  // namespace meshtron
