@@ -304,7 +304,8 @@ class GemmEngine {
   /// that is being captured into a CUDA graph (training.cuda_graphs meets a
   /// problem first in its captured step) a stream of its own, so that the
   /// timing launches run now instead of being recorded into the graph, and
-  /// their events can be waited on (capture is relaxed: CapturedWork).
+  /// their events can be waited on (CapturedWork captures relaxed, after
+  /// draining the compute stream: nothing in flight shares the workspace).
   cudaStream_t timing_stream() {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(compute_stream(), &status));

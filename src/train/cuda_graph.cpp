@@ -10,6 +10,10 @@ namespace meshtron {
 
 CapturedWork::CapturedWork(const std::function<void()>& work) : pool_(device::create_pool()) {
   const cudaStream_t stream = device::compute_stream();
+  // Drained first (once per capture): what runs outside the graph while it
+  // is captured, GEMM autotuning on its own stream (gemm.cu), then shares
+  // nothing in flight, the cuBLASLt workspace among it.
+  CUDA_CHECK(cudaStreamSynchronize(stream));
   // Relaxed: calls that only might be unsafe (cudaMalloc for the pool, a
   // kernel's cudaFuncSetAttribute) are allowed; what really breaks a
   // capture (a synchronous copy, which waits for the capturing stream)
