@@ -30,6 +30,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -72,15 +73,22 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
     cmd = ["mpirun", "-np", str(ranks), binary, "train", DECKS[name]]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
-        return None
-    metrics = glob.glob(os.path.join(out, "**", "metrics.jsonl"), recursive=True)  # out/<run name>/
-    lines = [json.loads(l) for l in open(metrics[0]) if '"ms_per_step"' in l]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+            return None
+        metrics = glob.glob(os.path.join(out, "**", "metrics.jsonl"), recursive=True)  # out/<run name>/
+        with open(metrics[0]) as f:
+            lines = [json.loads(l) for l in f if '"ms_per_step"' in l]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     timed = [l for l in lines if l["iteration"] > warmup]
     ms = sum(l["ms_per_step"] for l in timed) / len(timed)
-    return {"ms_per_step": ms, "memory_mib": max(l["memory_mib"] for l in timed), "loss": timed[-1]["loss"]}
+    last = timed[-1]
+    return {"ms_per_step": ms, "memory_mib": max(l["memory_mib"] for l in timed), "loss": last["loss"],
+            # meshtron's own model FLOPs per token (its log's F), for checking flops_per_token
+            "flops_per_token": last["tflops_per_rank"] * 1e12 / last["tokens_per_s_per_rank"]}
 
 
 def report(name, framework, micro_batch, gpus, ms, extra=None, accumulate=1, echo=True):

@@ -1,0 +1,78 @@
+"""The GPU perf drivers' bookkeeping, checked on the host (CTest perf_drivers).
+
+Issue 9's targets are judged by the MFU that perf/e2e_gpu.py (and through
+its report, perf/llmc_baseline.py and perf/torch_baseline.py) computes. This
+checks, without a GPU, that their shape table matches the decks meshtron
+trains and llm.c's depth flags, and that their FLOPs formula equals the one
+meshtron logs, on a short host run through the driver's own run_meshtron.
+
+    python3 tests/perf_drivers/test_perf_drivers.py --meshtron build/meshtron   # from the source root
+"""
+import argparse
+import configparser
+import math
+import os
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "perf"))
+import e2e_gpu  # noqa: E402
+import llmc_baseline  # noqa: E402
+
+MESHTRON = None  # set from --meshtron
+
+
+def deck_model(path):
+    deck = configparser.ConfigParser(inline_comment_prefixes=("#",))
+    deck.read(os.path.join(ROOT, path))
+    model = deck["model"]
+    return (model.getint("num_layers"), model.getint("hidden_size"),
+            model.getint("num_attention_heads"), model.getint("seq_length"))
+
+
+class PerfDrivers(unittest.TestCase):
+    def test_every_model_has_a_deck_llmc_depth_and_matching_shape(self):
+        self.assertEqual(set(e2e_gpu.DECKS), set(e2e_gpu.SHAPES))
+        self.assertEqual(set(e2e_gpu.DECKS), set(llmc_baseline.DESCRIPTORS))
+        for name, deck in e2e_gpu.DECKS.items():
+            layers, hidden, heads, seq = deck_model(deck)
+            self.assertEqual(e2e_gpu.SHAPES[name], (layers, hidden, heads), deck)
+            self.assertEqual(seq, 1024, deck)  # report() counts 1024 tokens per sequence
+            self.assertEqual(llmc_baseline.DESCRIPTORS[name], f"d{layers}", name)
+
+    def test_flops_per_token_equals_meshtrons(self):
+        # The tiny deck on CPU ranks, 3 steps, through the driver's own run
+        # (synthetic tokens: GPT-2's vocabulary padded to 50304, as on GPUs).
+        layers, hidden, heads, seq = deck_model("input_decks/gpt-tiny.deck")
+        decks, shapes = dict(e2e_gpu.DECKS), dict(e2e_gpu.SHAPES)
+        e2e_gpu.DECKS["tiny"] = "input_decks/gpt-tiny.deck"
+        e2e_gpu.SHAPES["tiny"] = (layers, hidden, heads)
+        try:
+            run = e2e_gpu.run_meshtron(MESHTRON, "tiny", micro_batch=2, steps=2, warmup=1,
+                                       extra=["--set", "run.device=cpu", "--set", "training.precision=fp32"])
+            self.assertIsNotNone(run, "meshtron's run failed (its output is above)")
+            want = e2e_gpu.flops_per_token("tiny", seq=seq)
+        finally:
+            e2e_gpu.DECKS = decks
+            e2e_gpu.SHAPES = shapes
+        self.assertTrue(math.isfinite(run["loss"]) and run["ms_per_step"] > 0, run)
+        # meshtron's F from its own metrics (TFLOP/s over tokens/s, 10 digits logged)
+        self.assertAlmostEqual(run["flops_per_token"] / want, 1.0, places=6)
+
+    def test_report_arithmetic(self):
+        row = e2e_gpu.report("1.5b", "x", 8, 1, 200.0, echo=False)
+        tokens_per_s = 8 * 1024 / 0.2
+        self.assertEqual(row["tokens_per_s_per_gpu"], round(tokens_per_s))
+        self.assertAlmostEqual(row["mfu"], tokens_per_s * e2e_gpu.flops_per_token("1.5b") / 989e12, places=4)
+        # GPT-2 1.5B: F = 1.0274e10, as meshtron logs it for the deck (perf/RESULTS.md, session 22)
+        self.assertAlmostEqual(e2e_gpu.flops_per_token("1.5b") / 1.0274e10, 1.0, places=4)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--meshtron", required=True, help="the meshtron binary")
+    args, rest = parser.parse_known_args()
+    MESHTRON = os.path.abspath(args.meshtron)
+    os.chdir(ROOT)  # the decks' relative paths
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
