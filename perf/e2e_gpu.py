@@ -6,7 +6,8 @@ then the same model in PyTorch (perf/torch_baseline.py: transformers
 GPT2LMHeadModel, bf16 autocast, SDPA, fused AdamW, torch.compile), and prints
 tokens/s/GPU, ms/step, TFLOP/s/GPU, MFU and the ratio meshtron / PyTorch.
 With --gpus 2 it also trains meshtron with dp 2 and with tp 2 and prints the
-scaling against one GPU (throughput of 2 GPUs / throughput of 1).
+scaling against one GPU (throughput of 2 GPUs / throughput of 1). Its first
+line names the machine, date and command (machine()), for perf/RESULTS.md.
 
 FLOPs per token, as meshtron prints them (no attention-mask discount):
     F = 3 x 2 x [L (4 h^2 + 2 h f + 2 s h) + h V],  V = 50304 (padded)
@@ -27,6 +28,7 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
 Runs on the GPU node; PyTorch is the baseline here, never part of meshtron.
 """
 import argparse
+import datetime
 import glob
 import json
 import os
@@ -89,6 +91,19 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
     return {"ms_per_step": ms, "memory_mib": max(l["memory_mib"] for l in timed), "loss": last["loss"],
             # meshtron's own model FLOPs per token (its log's F), for checking flops_per_token
             "flops_per_token": last["tflops_per_rank"] * 1e12 / last["tokens_per_s_per_rank"]}
+
+
+def machine():
+    """Where and when a run happened, for its perf/RESULTS.md entry: the UTC
+    time, each GPU's name and driver (nvidia-smi; none without it), the command."""
+    try:
+        query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True).stdout
+    except OSError:
+        query = ""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "gpus": [line.strip() for line in query.splitlines() if line.strip()],
+            "command": " ".join(["python3"] + sys.argv)}
 
 
 def report(name, framework, micro_batch, gpus, ms, extra=None, accumulate=1, echo=True):
@@ -155,6 +170,7 @@ def main():
                              "parallel.overlap_grad_reduce=true (with it, also "
                              "parallel.distributed_optimizer=true; repeatable)")
     args = parser.parse_args()
+    print(json.dumps(machine()), flush=True)
     if args.tune_gemms:
         args.set.append("run.gemm_autotune=true")
     extra = [arg for kv in args.set for arg in ("--set", kv)]

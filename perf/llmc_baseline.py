@@ -30,7 +30,7 @@ import tempfile
 from array import array
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_gpu import report  # noqa: E402 (the same row, FLOPs formula and peak as meshtron's)
+from e2e_gpu import machine, report  # noqa: E402 (the same row, FLOPs formula and peak as meshtron's)
 
 DESCRIPTORS = {"124m": "d12", "350m": "d24", "774m": "d36", "1.5b": "d48"}
 SEQ = 1024  # e2e_gpu.report's sequence length
@@ -82,5 +82,6 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--extra", default="", help="more llm.c flags, e.g. '-ge 1'")
     args = parser.parse_args()
+    print(json.dumps(machine()), flush=True)
     for name in args.models:
         run(args.binary, name, args.micro_batch, args.steps, args.warmup, extra=args.extra.split())

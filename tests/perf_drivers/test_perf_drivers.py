@@ -10,6 +10,7 @@ meshtron logs, on a short host run through the driver's own run_meshtron.
 """
 import argparse
 import configparser
+import datetime
 import math
 import os
 import sys
@@ -67,6 +68,12 @@ class PerfDrivers(unittest.TestCase):
         self.assertAlmostEqual(row["mfu"], tokens_per_s * e2e_gpu.flops_per_token("1.5b") / 989e12, places=4)
         # GPT-2 1.5B: F = 1.0274e10, as meshtron logs it for the deck (perf/RESULTS.md, session 22)
         self.assertAlmostEqual(e2e_gpu.flops_per_token("1.5b") / 1.0274e10, 1.0, places=4)
+
+    def test_machine_line(self):
+        line = e2e_gpu.machine()
+        datetime.datetime.strptime(line["date"], "%Y-%m-%d %H:%M UTC")
+        self.assertIsInstance(line["gpus"], list)  # empty where nvidia-smi is absent
+        self.assertTrue(line["command"].startswith("python3 "), line)
 
 
 if __name__ == "__main__":
