@@ -14,7 +14,6 @@ Runs on the GPU node (torch + transformers); never part of meshtron itself.
 import argparse
 import json
 import os
-
 import sys
 import time
 
