@@ -12,7 +12,6 @@ perf/e2e_gpu.py's report (the model-FLOPs formula meshtron prints, peak
 Runs on the GPU node (torch + transformers); never part of meshtron itself.
 """
 import argparse
-import json
 import os
 import sys
 import time
