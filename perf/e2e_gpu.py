@@ -40,6 +40,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PEAK = 989e12
+SEQ = 1024  # every model's sequence length (the decks' seq_length), for every framework
 DECKS = {"124m": "input_decks/gpt2-124m.deck", "350m": "input_decks/gpt2-350m.deck",
          "774m": "input_decks/gpt2-774m.deck", "1.5b": "input_decks/gpt2-1.5b.deck"}
 # (layers, hidden, heads) of each model, for every framework's run.
@@ -47,7 +48,7 @@ SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20),
           "1.5b": (48, 1600, 25)}
 
 
-def flops_per_token(name, seq=1024, vocab=50304):
+def flops_per_token(name, seq=SEQ, vocab=50304):
     layers, hidden, _ = SHAPES[name]
     return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * 4 * hidden + 2 * seq * hidden) + hidden * vocab)
 
@@ -107,7 +108,7 @@ def machine():
 
 
 def report(name, framework, micro_batch, gpus, ms, extra=None, accumulate=1, echo=True):
-    tps_gpu = accumulate * micro_batch * 1024 / (ms / 1e3)
+    tps_gpu = accumulate * micro_batch * SEQ / (ms / 1e3)
     row = {"model": name, "framework": framework, "gpus": gpus, "micro_batch": micro_batch,
            "micro_batches_per_step": accumulate,
            "ms_per_step": round(ms, 2), "tokens_per_s_per_gpu": round(tps_gpu),
@@ -239,8 +240,8 @@ def main():
                                                       "error": "run failed"})), flush=True)
                         continue
                     # dp2 trains 2 micro-batches per step on 2 GPUs; tp2 one micro-batch on 2 GPUs.
-                    tokens = two_mb * 1024 * dp * two_acc
-                    speedup = (tokens / two["ms_per_step"]) / (mb * 1024 * acc / one[tag]["ms_per_step"])
+                    tokens = two_mb * SEQ * dp * two_acc
+                    speedup = (tokens / two["ms_per_step"]) / (mb * SEQ * acc / one[tag]["ms_per_step"])
                     print(json.dumps(tagged(tag, {"model": name, "layout": label, "variant": variant_name,
                                                   "micro_batch": two_mb,
                                                   "micro_batches_per_step": two_acc,

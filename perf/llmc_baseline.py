@@ -30,10 +30,9 @@ import tempfile
 from array import array
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_gpu import machine, report  # noqa: E402 (the same row, FLOPs formula and peak as meshtron's)
+from e2e_gpu import SEQ, machine, report  # noqa: E402 (the same row, FLOPs formula and peak as meshtron's)
 
 DESCRIPTORS = {"124m": "d12", "350m": "d24", "774m": "d36", "1.5b": "d48"}
-SEQ = 1024  # e2e_gpu.report's sequence length
 STEP_LINE = re.compile(r"step\s+(\d+)/\d+ \|.*\|\s*([0-9.]+) ms \|")
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1  # llm.c's dataloader.h: 256 int32 header, then uint16 tokens
 
@@ -57,12 +56,14 @@ def synthetic_shards(folder, train_tokens=4 << 20, val_tokens=1 << 18, seed=1234
 def run(binary, name, micro_batch, steps, warmup, accumulate=1, extra=()):
     """One optimizer step = `accumulate` micro-batches (llm.c's -d, tokens per step)."""
     folder = tempfile.mkdtemp(prefix="llmc_")
-    train, val = synthetic_shards(folder)
-    cmd = [binary, "-i", train, "-j", val, "-e", DESCRIPTORS[name], "-b", str(micro_batch),
-           "-t", str(SEQ), "-d", str(accumulate * micro_batch * SEQ), "-x", str(steps + warmup),
-           "-v", "1000000", "-s", "1000000", "-n", "0", "-r", "0", "-z", "0", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=folder)
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        train, val = synthetic_shards(folder)
+        cmd = [binary, "-i", train, "-j", val, "-e", DESCRIPTORS[name], "-b", str(micro_batch),
+               "-t", str(SEQ), "-d", str(accumulate * micro_batch * SEQ), "-x", str(steps + warmup),
+               "-v", "1000000", "-s", "1000000", "-n", "0", "-r", "0", "-z", "0", *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     times = {int(m.group(1)): float(m.group(2)) for m in map(STEP_LINE.search, proc.stdout.splitlines()) if m}
     timed = [ms for step, ms in sorted(times.items()) if step > warmup]
     if proc.returncode != 0 or not timed:

@@ -20,7 +20,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_gpu import SHAPES, report  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
+from e2e_gpu import SEQ, SHAPES, report  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
 
 
 def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False):
@@ -36,14 +36,13 @@ def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False):
         else:  # older ones write the tuned results on exit: keep them out of the tree
             torch.cuda.tunable.set_filename(f"/tmp/tunableop_results_{os.getpid()}.csv")
     layers, hidden, heads = SHAPES[name]
-    seq = 1024  # e2e_gpu.report's sequence length
-    config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq,
+    config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=SEQ,
                                      vocab_size=50304, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      attn_implementation="sdpa")
     model = transformers.GPT2LMHeadModel(config).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_fn = torch.compile(model)
-    tokens = torch.randint(0, 50257, (steps + warmup, accumulate, micro_batch, seq + 1), device="cuda")
+    tokens = torch.randint(0, 50257, (steps + warmup, accumulate, micro_batch, SEQ + 1), device="cuda")
 
     def train_step(k):
         for a in range(accumulate):

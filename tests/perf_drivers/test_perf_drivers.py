@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import unittest
+from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "perf"))
@@ -39,31 +40,27 @@ class PerfDrivers(unittest.TestCase):
         for name, deck in e2e_gpu.DECKS.items():
             layers, hidden, heads, seq = deck_model(deck)
             self.assertEqual(e2e_gpu.SHAPES[name], (layers, hidden, heads), deck)
-            self.assertEqual(seq, 1024, deck)  # report() counts 1024 tokens per sequence
+            self.assertEqual(seq, e2e_gpu.SEQ, deck)  # report() counts SEQ tokens per sequence
             self.assertEqual(llmc_baseline.DESCRIPTORS[name], f"d{layers}", name)
 
     def test_flops_per_token_equals_meshtrons(self):
         # The tiny deck on CPU ranks, 3 steps, through the driver's own run
         # (synthetic tokens: GPT-2's vocabulary padded to 50304, as on GPUs).
-        layers, hidden, heads, seq = deck_model("input_decks/gpt-tiny.deck")
-        decks, shapes = dict(e2e_gpu.DECKS), dict(e2e_gpu.SHAPES)
-        e2e_gpu.DECKS["tiny"] = "input_decks/gpt-tiny.deck"
-        e2e_gpu.SHAPES["tiny"] = (layers, hidden, heads)
-        try:
+        deck = "input_decks/gpt-tiny.deck"
+        layers, hidden, heads, seq = deck_model(deck)
+        with mock.patch.dict(e2e_gpu.DECKS, tiny=deck), \
+                mock.patch.dict(e2e_gpu.SHAPES, tiny=(layers, hidden, heads)):
             run = e2e_gpu.run_meshtron(MESHTRON, "tiny", micro_batch=2, steps=2, warmup=1,
                                        extra=["--set", "run.device=cpu", "--set", "training.precision=fp32"])
             self.assertIsNotNone(run, "meshtron's run failed (its output is above)")
             want = e2e_gpu.flops_per_token("tiny", seq=seq)
-        finally:
-            e2e_gpu.DECKS = decks
-            e2e_gpu.SHAPES = shapes
         self.assertTrue(math.isfinite(run["loss"]) and run["ms_per_step"] > 0, run)
         # meshtron's F from its own metrics (TFLOP/s over tokens/s, 10 digits logged)
         self.assertAlmostEqual(run["flops_per_token"] / want, 1.0, places=6)
 
     def test_report_arithmetic(self):
         row = e2e_gpu.report("1.5b", "x", 8, 1, 200.0, echo=False)
-        tokens_per_s = 8 * 1024 / 0.2
+        tokens_per_s = 8 * e2e_gpu.SEQ / 0.2
         self.assertEqual(row["tokens_per_s_per_gpu"], round(tokens_per_s))
         self.assertAlmostEqual(row["mfu"], tokens_per_s * e2e_gpu.flops_per_token("1.5b") / 989e12, places=4)
         # GPT-2 1.5B: F = 1.0274e10, as meshtron logs it for the deck (perf/RESULTS.md, session 22)
