@@ -12,7 +12,7 @@ packages=(
   libopenblas-dev                       # CBLAS GEMMs on the host
   nlohmann-json3-dev libpcre2-dev       # safetensors headers, GPT-2 regex
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3                               # plotting helpers (optional use)
+  python3                               # the perf_drivers test, plotting helpers
 )
 # Node.js and npm fetch the corpus and run the reference tokenizer; keep an
 # existing installation (e.g. NodeSource's), which conflicts with Debian's npm.
