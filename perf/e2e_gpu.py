@@ -5,8 +5,9 @@ synthetic tokens) it trains meshtron for --warmup + --steps steps on one GPU,
 then the same model in PyTorch (perf/torch_baseline.py: transformers
 GPT2LMHeadModel, bf16 autocast, SDPA, fused AdamW, torch.compile), and prints
 tokens/s/GPU, ms/step, TFLOP/s/GPU, MFU and the ratio meshtron / PyTorch.
-With --gpus 2 it also trains meshtron with dp 2 and with tp 2 and prints the
-scaling against one GPU (throughput of 2 GPUs / throughput of 1). Its first
+With --gpus 2 it also trains meshtron with dp 2 and with tp 2 (and, asked for,
+pp 2 with the 1F1B or the interleaved schedule) and prints the scaling against
+one GPU (throughput of 2 GPUs / throughput of 1). Its first
 line names the machine, date and command (machine()), for perf/RESULTS.md.
 
 FLOPs per token, as meshtron prints them (no attention-mask discount):
@@ -22,6 +23,11 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
         --tp-variant interleaved:4:2:parallel.tp_copy_engine=true,parallel.tp_interleave=true
         # tp 2 variants (name:micro-batch:micro-batches per step:settings) against one 1-GPU run
     python3 perf/e2e_gpu.py ... --llmc /path/to/llm.c/train_gpt2cu   # also llm.c (perf/llmc_baseline.py)
+    python3 perf/e2e_gpu.py --models 774m --gpus 2 --layouts pp2 pp2i --accumulate 8 --no-torch
+        # pipeline: 2 stages, 8 micro-batches per step (1F1B; interleaved, 2 chunks per stage)
+    python3 perf/e2e_gpu.py --models 774m --gpus 2 --layouts pp2 --accumulate 8 --no-torch \
+        --pp-split 18,18 --pp-split 19,17   # 1F1B rows with these layers per stage (the last
+        # stage also runs the LM head and the loss), against one 1-GPU run
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --compare base/build-gpu/meshtron \
         --models 774m --gpus 2 --layouts tp2 --no-torch   # A/B: each run by both trees in turn
 
@@ -46,6 +52,12 @@ DECKS = {"124m": "input_decks/gpt2-124m.deck", "350m": "input_decks/gpt2-350m.de
 # (layers, hidden, heads) of each model, for every framework's run.
 SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20),
           "1.5b": (48, 1600, 25)}
+# The 2-GPU layouts: label -> (tp, dp, pp, their own deck settings). The
+# pipeline needs several micro-batches per step (--accumulate) to fill; CUDA
+# graphs do not take it (parallel.pipeline_parallel = 1 only).
+LAYOUTS = {"dp2": (1, 2, 1, {}), "tp2": (2, 1, 1, {}),
+           "pp2": (1, 1, 2, {"parallel.schedule": "1f1b"}),
+           "pp2i": (1, 1, 2, {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2})}
 
 
 def flops_per_token(name, seq=SEQ, vocab=50304):
@@ -54,17 +66,17 @@ def flops_per_token(name, seq=SEQ, vocab=50304):
 
 
 def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none", extra=(),
-                 accumulate=1):
+                 accumulate=1, pp=1):
     """Train `steps + warmup` steps; return the mean ms/step of the last `steps` (from the JSONL)."""
     out = tempfile.mkdtemp(prefix="e2e_")
-    ranks = tp * dp
+    ranks = tp * dp * pp
     sets = {"run.output_dir": out, "data.source": "synthetic", "data.vocab_file": "", "data.merge_file": "",
             "training.train_iters": steps + warmup, "training.micro_batch_size": micro_batch,
             "training.global_batch_size": micro_batch * dp * accumulate, "training.precision": "bf16",
             "training.recompute": recompute, "training.eval_interval": 0, "lr_schedule.warmup_iters": 1,
             "checkpoint.save_dir": "", "checkpoint.load": "", "logging.log_interval": 1,
             "logging.progress": "off", "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
-            "parallel.tensor_parallel": tp, "parallel.data_parallel": dp, "parallel.pipeline_parallel": 1,
+            "parallel.tensor_parallel": tp, "parallel.data_parallel": dp, "parallel.pipeline_parallel": pp,
             "parallel.sequence_parallel": "true" if tp > 1 else "false",
             "parallel.distributed_optimizer": "true" if dp > 1 else "false"}
     # The caller's overrides (--set K=V pairs) replace these defaults: the
@@ -120,6 +132,12 @@ def report(name, framework, micro_batch, gpus, ms, extra=None, accumulate=1, ech
     return row
 
 
+def speedup(one_ms, one_tokens, two_ms, two_tokens):
+    """Throughput of a 2-GPU run over the one-GPU run's: tokens per step over
+    ms per step of each (dp 2 trains dp x the micro-batches of a step)."""
+    return (two_tokens / two_ms) / (one_tokens / one_ms)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--meshtron", default="build-gpu/meshtron")
@@ -134,8 +152,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--recompute", default="none")
     parser.add_argument("--gpus", type=int, default=1)
-    parser.add_argument("--layouts", nargs="+", default=["dp2", "tp2"], choices=["dp2", "tp2"],
-                        help="with --gpus 2: which 2-GPU layouts to run after the 1-GPU run")
+    parser.add_argument("--layouts", nargs="+", default=["dp2", "tp2"], choices=list(LAYOUTS),
+                        help="with --gpus 2: which 2-GPU layouts to run after the 1-GPU run "
+                             "(pp2: 1F1B, pp2i: interleaved 1F1B with 2 chunks per stage)")
     parser.add_argument("--tp-micro-batch", type=int, default=None,
                         help="micro-batch of the tp 2 run (default: --micro-batch); tp 2 holds half "
                              "the model per GPU, so it can take a larger one. The row names it, and "
@@ -150,6 +169,10 @@ def main():
                              "against the same one-GPU run (one baseline for many tp settings: e.g. "
                              "'interleave:4:2:parallel.tp_interleave=true'; the variant's settings "
                              "add to --set and --tp-set; repeatable)")
+    parser.add_argument("--pp-split", action="append", default=[], metavar="N0,N1",
+                        help="with --layouts pp2: instead of the one pp2 row, one row per split of "
+                             "the layers over the 2 stages (parallel.pipeline_layers), all against "
+                             "the same one-GPU run (repeatable)")
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
@@ -216,38 +239,43 @@ def main():
                 ratio = mine["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
                 print(json.dumps({"model": name, "ratio_meshtron_over_llmc": round(ratio, 3)}), flush=True)
         if args.gpus >= 2:
-            runs = [(label, tp, dp, None) for label, tp, dp in (("dp2", 1, 2), ("tp2", 2, 1))
-                    if label in args.layouts]
+            runs = [(label, None) for label in LAYOUTS if label in args.layouts]
             if args.tp_variant:
-                runs = [r for r in runs if r[0] != "tp2"] + [("tp2", 2, 1, v) for v in args.tp_variant]
-            for label, tp, dp, variant in runs:
+                runs = [r for r in runs if r[0] != "tp2"] + [("tp2", v) for v in args.tp_variant]
+            if args.pp_split and "pp2" in args.layouts:
+                runs = [r for r in runs if r[0] != "pp2"] + [("pp2", split) for split in args.pp_split]
+            for label, variant in runs:
+                tp, dp, pp, layout_sets = LAYOUTS[label]
                 two_mb = args.tp_micro_batch if tp > 1 and args.tp_micro_batch else mb
                 two_acc = args.tp_accumulate if tp > 1 and args.tp_accumulate else acc
-                extra_two = dp_extra if dp > 1 else tp_extra
+                extra_two = (dp_extra if dp > 1 else tp_extra if tp > 1 else extra) + \
+                    [a for key, value in layout_sets.items() for a in ("--set", f"{key}={value}")]
                 variant_name = None
-                if variant is not None:  # NAME:MB:ACC:KEY=VALUE,...
+                if variant is not None and pp > 1:  # a --pp-split
+                    variant_name = variant
+                    extra_two = extra_two + ["--set", f"parallel.pipeline_layers={variant}"]
+                elif variant is not None:  # NAME:MB:ACC:KEY=VALUE,...
                     variant_name, v_mb, v_acc, v_sets = (variant.split(":", 3) + [""])[:4]
                     two_mb, two_acc = int(v_mb), int(v_acc)
                     extra_two = extra_two + [a for kv in v_sets.split(",") if kv for a in ("--set", kv)]
                 for tag, binary in trees:
                     if tag not in one:
                         continue
-                    two = run_meshtron(binary, name, two_mb, args.steps, args.warmup, tp=tp, dp=dp,
+                    two = run_meshtron(binary, name, two_mb, args.steps, args.warmup, tp=tp, dp=dp, pp=pp,
                                        recompute=args.recompute, extra=extra_two, accumulate=two_acc)
                     if two is None:
                         print(json.dumps(tagged(tag, {"model": name, "layout": label,
                                                       "variant": variant_name,
                                                       "error": "run failed"})), flush=True)
                         continue
-                    # dp2 trains 2 micro-batches per step on 2 GPUs; tp2 one micro-batch on 2 GPUs.
                     tokens = two_mb * SEQ * dp * two_acc
-                    speedup = (tokens / two["ms_per_step"]) / (mb * SEQ * acc / one[tag]["ms_per_step"])
+                    gain = speedup(one[tag]["ms_per_step"], mb * SEQ * acc, two["ms_per_step"], tokens)
                     print(json.dumps(tagged(tag, {"model": name, "layout": label, "variant": variant_name,
                                                   "micro_batch": two_mb,
                                                   "micro_batches_per_step": two_acc,
                                                   "ms_per_step": round(two["ms_per_step"], 2),
                                                   "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
-                                                  "speedup_over_1_gpu": round(speedup, 3),
+                                                  "speedup_over_1_gpu": round(gain, 3),
                                                   "memory_mib": round(two["memory_mib"])})), flush=True)
 
 if __name__ == "__main__":

@@ -58,6 +58,37 @@ class PerfDrivers(unittest.TestCase):
         # meshtron's F from its own metrics (TFLOP/s over tokens/s, 10 digits logged)
         self.assertAlmostEqual(run["flops_per_token"] / want, 1.0, places=6)
 
+    def test_pipeline_layouts_train_the_one_rank_model(self):
+        # pp2 (1F1B) and pp2i (interleaved, 2 chunks per stage) as the driver
+        # runs them, on 2 CPU ranks: 4 layers (interleaved needs 2 x 2
+        # chunks), 4 micro-batches per step. The pipeline splits the model,
+        # not the arithmetic: the same loss as one rank, the same F.
+        deck = "input_decks/gpt-tiny.deck"
+        _, hidden, heads, seq = deck_model(deck)
+        base = ["--set", "run.device=cpu", "--set", "training.precision=fp32",
+                "--set", "model.num_layers=4"]
+        with mock.patch.dict(e2e_gpu.DECKS, tiny=deck), \
+                mock.patch.dict(e2e_gpu.SHAPES, tiny=(4, hidden, heads)):
+            want = e2e_gpu.flops_per_token("tiny", seq=seq)
+            one = e2e_gpu.run_meshtron(MESHTRON, "tiny", micro_batch=2, steps=2, warmup=1,
+                                       extra=base, accumulate=4)
+            self.assertIsNotNone(one, "meshtron's one-rank run failed (its output is above)")
+            for label in ("pp2", "pp2i"):
+                tp, dp, pp, sets = e2e_gpu.LAYOUTS[label]
+                self.assertEqual((tp, dp, pp), (1, 1, 2), label)
+                extra = base + [a for key, value in sets.items() for a in ("--set", f"{key}={value}")]
+                run = e2e_gpu.run_meshtron(MESHTRON, "tiny", micro_batch=2, steps=2, warmup=1,
+                                           tp=tp, dp=dp, pp=pp, extra=extra, accumulate=4)
+                self.assertIsNotNone(run, f"meshtron's {label} run failed (its output is above)")
+                self.assertAlmostEqual(run["loss"], one["loss"], places=5, msg=label)
+                self.assertAlmostEqual(run["flops_per_token"] / want, 1.0, places=6, msg=label)
+
+    def test_speedup_arithmetic(self):
+        # dp 2: twice the tokens per step in 1.04x the time of one GPU
+        self.assertAlmostEqual(e2e_gpu.speedup(100.0, 8192, 104.0, 16384), 2 / 1.04)
+        # pp 2: the same tokens per step in 0.55x the time
+        self.assertAlmostEqual(e2e_gpu.speedup(800.0, 65536, 440.0, 65536), 800 / 440)
+
     def test_report_arithmetic(self):
         row = e2e_gpu.report("1.5b", "x", 8, 1, 200.0, echo=False)
         tokens_per_s = 8 * e2e_gpu.SEQ / 0.2
