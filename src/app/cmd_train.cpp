@@ -131,9 +131,23 @@ class TrainRun {
               << format_rank_map(rows)
               << " > " << padded_vocab_message(model_.vocab_size, model_.padded_vocab_size)
               << "\n"
-              << params << " > model FLOPs per token F = 3 x 2 x [L(4h^2 + 2hf + 2sh) + hV] = "
+              << params << stage_line() << " > model FLOPs per token F = 3 x 2 x [L(4h^2 + 2hf + 2sh) + hV] = "
               << model_flops_per_token(model_) << "; MFU = F x tokens/s/rank / peak, peak = "
               << peak << " TFLOP/s per rank\n";
+  }
+
+  /// " > layers per pipeline chunk: 19,17 (...)" where there is a pipeline.
+  std::string stage_line() const {
+    const std::vector<int>& layers = trainer_.stage_layers();
+    if (layers.size() < 2) return "";
+    std::ostringstream os;
+    os << " > layers per pipeline chunk:";
+    for (std::size_t i = 0; i < layers.size(); ++i) os << (i ? "," : " ") << layers[i];
+    const std::string& named = c_.parallel.pipeline_layers;
+    os << " (" << (named.empty() ? "uniform" : named == "balanced" ? "balanced" : "named")
+       << "; the last also runs the LM head, worth " << std::fixed << std::setprecision(2)
+       << head_cost_in_layers(model_) << " layers)\n";
+    return os.str();
   }
 
   double peak_tflops() const {

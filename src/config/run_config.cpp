@@ -144,7 +144,8 @@ void DeckSchema::bind(RunConfig& c) {
   key("parallel.grad_bucket_size", &p.grad_bucket_size, "int",
       "elements per bucket (overlap_grad_reduce, overlap_param_gather)");
   key("parallel.pipeline_layers", &p.pipeline_layers, "string",
-      "layers per pipeline stage, e.g. 5,7 (empty = uniform split)");
+      "layers per pipeline stage, e.g. 5,7 (empty = uniform split; balanced = the last "
+      "stage's LM head counted, e.g. 19,17 for GPT-2 774M on 2 stages)");
 
   auto& t = c.training;
   key("training.micro_batch_size", &t.micro_batch_size, "int", "samples per micro-batch");
@@ -402,7 +403,14 @@ void RunConfig::validate(int world_size) {
                "parallel.virtual_stages = " << p.virtual_stages
                    << " needs parallel.schedule = interleaved (got " << p.schedule << ")");
   const int chunks = p.pipeline_parallel * p.virtual_stages;
-  if (p.pipeline_layers.empty()) {
+  if (p.pipeline_layers == "balanced") {
+    MESH_REQUIRE(p.virtual_stages == 1,
+                 "parallel.pipeline_layers = balanced cannot be combined with virtual stages");
+    MESH_REQUIRE(m.num_layers >= p.pipeline_parallel,
+                 "parallel.pipeline_layers = balanced: model.num_layers ("
+                     << m.num_layers << ") is fewer than parallel.pipeline_parallel ("
+                     << p.pipeline_parallel << ") stages");
+  } else if (p.pipeline_layers.empty()) {
     MESH_REQUIRE(m.num_layers % chunks == 0,
                  "model.num_layers (" << m.num_layers << ") is not divisible by "
                      << "parallel.pipeline_parallel (" << p.pipeline_parallel
@@ -476,9 +484,27 @@ void RunConfig::validate(int world_size) {
                    << " traces past training.train_iters = " << training.train_iters);
 }
 
-std::vector<int> ParallelSection::stage_layers(int num_layers) const {
+std::vector<int> balanced_stage_layers(int num_layers, int stages, double head_layers) {
+  MESH_REQUIRE(stages >= 1 && num_layers >= stages,
+               "cannot split " << num_layers << " layers over " << stages << " pipeline stages");
+  std::vector<int> out(std::size_t(stages), 1);
+  const auto cost_with_one_more = [&](int s) {
+    return out[std::size_t(s)] + 1 + (s == stages - 1 ? head_layers : 0.0);
+  };
+  for (int left = num_layers - stages; left > 0; --left) {
+    int cheapest = 0;
+    for (int s = 1; s < stages; ++s)
+      if (cost_with_one_more(s) < cost_with_one_more(cheapest)) cheapest = s;
+    ++out[std::size_t(cheapest)];
+  }
+  return out;
+}
+
+std::vector<int> ParallelSection::stage_layers(int num_layers, double head_layers) const {
   if (pipeline_layers.empty())
     return std::vector<int>(std::size_t(pipeline_parallel), num_layers / pipeline_parallel);
+  if (pipeline_layers == "balanced")
+    return balanced_stage_layers(num_layers, pipeline_parallel, head_layers);
   std::vector<int> out;
   std::stringstream in(pipeline_layers);
   for (std::string item; std::getline(in, item, ',');) {

@@ -16,6 +16,11 @@
 namespace meshtron {
 
 double model_flops_per_token(const GptConfig& c);
+/// The LM head's FLOPs (the logits GEMM, forward and backward: hV of F's
+/// bracket) in units of one transformer layer's: GPT-2 774M 2.89, 124M 3.97.
+/// What the last pipeline stage runs on top of its layers
+/// (parallel.pipeline_layers = balanced).
+double head_cost_in_layers(const GptConfig& c);
 /// Peak resident memory of this process in MiB (getrusage).
 double peak_rss_mib();
 

@@ -10,6 +10,7 @@
 #include "parallel/communicator_nccl.hpp"
 #include "tensor/device_allocator.hpp"
 #include "train/cuda_graph.hpp"
+#include "train/metrics.hpp"
 #endif
 
 namespace meshtron {
@@ -159,7 +160,8 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   // Layers of each global chunk: uniform, or the deck's uneven split.
   std::vector<int> chunk_layers(std::size_t(total_chunks), model.num_layers / total_chunks);
   if (!run.parallel.pipeline_layers.empty())
-    chunk_layers = run.parallel.stage_layers(model.num_layers);
+    chunk_layers = run.parallel.stage_layers(model.num_layers, head_cost_in_layers(model));
+  stage_layers_ = chunk_layers;
   layers_per_chunk_ = chunk_layers[std::size_t(global_chunk(0))];
   for (int c = 0; c < virtual_stages_; ++c) {
     const int g = global_chunk(c);

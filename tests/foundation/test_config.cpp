@@ -170,7 +170,11 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"run.device=tpu"}, 8, "tpu"},
         ValidationCase{{"parallel.pipeline_layers=1,2"}, 8, "pipeline_layers = 1,2 names 2 stages with 3 layers"},
         ValidationCase{{"parallel.pipeline_layers=4,x"}, 8, "'x' is not a positive layer count"},
-        ValidationCase{{"parallel.pipeline_layers=0,4"}, 8, "'0' is not a positive layer count"}));
+        ValidationCase{{"parallel.pipeline_layers=0,4"}, 8, "'0' is not a positive layer count"},
+        ValidationCase{{"parallel.pipeline_layers=balanced", "parallel.schedule=interleaved",
+                        "parallel.virtual_stages=2"}, 8, "balanced cannot be combined with virtual"},
+        ValidationCase{{"parallel.pipeline_layers=balanced", "model.num_layers=1"}, 8,
+                       "num_layers (1) is fewer than parallel.pipeline_parallel (2)"}));
 
 TEST(Config, NamedUnevenPipelineSplit) {
   RunConfig c = parse({"parallel.pipeline_layers=1,3"});
@@ -179,6 +183,25 @@ TEST(Config, NamedUnevenPipelineSplit) {
   RunConfig uniform = parse();
   uniform.validate(8);
   EXPECT_EQ(uniform.parallel.stage_layers(4), (std::vector<int>{2, 2}));
+}
+
+TEST(Config, BalancedPipelineSplitCountsTheHeadOnTheLastStage) {
+  // GPT-2 774M (36 layers, head worth 2.89 layers) on 2 stages: 19,17, the
+  // split measured fastest on 2 H100s (perf/RESULTS.md, session 23).
+  EXPECT_EQ(balanced_stage_layers(36, 2, 2.89), (std::vector<int>{19, 17}));
+  // No head: uniform where the layers divide, the earlier stages first where not.
+  EXPECT_EQ(balanced_stage_layers(8, 4, 0.0), (std::vector<int>{2, 2, 2, 2}));
+  EXPECT_EQ(balanced_stage_layers(10, 4, 0.0), (std::vector<int>{3, 3, 2, 2}));
+  // A head worth more than all layers: the last stage keeps one layer.
+  EXPECT_EQ(balanced_stage_layers(8, 2, 39.0), (std::vector<int>{7, 1}));
+  // 124M (12 layers, head 3.97) on 4 stages: costs 4, 4, 3, 1 + 3.97.
+  EXPECT_EQ(balanced_stage_layers(12, 4, 3.97), (std::vector<int>{4, 4, 3, 1}));
+  EXPECT_THROW(balanced_stage_layers(1, 2, 0.0), UserError);
+
+  RunConfig c = parse({"parallel.pipeline_layers=balanced"});
+  c.validate(8);
+  EXPECT_EQ(c.parallel.stage_layers(4, 0.5), (std::vector<int>{2, 2}));
+  EXPECT_EQ(c.parallel.stage_layers(4, 1.5), (std::vector<int>{3, 1}));
 }
 
 }  // namespace

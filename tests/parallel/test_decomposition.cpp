@@ -105,6 +105,18 @@ TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
                   single_rank_reference(DType::F64), 1e-10, 1e-10);
 }
 
+// "balanced": the split from the model's shape, through the trainer (this
+// model's head is worth 0.26 of a layer, so 4,4; the uneven arithmetic is
+// Config.BalancedPipelineSplitCountsTheHeadOnTheLastStage's), the same run.
+TEST(Decomposition, BalancedPipelineSplitMatchesSingleRankRun) {
+  const int world = world_size();
+  if (world % 2) GTEST_SKIP() << "needs an even world";
+  Layout balanced{1, 2, world / 2, "1f1b"};
+  balanced.overrides = {"parallel.pipeline_layers=balanced"};
+  expect_same_run(train_layout(MPI_COMM_WORLD, balanced, DType::F64),
+                  single_rank_reference(DType::F64), 1e-10, 1e-10);
+}
+
 // The one-rank memorisation run the GPU tests build on (testing::memorise):
 // on the host path too the loss of a fixed batch falls, every step updates.
 TEST(Reference, MemorisingOneBatchLowersItsLoss) {

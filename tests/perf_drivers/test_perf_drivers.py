@@ -13,6 +13,7 @@ import configparser
 import datetime
 import math
 import os
+import subprocess
 import sys
 import unittest
 from unittest import mock
@@ -42,6 +43,20 @@ class PerfDrivers(unittest.TestCase):
             self.assertEqual(e2e_gpu.SHAPES[name], (layers, hidden, heads), deck)
             self.assertEqual(seq, e2e_gpu.SEQ, deck)  # report() counts SEQ tokens per sequence
             self.assertEqual(llmc_baseline.DESCRIPTORS[name], f"d{layers}", name)
+
+    def test_every_deck_validates_as_shipped(self):
+        # `meshtron info` on the deck's own tp x pp ranks: the resolved deck
+        # and its decomposition, or one error line (e.g. a pipeline split
+        # that does not fit the layers).
+        for name, deck in e2e_gpu.DECKS.items():
+            parallel = configparser.ConfigParser(inline_comment_prefixes=("#",))
+            parallel.read(os.path.join(ROOT, deck))
+            ranks = parallel["parallel"].getint("tensor_parallel") * \
+                parallel["parallel"].getint("pipeline_parallel")
+            proc = subprocess.run(["mpirun", "-np", str(ranks), MESHTRON, "info", deck],
+                                  capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 0, f"{deck}: {proc.stdout[-500:]} {proc.stderr[-500:]}")
+            self.assertIn(f"topology: world={ranks} ", proc.stdout, deck)
 
     def test_flops_per_token_equals_meshtrons(self):
         # The tiny deck on CPU ranks, 3 steps, through the driver's own run
