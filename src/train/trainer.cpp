@@ -5,12 +5,12 @@
 #include <map>
 
 #include "common/error.hpp"
+#include "train/metrics.hpp"
 #ifdef MESHTRON_HAVE_CUDA
 #include "ops/ops_cuda.hpp"
 #include "parallel/communicator_nccl.hpp"
 #include "tensor/device_allocator.hpp"
 #include "train/cuda_graph.hpp"
-#include "train/metrics.hpp"
 #endif
 
 namespace meshtron {

@@ -96,25 +96,25 @@ TEST(Decomposition, SplitColumnParallelForwardMatchesSingleRankRun) {
                                         {split, "parallel.sequence_parallel_keep_gathered=false"}});
 }
 
-TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
+/// pp 2 (1f1b, fp64) with parallel.pipeline_layers = `split` trains as one rank.
+void expect_pipeline_split_matches_single_rank(const std::string& split) {
   const int world = world_size();
   if (world % 2) GTEST_SKIP() << "needs an even world";
-  Layout uneven{1, 2, world / 2, "1f1b"};
-  uneven.overrides = {"parallel.pipeline_layers=3,5"};
-  expect_same_run(train_layout(MPI_COMM_WORLD, uneven, DType::F64),
+  Layout layout{1, 2, world / 2, "1f1b"};
+  layout.overrides = {"parallel.pipeline_layers=" + split};
+  expect_same_run(train_layout(MPI_COMM_WORLD, layout, DType::F64),
                   single_rank_reference(DType::F64), 1e-10, 1e-10);
+}
+
+TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
+  expect_pipeline_split_matches_single_rank("3,5");
 }
 
 // "balanced": the split from the model's shape, through the trainer (this
 // model's head is worth 0.26 of a layer, so 4,4; the uneven arithmetic is
 // Config.BalancedPipelineSplitCountsTheHeadOnTheLastStage's), the same run.
 TEST(Decomposition, BalancedPipelineSplitMatchesSingleRankRun) {
-  const int world = world_size();
-  if (world % 2) GTEST_SKIP() << "needs an even world";
-  Layout balanced{1, 2, world / 2, "1f1b"};
-  balanced.overrides = {"parallel.pipeline_layers=balanced"};
-  expect_same_run(train_layout(MPI_COMM_WORLD, balanced, DType::F64),
-                  single_rank_reference(DType::F64), 1e-10, 1e-10);
+  expect_pipeline_split_matches_single_rank("balanced");
 }
 
 // The one-rank memorisation run the GPU tests build on (testing::memorise):
