@@ -2,11 +2,12 @@
 #include "tensor/device_allocator.hpp"
 
 #include "common/error.hpp"
-#include "tensor/device_stream.hpp"
 
 #ifdef MESHTRON_HAVE_CUDA
 
 #include <cuda_runtime.h>
+
+#include "tensor/device_stream.hpp"
 
 #include <array>
 #include <cstring>
