@@ -145,7 +145,8 @@ void DeckSchema::bind(RunConfig& c) {
       "elements per bucket (overlap_grad_reduce, overlap_param_gather)");
   key("parallel.pipeline_layers", &p.pipeline_layers, "string",
       "layers per pipeline stage, e.g. 5,7 (empty = uniform split; balanced = the last "
-      "stage's LM head counted, e.g. 19,17 for GPT-2 774M on 2 stages)");
+      "stage's LM head counted, e.g. 19,17 for GPT-2 774M on 2 stages; with virtual "
+      "stages, per model chunk)");
 
   auto& t = c.training;
   key("training.micro_batch_size", &t.micro_batch_size, "int", "samples per micro-batch");
@@ -404,12 +405,10 @@ void RunConfig::validate(int world_size) {
                    << " needs parallel.schedule = interleaved (got " << p.schedule << ")");
   const int chunks = p.pipeline_parallel * p.virtual_stages;
   if (p.pipeline_layers == "balanced") {
-    MESH_REQUIRE(p.virtual_stages == 1,
-                 "parallel.pipeline_layers = balanced cannot be combined with virtual stages");
-    MESH_REQUIRE(m.num_layers >= p.pipeline_parallel,
+    MESH_REQUIRE(m.num_layers >= chunks,
                  "parallel.pipeline_layers = balanced: model.num_layers ("
-                     << m.num_layers << ") is fewer than parallel.pipeline_parallel ("
-                     << p.pipeline_parallel << ") stages");
+                     << m.num_layers << ") is fewer than the " << chunks
+                     << " model chunks (parallel.pipeline_parallel x virtual_stages)");
   } else if (p.pipeline_layers.empty()) {
     MESH_REQUIRE(m.num_layers % chunks == 0,
                  "model.num_layers (" << m.num_layers << ") is not divisible by "
@@ -501,10 +500,10 @@ std::vector<int> balanced_stage_layers(int num_layers, int stages, double head_l
 }
 
 std::vector<int> ParallelSection::stage_layers(int num_layers, double head_layers) const {
+  const int chunks = pipeline_parallel * virtual_stages;
   if (pipeline_layers.empty())
-    return std::vector<int>(std::size_t(pipeline_parallel), num_layers / pipeline_parallel);
-  if (pipeline_layers == "balanced")
-    return balanced_stage_layers(num_layers, pipeline_parallel, head_layers);
+    return std::vector<int>(std::size_t(chunks), num_layers / chunks);
+  if (pipeline_layers == "balanced") return balanced_stage_layers(num_layers, chunks, head_layers);
   std::vector<int> out;
   std::stringstream in(pipeline_layers);
   for (std::string item; std::getline(in, item, ',');) {

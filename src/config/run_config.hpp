@@ -113,13 +113,16 @@ struct ParallelSection {
   /// --ddp-bucket-size; 40 M).
   long grad_bucket_size = 40000000;
   /// Layers per pipeline stage, e.g. "5,7" for an uneven split of 12 layers
-  /// over 2 stages; "" = uniform (num_layers must then divide evenly);
-  /// "balanced" = balanced_stage_layers with the LM head on the last stage.
+  /// over 2 stages (no virtual stages); "" = uniform (num_layers must then
+  /// divide evenly); "balanced" = balanced_stage_layers over the model chunks
+  /// with the LM head on the last.
   std::string pipeline_layers;
 
-  /// Layers of each stage (uniform when pipeline_layers is empty; balanced
-  /// with the last stage's head worth `head_layers` layers when it is
-  /// "balanced"); valid after RunConfig::validate.
+  /// Layers of each model chunk, first to last: pipeline_parallel x
+  /// virtual_stages of them (one per stage without interleaving). Uniform
+  /// when pipeline_layers is empty, balanced with the last chunk's head worth
+  /// `head_layers` layers when it is "balanced"; valid after
+  /// RunConfig::validate.
   std::vector<int> stage_layers(int num_layers, double head_layers = 0) const;
 
   ParallelDegrees degrees() const {
@@ -231,6 +234,8 @@ struct RunConfig {
 /// layer at a time to the stage it leaves cheapest, the earliest on ties.
 /// GPT-2 774M on 2 stages: 19,17 (stage costs 19 and 19.89) instead of
 /// 18,18 (18 and 20.89). The embedding lookup, a gather, counts as nothing.
+/// With virtual stages the "stages" are the pp x v model chunks (774M, pp 2,
+/// v 2: 10,10,9,7, so ranks of 19 and 17 layers as above).
 std::vector<int> balanced_stage_layers(int num_layers, int stages, double head_layers);
 
 }  // namespace meshtron

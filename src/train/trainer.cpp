@@ -157,10 +157,11 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   if (pp > 1) rt.pp.connect_ring_p2p(kPipelineLanes);  // collective; once per runtime
   virtual_stages_ = run.parallel.schedule == "interleaved" ? run.parallel.virtual_stages : 1;
   const int total_chunks = pp * virtual_stages_;
-  // Layers of each global chunk: uniform, or the deck's uneven split.
-  std::vector<int> chunk_layers(std::size_t(total_chunks), model.num_layers / total_chunks);
-  if (!run.parallel.pipeline_layers.empty())
-    chunk_layers = run.parallel.stage_layers(model.num_layers, head_cost_in_layers(model));
+  // Layers of each global chunk: uniform, the deck's split, or balanced.
+  const std::vector<int> chunk_layers =
+      run.parallel.stage_layers(model.num_layers, head_cost_in_layers(model));
+  MESH_REQUIRE(int(chunk_layers.size()) == total_chunks,
+               "pipeline split of " << chunk_layers.size() << " chunks for " << total_chunks);
   stage_layers_ = chunk_layers;
   layers_per_chunk_ = chunk_layers[std::size_t(global_chunk(0))];
   for (int c = 0; c < virtual_stages_; ++c) {

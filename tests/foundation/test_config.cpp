@@ -171,10 +171,13 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"parallel.pipeline_layers=1,2"}, 8, "pipeline_layers = 1,2 names 2 stages with 3 layers"},
         ValidationCase{{"parallel.pipeline_layers=4,x"}, 8, "'x' is not a positive layer count"},
         ValidationCase{{"parallel.pipeline_layers=0,4"}, 8, "'0' is not a positive layer count"},
-        ValidationCase{{"parallel.pipeline_layers=balanced", "parallel.schedule=interleaved",
-                        "parallel.virtual_stages=2"}, 8, "balanced cannot be combined with virtual"},
         ValidationCase{{"parallel.pipeline_layers=balanced", "model.num_layers=1"}, 8,
-                       "num_layers (1) is fewer than parallel.pipeline_parallel (2)"}));
+                       "num_layers (1) is fewer than the 2 model chunks"},
+        ValidationCase{{"parallel.pipeline_layers=balanced", "parallel.schedule=interleaved",
+                        "parallel.virtual_stages=2", "model.num_layers=3"}, 8,
+                       "num_layers (3) is fewer than the 4 model chunks"},
+        ValidationCase{{"parallel.pipeline_layers=2,2", "parallel.schedule=interleaved",
+                        "parallel.virtual_stages=2"}, 8, "cannot be combined with virtual stages"}));
 
 TEST(Config, NamedUnevenPipelineSplit) {
   RunConfig c = parse({"parallel.pipeline_layers=1,3"});
@@ -202,6 +205,16 @@ TEST(Config, BalancedPipelineSplitCountsTheHeadOnTheLastStage) {
   c.validate(8);
   EXPECT_EQ(c.parallel.stage_layers(4, 0.5), (std::vector<int>{2, 2}));
   EXPECT_EQ(c.parallel.stage_layers(4, 1.5), (std::vector<int>{3, 1}));
+  // Interleaved: balanced over the pp x v model chunks (the last has the head).
+  EXPECT_EQ(balanced_stage_layers(36, 4, 2.89), (std::vector<int>{10, 10, 9, 7}));
+  RunConfig interleaved = parse({"parallel.pipeline_layers=balanced", "model.num_layers=8",
+                                 "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
+  interleaved.validate(8);
+  EXPECT_EQ(interleaved.parallel.stage_layers(8, 1.5), (std::vector<int>{3, 2, 2, 1}));
+  RunConfig uniform = parse({"model.num_layers=8", "parallel.schedule=interleaved",
+                             "parallel.virtual_stages=2"});
+  uniform.validate(8);
+  EXPECT_EQ(uniform.parallel.stage_layers(8), (std::vector<int>{2, 2, 2, 2}));
 }
 
 }  // namespace

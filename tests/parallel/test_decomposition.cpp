@@ -20,6 +20,8 @@
 #include <cmath>
 
 #include "decomposition_expect.hpp"
+#include "model/gpt_config.hpp"
+#include "train/metrics.hpp"
 
 namespace meshtron::testing {
 namespace {
@@ -96,25 +98,36 @@ TEST(Decomposition, SplitColumnParallelForwardMatchesSingleRankRun) {
                                         {split, "parallel.sequence_parallel_keep_gathered=false"}});
 }
 
-/// pp 2 (1f1b, fp64) with parallel.pipeline_layers = `split` trains as one rank.
-void expect_pipeline_split_matches_single_rank(const std::string& split) {
+TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
   const int world = world_size();
   if (world % 2) GTEST_SKIP() << "needs an even world";
-  Layout layout{1, 2, world / 2, "1f1b"};
-  layout.overrides = {"parallel.pipeline_layers=" + split};
-  expect_same_run(train_layout(MPI_COMM_WORLD, layout, DType::F64),
+  Layout uneven{1, 2, world / 2, "1f1b"};
+  uneven.overrides = {"parallel.pipeline_layers=3,5"};
+  expect_same_run(train_layout(MPI_COMM_WORLD, uneven, DType::F64),
                   single_rank_reference(DType::F64), 1e-10, 1e-10);
 }
 
-TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
-  expect_pipeline_split_matches_single_rank("3,5");
-}
-
-// "balanced": the split from the model's shape, through the trainer (this
-// model's head is worth 0.26 of a layer, so 4,4; the uneven arithmetic is
-// Config.BalancedPipelineSplitCountsTheHeadOnTheLastStage's), the same run.
-TEST(Decomposition, BalancedPipelineSplitMatchesSingleRankRun) {
-  expect_pipeline_split_matches_single_rank("balanced");
+// "balanced" through the trainer, 1f1b and interleaved (uneven model chunks,
+// which no named split makes). With a vocabulary of 1000 the head is worth
+// 2.5 of this model's layers (32 x 1000 / 12800), so the split is uneven:
+// 5,3 over 2 stages, 3,2,2,1 over 2 x 2 chunks; against one rank of the
+// same model.
+TEST(Decomposition, BalancedPipelineSplitsMatchSingleRankRun) {
+  const int world = world_size();
+  if (world % 2) GTEST_SKIP() << "needs an even world";
+  const std::vector<std::string> vocab{"model.vocab_size=1000"};
+  const RunResult one_rank = train_layout(MPI_COMM_SELF, Layout{.overrides = vocab}, DType::F64);
+  for (const auto& [schedule, want] : {std::pair<std::string, std::vector<int>>{"1f1b", {5, 3}},
+                                       {"interleaved", {3, 2, 2, 1}}}) {
+    SCOPED_TRACE(schedule);
+    Layout balanced{1, 2, world / 2, schedule};
+    balanced.overrides = vocab;
+    balanced.overrides.push_back("parallel.pipeline_layers=balanced");
+    const RunConfig config = tiny_config(balanced, world);
+    const GptConfig model = GptConfig::from_run(config, 1000, 1);
+    EXPECT_EQ(config.parallel.stage_layers(model.num_layers, head_cost_in_layers(model)), want);
+    expect_same_run(train_layout(MPI_COMM_WORLD, balanced, DType::F64), one_rank, 1e-10, 1e-10);
+  }
 }
 
 // The one-rank memorisation run the GPU tests build on (testing::memorise):
