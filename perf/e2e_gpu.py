@@ -26,8 +26,8 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
     python3 perf/e2e_gpu.py --models 774m --gpus 2 --layouts pp2 pp2i --accumulate 8 --no-torch
         # pipeline: 2 stages, 8 micro-batches per step (1F1B; interleaved, 2 chunks per stage)
     python3 perf/e2e_gpu.py --models 774m --gpus 2 --layouts pp2 --accumulate 8 --no-torch \
-        --pp-split 18,18 --pp-split 19,17   # 1F1B rows with these layers per stage (the last
-        # stage also runs the LM head and the loss), against one 1-GPU run
+        --pp-split 18,18 --pp-split balanced   # 1F1B rows with these layers per stage (the last
+        # stage also runs the LM head and the loss: balanced = 19,17), against one 1-GPU run
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --compare base/build-gpu/meshtron \
         --models 774m --gpus 2 --layouts tp2 --no-torch   # A/B: each run by both trees in turn
 
@@ -170,9 +170,10 @@ def main():
                              "'interleave:4:2:parallel.tp_interleave=true'; the variant's settings "
                              "add to --set and --tp-set; repeatable)")
     parser.add_argument("--pp-split", action="append", default=[], metavar="N0,N1",
-                        help="with --layouts pp2: instead of the one pp2 row, one row per split of "
-                             "the layers over the 2 stages (parallel.pipeline_layers), all against "
-                             "the same one-GPU run (repeatable)")
+                        help="with --layouts pp2 / pp2i: instead of one row per pipeline layout, "
+                             "one per split of the layers (parallel.pipeline_layers: N0,N1 for pp2, "
+                             "or balanced, which pp2i takes too), all against the same one-GPU "
+                             "run (repeatable)")
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
@@ -242,8 +243,10 @@ def main():
             runs = [(label, None) for label in LAYOUTS if label in args.layouts]
             if args.tp_variant:
                 runs = [r for r in runs if r[0] != "tp2"] + [("tp2", v) for v in args.tp_variant]
-            if args.pp_split and "pp2" in args.layouts:
-                runs = [r for r in runs if r[0] != "pp2"] + [("pp2", split) for split in args.pp_split]
+            if args.pp_split:  # each pipeline layout once per split instead
+                pipelines = [label for label, _ in runs if LAYOUTS[label][2] > 1]
+                runs = [r for r in runs if r[0] not in pipelines] + \
+                    [(label, split) for label in pipelines for split in args.pp_split]
             for label, variant in runs:
                 tp, dp, pp, layout_sets = LAYOUTS[label]
                 two_mb = args.tp_micro_batch if tp > 1 and args.tp_micro_batch else mb
