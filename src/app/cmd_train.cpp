@@ -140,7 +140,7 @@ class TrainRun {
 
   /// " > layers per pipeline chunk: 19,17 (...)" where there is a pipeline.
   std::string stage_line() const {
-    const std::vector<int>& layers = trainer_.stage_layers();
+    const std::vector<int>& layers = trainer_.chunk_layers();
     if (layers.size() < 2) return "";
     std::ostringstream os;
     os << " > layers per pipeline chunk:";

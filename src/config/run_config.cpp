@@ -418,7 +418,7 @@ void RunConfig::validate(int world_size) {
   } else {
     MESH_REQUIRE(p.virtual_stages == 1, "parallel.pipeline_layers = " << p.pipeline_layers
                                             << " cannot be combined with virtual stages");
-    const std::vector<int> split = p.stage_layers(m.num_layers);
+    const std::vector<int> split = p.chunk_layers(m.num_layers);
     int sum = 0;
     for (int n : split) sum += n;
     MESH_REQUIRE(int(split.size()) == p.pipeline_parallel && sum == m.num_layers,
@@ -499,7 +499,7 @@ std::vector<int> balanced_stage_layers(int num_layers, int stages, double head_l
   return out;
 }
 
-std::vector<int> ParallelSection::stage_layers(int num_layers, double head_layers) const {
+std::vector<int> ParallelSection::chunk_layers(int num_layers, double head_layers) const {
   const int chunks = pipeline_parallel * virtual_stages;
   if (pipeline_layers.empty())
     return std::vector<int>(std::size_t(chunks), num_layers / chunks);

@@ -123,7 +123,7 @@ struct ParallelSection {
   /// when pipeline_layers is empty, balanced with the last chunk's head worth
   /// `head_layers` layers when it is "balanced"; valid after
   /// RunConfig::validate.
-  std::vector<int> stage_layers(int num_layers, double head_layers = 0) const;
+  std::vector<int> chunk_layers(int num_layers, double head_layers = 0) const;
 
   ParallelDegrees degrees() const {
     return {tensor_parallel, pipeline_parallel, data_parallel};

@@ -182,10 +182,10 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Config, NamedUnevenPipelineSplit) {
   RunConfig c = parse({"parallel.pipeline_layers=1,3"});
   c.validate(8);
-  EXPECT_EQ(c.parallel.stage_layers(4), (std::vector<int>{1, 3}));
+  EXPECT_EQ(c.parallel.chunk_layers(4), (std::vector<int>{1, 3}));
   RunConfig uniform = parse();
   uniform.validate(8);
-  EXPECT_EQ(uniform.parallel.stage_layers(4), (std::vector<int>{2, 2}));
+  EXPECT_EQ(uniform.parallel.chunk_layers(4), (std::vector<int>{2, 2}));
 }
 
 TEST(Config, BalancedPipelineSplitCountsTheHeadOnTheLastStage) {
@@ -203,18 +203,18 @@ TEST(Config, BalancedPipelineSplitCountsTheHeadOnTheLastStage) {
 
   RunConfig c = parse({"parallel.pipeline_layers=balanced"});
   c.validate(8);
-  EXPECT_EQ(c.parallel.stage_layers(4, 0.5), (std::vector<int>{2, 2}));
-  EXPECT_EQ(c.parallel.stage_layers(4, 1.5), (std::vector<int>{3, 1}));
+  EXPECT_EQ(c.parallel.chunk_layers(4, 0.5), (std::vector<int>{2, 2}));
+  EXPECT_EQ(c.parallel.chunk_layers(4, 1.5), (std::vector<int>{3, 1}));
   // Interleaved: balanced over the pp x v model chunks (the last has the head).
   EXPECT_EQ(balanced_stage_layers(36, 4, 2.89), (std::vector<int>{10, 10, 9, 7}));
   RunConfig interleaved = parse({"parallel.pipeline_layers=balanced", "model.num_layers=8",
                                  "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
   interleaved.validate(8);
-  EXPECT_EQ(interleaved.parallel.stage_layers(8, 1.5), (std::vector<int>{3, 2, 2, 1}));
+  EXPECT_EQ(interleaved.parallel.chunk_layers(8, 1.5), (std::vector<int>{3, 2, 2, 1}));
   RunConfig uniform = parse({"model.num_layers=8", "parallel.schedule=interleaved",
                              "parallel.virtual_stages=2"});
   uniform.validate(8);
-  EXPECT_EQ(uniform.parallel.stage_layers(8), (std::vector<int>{2, 2, 2, 2}));
+  EXPECT_EQ(uniform.parallel.chunk_layers(8), (std::vector<int>{2, 2, 2, 2}));
 }
 
 }  // namespace
