@@ -1,13 +1,40 @@
 // meshtron info DECK [--set k=v ...]: resolve and validate the deck, build the
 // topology, and print both on rank 0.
 #include <cstdio>
+#include <filesystem>
+#include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "app/commands.hpp"
 #include "common/error.hpp"
+#include "data/gpt2_tokenizer.hpp"
+#include "model/gpt_config.hpp"
 #include "parallel/topology.hpp"
+#include "train/metrics.hpp"
 
 namespace meshtron::app {
+
+int resolve_vocab(const RunConfig& c) {
+  if (c.model.vocab_size > 0) return c.model.vocab_size;
+  if (!c.data.vocab_file.empty() && !c.data.merge_file.empty())
+    return data::Gpt2Tokenizer::from_openai(c.data.vocab_file, c.data.merge_file).vocab_size();
+  return kGpt2VocabSize;
+}
+
+std::string pipeline_split_line(const RunConfig& c, const GptConfig& model) {
+  if (c.parallel.pipeline_parallel * c.parallel.virtual_stages < 2) return "";
+  const double head = head_cost_in_layers(model);
+  const std::vector<int> layers = c.parallel.chunk_layers(model.num_layers, head);
+  std::ostringstream os;
+  os << " > layers per pipeline chunk:";
+  for (std::size_t i = 0; i < layers.size(); ++i) os << (i ? "," : " ") << layers[i];
+  const std::string& named = c.parallel.pipeline_layers;
+  os << " (" << (named.empty() ? "uniform" : named == "balanced" ? "balanced" : "named")
+     << "; the last also runs the LM head, worth " << std::fixed << std::setprecision(2)
+     << head << " layers)\n";
+  return os.str();
+}
 
 DeckArgs parse_deck_args(const std::vector<std::string>& args) {
   DeckArgs out;
@@ -44,12 +71,22 @@ int run_info(const std::vector<std::string>& args) {
   config.validate(world);
   Topology topo(MPI_COMM_WORLD, config.parallel.degrees());
   const auto rows = gather_rank_map(topo, /*num_gpus=*/0);
+  // The split depends on the vocabulary: the deck's, else the tokenizer's
+  // where its files are already there, else GPT-2's (info needs no data).
+  std::string split;
+  if (config.parallel.pipeline_parallel > 1) {
+    const bool tokenizer_here = std::filesystem::exists(config.data.vocab_file) &&
+                                std::filesystem::exists(config.data.merge_file);
+    const int vocab = config.model.vocab_size > 0 || tokenizer_here ? resolve_vocab(config) : kGpt2VocabSize;
+    split = pipeline_split_line(
+        config, GptConfig::from_run(config, vocab, config.parallel.tensor_parallel));
+  }
   if (rank == 0) {
     std::cout << "deck " << parsed.deck << " (resolved):\n"
               << config.resolved_text() << "\n"
               << "topology: world=" << topo.world_size() << " tp=" << topo.tp()
               << " pp=" << topo.pp() << " dp=" << topo.dp() << "\n"
-              << format_rank_map(rows);
+              << split << format_rank_map(rows);
   }
   return 0;
 }

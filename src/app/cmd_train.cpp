@@ -29,14 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// Vocabulary size: the deck's, else the tokenizer's, else GPT-2's.
-int resolve_vocab(const RunConfig& c) {
-  if (c.model.vocab_size > 0) return c.model.vocab_size;
-  if (!c.data.vocab_file.empty() && !c.data.merge_file.empty())
-    return data::Gpt2Tokenizer::from_openai(c.data.vocab_file, c.data.merge_file).vocab_size();
-  return 50257;
-}
-
 /// Dtype of the parameter values and activations: fp32, or bf16 / fp16
 /// mixed precision on the GPU (fp32 master weights, moments and gradients
 /// live in the optimizer and Parameter::grad; see train/optimizer.hpp; fp16
@@ -133,23 +125,9 @@ class TrainRun {
               << format_rank_map(rows)
               << " > " << padded_vocab_message(model_.vocab_size, model_.padded_vocab_size)
               << "\n"
-              << params << stage_line() << " > model FLOPs per token F = 3 x 2 x [L(4h^2 + 2hf + 2sh) + hV] = "
+              << params << pipeline_split_line(c_, model_) << " > model FLOPs per token F = 3 x 2 x [L(4h^2 + 2hf + 2sh) + hV] = "
               << model_flops_per_token(model_) << "; MFU = F x tokens/s/rank / peak, peak = "
               << peak << " TFLOP/s per rank\n";
-  }
-
-  /// " > layers per pipeline chunk: 19,17 (...)" where there is a pipeline.
-  std::string stage_line() const {
-    const std::vector<int>& layers = trainer_.chunk_layers();
-    if (layers.size() < 2) return "";
-    std::ostringstream os;
-    os << " > layers per pipeline chunk:";
-    for (std::size_t i = 0; i < layers.size(); ++i) os << (i ? "," : " ") << layers[i];
-    const std::string& named = c_.parallel.pipeline_layers;
-    os << " (" << (named.empty() ? "uniform" : named == "balanced" ? "balanced" : "named")
-       << "; the last also runs the LM head, worth " << std::fixed << std::setprecision(2)
-       << head_cost_in_layers(model_) << " layers)\n";
-    return os.str();
   }
 
   double peak_tflops() const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config/run_config.hpp"
+#include "model/gpt_config.hpp"
 
 namespace meshtron::app {
 
@@ -17,6 +18,15 @@ struct DeckArgs {
   std::vector<std::string> rest;  ///< other flags, for the command to read
 };
 DeckArgs parse_deck_args(const std::vector<std::string>& args);
+
+/// GPT-2's vocabulary (encoder.json), before padding.
+inline constexpr int kGpt2VocabSize = 50257;
+/// Vocabulary size: the deck's, else the tokenizer's, else GPT-2's.
+int resolve_vocab(const RunConfig& c);
+/// " > layers per pipeline chunk: 19,17 (balanced; ...)\n" for a validated
+/// deck with more than one model chunk (pp x virtual_stages), else "" (info,
+/// train's banner): the split the trainer makes of `model`.
+std::string pipeline_split_line(const RunConfig& c, const GptConfig& model);
 
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);

@@ -158,15 +158,16 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   virtual_stages_ = run.parallel.schedule == "interleaved" ? run.parallel.virtual_stages : 1;
   const int total_chunks = pp * virtual_stages_;
   // Layers of each global chunk: uniform, the deck's split, or balanced.
-  chunk_layers_ = run.parallel.chunk_layers(model.num_layers, head_cost_in_layers(model));
-  MESH_REQUIRE(int(chunk_layers_.size()) == total_chunks,
-               "pipeline split of " << chunk_layers_.size() << " chunks for " << total_chunks);
-  layers_per_chunk_ = chunk_layers_[std::size_t(global_chunk(0))];
+  const std::vector<int> chunk_layers =
+      run.parallel.chunk_layers(model.num_layers, head_cost_in_layers(model));
+  MESH_REQUIRE(int(chunk_layers.size()) == total_chunks,
+               "pipeline split of " << chunk_layers.size() << " chunks for " << total_chunks);
+  layers_per_chunk_ = chunk_layers[std::size_t(global_chunk(0))];
   for (int c = 0; c < virtual_stages_; ++c) {
     const int g = global_chunk(c);
     int first = 0;
-    for (int k = 0; k < g; ++k) first += chunk_layers_[std::size_t(k)];
-    StagePlacement place{first, chunk_layers_[std::size_t(g)], g == 0, g == total_chunks - 1};
+    for (int k = 0; k < g; ++k) first += chunk_layers[std::size_t(k)];
+    StagePlacement place{first, chunk_layers[std::size_t(g)], g == 0, g == total_chunks - 1};
     chunks_.push_back(std::make_unique<GptModel>(model, place, base_ctx_, dtype, run.run.seed));
   }
   Parameter* tied_copy = nullptr;

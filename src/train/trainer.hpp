@@ -60,9 +60,6 @@ class Trainer {
   /// Layers of this rank's first model chunk (interleaving makes more,
   /// smaller chunks; parallel.pipeline_layers may make stages unequal).
   int layers_per_chunk() const { return layers_per_chunk_; }
-  /// Layers of each global model chunk, first to last (one per stage
-  /// without interleaving).
-  const std::vector<int>& chunk_layers() const { return chunk_layers_; }
 
  private:
   /// Runs `tasks` over the micro-batches; returns the per-token losses of
@@ -97,7 +94,6 @@ class Trainer {
   LayerContext base_ctx_;
   int virtual_stages_ = 1;
   int layers_per_chunk_ = 0;
-  std::vector<int> chunk_layers_;
   std::vector<std::unique_ptr<GptModel>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   LrSchedule lr_;
