@@ -233,10 +233,10 @@ struct RunConfig {
 /// last stage's LM head and loss as `head_layers` (head_cost_in_layers): one
 /// layer at a time to the stage it leaves cheapest, the earliest on ties.
 /// GPT-2 774M on 2 stages: 19,17 (stage costs 19 and 19.89) instead of
-/// 18,18 (18 and 20.89). The embedding lookup, a gather, counts as nothing;
-/// so does recomputation (training.recompute = full makes a layer ~4/3 as
-/// dear and leaves the head as it is: the split then favours the last stage
-/// by up to a layer).
+/// 18,18 (18 and 20.89). The embedding lookup, a gather, counts as nothing,
+/// and so does recomputation: under training.recompute = full a layer costs
+/// ~4/3 as much and the head the same, so the head is worth 3/4 as many
+/// layers (774M: 2.17, still 19,17).
 /// With virtual stages the "stages" are the pp x v model chunks (774M, pp 2,
 /// v 2: 10,10,9,7, so ranks of 19 and 17 layers as above).
 std::vector<int> balanced_stage_layers(int num_layers, int stages, double head_layers);
