@@ -23,7 +23,7 @@ int resolve_vocab(const RunConfig& c) {
 }
 
 std::string pipeline_split_line(const RunConfig& c, const GptConfig& model) {
-  if (c.parallel.pipeline_parallel * c.parallel.virtual_stages < 2) return "";
+  if (c.parallel.model_chunks() < 2) return "";
   const double head = head_cost_in_layers(model);
   const std::vector<int> layers = c.parallel.chunk_layers(model.num_layers, head);
   std::ostringstream os;
@@ -74,10 +74,11 @@ int run_info(const std::vector<std::string>& args) {
   // The split depends on the vocabulary: the deck's, else the tokenizer's
   // where its files are already there, else GPT-2's (info needs no data).
   std::string split;
-  if (config.parallel.pipeline_parallel > 1) {
+  if (config.parallel.model_chunks() > 1) {
     const bool tokenizer_here = std::filesystem::exists(config.data.vocab_file) &&
                                 std::filesystem::exists(config.data.merge_file);
-    const int vocab = config.model.vocab_size > 0 || tokenizer_here ? resolve_vocab(config) : kGpt2VocabSize;
+    const int vocab =
+        config.model.vocab_size > 0 || tokenizer_here ? resolve_vocab(config) : kGpt2VocabSize;
     split = pipeline_split_line(
         config, GptConfig::from_run(config, vocab, config.parallel.tensor_parallel));
   }

@@ -403,7 +403,7 @@ void RunConfig::validate(int world_size) {
   MESH_REQUIRE(p.schedule == "interleaved" || p.virtual_stages == 1,
                "parallel.virtual_stages = " << p.virtual_stages
                    << " needs parallel.schedule = interleaved (got " << p.schedule << ")");
-  const int chunks = p.pipeline_parallel * p.virtual_stages;
+  const int chunks = p.model_chunks();
   if (p.pipeline_layers == "balanced") {
     MESH_REQUIRE(m.num_layers >= chunks,
                  "parallel.pipeline_layers = balanced: model.num_layers ("
@@ -500,7 +500,7 @@ std::vector<int> balanced_stage_layers(int num_layers, int stages, double head_l
 }
 
 std::vector<int> ParallelSection::chunk_layers(int num_layers, double head_layers) const {
-  const int chunks = pipeline_parallel * virtual_stages;
+  const int chunks = model_chunks();
   if (pipeline_layers.empty())
     return std::vector<int>(std::size_t(chunks), num_layers / chunks);
   if (pipeline_layers == "balanced") return balanced_stage_layers(num_layers, chunks, head_layers);

@@ -124,6 +124,8 @@ struct ParallelSection {
   /// `head_layers` layers when it is "balanced"; valid after
   /// RunConfig::validate.
   std::vector<int> chunk_layers(int num_layers, double head_layers = 0) const;
+  /// Model chunks of the pipeline: pipeline_parallel x virtual_stages.
+  int model_chunks() const { return pipeline_parallel * virtual_stages; }
 
   ParallelDegrees degrees() const {
     return {tensor_parallel, pipeline_parallel, data_parallel};
