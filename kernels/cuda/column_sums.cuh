@@ -160,6 +160,7 @@ __global__ void __launch_bounds__(kOnePassCols * kOnePassLanes)
 #pragma unroll
     for (int v = 0; v < NV; ++v) before[v] = accumulate ? load_f(outs[v], c) : 0.f;
   wait_for_prior_grid();  // the partial rows (when launched as a dependent)
+  allow_dependent_launch();
   float acc[NV];
 #pragma unroll
   for (int v = 0; v < NV; ++v) acc[v] = 0.f;
@@ -195,7 +196,9 @@ __global__ void __launch_bounds__(kOnePassCols * kOnePassLanes)
 /// reads, which must not write out and, if it allows dependents early at
 /// all, only after its own wait_for_prior_grid() (as start_after_prior_grid
 /// does): then whatever wrote out before it has finished when this kernel
-/// starts, and out is read before the wait.
+/// starts, and out is read before the wait. It lets its own dependent
+/// start after that wait (the next call's layernorm backward then reads its
+/// x while this kernel runs).
 template <int NV, class Source, class G>
 void column_sums_one_pass(const Source& src, kindex N, kindex C, bool accumulate, G* out0,
                           G* out1 = nullptr) {

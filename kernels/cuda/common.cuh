@@ -241,7 +241,9 @@ __device__ __forceinline__ void cp_async_wait() {
 // global memory is touched before the wait and, transitively, every kernel
 // before it has finished. A kernel that only finishes what the one before
 // it wrote (the sum of a backward kernel's per-block partial rows) may
-// start even earlier: the primary allows it at its own start. Both calls
+// start even earlier: the primary allows it at its own start. And a kernel
+// may read before its wait what the previous kernel cannot have written
+// (the layernorm backward's x, the forward's input). Both calls
 // are no-ops for a kernel launched the ordinary way, and below sm_90;
 // kernels launched ordinarily (cuBLASLt's, NCCL's) wait for everything
 // before them as usual.

@@ -316,7 +316,6 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
   constexpr int V = kPack<T>, Q = V / 4, WR = kSplitRows<K>, threads = (WR + K) * 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, P = int(H / V);
   const int tensors = residual ? 3 : 2;
-  start_after_prior_grid();  // and the partial-row sums may queue up behind us
   extern __shared__ __align__(16) unsigned char smem[];
   float4* gamma4 = reinterpret_cast<float4*>(smem);  // stage_row_fp32
   unsigned char* ring = smem + staged_row_bytes<T, K>();
@@ -327,28 +326,46 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
   const auto tile_stats = [&](int s) {  // [0, WR) mean, [WR, 2 WR) rstd
     return reinterpret_cast<float*>(ring + s * slot_bytes + slot_bytes - 2 * WR * sizeof(float));
   };
-  stage_row_fp32<T, K>(gamma, P, gamma4);  // read after the first tile's barrier
-
   const kindex tiles = (N + WR - 1) / WR, grid = gridDim.x;
-  const auto fetch = [&](kindex t, int s) {
+  // Copies tensor u (0 dy, 1 x, 2 residual) of tile t into slot s.
+  const auto fetch_rows = [&](kindex t, int s, int u) {
     const kindex first = t * WR;
-    const int rows = int(N - first < WR ? N - first : WR);
-    const int packs = rows * P;
-    for (int u = 0; u < tensors; ++u) {
-      const T* source = u == 0 ? dy : u == 1 ? x : residual;
-      const Pack<T>* src = reinterpret_cast<const Pack<T>*>(source + first * H);
-      Pack<T>* dst = tile_rows(s, u);
-      for (int i = tid; i < packs; i += threads) cp_async16(dst + i, src + i);
-    }
-    if (tid < rows) {
+    const int packs = int(N - first < WR ? N - first : WR) * P;
+    const T* source = u == 0 ? dy : u == 1 ? x : residual;
+    const Pack<T>* src = reinterpret_cast<const Pack<T>*>(source + first * H);
+    Pack<T>* dst = tile_rows(s, u);
+    for (int i = tid; i < packs; i += threads) cp_async16(dst + i, src + i);
+  };
+  const auto fetch = [&](kindex t, int s, bool with_x) {
+    for (int u = 0; u < tensors; ++u)
+      if (u != 1 || with_x) fetch_rows(t, s, u);
+    const kindex first = t * WR;
+    if (tid < int(N - first < WR ? N - first : WR)) {
       cp_async4(tile_stats(s) + tid, mean + first + tid);
       cp_async4(tile_stats(s) + WR + tid, rstd + first + tid);
     }
   };
+  // Before the wait for the previous kernel: the x of the block's first D
+  // tiles (one per ring slot; one cp.async group, older than every tile's)
+  // and gamma, read while the previous kernel ends (in back-to-back calls,
+  // the last call's dgamma/dbeta finish): 0.03-0.04 of the copy at bf16
+  // (perf/RESULTS.md, session 24). Safe because the previous kernel cannot
+  // have written them: the forward that made mean and rstd read x and gamma
+  // after their writers, and every kernel before the previous one has
+  // finished (common.cuh). dy, the residual and the statistics may be the
+  // previous kernel's output: after the wait.
+#pragma unroll
+  for (int i = 0; i < D; ++i) {
+    const kindex t = blockIdx.x + i * grid;
+    if (t < tiles) fetch_rows(t, i, 1);
+  }
+  cp_async_commit();
+  stage_row_fp32<T, K>(gamma, P, gamma4);  // read after the first tile's barrier
+  start_after_prior_grid();  // and the partial-row sums may queue up behind us
 #pragma unroll
   for (int i = 0; i < D - 1; ++i) {
     const kindex t = blockIdx.x + i * grid;
-    if (t < tiles) fetch(t, i);
+    if (t < tiles) fetch(t, i, false);
     cp_async_commit();
   }
 
@@ -376,7 +393,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
     cp_async_wait<D - 2>();
     __syncthreads();
     const kindex ahead = t + kindex(D - 1) * grid;
-    if (ahead < tiles) fetch(ahead, (i + D - 1) % D);
+    if (ahead < tiles) fetch(ahead, (i + D - 1) % D, /*with_x=*/i > 0);
     cp_async_commit();  // possibly empty: one group per iteration either way
     const int s = i % D;
     const int rows = int(N - t * WR < WR ? N - t * WR : WR);
