@@ -237,14 +237,16 @@ __device__ __forceinline__ void cp_async_wait() {
 // The launch gap and the ramp-up of the second grid then overlap the first
 // one's tail: 0.03-0.07 of the copy bandwidth per row of bench_cuda_ops
 // memory at 12-100 MB (H100, perf/RESULTS.md, session 17). Such a kernel
-// begins with start_after_prior_grid() (wait, then allow the next), so no
-// global memory is touched before the wait and, transitively, every kernel
-// before it has finished. A kernel that only finishes what the one before
-// it wrote (the sum of a backward kernel's per-block partial rows) may
-// start even earlier: the primary allows it at its own start. And a kernel
-// may read before its wait what the previous kernel cannot have written
-// (the layernorm backward's x, the forward's input). Both calls
-// are no-ops for a kernel launched the ordinary way, and below sm_90;
+// begins with start_after_prior_grid() (wait, then allow the next), and
+// every kernel waits before it allows the next, so when a kernel starts,
+// every kernel before the previous one has finished. Hence:
+// - before its wait a kernel writes no global memory (the previous kernel
+//   may still read it) and reads only what the previous kernel cannot have
+//   written (the layernorm backward's x and gamma, session 24);
+// - a kernel that only finishes what the one before it wrote (the sum of a
+//   backward kernel's per-block partial rows) may start even earlier: the
+//   primary allows it at its own start.
+// Both calls are no-ops for a kernel launched the ordinary way, and below sm_90;
 // kernels launched ordinarily (cuBLASLt's, NCCL's) wait for everything
 // before them as usual.
 
@@ -261,9 +263,9 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 
 /// For a kernel launched with launch_dependent: waits until the stream's
 /// previous kernel has finished and its writes are visible, then lets the
-/// next kernel's blocks start up behind this one. First thing such a kernel
-/// does, before it reads or writes global memory (the previous kernel may
-/// still be reading what this one overwrites).
+/// next kernel's blocks start up behind this one. Such a kernel calls it
+/// before it writes global memory (the previous kernel may still be reading
+/// what this one overwrites) or reads what the previous kernel may write.
 __device__ __forceinline__ void start_after_prior_grid() {
   wait_for_prior_grid();
   allow_dependent_launch();
