@@ -138,6 +138,14 @@ def speedup(one_ms, one_tokens, two_ms, two_tokens):
     return (two_tokens / two_ms) / (one_tokens / one_ms)
 
 
+def pipeline_bound(pp, virtual_stages, micro_batches):
+    """The speed-up over one GPU that the pipeline bubble alone allows: each
+    of pp stages computes 1/pp of the step and idles (pp - 1) / (v m) of that
+    time (Narayanan et al., 2021; measured on CPU ranks by
+    perf/bench_pipeline_bubble.cpp). Stage imbalance and p2p come on top."""
+    return pp / (1 + (pp - 1) / (virtual_stages * micro_batches))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--meshtron", default="build-gpu/meshtron")
@@ -273,13 +281,16 @@ def main():
                         continue
                     tokens = two_mb * SEQ * dp * two_acc
                     gain = speedup(one[tag]["ms_per_step"], mb * SEQ * acc, two["ms_per_step"], tokens)
-                    print(json.dumps(tagged(tag, {"model": name, "layout": label, "variant": variant_name,
-                                                  "micro_batch": two_mb,
-                                                  "micro_batches_per_step": two_acc,
-                                                  "ms_per_step": round(two["ms_per_step"], 2),
-                                                  "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
-                                                  "speedup_over_1_gpu": round(gain, 3),
-                                                  "memory_mib": round(two["memory_mib"])})), flush=True)
+                    row = {"model": name, "layout": label, "variant": variant_name,
+                           "micro_batch": two_mb, "micro_batches_per_step": two_acc,
+                           "ms_per_step": round(two["ms_per_step"], 2),
+                           "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
+                           "speedup_over_1_gpu": round(gain, 3)}
+                    if pp > 1:
+                        v = int(layout_sets.get("parallel.virtual_stages", 1))
+                        row["bubble_bound"] = round(pipeline_bound(pp, v, two_acc), 3)
+                    row["memory_mib"] = round(two["memory_mib"])
+                    print(json.dumps(tagged(tag, row)), flush=True)
 
 if __name__ == "__main__":
     main()

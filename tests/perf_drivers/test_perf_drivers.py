@@ -4,13 +4,18 @@ Issue 9's targets are judged by the MFU that perf/e2e_gpu.py (and through
 its report, perf/llmc_baseline.py and perf/torch_baseline.py) computes. This
 checks, without a GPU, that their shape table matches the decks meshtron
 trains and llm.c's depth flags, and that their FLOPs formula equals the one
-meshtron logs, on a short host run through the driver's own run_meshtron.
+meshtron logs, on a short host run through the driver's own run_meshtron,
+and what its 2-GPU rows report (speed-up, pipeline bubble bound) with the
+trainer replaced by fixed timings.
 
     python3 tests/perf_drivers/test_perf_drivers.py --meshtron build/meshtron   # from the source root
 """
 import argparse
 import configparser
+import contextlib
 import datetime
+import io
+import json
 import math
 import os
 import subprocess
@@ -103,6 +108,50 @@ class PerfDrivers(unittest.TestCase):
         self.assertAlmostEqual(e2e_gpu.speedup(100.0, 8192, 104.0, 16384), 2 / 1.04)
         # pp 2: the same tokens per step in 0.55x the time
         self.assertAlmostEqual(e2e_gpu.speedup(800.0, 65536, 440.0, 65536), 800 / 440)
+
+    def test_pipeline_bound(self):
+        # 1F1B, pp 2: 8 / 16 micro-batches (perf/RESULTS.md, sessions 23-24)
+        self.assertAlmostEqual(e2e_gpu.pipeline_bound(2, 1, 8), 2 / (1 + 1 / 8))
+        self.assertAlmostEqual(e2e_gpu.pipeline_bound(2, 1, 16), 32 / 17)
+        # interleaving with 2 chunks per stage halves the bubble
+        self.assertAlmostEqual(e2e_gpu.pipeline_bound(2, 2, 16), 64 / 33)
+        self.assertAlmostEqual(e2e_gpu.pipeline_bound(4, 1, 4), 16 / 7)  # pp 4: bubble 3/4 of compute
+        self.assertAlmostEqual(e2e_gpu.pipeline_bound(1, 1, 1), 1.0)  # no pipeline, no bubble
+
+    def test_two_gpu_rows(self):
+        # main() for dp2 + both pipeline layouts with a named split, the
+        # trainer replaced by fixed timings: what each layout asks meshtron
+        # for, and what its row reports.
+        calls = []
+
+        def fake_run(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none",
+                     extra=(), accumulate=1, pp=1):
+            sets = dict(kv.split("=", 1) for kv in extra[1::2])
+            calls.append((tp, dp, pp, accumulate, sets))
+            ms = {1: 1400.0, 2: 750.0}[pp] if dp == 1 else 1450.0
+            return {"ms_per_step": ms, "memory_mib": 1000.0, "loss": 5.0, "flops_per_token": 1.0}
+
+        argv = ["e2e_gpu.py", "--models", "774m", "--gpus", "2", "--layouts", "dp2", "pp2", "pp2i",
+                "--accumulate", "16", "--no-torch", "--pp-split", "balanced"]
+        out = io.StringIO()
+        with mock.patch.object(e2e_gpu, "run_meshtron", fake_run), mock.patch.object(sys, "argv", argv), \
+                contextlib.redirect_stdout(out):
+            e2e_gpu.main()
+        rows = {r.get("layout", "one"): r for r in map(json.loads, out.getvalue().splitlines())
+                if "model" in r}
+        self.assertEqual(set(rows), {"one", "dp2", "pp2", "pp2i"})
+        self.assertAlmostEqual(rows["dp2"]["speedup_over_1_gpu"], round(2 * 1400 / 1450, 3))
+        self.assertNotIn("bubble_bound", rows["dp2"])
+        for label, v in (("pp2", 1), ("pp2i", 2)):
+            self.assertEqual(rows[label]["variant"], "balanced", label)
+            self.assertAlmostEqual(rows[label]["speedup_over_1_gpu"], round(1400 / 750, 3))
+            self.assertAlmostEqual(rows[label]["bubble_bound"], round(e2e_gpu.pipeline_bound(2, v, 16), 3))
+        pipelines = [c for c in calls if c[2] == 2]
+        self.assertEqual(len(pipelines), 2)
+        for tp, dp, pp, accumulate, sets in pipelines:
+            self.assertEqual((tp, dp, accumulate), (1, 1, 16))
+            self.assertEqual(sets["parallel.pipeline_layers"], "balanced")
+        self.assertEqual(sorted(c[4]["parallel.schedule"] for c in pipelines), ["1f1b", "interleaved"])
 
     def test_report_arithmetic(self):
         row = e2e_gpu.report("1.5b", "x", 8, 1, 200.0, echo=False)
