@@ -18,11 +18,33 @@
 // Every dot product and sum accumulates in double (accum_t); the row
 // accumulators live in scratch Views of [B*S, D] doubles owned by the
 // launchers, so each work item writes only its own row (no atomics).
+//
+// Attention dropout (p > 0): P_ij becomes P_ij z_ij with z_ij = keep_ij /
+// (1 - p), keep_ij the decision dropout_apply makes for element (b, i, j) of
+// the unfused probabilities [B, S, S] at the same placement. So
+//   out_i  = sum_j z_ij exp(x_ij - m_i) v_j / l_i   (l_i, lse_i undropped)
+//   dP_ij  = z_ij dout_i . v_j,  dx_ij = P_ij (dP_ij - delta_i),
+//   dv_j   = sum_{i>=j} z_ij P_ij dout_i,
+// and delta_i = dout_i . out_i still equals sum_j P_ij dP_ij.
 #pragma once
 
 #include "kernels/kokkos/common.hpp"
+#include "kernels/kokkos/dropout.hpp"
 
 namespace meshtron::kernels {
+
+/// z_ij of the file comment: 1 without dropout.
+struct AttentionMask {
+  bool on = false;
+  double p = 0.0;
+  DropoutPlacement site{};
+
+  /// For element (i, j) of batch entry `entry` (rows [entry S, entry S + S)).
+  KOKKOS_INLINE_FUNCTION accum_t operator()(kindex entry, kindex i, kindex j, kindex S) const {
+    if (!on) return 1;
+    return site.keep((entry * S + i) * S + j, p) ? accum_t(1) / (1 - p) : accum_t(0);
+  }
+};
 
 template <class ExecSpace>
 using Scratch = Kokkos::View<accum_t**, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
@@ -40,6 +62,7 @@ struct CausalAttentionForward {
   const T *q, *k, *v;
   kindex S, D;
   accum_t scale;
+  AttentionMask z;
   Scratch<ExecSpace> acc;  // [B*S, D]
   T *out, *lse;
 
@@ -53,8 +76,9 @@ struct CausalAttentionForward {
     for (kindex j = 0; j <= i; ++j) {
       const accum_t e = kmath::exp(scale * row_dot(qi, k + (first + j) * D, D) - m);
       l += e;
+      const accum_t ez = e * z(r / S, i, j, S);
       const T* vj = v + (first + j) * D;
-      for (kindex d = 0; d < D; ++d) acc(r, d) += e * accum_t(vj[d]);
+      for (kindex d = 0; d < D; ++d) acc(r, d) += ez * accum_t(vj[d]);
     }
     for (kindex d = 0; d < D; ++d) out[r * D + d] = T(acc(r, d) / l);
     lse[r] = T(m + kmath::log(l));
@@ -67,6 +91,7 @@ struct CausalAttentionBackwardQuery {
   const T *dout, *q, *k, *v, *out, *lse;
   kindex S, D;
   accum_t scale;
+  AttentionMask z;
   Scratch<ExecSpace> acc;  // [B*S, D]
   Kokkos::View<accum_t*, typename ExecSpace::memory_space> delta;
   T* dq;
@@ -80,7 +105,7 @@ struct CausalAttentionBackwardQuery {
     for (kindex j = 0; j <= i; ++j) {
       const T *kj = k + (first + j) * D, *vj = v + (first + j) * D;
       const accum_t p = kmath::exp(scale * row_dot(qi, kj, D) - accum_t(lse[r]));
-      const accum_t dx = p * (row_dot(doi, vj, D) - delta_i);
+      const accum_t dx = p * (z(r / S, i, j, S) * row_dot(doi, vj, D) - delta_i);
       for (kindex d = 0; d < D; ++d) acc(r, d) += dx * accum_t(kj[d]);
     }
     for (kindex d = 0; d < D; ++d) dq[r * D + d] = T(scale * acc(r, d));
@@ -93,6 +118,7 @@ struct CausalAttentionBackwardKey {
   const T *dout, *q, *k, *v, *lse;
   kindex S, D;
   accum_t scale;
+  AttentionMask z;
   Scratch<ExecSpace> acc_k, acc_v;  // [B*S, D]
   Kokkos::View<const accum_t*, typename ExecSpace::memory_space> delta;
   T *dk, *dv;
@@ -105,10 +131,11 @@ struct CausalAttentionBackwardKey {
       const kindex ri = first + i;
       const T *qi = q + ri * D, *doi = dout + ri * D;
       const accum_t p = kmath::exp(scale * row_dot(qi, kj, D) - accum_t(lse[ri]));
-      const accum_t dx = p * (row_dot(doi, vj, D) - delta(ri));
+      const accum_t zij = z(r / S, i, j, S), pz = p * zij;
+      const accum_t dx = p * (zij * row_dot(doi, vj, D) - delta(ri));
       for (kindex d = 0; d < D; ++d) {
         acc_k(r, d) += dx * accum_t(qi[d]);
-        acc_v(r, d) += p * accum_t(doi[d]);
+        acc_v(r, d) += pz * accum_t(doi[d]);
       }
     }
     for (kindex d = 0; d < D; ++d) {
@@ -123,27 +150,27 @@ struct CausalAttentionBackwardKey {
 /// q, k, v, out: [B, S, D]; lse: [B, S].
 template <class ExecSpace, class T>
 void causal_attention_forward(const T* q, const T* k, const T* v, kindex B, kindex S, kindex D,
-                              double scale, T* out, T* lse) {
+                              double scale, const AttentionMask& z, T* out, T* lse) {
   const kindex rows = B * S;
   Scratch<ExecSpace> acc("meshtron::attention_acc", rows, D);
-  CausalAttentionForward<ExecSpace, T> f{q, k, v, S, D, scale, acc, out, lse};
+  CausalAttentionForward<ExecSpace, T> f{q, k, v, S, D, scale, z, acc, out, lse};
   Kokkos::parallel_for("meshtron::attention_forward", Range<ExecSpace>(0, rows), f);
   Kokkos::fence();
 }
 
 template <class ExecSpace, class T>
 void causal_attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
-                               const T* lse, kindex B, kindex S, kindex D, double scale, T* dq,
-                               T* dk, T* dv) {
+                               const T* lse, kindex B, kindex S, kindex D, double scale,
+                               const AttentionMask& z, T* dq, T* dk, T* dv) {
   const kindex rows = B * S;
   Scratch<ExecSpace> acc_a("meshtron::attention_acc_a", rows, D),
       acc_b("meshtron::attention_acc_b", rows, D);
   Kokkos::View<accum_t*, typename ExecSpace::memory_space> delta("meshtron::attention_delta", rows);
-  CausalAttentionBackwardQuery<ExecSpace, T> fq{dout, q, k,     v,     out,   lse,
-                                                S,    D, scale, acc_a, delta, dq};
+  CausalAttentionBackwardQuery<ExecSpace, T> fq{dout, q, k, v,     out,   lse,   S,
+                                                D,    scale, z, acc_a, delta, dq};
   Kokkos::parallel_for("meshtron::attention_backward_dq", Range<ExecSpace>(0, rows), fq);
-  CausalAttentionBackwardKey<ExecSpace, T> fk{dout,  q,     k,     v,     lse, S, D,
-                                              scale, acc_a, acc_b, delta, dk,  dv};
+  CausalAttentionBackwardKey<ExecSpace, T> fk{dout, q, k,     v,     lse,   S,  D,
+                                              scale, z, acc_a, acc_b, delta, dk, dv};
   Kokkos::parallel_for("meshtron::attention_backward_dkdv", Range<ExecSpace>(0, rows), fk);
   Kokkos::fence();
 }

@@ -97,6 +97,17 @@ struct DropoutPlacement {
   kindex b, c;  // local extents (A is the range length)
   kindex a_offset, b_offset, c_offset;
   kindex b_global, c_global;
+
+  /// Global index of local linear index i = (a B + b) C + c.
+  KOKKOS_INLINE_FUNCTION std::uint64_t global_index(kindex i) const {
+    const kindex cc = i % c, bb = (i / c) % b, aa = i / (c * b);
+    return std::uint64_t(((aa + a_offset) * b_global + (bb + b_offset)) * c_global +
+                         (cc + c_offset));
+  }
+  /// Keep decision of local linear index i.
+  KOKKOS_INLINE_FUNCTION bool keep(kindex i, double p) const {
+    return dropout_keep(seed, step, stream, global_index(i), p);
+  }
 };
 
 /// out = in * keep / (1 - p): the forward (in = x) and the backward
@@ -109,16 +120,8 @@ struct DropoutApply {
   T keep_scale;  // 1 / (1 - p)
   Vector<T, ExecSpace> out;
 
-  KOKKOS_INLINE_FUNCTION std::uint64_t global_index(kindex i) const {
-    const kindex c = i % site.c, b = (i / site.c) % site.b, a = i / (site.c * site.b);
-    return std::uint64_t(((a + site.a_offset) * site.b_global + (b + site.b_offset)) *
-                             site.c_global +
-                         (c + site.c_offset));
-  }
-
   KOKKOS_INLINE_FUNCTION void operator()(kindex i) const {
-    const bool keep = dropout_keep(site.seed, site.step, site.stream, global_index(i), p);
-    out(i) = keep ? in(i)*keep_scale : T(0);
+    out(i) = site.keep(i, p) ? in(i) * keep_scale : T(0);
   }
 };
 

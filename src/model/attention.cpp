@@ -22,8 +22,8 @@ bool Attention::use_fused(const Tensor& q, const LayerContext& ctx) const {
   const bool supported =
       ops::fused_attention_supported(q.dtype(), q.space(), head_dim_, dropout_, ctx.training);
   if (backend_ == AttentionBackend::Auto) return supported && !q.is_host();
-  MESH_REQUIRE(supported, "model.attention_backend = fused needs no attention dropout in training "
-                          "and, on the GPU, bf16 or fp16 with head dim 64 or 128; got "
+  MESH_REQUIRE(supported, "model.attention_backend = fused needs, on the GPU, bf16 or fp16 with "
+                          "head dim 64 or 128 and no attention dropout in training; got "
                               << dtype_name(q.dtype()) << " on the "
                               << (q.is_host() ? "host" : "GPU") << ", head dim " << head_dim_
                               << ", attention_dropout " << dropout_);
@@ -46,6 +46,11 @@ ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
   site.live = ctx.dropout_live;
   site.sample_axis = 0;  // samples are the a axis here
   return site;
+}
+
+ops::AttentionDropout Attention::fused_dropout(const LayerContext& ctx) const {
+  if (!ctx.training || dropout_ == 0) return {};
+  return {dropout_, probs_site(ctx)};
 }
 
 void Attention::attention_probs(const Tensor& q, const Tensor& k, const LayerContext& ctx,
@@ -99,7 +104,8 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
     c.q = c.k = c.v = c.probs = c.probs_kept = Tensor();
     merged = Tensor::empty({s * b, heads_local_ * head_dim_}, x.dtype(), x.space());
     c.lse = Tensor::empty({b * heads_local_, s}, stats_dtype(x), x.space());
-    ops::fused_attention_forward_token_major(qkv_out, s, b, heads_local_, scale(), merged, c.lse);
+    ops::fused_attention_forward_token_major(qkv_out, s, b, heads_local_, scale(), merged, c.lse,
+                                             fused_dropout(ctx));
   } else {
     Tensor parts[3];
     ops::split_heads(qkv_out, s, b, heads_local_, 3, parts);
@@ -120,7 +126,7 @@ Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) 
   if (c.lse.defined()) {  // the forward ran the fused core; proj kept the context
     dqkv = Tensor::empty(c.qkv_out.shape(), dy.dtype(), dy.space());
     ops::fused_attention_backward_token_major(dmerged, c.qkv_out, c.proj.x, c.lse, s, b,
-                                              heads_local_, scale(), dqkv);
+                                              heads_local_, scale(), dqkv, fused_dropout(ctx));
   } else {
     Tensor dcontext, dparts[3];
     ops::split_heads(dmerged, s, b, heads_local_, 1, &dcontext);

@@ -64,6 +64,9 @@ class Attention {
   Tensor core_forward(const Tensor& x, LayerContext& ctx, Cache& c) const;
   double scale() const { return 1.0 / std::sqrt(double(head_dim_)); }
   ops::DropoutSite probs_site(const LayerContext& ctx) const;
+  /// The fused core's attention dropout: the unfused path's mask (probs_site)
+  /// while training with p > 0, else none.
+  ops::AttentionDropout fused_dropout(const LayerContext& ctx) const;
   /// probs = softmax(q k^T / sqrt(d)) (causal) and probs_kept = dropout(probs)
   /// (the same tensor when dropout is off): the part selective recompute
   /// runs twice. Deterministic, so the rebuilt tensors equal the first ones.

@@ -61,6 +61,38 @@ void scaled_causal_softmax_forward(const Tensor& scores, double scale, Tensor& p
 void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs,
                                     double scale, Tensor& dscores);
 
+// --------------------------------------------------------------- Dropout ---
+/// Where a dropout call sits in the global (unsharded) problem, so that the
+/// mask of every element depends on its global position, never on the rank.
+/// The tensor is viewed as [A, B, C] (A * B * C = numel); element (a, b, c)
+/// has global linear index ((a + a_offset) * b_global + (b + b_offset))
+/// * c_global + (c + c_offset). It is kept iff (w >> 8) * 2^-24 >= p, where w
+/// is word (index & 3) of Philox4x32-10(key = seed, counter = {q lo, q hi,
+/// step, stream}), q = index >> 2: one call serves 4 consecutive indices.
+struct DropoutSite {
+  std::uint64_t seed = 0;
+  std::uint32_t step = 0;    ///< training iteration
+  std::uint32_t stream = 0;  ///< layer * 16 + site within the layer
+  index_t a = 1, b = 1, c = 1;            ///< local view [A, B, C]
+  index_t a_offset = 0, b_offset = 0, c_offset = 0;
+  index_t b_global = 1, c_global = 1;
+  /// Device path, CUDA graphs (training.cuda_graphs): when set, three device
+  /// words {step, sample offset low, high} that the kernels read at run time
+  /// instead of `step`, adding the sample offset to axis `sample_axis`'s
+  /// offset (0: a, 1: b), so that one captured launch serves every step and
+  /// micro-batch. Null: the values above, as they are.
+  const std::uint32_t* live = nullptr;
+  int sample_axis = 0;
+};
+/// y = x * keep / (1 - p), keep ~ Bernoulli(1 - p) from the site's counter.
+/// p = 0 copies. y may alias x.
+void dropout_forward(const Tensor& x, double p, const DropoutSite& site, Tensor& y);
+/// dx = dy * keep / (1 - p) with the same mask (recomputed, not stored).
+void dropout_backward(const Tensor& dy, double p, const DropoutSite& site, Tensor& dx);
+/// The keep decision for one global linear index (exposed for tests).
+bool dropout_keep(std::uint64_t seed, std::uint32_t step, std::uint32_t stream,
+                  std::uint64_t global_index, double p);
+
 // ------------------------------------------------------- Fused attention ---
 /// Causal self-attention without the [S, S] tensors (FlashAttention-2 on the
 /// device): out[b, i] = sum_{j<=i} softmax_j(scale q[b,i] . k[b,j]) v[b, j]
@@ -68,13 +100,24 @@ void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs,
 /// lse [B, S] = log-sum-exp over j <= i of scale q[b,i] . k[b,j] (natural log;
 /// the storage dtype on the host, fp32 on the device). Same numbers as
 /// gemm_batched + scaled_causal_softmax_forward + gemm_batched.
+///
+/// With `dropout` (p > 0): the probabilities are dropped after the softmax
+/// with the mask dropout_forward would apply to the unfused probabilities
+/// [B, S, S] viewed as [b, heads, S*S] at dropout.site (so with the same bits
+/// as the unfused path, on any decomposition), and the kept ones scaled by
+/// 1 / (1 - p); lse stays that of the undropped softmax. Host only for now.
+struct AttentionDropout {
+  double p = 0.0;
+  DropoutSite site;
+};
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                             Tensor& out, Tensor& lse);
-/// dq, dk, dv (overwrite) from dout and the forward's out and lse. The
-/// device kernels are deterministic (no atomics).
+                             Tensor& out, Tensor& lse, const AttentionDropout& dropout = {});
+/// dq, dk, dv (overwrite) from dout and the forward's out and lse (and the
+/// forward's dropout). The device kernels are deterministic (no atomics).
 void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
-                              Tensor& dq, Tensor& dk, Tensor& dv);
+                              Tensor& dq, Tensor& dk, Tensor& dv,
+                              const AttentionDropout& dropout = {});
 /// The same attention read and written in the linear layers' token-major
 /// layout (ops::split_heads' input), so the head split/merge copies vanish:
 /// qkv [s*b, 3*heads*d] (q | k | v, rows in [s, b] order) -> context
@@ -82,16 +125,19 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
 /// is split_heads + fused_attention_forward + merge_heads; on the device the
 /// kernels address the token-major rows directly. Same numbers either way.
 void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b, index_t heads,
-                                         double scale, Tensor& context, Tensor& lse);
+                                         double scale, Tensor& context, Tensor& lse,
+                                         const AttentionDropout& dropout = {});
 /// dqkv [s*b, 3*heads*d] (overwrite) from dcontext and the forward's qkv,
 /// context and lse, in the same layouts.
 void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& qkv,
                                           const Tensor& context, const Tensor& lse, index_t s,
-                                          index_t b, index_t heads, double scale, Tensor& dqkv);
+                                          index_t b, index_t heads, double scale, Tensor& dqkv,
+                                          const AttentionDropout& dropout = {});
 /// Whether the fused op takes these tensors: on the host any fp32/fp64 head
-/// dim (the reference implementation); on the device bf16 or fp16 with head
-/// dim 64 or 128, when the CUDA path is built. Never while attention dropout
-/// is active (training with p > 0): the fused kernels apply no dropout.
+/// dim (the reference implementation), attention dropout included; on the
+/// device bf16 or fp16 with head dim 64 or 128, when the CUDA path is built,
+/// and not while attention dropout is active (training with p > 0): the
+/// CUDA kernels apply no dropout yet.
 bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim,
                                double attention_dropout, bool training);
 
@@ -151,38 +197,6 @@ void add(const Tensor& a, const Tensor& b, Tensor& out);
 void axpy(double alpha, const Tensor& x, Tensor& y);
 /// x *= alpha (in place).
 void scale(Tensor& x, double alpha);
-
-// --------------------------------------------------------------- Dropout ---
-/// Where a dropout call sits in the global (unsharded) problem, so that the
-/// mask of every element depends on its global position, never on the rank.
-/// The tensor is viewed as [A, B, C] (A * B * C = numel); element (a, b, c)
-/// has global linear index ((a + a_offset) * b_global + (b + b_offset))
-/// * c_global + (c + c_offset). It is kept iff (w >> 8) * 2^-24 >= p, where w
-/// is word (index & 3) of Philox4x32-10(key = seed, counter = {q lo, q hi,
-/// step, stream}), q = index >> 2: one call serves 4 consecutive indices.
-struct DropoutSite {
-  std::uint64_t seed = 0;
-  std::uint32_t step = 0;    ///< training iteration
-  std::uint32_t stream = 0;  ///< layer * 16 + site within the layer
-  index_t a = 1, b = 1, c = 1;            ///< local view [A, B, C]
-  index_t a_offset = 0, b_offset = 0, c_offset = 0;
-  index_t b_global = 1, c_global = 1;
-  /// Device path, CUDA graphs (training.cuda_graphs): when set, three device
-  /// words {step, sample offset low, high} that the kernels read at run time
-  /// instead of `step`, adding the sample offset to axis `sample_axis`'s
-  /// offset (0: a, 1: b), so that one captured launch serves every step and
-  /// micro-batch. Null: the values above, as they are.
-  const std::uint32_t* live = nullptr;
-  int sample_axis = 0;
-};
-/// y = x * keep / (1 - p), keep ~ Bernoulli(1 - p) from the site's counter.
-/// p = 0 copies. y may alias x.
-void dropout_forward(const Tensor& x, double p, const DropoutSite& site, Tensor& y);
-/// dx = dy * keep / (1 - p) with the same mask (recomputed, not stored).
-void dropout_backward(const Tensor& dy, double p, const DropoutSite& site, Tensor& dx);
-/// The keep decision for one global linear index (exposed for tests).
-bool dropout_keep(std::uint64_t seed, std::uint32_t step, std::uint32_t stream,
-                  std::uint64_t global_index, double p);
 
 // ------------------------------------------------------------- Embedding ---
 /// out[n, :] = table[ids[n] - vocab_begin, :] if the id is in this shard's

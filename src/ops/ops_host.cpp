@@ -443,12 +443,38 @@ void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, d
   });
 }
 
+// ------------------------------------------------------- Dropout sites ---
+
+namespace {
+/// A dropout site's view [A, B, C] covers `numel` elements (`what`) and fits
+/// its global tensor.
+void check_dropout_site(const char* op, const DropoutSite& s, index_t numel,
+                        const std::string& what) {
+  MESH_VERIFY(s.a >= 0 && s.b > 0 && s.c > 0 && s.a * s.b * s.c == numel,
+              op << ": site view [" << s.a << ", " << s.b << ", " << s.c << "] does not cover "
+                 << what);
+  MESH_VERIFY(s.a_offset >= 0 && s.b_offset >= 0 && s.c_offset >= 0 &&
+                  s.b + s.b_offset <= s.b_global && s.c + s.c_offset <= s.c_global,
+              op << ": site view [" << s.a << ", " << s.b << ", " << s.c << "] at offsets ("
+                 << s.a_offset << ", " << s.b_offset << ", " << s.c_offset
+                 << ") does not fit in the global [*, " << s.b_global << ", " << s.c_global << "]");
+}
+
+/// The host kernels' placement of a site (whose step and offsets are its
+/// own: the live device words of CUDA graphs are the device's).
+kernels::DropoutPlacement placement(const DropoutSite& s) {
+  MESH_VERIFY(s.live == nullptr, "dropout: live step and offsets are device words (CUDA graphs)");
+  return {s.seed,     s.step,     s.stream,   s.b,        s.c,
+          s.a_offset, s.b_offset, s.c_offset, s.b_global, s.c_global};
+}
+}  // namespace
+
 // ------------------------------------------------------- Fused attention ---
 
 bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim,
                                double attention_dropout, bool training) {
-  if (training && attention_dropout > 0) return false;
   if (space == MemorySpace::Host) return dtype == DType::F32 || dtype == DType::F64;
+  if (training && attention_dropout > 0) return false;  // the CUDA kernels: not yet
 #ifdef MESHTRON_HAVE_CUDA
   return (dtype == DType::BF16 || dtype == DType::F16) && (head_dim == 64 || head_dim == 128);
 #else
@@ -475,10 +501,25 @@ bool check_attention(const char* op, const Arg& q, std::initializer_list<Arg> sa
                    << describe(q));
   return device;
 }
+
+/// The fused attention's dropout on `rows` rows of [B, S, S] probabilities
+/// (B = b x heads): p in [0, 1), on the host, and a site view [b, heads, S*S]
+/// that covers them; returns the kernels' mask.
+kernels::AttentionMask attention_mask(const char* op, const AttentionDropout& d, bool device,
+                                      index_t B, index_t S) {
+  if (d.p == 0.0) return {};
+  MESH_VERIFY(d.p > 0.0 && d.p < 1.0, op << ": dropout p must be in [0, 1), got " << d.p);
+  MESH_VERIFY(!device, op << ": the CUDA kernels apply no attention dropout (yet); "
+                             "use the unfused attention");
+  const DropoutSite& s = d.site;
+  check_dropout_site(op, s, B * S * S, "the probabilities [B, S, S]");
+  MESH_VERIFY(s.c == S * S, op << ": the dropout site's C = " << s.c << " must be S*S = " << S * S);
+  return {true, d.p, placement(s)};
+}
 }  // namespace
 
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                             Tensor& out, Tensor& lse) {
+                             Tensor& out, Tensor& lse, const AttentionDropout& dropout) {
   const char* op = "fused_attention_forward";
   const Arg aq{"q", q}, ak{"k", k}, av{"v", v}, ao{"out", out}, al{"lse", lse};
   on_device(op, {aq, ak, av, ao, al});
@@ -487,6 +528,7 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   for (const Arg& a : {aq, ak, av})
     MESH_VERIFY(!overlaps(out, a.t), op << ": out must not share memory with " << a.name);
   const index_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
+  const kernels::AttentionMask z = attention_mask(op, dropout, device, B, S);
   if (device) {
     ON_CUDA(cuda::fused_attention_forward(q.dtype(), q.raw(), k.raw(), v.raw(), B, S, D, scale,
                                           out.raw(), lse.data<float>()));
@@ -495,13 +537,13 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   with_float_type(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::causal_attention_forward<Host>(q.data<T>(), k.data<T>(), v.data<T>(), B, S, D, scale,
-                                            out.data<T>(), lse.data<T>());
+                                            z, out.data<T>(), lse.data<T>());
   });
 }
 
 void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
-                              Tensor& dq, Tensor& dk, Tensor& dv) {
+                              Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout& dropout) {
   const char* op = "fused_attention_backward";
   const Arg ado{"dout", dout}, aq{"q", q}, ak{"k", k}, av{"v", v}, ao{"out", out},
       al{"lse", lse}, adq{"dq", dq}, adk{"dk", dk}, adv{"dv", dv};
@@ -513,6 +555,7 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
       MESH_VERIFY(!overlaps(g.t, a.t), op << ": " << g.name << " must not share memory with "
                                           << a.name);
   const index_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
+  const kernels::AttentionMask z = attention_mask(op, dropout, device, B, S);
   if (device) {
     Tensor delta = Tensor::empty({B, S}, DType::F32, q.space());
     ON_CUDA(cuda::fused_attention_backward(q.dtype(), dout.raw(), q.raw(), k.raw(), v.raw(),
@@ -524,7 +567,7 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
     using T = decltype(zero);
     kernels::causal_attention_backward<Host>(dout.data<T>(), q.data<T>(), k.data<T>(),
                                              v.data<T>(), out.data<T>(), lse.data<T>(), B, S, D,
-                                             scale, dq.data<T>(), dk.data<T>(), dv.data<T>());
+                                             scale, z, dq.data<T>(), dk.data<T>(), dv.data<T>());
   });
 }
 
@@ -554,13 +597,15 @@ bool check_token_major(const char* op, const Arg& qkv, const Arg& context, index
 }  // namespace
 
 void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b, index_t heads,
-                                         double scale, Tensor& context, Tensor& lse) {
+                                         double scale, Tensor& context, Tensor& lse,
+                                         const AttentionDropout& dropout) {
   const char* op = "fused_attention_forward_token_major";
   const Arg aqkv{"qkv", qkv}, ac{"context", context}, al{"lse", lse};
   on_device(op, {aqkv, ac, al});
   require_float_args(op, {aqkv, ac});
   index_t d = 0;
   if (check_token_major(op, aqkv, ac, s, b, heads, al, d)) {
+    (void)attention_mask(op, dropout, true, b * heads, s);  // refuses p > 0
     ON_CUDA(cuda::fused_attention_forward_token_major(qkv.dtype(), qkv.raw(), s, b, heads, d,
                                                       scale, context.raw(), lse.data<float>()));
     return;
@@ -568,7 +613,7 @@ void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b
   Tensor parts[3];
   split_heads(qkv, s, b, heads, 3, parts);
   Tensor head_major = Tensor::empty(parts[0].shape(), qkv.dtype(), qkv.space());
-  fused_attention_forward(parts[0], parts[1], parts[2], scale, head_major, lse);
+  fused_attention_forward(parts[0], parts[1], parts[2], scale, head_major, lse, dropout);
   Tensor merged;
   merge_heads(&head_major, 1, s, b, heads, merged);
   context.copy_from(merged);
@@ -576,7 +621,8 @@ void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b
 
 void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& qkv,
                                           const Tensor& context, const Tensor& lse, index_t s,
-                                          index_t b, index_t heads, double scale, Tensor& dqkv) {
+                                          index_t b, index_t heads, double scale, Tensor& dqkv,
+                                          const AttentionDropout& dropout) {
   const char* op = "fused_attention_backward_token_major";
   const Arg adc{"dcontext", dcontext}, aqkv{"qkv", qkv}, ac{"context", context}, al{"lse", lse},
       adq{"dqkv", dqkv};
@@ -590,6 +636,7 @@ void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& 
   for (const Arg& a : {adc, aqkv, ac})
     MESH_VERIFY(!overlaps(dqkv, a.t), op << ": dqkv must not share memory with " << a.name);
   if (device) {
+    (void)attention_mask(op, dropout, true, b * heads, s);  // refuses p > 0
     Tensor delta = Tensor::empty({b * heads, s}, DType::F32, qkv.space());
     ON_CUDA(cuda::fused_attention_backward_token_major(
         qkv.dtype(), dcontext.raw(), qkv.raw(), context.raw(), lse.data<float>(), s, b, heads, d,
@@ -603,7 +650,7 @@ void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& 
   Tensor dparts[3];
   for (Tensor& g : dparts) g = Tensor::empty(parts[0].shape(), qkv.dtype(), qkv.space());
   fused_attention_backward(dout, parts[0], parts[1], parts[2], out, lse, scale, dparts[0],
-                           dparts[1], dparts[2]);
+                           dparts[1], dparts[2], dropout);
   Tensor merged;
   merge_heads(dparts, 3, s, b, heads, merged);
   dqkv.copy_from(merged);
@@ -865,14 +912,7 @@ void check_dropout(const char* op, const Arg& in, double p, const DropoutSite& s
   (void)require_float_args(op, {in, out});
   require_same_numel(op, in, out);
   MESH_VERIFY(p >= 0.0 && p < 1.0, op << ": p must be in [0, 1), got " << p);
-  MESH_VERIFY(s.a >= 0 && s.b > 0 && s.c > 0 && s.a * s.b * s.c == in.t.numel(),
-              op << ": site view [" << s.a << ", " << s.b << ", " << s.c << "] does not cover "
-                 << describe(in));
-  MESH_VERIFY(s.a_offset >= 0 && s.b_offset >= 0 && s.c_offset >= 0 &&
-                  s.b + s.b_offset <= s.b_global && s.c + s.c_offset <= s.c_global,
-              op << ": site view [" << s.a << ", " << s.b << ", " << s.c << "] at offsets ("
-                 << s.a_offset << ", " << s.b_offset << ", " << s.c_offset
-                 << ") does not fit in the global [*, " << s.b_global << ", " << s.c_global << "]");
+  check_dropout_site(op, s, in.t.numel(), describe(in));
 }
 
 void dropout_apply(const Tensor& in, double p, const DropoutSite& s, Tensor& out) {
@@ -883,9 +923,7 @@ void dropout_apply(const Tensor& in, double p, const DropoutSite& s, Tensor& out
                                 out.raw()));
     return;
   }
-  MESH_VERIFY(s.live == nullptr, "dropout: live step and offsets are device words (CUDA graphs)");
-  const kernels::DropoutPlacement place{s.seed,     s.step,     s.stream,   s.b,        s.c,
-                                        s.a_offset, s.b_offset, s.c_offset, s.b_global, s.c_global};
+  const kernels::DropoutPlacement place = placement(s);
   with_float_type(in.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::dropout_apply<Host>(in.data<T>(), in.numel(), p, place, out.data<T>());

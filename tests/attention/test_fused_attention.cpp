@@ -9,11 +9,16 @@
 //    softmax backward, dQ = dS K, dK = dS^T Q) to 1e-12;
 //  * backward against central differences of L = sum(w * out) for every
 //    element of q, k and v (h = 1e-6, error <= 1e-7 of the largest gradient);
+//  * with attention dropout: forward and backward equal the unfused
+//    composition with dropout_forward / dropout_backward on the
+//    probabilities at the same site (so the same mask), to 1e-12; a call on
+//    a shard of the heads and samples (the site's offsets, as under tp and
+//    dp) equals the same rows of the whole call bit for bit;
 //  * fused_attention_supported's rules, and model.attention_backend's
 //    deck validation;
-//  * the tiny GPT (head dim 4, dropout off) trained 3 steps in fp64 with
+//  * the tiny GPT (head dim 4) trained 3 steps in fp64 with
 //    attention_backend = fused: losses and parameters equal the unfused
-//    run to 1e-10; fused with attention dropout on is a one-line UserError.
+//    run to 1e-10, with attention dropout off and on.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -156,16 +161,111 @@ TEST(FusedAttentionHost, BackwardMatchesFiniteDifferences) {
   }
 }
 
+/// The probabilities' dropout site of `batch` samples x `heads` heads of S x S,
+/// placed at (sample_offset, head_offset) in [*, heads_global, S*S].
+ops::DropoutSite probs_site(index_t batch, index_t heads, index_t S, index_t sample_offset = 0,
+                            index_t head_offset = 0, index_t heads_global = 0) {
+  ops::DropoutSite site;
+  site.seed = 1234;
+  site.step = 7;
+  site.stream = 3;
+  site.a = batch;
+  site.b = heads;
+  site.c = S * S;
+  site.a_offset = sample_offset;
+  site.b_offset = head_offset;
+  site.b_global = heads_global > 0 ? heads_global : heads;
+  site.c_global = S * S;
+  return site;
+}
+
+TEST(FusedAttentionHost, DropoutEqualsUnfusedCompositionWithTheSameMask) {
+  const index_t batch = 2, heads = 3, S = 19, D = 8, B = batch * heads;
+  const double scale = 1.0 / std::sqrt(double(D)), p = 0.3;
+  const ops::AttentionDropout dropout{p, probs_site(batch, heads, S)};
+  const Tensor q = random_tensor({B, S, D}, 21, -2, 2), k = random_tensor(q.shape(), 22, -2, 2),
+               v = random_tensor(q.shape(), 23), dout = random_tensor(q.shape(), 24);
+  Tensor out = Tensor::empty(q.shape(), DType::F64), lse = Tensor::empty({B, S}, DType::F64);
+  ops::fused_attention_forward(q, k, v, scale, out, lse, dropout);
+  Tensor dq = Tensor::empty(q.shape(), DType::F64), dk = dq.clone(), dv = dq.clone();
+  ops::fused_attention_backward(dout, q, k, v, out, lse, scale, dq, dk, dv, dropout);
+
+  // The unfused path: probabilities, dropout at the same site, then P V.
+  const Unfused u = unfused_forward(q, k, v, scale);
+  Tensor kept = Tensor::empty(u.probs.shape(), DType::F64);
+  ops::dropout_forward(u.probs, p, dropout.site, kept);
+  Tensor ref_out = Tensor::empty(q.shape(), DType::F64);
+  ops::gemm_batched(kept, false, v, false, ref_out);
+  EXPECT_LE(max_rel(out, ref_out), 1e-12);
+  EXPECT_LE(max_rel(lse, reference_lse(u.scores, scale)), 1e-12);  // undropped
+  EXPECT_GT(max_rel(out, u.out), 0.05);  // the mask dropped something
+
+  Tensor dkept = Tensor::empty(u.probs.shape(), DType::F64), dprobs = dkept.clone(),
+         dscores = dkept.clone();
+  Tensor rq = Tensor::empty(q.shape(), DType::F64), rk = rq.clone(), rv = rq.clone();
+  ops::gemm_batched(dout, false, v, true, dkept);
+  ops::gemm_batched(kept, true, dout, false, rv);
+  ops::dropout_backward(dkept, p, dropout.site, dprobs);
+  ops::scaled_causal_softmax_backward(dprobs, u.probs, scale, dscores);
+  ops::gemm_batched(dscores, false, k, false, rq);
+  ops::gemm_batched(dscores, true, q, false, rk);
+  EXPECT_LE(max_rel(dq, rq), 1e-12);
+  EXPECT_LE(max_rel(dk, rk), 1e-12);
+  EXPECT_LE(max_rel(dv, rv), 1e-12);
+}
+
+/// Rows [entry S, entry S + S) of x [B, S, D] for each listed batch entry.
+Tensor gather_entries(const Tensor& x, const std::vector<index_t>& entries) {
+  const index_t S = x.dim(1), D = x.dim(2);
+  Tensor out = Tensor::empty({index_t(entries.size()), S, D}, DType::F64);
+  for (std::size_t e = 0; e < entries.size(); ++e)
+    std::copy_n(x.data<double>() + entries[e] * S * D, S * D, out.data<double>() + e * S * D);
+  return out;
+}
+
+TEST(FusedAttentionHost, DropoutOnAShardEqualsTheSameRowsOfTheWholeCall) {
+  // 3 samples x 4 heads; the shard: sample 2, heads 2..3 (as tp 2 rank 1 of
+  // a dp rank holding the third sample).
+  const index_t batch = 3, heads = 4, S = 11, D = 4, B = batch * heads;
+  const double scale = 0.5, p = 0.25;
+  const Tensor q = random_tensor({B, S, D}, 31, -2, 2), k = random_tensor(q.shape(), 32, -2, 2),
+               v = random_tensor(q.shape(), 33), dout = random_tensor(q.shape(), 34);
+  const ops::AttentionDropout whole{p, probs_site(batch, heads, S)};
+  Tensor out = Tensor::empty(q.shape(), DType::F64), lse = Tensor::empty({B, S}, DType::F64);
+  ops::fused_attention_forward(q, k, v, scale, out, lse, whole);
+  Tensor dq = Tensor::empty(q.shape(), DType::F64), dk = dq.clone(), dv = dq.clone();
+  ops::fused_attention_backward(dout, q, k, v, out, lse, scale, dq, dk, dv, whole);
+
+  const std::vector<index_t> entries = {2 * heads + 2, 2 * heads + 3};
+  const ops::AttentionDropout shard{p, probs_site(1, 2, S, /*sample_offset=*/2,
+                                                  /*head_offset=*/2, /*heads_global=*/heads)};
+  const Tensor sq = gather_entries(q, entries), sk = gather_entries(k, entries),
+               sv = gather_entries(v, entries), sdout = gather_entries(dout, entries);
+  Tensor sout = Tensor::empty(sq.shape(), DType::F64), slse = Tensor::empty({2, S}, DType::F64);
+  ops::fused_attention_forward(sq, sk, sv, scale, sout, slse, shard);
+  Tensor sdq = Tensor::empty(sq.shape(), DType::F64), sdk = sdq.clone(), sdv = sdq.clone();
+  ops::fused_attention_backward(sdout, sq, sk, sv, sout, slse, scale, sdq, sdk, sdv, shard);
+  const std::pair<const Tensor*, const Tensor*> pairs[] = {
+      {&sout, &out}, {&sdq, &dq}, {&sdk, &dk}, {&sdv, &dv}};
+  for (const auto& [part, full] : pairs)
+    EXPECT_EQ(max_rel(*part, gather_entries(*full, entries)), 0.0);
+  // A wrong offset is a different mask.
+  const ops::AttentionDropout misplaced{p, probs_site(1, 2, S, 2, 0, heads)};
+  ops::fused_attention_forward(sq, sk, sv, scale, sout, slse, misplaced);
+  EXPECT_GT(max_rel(sout, gather_entries(out, entries)), 0.01);
+}
+
 TEST(FusedAttentionHost, SupportedRules) {
   using ops::fused_attention_supported;
   EXPECT_TRUE(fused_attention_supported(DType::F64, MemorySpace::Host, 4, 0.0, true));
   EXPECT_TRUE(fused_attention_supported(DType::F32, MemorySpace::Host, 4, 0.1, false));
-  EXPECT_FALSE(fused_attention_supported(DType::F32, MemorySpace::Host, 64, 0.1, true));
+  EXPECT_TRUE(fused_attention_supported(DType::F32, MemorySpace::Host, 64, 0.1, true));
   EXPECT_FALSE(fused_attention_supported(DType::F32, MemorySpace::Cuda, 64, 0.0, true));
   EXPECT_FALSE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 96, 0.0, true));
 #ifdef MESHTRON_HAVE_CUDA
   EXPECT_TRUE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 64, 0.0, true));
   EXPECT_TRUE(fused_attention_supported(DType::F16, MemorySpace::Cuda, 128, 0.1, false));
+  EXPECT_FALSE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 64, 0.1, true));
 #else
   EXPECT_FALSE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 64, 0.0, true));
 #endif
@@ -196,8 +296,17 @@ TEST(FusedAttentionHost, TinyGptFusedBackendEqualsUnfused) {
   EXPECT_EQ(train_with("auto", 0.0).losses, unfused.losses);
 }
 
-TEST(FusedAttentionHost, FusedBackendWithAttentionDropoutIsAUserError) {
-  EXPECT_THROW(train_with("fused", 0.1), UserError);
+TEST(FusedAttentionHost, TinyGptFusedBackendWithAttentionDropoutEqualsUnfused) {
+  const testing::RunResult fused = train_with("fused", 0.1);
+  const testing::RunResult unfused = train_with("unfused", 0.1);
+  ASSERT_EQ(fused.losses.size(), unfused.losses.size());
+  for (std::size_t i = 0; i < fused.losses.size(); ++i)
+    EXPECT_NEAR(fused.losses[i], unfused.losses[i], 1e-10 * unfused.losses[i]) << "step " << i + 1;
+  for (const auto& [name, values] : unfused.params)
+    EXPECT_LE(testing::norm_rel_error(fused.params.at(name), values), 1e-10) << name;
+  // and the dropout was on: not the run without it
+  const testing::RunResult plain = train_with("unfused", 0.0);
+  EXPECT_GT(std::fabs(plain.losses.back() - unfused.losses.back()), 1e-8);
 }
 
 }  // namespace
