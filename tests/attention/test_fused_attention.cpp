@@ -284,26 +284,25 @@ testing::RunResult train_with(const std::string& backend, double attention_dropo
   return testing::train_layout(MPI_COMM_SELF, layout, DType::F64, 3);
 }
 
-TEST(FusedAttentionHost, TinyGptFusedBackendEqualsUnfused) {
-  const testing::RunResult fused = train_with("fused", 0.0);
-  const testing::RunResult unfused = train_with("unfused", 0.0);
+/// Losses and parameters of the fused run equal the unfused run's to 1e-10.
+void expect_same_training(const testing::RunResult& fused, const testing::RunResult& unfused) {
   ASSERT_EQ(fused.losses.size(), unfused.losses.size());
   for (std::size_t i = 0; i < fused.losses.size(); ++i)
     EXPECT_NEAR(fused.losses[i], unfused.losses[i], 1e-10 * unfused.losses[i]) << "step " << i + 1;
   for (const auto& [name, values] : unfused.params)
     EXPECT_LE(testing::norm_rel_error(fused.params.at(name), values), 1e-10) << name;
+}
+
+TEST(FusedAttentionHost, TinyGptFusedBackendEqualsUnfused) {
+  const testing::RunResult unfused = train_with("unfused", 0.0);
+  expect_same_training(train_with("fused", 0.0), unfused);
   // auto on the host is the unfused path: bitwise the same run.
   EXPECT_EQ(train_with("auto", 0.0).losses, unfused.losses);
 }
 
 TEST(FusedAttentionHost, TinyGptFusedBackendWithAttentionDropoutEqualsUnfused) {
-  const testing::RunResult fused = train_with("fused", 0.1);
   const testing::RunResult unfused = train_with("unfused", 0.1);
-  ASSERT_EQ(fused.losses.size(), unfused.losses.size());
-  for (std::size_t i = 0; i < fused.losses.size(); ++i)
-    EXPECT_NEAR(fused.losses[i], unfused.losses[i], 1e-10 * unfused.losses[i]) << "step " << i + 1;
-  for (const auto& [name, values] : unfused.params)
-    EXPECT_LE(testing::norm_rel_error(fused.params.at(name), values), 1e-10) << name;
+  expect_same_training(train_with("fused", 0.1), unfused);
   // and the dropout was on: not the run without it
   const testing::RunResult plain = train_with("unfused", 0.0);
   EXPECT_GT(std::fabs(plain.losses.back() - unfused.losses.back()), 1e-8);
