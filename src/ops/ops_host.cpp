@@ -502,9 +502,9 @@ bool check_attention(const char* op, const Arg& q, std::initializer_list<Arg> sa
   return device;
 }
 
-/// The fused attention's dropout on `rows` rows of [B, S, S] probabilities
-/// (B = b x heads): p in [0, 1), on the host, and a site view [b, heads, S*S]
-/// that covers them; returns the kernels' mask.
+/// The fused attention's dropout on the [B, S, S] probabilities (B = b x
+/// heads): p in [0, 1), on the host (the CUDA kernels take none yet), and a
+/// site view [b, heads, S*S] that covers them; returns the host kernels' mask.
 kernels::AttentionMask attention_mask(const char* op, const AttentionDropout& d, bool device,
                                       index_t B, index_t S) {
   if (d.p == 0.0) return {};
