@@ -130,6 +130,23 @@ TEST(Decomposition, BalancedPipelineSplitsMatchSingleRankRun) {
   }
 }
 
+// model.attention_backend = fused: the host's fused attention, which drops
+// the probabilities with the unfused path's mask of the global (sample, head,
+// i, j) index (this deck's attention_dropout is 0.1), on tp (heads split, with
+// SP), pp and dp (samples split) against the unfused single-rank run.
+TEST(Decomposition, FusedAttentionWithDropoutMatchesSingleRankRun) {
+  const int world = world_size();
+  if (world % 2) GTEST_SKIP() << "needs an even world";
+  std::vector<Layout> layouts = {Layout{2, 1, world / 2, "1f1b", false, true},
+                                 Layout{1, 2, world / 2, "1f1b"}};
+  if (world % 4 == 0) layouts.push_back(Layout{2, 2, world / 4, "1f1b", true, true});
+  for (Layout layout : layouts) {
+    layout.overrides = {"model.attention_backend=fused"};
+    SCOPED_TRACE(layout.name());
+    expect_matches_single_rank(layout);
+  }
+}
+
 // The one-rank memorisation run the GPU tests build on (testing::memorise):
 // on the host path too the loss of a fixed batch falls, every step updates.
 TEST(Reference, MemorisingOneBatchLowersItsLoss) {
