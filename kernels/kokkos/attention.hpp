@@ -39,10 +39,11 @@ struct AttentionMask {
   double p = 0.0;
   DropoutPlacement site{};
 
-  /// For element (i, j) of batch entry `entry` (rows [entry S, entry S + S)).
-  KOKKOS_INLINE_FUNCTION accum_t operator()(kindex entry, kindex i, kindex j, kindex S) const {
+  /// For key j of query row `row` (of the B*S rows: entry S + i), whose
+  /// probabilities are local elements row S + j of [B, S, S].
+  KOKKOS_INLINE_FUNCTION accum_t operator()(kindex row, kindex j, kindex S) const {
     if (!on) return 1;
-    return site.keep((entry * S + i) * S + j, p) ? accum_t(1) / (1 - p) : accum_t(0);
+    return site.keep(row * S + j, p) ? accum_t(1) / (1 - p) : accum_t(0);
   }
 };
 
@@ -76,7 +77,7 @@ struct CausalAttentionForward {
     for (kindex j = 0; j <= i; ++j) {
       const accum_t e = kmath::exp(scale * row_dot(qi, k + (first + j) * D, D) - m);
       l += e;
-      const accum_t ez = e * z(r / S, i, j, S);
+      const accum_t ez = e * z(r, j, S);
       const T* vj = v + (first + j) * D;
       for (kindex d = 0; d < D; ++d) acc(r, d) += ez * accum_t(vj[d]);
     }
@@ -105,7 +106,7 @@ struct CausalAttentionBackwardQuery {
     for (kindex j = 0; j <= i; ++j) {
       const T *kj = k + (first + j) * D, *vj = v + (first + j) * D;
       const accum_t p = kmath::exp(scale * row_dot(qi, kj, D) - accum_t(lse[r]));
-      const accum_t dx = p * (z(r / S, i, j, S) * row_dot(doi, vj, D) - delta_i);
+      const accum_t dx = p * (z(r, j, S) * row_dot(doi, vj, D) - delta_i);
       for (kindex d = 0; d < D; ++d) acc(r, d) += dx * accum_t(kj[d]);
     }
     for (kindex d = 0; d < D; ++d) dq[r * D + d] = T(scale * acc(r, d));
@@ -131,7 +132,7 @@ struct CausalAttentionBackwardKey {
       const kindex ri = first + i;
       const T *qi = q + ri * D, *doi = dout + ri * D;
       const accum_t p = kmath::exp(scale * row_dot(qi, kj, D) - accum_t(lse[ri]));
-      const accum_t zij = z(r / S, i, j, S), pz = p * zij;
+      const accum_t zij = z(ri, j, S), pz = p * zij;
       const accum_t dx = p * (zij * row_dot(doi, vj, D) - delta(ri));
       for (kindex d = 0; d < D; ++d) {
         acc_k(r, d) += dx * accum_t(qi[d]);
