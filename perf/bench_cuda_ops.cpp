@@ -44,6 +44,9 @@
 // D = 64) and at D = 128 (B = 8 x 16 heads). TFLOP/s count the causal work
 // only: 4 B S^2 D / 2 forward, 2.5 times that backward, for both paths (so
 // the unfused path, which computes the full S x S, is credited with half).
+// Each path also with attention dropout 0.1 ("p.1" rows: the fused kernels'
+// own Philox mask; unfused: dropout_forward/backward on [B, S, S] as in
+// Attention).
 // On the token-major layout the model uses (qkv [s*b, 3*heads*d], what
 // ops::fused_attention_*_token_major read in place), our kernels ("own tm")
 // against cuDNN's fused attention ("cudnn tm", kernels/cuda/cudnn_attention.cu;
@@ -625,39 +628,64 @@ struct AttentionTimes {
 };
 
 AttentionTimes time_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& dout, double scale) {
+                                    const Tensor& dout, double scale,
+                                    const ops::AttentionDropout& dropout = {}) {
   const index_t B = q.dim(0), S = q.dim(1);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), MemorySpace::Cuda);
   Tensor lse = Tensor::empty({B, S}, DType::F32, MemorySpace::Cuda);
   Tensor dq = out.clone(), dk = out.clone(), dv = out.clone();
-  const double fwd = median_ms([&] { ops::fused_attention_forward(q, k, v, scale, out, lse); });
-  const double bwd = median_ms(
-      [&] { ops::fused_attention_backward(dout, q, k, v, out, lse, scale, dq, dk, dv); });
+  const double fwd =
+      median_ms([&] { ops::fused_attention_forward(q, k, v, scale, out, lse, dropout); });
+  const double bwd = median_ms([&] {
+    ops::fused_attention_backward(dout, q, k, v, out, lse, scale, dq, dk, dv, dropout);
+  });
   return {fwd, bwd};
 }
 
+/// With dropout.p > 0, the probabilities are dropped as in Attention
+/// (dropout_forward into a third [B, S, S] tensor; dropout_backward).
 AttentionTimes time_unfused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      const Tensor& dout, double scale) {
+                                      const Tensor& dout, double scale,
+                                      const ops::AttentionDropout& dropout = {}) {
   using namespace ops;
   const index_t B = q.dim(0), S = q.dim(1);
+  const bool drop = dropout.p > 0;
   Tensor scores = Tensor::empty({B, S, S}, q.dtype(), MemorySpace::Cuda), probs = scores.clone();
+  Tensor kept = drop ? scores.clone() : probs;
   Tensor out = Tensor::empty(q.shape(), q.dtype(), MemorySpace::Cuda);
   Tensor dq = out.clone(), dk = out.clone(), dv = out.clone();
   const double fwd = median_ms([&] {
     gemm_batched(q, false, k, true, scores);
     scaled_causal_softmax_forward(scores, scale, probs);
-    gemm_batched(probs, false, v, false, out);
+    if (drop) dropout_forward(probs, dropout.p, dropout.site, kept);
+    gemm_batched(kept, false, v, false, out);
   });
   Tensor& dprobs = scores;  // the scores are dead after the forward, as in Attention
   Tensor dscores = Tensor::empty({B, S, S}, q.dtype(), MemorySpace::Cuda);
   const double bwd = median_ms([&] {
     gemm_batched(dout, false, v, true, dprobs);
-    gemm_batched(probs, true, dout, false, dv);
+    gemm_batched(kept, true, dout, false, dv);
+    if (drop) dropout_backward(dprobs, dropout.p, dropout.site, dprobs);
     scaled_causal_softmax_backward(dprobs, probs, scale, dscores);
     gemm_batched(dscores, false, k, false, dq);
     gemm_batched(dscores, true, q, false, dk);
   });
   return {fwd, bwd};
+}
+
+/// Attention dropout p on B = 8 samples x heads of S x S, as one GPU's
+/// layer sees it (the site of Attention::probs_site).
+ops::AttentionDropout attention_dropout(double p, index_t B, index_t S) {
+  ops::DropoutSite site;
+  site.seed = 1234;
+  site.step = 1;
+  site.stream = 17;
+  site.a = 8;
+  site.b = B / 8;
+  site.c = S * S;
+  site.b_global = site.b;
+  site.c_global = site.c;
+  return {p, site};
 }
 
 /// Token-major times of one backend: `fwd` then `bwd` on fwd's outputs.
@@ -699,8 +727,9 @@ void bench_attention_token_major() {
                   t.fwd_ms + t.bwd_ms, (fwd_flop + bwd_flop) / ((t.fwd_ms + t.bwd_ms) * 1e9));
     };
     const AttentionTimes own =
-        time_token_major(qkv, dctx, c.s, c.b, c.heads, c.d, cuda::flash_attention_forward_token_major,
-                         cuda::flash_attention_backward_token_major);
+        time_token_major(qkv, dctx, c.s, c.b, c.heads, c.d,
+                         [](auto... args) { cuda::flash_attention_forward_token_major(args...); },
+                         [](auto... args) { cuda::flash_attention_backward_token_major(args...); });
     row("own tm", own);
     const cuda::CudnnAttentionSupport cudnn =
         cuda::cudnn_attention_support(DType::BF16, c.s, c.b, c.heads, c.d);
@@ -744,12 +773,27 @@ void bench_attention(bool fused_only) {
     };
     const AttentionTimes fused = time_fused_attention(q, k, v, dout, scale);
     row("fused", fused);
+    const ops::AttentionDropout dropout = attention_dropout(0.1, c.B, c.S);
+    const AttentionTimes fused_drop = time_fused_attention(q, k, v, dout, scale, dropout);
+    row("fused p.1", fused_drop);
+    std::printf("%-34s attention dropout 0.1 costs the fused kernels: fwd %.2fx, bwd %.2fx, "
+                "fwd+bwd %.2fx\n",
+                c.what, fused_drop.fwd_ms / fused.fwd_ms, fused_drop.bwd_ms / fused.bwd_ms,
+                (fused_drop.fwd_ms + fused_drop.bwd_ms) / (fused.fwd_ms + fused.bwd_ms));
     if (fused_only) continue;
     const AttentionTimes unfused = time_unfused_attention(q, k, v, dout, scale);
     row("unfused", unfused);
     std::printf("%-34s speed-up fused/unfused: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx\n", c.what,
                 unfused.fwd_ms / fused.fwd_ms, unfused.bwd_ms / fused.bwd_ms,
                 (unfused.fwd_ms + unfused.bwd_ms) / (fused.fwd_ms + fused.bwd_ms));
+    const AttentionTimes unfused_drop = time_unfused_attention(q, k, v, dout, scale, dropout);
+    row("unfused p.1", unfused_drop);
+    std::printf("%-34s with attention dropout 0.1, speed-up fused/unfused: fwd %.2fx, bwd %.2fx, "
+                "fwd+bwd %.2fx\n",
+                c.what, unfused_drop.fwd_ms / fused_drop.fwd_ms,
+                unfused_drop.bwd_ms / fused_drop.bwd_ms,
+                (unfused_drop.fwd_ms + unfused_drop.bwd_ms) /
+                    (fused_drop.fwd_ms + fused_drop.bwd_ms));
   }
   bench_attention_token_major();
 }

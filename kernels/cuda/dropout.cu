@@ -8,10 +8,8 @@
 // and the global index of local (a, b, c) in the view [A, B, C] placed at
 // (a_off, b_off, c_off) inside [*, B_global, C_global] is
 //   ((a + a_off) B_global + (b + b_off)) C_global + (c + c_off).
-// The Kokkos header cannot be shared (its functions are host-only in the
-// Serial build), so the generator is restated here with the same constants;
-// tests/gpu checks the masks against the host's, element by element.
-// __umulhi gives the high half of the 32x32 products in one instruction.
+// The generator and the decision are kernels/cuda/philox.cuh's (shared with
+// the attention dropout of the fused attention kernels).
 //
 // Speed. The generator (10 rounds of 32x32-bit multiplies) bounded the
 // kernel when every element ran its own call; now the grouped kernel gives
@@ -44,63 +42,13 @@
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/philox.cuh"
 #include "ops/ops_cuda.hpp"
 
 namespace meshtron::cuda {
 namespace {
 
-constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-
-/// Philox4x32-10: the four output words of counter (c0, c1, c2, c3), key (k0, k1).
-__device__ __forceinline__ uint4 philox4x32_10(std::uint32_t c0, std::uint32_t c1,
-                                               std::uint32_t c2, std::uint32_t c3,
-                                               std::uint32_t k0, std::uint32_t k1) {
-#pragma unroll
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {  // key schedule: bump before every round but the first
-      k0 += kW0;
-      k1 += kW1;
-    }
-    const std::uint32_t hi0 = __umulhi(kM0, c0), lo0 = kM0 * c0;
-    const std::uint32_t hi1 = __umulhi(kM1, c2), lo1 = kM1 * c2;
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-  }
-  return make_uint4(c0, c1, c2, c3);
-}
-
-/// `s` with the step and sample offset of this launch: the device words of
-/// s.live when set (CUDA graphs: one captured launch, many steps), else as is.
-__device__ __forceinline__ DropoutPlacement resolved(DropoutPlacement s) {
-  if (s.live == nullptr) return s;
-  s.step = s.live[0];
-  const kindex sample = kindex(std::uint64_t(s.live[1]) | (std::uint64_t(s.live[2]) << 32));
-  (s.sample_axis == 0 ? s.a_offset : s.b_offset) += sample;
-  return s;
-}
-
-/// The four words of group q (global indices 4q .. 4q + 3).
-__device__ __forceinline__ uint4 group_bits(const DropoutPlacement& s, std::uint64_t q) {
-  return philox4x32_10(std::uint32_t(q), std::uint32_t(q >> 32), s.step, s.stream,
-                       std::uint32_t(s.seed), std::uint32_t(s.seed >> 32));
-}
-
-/// keep iff (w >> 8) 2^-24 >= p, i.e. iff (w >> 8) >= ceil(p 2^24): the
-/// same decision in integers (p 2^24 is exact in double), computed once.
-__device__ __forceinline__ bool keep_word(std::uint32_t w, std::uint32_t threshold) {
-  return (w >> 8) >= threshold;
-}
-
-/// Decision of one element on its own: its group's call, its word.
-__device__ __forceinline__ bool keep_element(const DropoutPlacement& s, std::uint64_t index,
-                                             std::uint32_t threshold) {
-  const uint4 r = group_bits(s, index >> 2);
-  const unsigned j = unsigned(index & 3u);
-  return keep_word(j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w, threshold);
-}
+using namespace philox;
 
 /// I = uint32_t when every extent fits (64-bit division is emulated on the
 /// GPU and would cost more than the generator itself), else uint64_t.
@@ -178,11 +126,6 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
 
 /// Packs per thread of the grouped kernel.
 constexpr int kGroupedPacks = 2;
-
-/// Word j of r (j a constant after unrolling: no select left).
-__device__ __forceinline__ std::uint32_t word(const uint4& r, int j) {
-  return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
-}
 
 /// One Philox call per aligned group of 4 (see the header: C, c_offset,
 /// C_global multiples of 4, in and out 16-byte aligned). Thread chunks of
@@ -277,7 +220,7 @@ void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPl
                                    compute_stream()));
       return;
     }
-    const auto threshold = std::uint32_t(std::ceil(p * 16777216.0));  // p < 1: <= 2^24
+    const std::uint32_t threshold = keep_threshold(p);
     const float keep_scale = float(1.0 / (1.0 - p));
     // The packed kernel's carries can step one past the last element
     // (a = A), so 32-bit indices need n < UINT32_MAX, not <=.

@@ -24,6 +24,10 @@
 // exponent's fma) in registers; lse = (m + log2 l) ln 2. The causal mask is
 // applied only to the blocks the diagonal crosses.
 //
+// Attention dropout (training): the same kernels with kDrop (a template
+// switch, so the kernels without it are unchanged) drop P with the unfused
+// path's Philox mask; see "attention dropout" below.
+//
 // Backward, deterministic (no atomics; the same bits every run):
 //   1. delta_i = dout_i . out_i                    (D / 8 lanes per row)
 //   2. dK, dV: one CTA per block of keys (16 or 32 per warp), walking the query
@@ -45,7 +49,9 @@
 // the same backend; a shape whose forward cuDNN plans but whose backward it
 // has no deterministic engine for runs cuDNN forward + our backward (our
 // backward reads the same natural-log lse). A one-time stderr line (rank 0)
-// names the choice. flash_attention_*_token_major always run these kernels.
+// names the choice. flash_attention_*_token_major always run these kernels,
+// and so does every call with attention dropout (cuDNN's dropout mask is
+// drawn from its own generator, not the unfused path's Philox bits).
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -56,6 +62,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/philox.cuh"
 #include "ops/ops_cuda.hpp"
 
 namespace meshtron::cuda {
@@ -293,6 +300,109 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
   return nb * 8 + (lane % 4) * 2 + (e & 1);
 }
 
+// ------------------------------------------------------ attention dropout ---
+//
+// With attention dropout (the kDrop kernels) P_ij of entry bh (= sample x
+// local head) is kept with the unfused path's decision: the probabilities
+// [B, S, S] are the dropout site's view [b, heads, S*S], so P_ij has the
+// global index base(bh) + i S + j, base(bh) = ((sample + a_offset) b_global
+// + head + b_offset) S^2, and one Philox call decides the 4 keys j = 4u ..
+// 4u + 3 of a query i (philox.cuh). The forward multiplies P by keep / (1 -
+// p) after the row sums (lse stays the undropped softmax's); the backward
+// uses dV += (P o Z)^T dO and dS = P o (Z o dP - delta), delta = dO . O with
+// the dropped O.
+//
+// Where S % 4 == 0 the groups of 4 keys are aligned in every m16n8 tile (its
+// columns start at multiples of 8, its rows at multiples of 16, base(bh) is
+// a multiple of 4), and each lane makes ONE Philox call per tile for its 4
+// elements: the lanes that share a group take one group each and trade the
+// decisions by shuffles. Otherwise each element makes its own call.
+
+/// The attention dropout of a launch (see ops_cuda.hpp's AttentionDropoutSite).
+struct FlashDropout {
+  DropoutPlacement site{};
+  std::uint32_t threshold = 0;
+  float keep_scale = 1.f;
+};
+
+/// The dropout of one entry (a CTA's blockIdx.y): the site with the live
+/// step and sample offset resolved, and the global index of P_00.
+struct EntryDropout {
+  DropoutPlacement site;
+  std::uint64_t base;
+  kindex S;
+  std::uint32_t threshold;
+  float keep_scale;
+
+  __device__ EntryDropout(const FlashDropout& d, kindex bh, kindex S_)
+      : site(philox::resolved(d.site)), S(S_), threshold(d.threshold), keep_scale(d.keep_scale) {
+    const kindex sample = bh / site.b, head = bh % site.b;
+    base = std::uint64_t(((sample + site.a_offset) * site.b_global + head + site.b_offset) *
+                         site.c_global);
+  }
+  __device__ bool grouped() const { return S % 4 == 0; }
+  __device__ std::uint64_t index(kindex query, kindex key) const {
+    return base + std::uint64_t(query * S + key);
+  }
+  /// P_ij of accumulator element e with keep bits `bits`, dropped and scaled.
+  __device__ float apply(float x, unsigned bits, int e) const {
+    return (bits >> e) & 1u ? x * keep_scale : 0.f;
+  }
+  /// Per element: bit e for element e at (query(e), key(e)).
+  template <class Query, class Key>
+  __device__ unsigned bits_per_element(Query query, Key key) const {
+    unsigned bits = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      bits |= unsigned(philox::keep_element(site, index(query(e), key(e)), threshold)) << e;
+    return bits;
+  }
+};
+
+/// Keep bits (bit e: accumulator element e) of the m16n8 tile whose row r,
+/// column c is query row0 + r, key col0 + c (forward and dQ). Grouped:
+/// lanes t = 2u and 2u + 1 hold keys col0 + 4u .. 4u + 3 of rows g and
+/// g + 8; lane 2u draws row g's group, lane 2u + 1 row g + 8's, and each
+/// hands the other the half it needs. Warp-uniform call (shuffles).
+__device__ __forceinline__ unsigned keep_bits_query_rows(const EntryDropout& d, kindex row0,
+                                                         kindex col0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  if (!d.grouped())
+    return d.bits_per_element([&](int e) { return row0 + elem_row(lane, e); },
+                              [&](int e) { return col0 + elem_col(lane, 0, e); });
+  const bool odd = t & 1;
+  const kindex row = row0 + g + (odd ? 8 : 0), col = col0 + 4 * (t >> 1);
+  const unsigned own =
+      philox::keep_bits(philox::group_bits(d.site, d.index(row, col) >> 2), d.threshold);
+  // Even lanes hold words 0, 1 (columns 4u, 4u + 1), odd lanes words 2, 3.
+  const unsigned got = __shfl_xor_sync(0xffffffffu, odd ? own & 3u : own >> 2, 1);
+  return odd ? got | (own & 12u) : (own & 3u) | (got << 2);
+}
+
+/// Keep bits of the m16n8 tile whose row r, column c is key row0 + r, query
+/// col0 + c (dK/dV: P^T). Grouped: the four lanes g = 4u + r (r = 0..3, same
+/// t) hold keys row0 + 4u + r and + 8 at queries col0 + 2t and + 1, i.e.
+/// word r of the four groups (h, c) = keys row0 + 4u + 8h .. + 3 at query
+/// col0 + 2t + c; lane r draws group e = 2h + c = r, and the four transpose
+/// their decisions. Warp-uniform call (shuffles).
+__device__ __forceinline__ unsigned keep_bits_key_rows(const EntryDropout& d, kindex row0,
+                                                       kindex col0, int lane) {
+  const int g = lane / 4, t = lane % 4, r = g % 4;
+  if (!d.grouped())
+    return d.bits_per_element([&](int e) { return col0 + elem_col(lane, 0, e); },
+                              [&](int e) { return row0 + elem_row(lane, e); });
+  const kindex key = row0 + (g - r) + 8 * (r >> 1), query = col0 + 2 * t + (r & 1);
+  const unsigned own =
+      philox::keep_bits(philox::group_bits(d.site, d.index(query, key) >> 2), d.threshold);
+  unsigned bits = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {  // group e's word r, from the lane that drew it
+    const unsigned theirs = __shfl_sync(0xffffffffu, own, (lane & ~12) | (e << 2));
+    bits |= ((theirs >> r) & 1u) << e;
+  }
+  return bits;
+}
+
 // ----------------------------------------------------------------- forward ---
 
 /// Tiling of the forward: `Warps` warps of 16 M query rows each, key blocks
@@ -306,11 +416,11 @@ struct FwdTiles {
   static constexpr std::size_t kSmem = std::size_t(kBr + 4 * kBc) * kLd * 2;  // Q, 2 x (K, V)
 };
 
-template <class T, class Tile>
+template <class T, class Tile, bool kDrop>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                          HeadStrides in, kindex S, float scale_log2, T* __restrict__ out,
-                         HeadStrides os, float* __restrict__ lse) {
+                         HeadStrides os, float* __restrict__ lse, FlashDropout drop) {
   constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
                 kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -322,6 +432,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   const kindex base = in.base(blockIdx.y);
   q += base, k += base, v += base, out += os.base(blockIdx.y), lse += kindex(blockIdx.y) * S;
   const int n_kv = int(((q0 + kBr < S ? q0 + kBr : S) + kBc - 1) / kBc);  // up to the diagonal
+  const EntryDropout dropout(drop, blockIdx.y, S);
 
   load_tile<T, kBr, D, kThreads>(sQ, q, q0, S, in.ld);
   load_tile<T, kBc, D, kThreads>(sK, k, 0, S, in.ld);
@@ -387,6 +498,15 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 #pragma unroll
           for (int nb = 0; nb < D / 8; ++nb) o[mi][nb][2 * h] *= alpha, o[mi][nb][2 * h + 1] *= alpha;
         }
+      if constexpr (kDrop)  // after the row sums: l (and lse) stay the undropped softmax's
+#pragma unroll
+        for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+          for (int nb = 0; nb < kBc / 8; ++nb) {
+            const unsigned bits = keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mi][nb][e] = dropout.apply(s[mi][nb][e], bits, e);
+          }
       std::uint32_t p[M][kBc / 16][4];
       to_a_operand<T, M, kBc>(p, s);
       mma_rab<T, M, D, kBc>(o, p, sVs, kLd, lane);
@@ -463,13 +583,14 @@ __device__ __forceinline__ void load_row_stats(float* sL, float* sDelta, const f
   }
 }
 
-template <class T, class Tile>
+template <class T, class Tile, bool kDrop>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                const T* __restrict__ v, const T* __restrict__ dout,
                                const float* __restrict__ lse, const float* __restrict__ delta,
                                HeadStrides in, HeadStrides os, kindex S, float scale,
-                               float scale_log2, T* __restrict__ dk, T* __restrict__ dv) {
+                               float scale_log2, T* __restrict__ dk, T* __restrict__ dv,
+                               FlashDropout drop) {
   constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
                 kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -485,6 +606,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   q += base, k += base, v += base, dout += os.base(blockIdx.y), dk += base, dv += base;
   lse += kindex(blockIdx.y) * S, delta += kindex(blockIdx.y) * S;
   const int qb_begin = int(k0 / kBr), qb_end = int((S + kBr - 1) / kBr);
+  const EntryDropout dropout(drop, blockIdx.y, S);
 
   load_tile<T, kBc, D, kThreads>(sK, k, k0, S, in.ld);
   load_tile<T, kBc, D, kThreads>(sV, v, k0, S, in.ld);
@@ -538,8 +660,22 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
             pt[mi][nb][e] = fast_exp2(x);
           }
       std::uint32_t a[M][kBr / 16][4];
-      to_a_operand<T, M, kBr>(a, pt);
-      mma_rab<T, M, D, kBr>(dv_acc, a, sdOs, kLd, lane);  // dV += P^T dO
+      [[maybe_unused]] unsigned keep[M][kDrop ? kBr / 8 : 1];
+      if constexpr (kDrop) {
+        float ptz[M][kBr / 8][4];  // (P o Z)^T
+#pragma unroll
+        for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+          for (int nb = 0; nb < kBr / 8; ++nb) {
+            keep[mi][nb] = keep_bits_key_rows(dropout, key_lo + mi * 16, q0 + nb * 8, lane);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ptz[mi][nb][e] = dropout.apply(pt[mi][nb][e], keep[mi][nb], e);
+          }
+        to_a_operand<T, M, kBr>(a, ptz);
+      } else {
+        to_a_operand<T, M, kBr>(a, pt);
+      }
+      mma_rab<T, M, D, kBr>(dv_acc, a, sdOs, kLd, lane);  // dV += (P o Z)^T dO
       float dpt[M][kBr / 8][4] = {};
       if constexpr (Tile::kKVRegs)
         mma_rabt<T, M, kBr, D>(dpt, vf, sdOs, kLd, lane);
@@ -550,8 +686,11 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 #pragma unroll
         for (int nb = 0; nb < kBr / 8; ++nb)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)  // dS^T / scale
-            dpt[mi][nb][e] = pt[mi][nb][e] * (dpt[mi][nb][e] - sDs[elem_col(lane, nb, e)]);
+          for (int e = 0; e < 4; ++e) {  // dS^T / scale
+            float dz = dpt[mi][nb][e];
+            if constexpr (kDrop) dz = dropout.apply(dz, keep[mi][nb], e);
+            dpt[mi][nb][e] = pt[mi][nb][e] * (dz - sDs[elem_col(lane, nb, e)]);
+          }
       to_a_operand<T, M, kBr>(a, dpt);
       mma_rab<T, M, D, kBr>(dk_acc, a, sQs, kLd, lane);  // dK += dS^T Q
     }
@@ -572,13 +711,13 @@ struct DqTiles {
       std::size_t(2 * kBr + 4 * kBc) * kLd * 2;  // Q, dO, 2 x (K, V)
 };
 
-template <class T, class Tile>
+template <class T, class Tile, bool kDrop>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dq_kernel(const T* __restrict__ q, const T* __restrict__ k,
                              const T* __restrict__ v, const T* __restrict__ dout,
                              const float* __restrict__ lse, const float* __restrict__ delta,
                              HeadStrides in, HeadStrides os, kindex S, float scale,
-                             float scale_log2, T* __restrict__ dq) {
+                             float scale_log2, T* __restrict__ dq, FlashDropout drop) {
   constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
                 kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -592,6 +731,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   q += base, k += base, v += base, dout += os.base(blockIdx.y), dq += base;
   lse += kindex(blockIdx.y) * S, delta += kindex(blockIdx.y) * S;
   const int n_kv = int(((q0 + kBr < S ? q0 + kBr : S) + kBc - 1) / kBc);
+  const EntryDropout dropout(drop, blockIdx.y, S);
 
   load_tile<T, kBr, D, kThreads>(sQ, q, q0, S, in.ld);
   load_tile<T, kBr, D, kThreads>(sdO, dout, q0, S, os.ld);
@@ -647,10 +787,16 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 #pragma unroll
       for (int mi = 0; mi < M; ++mi)
 #pragma unroll
-        for (int nb = 0; nb < kBc / 8; ++nb)
+        for (int nb = 0; nb < kBc / 8; ++nb) {
+          unsigned keep = 0;
+          if constexpr (kDrop) keep = keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
 #pragma unroll
-          for (int e = 0; e < 4; ++e)  // dS / scale
-            dp[mi][nb][e] = p[mi][nb][e] * (dp[mi][nb][e] - dl[mi][e / 2]);
+          for (int e = 0; e < 4; ++e) {  // dS / scale
+            float dz = dp[mi][nb][e];
+            if constexpr (kDrop) dz = dropout.apply(dz, keep, e);
+            dp[mi][nb][e] = p[mi][nb][e] * (dz - dl[mi][e / 2]);
+          }
+        }
       std::uint32_t a[M][kBc / 16][4];
       to_a_operand<T, M, kBc>(a, dp);
       mma_rab<T, M, D, kBc>(dq_acc, a, sKs, kLd, lane);  // dQ += dS K
@@ -746,14 +892,16 @@ struct FlashArgs {
   index_t B, S;
   double scale;
   HeadStrides in, os;
+  bool dropout = false;  // the kDrop kernels with `drop`
+  FlashDropout drop{};
 };
 
-template <class T, class Tile>
+template <class T, class Tile, bool kDrop>
 void launch_forward(const FlashArgs& a) {
-  launch<flash_forward_kernel<T, Tile>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
+  launch<flash_forward_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), a.in, kindex(a.S), float(a.scale * kLog2e),
-         static_cast<T*>(a.o), a.os, const_cast<float*>(a.lse));
+         static_cast<T*>(a.o), a.os, const_cast<float*>(a.lse), a.drop);
 }
 
 template <class T, int D>
@@ -765,22 +913,22 @@ void launch_row_dot(const FlashArgs& a) {
   MESH_CUDA_LAUNCHED();
 }
 
-template <class T, class Tile>
+template <class T, class Tile, bool kDrop>
 void launch_dkdv(const FlashArgs& a) {
-  launch<flash_backward_dkdv_kernel<T, Tile>>(dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
+  launch<flash_backward_dkdv_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
          static_cast<const float*>(a.delta), a.in, a.os, kindex(a.S), float(a.scale),
-         float(a.scale * kLog2e), static_cast<T*>(a.dk), static_cast<T*>(a.dv));
+         float(a.scale * kLog2e), static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.drop);
 }
 
-template <class T, class Tile>
+template <class T, class Tile, bool kDrop>
 void launch_dq(const FlashArgs& a) {
-  launch<flash_backward_dq_kernel<T, Tile>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
+  launch<flash_backward_dq_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
          static_cast<const float*>(a.delta), a.in, a.os, kindex(a.S), float(a.scale),
-         float(a.scale * kLog2e), static_cast<T*>(a.dq));
+         float(a.scale * kLog2e), static_cast<T*>(a.dq), a.drop);
 }
 
 }  // namespace
@@ -791,7 +939,10 @@ void forward(DType t, const FlashArgs& a, index_t D) {
   with_flash_types(t, D, "fused_attention_forward", [&](auto zero, auto dim) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
-    launch_forward<T, FwdTiling<kD>>(a);
+    if (a.dropout)
+      launch_forward<T, FwdTiling<kD>, true>(a);
+    else
+      launch_forward<T, FwdTiling<kD>, false>(a);
   });
 }
 
@@ -800,12 +951,31 @@ void backward(DType t, const FlashArgs& a, index_t D) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
     launch_row_dot<T, kD>(a);
-    launch_dkdv<T, DkDvTiling<kD>>(a);
-    launch_dq<T, DqTiling<kD>>(a);
+    if (a.dropout) {
+      launch_dkdv<T, DkDvTiling<kD>, true>(a);
+      launch_dq<T, DqTiling<kD>, true>(a);
+    } else {
+      launch_dkdv<T, DkDvTiling<kD>, false>(a);
+      launch_dq<T, DqTiling<kD>, false>(a);
+    }
   });
 }
 
 HeadStrides head_major(index_t S, index_t D) { return {D, S * D, 0, 1}; }
+
+/// `a` with the attention dropout of `d` over B entries of S x S
+/// probabilities (checked against the site the host built).
+FlashArgs with_dropout(FlashArgs a, const AttentionDropoutSite& d) {
+  if (d.p == 0.0) return a;
+  const DropoutPlacement& s = d.site;
+  MESH_VERIFY(d.p > 0.0 && d.p < 1.0, "fused attention: dropout p must be in [0, 1), got " << d.p);
+  MESH_VERIFY(s.b > 0 && a.B % s.b == 0 && s.c == a.S * a.S && s.c_global == s.c &&
+                  s.c_offset == 0,
+              "fused attention: the dropout site must view the probabilities as [b, heads, S*S]");
+  a.dropout = true;
+  a.drop = {s, philox::keep_threshold(d.p), float(1.0 / (1.0 - d.p))};
+  return a;
+}
 
 /// The token-major layout [s * b, parts * heads * D] (rows in [s, b] order).
 HeadStrides token_major(index_t b, int parts, index_t heads, index_t D) {
@@ -815,46 +985,54 @@ HeadStrides token_major(index_t b, int parts, index_t heads, index_t D) {
 }  // namespace
 
 void fused_attention_forward(DType t, const void* q, const void* k, const void* v, index_t B,
-                             index_t S, index_t D, double scale, void* out, float* lse) {
+                             index_t S, index_t D, double scale, void* out, float* lse,
+                             const AttentionDropoutSite& dropout) {
   if (B == 0 || S == 0) return;
   const void* ptrs[] = {q, k, v, out};
   check_extents("fused_attention_forward", ptrs, 4, B);
   const HeadStrides hm = head_major(S, D);
-  forward(t, {q, k, v, nullptr, nullptr, lse, nullptr, out, nullptr, nullptr, nullptr, B, S, scale,
-              hm, hm},
+  forward(t,
+          with_dropout({q, k, v, nullptr, nullptr, lse, nullptr, out, nullptr, nullptr, nullptr, B,
+                        S, scale, hm, hm},
+                       dropout),
           D);
 }
 
 void fused_attention_backward(DType t, const void* dout, const void* q, const void* k,
                               const void* v, const void* out, const float* lse, index_t B,
                               index_t S, index_t D, double scale, float* delta, void* dq, void* dk,
-                              void* dv) {
+                              void* dv, const AttentionDropoutSite& dropout) {
   if (B == 0 || S == 0) return;
   const void* ptrs[] = {dout, q, k, v, out, dq, dk, dv};
   check_extents("fused_attention_backward", ptrs, 8, B);
   const HeadStrides hm = head_major(S, D);
-  backward(t, {q, k, v, dout, out, lse, delta, nullptr, dq, dk, dv, B, S, scale, hm, hm}, D);
+  backward(t,
+           with_dropout({q, k, v, dout, out, lse, delta, nullptr, dq, dk, dv, B, S, scale, hm, hm},
+                        dropout),
+           D);
 }
 
 void flash_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse) {
+                                         float* lse, const AttentionDropoutSite& dropout) {
   if (s == 0 || b == 0 || heads == 0) return;
   const char* base = static_cast<const char*>(qkv);
   const std::size_t part = std::size_t(heads * D) * dtype_size(t);
   const void* ptrs[] = {qkv, base + part, base + 2 * part, context};
   check_extents("fused_attention_forward", ptrs, 4, b * heads);
   forward(t,
-          {base, base + part, base + 2 * part, nullptr, nullptr, lse, nullptr, context, nullptr,
-           nullptr, nullptr, b * heads, s, scale, token_major(b, 3, heads, D),
-           token_major(b, 1, heads, D)},
+          with_dropout({base, base + part, base + 2 * part, nullptr, nullptr, lse, nullptr, context,
+                        nullptr, nullptr, nullptr, b * heads, s, scale,
+                        token_major(b, 3, heads, D), token_major(b, 1, heads, D)},
+                       dropout),
           D);
 }
 
 void flash_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
-                                          float* delta, void* dqkv) {
+                                          float* delta, void* dqkv,
+                                          const AttentionDropoutSite& dropout) {
   if (s == 0 || b == 0 || heads == 0) return;
   const char* in = static_cast<const char*>(qkv);
   char* grad = static_cast<char*>(dqkv);
@@ -862,9 +1040,10 @@ void flash_attention_backward_token_major(DType t, const void* dcontext, const v
   const void* ptrs[] = {dcontext, qkv, context, dqkv, in + part, grad + part};
   check_extents("fused_attention_backward", ptrs, 6, b * heads);
   backward(t,
-           {in, in + part, in + 2 * part, dcontext, context, lse, delta, nullptr, grad,
-            grad + part, grad + 2 * part, b * heads, s, scale, token_major(b, 3, heads, D),
-            token_major(b, 1, heads, D)},
+           with_dropout({in, in + part, in + 2 * part, dcontext, context, lse, delta, nullptr, grad,
+                         grad + part, grad + 2 * part, b * heads, s, scale,
+                         token_major(b, 3, heads, D), token_major(b, 1, heads, D)},
+                        dropout),
            D);
 }
 
@@ -889,11 +1068,20 @@ bool own_forced() {
   return own;
 }
 
+/// One stderr line (rank 0) per distinct choice: "meshtron: attention: ...".
+void announce(const std::string& line, const std::string& why) {
+  static std::mutex mutex;
+  static std::set<std::string> announced;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (world_rank_or_minus_one() <= 0 && announced.insert(line + why).second)
+    std::fprintf(stderr, "meshtron: attention: %s%s%s\n", line.c_str(), why.empty() ? "" : " -- ",
+                 why.c_str());
+}
+
 /// The backends of one (device, dtype, shape), decided on first use.
 Backends backends_for(DType t, index_t s, index_t b, index_t heads, index_t D) {
   static std::mutex mutex;
   static std::map<std::tuple<int, DType, index_t, index_t, index_t, index_t>, Backends> chosen;
-  static std::set<std::string> announced;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mutex);
@@ -910,10 +1098,7 @@ Backends backends_for(DType t, index_t s, index_t b, index_t heads, index_t D) {
     library = cudnn.library;
     why = cudnn.why_not;
   }
-  const std::string line = use.describe(library);
-  if (world_rank_or_minus_one() <= 0 && announced.insert(line).second)
-    std::fprintf(stderr, "meshtron: attention: %s%s%s\n", line.c_str(),
-                 why.empty() ? "" : " -- ", why.c_str());
+  announce(use.describe(library), why);
   return chosen.emplace(key, use).first->second;
 }
 
@@ -928,9 +1113,12 @@ std::string attention_backend(DType t, index_t s, index_t b, index_t heads, inde
 
 void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse) {
+                                         float* lse, const AttentionDropoutSite& dropout) {
   if (s == 0 || b == 0 || heads == 0) return;
-  if (backends_for(t, s, b, heads, D).cudnn_forward)
+  if (dropout.p > 0.0) {
+    announce(Backends{}.describe(""), "attention dropout (cuDNN's draws other bits)");
+    flash_attention_forward_token_major(t, qkv, s, b, heads, D, scale, context, lse, dropout);
+  } else if (backends_for(t, s, b, heads, D).cudnn_forward)
     cudnn_attention_forward_token_major(t, qkv, s, b, heads, D, scale, context, lse);
   else
     flash_attention_forward_token_major(t, qkv, s, b, heads, D, scale, context, lse);
@@ -939,9 +1127,13 @@ void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, in
 void fused_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
-                                          float* delta, void* dqkv) {
+                                          float* delta, void* dqkv,
+                                          const AttentionDropoutSite& dropout) {
   if (s == 0 || b == 0 || heads == 0) return;
-  if (backends_for(t, s, b, heads, D).cudnn_backward)
+  if (dropout.p > 0.0)
+    flash_attention_backward_token_major(t, dcontext, qkv, context, lse, s, b, heads, D, scale,
+                                         delta, dqkv, dropout);
+  else if (backends_for(t, s, b, heads, D).cudnn_backward)
     cudnn_attention_backward_token_major(t, dcontext, qkv, context, lse, s, b, heads, D, scale,
                                          delta, dqkv);
   else

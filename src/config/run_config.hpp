@@ -44,7 +44,7 @@ struct ModelSection {
   /// auto | fused | unfused: the attention core as one fused kernel
   /// (ops::fused_attention_*) or as GEMMs + softmax with [s, s] tensors;
   /// auto = fused where ops::fused_attention_supported (device, bf16/fp16,
-  /// head dim 64/128, no attention dropout), else unfused.
+  /// head dim 64/128), else unfused.
   std::string attention_backend = "auto";
   double layernorm_epsilon = 1e-5;
   double init_method_std = 0.02;

@@ -17,16 +17,14 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, int hea
       dropout_(dropout),
       backend_(backend) {}
 
-bool Attention::use_fused(const Tensor& q, const LayerContext& ctx) const {
+bool Attention::use_fused(const Tensor& q) const {
   if (backend_ == AttentionBackend::Unfused) return false;
-  const bool supported =
-      ops::fused_attention_supported(q.dtype(), q.space(), head_dim_, dropout_, ctx.training);
+  const bool supported = ops::fused_attention_supported(q.dtype(), q.space(), head_dim_);
   if (backend_ == AttentionBackend::Auto) return supported && !q.is_host();
   MESH_REQUIRE(supported, "model.attention_backend = fused needs, on the GPU, bf16 or fp16 with "
-                          "head dim 64 or 128 and no attention dropout in training; got "
+                          "head dim 64 or 128; got "
                               << dtype_name(q.dtype()) << " on the "
-                              << (q.is_host() ? "host" : "GPU") << ", head dim " << head_dim_
-                              << ", attention_dropout " << dropout_);
+                              << (q.is_host() ? "host" : "GPU") << ", head dim " << head_dim_);
   return true;
 }
 
@@ -96,7 +94,7 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
   const index_t s = ctx.seq_length, b = ctx.micro_batch;
   Tensor qkv_out = qkv.forward(x, ctx, c.qkv);
   Tensor merged;
-  if (use_fused(qkv_out, ctx)) {
+  if (use_fused(qkv_out)) {
     // The fused core reads q, k, v from the projection's output and writes
     // the context in proj's input layout: no head copies. Nothing s x s is
     // stored, so selective recompute has nothing to drop.

@@ -72,9 +72,9 @@ class Attention {
   /// runs twice. Deterministic, so the rebuilt tensors equal the first ones.
   void attention_probs(const Tensor& q, const Tensor& k, const LayerContext& ctx,
                        Tensor& probs, Tensor& probs_kept) const;
-  /// Whether this forward runs the fused core (backend, tensors, dropout);
+  /// Whether this forward runs the fused core (backend, dtype, head dim);
   /// "fused" where the fused op cannot run is a UserError.
-  bool use_fused(const Tensor& q, const LayerContext& ctx) const;
+  bool use_fused(const Tensor& q) const;
   Tensor core_forward_unfused(const LayerContext& ctx, Cache& c) const;
   void core_backward_unfused(const Tensor& dcontext, const LayerContext& ctx, const Cache& c,
                              Tensor (&dparts)[3]) const;

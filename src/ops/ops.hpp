@@ -105,7 +105,7 @@ bool dropout_keep(std::uint64_t seed, std::uint32_t step, std::uint32_t stream,
 /// with the mask dropout_forward would apply to the unfused probabilities
 /// [B, S, S] viewed as [b, heads, S*S] at dropout.site (so with the same bits
 /// as the unfused path, on any decomposition), and the kept ones scaled by
-/// 1 / (1 - p); lse stays that of the undropped softmax. Host only for now.
+/// 1 / (1 - p); lse stays that of the undropped softmax.
 struct AttentionDropout {
   double p = 0.0;
   DropoutSite site;
@@ -134,12 +134,9 @@ void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& 
                                           index_t b, index_t heads, double scale, Tensor& dqkv,
                                           const AttentionDropout& dropout = {});
 /// Whether the fused op takes these tensors: on the host any fp32/fp64 head
-/// dim (the reference implementation), attention dropout included; on the
-/// device bf16 or fp16 with head dim 64 or 128, when the CUDA path is built,
-/// and not while attention dropout is active (training with p > 0): the
-/// CUDA kernels apply no dropout yet.
-bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim,
-                               double attention_dropout, bool training);
+/// dim (the reference implementation); on the device bf16 or fp16 with head
+/// dim 64 or 128, when the CUDA path is built. Both apply attention dropout.
+bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim);
 
 // ------------------------------------------------------ GeLU and biases ---
 /// GPT-2's tanh GeLU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).

@@ -93,37 +93,66 @@ void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_he
 void scaled_causal_softmax_backward(DType t, const void* dprobs, const void* probs,
                                     index_t batch_heads, index_t S, double scale, void* dscores);
 
+// --------------------------------------------------------------- Dropout ---
+/// Same placement and Philox keying as kernels/kokkos/dropout.hpp.
+struct DropoutPlacement {
+  std::uint64_t seed;
+  std::uint32_t step, stream;
+  index_t b, c;
+  index_t a_offset, b_offset, c_offset;
+  index_t b_global, c_global;
+  const std::uint32_t* live;  ///< see ops::DropoutSite::live
+  int sample_axis;
+};
+void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPlacement& site,
+                   void* out);
+
+/// The attention dropout of the fused attention kernels: with p > 0 the
+/// probabilities [B, S, S] (B = b x heads) are dropped with the mask
+/// dropout_apply would give them as the view [b, heads, S*S] at `site`
+/// (site.c = site.c_global = S*S, c_offset 0) and the kept ones scaled by
+/// 1 / (1 - p). p = 0: no dropout.
+struct AttentionDropoutSite {
+  double p = 0.0;
+  DropoutPlacement site{};
+};
+
 // ------------------------------------------------------- Fused attention ---
 /// kernels/cuda/flash_attention.cu: t bf16 or fp16, D 64 or 128; q, k, v,
 /// out, dout, dq, dk, dv [B, S, D] 16-byte aligned; lse [B, S]; delta is a
-/// [B, S] fp32 workspace of the backward.
+/// [B, S] fp32 workspace of the backward. The backward takes the forward's
+/// dropout.
 void fused_attention_forward(DType t, const void* q, const void* k, const void* v, index_t B,
-                             index_t S, index_t D, double scale, void* out, float* lse);
+                             index_t S, index_t D, double scale, void* out, float* lse,
+                             const AttentionDropoutSite& dropout = {});
 void fused_attention_backward(DType t, const void* dout, const void* q, const void* k,
                               const void* v, const void* out, const float* lse, index_t B,
                               index_t S, index_t D, double scale, float* delta, void* dq,
-                              void* dk, void* dv);
+                              void* dk, void* dv, const AttentionDropoutSite& dropout = {});
 /// The same on the linear layers' token-major layout, read and written in
 /// place: qkv and dqkv [s * b, 3 * heads * D], context and dcontext
 /// [s * b, heads * D] (rows in [s, b] order); lse and delta [b * heads, s].
 void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse);
+                                         float* lse, const AttentionDropoutSite& dropout = {});
 void fused_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
-                                          float* delta, void* dqkv);
+                                          float* delta, void* dqkv,
+                                          const AttentionDropoutSite& dropout = {});
 /// The two implementations behind the token-major entry points above, which
 /// pick one per shape (cuDNN when built, loaded and able to plan the shape,
-/// unless MESHTRON_ATTENTION=own; see flash_attention.cu). Same arguments.
+/// unless MESHTRON_ATTENTION=own; see flash_attention.cu), except that
+/// attention dropout always runs ours (cuDNN's dropout draws other bits).
 /// Ours (kernels/cuda/flash_attention.cu), whatever the choice:
 void flash_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse);
+                                         float* lse, const AttentionDropoutSite& dropout = {});
 void flash_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
-                                          float* delta, void* dqkv);
+                                          float* delta, void* dqkv,
+                                          const AttentionDropoutSite& dropout = {});
 /// cuDNN's fused flash attention (kernels/cuda/cudnn_attention.cu), usable
 /// where cudnn_attention_support() says so (else they abort). lse is cuDNN's
 /// softmax Stats (natural log, as ours); the backward uses delta as cuDNN's
@@ -186,20 +215,6 @@ double sum_of_squares_many(int count, const DType* types, const void* const* xs,
 /// compute stream, without waiting for it.
 void sum_of_squares_many_to(int count, const DType* types, const void* const* xs,
                             const index_t* ns, double* total);
-
-// --------------------------------------------------------------- Dropout ---
-/// Same placement and Philox keying as kernels/kokkos/dropout.hpp.
-struct DropoutPlacement {
-  std::uint64_t seed;
-  std::uint32_t step, stream;
-  index_t b, c;
-  index_t a_offset, b_offset, c_offset;
-  index_t b_global, c_global;
-  const std::uint32_t* live;  ///< see ops::DropoutSite::live
-  int sample_axis;
-};
-void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPlacement& site,
-                   void* out);
 
 // ------------------------------------------------------------- Embedding ---
 void embedding_forward(DType t, const std::int32_t* ids, index_t N, const void* table,

@@ -467,14 +467,20 @@ kernels::DropoutPlacement placement(const DropoutSite& s) {
   return {s.seed,     s.step,     s.stream,   s.b,        s.c,
           s.a_offset, s.b_offset, s.c_offset, s.b_global, s.c_global};
 }
+
+#ifdef MESHTRON_HAVE_CUDA
+/// The CUDA kernels' placement of a site (live device words included).
+cuda::DropoutPlacement device_placement(const DropoutSite& s) {
+  return {s.seed,     s.step,     s.stream,   s.b,          s.c,         s.a_offset,
+          s.b_offset, s.c_offset, s.b_global, s.c_global, s.live, s.sample_axis};
+}
+#endif
 }  // namespace
 
 // ------------------------------------------------------- Fused attention ---
 
-bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim,
-                               double attention_dropout, bool training) {
+bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim) {
   if (space == MemorySpace::Host) return dtype == DType::F32 || dtype == DType::F64;
-  if (training && attention_dropout > 0) return false;  // the CUDA kernels: not yet
 #ifdef MESHTRON_HAVE_CUDA
   return (dtype == DType::BF16 || dtype == DType::F16) && (head_dim == 64 || head_dim == 128);
 #else
@@ -496,26 +502,38 @@ bool check_attention(const char* op, const Arg& q, std::initializer_list<Arg> sa
   require_stat_args(op, device, q, {lse});
   require_per_row(op, lse, q.t.dim(0) * q.t.dim(1), q);
   if (device)
-    MESH_VERIFY(fused_attention_supported(q.t.dtype(), q.t.space(), q.t.dim(2), 0.0, false),
+    MESH_VERIFY(fused_attention_supported(q.t.dtype(), q.t.space(), q.t.dim(2)),
                 op << ": the CUDA kernel takes bf16 or fp16 with head_dim 64 or 128, got "
                    << describe(q));
   return device;
 }
 
 /// The fused attention's dropout on the [B, S, S] probabilities (B = b x
-/// heads): p in [0, 1), on the host (the CUDA kernels take none yet), and a
-/// site view [b, heads, S*S] that covers them; returns the host kernels' mask.
-kernels::AttentionMask attention_mask(const char* op, const AttentionDropout& d, bool device,
-                                      index_t B, index_t S) {
-  if (d.p == 0.0) return {};
+/// heads): p in [0, 1) and, when p > 0, a site view [b, heads, S*S] that
+/// covers them (the row of query i is C's i-th block of S).
+void check_attention_dropout(const char* op, const AttentionDropout& d, index_t B, index_t S) {
+  if (d.p == 0.0) return;
   MESH_VERIFY(d.p > 0.0 && d.p < 1.0, op << ": dropout p must be in [0, 1), got " << d.p);
-  MESH_VERIFY(!device, op << ": the CUDA kernels apply no attention dropout (yet); "
-                             "use the unfused attention");
   const DropoutSite& s = d.site;
   check_dropout_site(op, s, B * S * S, "the probabilities [B, S, S]");
-  MESH_VERIFY(s.c == S * S, op << ": the dropout site's C = " << s.c << " must be S*S = " << S * S);
-  return {true, d.p, placement(s)};
+  MESH_VERIFY(s.c == S * S && s.c_global == S * S && s.c_offset == 0,
+              op << ": the dropout site's C = " << s.c << " (global " << s.c_global
+                 << ", offset " << s.c_offset << ") must be the whole S*S = " << S * S);
 }
+
+/// The host kernels' mask of a checked dropout.
+kernels::AttentionMask attention_mask(const AttentionDropout& d) {
+  if (d.p == 0.0) return {};
+  return {true, d.p, placement(d.site)};
+}
+
+#ifdef MESHTRON_HAVE_CUDA
+/// The CUDA kernels' dropout of a checked dropout.
+cuda::AttentionDropoutSite device_dropout(const AttentionDropout& d) {
+  if (d.p == 0.0) return {};
+  return {d.p, device_placement(d.site)};
+}
+#endif
 }  // namespace
 
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
@@ -528,12 +546,13 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   for (const Arg& a : {aq, ak, av})
     MESH_VERIFY(!overlaps(out, a.t), op << ": out must not share memory with " << a.name);
   const index_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
-  const kernels::AttentionMask z = attention_mask(op, dropout, device, B, S);
+  check_attention_dropout(op, dropout, B, S);
   if (device) {
     ON_CUDA(cuda::fused_attention_forward(q.dtype(), q.raw(), k.raw(), v.raw(), B, S, D, scale,
-                                          out.raw(), lse.data<float>()));
+                                          out.raw(), lse.data<float>(), device_dropout(dropout)));
     return;
   }
+  const kernels::AttentionMask z = attention_mask(dropout);
   with_float_type(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::causal_attention_forward<Host>(q.data<T>(), k.data<T>(), v.data<T>(), B, S, D, scale,
@@ -555,14 +574,16 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
       MESH_VERIFY(!overlaps(g.t, a.t), op << ": " << g.name << " must not share memory with "
                                           << a.name);
   const index_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
-  const kernels::AttentionMask z = attention_mask(op, dropout, device, B, S);
+  check_attention_dropout(op, dropout, B, S);
   if (device) {
     Tensor delta = Tensor::empty({B, S}, DType::F32, q.space());
     ON_CUDA(cuda::fused_attention_backward(q.dtype(), dout.raw(), q.raw(), k.raw(), v.raw(),
                                            out.raw(), lse.data<float>(), B, S, D, scale,
-                                           delta.data<float>(), dq.raw(), dk.raw(), dv.raw()));
+                                           delta.data<float>(), dq.raw(), dk.raw(), dv.raw(),
+                                           device_dropout(dropout)));
     return;
   }
+  const kernels::AttentionMask z = attention_mask(dropout);
   with_float_type(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::causal_attention_backward<Host>(dout.data<T>(), q.data<T>(), k.data<T>(),
@@ -589,7 +610,7 @@ bool check_token_major(const char* op, const Arg& qkv, const Arg& context, index
   require_stat_args(op, device, qkv, {lse});
   require_per_row(op, lse, b * heads * s, qkv);
   if (device)
-    MESH_VERIFY(fused_attention_supported(qkv.t.dtype(), qkv.t.space(), d, 0.0, false),
+    MESH_VERIFY(fused_attention_supported(qkv.t.dtype(), qkv.t.space(), d),
                 op << ": the CUDA kernel takes bf16 or fp16 with head_dim 64 or 128, got "
                    << describe(qkv) << " with head_dim " << d);
   return device;
@@ -605,9 +626,10 @@ void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b
   require_float_args(op, {aqkv, ac});
   index_t d = 0;
   if (check_token_major(op, aqkv, ac, s, b, heads, al, d)) {
-    (void)attention_mask(op, dropout, true, b * heads, s);  // refuses p > 0
+    check_attention_dropout(op, dropout, b * heads, s);
     ON_CUDA(cuda::fused_attention_forward_token_major(qkv.dtype(), qkv.raw(), s, b, heads, d,
-                                                      scale, context.raw(), lse.data<float>()));
+                                                      scale, context.raw(), lse.data<float>(),
+                                                      device_dropout(dropout)));
     return;
   }
   Tensor parts[3];
@@ -636,11 +658,11 @@ void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& 
   for (const Arg& a : {adc, aqkv, ac})
     MESH_VERIFY(!overlaps(dqkv, a.t), op << ": dqkv must not share memory with " << a.name);
   if (device) {
-    (void)attention_mask(op, dropout, true, b * heads, s);  // refuses p > 0
+    check_attention_dropout(op, dropout, b * heads, s);
     Tensor delta = Tensor::empty({b * heads, s}, DType::F32, qkv.space());
     ON_CUDA(cuda::fused_attention_backward_token_major(
         qkv.dtype(), dcontext.raw(), qkv.raw(), context.raw(), lse.data<float>(), s, b, heads, d,
-        scale, delta.data<float>(), dqkv.raw()));
+        scale, delta.data<float>(), dqkv.raw(), device_dropout(dropout)));
     return;
   }
   Tensor parts[3], dout, out;
@@ -917,9 +939,7 @@ void check_dropout(const char* op, const Arg& in, double p, const DropoutSite& s
 
 void dropout_apply(const Tensor& in, double p, const DropoutSite& s, Tensor& out) {
   if (!in.is_host()) {
-    ON_CUDA(cuda::dropout_apply(in.dtype(), in.raw(), in.numel(), p,
-                                {s.seed, s.step, s.stream, s.b, s.c, s.a_offset, s.b_offset,
-                                 s.c_offset, s.b_global, s.c_global, s.live, s.sample_axis},
+    ON_CUDA(cuda::dropout_apply(in.dtype(), in.raw(), in.numel(), p, device_placement(s),
                                 out.raw()));
     return;
   }

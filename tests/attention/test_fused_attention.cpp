@@ -257,17 +257,16 @@ TEST(FusedAttentionHost, DropoutOnAShardEqualsTheSameRowsOfTheWholeCall) {
 
 TEST(FusedAttentionHost, SupportedRules) {
   using ops::fused_attention_supported;
-  EXPECT_TRUE(fused_attention_supported(DType::F64, MemorySpace::Host, 4, 0.0, true));
-  EXPECT_TRUE(fused_attention_supported(DType::F32, MemorySpace::Host, 4, 0.1, false));
-  EXPECT_TRUE(fused_attention_supported(DType::F32, MemorySpace::Host, 64, 0.1, true));
-  EXPECT_FALSE(fused_attention_supported(DType::F32, MemorySpace::Cuda, 64, 0.0, true));
-  EXPECT_FALSE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 96, 0.0, true));
+  EXPECT_TRUE(fused_attention_supported(DType::F64, MemorySpace::Host, 4));
+  EXPECT_TRUE(fused_attention_supported(DType::F32, MemorySpace::Host, 64));
+  EXPECT_FALSE(fused_attention_supported(DType::BF16, MemorySpace::Host, 64));
+  EXPECT_FALSE(fused_attention_supported(DType::F32, MemorySpace::Cuda, 64));
+  EXPECT_FALSE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 96));
 #ifdef MESHTRON_HAVE_CUDA
-  EXPECT_TRUE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 64, 0.0, true));
-  EXPECT_TRUE(fused_attention_supported(DType::F16, MemorySpace::Cuda, 128, 0.1, false));
-  EXPECT_FALSE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 64, 0.1, true));
+  EXPECT_TRUE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 64));
+  EXPECT_TRUE(fused_attention_supported(DType::F16, MemorySpace::Cuda, 128));
 #else
-  EXPECT_FALSE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 64, 0.0, true));
+  EXPECT_FALSE(fused_attention_supported(DType::BF16, MemorySpace::Cuda, 64));
 #endif
 }
 

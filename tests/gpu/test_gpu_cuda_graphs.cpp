@@ -4,7 +4,8 @@
 // bitwise (losses, gradient norms, every parameter), in bf16 and in fp16
 // (whose loss-gradient tensor is refilled when the loss scale moves), and
 // with dropout (whose step and sample offset the replay reads from device
-// words refilled per micro-batch). A GEMM autotuned while its stream is
+// words refilled per micro-batch): the dropout kernels, and the fused
+// attention kernels' attention dropout (head dim 64). A GEMM autotuned while its stream is
 // captured is timed outside the graph.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -55,20 +56,26 @@ TEST(GpuCudaGraphs, ReplayReadsTheNewInputAndKeepsItsBlocks) {
 struct GraphCase {
   const char* precision;
   const char* dropout;  ///< hidden and attention
+  /// model.attention_backend: "auto" takes the unfused path at the tiny
+  /// deck's head dim 4; "fused" also sets head dim 64 (hidden 128, 2 heads).
+  const char* attention = "auto";
 };
 
 /// The tiny GPT on one GPU, 6 steps on one fixed batch of 4 micro-batches
 /// (memorisation, so the loss falls); `graphs` replays steps 2.. from a CUDA
 /// graph.
 testing::MemorisedRun train(const GraphCase& c, bool graphs, int steps) {
-  const std::string precision = c.precision;
-  return testing::memorise(
-      {"run.device=cuda", "training.precision=" + precision, "training.global_batch_size=4",
-       "optimizer.lr=1e-2", "optimizer.min_lr=1e-3",
-       std::string("model.hidden_dropout=") + c.dropout,
-       std::string("model.attention_dropout=") + c.dropout,
-       std::string("training.cuda_graphs=") + (graphs ? "true" : "false")},
-      precision == "fp16" ? DType::F16 : DType::BF16, steps);
+  const std::string precision = c.precision, attention = c.attention;
+  std::vector<std::string> overrides = {
+      "run.device=cuda", "training.precision=" + precision, "training.global_batch_size=4",
+      "optimizer.lr=1e-2", "optimizer.min_lr=1e-3",
+      std::string("model.hidden_dropout=") + c.dropout,
+      std::string("model.attention_dropout=") + c.dropout,
+      "model.attention_backend=" + attention,
+      std::string("training.cuda_graphs=") + (graphs ? "true" : "false")};
+  if (attention == "fused")
+    overrides.insert(overrides.end(), {"model.hidden_size=128", "model.num_attention_heads=2"});
+  return testing::memorise(overrides, precision == "fp16" ? DType::F16 : DType::BF16, steps);
 }
 
 class GpuCudaGraphsTraining : public ::testing::TestWithParam<GraphCase> {};
@@ -91,10 +98,13 @@ TEST_P(GpuCudaGraphsTraining, ReplayedRunEqualsEagerRunBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuCudaGraphsTraining,
                          ::testing::Values(GraphCase{"bf16", "0"}, GraphCase{"fp16", "0"},
-                                           GraphCase{"bf16", "0.1"}),
+                                           GraphCase{"bf16", "0.1"},
+                                           GraphCase{"bf16", "0.1", "fused"}),
                          [](const auto& info) {
+                           const std::string attention = info.param.attention;
                            return std::string(info.param.precision) +
-                                  (std::string(info.param.dropout) == "0" ? "" : "_dropout");
+                                  (std::string(info.param.dropout) == "0" ? "" : "_dropout") +
+                                  (attention == "auto" ? "" : "_" + attention);
                          });
 
 // run.gemm_autotune with training.cuda_graphs: a GEMM problem met first in

@@ -15,6 +15,16 @@
 //    against unfused: losses within 1e-2 relative, and the fused run's
 //    allocator peak is lower (no [b*heads, s, s] tensors).
 //  * fused on an fp32 GPU model (unsupported) is a UserError.
+//  * attention dropout (p = 0.2) inside the kernels: out, dq, dk, dv against
+//    the host op with the same dropout site (the unfused path's mask) in
+//    fp64, within 1e-2, at S = 1 and 17 (one Philox call per element) and
+//    S = 128, 300, 1000, 1024 (one call per group of 4, shared by lanes),
+//    on a site placed at a sample and head offset inside more heads (as
+//    under dp and tp); the dropped output is far from the undropped one. The
+//    token-major entry points with dropout equal split + head-major + merge
+//    bitwise, read from live device words (CUDA graphs) they equal the
+//    plain step and offset, and the op's dispatcher runs them (not cuDNN). The tiny GPT with attention_dropout 0.1 trained
+//    fused equals unfused within 1e-2 and differs from the run without it.
 //
 // Skips (exit 0) without a GPU.
 #include <gtest/gtest.h>
@@ -140,6 +150,88 @@ TEST(GpuFlashAttention, MatchesHostReferenceBf16) {
   for (const Case& c : cases) check_case(c, seed += 10);
 }
 
+// ------------------------------------------------------ attention dropout ---
+
+/// The probabilities' dropout site of `batch` samples x `heads` heads of S x
+/// S, placed at (sample_offset, head_offset) in [*, heads_global, S*S].
+ops::DropoutSite probs_site(index_t batch, index_t heads, index_t S, index_t sample_offset,
+                            index_t head_offset, index_t heads_global) {
+  ops::DropoutSite site;
+  site.seed = 0x5eed5eedULL;
+  site.step = 11;
+  site.stream = 5;
+  site.a = batch;
+  site.b = heads;
+  site.c = S * S;
+  site.a_offset = sample_offset;
+  site.b_offset = head_offset;
+  site.b_global = heads_global;
+  site.c_global = S * S;
+  return site;
+}
+
+struct DropoutCase {
+  index_t batch, heads, S, D;
+};
+
+void check_dropout_case(const DropoutCase& c, double p, std::uint64_t seed) {
+  const DType dt = DType::BF16;
+  const index_t B = c.batch * c.heads;
+  const Shape shape{B, c.S, c.D};
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  const ops::AttentionDropout dropout{
+      p, probs_site(c.batch, c.heads, c.S, /*sample_offset=*/3, /*head_offset=*/1, c.heads + 2)};
+  const Tensor q = random_rounded(shape, dt, seed, -2, 2),
+               k = random_rounded(shape, dt, seed + 1, -2, 2),
+               v = random_rounded(shape, dt, seed + 2, -1, 1),
+               dout = random_rounded(shape, dt, seed + 3, -1, 1);
+  Tensor out_ref = Tensor::empty(shape, DType::F64), lse_ref = Tensor::empty({B, c.S}, DType::F64);
+  ops::fused_attention_forward(q, k, v, scale, out_ref, lse_ref, dropout);
+  Tensor dq_ref = Tensor::empty(shape, DType::F64), dk_ref = dq_ref.clone(),
+         dv_ref = dq_ref.clone();
+  ops::fused_attention_backward(dout, q, k, v, out_ref, lse_ref, scale, dq_ref, dk_ref, dv_ref,
+                                dropout);
+  Tensor undropped = Tensor::empty(shape, DType::F64), lse_undropped = lse_ref.clone();
+  ops::fused_attention_forward(q, k, v, scale, undropped, lse_undropped);
+
+  const Tensor gq_in = q.to(dt).to_device(), gk_in = k.to(dt).to_device(),
+               gv_in = v.to(dt).to_device(), gdo = dout.to(dt).to_device();
+  Tensor out = poisoned(shape, dt), lse = poisoned({B, c.S}, DType::F32);
+  ops::fused_attention_forward(gq_in, gk_in, gv_in, scale, out, lse, dropout);
+  Tensor gq = poisoned(shape, dt), gk = poisoned(shape, dt), gv = poisoned(shape, dt);
+  ops::fused_attention_backward(gdo, gq_in, gk_in, gv_in, out, lse, scale, gq, gk, gv, dropout);
+
+  const std::string what = "dropout b=" + std::to_string(c.batch) + " heads=" +
+                           std::to_string(c.heads) + " S=" + std::to_string(c.S) +
+                           " D=" + std::to_string(c.D);
+  for (const Tensor* t : {&out, &lse, &gq, &gk, &gv}) EXPECT_TRUE(all_finite(*t)) << what;
+  const double e_out = norm_rel(out, out_ref), e_lse = norm_rel(lse, lse_ref),
+               e_dq = norm_rel(gq, dq_ref), e_dk = norm_rel(gk, dk_ref),
+               e_dv = norm_rel(gv, dv_ref), dropped = norm_rel(out, undropped);
+  EXPECT_LE(e_out, 1e-2) << what;
+  EXPECT_LE(e_lse, 1e-2) << what;
+  EXPECT_LE(e_dq, 1e-2) << what;
+  EXPECT_LE(e_dk, 1e-2) << what;
+  EXPECT_LE(e_dv, 1e-2) << what;
+  EXPECT_GT(dropped, 0.05) << what;  // the mask was applied
+  std::printf("%-36s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e | from undropped %.2e\n",
+              what.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, dropped);
+  Tensor gq2 = poisoned(shape, dt), gk2 = poisoned(shape, dt), gv2 = poisoned(shape, dt);
+  ops::fused_attention_backward(gdo, gq_in, gk_in, gv_in, out, lse, scale, gq2, gk2, gv2, dropout);
+  EXPECT_EQ(gq2.to_doubles(), gq.to_doubles()) << what;
+  EXPECT_EQ(gk2.to_doubles(), gk.to_doubles()) << what;
+  EXPECT_EQ(gv2.to_doubles(), gv.to_doubles()) << what;
+}
+
+TEST(GpuFlashAttention, DropoutMatchesHostReference) {
+  REQUIRE_GPU();
+  const DropoutCase cases[] = {{1, 1, 1, 64},    {2, 1, 17, 128},  {1, 3, 128, 64},
+                               {2, 2, 300, 64},  {1, 2, 1000, 128}, {2, 3, 1024, 64},
+                               {1, 2, 256, 128}};
+  std::uint64_t seed = 7000;
+  for (const DropoutCase& c : cases) check_dropout_case(c, 0.2, seed += 10);
+}
+
 TEST(GpuFlashAttention, MatchesHostReferenceFp16) {
   REQUIRE_GPU();
   const Case cases[] = {
@@ -157,7 +249,7 @@ struct ModelRun {
 
 /// The tiny GPT with head dim 64 trained `steps` steps in `precision` on the GPU.
 ModelRun train_gpt(const std::string& backend, const std::string& precision, DType dtype,
-                   int steps) {
+                   int steps, double attention_dropout = 0) {
   testing::Layout layout;
   layout.overrides = {"run.device=cuda",
                       "training.precision=" + precision,
@@ -167,7 +259,7 @@ ModelRun train_gpt(const std::string& backend, const std::string& precision, DTy
                       "model.num_attention_heads=2",
                       "model.seq_length=256",
                       "model.hidden_dropout=0",
-                      "model.attention_dropout=0",
+                      "model.attention_dropout=" + std::to_string(attention_dropout),
                       "training.micro_batch_size=4",
                       "training.global_batch_size=8",
                       "training.train_iters=" + std::to_string(steps)};
@@ -202,6 +294,13 @@ ModelRun train_gpt(const std::string& backend, const std::string& precision, DTy
 // the head-major kernels + merge_heads, so they must give the same bits; the
 // host path of the op is that composition.
 #ifdef MESHTRON_HAVE_CUDA  // calls the CUDA kernels directly
+/// The CUDA kernels' view of an ops dropout (ops_host.cpp builds the same).
+cuda::AttentionDropoutSite device_dropout(const ops::AttentionDropout& d) {
+  const ops::DropoutSite& s = d.site;
+  return {d.p, {s.seed, s.step, s.stream, s.b, s.c, s.a_offset, s.b_offset, s.c_offset,
+                s.b_global, s.c_global, s.live, s.sample_axis}};
+}
+
 TEST(GpuFlashAttention, TokenMajorEqualsSplitHeadMajorMerge) {
   REQUIRE_GPU();
   struct Shape4 {
@@ -210,47 +309,86 @@ TEST(GpuFlashAttention, TokenMajorEqualsSplitHeadMajorMerge) {
   std::uint64_t seed = 5000;
   for (const Shape4 c : {Shape4{1024, 2, 3, 64}, Shape4{300, 3, 2, 64}, Shape4{200, 2, 2, 128},
                          Shape4{17, 1, 1, 64}})
-    for (DType dt : {DType::BF16, DType::F16}) {
-      const std::string what = "s " + std::to_string(c.s) + " b " + std::to_string(c.b) +
-                               " heads " + std::to_string(c.heads) + " d " +
-                               std::to_string(c.d) + " " + std::string(dtype_name(dt));
-      const index_t rows = c.s * c.b, width = c.heads * c.d;
-      const double scale = 1.0 / std::sqrt(double(c.d));
-      const Tensor qkv = random_rounded({rows, 3 * width}, dt, seed++, -2, 2).to(dt).to_device();
-      const Tensor dctx =
-          random_rounded({rows, width}, dt, seed++, -1, 1).to(dt).to_device();
+    for (DType dt : {DType::BF16, DType::F16})
+      for (double p : {0.0, 0.2}) {
+        const std::string what = "s " + std::to_string(c.s) + " b " + std::to_string(c.b) +
+                                 " heads " + std::to_string(c.heads) + " d " +
+                                 std::to_string(c.d) + " " + std::string(dtype_name(dt)) +
+                                 " dropout " + std::to_string(p);
+        const index_t rows = c.s * c.b, width = c.heads * c.d;
+        const double scale = 1.0 / std::sqrt(double(c.d));
+        const ops::AttentionDropout dropout =
+            p == 0.0 ? ops::AttentionDropout{}
+                     : ops::AttentionDropout{p, probs_site(c.b, c.heads, c.s, 2, 1, c.heads + 1)};
+        const Tensor qkv = random_rounded({rows, 3 * width}, dt, seed++, -2, 2).to(dt).to_device();
+        const Tensor dctx = random_rounded({rows, width}, dt, seed++, -1, 1).to(dt).to_device();
 
-      Tensor ctx = poisoned({rows, width}, dt);
-      Tensor lse = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
-      // meshtron's own kernels (the op may pick cuDNN's, whose bits differ;
-      // tests/gpu/test_gpu_cudnn_attention.cpp checks that choice).
-      cuda::flash_attention_forward_token_major(dt, qkv.raw(), c.s, c.b, c.heads, c.d, scale,
-                                                ctx.raw(), lse.data<float>());
-      Tensor dqkv = poisoned({rows, 3 * width}, dt);
-      Tensor delta = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
-      cuda::flash_attention_backward_token_major(dt, dctx.raw(), qkv.raw(), ctx.raw(),
-                                                 lse.data<float>(), c.s, c.b, c.heads, c.d,
-                                                 scale, delta.data<float>(), dqkv.raw());
+        Tensor ctx = poisoned({rows, width}, dt);
+        Tensor lse = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
+        // meshtron's own kernels (the op may pick cuDNN's, whose bits differ;
+        // tests/gpu/test_gpu_cudnn_attention.cpp checks that choice).
+        cuda::flash_attention_forward_token_major(dt, qkv.raw(), c.s, c.b, c.heads, c.d, scale,
+                                                  ctx.raw(), lse.data<float>(),
+                                                  device_dropout(dropout));
+        Tensor dqkv = poisoned({rows, 3 * width}, dt);
+        Tensor delta = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
+        cuda::flash_attention_backward_token_major(dt, dctx.raw(), qkv.raw(), ctx.raw(),
+                                                   lse.data<float>(), c.s, c.b, c.heads, c.d,
+                                                   scale, delta.data<float>(), dqkv.raw(),
+                                                   device_dropout(dropout));
 
-      Tensor parts[3], dout, out_hm;
-      ops::split_heads(qkv, c.s, c.b, c.heads, 3, parts);
-      ops::split_heads(dctx, c.s, c.b, c.heads, 1, &dout);
-      Tensor out = poisoned(parts[0].shape(), dt);
-      Tensor lse_hm = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
-      ops::fused_attention_forward(parts[0], parts[1], parts[2], scale, out, lse_hm);
-      Tensor grads[3];
-      for (Tensor& g : grads) g = poisoned(parts[0].shape(), dt);
-      ops::fused_attention_backward(dout, parts[0], parts[1], parts[2], out, lse_hm, scale,
-                                    grads[0], grads[1], grads[2]);
-      Tensor ctx_ref, dqkv_ref;
-      ops::merge_heads(&out, 1, c.s, c.b, c.heads, ctx_ref);
-      ops::merge_heads(grads, 3, c.s, c.b, c.heads, dqkv_ref);
+        Tensor parts[3], dout;
+        ops::split_heads(qkv, c.s, c.b, c.heads, 3, parts);
+        ops::split_heads(dctx, c.s, c.b, c.heads, 1, &dout);
+        Tensor out = poisoned(parts[0].shape(), dt);
+        Tensor lse_hm = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
+        ops::fused_attention_forward(parts[0], parts[1], parts[2], scale, out, lse_hm, dropout);
+        Tensor grads[3];
+        for (Tensor& g : grads) g = poisoned(parts[0].shape(), dt);
+        ops::fused_attention_backward(dout, parts[0], parts[1], parts[2], out, lse_hm, scale,
+                                      grads[0], grads[1], grads[2], dropout);
+        Tensor ctx_ref, dqkv_ref;
+        ops::merge_heads(&out, 1, c.s, c.b, c.heads, ctx_ref);
+        ops::merge_heads(grads, 3, c.s, c.b, c.heads, dqkv_ref);
 
-      EXPECT_TRUE(all_finite(ctx) && all_finite(dqkv)) << what;
-      EXPECT_EQ(ctx.to_doubles(), ctx_ref.to_doubles()) << what;
-      EXPECT_EQ(lse.to_doubles(), lse_hm.to_doubles()) << what;
-      EXPECT_EQ(dqkv.to_doubles(), dqkv_ref.to_doubles()) << what;
-    }
+        EXPECT_TRUE(all_finite(ctx) && all_finite(dqkv)) << what;
+        EXPECT_EQ(ctx.to_doubles(), ctx_ref.to_doubles()) << what;
+        EXPECT_EQ(lse.to_doubles(), lse_hm.to_doubles()) << what;
+        EXPECT_EQ(dqkv.to_doubles(), dqkv_ref.to_doubles()) << what;
+        if (p == 0.0) continue;
+
+        // CUDA graphs: the step and the sample offset read from device words
+        // {step, sample lo, sample hi} at run time give the same bits.
+        Tensor words = Tensor::empty({3}, DType::I32);
+        words.data<std::int32_t>()[0] = std::int32_t(dropout.site.step);
+        words.data<std::int32_t>()[1] = std::int32_t(dropout.site.a_offset);
+        words.data<std::int32_t>()[2] = 0;
+        const Tensor live = words.to_device();
+        ops::AttentionDropout from_words = dropout;
+        from_words.site.step = 0;
+        from_words.site.a_offset = 0;
+        from_words.site.live = static_cast<const std::uint32_t*>(live.raw());
+        Tensor ctx_live = poisoned({rows, width}, dt), dqkv_live = poisoned({rows, 3 * width}, dt);
+        cuda::flash_attention_forward_token_major(dt, qkv.raw(), c.s, c.b, c.heads, c.d, scale,
+                                                  ctx_live.raw(), lse.data<float>(),
+                                                  device_dropout(from_words));
+        cuda::flash_attention_backward_token_major(dt, dctx.raw(), qkv.raw(), ctx_live.raw(),
+                                                   lse.data<float>(), c.s, c.b, c.heads, c.d,
+                                                   scale, delta.data<float>(), dqkv_live.raw(),
+                                                   device_dropout(from_words));
+        EXPECT_EQ(ctx_live.to_doubles(), ctx.to_doubles()) << what;
+        EXPECT_EQ(dqkv_live.to_doubles(), dqkv.to_doubles()) << what;
+        // The op's dispatcher runs these kernels whenever attention dropout
+        // is on, cuDNN or not (cuDNN's dropout draws other bits).
+        Tensor ctx_op = poisoned({rows, width}, dt), dqkv_op = poisoned({rows, 3 * width}, dt);
+        Tensor lse_op = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
+        ops::fused_attention_forward_token_major(qkv, c.s, c.b, c.heads, scale, ctx_op, lse_op,
+                                                 dropout);
+        ops::fused_attention_backward_token_major(dctx, qkv, ctx_op, lse_op, c.s, c.b, c.heads,
+                                                  scale, dqkv_op, dropout);
+        EXPECT_EQ(ctx_op.to_doubles(), ctx.to_doubles()) << what;
+        EXPECT_EQ(dqkv_op.to_doubles(), dqkv.to_doubles()) << what;
+      }
 }
 #endif
 
@@ -271,6 +409,24 @@ TEST(GpuFlashAttention, GptBf16FusedLossMatchesUnfused) {
   EXPECT_LT(fused.peak_bytes, unfused.peak_bytes);
   // auto picks the fused kernel here: the same losses, bit for bit.
   EXPECT_EQ(train_gpt("auto", "bf16", DType::BF16, steps).losses, fused.losses);
+}
+
+TEST(GpuFlashAttention, GptBf16FusedWithAttentionDropoutMatchesUnfused) {
+  REQUIRE_GPU();
+  const int steps = 4;
+  const ModelRun fused = train_gpt("fused", "bf16", DType::BF16, steps, 0.1);
+  const ModelRun unfused = train_gpt("unfused", "bf16", DType::BF16, steps, 0.1);
+  for (int i = 0; i < steps; ++i) {
+    EXPECT_TRUE(std::isfinite(fused.losses[i]));
+    EXPECT_LE(std::fabs(fused.losses[i] - unfused.losses[i]) / unfused.losses[i], 1e-2)
+        << "step " << i + 1;
+    std::printf("step %d bf16 attention_dropout 0.1 loss fused %.6f unfused %.6f\n", i + 1,
+                fused.losses[i], unfused.losses[i]);
+  }
+  // The dropout was on: not the run without it.
+  EXPECT_NE(fused.losses, train_gpt("fused", "bf16", DType::BF16, steps, 0.0).losses);
+  // auto now takes the fused kernels with attention dropout: the same bits.
+  EXPECT_EQ(train_gpt("auto", "bf16", DType::BF16, steps, 0.1).losses, fused.losses);
 }
 
 TEST(GpuFlashAttention, FusedOnFp32GpuModelIsAUserError) {

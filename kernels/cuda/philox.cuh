@@ -1,0 +1,91 @@
+// ======================================================== Philox dropout ==
+//
+// The counter-based dropout decision of kernels/kokkos/dropout.hpp on the
+// GPU, shared by the dropout kernels (dropout.cu) and the attention dropout
+// inside the fused attention kernels (flash_attention.cu): one
+// Philox4x32-10 call serves the 4 consecutive global indices 4q .. 4q + 3,
+//   key     = {seed lo32, seed hi32}
+//   counter = {q lo32, q hi32, step, stream}        q = global index >> 2
+//   keep    = (word (global index & 3) >> 8) * 2^-24 >= p
+// The Kokkos header cannot be shared (its functions are host-only in the
+// Serial build), so the generator is restated here with the same constants;
+// tests/gpu checks the masks against the host's, element by element.
+// __umulhi gives the high half of the 32x32 products in one instruction.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "ops/ops_cuda.hpp"
+
+namespace meshtron::cuda::philox {
+
+constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+
+/// Philox4x32-10: the four output words of counter (c0, c1, c2, c3), key (k0, k1).
+__device__ __forceinline__ uint4 philox4x32_10(std::uint32_t c0, std::uint32_t c1,
+                                               std::uint32_t c2, std::uint32_t c3,
+                                               std::uint32_t k0, std::uint32_t k1) {
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {  // key schedule: bump before every round but the first
+      k0 += kW0;
+      k1 += kW1;
+    }
+    const std::uint32_t hi0 = __umulhi(kM0, c0), lo0 = kM0 * c0;
+    const std::uint32_t hi1 = __umulhi(kM1, c2), lo1 = kM1 * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+
+/// `s` with the step and sample offset of this launch: the device words of
+/// s.live when set (CUDA graphs: one captured launch, many steps), else as is.
+__device__ __forceinline__ DropoutPlacement resolved(DropoutPlacement s) {
+  if (s.live == nullptr) return s;
+  s.step = s.live[0];
+  const kindex sample = kindex(std::uint64_t(s.live[1]) | (std::uint64_t(s.live[2]) << 32));
+  (s.sample_axis == 0 ? s.a_offset : s.b_offset) += sample;
+  return s;
+}
+
+/// The four words of group q (global indices 4q .. 4q + 3).
+__device__ __forceinline__ uint4 group_bits(const DropoutPlacement& s, std::uint64_t q) {
+  return philox4x32_10(std::uint32_t(q), std::uint32_t(q >> 32), s.step, s.stream,
+                       std::uint32_t(s.seed), std::uint32_t(s.seed >> 32));
+}
+
+/// Word j of r (j a constant after unrolling: no select left).
+__device__ __forceinline__ std::uint32_t word(const uint4& r, int j) {
+  return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
+}
+
+/// keep iff (w >> 8) 2^-24 >= p, i.e. iff (w >> 8) >= ceil(p 2^24): the
+/// same decision in integers (p 2^24 is exact in double), computed once.
+__device__ __forceinline__ bool keep_word(std::uint32_t w, std::uint32_t threshold) {
+  return (w >> 8) >= threshold;
+}
+
+/// The integer threshold of keep_word for p in [0, 1) (<= 2^24).
+inline std::uint32_t keep_threshold(double p) { return std::uint32_t(std::ceil(p * 16777216.0)); }
+
+/// Decision of one element on its own: its group's call, its word.
+__device__ __forceinline__ bool keep_element(const DropoutPlacement& s, std::uint64_t index,
+                                             std::uint32_t threshold) {
+  const uint4 r = group_bits(s, index >> 2);
+  const unsigned j = unsigned(index & 3u);
+  return keep_word(j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w, threshold);
+}
+
+/// Bit j set iff word j of r is kept: the decisions of a whole group.
+__device__ __forceinline__ unsigned keep_bits(const uint4& r, std::uint32_t threshold) {
+  return unsigned(keep_word(r.x, threshold)) | unsigned(keep_word(r.y, threshold)) << 1 |
+         unsigned(keep_word(r.z, threshold)) << 2 | unsigned(keep_word(r.w, threshold)) << 3;
+}
+
+}  // namespace meshtron::cuda::philox
