@@ -45,8 +45,9 @@
 // only: 4 B S^2 D / 2 forward, 2.5 times that backward, for both paths (so
 // the unfused path, which computes the full S x S, is credited with half).
 // Each path also with attention dropout 0.1 ("p.1" rows: the fused kernels'
-// own Philox mask; unfused: dropout_forward/backward on [B, S, S] as in
-// Attention).
+// own Philox mask, stored by the forward for the backward as the model runs
+// it, and "drawn" by every pass; unfused: dropout_forward/backward on
+// [B, S, S] as in Attention).
 // On the token-major layout the model uses (qkv [s*b, 3*heads*d], what
 // ops::fused_attention_*_token_major read in place), our kernels ("own tm")
 // against cuDNN's fused attention ("cudnn tm", kernels/cuda/cudnn_attention.cu;
@@ -722,7 +723,7 @@ void bench_attention_token_major() {
     const double fwd_flop = 4.0 * double(c.b * c.heads) * double(c.s) * double(c.s) * c.d / 2;
     const double bwd_flop = 2.5 * fwd_flop;
     auto row = [&](const char* path, const AttentionTimes& t) {
-      std::printf("%-34s %-9s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f\n", c.what, path, t.fwd_ms,
+      std::printf("%-34s %-15s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f\n", c.what, path, t.fwd_ms,
                   fwd_flop / (t.fwd_ms * 1e9), t.bwd_ms, bwd_flop / (t.bwd_ms * 1e9),
                   t.fwd_ms + t.bwd_ms, (fwd_flop + bwd_flop) / ((t.fwd_ms + t.bwd_ms) * 1e9));
     };
@@ -750,7 +751,7 @@ void bench_attention_token_major() {
 }
 
 void bench_attention(bool fused_only) {
-  std::printf("\n%-44s %9s %9s %9s %9s %9s %9s\n", "causal attention core, bf16", "fwd ms",
+  std::printf("\n%-50s %9s %9s %9s %9s %9s %9s\n", "causal attention core, bf16", "fwd ms",
               "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms", "f+b TF/s");
   struct Case {
     const char* what;
@@ -767,19 +768,27 @@ void bench_attention(bool fused_only) {
     const double fwd_flop = 4.0 * double(c.B) * double(c.S) * double(c.S) * double(c.D) / 2;
     const double bwd_flop = 2.5 * fwd_flop;
     auto row = [&](const char* path, const AttentionTimes& t) {
-      std::printf("%-34s %-9s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f\n", c.what, path, t.fwd_ms,
+      std::printf("%-34s %-15s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f\n", c.what, path, t.fwd_ms,
                   fwd_flop / (t.fwd_ms * 1e9), t.bwd_ms, bwd_flop / (t.bwd_ms * 1e9),
                   t.fwd_ms + t.bwd_ms, (fwd_flop + bwd_flop) / ((t.fwd_ms + t.bwd_ms) * 1e9));
     };
     const AttentionTimes fused = time_fused_attention(q, k, v, dout, scale);
     row("fused", fused);
     const ops::AttentionDropout dropout = attention_dropout(0.1, c.B, c.S);
-    const AttentionTimes fused_drop = time_fused_attention(q, k, v, dout, scale, dropout);
+    const AttentionTimes fused_drawn = time_fused_attention(q, k, v, dout, scale, dropout);
+    row("fused p.1 drawn", fused_drawn);
+    // As the model runs it: the forward stores its decisions for the backward.
+    const ops::AttentionDropout stored(
+        dropout.p, dropout.site,
+        Tensor::empty({c.B, c.S, ops::attention_keep_bits_words(c.S)}, DType::I32,
+                      MemorySpace::Cuda));
+    const AttentionTimes fused_drop = time_fused_attention(q, k, v, dout, scale, stored);
     row("fused p.1", fused_drop);
     std::printf("%-34s attention dropout 0.1 costs the fused kernels: fwd %.2fx, bwd %.2fx, "
-                "fwd+bwd %.2fx\n",
+                "fwd+bwd %.2fx (drawn in every pass: %.2fx)\n",
                 c.what, fused_drop.fwd_ms / fused.fwd_ms, fused_drop.bwd_ms / fused.bwd_ms,
-                (fused_drop.fwd_ms + fused_drop.bwd_ms) / (fused.fwd_ms + fused.bwd_ms));
+                (fused_drop.fwd_ms + fused_drop.bwd_ms) / (fused.fwd_ms + fused.bwd_ms),
+                (fused_drawn.fwd_ms + fused_drawn.bwd_ms) / (fused.fwd_ms + fused.bwd_ms));
     if (fused_only) continue;
     const AttentionTimes unfused = time_unfused_attention(q, k, v, dout, scale);
     row("unfused", unfused);

@@ -318,11 +318,18 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
 // elements: the lanes that share a group take one group each and trade the
 // decisions by shuffles. Otherwise each element makes its own call.
 
+/// The kernels' dropout modes (their kDrop template argument).
+constexpr int kNoDropout = 0;  // no attention dropout: the kernels as without it
+constexpr int kDrawMask = 1;   // Philox per tile (the forward also stores it where asked)
+constexpr int kReadMask = 2;   // the backward reads the forward's stored decisions
+
 /// The attention dropout of a launch (see ops_cuda.hpp's AttentionDropoutSite).
 struct FlashDropout {
   DropoutPlacement site{};
   std::uint32_t threshold = 0;
   float keep_scale = 1.f;
+  std::uint32_t* keep_bits = nullptr;  // [B, S, words]: the stored decisions, or null
+  kindex words = 0;
 };
 
 /// The dropout of one entry (a CTA's blockIdx.y): the site with the live
@@ -333,12 +340,23 @@ struct EntryDropout {
   kindex S;
   std::uint32_t threshold;
   float keep_scale;
+  std::uint32_t* keep_bits;  // this entry's [S, words] decisions, or null
+  kindex words;
 
   __device__ EntryDropout(const FlashDropout& d, kindex bh, kindex S_)
-      : site(philox::resolved(d.site)), S(S_), threshold(d.threshold), keep_scale(d.keep_scale) {
+      : site(philox::resolved(d.site)),
+        S(S_),
+        threshold(d.threshold),
+        keep_scale(d.keep_scale),
+        keep_bits(d.keep_bits == nullptr ? nullptr : d.keep_bits + bh * S_ * d.words),
+        words(d.words) {
     const kindex sample = bh / site.b, head = bh % site.b;
     base = std::uint64_t(((sample + site.a_offset) * site.b_global + head + site.b_offset) *
                          site.c_global);
+  }
+  /// Stored word `word` (32 keys) of query row `query`; 0 past S.
+  __device__ std::uint32_t stored(kindex query, kindex word) const {
+    return query < S ? keep_bits[query * words + word] : 0u;
   }
   __device__ bool grouped() const { return S % 4 == 0; }
   __device__ std::uint64_t index(kindex query, kindex key) const {
@@ -403,6 +421,83 @@ __device__ __forceinline__ unsigned keep_bits_key_rows(const EntryDropout& d, ki
   return bits;
 }
 
+// The stored mask (the forward's decisions, read by both backward passes
+// instead of two more Philox passes): per entry a row-major bit matrix,
+// bit j % 32 of word j / 32 of query row i is P_ij's decision. Only the
+// tiles a pass visits are written (every visible P_ij's is); bits of
+// invisible elements are never used (P = 0 there).
+
+/// Adds tile (mi, nb)'s decisions (keep bits as keep_bits_query_rows gives
+/// them) to this lane's row words: w[mi][h][k] is row g + 8h, keys 32k .. of
+/// the 16M x N tile, where the lane holds keys 8nb + 2t and + 1.
+template <int M, int N>
+__device__ __forceinline__ void add_row_bits(std::uint32_t (&w)[M][2][N / 32], int mi, int nb,
+                                             unsigned bits, int lane) {
+  const int shift = (nb % 4) * 8 + 2 * (lane % 4);
+  w[mi][0][nb / 4] |= (bits & 3u) << shift;
+  w[mi][1][nb / 4] |= ((bits >> 2) & 3u) << shift;
+}
+
+/// Writes a warp's row words of the 16M x N tile at (row_lo, k0): the four
+/// lanes of a quad OR theirs together, then lane t writes the words k with
+/// k % 4 == t of rows past S skipped. Warp-uniform call (shuffles).
+template <int M, int N>
+__device__ __forceinline__ void store_row_bits(const EntryDropout& d,
+                                               std::uint32_t (&w)[M][2][N / 32], kindex row_lo,
+                                               kindex k0, int lane) {
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int k = 0; k < N / 32; ++k) {
+        std::uint32_t x = w[mi][h][k];
+        x |= __shfl_xor_sync(0xffffffffu, x, 1);
+        x |= __shfl_xor_sync(0xffffffffu, x, 2);
+        const kindex row = row_lo + mi * 16 + lane / 4 + 8 * h;
+        if (k % 4 == lane % 4 && row < d.S) d.keep_bits[row * d.words + k0 / 32 + k] = x;
+      }
+}
+
+/// This lane's stored row words of the 16M x N tile at (row_lo, k0) (forward
+/// layout: rows are queries), for row_tile_bits.
+template <int M, int N>
+__device__ __forceinline__ void load_row_bits(const EntryDropout& d,
+                                              std::uint32_t (&w)[M][2][N / 32], kindex row_lo,
+                                              kindex k0, int lane) {
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int k = 0; k < N / 32; ++k)
+        w[mi][h][k] = d.stored(row_lo + mi * 16 + lane / 4 + 8 * h, k0 / 32 + k);
+}
+
+/// Keep bits of tile (mi, nb) from load_row_bits' words (as keep_bits_query_rows).
+template <int M, int N>
+__device__ __forceinline__ unsigned row_tile_bits(const std::uint32_t (&w)[M][2][N / 32], int mi,
+                                                  int nb, int lane) {
+  const int shift = (nb % 4) * 8 + 2 * (lane % 4);
+  return ((w[mi][0][nb / 4] >> shift) & 3u) | (((w[mi][1][nb / 4] >> shift) & 3u) << 2);
+}
+
+/// Keep bits of the dK/dV tile whose row r, column c is key row0 + r, query
+/// col0 + c (as keep_bits_key_rows), from the stored mask: the lane's keys
+/// g and g + 8 of queries col0 + 2t (+ 1) are two bits of one word per query
+/// (row0 is a multiple of 16).
+__device__ __forceinline__ unsigned stored_bits_key_rows(const EntryDropout& d, kindex row0,
+                                                         kindex col0, int lane) {
+  const int shift = int(row0 % 32) + lane / 4;
+  unsigned bits = 0;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const std::uint32_t w = d.stored(col0 + 2 * (lane % 4) + c, row0 / 32);
+    bits |= ((w >> shift) & 1u) << c | ((w >> (shift + 8)) & 1u) << (2 + c);
+  }
+  return bits;
+}
+
 // ----------------------------------------------------------------- forward ---
 
 /// Tiling of the forward: `Warps` warps of 16 M query rows each, key blocks
@@ -416,7 +511,7 @@ struct FwdTiles {
   static constexpr std::size_t kSmem = std::size_t(kBr + 4 * kBc) * kLd * 2;  // Q, 2 x (K, V)
 };
 
-template <class T, class Tile, bool kDrop>
+template <class T, class Tile, int kDrop>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                          HeadStrides in, kindex S, float scale_log2, T* __restrict__ out,
@@ -498,7 +593,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 #pragma unroll
           for (int nb = 0; nb < D / 8; ++nb) o[mi][nb][2 * h] *= alpha, o[mi][nb][2 * h + 1] *= alpha;
         }
-      if constexpr (kDrop)  // after the row sums: l (and lse) stay the undropped softmax's
+      if constexpr (kDrop != kNoDropout) {  // after the row sums: l, lse stay undropped
+        std::uint32_t rows[M][2][kBc / 32] = {};
 #pragma unroll
         for (int mi = 0; mi < M; ++mi)
 #pragma unroll
@@ -506,7 +602,10 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
             const unsigned bits = keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[mi][nb][e] = dropout.apply(s[mi][nb][e], bits, e);
+            add_row_bits<M, kBc>(rows, mi, nb, bits, lane);
           }
+        if (dropout.keep_bits != nullptr) store_row_bits<M, kBc>(dropout, rows, row_lo, k0, lane);
+      }
       std::uint32_t p[M][kBc / 16][4];
       to_a_operand<T, M, kBc>(p, s);
       mma_rab<T, M, D, kBc>(o, p, sVs, kLd, lane);
@@ -583,7 +682,7 @@ __device__ __forceinline__ void load_row_stats(float* sL, float* sDelta, const f
   }
 }
 
-template <class T, class Tile, bool kDrop>
+template <class T, class Tile, int kDrop>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                const T* __restrict__ v, const T* __restrict__ dout,
@@ -641,6 +740,13 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
       const T* sdOs = sdO + st * kBr * kLd;
       const float* sLs = sL + st * kBr;
       const float* sDs = sDelta + st * kBr;
+      [[maybe_unused]] unsigned keep[M][kDrop != kNoDropout ? kBr / 8 : 1];
+      if constexpr (kDrop == kReadMask)  // loads first: their latency under the GEMMs
+#pragma unroll
+        for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+          for (int nb = 0; nb < kBr / 8; ++nb)
+            keep[mi][nb] = stored_bits_key_rows(dropout, key_lo + mi * 16, q0 + nb * 8, lane);
       // P^T = exp2(scale log2e K Q^T - lse log2e), keys as rows.
       float pt[M][kBr / 8][4] = {};
       if constexpr (Tile::kKVRegs)
@@ -660,14 +766,14 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
             pt[mi][nb][e] = fast_exp2(x);
           }
       std::uint32_t a[M][kBr / 16][4];
-      [[maybe_unused]] unsigned keep[M][kDrop ? kBr / 8 : 1];
-      if constexpr (kDrop) {
+      if constexpr (kDrop != kNoDropout) {
         float ptz[M][kBr / 8][4];  // (P o Z)^T
 #pragma unroll
         for (int mi = 0; mi < M; ++mi)
 #pragma unroll
           for (int nb = 0; nb < kBr / 8; ++nb) {
-            keep[mi][nb] = keep_bits_key_rows(dropout, key_lo + mi * 16, q0 + nb * 8, lane);
+            if constexpr (kDrop == kDrawMask)
+              keep[mi][nb] = keep_bits_key_rows(dropout, key_lo + mi * 16, q0 + nb * 8, lane);
 #pragma unroll
             for (int e = 0; e < 4; ++e) ptz[mi][nb][e] = dropout.apply(pt[mi][nb][e], keep[mi][nb], e);
           }
@@ -688,7 +794,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {  // dS^T / scale
             float dz = dpt[mi][nb][e];
-            if constexpr (kDrop) dz = dropout.apply(dz, keep[mi][nb], e);
+            if constexpr (kDrop != kNoDropout) dz = dropout.apply(dz, keep[mi][nb], e);
             dpt[mi][nb][e] = pt[mi][nb][e] * (dz - sDs[elem_col(lane, nb, e)]);
           }
       to_a_operand<T, M, kBr>(a, dpt);
@@ -711,7 +817,7 @@ struct DqTiles {
       std::size_t(2 * kBr + 4 * kBc) * kLd * 2;  // Q, dO, 2 x (K, V)
 };
 
-template <class T, class Tile, bool kDrop>
+template <class T, class Tile, int kDrop>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dq_kernel(const T* __restrict__ q, const T* __restrict__ k,
                              const T* __restrict__ v, const T* __restrict__ dout,
@@ -762,6 +868,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
     if (k0 <= row_lo + kRows - 1) {
       const T* sKs = sK + (j % 2) * kBc * kLd;
       const T* sVs = sV + (j % 2) * kBc * kLd;
+      [[maybe_unused]] std::uint32_t stored[M][2][kDrop == kReadMask ? kBc / 32 : 1];
+      if constexpr (kDrop == kReadMask)  // loads first: their latency under the GEMMs
+        load_row_bits<M, kBc>(dropout, stored, row_lo, k0, lane);
       float p[M][kBc / 8][4] = {};
       if constexpr (Tile::kQRegs)
         mma_rabt<T, M, kBc, D>(p, qf, sKs, kLd, lane);
@@ -789,11 +898,13 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 #pragma unroll
         for (int nb = 0; nb < kBc / 8; ++nb) {
           unsigned keep = 0;
-          if constexpr (kDrop) keep = keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
+          if constexpr (kDrop == kDrawMask)
+            keep = keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
+          if constexpr (kDrop == kReadMask) keep = row_tile_bits<M, kBc>(stored, mi, nb, lane);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {  // dS / scale
             float dz = dp[mi][nb][e];
-            if constexpr (kDrop) dz = dropout.apply(dz, keep, e);
+            if constexpr (kDrop != kNoDropout) dz = dropout.apply(dz, keep, e);
             dp[mi][nb][e] = p[mi][nb][e] * (dz - dl[mi][e / 2]);
           }
         }
@@ -892,11 +1003,11 @@ struct FlashArgs {
   index_t B, S;
   double scale;
   HeadStrides in, os;
-  bool dropout = false;  // the kDrop kernels with `drop`
+  bool dropout = false;  // the kDrawMask / kReadMask kernels with `drop`
   FlashDropout drop{};
 };
 
-template <class T, class Tile, bool kDrop>
+template <class T, class Tile, int kDrop>
 void launch_forward(const FlashArgs& a) {
   launch<flash_forward_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
@@ -913,7 +1024,7 @@ void launch_row_dot(const FlashArgs& a) {
   MESH_CUDA_LAUNCHED();
 }
 
-template <class T, class Tile, bool kDrop>
+template <class T, class Tile, int kDrop>
 void launch_dkdv(const FlashArgs& a) {
   launch<flash_backward_dkdv_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
@@ -922,7 +1033,7 @@ void launch_dkdv(const FlashArgs& a) {
          float(a.scale * kLog2e), static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.drop);
 }
 
-template <class T, class Tile, bool kDrop>
+template <class T, class Tile, int kDrop>
 void launch_dq(const FlashArgs& a) {
   launch<flash_backward_dq_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
@@ -940,9 +1051,9 @@ void forward(DType t, const FlashArgs& a, index_t D) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
     if (a.dropout)
-      launch_forward<T, FwdTiling<kD>, true>(a);
+      launch_forward<T, FwdTiling<kD>, kDrawMask>(a);
     else
-      launch_forward<T, FwdTiling<kD>, false>(a);
+      launch_forward<T, FwdTiling<kD>, kNoDropout>(a);
   });
 }
 
@@ -951,12 +1062,15 @@ void backward(DType t, const FlashArgs& a, index_t D) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
     launch_row_dot<T, kD>(a);
-    if (a.dropout) {
-      launch_dkdv<T, DkDvTiling<kD>, true>(a);
-      launch_dq<T, DqTiling<kD>, true>(a);
+    if (a.dropout && a.drop.keep_bits != nullptr) {  // the forward's stored decisions
+      launch_dkdv<T, DkDvTiling<kD>, kReadMask>(a);
+      launch_dq<T, DqTiling<kD>, kReadMask>(a);
+    } else if (a.dropout) {
+      launch_dkdv<T, DkDvTiling<kD>, kDrawMask>(a);
+      launch_dq<T, DqTiling<kD>, kDrawMask>(a);
     } else {
-      launch_dkdv<T, DkDvTiling<kD>, false>(a);
-      launch_dq<T, DqTiling<kD>, false>(a);
+      launch_dkdv<T, DkDvTiling<kD>, kNoDropout>(a);
+      launch_dq<T, DqTiling<kD>, kNoDropout>(a);
     }
   });
 }
@@ -973,7 +1087,12 @@ FlashArgs with_dropout(FlashArgs a, const AttentionDropoutSite& d) {
                   s.c_offset == 0,
               "fused attention: the dropout site must view the probabilities as [b, heads, S*S]");
   a.dropout = true;
-  a.drop = {s, philox::keep_threshold(d.p), float(1.0 / (1.0 - d.p))};
+  // The forward stores whole key blocks (up to 128 keys) of every row.
+  MESH_VERIFY(d.keep_bits == nullptr || d.keep_bits_words * 32 >= (a.S + 127) / 128 * 128,
+              "fused attention: " << d.keep_bits_words << " words per row of stored dropout "
+                                  "decisions cannot hold S = " << a.S << " keys in blocks of 128");
+  a.drop = {s, philox::keep_threshold(d.p), float(1.0 / (1.0 - d.p)), d.keep_bits,
+            d.keep_bits_words};
   return a;
 }
 

@@ -76,7 +76,7 @@ Tensor Attention::core_forward_unfused(const LayerContext& ctx, Cache& c) const 
   const bool keep = ctx.recompute != Recompute::Selective;
   c.probs = keep ? probs : Tensor();
   c.probs_kept = keep ? probs_kept : Tensor();
-  c.lse = Tensor();  // the backward takes the unfused path
+  c.lse = c.keep_bits = Tensor();  // the backward takes the unfused path
   return context;
 }
 
@@ -97,13 +97,19 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
   if (use_fused(qkv_out)) {
     // The fused core reads q, k, v from the projection's output and writes
     // the context in proj's input layout: no head copies. Nothing s x s is
-    // stored, so selective recompute has nothing to drop.
+    // stored but, with attention dropout on the GPU, one bit per
+    // probability; selective recompute has nothing to drop.
     c.qkv_out = qkv_out;
-    c.q = c.k = c.v = c.probs = c.probs_kept = Tensor();
+    c.q = c.k = c.v = c.probs = c.probs_kept = c.keep_bits = Tensor();
     merged = Tensor::empty({s * b, heads_local_ * head_dim_}, x.dtype(), x.space());
     c.lse = Tensor::empty({b * heads_local_, s}, stats_dtype(x), x.space());
+    ops::AttentionDropout dropout = fused_dropout(ctx);
+    if (dropout.p > 0 && !x.is_host())  // b * heads * s^2 / 8 bytes instead of 2 Philox passes
+      dropout.keep_bits = Tensor::empty({b * heads_local_, s, ops::attention_keep_bits_words(s)},
+                                        DType::I32, x.space());
+    c.keep_bits = dropout.keep_bits;
     ops::fused_attention_forward_token_major(qkv_out, s, b, heads_local_, scale(), merged, c.lse,
-                                             fused_dropout(ctx));
+                                             dropout);
   } else {
     Tensor parts[3];
     ops::split_heads(qkv_out, s, b, heads_local_, 3, parts);
@@ -123,8 +129,10 @@ Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) 
   Tensor dqkv;
   if (c.lse.defined()) {  // the forward ran the fused core; proj kept the context
     dqkv = Tensor::empty(c.qkv_out.shape(), dy.dtype(), dy.space());
+    ops::AttentionDropout dropout = fused_dropout(ctx);
+    dropout.keep_bits = c.keep_bits;
     ops::fused_attention_backward_token_major(dmerged, c.qkv_out, c.proj.x, c.lse, s, b,
-                                              heads_local_, scale(), dqkv, fused_dropout(ctx));
+                                              heads_local_, scale(), dqkv, dropout);
   } else {
     Tensor dcontext, dparts[3];
     ops::split_heads(dmerged, s, b, heads_local_, 1, &dcontext);

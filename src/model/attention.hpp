@@ -45,6 +45,10 @@ class Attention {
     /// row of scores [b * heads_local, s]. The backward also needs the
     /// context: proj's kept input, in the layout the kernels read.
     Tensor lse;
+    /// Fused core on the GPU with attention dropout: the forward's keep
+    /// decisions, a bit per probability (ops::AttentionDropout::keep_bits),
+    /// so that the backward passes read the mask instead of drawing it again.
+    Tensor keep_bits;
   };
   Attention(const std::string& name, int layer, index_t hidden, int heads,
             double dropout, const LayerContext& ctx, DType dtype,

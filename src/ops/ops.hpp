@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ops/grad_store.hpp"
@@ -107,9 +108,21 @@ bool dropout_keep(std::uint64_t seed, std::uint32_t step, std::uint32_t stream,
 /// as the unfused path, on any decomposition), and the kept ones scaled by
 /// 1 / (1 - p); lse stays that of the undropped softmax.
 struct AttentionDropout {
+  AttentionDropout() = default;
+  AttentionDropout(double p_, const DropoutSite& site_, Tensor keep_bits_ = {})
+      : p(p_), site(site_), keep_bits(std::move(keep_bits_)) {}
   double p = 0.0;
   DropoutSite site;
+  /// Device path, optional: a [B, S, attention_keep_bits_words(S)] I32
+  /// tensor in which the forward stores its keep decisions (a bit per
+  /// probability) for the backward to read, instead of drawing the mask
+  /// again in both backward passes; the same tensor goes to both calls.
+  /// Ignored on the host.
+  Tensor keep_bits;
 };
+/// Words (32 keys each) per query row of AttentionDropout::keep_bits: S
+/// rounded up to the kernels' widest key block, 128.
+inline index_t attention_keep_bits_words(index_t S) { return (S + 127) / 128 * 4; }
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              Tensor& out, Tensor& lse, const AttentionDropout& dropout = {});
 /// dq, dk, dv (overwrite) from dout and the forward's out and lse (and the

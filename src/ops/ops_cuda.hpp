@@ -115,6 +115,12 @@ void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPl
 struct AttentionDropoutSite {
   double p = 0.0;
   DropoutPlacement site{};
+  /// Optional [B, S, keep_bits_words] words (ops::attention_keep_bits_words):
+  /// the forward stores its decisions there (bit j % 32 of word j / 32 of
+  /// row (entry, i): P_ij kept) and the backward reads them instead of
+  /// drawing the mask twice more. Null: every pass draws it.
+  std::uint32_t* keep_bits = nullptr;
+  index_t keep_bits_words = 0;
 };
 
 // ------------------------------------------------------- Fused attention ---

@@ -528,10 +528,22 @@ kernels::AttentionMask attention_mask(const AttentionDropout& d) {
 }
 
 #ifdef MESHTRON_HAVE_CUDA
-/// The CUDA kernels' dropout of a checked dropout.
-cuda::AttentionDropoutSite device_dropout(const AttentionDropout& d) {
+/// The CUDA kernels' dropout of a checked dropout (B entries of S x S), with
+/// its stored-decision words where given.
+cuda::AttentionDropoutSite device_dropout(const char* op, const AttentionDropout& d, index_t B,
+                                          index_t S) {
   if (d.p == 0.0) return {};
-  return {d.p, device_placement(d.site)};
+  cuda::AttentionDropoutSite site{d.p, device_placement(d.site)};
+  if (d.keep_bits.defined()) {
+    const index_t words = attention_keep_bits_words(S);
+    MESH_VERIFY(!d.keep_bits.is_host() && d.keep_bits.dtype() == DType::I32 &&
+                    d.keep_bits.shape() == Shape({B, S, words}),
+                op << ": keep_bits " << describe({"keep_bits", d.keep_bits})
+                   << " must be a device I32 [" << B << ", " << S << ", " << words << "]");
+    site.keep_bits = static_cast<std::uint32_t*>(d.keep_bits.raw());
+    site.keep_bits_words = words;
+  }
+  return site;
 }
 #endif
 }  // namespace
@@ -549,7 +561,8 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_attention_dropout(op, dropout, B, S);
   if (device) {
     ON_CUDA(cuda::fused_attention_forward(q.dtype(), q.raw(), k.raw(), v.raw(), B, S, D, scale,
-                                          out.raw(), lse.data<float>(), device_dropout(dropout)));
+                                          out.raw(), lse.data<float>(),
+                                          device_dropout(op, dropout, B, S)));
     return;
   }
   const kernels::AttentionMask z = attention_mask(dropout);
@@ -580,7 +593,7 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
     ON_CUDA(cuda::fused_attention_backward(q.dtype(), dout.raw(), q.raw(), k.raw(), v.raw(),
                                            out.raw(), lse.data<float>(), B, S, D, scale,
                                            delta.data<float>(), dq.raw(), dk.raw(), dv.raw(),
-                                           device_dropout(dropout)));
+                                           device_dropout(op, dropout, B, S)));
     return;
   }
   const kernels::AttentionMask z = attention_mask(dropout);
@@ -629,7 +642,7 @@ void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b
     check_attention_dropout(op, dropout, b * heads, s);
     ON_CUDA(cuda::fused_attention_forward_token_major(qkv.dtype(), qkv.raw(), s, b, heads, d,
                                                       scale, context.raw(), lse.data<float>(),
-                                                      device_dropout(dropout)));
+                                                      device_dropout(op, dropout, b * heads, s)));
     return;
   }
   Tensor parts[3];
@@ -662,7 +675,7 @@ void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& 
     Tensor delta = Tensor::empty({b * heads, s}, DType::F32, qkv.space());
     ON_CUDA(cuda::fused_attention_backward_token_major(
         qkv.dtype(), dcontext.raw(), qkv.raw(), context.raw(), lse.data<float>(), s, b, heads, d,
-        scale, delta.data<float>(), dqkv.raw(), device_dropout(dropout)));
+        scale, delta.data<float>(), dqkv.raw(), device_dropout(op, dropout, b * heads, s)));
     return;
   }
   Tensor parts[3], dout, out;

@@ -23,7 +23,9 @@
 //    under dp and tp); the dropped output is far from the undropped one. The
 //    token-major entry points with dropout equal split + head-major + merge
 //    bitwise, read from live device words (CUDA graphs) they equal the
-//    plain step and offset, and the op's dispatcher runs them (not cuDNN). The tiny GPT with attention_dropout 0.1 trained
+//    plain step and offset, and the op's dispatcher runs them (not cuDNN).
+//    The forward's stored decisions (AttentionDropout::keep_bits) read by
+//    the backward give the bits of the backward that draws the mask again. The tiny GPT with attention_dropout 0.1 trained
 //    fused equals unfused within 1e-2 and differs from the run without it.
 //
 // Skips (exit 0) without a GPU.
@@ -221,6 +223,21 @@ void check_dropout_case(const DropoutCase& c, double p, std::uint64_t seed) {
   EXPECT_EQ(gq2.to_doubles(), gq.to_doubles()) << what;
   EXPECT_EQ(gk2.to_doubles(), gk.to_doubles()) << what;
   EXPECT_EQ(gv2.to_doubles(), gv.to_doubles()) << what;
+
+  // The forward's stored decisions, read by the backward instead of drawing
+  // the mask again: the same decisions, so the same bits.
+  ops::AttentionDropout stored = dropout;
+  stored.keep_bits = Tensor::empty({B, c.S, ops::attention_keep_bits_words(c.S)}, DType::I32,
+                                   MemorySpace::Cuda);
+  stored.keep_bits.fill(0.0);
+  Tensor out3 = poisoned(shape, dt), lse3 = poisoned({B, c.S}, DType::F32);
+  ops::fused_attention_forward(gq_in, gk_in, gv_in, scale, out3, lse3, stored);
+  EXPECT_EQ(out3.to_doubles(), out.to_doubles()) << what << " (stored mask)";
+  Tensor gq3 = poisoned(shape, dt), gk3 = poisoned(shape, dt), gv3 = poisoned(shape, dt);
+  ops::fused_attention_backward(gdo, gq_in, gk_in, gv_in, out3, lse3, scale, gq3, gk3, gv3, stored);
+  EXPECT_EQ(gq3.to_doubles(), gq.to_doubles()) << what << " (stored mask)";
+  EXPECT_EQ(gk3.to_doubles(), gk.to_doubles()) << what << " (stored mask)";
+  EXPECT_EQ(gv3.to_doubles(), gv.to_doubles()) << what << " (stored mask)";
 }
 
 TEST(GpuFlashAttention, DropoutMatchesHostReference) {
@@ -379,13 +396,19 @@ TEST(GpuFlashAttention, TokenMajorEqualsSplitHeadMajorMerge) {
         EXPECT_EQ(ctx_live.to_doubles(), ctx.to_doubles()) << what;
         EXPECT_EQ(dqkv_live.to_doubles(), dqkv.to_doubles()) << what;
         // The op's dispatcher runs these kernels whenever attention dropout
-        // is on, cuDNN or not (cuDNN's dropout draws other bits).
+        // is on, cuDNN or not (cuDNN's dropout draws other bits); here with
+        // the mask stored by the forward for the backward (as the model
+        // does): the same decisions, the same bits.
+        ops::AttentionDropout stored = dropout;
+        stored.keep_bits = Tensor::empty(
+            {c.b * c.heads, c.s, ops::attention_keep_bits_words(c.s)}, DType::I32,
+            MemorySpace::Cuda);
         Tensor ctx_op = poisoned({rows, width}, dt), dqkv_op = poisoned({rows, 3 * width}, dt);
         Tensor lse_op = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
         ops::fused_attention_forward_token_major(qkv, c.s, c.b, c.heads, scale, ctx_op, lse_op,
-                                                 dropout);
+                                                 stored);
         ops::fused_attention_backward_token_major(dctx, qkv, ctx_op, lse_op, c.s, c.b, c.heads,
-                                                  scale, dqkv_op, dropout);
+                                                  scale, dqkv_op, stored);
         EXPECT_EQ(ctx_op.to_doubles(), ctx.to_doubles()) << what;
         EXPECT_EQ(dqkv_op.to_doubles(), dqkv.to_doubles()) << what;
       }
