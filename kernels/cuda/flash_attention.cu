@@ -599,7 +599,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
         for (int mi = 0; mi < M; ++mi)
 #pragma unroll
           for (int nb = 0; nb < kBc / 8; ++nb) {
-            const unsigned bits = keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
+            const unsigned bits =
+                keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[mi][nb][e] = dropout.apply(s[mi][nb][e], bits, e);
             add_row_bits<M, kBc>(rows, mi, nb, bits, lane);
@@ -775,7 +776,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
             if constexpr (kDrop == kDrawMask)
               keep[mi][nb] = keep_bits_key_rows(dropout, key_lo + mi * 16, q0 + nb * 8, lane);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) ptz[mi][nb][e] = dropout.apply(pt[mi][nb][e], keep[mi][nb], e);
+            for (int e = 0; e < 4; ++e)
+              ptz[mi][nb][e] = dropout.apply(pt[mi][nb][e], keep[mi][nb], e);
           }
         to_a_operand<T, M, kBr>(a, ptz);
       } else {

@@ -161,28 +161,10 @@ TEST(FusedAttentionHost, BackwardMatchesFiniteDifferences) {
   }
 }
 
-/// The probabilities' dropout site of `batch` samples x `heads` heads of S x S,
-/// placed at (sample_offset, head_offset) in [*, heads_global, S*S].
-ops::DropoutSite probs_site(index_t batch, index_t heads, index_t S, index_t sample_offset = 0,
-                            index_t head_offset = 0, index_t heads_global = 0) {
-  ops::DropoutSite site;
-  site.seed = 1234;
-  site.step = 7;
-  site.stream = 3;
-  site.a = batch;
-  site.b = heads;
-  site.c = S * S;
-  site.a_offset = sample_offset;
-  site.b_offset = head_offset;
-  site.b_global = heads_global > 0 ? heads_global : heads;
-  site.c_global = S * S;
-  return site;
-}
-
 TEST(FusedAttentionHost, DropoutEqualsUnfusedCompositionWithTheSameMask) {
   const index_t batch = 2, heads = 3, S = 19, D = 8, B = batch * heads;
   const double scale = 1.0 / std::sqrt(double(D)), p = 0.3;
-  const ops::AttentionDropout dropout{p, probs_site(batch, heads, S)};
+  const ops::AttentionDropout dropout{p, testing::attention_probs_site(batch, heads, S)};
   const Tensor q = random_tensor({B, S, D}, 21, -2, 2), k = random_tensor(q.shape(), 22, -2, 2),
                v = random_tensor(q.shape(), 23), dout = random_tensor(q.shape(), 24);
   Tensor out = Tensor::empty(q.shape(), DType::F64), lse = Tensor::empty({B, S}, DType::F64);
@@ -230,15 +212,16 @@ TEST(FusedAttentionHost, DropoutOnAShardEqualsTheSameRowsOfTheWholeCall) {
   const double scale = 0.5, p = 0.25;
   const Tensor q = random_tensor({B, S, D}, 31, -2, 2), k = random_tensor(q.shape(), 32, -2, 2),
                v = random_tensor(q.shape(), 33), dout = random_tensor(q.shape(), 34);
-  const ops::AttentionDropout whole{p, probs_site(batch, heads, S)};
+  const ops::AttentionDropout whole{p, testing::attention_probs_site(batch, heads, S)};
   Tensor out = Tensor::empty(q.shape(), DType::F64), lse = Tensor::empty({B, S}, DType::F64);
   ops::fused_attention_forward(q, k, v, scale, out, lse, whole);
   Tensor dq = Tensor::empty(q.shape(), DType::F64), dk = dq.clone(), dv = dq.clone();
   ops::fused_attention_backward(dout, q, k, v, out, lse, scale, dq, dk, dv, whole);
 
   const std::vector<index_t> entries = {2 * heads + 2, 2 * heads + 3};
-  const ops::AttentionDropout shard{p, probs_site(1, 2, S, /*sample_offset=*/2,
-                                                  /*head_offset=*/2, /*heads_global=*/heads)};
+  const ops::AttentionDropout shard{
+      p, testing::attention_probs_site(1, 2, S, /*sample_offset=*/2, /*head_offset=*/2,
+                                       /*heads_global=*/heads)};
   const Tensor sq = gather_entries(q, entries), sk = gather_entries(k, entries),
                sv = gather_entries(v, entries), sdout = gather_entries(dout, entries);
   Tensor sout = Tensor::empty(sq.shape(), DType::F64), slse = Tensor::empty({2, S}, DType::F64);
@@ -250,7 +233,8 @@ TEST(FusedAttentionHost, DropoutOnAShardEqualsTheSameRowsOfTheWholeCall) {
   for (const auto& [part, full] : pairs)
     EXPECT_EQ(max_rel(*part, gather_entries(*full, entries)), 0.0);
   // A wrong offset is a different mask.
-  const ops::AttentionDropout misplaced{p, probs_site(1, 2, S, 2, 0, heads)};
+  const ops::AttentionDropout misplaced{p,
+                                        testing::attention_probs_site(1, 2, S, 2, 0, heads)};
   ops::fused_attention_forward(sq, sk, sv, scale, sout, slse, misplaced);
   EXPECT_GT(max_rel(sout, gather_entries(out, entries)), 0.01);
 }

@@ -25,8 +25,9 @@
 //    bitwise, read from live device words (CUDA graphs) they equal the
 //    plain step and offset, and the op's dispatcher runs them (not cuDNN).
 //    The forward's stored decisions (AttentionDropout::keep_bits) read by
-//    the backward give the bits of the backward that draws the mask again. The tiny GPT with attention_dropout 0.1 trained
-//    fused equals unfused within 1e-2 and differs from the run without it.
+//    the backward give the bits of the backward that draws the mask again.
+//    The tiny GPT with attention_dropout 0.1 trained fused equals unfused
+//    within 1e-2 and differs from the run without it.
 //
 // Skips (exit 0) without a GPU.
 #include <gtest/gtest.h>
@@ -154,24 +155,6 @@ TEST(GpuFlashAttention, MatchesHostReferenceBf16) {
 
 // ------------------------------------------------------ attention dropout ---
 
-/// The probabilities' dropout site of `batch` samples x `heads` heads of S x
-/// S, placed at (sample_offset, head_offset) in [*, heads_global, S*S].
-ops::DropoutSite probs_site(index_t batch, index_t heads, index_t S, index_t sample_offset,
-                            index_t head_offset, index_t heads_global) {
-  ops::DropoutSite site;
-  site.seed = 0x5eed5eedULL;
-  site.step = 11;
-  site.stream = 5;
-  site.a = batch;
-  site.b = heads;
-  site.c = S * S;
-  site.a_offset = sample_offset;
-  site.b_offset = head_offset;
-  site.b_global = heads_global;
-  site.c_global = S * S;
-  return site;
-}
-
 struct DropoutCase {
   index_t batch, heads, S, D;
 };
@@ -182,7 +165,8 @@ void check_dropout_case(const DropoutCase& c, double p, std::uint64_t seed) {
   const Shape shape{B, c.S, c.D};
   const double scale = 1.0 / std::sqrt(double(c.D));
   const ops::AttentionDropout dropout{
-      p, probs_site(c.batch, c.heads, c.S, /*sample_offset=*/3, /*head_offset=*/1, c.heads + 2)};
+      p, testing::attention_probs_site(c.batch, c.heads, c.S, /*sample_offset=*/3,
+                                       /*head_offset=*/1, /*heads_global=*/c.heads + 2)};
   const Tensor q = random_rounded(shape, dt, seed, -2, 2),
                k = random_rounded(shape, dt, seed + 1, -2, 2),
                v = random_rounded(shape, dt, seed + 2, -1, 1),
@@ -336,7 +320,8 @@ TEST(GpuFlashAttention, TokenMajorEqualsSplitHeadMajorMerge) {
         const double scale = 1.0 / std::sqrt(double(c.d));
         const ops::AttentionDropout dropout =
             p == 0.0 ? ops::AttentionDropout{}
-                     : ops::AttentionDropout{p, probs_site(c.b, c.heads, c.s, 2, 1, c.heads + 1)};
+                     : ops::AttentionDropout{
+                           p, testing::attention_probs_site(c.b, c.heads, c.s, 2, 1, c.heads + 1)};
         const Tensor qkv = random_rounded({rows, 3 * width}, dt, seed++, -2, 2).to(dt).to_device();
         const Tensor dctx = random_rounded({rows, width}, dt, seed++, -1, 1).to(dt).to_device();
 

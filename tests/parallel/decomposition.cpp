@@ -169,4 +169,21 @@ MemorisedRun memorise(const std::vector<std::string>& overrides, DType dtype, in
   return run;
 }
 
+ops::DropoutSite attention_probs_site(index_t batch, index_t heads, index_t S,
+                                      index_t sample_offset, index_t head_offset,
+                                      index_t heads_global) {
+  ops::DropoutSite site;
+  site.seed = 1234;
+  site.step = 7;
+  site.stream = 3;
+  site.a = batch;
+  site.b = heads;
+  site.c = S * S;
+  site.a_offset = sample_offset;
+  site.b_offset = head_offset;
+  site.b_global = heads_global > 0 ? heads_global : heads;
+  site.c_global = S * S;
+  return site;
+}
+
 }  // namespace meshtron::testing

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/run_config.hpp"
+#include "ops/ops.hpp"
 #include "train/trainer.hpp"
 
 namespace meshtron::testing {
@@ -65,5 +66,13 @@ MemorisedRun memorise(const std::vector<std::string>& overrides, DType dtype, in
 /// attention key bias, exactly 0 in exact arithmetic) is divided by its own
 /// tiny RMS, so summation-order rounding becomes an lr-sized step.
 double norm_rel_error(const std::vector<double>& a, const std::vector<double>& b);
+
+/// The attention probabilities' dropout site (the unfused path's view [b,
+/// heads, S*S]) of `batch` samples x `heads` heads of S x S, placed at
+/// (sample_offset, head_offset) in [*, heads_global (0: heads), S*S]; a fixed
+/// seed, step and stream.
+ops::DropoutSite attention_probs_site(index_t batch, index_t heads, index_t S,
+                                      index_t sample_offset = 0, index_t head_offset = 0,
+                                      index_t heads_global = 0);
 
 }  // namespace meshtron::testing
