@@ -1,6 +1,6 @@
 """End-to-end GPU throughput of meshtron against PyTorch, in one run (issue 9).
 
-For each model (GPT-2 124M / 350M / 774M / 1.5B shapes, seq 1024, bf16, dropout 0,
+For each model (GPT-2 124M / 350M / 774M / 1.5B shapes, seq 1024, bf16, dropout 0 or --dropout,
 synthetic tokens) it trains meshtron for --warmup + --steps steps on one GPU,
 then the same model in PyTorch (perf/torch_baseline.py: transformers
 GPT2LMHeadModel, bf16 autocast, SDPA, fused AdamW, torch.compile), and prints
@@ -185,6 +185,11 @@ def main():
     parser.add_argument("--accumulate", type=int, default=1,
                         help="micro-batches per optimizer step (gradient accumulation, both frameworks)")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                        help="hidden, embedding and attention dropout of both frameworks "
+                             "(meshtron's model.hidden_dropout and model.attention_dropout, "
+                             "PyTorch's resid/embd/attn_pdrop; Megatron-LM's default is 0.1); "
+                             "default 0")
     parser.add_argument("--llmc", default=None, metavar="BINARY",
                         help="llm.c's train_gpt2cu (built by you, not part of meshtron): trains the "
                              "same shapes after PyTorch (perf/llmc_baseline.py) and prints the ratio")
@@ -206,6 +211,9 @@ def main():
     print(json.dumps(machine()), flush=True)
     if args.tune_gemms:
         args.set.append("run.gemm_autotune=true")
+    if args.dropout > 0:  # before the --set overrides, which may replace them
+        args.set[:0] = [f"model.hidden_dropout={args.dropout}",
+                        f"model.attention_dropout={args.dropout}"]
     extra = [arg for kv in args.set for arg in ("--set", kv)]
     dp_extra = extra + [arg for kv in args.dp_set for arg in ("--set", kv)]
     tp_extra = extra + [arg for kv in args.tp_set for arg in ("--set", kv)]
@@ -237,7 +245,7 @@ def main():
         if not args.no_torch:
             import torch_baseline  # imports torch only when asked for
             base = torch_baseline.run(name, mb, args.steps, args.warmup, accumulate=acc,
-                                      tune_gemms=args.tune_gemms)
+                                      tune_gemms=args.tune_gemms, dropout=args.dropout)
             ratio = mine["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
             print(json.dumps({"model": name, "ratio_meshtron_over_pytorch": round(ratio, 3)}), flush=True)
         if args.llmc:

@@ -23,8 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_gpu import SEQ, SHAPES, report  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
 
 
-def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False):
+def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False, dropout=0.0):
     """One optimizer step = `accumulate` micro-batches (gradient accumulation).
+    `dropout`: GPT2Config's resid_pdrop, embd_pdrop and attn_pdrop (SDPA
+    then drops the attention probabilities inside its fused kernel).
     `tune_gemms`: PyTorch's TunableOp times the GEMM solutions of each shape at
     its first call (the warm-up steps) and keeps the fastest, as meshtron's
     run.gemm_autotune does."""
@@ -37,9 +39,10 @@ def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False):
             torch.cuda.tunable.set_filename(f"/tmp/tunableop_results_{os.getpid()}.csv")
     layers, hidden, heads = SHAPES[name]
     config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=SEQ,
-                                     vocab_size=50304, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     vocab_size=50304, resid_pdrop=dropout, embd_pdrop=dropout,
+                                     attn_pdrop=dropout,
                                      attn_implementation="sdpa")
-    model = transformers.GPT2LMHeadModel(config).cuda()
+    model = transformers.GPT2LMHeadModel(config).cuda().train()  # dropout active when asked for
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_fn = torch.compile(model)
     tokens = torch.randint(0, 50257, (steps + warmup, accumulate, micro_batch, SEQ + 1), device="cuda")

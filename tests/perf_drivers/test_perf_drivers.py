@@ -153,6 +153,28 @@ class PerfDrivers(unittest.TestCase):
             self.assertEqual(sets["parallel.pipeline_layers"], "balanced")
         self.assertEqual(sorted(c[4]["parallel.schedule"] for c in pipelines), ["1f1b", "interleaved"])
 
+    def test_dropout_reaches_both_frameworks(self):
+        # --dropout sets meshtron's hidden and attention dropout (a --set may
+        # still replace one) and PyTorch's pdrops.
+        seen, torch_calls = [], []
+
+        def fake_run(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none",
+                     extra=(), accumulate=1, pp=1):
+            seen.append(dict(kv.split("=", 1) for kv in extra[1::2]))
+            return {"ms_per_step": 100.0, "memory_mib": 1.0, "loss": 5.0, "flops_per_token": 1.0}
+
+        fake_torch = mock.Mock()
+        fake_torch.run = lambda *a, **kw: torch_calls.append(kw) or {"tokens_per_s_per_gpu": 1.0}
+        argv = ["e2e_gpu.py", "--models", "124m", "--dropout", "0.1",
+                "--set", "model.attention_dropout=0.05"]
+        with mock.patch.object(e2e_gpu, "run_meshtron", fake_run), mock.patch.object(sys, "argv", argv), \
+                mock.patch.dict(sys.modules, {"torch_baseline": fake_torch}), \
+                contextlib.redirect_stdout(io.StringIO()):
+            e2e_gpu.main()
+        self.assertEqual(seen[0]["model.hidden_dropout"], "0.1")
+        self.assertEqual(seen[0]["model.attention_dropout"], "0.05")  # the later --set wins
+        self.assertEqual(torch_calls[0]["dropout"], 0.1)
+
     def test_report_arithmetic(self):
         row = e2e_gpu.report("1.5b", "x", 8, 1, 200.0, echo=False)
         tokens_per_s = 8 * e2e_gpu.SEQ / 0.2
