@@ -958,6 +958,12 @@ using DkDvTiling = DkDvTiles<D, 4, 1, 64, false>;
 template <int D>
 using DqTiling =
     std::conditional_t<D == 64, DqTiles<64, 4, 2, 64, false>, DqTiles<D, 4, 1, 64, true>>;
+// With attention dropout at D = 64: one m-tile per warp (fewer registers, so
+// more warps to hide the forward's Philox rounds and no spills in dQ).
+template <int D>
+using FwdDropoutTiling = std::conditional_t<D == 64, FwdTiles<64, 4, 1, 64, true>, FwdTiling<D>>;
+template <int D>
+using DqDropoutTiling = std::conditional_t<D == 64, DqTiles<64, 4, 1, 64, true>, DqTiling<D>>;
 
 /// Calls f(T{}, std::integral_constant<int, D>{}) for bf16/fp16 and D = 64/128.
 template <class F>
@@ -1053,7 +1059,7 @@ void forward(DType t, const FlashArgs& a, index_t D) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
     if (a.dropout)
-      launch_forward<T, FwdTiling<kD>, kDrawMask>(a);
+      launch_forward<T, FwdDropoutTiling<kD>, kDrawMask>(a);
     else
       launch_forward<T, FwdTiling<kD>, kNoDropout>(a);
   });
@@ -1066,7 +1072,7 @@ void backward(DType t, const FlashArgs& a, index_t D) {
     launch_row_dot<T, kD>(a);
     if (a.dropout && a.drop.keep_bits != nullptr) {  // the forward's stored decisions
       launch_dkdv<T, DkDvTiling<kD>, kReadMask>(a);
-      launch_dq<T, DqTiling<kD>, kReadMask>(a);
+      launch_dq<T, DqDropoutTiling<kD>, kReadMask>(a);
     } else if (a.dropout) {
       launch_dkdv<T, DkDvTiling<kD>, kDrawMask>(a);
       launch_dq<T, DqTiling<kD>, kDrawMask>(a);
