@@ -317,6 +317,13 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
 // a multiple of 4), and each lane makes ONE Philox call per tile for its 4
 // elements: the lanes that share a group take one group each and trade the
 // decisions by shuffles. Otherwise each element makes its own call.
+//
+// Where the caller gives a keep_bits buffer (the model does), the forward
+// also stores its decisions and both backward passes read them (kReadMask)
+// instead of drawing the mask twice more. At D = 64 the dropout forward and
+// the reading dQ use one m-tile per warp (FwdDropoutTiling, DqDropoutTiling):
+// fewer registers, so more warps hide the Philox rounds (perf/RESULTS.md,
+// session 25).
 
 /// The kernels' dropout modes (their kDrop template argument).
 constexpr int kNoDropout = 0;  // no attention dropout: the kernels as without it
