@@ -327,10 +327,13 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
     return reinterpret_cast<float*>(ring + s * slot_bytes + slot_bytes - 2 * WR * sizeof(float));
   };
   const kindex tiles = (N + WR - 1) / WR, grid = gridDim.x;
+  const auto rows_in = [&](kindex t) {  // tile t's rows: WR, fewer in the last
+    return int(N - t * WR < WR ? N - t * WR : WR);
+  };
   // Copies tensor u (0 dy, 1 x, 2 residual) of tile t into slot s.
   const auto fetch_rows = [&](kindex t, int s, int u) {
     const kindex first = t * WR;
-    const int packs = int(N - first < WR ? N - first : WR) * P;
+    const int packs = rows_in(t) * P;
     const T* source = u == 0 ? dy : u == 1 ? x : residual;
     const Pack<T>* src = reinterpret_cast<const Pack<T>*>(source + first * H);
     Pack<T>* dst = tile_rows(s, u);
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
     for (int u = 0; u < tensors; ++u)
       if (u != 1 || with_x) fetch_rows(t, s, u);
     const kindex first = t * WR;
-    if (tid < int(N - first < WR ? N - first : WR)) {
+    if (tid < rows_in(t)) {
       cp_async4(tile_stats(s) + tid, mean + first + tid);
       cp_async4(tile_stats(s) + WR + tid, rstd + first + tid);
     }
@@ -396,7 +399,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
     if (ahead < tiles) fetch(ahead, (i + D - 1) % D, /*with_x=*/i > 0);
     cp_async_commit();  // possibly empty: one group per iteration either way
     const int s = i % D;
-    const int rows = int(N - t * WR < WR ? N - t * WR : WR);
+    const int rows = rows_in(t);
     const float* stats = tile_stats(s);
     if (warp < WR) {
       if (warp < rows) {

@@ -77,9 +77,7 @@ inline std::uint32_t keep_threshold(double p) { return std::uint32_t(std::ceil(p
 /// Decision of one element on its own: its group's call, its word.
 __device__ __forceinline__ bool keep_element(const DropoutPlacement& s, std::uint64_t index,
                                              std::uint32_t threshold) {
-  const uint4 r = group_bits(s, index >> 2);
-  const unsigned j = unsigned(index & 3u);
-  return keep_word(j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w, threshold);
+  return keep_word(word(group_bits(s, index >> 2), int(index & 3u)), threshold);
 }
 
 /// Bit j set iff word j of r is kept: the decisions of a whole group.
