@@ -445,6 +445,18 @@ __device__ __forceinline__ void add_row_bits(std::uint32_t (&w)[M][2][N / 32], i
   w[mi][1][nb / 4] |= ((bits >> 2) & 3u) << shift;
 }
 
+/// f(mi, h, k, row) for each of this lane's row words w[mi][h][k] of the
+/// 16M x N tile at row_lo: row g + 8h of m-tile mi, keys 32k .. 32k + 31.
+template <int M, int N, class F>
+__device__ __forceinline__ void for_each_row_word(kindex row_lo, int lane, const F& f) {
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int k = 0; k < N / 32; ++k) f(mi, h, k, row_lo + mi * 16 + lane / 4 + 8 * h);
+}
+
 /// Writes a warp's row words of the 16M x N tile at (row_lo, k0): the four
 /// lanes of a quad OR theirs together, then lane t writes the words k with
 /// k % 4 == t of rows past S skipped. Warp-uniform call (shuffles).
@@ -452,18 +464,12 @@ template <int M, int N>
 __device__ __forceinline__ void store_row_bits(const EntryDropout& d,
                                                std::uint32_t (&w)[M][2][N / 32], kindex row_lo,
                                                kindex k0, int lane) {
-#pragma unroll
-  for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int k = 0; k < N / 32; ++k) {
-        std::uint32_t x = w[mi][h][k];
-        x |= __shfl_xor_sync(0xffffffffu, x, 1);
-        x |= __shfl_xor_sync(0xffffffffu, x, 2);
-        const kindex row = row_lo + mi * 16 + lane / 4 + 8 * h;
-        if (k % 4 == lane % 4 && row < d.S) d.keep_bits[row * d.words + k0 / 32 + k] = x;
-      }
+  for_each_row_word<M, N>(row_lo, lane, [&](int mi, int h, int k, kindex row) {
+    std::uint32_t x = w[mi][h][k];
+    x |= __shfl_xor_sync(0xffffffffu, x, 1);
+    x |= __shfl_xor_sync(0xffffffffu, x, 2);
+    if (k % 4 == lane % 4 && row < d.S) d.keep_bits[row * d.words + k0 / 32 + k] = x;
+  });
 }
 
 /// This lane's stored row words of the 16M x N tile at (row_lo, k0) (forward
@@ -472,13 +478,9 @@ template <int M, int N>
 __device__ __forceinline__ void load_row_bits(const EntryDropout& d,
                                               std::uint32_t (&w)[M][2][N / 32], kindex row_lo,
                                               kindex k0, int lane) {
-#pragma unroll
-  for (int mi = 0; mi < M; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int k = 0; k < N / 32; ++k)
-        w[mi][h][k] = d.stored(row_lo + mi * 16 + lane / 4 + 8 * h, k0 / 32 + k);
+  for_each_row_word<M, N>(row_lo, lane, [&](int mi, int h, int k, kindex row) {
+    w[mi][h][k] = d.stored(row, k0 / 32 + k);
+  });
 }
 
 /// Keep bits of tile (mi, nb) from load_row_bits' words (as keep_bits_query_rows).

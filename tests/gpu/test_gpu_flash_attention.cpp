@@ -27,7 +27,10 @@
 //    The forward's stored decisions (AttentionDropout::keep_bits) read by
 //    the backward give the bits of the backward that draws the mask again.
 //    The tiny GPT with attention_dropout 0.1 trained fused equals unfused
-//    within 1e-2 and differs from the run without it.
+//    within 1e-2 and differs from the run without it; one forward +
+//    backward of it gives fused = unfused gradients (within 2e-2 norm-wise,
+//    every parameter), so each layer's backward read its own forward's mask
+//    (another step's masks move each layer's qkv weight gradient 5x further).
 //
 // Skips (exit 0) without a GPU.
 #include <gtest/gtest.h>
@@ -248,9 +251,10 @@ struct ModelRun {
   std::size_t peak_bytes = 0;
 };
 
-/// The tiny GPT with head dim 64 trained `steps` steps in `precision` on the GPU.
-ModelRun train_gpt(const std::string& backend, const std::string& precision, DType dtype,
-                   int steps, double attention_dropout = 0) {
+/// The tiny GPT with head dim 64 (2 layers, hidden 128, 2 heads, seq 256,
+/// micro-batch 4) on the GPU, no hidden dropout.
+RunConfig tiny_gpt_deck(const std::string& backend, const std::string& precision, int steps,
+                        double attention_dropout) {
   testing::Layout layout;
   layout.overrides = {"run.device=cuda",
                       "training.precision=" + precision,
@@ -264,7 +268,13 @@ ModelRun train_gpt(const std::string& backend, const std::string& precision, DTy
                       "training.micro_batch_size=4",
                       "training.global_batch_size=8",
                       "training.train_iters=" + std::to_string(steps)};
-  RunConfig config = testing::tiny_config(layout, 1);
+  return testing::tiny_config(layout, 1);
+}
+
+/// The tiny GPT trained `steps` steps in `precision` on the GPU.
+ModelRun train_gpt(const std::string& backend, const std::string& precision, DType dtype,
+                   int steps, double attention_dropout = 0) {
+  const RunConfig config = tiny_gpt_deck(backend, precision, steps, attention_dropout);
   ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), MemorySpace::Cuda);
   const GptConfig model = GptConfig::from_run(config, 100, 1);
   device::synchronize();
@@ -435,6 +445,83 @@ TEST(GpuFlashAttention, GptBf16FusedWithAttentionDropoutMatchesUnfused) {
   EXPECT_NE(fused.losses, train_gpt("fused", "bf16", DType::BF16, steps, 0.0).losses);
   // auto now takes the fused kernels with attention dropout: the same bits.
   EXPECT_EQ(train_gpt("auto", "bf16", DType::BF16, steps, 0.1).losses, fused.losses);
+}
+
+/// Every parameter gradient of the tiny bf16 GPT (attention dropout p, the
+/// masks of dropout step `step`) after one forward + backward of a fixed
+/// micro-batch.
+struct NamedGradients {
+  std::vector<std::string> names;
+  std::vector<std::vector<double>> values;
+};
+NamedGradients gpt_gradients(const std::string& backend, double p, std::uint32_t step) {
+  const RunConfig run = tiny_gpt_deck(backend, "bf16", 1, p);
+  const GptConfig config = GptConfig::from_run(run, 100, 1);
+  MpiCommunicator self(MPI_COMM_SELF);
+  TensorParallelGroup tp{self};
+  LayerContext ctx{tp};
+  ctx.seq_length = config.seq_length;
+  ctx.micro_batch = run.training.micro_batch_size;
+  ctx.global_batch = run.training.micro_batch_size;
+  ctx.space = MemorySpace::Cuda;
+  ctx.seed = 1234;
+  ctx.step = step;
+  GptModel model(config, StagePlacement::whole_model(config.num_layers), ctx, DType::BF16, 77);
+  const index_t tokens = ctx.seq_length * ctx.micro_batch;
+  Tensor ids = Tensor::empty({tokens}, DType::I32);
+  Tensor targets = Tensor::empty({tokens}, DType::I32);
+  std::mt19937 gen(3);
+  for (index_t t = 0; t < tokens; ++t) {
+    ids.data<std::int32_t>()[t] = std::int32_t(gen() % 100);
+    targets.data<std::int32_t>()[t] = std::int32_t(gen() % 100);
+  }
+  GptModel::Cache cache;
+  const Tensor loss = model.forward(ids, targets, ctx, cache);
+  Tensor dloss = Tensor::empty(loss.shape(), DType::F32, MemorySpace::Cuda);
+  dloss.fill(1.0 / double(loss.numel()));
+  model.backward(dloss, ctx, cache);
+  NamedGradients grads;
+  for (Parameter* q : model.parameters()) {
+    grads.names.push_back(q->name);
+    grads.values.push_back(q->grad.to_doubles());
+  }
+  return grads;
+}
+
+// Each layer's backward must read the mask its own forward stored: with
+// another layer's bits (or bits a later forward overwrote) every gradient
+// below that layer would follow a different mask. The unfused path keeps
+// [b*heads, s, s] masks per layer, so fused = unfused gradient by gradient
+// (within bf16) says each layer got its own; the same model with another
+// step's masks shows how far a wrong mask moves them.
+TEST(GpuFlashAttention, GptBf16AttentionDropoutGradientsFollowEachLayersMask) {
+  REQUIRE_GPU();
+  const double p = 0.1;
+  const auto fused = gpt_gradients("fused", p, 1);
+  const auto unfused = gpt_gradients("unfused", p, 1);
+  const auto other_masks = gpt_gradients("unfused", p, 2);
+  ASSERT_EQ(fused.names, unfused.names);
+  const double tolerance = 2e-2;
+  double worst = 0;
+  int qkv_weights = 0;
+  for (std::size_t i = 0; i < fused.names.size(); ++i) {
+    const std::string& name = fused.names[i];
+    const double e = testing::norm_rel_error(fused.values[i], unfused.values[i]);
+    const double other = testing::norm_rel_error(other_masks.values[i], unfused.values[i]);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, tolerance) << name;
+    std::printf("%-40s fused vs unfused %.2e, another step's masks %.2e\n", name.c_str(), e,
+                other);
+    // The gradient a layer's own backward mask enters first: a wrong mask
+    // moves it well past the tolerance, so the check above can fail.
+    if (name.find(".qkv.weight") != std::string::npos) {
+      ++qkv_weights;
+      EXPECT_GE(other, 5 * tolerance) << name;
+    }
+  }
+  EXPECT_EQ(qkv_weights, 2);
+  std::printf("attention dropout %.1f: fused vs unfused gradients, worst norm-wise %.2e\n", p,
+              worst);
 }
 
 TEST(GpuFlashAttention, FusedOnFp32GpuModelIsAUserError) {
