@@ -295,6 +295,7 @@ void bench_memory_bound(double copy_gbps, const std::string& only = "", bool tra
       DropoutSite site;
       site.a = tokens, site.b = 1, site.c = H4, site.c_global = H4;
       add_row("dropout_forward p=0.1", dt, "[8192, 3072]", 2 * n * es, [&] { dropout_forward(x, 0.1, site, y); });
+      add_row("dropout_add p=0.1", dt, "[8192, 3072]", 3 * n * es, [&] { dropout_add(x, dy, 0.1, site, y); });
     }
     {  // 774M's fc bias gradient (4 x 1280 columns), taken after the MLP's dgelu GEMM
       const index_t F = 4 * 1280;

@@ -39,6 +39,12 @@
 // as before (keep_element, load_f * keep_scale, store_f), so the output is
 // bit for bit the scalar kernel's. The scalar kernel stays the fallback for
 // pointers that are not 16-byte aligned (views from slice_rows).
+//
+// With a residual (ops::dropout_add, Megatron's dropout-add fusion) every
+// kernel also reads the residual's element and writes residual + dropped:
+// one pass over three tensors instead of dropout (two) then add (three).
+// The dropped value is rounded to T first and the sum is __fadd_rn (never
+// contracted into an FMA), so the bits are dropout_forward's then add's.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -50,11 +56,25 @@ namespace {
 
 using namespace philox;
 
+/// residual[i] + dropped where there is a residual (rounded to T as add
+/// rounds it), else dropped.
+template <class T>
+__device__ __forceinline__ float plus_residual(const T* residual, kindex i, T dropped) {
+  return residual ? __fadd_rn(load_f(residual, i), to_f(dropped)) : to_f(dropped);
+}
+
+/// The pack form: out (the dropped pack) += residual pack k, element by element.
+template <class T>
+__device__ __forceinline__ void add_residual_pack(const Pack<T>& r, Pack<T>& out) {
+#pragma unroll
+  for (int j = 0; j < kPack<T>; ++j) out.v[j] = from_f<T>(__fadd_rn(to_f(r.v[j]), to_f(out.v[j])));
+}
+
 /// I = uint32_t when every extent fits (64-bit division is emulated on the
 /// GPU and would cost more than the generator itself), else uint64_t.
 template <class T, class I>
 __global__ void dropout_kernel(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
-                               DropoutPlacement site, T* out) {
+                               DropoutPlacement site, const T* residual, T* out) {
   start_after_prior_grid();
   const DropoutPlacement s = resolved(site);
   const I sc = I(s.c), sb = I(s.b);
@@ -65,7 +85,9 @@ __global__ void dropout_kernel(const T* in, kindex n, std::uint32_t threshold, f
         std::uint64_t(((kindex(a) + s.a_offset) * s.b_global + (kindex(b) + s.b_offset)) *
                           s.c_global +
                       (kindex(c) + s.c_offset));
-    store_f(out, i, keep_element(s, global, threshold) ? load_f(in, i) * keep_scale : 0.f);
+    const T dropped =
+        from_f<T>(keep_element(s, global, threshold) ? load_f(in, i) * keep_scale : 0.f);
+    store_f(out, i, plus_residual(residual, i, dropped));
   }
 }
 
@@ -85,7 +107,8 @@ __device__ __forceinline__ kindex row_start(const DropoutPlacement& s, kindex a,
 /// n % V tail goes element by element (block 0), like map3_packed_kernel.
 template <class T, class I>
 __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t threshold,
-                                      float keep_scale, DropoutPlacement site, T* out) {
+                                      float keep_scale, DropoutPlacement site, const T* residual,
+                                      T* out) {
   start_after_prior_grid();
   const DropoutPlacement s = resolved(site);
   constexpr int V = kPack<T>;
@@ -93,6 +116,8 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
   const kindex packs = n / V;
   GRID_STRIDE(k, packs) {
     const Pack<T> pin = reinterpret_cast<const Pack<T>*>(in)[k];
+    Pack<T> pres;
+    if (residual) pres = reinterpret_cast<const Pack<T>*>(residual)[k];
     const I first = I(k * V);
     I c = first % sc, ab = first / sc, b = ab % sb, a = ab / sb;
     // global = row_start(a, b) + c: exact integer arithmetic, equal to
@@ -112,6 +137,7 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
         row = row_start(s, kindex(a), kindex(b));
       }
     }
+    if (residual) add_residual_pack(pres, pout);
     reinterpret_cast<Pack<T>*>(out)[k] = pout;
   }
   if (blockIdx.x == 0)
@@ -120,7 +146,7 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
       const I c = li % sc, ab = li / sc, b = ab % sb, a = ab / sb;
       const bool keep = keep_element(s, global_index(s, kindex(a), kindex(b), kindex(c)),
                                      threshold);
-      store_f(out, i, keep ? load_f(in, i) * keep_scale : 0.f);
+      store_f(out, i, plus_residual(residual, i, from_f<T>(keep ? load_f(in, i) * keep_scale : 0.f)));
     }
 }
 
@@ -132,7 +158,8 @@ constexpr int kGroupedPacks = 2;
 /// E = kGroupedPacks packs; the n % E tail (whole groups) in block 0.
 template <class T, class I>
 __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t threshold,
-                                       float keep_scale, DropoutPlacement site, T* out) {
+                                       float keep_scale, DropoutPlacement site, const T* residual,
+                                       T* out) {
   start_after_prior_grid();
   const DropoutPlacement s = resolved(site);
   constexpr int E = kGroupedPacks * kPack<T>, G = E / 4;
@@ -143,6 +170,11 @@ __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t thre
 #pragma unroll
     for (int u = 0; u < kGroupedPacks; ++u)
       pin[u] = reinterpret_cast<const Pack<T>*>(in)[k * kGroupedPacks + u];
+    Pack<T> pres[kGroupedPacks];
+    if (residual)
+#pragma unroll
+      for (int u = 0; u < kGroupedPacks; ++u)
+        pres[u] = reinterpret_cast<const Pack<T>*>(residual)[k * kGroupedPacks + u];
     const I first = I(k * E);
     I c = first % sc, ab = first / sc, b = ab % sb, a = ab / sb;
     kindex row = row_start(s, kindex(a), kindex(b));
@@ -171,8 +203,10 @@ __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t thre
           from_f<T>(keep_word(word(r[e / 4], e % 4), threshold) ? v * keep_scale : 0.f);
     }
 #pragma unroll
-    for (int u = 0; u < kGroupedPacks; ++u)
+    for (int u = 0; u < kGroupedPacks; ++u) {
+      if (residual) add_residual_pack(pres[u], pout[u]);
       reinterpret_cast<Pack<T>*>(out)[k * kGroupedPacks + u] = pout[u];
+    }
   }
   if (blockIdx.x == 0)
     for (kindex f = chunks * E + kindex(threadIdx.x) * 4; f < n; f += kindex(blockDim.x) * 4) {
@@ -181,7 +215,11 @@ __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t thre
       const uint4 r = group_bits(s, global_index(s, kindex(a), kindex(b), kindex(c)) >> 2);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        store_f(out, f + j, keep_word(word(r, j), threshold) ? load_f(in, f + j) * keep_scale : 0.f);
+        store_f(out, f + j,
+                plus_residual(residual, f + j,
+                              from_f<T>(keep_word(word(r, j), threshold)
+                                            ? load_f(in, f + j) * keep_scale
+                                            : 0.f)));
     }
 }
 
@@ -194,24 +232,29 @@ bool groups_align(const DropoutPlacement& s) {
 
 template <class T, class I>
 void launch_dropout(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
-                    const DropoutPlacement& site, T* out) {
+                    const DropoutPlacement& site, const T* residual, T* out) {
   constexpr int E = kGroupedPacks * kPack<T>;
-  if (aligned16(in) && aligned16(out) && groups_align(site))
+  const bool packed = aligned16(in) && aligned16(out) && (!residual || aligned16(residual));
+  if (packed && groups_align(site))
     launch_dependent(dropout_grouped_kernel<T, I>, grid_for(n / E + 1, kThreads), kThreads, 0,
-                     compute_stream(), in, n, threshold, keep_scale, site, out);
-  else if (aligned16(in) && aligned16(out))
+                     compute_stream(), in, n, threshold, keep_scale, site, residual, out);
+  else if (packed)
     launch_dependent(dropout_packed_kernel<T, I>, grid_for(n / kPack<T> + 1, kThreads), kThreads, 0,
-                     compute_stream(), in, n, threshold, keep_scale, site, out);
+                     compute_stream(), in, n, threshold, keep_scale, site, residual, out);
   else
     launch_dependent(dropout_kernel<T, I>, grid_for(n, kThreads), kThreads, 0, compute_stream(), in,
-                     n, threshold, keep_scale, site, out);
+                     n, threshold, keep_scale, site, residual, out);
 }
 
 }  // namespace
 
 void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPlacement& site,
-                   void* out) {
+                   void* out, const void* residual) {
   if (n == 0) return;
+  if (p == 0.0 && residual) {  // no mask, no scaling: the add
+    add(t, residual, in, n, out);
+    return;
+  }
   with_storage_type(t, "dropout", [&](auto zero) {
     using T = decltype(zero);
     if (p == 0.0) {  // no mask, no scaling: a copy (or nothing, in place)
@@ -226,10 +269,10 @@ void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPl
     // (a = A), so 32-bit indices need n < UINT32_MAX, not <=.
     if (n < kindex(UINT32_MAX))
       launch_dropout<T, std::uint32_t>(static_cast<const T*>(in), n, threshold, keep_scale, site,
-                                       static_cast<T*>(out));
+                                       static_cast<const T*>(residual), static_cast<T*>(out));
     else
       launch_dropout<T, std::uint64_t>(static_cast<const T*>(in), n, threshold, keep_scale, site,
-                                       static_cast<T*>(out));
+                                       static_cast<const T*>(residual), static_cast<T*>(out));
   });
 }
 

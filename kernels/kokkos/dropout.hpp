@@ -125,6 +125,19 @@ struct DropoutApply {
   }
 };
 
+/// out = residual + dropout(in), the dropped value rounded to T before the
+/// add (as dropout then add round it).
+template <class ExecSpace, class T>
+struct DropoutAdd {
+  DropoutApply<ExecSpace, T> dropped;
+  Vector<const T, ExecSpace> residual;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex i) const {
+    const T d = dropped.site.keep(i, dropped.p) ? dropped.in(i) * dropped.keep_scale : T(0);
+    dropped.out(i) = residual(i) + d;
+  }
+};
+
 /// p == 0: no mask, no scaling (out may alias in).
 template <class ExecSpace, class T>
 struct DropoutCopy {
@@ -136,8 +149,17 @@ struct DropoutCopy {
 // ---------------------------------------------------------------- launchers
 
 /// n = A * B * C elements; p in [0, 1). p == 0 is a plain copy.
+/// out = dropout(in); with `residual`, out = residual + dropout(in).
 template <class ExecSpace, class T>
-void dropout_apply(const T* in, kindex n, double p, const DropoutPlacement& site, T* out) {
+void dropout_apply(const T* in, kindex n, double p, const DropoutPlacement& site, T* out,
+                   const T* residual = nullptr) {
+  if (residual) {  // p = 0 included: keeps everything, scale 1
+    DropoutApply<ExecSpace, T> f{as_vector<ExecSpace>(in, n), site, p, T(1.0 / (1.0 - p)),
+                                 as_vector<ExecSpace>(out, n)};
+    Kokkos::parallel_for("meshtron::dropout_add", Range<ExecSpace>(0, n),
+                         DropoutAdd<ExecSpace, T>{f, as_vector<ExecSpace>(residual, n)});
+    return;
+  }
   if (p == 0.0) {
     Kokkos::parallel_for(
         "meshtron::dropout_copy", Range<ExecSpace>(0, n),

@@ -28,12 +28,11 @@ ops::DropoutSite TransformerLayer::site(std::uint32_t site_in_layer, const Layer
   return ctx.hidden_site(std::uint32_t(index_) * kStreamsPerLayer + site_in_layer, hidden);
 }
 
-Tensor TransformerLayer::dropout(const Tensor& x, std::uint32_t site_in_layer,
-                                 const LayerContext& ctx) const {
-  if (!ctx.training || hidden_dropout_ == 0) return x;
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
-  ops::dropout_forward(x, hidden_dropout_, site(site_in_layer, ctx, x.dim(1)), y);
-  return y;
+Tensor TransformerLayer::dropout_add(const Tensor& x, const Tensor& residual,
+                                     std::uint32_t site_in_layer, const LayerContext& ctx) const {
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.space());
+  ops::dropout_add(x, residual, hidden_dropout_, site(site_in_layer, ctx, x.dim(1)), out);
+  return out;
 }
 
 Tensor TransformerLayer::dropout_backward(const Tensor& dy, std::uint32_t site_in_layer,
@@ -49,21 +48,14 @@ Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) c
   // MLP's last GEMMs (one cuBLASLt epilogue on one tp rank; the same numbers
   // on the host).
   const bool fuse_residual = !ctx.training || hidden_dropout_ == 0;
+  // With it, the residual adds ride in the dropout kernels (dropout_add).
   const Tensor attn_in = ln_1.forward(x, c.ln_1);
-  Tensor h;
-  if (fuse_residual) {
-    h = attention.forward_residual(attn_in, x, ctx, c.attention);
-  } else {
-    const Tensor attn = attention.forward(attn_in, ctx, c.attention);
-    h = Tensor::empty(x.shape(), x.dtype(), x.space());
-    ops::add(x, dropout(attn, kStreamAttentionOut, ctx), h);
-  }
+  const Tensor h = fuse_residual ? attention.forward_residual(attn_in, x, ctx, c.attention)
+                                 : dropout_add(attention.forward(attn_in, ctx, c.attention), x,
+                                               kStreamAttentionOut, ctx);
   const Tensor mlp_in = ln_2.forward(h, c.ln_2);
   if (fuse_residual) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
-  Tensor mlp_out = mlp.forward(mlp_in, ctx, c.mlp);
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.space());
-  ops::add(h, dropout(mlp_out, kStreamMlpOut, ctx), out);
-  return out;
+  return dropout_add(mlp.forward(mlp_in, ctx, c.mlp), h, kStreamMlpOut, ctx);
 }
 
 Tensor TransformerLayer::forward_checkpointed(const Tensor& x, LayerContext& ctx,

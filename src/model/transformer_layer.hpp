@@ -39,7 +39,9 @@ class TransformerLayer {
   /// The dropout site of `site_in_layer` (one of kStream*) of this layer.
   ops::DropoutSite site(std::uint32_t site_in_layer, const LayerContext& ctx,
                         index_t hidden) const;
-  Tensor dropout(const Tensor& x, std::uint32_t site, const LayerContext& ctx) const;
+  /// residual + dropout(x) at `site` (training with hidden dropout), one pass.
+  Tensor dropout_add(const Tensor& x, const Tensor& residual, std::uint32_t site,
+                     const LayerContext& ctx) const;
   Tensor dropout_backward(const Tensor& dy, std::uint32_t site, const LayerContext& ctx) const;
   Tensor backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   int index_;

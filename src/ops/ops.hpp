@@ -88,6 +88,11 @@ struct DropoutSite {
 /// y = x * keep / (1 - p), keep ~ Bernoulli(1 - p) from the site's counter.
 /// p = 0 copies. y may alias x.
 void dropout_forward(const Tensor& x, double p, const DropoutSite& site, Tensor& y);
+/// out = residual + dropout_forward(x) in one pass (Megatron's dropout-add
+/// fusion: the residual stream after the attention and MLP outputs), with
+/// the bits of dropout_forward then add. out may alias residual or x.
+void dropout_add(const Tensor& x, const Tensor& residual, double p, const DropoutSite& site,
+                 Tensor& out);
 /// dx = dy * keep / (1 - p) with the same mask (recomputed, not stored).
 void dropout_backward(const Tensor& dy, double p, const DropoutSite& site, Tensor& dx);
 /// The keep decision for one global linear index (exposed for tests).

@@ -104,8 +104,10 @@ struct DropoutPlacement {
   const std::uint32_t* live;  ///< see ops::DropoutSite::live
   int sample_axis;
 };
+/// out = dropout(in); with `residual`, out = residual + dropout(in) in the
+/// same pass (the bits of the dropout then add).
 void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPlacement& site,
-                   void* out);
+                   void* out, const void* residual = nullptr);
 
 /// The attention dropout of the fused attention kernels: with p > 0 the
 /// probabilities [B, S, S] (B = b x heads) are dropped with the mask

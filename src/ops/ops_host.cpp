@@ -950,16 +950,19 @@ void check_dropout(const char* op, const Arg& in, double p, const DropoutSite& s
   check_dropout_site(op, s, in.t.numel(), describe(in));
 }
 
-void dropout_apply(const Tensor& in, double p, const DropoutSite& s, Tensor& out) {
+/// out = dropout(in), or residual + dropout(in) where residual is given.
+void dropout_apply(const Tensor& in, double p, const DropoutSite& s, Tensor& out,
+                   const Tensor* residual = nullptr) {
   if (!in.is_host()) {
     ON_CUDA(cuda::dropout_apply(in.dtype(), in.raw(), in.numel(), p, device_placement(s),
-                                out.raw()));
+                                out.raw(), residual ? residual->raw() : nullptr));
     return;
   }
   const kernels::DropoutPlacement place = placement(s);
   with_float_type(in.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    kernels::dropout_apply<Host>(in.data<T>(), in.numel(), p, place, out.data<T>());
+    kernels::dropout_apply<Host>(in.data<T>(), in.numel(), p, place, out.data<T>(),
+                                 residual ? residual->data<T>() : nullptr);
   });
 }
 }  // namespace
@@ -967,6 +970,16 @@ void dropout_apply(const Tensor& in, double p, const DropoutSite& s, Tensor& out
 void dropout_forward(const Tensor& x, double p, const DropoutSite& site, Tensor& y) {
   check_dropout("dropout_forward", {"x", x}, p, site, {"y", y});
   dropout_apply(x, p, site, y);
+}
+
+void dropout_add(const Tensor& x, const Tensor& residual, double p, const DropoutSite& site,
+                 Tensor& out) {
+  const char* op = "dropout_add";
+  check_dropout(op, {"x", x}, p, site, {"out", out});
+  const Arg ax{"x", x}, ar{"residual", residual};
+  (void)require_float_args(op, {ax, ar});
+  require_same_numel(op, ax, ar);
+  dropout_apply(x, p, site, out, &residual);
 }
 
 void dropout_backward(const Tensor& dy, double p, const DropoutSite& site, Tensor& dx) {

@@ -724,6 +724,46 @@ TEST_F(GpuOps, DropoutGroupedAndPerElementPlacementsGiveTheHostMask) {
     }
 }
 
+// dropout_add (out = residual + dropout(x), one pass) gives the bits of
+// dropout_forward then add on the device, in each of dropout.cu's three
+// kernels (grouped: rows of 768; packed: rows of 130, aligned; scalar: a
+// view from slice_rows, not 16-byte aligned), out separate or aliasing the
+// residual; p = 0 is the add.
+TEST_F(GpuOps, DropoutAddEqualsDropoutThenAddInEveryKernel) {
+  for (DType dt : kDtypes)
+    for (index_t C : {index_t(768), index_t(130)})
+      for (bool sliced : {false, true}) {
+        if (C == 768 && sliced) continue;
+        const index_t rows = 41, first = sliced ? 1 : 0;
+        DropoutSite site;
+        site.seed = 0x5eed0123ULL;
+        site.step = 9;
+        site.stream = 6;
+        site.a = 1, site.b = rows - first, site.c = C;
+        site.b_offset = first, site.b_global = rows, site.c_global = C;
+        const std::string what = "dropout_add " + name(dt) + " C=" + std::to_string(C) +
+                                 (sliced ? " unaligned view" : "");
+        const Tensor x_full = random_host({rows, C}, -1.5, 1.5).to(dt).to_device();
+        const Tensor r_full = random_host({rows, C}, -1.5, 1.5).to(dt).to_device();
+        const Tensor x = x_full.slice_rows(first, rows), residual = r_full.slice_rows(first, rows);
+        if (sliced) ASSERT_NE(reinterpret_cast<std::uintptr_t>(x.raw()) % 16, 0u) << what;
+        for (double p : {0.0, 0.3}) {
+          Tensor dropped = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
+          Tensor expected = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
+          dropout_forward(x, p, site, dropped);
+          add(residual, dropped, expected);
+          Tensor out = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
+          dropout_add(x, residual, p, site, out);
+          EXPECT_EQ(out.to_doubles(), expected.to_doubles()) << what << " p=" << p;
+          Tensor in_place = residual.clone();
+          dropout_add(x, in_place, p, site, in_place);
+          EXPECT_EQ(in_place.to_doubles(), expected.to_doubles())
+              << what << " p=" << p << ", out aliasing residual";
+          if (p > 0) EXPECT_NE(out.to_doubles(), dropped.to_doubles()) << what;
+        }
+      }
+}
+
 // ============================================================ Embedding ==
 
 TEST_F(GpuOps, EmbeddingsForwardAndBackwardMatchHost) {

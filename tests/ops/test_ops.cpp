@@ -1118,6 +1118,27 @@ TYPED_TEST(OpsTyped, DropoutWithZeroPCopiesAndInPlaceMatchesOutOfPlace) {
   EXPECT_EQ(in_place.to_doubles(), y.to_doubles()) << "y aliasing x";
 }
 
+// dropout_add (the residual stream's dropout-add fusion) is dropout_forward
+// then add, bit for bit, with out separate or aliasing the residual, and
+// p = 0 is the plain add.
+TYPED_TEST(OpsTyped, DropoutAddEqualsDropoutThenAdd) {
+  const DropoutSite s = whole_site(3, 17, 8);
+  const Tensor x = random_tensor({3 * 17, 8}, this->dtype, this->rng);
+  const Tensor residual = random_tensor({3 * 17, 8}, this->dtype, this->rng);
+  for (double p : {0.0, 0.3}) {
+    Tensor dropped = Tensor::empty(x.shape(), x.dtype()), expected = dropped.clone();
+    dropout_forward(x, p, s, dropped);
+    add(residual, dropped, expected);
+    Tensor out = Tensor::empty(x.shape(), x.dtype());
+    dropout_add(x, residual, p, s, out);
+    EXPECT_EQ(out.to_doubles(), expected.to_doubles()) << "p = " << p;
+    Tensor in_place = residual.clone();
+    dropout_add(x, in_place, p, s, in_place);
+    EXPECT_EQ(in_place.to_doubles(), expected.to_doubles()) << "out aliasing residual, p = " << p;
+    if (p > 0) EXPECT_NE(out.to_doubles(), dropped.to_doubles());  // the residual was added
+  }
+}
+
 // ========================================================= argument checks ==
 
 TEST(OpsDeathTest, ShapeAndDtypeErrorsNameTheOpAndShapes) {
@@ -1139,6 +1160,8 @@ TEST(OpsDeathTest, ShapeAndDtypeErrorsNameTheOpAndShapes) {
   Tensor x_cuda = Tensor::view(x.raw(), {3, 4}, DType::F32, MemorySpace::Cuda);
   EXPECT_DEATH(gelu_forward(x_cuda, y), "gelu_forward: x \\[3, 4\\] fp32 is in CUDA memory");
   EXPECT_DEATH(dropout_forward(x, 1.0, whole_site(3, 4, 1), y), "p must be in \\[0, 1\\)");
+  EXPECT_DEATH(dropout_add(x, mean, 0.1, whole_site(3, 4, 1), y),
+               "dropout_add: x \\[3, 4\\] fp32 and residual \\[3\\] fp32 must have the same");
 }
 
 }  // namespace
