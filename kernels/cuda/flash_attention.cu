@@ -316,7 +316,13 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
 // columns start at multiples of 8, its rows at multiples of 16, base(bh) is
 // a multiple of 4), and each lane makes ONE Philox call per tile for its 4
 // elements: the lanes that share a group take one group each and trade the
-// decisions by shuffles. Otherwise each element makes its own call.
+// decisions by shuffles. Otherwise each element makes its own call. The
+// forward draws an m-tile's calls of a key block as one batch, the rounds
+// outermost (philox4x32_10_batch): 8 (D = 64) or 16 independent chains side
+// by side, whose multiplies hide each other's latency (H100, session 26:
+// forward with dropout 0.193-0.198 -> 0.176-0.179 ms at D = 64, 0.374-0.378
+// -> 0.336 ms at D = 128; the 10 serial rounds, not issue slots or memory,
+// bounded it).
 //
 // Where the caller gives a keep_bits buffer (the model does), the forward
 // also stores its decisions and both backward passes read them (kReadMask)
@@ -384,6 +390,16 @@ struct EntryDropout {
   }
 };
 
+/// A lane pair's trade (grouped tiles, see keep_bits_query_rows): `own` is
+/// this lane's group of 4 decisions (lane 2u: row g, lane 2u + 1: row
+/// g + 8); even lanes hold words 0, 1 (columns 4u, 4u + 1), odd lanes words
+/// 2, 3. Returns the lane's 4 element bits. Warp-uniform call (a shuffle).
+__device__ __forceinline__ unsigned traded_halves(unsigned own, int lane) {
+  const bool odd = lane & 1;
+  const unsigned got = __shfl_xor_sync(0xffffffffu, odd ? own & 3u : own >> 2, 1);
+  return odd ? got | (own & 12u) : (own & 3u) | (got << 2);
+}
+
 /// Keep bits (bit e: accumulator element e) of the m16n8 tile whose row r,
 /// column c is query row0 + r, key col0 + c (forward and dQ). Grouped:
 /// lanes t = 2u and 2u + 1 hold keys col0 + 4u .. 4u + 3 of rows g and
@@ -397,11 +413,31 @@ __device__ __forceinline__ unsigned keep_bits_query_rows(const EntryDropout& d, 
                               [&](int e) { return col0 + elem_col(lane, 0, e); });
   const bool odd = t & 1;
   const kindex row = row0 + g + (odd ? 8 : 0), col = col0 + 4 * (t >> 1);
-  const unsigned own =
-      philox::keep_bits(philox::group_bits(d.site, d.index(row, col) >> 2), d.threshold);
-  // Even lanes hold words 0, 1 (columns 4u, 4u + 1), odd lanes words 2, 3.
-  const unsigned got = __shfl_xor_sync(0xffffffffu, odd ? own & 3u : own >> 2, 1);
-  return odd ? got | (own & 12u) : (own & 3u) | (got << 2);
+  return traded_halves(
+      philox::keep_bits(philox::group_bits(d.site, d.index(row, col) >> 2), d.threshold), lane);
+}
+
+/// keep_bits_query_rows of the N tiles (row0, col0 + 8 nb), nb < N, of one
+/// m-tile; grouped, the N Philox calls run as one batch (philox4x32_10_batch).
+template <int N>
+__device__ __forceinline__ void keep_bits_query_rows(const EntryDropout& d, kindex row0,
+                                                     kindex col0, int lane, unsigned (&bits)[N]) {
+  if (!d.grouped()) {
+#pragma unroll
+    for (int nb = 0; nb < N; ++nb) bits[nb] = keep_bits_query_rows(d, row0, col0 + 8 * nb, lane);
+    return;
+  }
+  const int g = lane / 4, t = lane % 4;
+  const kindex row = row0 + g + ((t & 1) ? 8 : 0), col = col0 + 4 * (t >> 1);
+  uint4 c[N];
+#pragma unroll
+  for (int nb = 0; nb < N; ++nb) {
+    const std::uint64_t q = d.index(row, col + 8 * nb) >> 2;
+    c[nb] = make_uint4(std::uint32_t(q), std::uint32_t(q >> 32), d.site.step, d.site.stream);
+  }
+  philox::philox4x32_10_batch(c, std::uint32_t(d.site.seed), std::uint32_t(d.site.seed >> 32));
+#pragma unroll
+  for (int nb = 0; nb < N; ++nb) bits[nb] = traded_halves(philox::keep_bits(c[nb], d.threshold), lane);
 }
 
 /// Keep bits of the m16n8 tile whose row r, column c is key row0 + r, query
@@ -511,17 +547,18 @@ __device__ __forceinline__ unsigned stored_bits_key_rows(const EntryDropout& d, 
 
 /// Tiling of the forward: `Warps` warps of 16 M query rows each, key blocks
 /// of `Bc`; QRegs keeps the warp's Q fragments in registers for the whole
-/// walk (instead of re-reading them from shared memory per key block).
-template <int D, int Warps, int M, int Bc, bool QRegs>
+/// walk (instead of re-reading them from shared memory per key block);
+/// MinBlocks CTAs per SM bound the registers (__launch_bounds__).
+template <int D, int Warps, int M, int Bc, bool QRegs, int MinBlocks = 1>
 struct FwdTiles {
   static constexpr int kD = D, kWarps = Warps, kM = M, kRows = 16 * M, kBr = kRows * Warps,
-                       kBc = Bc, kLd = D + kPad;
+                       kBc = Bc, kLd = D + kPad, kMinBlocks = MinBlocks;
   static constexpr bool kQRegs = QRegs;
   static constexpr std::size_t kSmem = std::size_t(kBr + 4 * kBc) * kLd * 2;  // Q, 2 x (K, V)
 };
 
 template <class T, class Tile, int kDrop>
-__global__ void __launch_bounds__(Tile::kWarps * 32)
+__global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     flash_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                          HeadStrides in, kindex S, float scale_log2, T* __restrict__ out,
                          HeadStrides os, float* __restrict__ lse, FlashDropout drop) {
@@ -605,15 +642,16 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
       if constexpr (kDrop != kNoDropout) {  // after the row sums: l, lse stay undropped
         std::uint32_t rows[M][2][kBc / 32] = {};
 #pragma unroll
-        for (int mi = 0; mi < M; ++mi)
+        for (int mi = 0; mi < M; ++mi) {
+          unsigned bits[kBc / 8];
+          keep_bits_query_rows(dropout, row_lo + mi * 16, k0, lane, bits);
 #pragma unroll
           for (int nb = 0; nb < kBc / 8; ++nb) {
-            const unsigned bits =
-                keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[mi][nb][e] = dropout.apply(s[mi][nb][e], bits, e);
-            add_row_bits<M, kBc>(rows, mi, nb, bits, lane);
+            for (int e = 0; e < 4; ++e) s[mi][nb][e] = dropout.apply(s[mi][nb][e], bits[nb], e);
+            add_row_bits<M, kBc>(rows, mi, nb, bits[nb], lane);
           }
+        }
         if (dropout.keep_bits != nullptr) store_row_bits<M, kBc>(dropout, rows, row_lo, k0, lane);
       }
       std::uint32_t p[M][kBc / 16][4];
@@ -968,9 +1006,12 @@ template <int D>
 using DqTiling =
     std::conditional_t<D == 64, DqTiles<64, 4, 2, 64, false>, DqTiles<D, 4, 1, 64, true>>;
 // With attention dropout at D = 64: one m-tile per warp (fewer registers, so
-// more warps to hide the forward's Philox rounds and no spills in dQ).
+// more warps to hide the forward's Philox rounds and no spills in dQ), held
+// to 3 CTAs per SM: the batched Philox calls of a key block (one m-tile's 8
+// tiles side by side) would take 172 registers and leave room for 2.
 template <int D>
-using FwdDropoutTiling = std::conditional_t<D == 64, FwdTiles<64, 4, 1, 64, true>, FwdTiling<D>>;
+using FwdDropoutTiling =
+    std::conditional_t<D == 64, FwdTiles<64, 4, 1, 64, true, 3>, FwdTiling<D>>;
 template <int D>
 using DqDropoutTiling = std::conditional_t<D == 64, DqTiles<64, 4, 1, 64, true>, DqTiling<D>>;
 

@@ -44,6 +44,27 @@ __device__ __forceinline__ uint4 philox4x32_10(std::uint32_t c0, std::uint32_t c
   return make_uint4(c0, c1, c2, c3);
 }
 
+/// philox4x32_10 of N counters c[i] = (x, y, z, w) in place, the rounds
+/// outermost: N independent chains side by side in program order, so one
+/// thread's calls hide each other's multiply latency.
+template <int N>
+__device__ __forceinline__ void philox4x32_10_batch(uint4 (&c)[N], std::uint32_t k0,
+                                                    std::uint32_t k1) {
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += kW0;
+      k1 += kW1;
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const std::uint32_t hi0 = __umulhi(kM0, c[i].x), lo0 = kM0 * c[i].x;
+      const std::uint32_t hi1 = __umulhi(kM1, c[i].z), lo1 = kM1 * c[i].z;
+      c[i] = make_uint4(hi1 ^ c[i].y ^ k0, lo1, hi0 ^ c[i].w ^ k1, lo0);
+    }
+  }
+}
+
 /// `s` with the step and sample offset of this launch: the device words of
 /// s.live when set (CUDA graphs: one captured launch, many steps), else as is.
 __device__ __forceinline__ DropoutPlacement resolved(DropoutPlacement s) {
