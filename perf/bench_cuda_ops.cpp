@@ -781,7 +781,7 @@ void bench_attention(bool fused_only) {
     // As the model runs it: the forward stores its decisions for the backward.
     const ops::AttentionDropout stored(
         dropout.p, dropout.site,
-        Tensor::empty({c.B, c.S, ops::attention_keep_bits_words(c.S)}, DType::I32,
+        Tensor::empty(ops::attention_keep_bits_shape(c.B, c.S), DType::I32,
                       MemorySpace::Cuda));
     const AttentionTimes fused_drop = time_fused_attention(q, k, v, dout, scale, stored);
     row("fused p.1", fused_drop);

@@ -105,8 +105,8 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
     c.lse = Tensor::empty({b * heads_local_, s}, stats_dtype(x), x.space());
     ops::AttentionDropout dropout = fused_dropout(ctx);
     if (dropout.p > 0 && !x.is_host())  // b * heads * s^2 / 8 bytes instead of 2 Philox passes
-      dropout.keep_bits = Tensor::empty({b * heads_local_, s, ops::attention_keep_bits_words(s)},
-                                        DType::I32, x.space());
+      dropout.keep_bits =
+          Tensor::empty(ops::attention_keep_bits_shape(b * heads_local_, s), DType::I32, x.space());
     c.keep_bits = dropout.keep_bits;
     ops::fused_attention_forward_token_major(qkv_out, s, b, heads_local_, scale(), merged, c.lse,
                                              dropout);

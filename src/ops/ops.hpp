@@ -118,8 +118,8 @@ struct AttentionDropout {
       : p(p_), site(site_), keep_bits(std::move(keep_bits_)) {}
   double p = 0.0;
   DropoutSite site;
-  /// Device path, optional: a [B, S, attention_keep_bits_words(S)] I32
-  /// tensor in which the forward stores its keep decisions (a bit per
+  /// Device path, optional: an I32 tensor of attention_keep_bits_shape(B, S)
+  /// in which the forward stores its keep decisions (a bit per
   /// probability) for the backward to read, instead of drawing the mask
   /// again in both backward passes; the same tensor goes to both calls.
   /// Ignored on the host.
@@ -128,6 +128,12 @@ struct AttentionDropout {
 /// Words (32 keys each) per query row of AttentionDropout::keep_bits: S
 /// rounded up to the kernels' widest key block, 128.
 inline index_t attention_keep_bits_words(index_t S) { return (S + 127) / 128 * 4; }
+/// AttentionDropout::keep_bits of B entries of S x S: [B, S, words], the
+/// words of a query row side by side. (Word-major, [B, words, S], made the
+/// head dim 64 backward slower on an H100: perf/RESULTS.md, session 26.)
+inline Shape attention_keep_bits_shape(index_t B, index_t S) {
+  return {B, S, attention_keep_bits_words(S)};
+}
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              Tensor& out, Tensor& lse, const AttentionDropout& dropout = {});
 /// dq, dk, dv (overwrite) from dout and the forward's out and lse (and the

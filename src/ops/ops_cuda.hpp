@@ -117,7 +117,7 @@ void dropout_apply(DType t, const void* in, index_t n, double p, const DropoutPl
 struct AttentionDropoutSite {
   double p = 0.0;
   DropoutPlacement site{};
-  /// Optional [B, S, keep_bits_words] words (ops::attention_keep_bits_words):
+  /// Optional [B, S, keep_bits_words] words (ops::attention_keep_bits_shape):
   /// the forward stores its decisions there (bit j % 32 of word j / 32 of
   /// row (entry, i): P_ij kept) and the backward reads them instead of
   /// drawing the mask twice more. Null: every pass draws it.

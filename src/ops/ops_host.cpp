@@ -535,13 +535,14 @@ cuda::AttentionDropoutSite device_dropout(const char* op, const AttentionDropout
   if (d.p == 0.0) return {};
   cuda::AttentionDropoutSite site{d.p, device_placement(d.site)};
   if (d.keep_bits.defined()) {
-    const index_t words = attention_keep_bits_words(S);
+    const Shape shape = attention_keep_bits_shape(B, S);
     MESH_VERIFY(!d.keep_bits.is_host() && d.keep_bits.dtype() == DType::I32 &&
-                    d.keep_bits.shape() == Shape({B, S, words}),
+                    d.keep_bits.shape() == shape,
                 op << ": keep_bits " << describe({"keep_bits", d.keep_bits})
-                   << " must be a device I32 [" << B << ", " << S << ", " << words << "]");
+                   << " must be a device I32 [" << shape[0] << ", " << shape[1] << ", "
+                   << shape[2] << "]");
     site.keep_bits = static_cast<std::uint32_t*>(d.keep_bits.raw());
-    site.keep_bits_words = words;
+    site.keep_bits_words = shape[2];
   }
   return site;
 }

@@ -214,7 +214,7 @@ void check_dropout_case(const DropoutCase& c, double p, std::uint64_t seed) {
   // The forward's stored decisions, read by the backward instead of drawing
   // the mask again: the same decisions, so the same bits.
   ops::AttentionDropout stored = dropout;
-  stored.keep_bits = Tensor::empty({B, c.S, ops::attention_keep_bits_words(c.S)}, DType::I32,
+  stored.keep_bits = Tensor::empty(ops::attention_keep_bits_shape(B, c.S), DType::I32,
                                    MemorySpace::Cuda);
   stored.keep_bits.fill(0.0);
   Tensor out3 = poisoned(shape, dt), lse3 = poisoned({B, c.S}, DType::F32);
@@ -396,7 +396,7 @@ TEST(GpuFlashAttention, TokenMajorEqualsSplitHeadMajorMerge) {
         // does): the same decisions, the same bits.
         ops::AttentionDropout stored = dropout;
         stored.keep_bits = Tensor::empty(
-            {c.b * c.heads, c.s, ops::attention_keep_bits_words(c.s)}, DType::I32,
+            ops::attention_keep_bits_shape(c.b * c.heads, c.s), DType::I32,
             MemorySpace::Cuda);
         Tensor ctx_op = poisoned({rows, width}, dt), dqkv_op = poisoned({rows, 3 * width}, dt);
         Tensor lse_op = Tensor::empty({c.b * c.heads, c.s}, DType::F32, MemorySpace::Cuda);
