@@ -120,21 +120,23 @@ struct DropoutApply {
   T keep_scale;  // 1 / (1 - p)
   Vector<T, ExecSpace> out;
 
-  KOKKOS_INLINE_FUNCTION void operator()(kindex i) const {
-    out(i) = site.keep(i, p) ? in(i) * keep_scale : T(0);
+  /// Element i dropped and scaled, in T.
+  KOKKOS_INLINE_FUNCTION T dropped(kindex i) const {
+    return site.keep(i, p) ? in(i) * keep_scale : T(0);
   }
+  KOKKOS_INLINE_FUNCTION void operator()(kindex i) const { out(i) = dropped(i); }
 };
 
 /// out = residual + dropout(in), the dropped value rounded to T before the
 /// add (as dropout then add round it).
 template <class ExecSpace, class T>
 struct DropoutAdd {
-  DropoutApply<ExecSpace, T> dropped;
+  DropoutApply<ExecSpace, T> apply;
   Vector<const T, ExecSpace> residual;
 
   KOKKOS_INLINE_FUNCTION void operator()(kindex i) const {
-    const T d = dropped.site.keep(i, dropped.p) ? dropped.in(i) * dropped.keep_scale : T(0);
-    dropped.out(i) = residual(i) + d;
+    const T d = apply.dropped(i);
+    apply.out(i) = residual(i) + d;
   }
 };
 
