@@ -352,7 +352,6 @@ struct EntryDropout {
   std::uint64_t base;
   kindex S;
   std::uint32_t threshold;
-  float keep_scale;
   std::uint32_t* keep_bits;  // this entry's [S, words] decisions, or null
   kindex words;
 
@@ -360,7 +359,6 @@ struct EntryDropout {
       : site(philox::resolved(d.site)),
         S(S_),
         threshold(d.threshold),
-        keep_scale(d.keep_scale),
         keep_bits(d.keep_bits == nullptr ? nullptr : d.keep_bits + bh * S_ * d.words),
         words(d.words) {
     const kindex sample = bh / site.b, head = bh % site.b;
@@ -375,10 +373,6 @@ struct EntryDropout {
   __device__ std::uint64_t index(kindex query, kindex key) const {
     return base + std::uint64_t(query * S + key);
   }
-  /// P_ij of accumulator element e with keep bits `bits`, dropped and scaled.
-  __device__ float apply(float x, unsigned bits, int e) const {
-    return (bits >> e) & 1u ? x * keep_scale : 0.f;
-  }
   /// Per element: bit e for element e at (query(e), key(e)).
   template <class Query, class Key>
   __device__ unsigned bits_per_element(Query query, Key key) const {
@@ -389,6 +383,16 @@ struct EntryDropout {
     return bits;
   }
 };
+
+/// Accumulator element e with keep bits `bits`: x where kept, else 0,
+/// unscaled. The kernels apply the keep scale 1 / (1 - p) from their
+/// FlashDropout parameter: the backward where it costs no multiply per
+/// element (dV at its store, dS in the fma with delta: dz_minus_delta), the
+/// forward per element (folded into its 1 / l, the D = 64 dropout forward
+/// spills at its 3-CTA register bound).
+__device__ __forceinline__ float kept(float x, unsigned bits, int e) {
+  return (bits >> e) & 1u ? x : 0.f;
+}
 
 /// A lane pair's trade (grouped tiles, see keep_bits_query_rows): `own` is
 /// this lane's group of 4 decisions (lane 2u: row g, lane 2u + 1: row
@@ -527,20 +531,52 @@ __device__ __forceinline__ unsigned row_tile_bits(const std::uint32_t (&w)[M][2]
   return ((w[mi][0][nb / 4] >> shift) & 3u) | (((w[mi][1][nb / 4] >> shift) & 3u) << 2);
 }
 
-/// Keep bits of the dK/dV tile whose row r, column c is key row0 + r, query
-/// col0 + c (as keep_bits_key_rows), from the stored mask: the lane's keys
-/// g and g + 8 of queries col0 + 2t (+ 1) are two bits of one word per query
-/// (row0 is a multiple of 16).
-__device__ __forceinline__ unsigned stored_bits_key_rows(const EntryDropout& d, kindex row0,
-                                                         kindex col0, int lane) {
-  const int shift = int(row0 % 32) + lane / 4;
+/// The dK/dV pass stages the stored words of each query block with its Q and
+/// dO tiles (cp.async, double buffered): one word per 32 keys of the CTA's Bc
+/// for each of the block's Br queries, [Br][Bc / 32], zeros past S. Read
+/// from shared memory, a tile's bits cost two loads at fixed offsets instead
+/// of two bounds-checked global loads with their address arithmetic
+/// (H100, session 27).
+template <int Br, int Bc, int kThreads>
+__device__ __forceinline__ void load_key_block_words(std::uint32_t* sMask, const EntryDropout& d,
+                                                     kindex q0, kindex k0) {
+  constexpr int kWords = Bc / 32;
+#pragma unroll
+  for (int c = threadIdx.x; c < Br * kWords; c += kThreads) {
+    const kindex query = q0 + c / kWords;
+    const bool valid = query < d.S;
+    cp_async4(sMask + c, d.keep_bits + (valid ? query * d.words + k0 / 32 + c % kWords : 0), valid);
+  }
+}
+
+/// Keep bits of the dK/dV tile whose row r, column c is key k0 + key + r,
+/// query q0 + query + c (as keep_bits_key_rows), from load_key_block_words'
+/// words of the block (k0, q0): the lane's keys g and g + 8 of queries
+/// query + 2t (+ 1) are two bits of one word per query (key is a multiple
+/// of 16).
+template <int Bc>
+__device__ __forceinline__ unsigned stored_bits_key_rows(const std::uint32_t* sMask, int key,
+                                                         int query, int lane) {
+  const int shift = key % 32 + lane / 4;
   unsigned bits = 0;
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    const std::uint32_t w = d.stored(col0 + 2 * (lane % 4) + c, row0 / 32);
+    const std::uint32_t w = sMask[(query + 2 * (lane % 4) + c) * (Bc / 32) + key / 32];
     bits |= ((w >> shift) & 1u) << c | ((w >> (shift + 8)) & 1u) << (2 + c);
   }
   return bits;
+}
+
+/// dz - delta, the bracket of dS = P o (dP o Z - delta) for accumulator
+/// element e of dP with keep bits `bits`: with dropout, Z's keep scale and
+/// the subtraction are one fma.
+template <int kDrop>
+__device__ __forceinline__ float dz_minus_delta(float keep_scale, float dp, unsigned bits, int e,
+                                                float delta) {
+  if constexpr (kDrop == kNoDropout)
+    return dp - delta;
+  else
+    return fmaf(kept(dp, bits, e), keep_scale, -delta);
 }
 
 // ----------------------------------------------------------------- forward ---
@@ -648,7 +684,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 #pragma unroll
           for (int nb = 0; nb < kBc / 8; ++nb) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[mi][nb][e] = dropout.apply(s[mi][nb][e], bits[nb], e);
+            for (int e = 0; e < 4; ++e)
+              s[mi][nb][e] = kept(s[mi][nb][e], bits[nb], e) * drop.keep_scale;
             add_row_bits<M, kBc>(rows, mi, nb, bits[nb], lane);
           }
         }
@@ -713,9 +750,11 @@ struct DkDvTiles {
   static constexpr int kD = D, kWarps = Warps, kM = M, kRows = 16 * M, kBc = kRows * Warps,
                        kBr = Br, kLd = D + kPad;
   static constexpr bool kKVRegs = KVRegs;
-  // K, V, then 2 stages of (Q, dO) and 2 stages of (lse, delta).
+  // K, V, then 2 stages of (Q, dO) and 2 stages of (lse, delta); reading
+  // the stored dropout mask, then 2 stages of its words (load_key_block_words).
   static constexpr std::size_t kSmem =
       std::size_t(2 * kBc + 4 * kBr) * kLd * 2 + std::size_t(4 * kBr) * sizeof(float);
+  static constexpr std::size_t kMaskSmem = std::size_t(2 * kBr) * (kBc / 32) * 4;
 };
 
 /// Stage the per-query statistics of rows [q0, q0 + R): lse in the log2
@@ -747,6 +786,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   T* sdO = sQ + 2 * kBr * kLd;                                // [2][kBr][kLd]
   float* sL = reinterpret_cast<float*>(sdO + 2 * kBr * kLd);  // [2][kBr]
   float* sDelta = sL + 2 * kBr;                               // [2][kBr]
+  auto* sMask = reinterpret_cast<std::uint32_t*>(sDelta + 2 * kBr);  // [2][kBr][kBc / 32]
+  constexpr int kMaskStage = kBr * (kBc / 32);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const kindex k0 = kindex(blockIdx.x) * kBc;  // first key blocks see the most queries
   const kindex base = in.base(blockIdx.y);
@@ -759,6 +800,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   load_tile<T, kBc, D, kThreads>(sV, v, k0, S, in.ld);
   load_tile<T, kBr, D, kThreads>(sQ, q, kindex(qb_begin) * kBr, S, in.ld);
   load_tile<T, kBr, D, kThreads>(sdO, dout, kindex(qb_begin) * kBr, S, os.ld);
+  if constexpr (kDrop == kReadMask)
+    load_key_block_words<kBr, kBc, kThreads>(sMask, dropout, kindex(qb_begin) * kBr, k0);
   cp_async_commit();
   load_row_stats<kBr>(sL, sDelta, lse, delta, kindex(qb_begin) * kBr, S);
 
@@ -773,6 +816,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
       const kindex next = kindex(qb + 1) * kBr;
       load_tile<T, kBr, D, kThreads>(sQ + (1 - st) * kBr * kLd, q, next, S, in.ld);
       load_tile<T, kBr, D, kThreads>(sdO + (1 - st) * kBr * kLd, dout, next, S, os.ld);
+      if constexpr (kDrop == kReadMask)
+        load_key_block_words<kBr, kBc, kThreads>(sMask + (1 - st) * kMaskStage, dropout, next, k0);
       cp_async_commit();
       load_row_stats<kBr>(sL + (1 - st) * kBr, sDelta + (1 - st) * kBr, lse, delta, next, S);
       cp_async_wait<1>();
@@ -789,12 +834,13 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
       const float* sLs = sL + st * kBr;
       const float* sDs = sDelta + st * kBr;
       [[maybe_unused]] unsigned keep[M][kDrop != kNoDropout ? kBr / 8 : 1];
-      if constexpr (kDrop == kReadMask)  // loads first: their latency under the GEMMs
+      if constexpr (kDrop == kReadMask)
 #pragma unroll
         for (int mi = 0; mi < M; ++mi)
 #pragma unroll
           for (int nb = 0; nb < kBr / 8; ++nb)
-            keep[mi][nb] = stored_bits_key_rows(dropout, key_lo + mi * 16, q0 + nb * 8, lane);
+            keep[mi][nb] = stored_bits_key_rows<kBc>(sMask + st * kMaskStage,
+                                                     int(key_lo - k0) + mi * 16, nb * 8, lane);
       // P^T = exp2(scale log2e K Q^T - lse log2e), keys as rows.
       float pt[M][kBr / 8][4] = {};
       if constexpr (Tile::kKVRegs)
@@ -823,8 +869,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
             if constexpr (kDrop == kDrawMask)
               keep[mi][nb] = keep_bits_key_rows(dropout, key_lo + mi * 16, q0 + nb * 8, lane);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              ptz[mi][nb][e] = dropout.apply(pt[mi][nb][e], keep[mi][nb], e);
+            for (int e = 0; e < 4; ++e)  // unscaled: dV's store applies the keep scale
+              ptz[mi][nb][e] = kept(pt[mi][nb][e], keep[mi][nb], e);
           }
         to_a_operand<T, M, kBr>(a, ptz);
       } else {
@@ -842,9 +888,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
         for (int nb = 0; nb < kBr / 8; ++nb)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {  // dS^T / scale
-            float dz = dpt[mi][nb][e];
-            if constexpr (kDrop != kNoDropout) dz = dropout.apply(dz, keep[mi][nb], e);
-            dpt[mi][nb][e] = pt[mi][nb][e] * (dz - sDs[elem_col(lane, nb, e)]);
+            const unsigned bits = kDrop == kNoDropout ? 0u : keep[mi][nb];
+            dpt[mi][nb][e] = pt[mi][nb][e] * dz_minus_delta<kDrop>(drop.keep_scale, dpt[mi][nb][e],
+                                                                   bits, e, sDs[elem_col(lane, nb, e)]);
           }
       to_a_operand<T, M, kBr>(a, dpt);
       mma_rab<T, M, D, kBr>(dk_acc, a, sQs, kLd, lane);  // dK += dS^T Q
@@ -852,7 +898,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
     __syncthreads();
   }
   store_rows<T, M, D>(dk, in.ld, dk_acc, key_lo, S, Uniform<M>(scale).v, lane);
-  store_rows<T, M, D>(dv, in.ld, dv_acc, key_lo, S, Uniform<M>(1.f).v, lane);
+  store_rows<T, M, D>(dv, in.ld, dv_acc, key_lo, S,
+                      Uniform<M>(kDrop == kNoDropout ? 1.f : drop.keep_scale).v, lane);
 }
 
 /// Tiling of the dQ pass: `Warps` warps of 16 M query rows each, key blocks
@@ -951,11 +998,10 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
             keep = keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
           if constexpr (kDrop == kReadMask) keep = row_tile_bits<M, kBc>(stored, mi, nb, lane);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {  // dS / scale
-            float dz = dp[mi][nb][e];
-            if constexpr (kDrop != kNoDropout) dz = dropout.apply(dz, keep, e);
-            dp[mi][nb][e] = p[mi][nb][e] * (dz - dl[mi][e / 2]);
-          }
+          for (int e = 0; e < 4; ++e)  // dS / scale
+            dp[mi][nb][e] =
+                p[mi][nb][e] *
+                dz_minus_delta<kDrop>(drop.keep_scale, dp[mi][nb][e], keep, e, dl[mi][e / 2]);
         }
       std::uint32_t a[M][kBc / 16][4];
       to_a_operand<T, M, kBc>(a, dp);
@@ -1085,7 +1131,8 @@ void launch_row_dot(const FlashArgs& a) {
 template <class T, class Tile, int kDrop>
 void launch_dkdv(const FlashArgs& a) {
   launch<flash_backward_dkdv_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
-         Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
+         Tile::kWarps * 32, Tile::kSmem + (kDrop == kReadMask ? Tile::kMaskSmem : 0),
+         static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
          static_cast<const float*>(a.delta), a.in, a.os, kindex(a.S), float(a.scale),
          float(a.scale * kLog2e), static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.drop);
