@@ -324,9 +324,13 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
 // -> 0.336 ms at D = 128; the 10 serial rounds, not issue slots or memory,
 // bounded it).
 //
-// Where the caller gives a keep_bits buffer (the model does), the forward
-// also stores its decisions and both backward passes read them (kReadMask)
-// instead of drawing the mask twice more. At D = 64 the dropout forward and
+// Where the caller gives a keep_bits buffer (the model does), the mask is
+// drawn once per step and all three passes read it (kReadMask): for S % 4
+// == 0 by its own kernel ahead of the forward (draw_attention_mask_kernel:
+// the Philox calls at full occupancy instead of between the forward's
+// GEMMs; H100, session 27: forward with dropout 0.177-0.181 -> 0.166-0.167
+// ms at D = 64, 0.329-0.332 -> 0.293-0.294 at D = 128), otherwise by the
+// forward, which stores its decisions. At D = 64 the drawing forward and
 // the reading dQ use one m-tile per warp (FwdDropoutTiling, DqDropoutTiling):
 // fewer registers, so more warps hide the Philox rounds (perf/RESULTS.md,
 // session 25).
@@ -334,7 +338,7 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
 /// The kernels' dropout modes (their kDrop template argument).
 constexpr int kNoDropout = 0;  // no attention dropout: the kernels as without it
 constexpr int kDrawMask = 1;   // Philox per tile (the forward also stores it where asked)
-constexpr int kReadMask = 2;   // the backward reads the forward's stored decisions
+constexpr int kReadMask = 2;   // the pass reads the stored decisions
 
 /// The attention dropout of a launch (see ops_cuda.hpp's AttentionDropoutSite).
 struct FlashDropout {
@@ -633,6 +637,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     if (k0 <= row_lo + kRows - 1) {  // some key of the block is visible to some row of the warp
       const T* sKs = sK + (j % 2) * kBc * kLd;
       const T* sVs = sV + (j % 2) * kBc * kLd;
+      [[maybe_unused]] std::uint32_t stored[M][2][kDrop == kReadMask ? kBc / 32 : 1];
+      if constexpr (kDrop == kReadMask)  // loads first: their latency under the GEMMs
+        load_row_bits<M, kBc>(dropout, stored, row_lo, k0, lane);
       float s[M][kBc / 8][4] = {};
       if constexpr (Tile::kQRegs)
         mma_rabt<T, M, kBc, D>(s, qf, sKs, kLd, lane);
@@ -675,7 +682,18 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 #pragma unroll
           for (int nb = 0; nb < D / 8; ++nb) o[mi][nb][2 * h] *= alpha, o[mi][nb][2 * h + 1] *= alpha;
         }
-      if constexpr (kDrop != kNoDropout) {  // after the row sums: l, lse stay undropped
+      if constexpr (kDrop == kReadMask) {  // drawn ahead (draw_attention_mask_kernel)
+#pragma unroll
+        for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+          for (int nb = 0; nb < kBc / 8; ++nb) {
+            const unsigned bits = row_tile_bits<M, kBc>(stored, mi, nb, lane);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              s[mi][nb][e] = kept(s[mi][nb][e], bits, e) * drop.keep_scale;
+          }
+      }
+      if constexpr (kDrop == kDrawMask) {  // after the row sums: l, lse stay undropped
         std::uint32_t rows[M][2][kBc / 32] = {};
 #pragma unroll
         for (int mi = 0; mi < M; ++mi) {
@@ -716,6 +734,54 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
         const kindex row = row_lo + mi * 16 + lane / 4 + 8 * h;
         if (row < S) lse[row] = (m[mi][h] + log2f(l[mi][h])) * kLn2;
       }
+}
+
+/// The stored mask drawn ahead of the forward, which then reads it
+/// (kReadMask) instead of drawing it between its GEMMs: there the ten
+/// serial Philox rounds leave the forward latency-bound at the few warps its
+/// registers allow; here nothing else holds registers, so the SMs fill with
+/// warps and the draws run at the integer units' throughput. One thread per
+/// word (keys 32w .. 32w + 31 of query row i; its eight group calls as one
+/// batch), every word through the end of the row's 128-key block (all that
+/// any tiling's passes read; the bits of keys past i are never used), the
+/// words of all entries numbered in one range so that every thread has the
+/// same work (rows further down have more words). Grouped entries only
+/// (S % 4 == 0); the bits of keep_bits_query_rows.
+constexpr int kMaskRows = 128;
+
+/// Words drawn for rows [128 b, 128 (b + 1)) of an entry of S rows.
+__host__ __device__ inline kindex mask_block_words(kindex b, kindex S, kindex words) {
+  const kindex rows = S - b * kMaskRows < kMaskRows ? S - b * kMaskRows : kMaskRows;
+  const kindex per_row = (b + 1) * (kMaskRows / 32);
+  return rows * (per_row < words ? per_row : words);
+}
+
+/// Words drawn per entry (the sum of mask_block_words over its blocks).
+kindex mask_entry_words(kindex S, kindex words) {
+  kindex n = 0;
+  for (kindex b = 0; b * kMaskRows < S; ++b) n += mask_block_words(b, S, words);
+  return n;
+}
+
+__global__ void __launch_bounds__(256)
+    draw_attention_mask_kernel(FlashDropout drop, kindex S, std::uint32_t entry_words) {
+  std::uint32_t r = blockIdx.x * blockDim.x + threadIdx.x, b = 0;  // 32-bit: cheap divisions
+  if (r >= entry_words) return;
+  for (std::uint32_t n; r >= (n = std::uint32_t(mask_block_words(b, S, drop.words))); ++b) r -= n;
+  const std::uint32_t per_row = std::uint32_t(min(drop.words, kindex(b + 1) * (kMaskRows / 32)));
+  const kindex row = kindex(b) * kMaskRows + r / per_row, w = r % per_row;
+  const EntryDropout d(drop, blockIdx.y, S);
+  uint4 calls[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const std::uint64_t q = d.index(row, 32 * w + 4 * j) >> 2;
+    calls[j] = make_uint4(std::uint32_t(q), std::uint32_t(q >> 32), d.site.step, d.site.stream);
+  }
+  philox::philox4x32_10_batch(calls, std::uint32_t(d.site.seed), std::uint32_t(d.site.seed >> 32));
+  std::uint32_t word = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) word |= philox::keep_bits(calls[j], d.threshold) << (4 * j);
+  d.keep_bits[row * d.words + w] = word;
 }
 
 // ---------------------------------------------------------------- backward ---
@@ -1058,6 +1124,11 @@ using DqTiling =
 template <int D>
 using FwdDropoutTiling =
     std::conditional_t<D == 64, FwdTiles<64, 4, 1, 64, true, 3>, FwdTiling<D>>;
+// Reading the mask drawn ahead at D = 64: one m-tile per warp (164
+// registers; two spill 48 bytes and were no faster, H100 session 27).
+template <int D>
+using FwdReadMaskTiling =
+    std::conditional_t<D == 64, FwdTiles<64, 4, 1, 64, true>, FwdTiling<D>>;
 template <int D>
 using DqDropoutTiling = std::conditional_t<D == 64, DqTiles<64, 4, 1, 64, true>, DqTiling<D>>;
 
@@ -1119,6 +1190,16 @@ void launch_forward(const FlashArgs& a) {
          static_cast<T*>(a.o), a.os, const_cast<float*>(a.lse), a.drop);
 }
 
+void launch_draw_mask(const FlashArgs& a) {
+  const kindex entry_words = mask_entry_words(a.S, a.drop.words);
+  MESH_VERIFY(entry_words < (kindex(1) << 32),
+              "fused attention: S = " << a.S << " is too long for the dropout mask kernel");
+  const dim3 grid(unsigned((entry_words + 255) / 256), unsigned(a.B));
+  draw_attention_mask_kernel<<<grid, 256, 0, compute_stream()>>>(a.drop, kindex(a.S),
+                                                                  std::uint32_t(entry_words));
+  MESH_CUDA_LAUNCHED();
+}
+
 template <class T, int D>
 void launch_row_dot(const FlashArgs& a) {
   const kindex rows = a.B * a.S;
@@ -1155,9 +1236,12 @@ void forward(DType t, const FlashArgs& a, index_t D) {
   with_flash_types(t, D, "fused_attention_forward", [&](auto zero, auto dim) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
-    if (a.dropout)
+    if (a.dropout && a.drop.keep_bits != nullptr && a.S % 4 == 0) {
+      launch_draw_mask(a);
+      launch_forward<T, FwdReadMaskTiling<kD>, kReadMask>(a);
+    } else if (a.dropout) {
       launch_forward<T, FwdDropoutTiling<kD>, kDrawMask>(a);
-    else
+    } else
       launch_forward<T, FwdTiling<kD>, kNoDropout>(a);
   });
 }

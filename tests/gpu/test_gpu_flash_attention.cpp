@@ -24,8 +24,10 @@
 //    token-major entry points with dropout equal split + head-major + merge
 //    bitwise, read from live device words (CUDA graphs) they equal the
 //    plain step and offset, and the op's dispatcher runs them (not cuDNN).
-//    The forward's stored decisions (AttentionDropout::keep_bits) read by
-//    the backward give the bits of the backward that draws the mask again.
+//    With a keep_bits buffer the mask is drawn once (at S % 4 == 0 by its
+//    own kernel ahead of the forward, else by the forward) and read by every
+//    pass: forward and backward give the bits of the kernels that draw it
+//    in each pass.
 //    The tiny GPT with attention_dropout 0.1 trained fused equals unfused
 //    within 1e-2 and differs from the run without it; one forward +
 //    backward of it gives fused = unfused gradients (within 2e-2 norm-wise,
@@ -211,8 +213,9 @@ void check_dropout_case(const DropoutCase& c, double p, std::uint64_t seed) {
   EXPECT_EQ(gk2.to_doubles(), gk.to_doubles()) << what;
   EXPECT_EQ(gv2.to_doubles(), gv.to_doubles()) << what;
 
-  // The forward's stored decisions, read by the backward instead of drawing
-  // the mask again: the same decisions, so the same bits.
+  // The mask drawn once into keep_bits (by its own kernel where S % 4 == 0,
+  // else by the forward) and read by the passes instead of drawn in each:
+  // the same decisions, so the same bits.
   ops::AttentionDropout stored = dropout;
   stored.keep_bits = Tensor::empty(ops::attention_keep_bits_shape(B, c.S), DType::I32,
                                    MemorySpace::Cuda);
