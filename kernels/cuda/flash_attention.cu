@@ -746,7 +746,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 /// words the tilings in use read (key blocks of 64 or 128). Only the bits
 /// of visible keys (key <= i) matter: a pass that reads a word past them
 /// applies it to P = 0, so the words left undrawn are harmless, and drawing
-/// only through word i / 32 would be correct too (~9 % fewer calls at S =
+/// only through word i / 32 would be correct too (~8 % fewer calls at S =
 /// 1024; not measured). The words of all entries are numbered in one range
 /// so that every thread has the same work (rows further down have more
 /// words). Grouped entries only (S % 4 == 0); the bits of
