@@ -439,13 +439,12 @@ __device__ __forceinline__ void keep_bits_query_rows(const EntryDropout& d, kind
   const kindex row = row0 + g + ((t & 1) ? 8 : 0), col = col0 + 4 * (t >> 1);
   uint4 c[N];
 #pragma unroll
-  for (int nb = 0; nb < N; ++nb) {
-    const std::uint64_t q = d.index(row, col + 8 * nb) >> 2;
-    c[nb] = make_uint4(std::uint32_t(q), std::uint32_t(q >> 32), d.site.step, d.site.stream);
-  }
-  philox::philox4x32_10_batch(c, std::uint32_t(d.site.seed), std::uint32_t(d.site.seed >> 32));
+  for (int nb = 0; nb < N; ++nb)
+    c[nb] = philox::group_counter(d.site, d.index(row, col + 8 * nb) >> 2);
+  philox::group_bits(d.site, c);
 #pragma unroll
-  for (int nb = 0; nb < N; ++nb) bits[nb] = traded_halves(philox::keep_bits(c[nb], d.threshold), lane);
+  for (int nb = 0; nb < N; ++nb)
+    bits[nb] = traded_halves(philox::keep_bits(c[nb], d.threshold), lane);
 }
 
 /// Keep bits of the m16n8 tile whose row r, column c is key row0 + r, query
@@ -777,11 +776,9 @@ __global__ void __launch_bounds__(256)
   const EntryDropout d(drop, blockIdx.y, S);
   uint4 calls[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const std::uint64_t q = d.index(row, 32 * w + 4 * j) >> 2;
-    calls[j] = make_uint4(std::uint32_t(q), std::uint32_t(q >> 32), d.site.step, d.site.stream);
-  }
-  philox::philox4x32_10_batch(calls, std::uint32_t(d.site.seed), std::uint32_t(d.site.seed >> 32));
+  for (int j = 0; j < 8; ++j)
+    calls[j] = philox::group_counter(d.site, d.index(row, 32 * w + 4 * j) >> 2);
+  philox::group_bits(d.site, calls);
   std::uint32_t word = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) word |= philox::keep_bits(calls[j], d.threshold) << (4 * j);
@@ -959,8 +956,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {  // dS^T / scale
             const unsigned bits = kDrop == kNoDropout ? 0u : keep[mi][nb];
-            dpt[mi][nb][e] = pt[mi][nb][e] * dz_minus_delta<kDrop>(drop.keep_scale, dpt[mi][nb][e],
-                                                                   bits, e, sDs[elem_col(lane, nb, e)]);
+            dpt[mi][nb][e] = pt[mi][nb][e] * dz_minus_delta<kDrop>(drop.keep_scale,
+                                                                   dpt[mi][nb][e], bits, e,
+                                                                   sDs[elem_col(lane, nb, e)]);
           }
       to_a_operand<T, M, kBr>(a, dpt);
       mma_rab<T, M, D, kBr>(dk_acc, a, sQs, kLd, lane);  // dK += dS^T Q

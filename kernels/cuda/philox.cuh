@@ -81,6 +81,18 @@ __device__ __forceinline__ uint4 group_bits(const DropoutPlacement& s, std::uint
                        std::uint32_t(s.seed), std::uint32_t(s.seed >> 32));
 }
 
+/// The Philox counter of group q, for the batched form below.
+__device__ __forceinline__ uint4 group_counter(const DropoutPlacement& s, std::uint64_t q) {
+  return make_uint4(std::uint32_t(q), std::uint32_t(q >> 32), s.step, s.stream);
+}
+
+/// group_bits of N groups as one batch (philox4x32_10_batch): c[i] =
+/// group_counter(s, q_i) in, the words of group q_i out.
+template <int N>
+__device__ __forceinline__ void group_bits(const DropoutPlacement& s, uint4 (&c)[N]) {
+  philox4x32_10_batch(c, std::uint32_t(s.seed), std::uint32_t(s.seed >> 32));
+}
+
 /// Word j of r (j a constant after unrolling: no select left).
 __device__ __forceinline__ std::uint32_t word(const uint4& r, int j) {
   return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
