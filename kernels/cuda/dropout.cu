@@ -1,10 +1,10 @@
 // ================================================================= Dropout ==
 //
 // The counter-based dropout of kernels/kokkos/dropout.hpp, bit for bit: one
-// Philox4x32-10 call serves the 4 consecutive global indices 4q .. 4q + 3,
+// Philox4x32-10 call serves the 8 consecutive global indices 8q .. 8q + 7,
 //   key     = {seed lo32, seed hi32}
-//   counter = {q lo32, q hi32, step, stream}        q = global index >> 2
-//   keep    = (word (global index & 3) >> 8) * 2^-24 >= p
+//   counter = {q lo32, q hi32, step, stream}        q = global index >> 3
+//   keep    = (half-word (global index & 7)) * 2^-16 >= p
 // and the global index of local (a, b, c) in the view [A, B, C] placed at
 // (a_off, b_off, c_off) inside [*, B_global, C_global] is
 //   ((a + a_off) B_global + (b + b_off)) C_global + (c + c_off).
@@ -13,18 +13,18 @@
 //
 // Speed. The generator (10 rounds of 32x32-bit multiplies) bounded the
 // kernel when every element ran its own call; now the grouped kernel gives
-// each thread aligned groups of 4 consecutive elements and makes ONE call
+// each thread aligned groups of 8 consecutive elements and makes ONE call
 // per group. It applies when the groups of the local view are groups of
-// the global index: C, c_offset and C_global multiples of 4 (then the
-// global index of local element 4m is a multiple of 4 and 4m .. 4m + 3
+// the global index: C, c_offset and C_global multiples of 8 (then the
+// global index of local element 8m is a multiple of 8 and 8m .. 8m + 7
 // share its row), in and out 16-byte aligned: the transformer's dropouts
-// (rows of H, or H / tp, features) are whenever those are multiples of 4
+// (rows of H, or H / tp, features) are whenever those are multiples of 8
 // (every model deck's). Each thread takes
-// two 16-byte packs (8 fp32 or 16 bf16: 2 or 4 Philox chains, independent,
+// two 16-byte packs (8 fp32 or 16 bf16: 1 or 2 Philox calls, independent,
 // which the compiler interleaves), computes the groups' counters first
 // (division once per chunk, then carries as below) and then the calls.
 // Other placements keep the per-element kernels below, which call the
-// generator once per element and take the element's word.
+// generator once per element and take the element's half-word.
 // What the per-element packed kernel removes is everything around it:
 //   - one 16-byte load and store per thread per pack (4 fp32 / 8 bf16)
 //     instead of 2- or 4-byte accesses;
@@ -153,8 +153,8 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
 /// Packs per thread of the grouped kernel.
 constexpr int kGroupedPacks = 2;
 
-/// One Philox call per aligned group of 4 (see the header: C, c_offset,
-/// C_global multiples of 4, in and out 16-byte aligned). Thread chunks of
+/// One Philox call per aligned group of 8 (see the header: C, c_offset,
+/// C_global multiples of 8, in and out 16-byte aligned). Thread chunks of
 /// E = kGroupedPacks packs; the n % E tail (whole groups) in block 0.
 template <class T, class I>
 __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t threshold,
@@ -162,7 +162,7 @@ __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t thre
                                        T* out) {
   start_after_prior_grid();
   const DropoutPlacement s = resolved(site);
-  constexpr int E = kGroupedPacks * kPack<T>, G = E / 4;
+  constexpr int E = kGroupedPacks * kPack<T>, G = E / kGroup;
   const I sc = I(s.c), sb = I(s.b);
   const kindex chunks = n / E;
   GRID_STRIDE(k, chunks) {
@@ -181,9 +181,9 @@ __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t thre
     std::uint64_t q[G];  // the counters first: the G calls are then independent
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      q[g] = std::uint64_t(row + kindex(c)) >> 2;
-      c += 4;
-      if (c == sc) {  // C % 4 == 0: a group never straddles a row
+      q[g] = group_of(std::uint64_t(row + kindex(c)));
+      c += kGroup;
+      if (c == sc) {  // C % 8 == 0: a group never straddles a row
         c = 0;
         if (++b == sb) {
           b = 0;
@@ -197,10 +197,10 @@ __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t thre
     for (int g = 0; g < G; ++g) r[g] = group_bits(s, q[g]);
     Pack<T> pout[kGroupedPacks];
 #pragma unroll
-    for (int e = 0; e < E; ++e) {  // element e of the chunk: group e / 4, word e % 4
+    for (int e = 0; e < E; ++e) {  // element e of the chunk: group e / 8, half-word e % 8
       const float v = to_f(pin[e / kPack<T>].v[e % kPack<T>]);
-      pout[e / kPack<T>].v[e % kPack<T>] =
-          from_f<T>(keep_word(word(r[e / 4], e % 4), threshold) ? v * keep_scale : 0.f);
+      pout[e / kPack<T>].v[e % kPack<T>] = from_f<T>(
+          keep_half(half_word(r[e / kGroup], e % kGroup), threshold) ? v * keep_scale : 0.f);
     }
 #pragma unroll
     for (int u = 0; u < kGroupedPacks; ++u) {
@@ -209,15 +209,16 @@ __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t thre
     }
   }
   if (blockIdx.x == 0)
-    for (kindex f = chunks * E + kindex(threadIdx.x) * 4; f < n; f += kindex(blockDim.x) * 4) {
+    for (kindex f = chunks * E + kindex(threadIdx.x) * kGroup; f < n;
+         f += kindex(blockDim.x) * kGroup) {
       const I li = I(f);
       const I c = li % sc, ab = li / sc, b = ab % sb, a = ab / sb;
-      const uint4 r = group_bits(s, global_index(s, kindex(a), kindex(b), kindex(c)) >> 2);
+      const uint4 r = group_bits(s, group_of(global_index(s, kindex(a), kindex(b), kindex(c))));
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < kGroup; ++j)
         store_f(out, f + j,
                 plus_residual(residual, f + j,
-                              from_f<T>(keep_word(word(r, j), threshold)
+                              from_f<T>(keep_half(half_word(r, j), threshold)
                                             ? load_f(in, f + j) * keep_scale
                                             : 0.f)));
     }
@@ -225,9 +226,9 @@ __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t thre
 
 constexpr int kThreads = 256;
 
-/// Whether local groups of 4 are global groups (see dropout_grouped_kernel).
+/// Whether local groups of 8 are global groups (see dropout_grouped_kernel).
 bool groups_align(const DropoutPlacement& s) {
-  return s.c % 4 == 0 && s.c_offset % 4 == 0 && s.c_global % 4 == 0;
+  return s.c % kGroup == 0 && s.c_offset % kGroup == 0 && s.c_global % kGroup == 0;
 }
 
 template <class T, class I>

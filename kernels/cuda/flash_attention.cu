@@ -306,26 +306,26 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
 // local head) is kept with the unfused path's decision: the probabilities
 // [B, S, S] are the dropout site's view [b, heads, S*S], so P_ij has the
 // global index base(bh) + i S + j, base(bh) = ((sample + a_offset) b_global
-// + head + b_offset) S^2, and one Philox call decides the 4 keys j = 4u ..
-// 4u + 3 of a query i (philox.cuh). The forward multiplies P by keep / (1 -
+// + head + b_offset) S^2, and one Philox call decides the 8 keys j = 8u ..
+// 8u + 7 of a query i (philox.cuh). The forward multiplies P by keep / (1 -
 // p) after the row sums (lse stays the undropped softmax's); the backward
 // uses dV += (P o Z)^T dO and dS = P o (Z o dP - delta), delta = dO . O with
 // the dropped O.
 //
-// Where S % 4 == 0 the groups of 4 keys are aligned in every m16n8 tile (its
-// columns start at multiples of 8, its rows at multiples of 16, base(bh) is
-// a multiple of 4), and each lane makes ONE Philox call per tile for its 4
-// elements: the lanes that share a group take one group each and trade the
-// decisions by shuffles. Otherwise each element makes its own call. The
-// forward draws an m-tile's calls of a key block as one batch, the rounds
-// outermost (philox4x32_10_batch): 8 (D = 64) or 16 independent chains side
-// by side, whose multiplies hide each other's latency (H100, session 26:
+// Where S % 8 == 0 a group of 8 keys is one row of an m16n8 tile (its
+// columns start at multiples of 8, base(bh) is a multiple of 8), and a
+// tile's 16 rows take 16 Philox calls: the lanes that share a group take
+// one group each and trade the decisions by shuffles. Otherwise each
+// element makes its own call. The forward draws an m-tile's calls of a key
+// block as one batch, the rounds outermost (philox4x32_10_batch): 4 (D =
+// 64) or 8 independent chains side by side, whose multiplies hide each
+// other's latency (H100, session 26, with 4 keys per call:
 // forward with dropout 0.193-0.198 -> 0.176-0.179 ms at D = 64, 0.374-0.378
 // -> 0.336 ms at D = 128; the 10 serial rounds, not issue slots or memory,
 // bounded it).
 //
 // Where the caller gives a keep_bits buffer (the model does), the mask is
-// drawn once per step and all three passes read it (kReadMask): for S % 4
+// drawn once per step and all three passes read it (kReadMask): for S % 8
 // == 0 by its own kernel ahead of the forward (draw_attention_mask_kernel:
 // the Philox calls at full occupancy instead of between the forward's
 // GEMMs; H100, session 27: forward with dropout 0.177-0.181 -> 0.166-0.167
@@ -373,7 +373,7 @@ struct EntryDropout {
   __device__ std::uint32_t stored(kindex query, kindex word) const {
     return query < S ? keep_bits[query * words + word] : 0u;
   }
-  __device__ bool grouped() const { return S % 4 == 0; }
+  __device__ bool grouped() const { return S % philox::kGroup == 0; }
   __device__ std::uint64_t index(kindex query, kindex key) const {
     return base + std::uint64_t(query * S + key);
   }
@@ -398,77 +398,96 @@ __device__ __forceinline__ float kept(float x, unsigned bits, int e) {
   return (bits >> e) & 1u ? x : 0.f;
 }
 
-/// A lane pair's trade (grouped tiles, see keep_bits_query_rows): `own` is
-/// this lane's group of 4 decisions (lane 2u: row g, lane 2u + 1: row
-/// g + 8); even lanes hold words 0, 1 (columns 4u, 4u + 1), odd lanes words
-/// 2, 3. Returns the lane's 4 element bits. Warp-uniform call (a shuffle).
-__device__ __forceinline__ unsigned traded_halves(unsigned own, int lane) {
-  const bool odd = lane & 1;
-  const unsigned got = __shfl_xor_sync(0xffffffffu, odd ? own & 3u : own >> 2, 1);
-  return odd ? got | (own & 12u) : (own & 3u) | (got << 2);
+/// A quad's trade (grouped tiles, see keep_bits_query_rows): lane t of the
+/// quad drew `own`, the group (8 decisions) of row g + 8 (t & 1) of tile
+/// t >> 1 of a pair of tiles; after two shuffles every lane holds all four
+/// groups, lane t's in byte t. Warp-uniform call (shuffles).
+__device__ __forceinline__ std::uint32_t quad_groups(unsigned own, int lane) {
+  std::uint32_t x = own << (8 * (lane % 4));
+  x |= __shfl_xor_sync(0xffffffffu, x, 1);
+  x |= __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
 }
 
-/// Keep bits (bit e: accumulator element e) of the m16n8 tile whose row r,
-/// column c is query row0 + r, key col0 + c (forward and dQ). Grouped:
-/// lanes t = 2u and 2u + 1 hold keys col0 + 4u .. 4u + 3 of rows g and
-/// g + 8; lane 2u draws row g's group, lane 2u + 1 row g + 8's, and each
-/// hands the other the half it needs. Warp-uniform call (shuffles).
-__device__ __forceinline__ unsigned keep_bits_query_rows(const EntryDropout& d, kindex row0,
-                                                         kindex col0, int lane) {
-  const int g = lane / 4, t = lane % 4;
-  if (!d.grouped())
-    return d.bits_per_element([&](int e) { return row0 + elem_row(lane, e); },
-                              [&](int e) { return col0 + elem_col(lane, 0, e); });
-  const bool odd = t & 1;
-  const kindex row = row0 + g + (odd ? 8 : 0), col = col0 + 4 * (t >> 1);
-  return traded_halves(
-      philox::keep_bits(philox::group_bits(d.site, d.index(row, col) >> 2), d.threshold), lane);
+/// The lane's 4 element bits (keys 2t, 2t + 1 of rows g and g + 8) of tile
+/// `tile` (0 or 1) of the pair, from quad_groups' bytes.
+__device__ __forceinline__ unsigned tile_of_quad(std::uint32_t groups, int tile, int lane) {
+  const int shift = 16 * tile + 2 * (lane % 4);
+  return ((groups >> shift) & 3u) | (((groups >> (shift + 8)) & 3u) << 2);
 }
 
-/// keep_bits_query_rows of the N tiles (row0, col0 + 8 nb), nb < N, of one
-/// m-tile; grouped, the N Philox calls run as one batch (philox4x32_10_batch).
+/// Keep bits (bit e: accumulator element e) of the N m16n8 tiles (N even)
+/// whose row r, column c is query row0 + r, key col0 + 8 nb + c (forward and
+/// dQ). Grouped: the quad of lanes g holds keys 8 nb + 2t, 2t + 1 of rows g
+/// and g + 8, one group per row and tile; of each pair of tiles (2m, 2m +
+/// 1), lane t draws row g + 8 (t & 1) of tile 2m + (t >> 1) (the N / 2 calls
+/// as one batch: philox4x32_10_batch) and quad_groups trades them.
+/// Warp-uniform call (shuffles).
 template <int N>
 __device__ __forceinline__ void keep_bits_query_rows(const EntryDropout& d, kindex row0,
                                                      kindex col0, int lane, unsigned (&bits)[N]) {
+  static_assert(N % 2 == 0, "tiles are drawn in pairs");
   if (!d.grouped()) {
 #pragma unroll
-    for (int nb = 0; nb < N; ++nb) bits[nb] = keep_bits_query_rows(d, row0, col0 + 8 * nb, lane);
+    for (int nb = 0; nb < N; ++nb)
+      bits[nb] = d.bits_per_element([&](int e) { return row0 + elem_row(lane, e); },
+                                    [&](int e) { return col0 + elem_col(lane, nb, e); });
     return;
   }
   const int g = lane / 4, t = lane % 4;
-  const kindex row = row0 + g + ((t & 1) ? 8 : 0), col = col0 + 4 * (t >> 1);
-  uint4 c[N];
+  const kindex row = row0 + g + ((t & 1) ? 8 : 0), col = col0 + 8 * (t >> 1);
+  uint4 c[N / 2];
 #pragma unroll
-  for (int nb = 0; nb < N; ++nb)
-    c[nb] = philox::group_counter(d.site, d.index(row, col + 8 * nb) >> 2);
+  for (int m = 0; m < N / 2; ++m)
+    c[m] = philox::group_counter(d.site, philox::group_of(d.index(row, col + 16 * m)));
   philox::group_bits(d.site, c);
 #pragma unroll
-  for (int nb = 0; nb < N; ++nb)
-    bits[nb] = traded_halves(philox::keep_bits(c[nb], d.threshold), lane);
+  for (int m = 0; m < N / 2; ++m) {
+    const std::uint32_t groups = quad_groups(philox::keep_bits(c[m], d.threshold), lane);
+    bits[2 * m] = tile_of_quad(groups, 0, lane);
+    bits[2 * m + 1] = tile_of_quad(groups, 1, lane);
+  }
 }
 
-/// Keep bits of the m16n8 tile whose row r, column c is key row0 + r, query
-/// col0 + c (dK/dV: P^T). Grouped: the four lanes g = 4u + r (r = 0..3, same
-/// t) hold keys row0 + 4u + r and + 8 at queries col0 + 2t and + 1, i.e.
-/// word r of the four groups (h, c) = keys row0 + 4u + 8h .. + 3 at query
-/// col0 + 2t + c; lane r draws group e = 2h + c = r, and the four transpose
-/// their decisions. Warp-uniform call (shuffles).
-__device__ __forceinline__ unsigned keep_bits_key_rows(const EntryDropout& d, kindex row0,
-                                                       kindex col0, int lane) {
+/// Keep bits of the N m16n8 tiles (N even) whose row r, column c is key
+/// row0 + r, query col0 + 8 nb + c (dK/dV: P^T). Grouped: the eight lanes g
+/// (same t) hold keys row0 + g and + 8 at queries 8 nb + 2t and + 1, i.e.
+/// bit g of the four groups (h, c) = keys row0 + 8h .. + 7 at query col0 +
+/// 8 nb + 2t + c; of each pair of tiles (2m, 2m + 1), lane g draws group
+/// e = 2h + c = g % 4 of tile 2m + g / 4 (the N / 2 calls as one batch), and
+/// each lane takes bit g of its groups from the lanes that drew them.
+/// Warp-uniform call (shuffles).
+template <int N>
+__device__ __forceinline__ void keep_bits_key_rows(const EntryDropout& d, kindex row0, kindex col0,
+                                                   int lane, unsigned (&bits)[N]) {
+  static_assert(N % 2 == 0, "tiles are drawn in pairs");
   const int g = lane / 4, t = lane % 4, r = g % 4;
-  if (!d.grouped())
-    return d.bits_per_element([&](int e) { return col0 + elem_col(lane, 0, e); },
-                              [&](int e) { return row0 + elem_row(lane, e); });
-  const kindex key = row0 + (g - r) + 8 * (r >> 1), query = col0 + 2 * t + (r & 1);
-  const unsigned own =
-      philox::keep_bits(philox::group_bits(d.site, d.index(query, key) >> 2), d.threshold);
-  unsigned bits = 0;
+  if (!d.grouped()) {
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {  // group e's word r, from the lane that drew it
-    const unsigned theirs = __shfl_sync(0xffffffffu, own, (lane & ~12) | (e << 2));
-    bits |= ((theirs >> r) & 1u) << e;
+    for (int nb = 0; nb < N; ++nb)
+      bits[nb] = d.bits_per_element([&](int e) { return col0 + elem_col(lane, nb, e); },
+                                    [&](int e) { return row0 + elem_row(lane, e); });
+    return;
   }
-  return bits;
+  const kindex key = row0 + 8 * (r >> 1), query = col0 + 8 * (g / 4) + 2 * t + (r & 1);
+  uint4 c[N / 2];
+#pragma unroll
+  for (int m = 0; m < N / 2; ++m)
+    c[m] = philox::group_counter(d.site, philox::group_of(d.index(query + 16 * m, key)));
+  philox::group_bits(d.site, c);
+#pragma unroll
+  for (int m = 0; m < N / 2; ++m) {
+    const unsigned own = philox::keep_bits(c[m], d.threshold);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      bits[2 * m + j] = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {  // bit g of tile 2m + j's group e, from lane g' = 4j + e
+        const unsigned theirs = __shfl_sync(0xffffffffu, own, ((4 * j + e) << 2) | t);
+        bits[2 * m + j] |= ((theirs >> g) & 1u) << e;
+      }
+    }
+  }
 }
 
 // The stored mask (the forward's decisions, read by both backward passes
@@ -740,7 +759,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 /// serial Philox rounds leave the forward latency-bound at the few warps its
 /// registers allow; here nothing else holds registers, so the SMs fill with
 /// warps and the draws run at the integer units' throughput. One thread per
-/// word (keys 32w .. 32w + 31 of query row i; its eight group calls as one
+/// word (keys 32w .. 32w + 31 of query row i; its four group calls as one
 /// batch), every word through the end of the row's 128-key block: all the
 /// words the tilings in use read (key blocks of 64 or 128). Only the bits
 /// of visible keys (key <= i) matter: a pass that reads a word past them
@@ -748,7 +767,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 /// only through word i / 32 would be correct too (~8 % fewer calls at S =
 /// 1024; not measured). The words of all entries are numbered in one range
 /// so that every thread has the same work (rows further down have more
-/// words). Grouped entries only (S % 4 == 0); the bits of
+/// words). Grouped entries only (S % 8 == 0); the bits of
 /// keep_bits_query_rows.
 constexpr int kMaskRows = 128;
 
@@ -774,14 +793,17 @@ __global__ void __launch_bounds__(256)
   const std::uint32_t per_row = std::uint32_t(min(drop.words, kindex(b + 1) * (kMaskRows / 32)));
   const kindex row = kindex(b) * kMaskRows + r / per_row, w = r % per_row;
   const EntryDropout d(drop, blockIdx.y, S);
-  uint4 calls[8];
+  constexpr int kCalls = 32 / philox::kGroup;
+  uint4 calls[kCalls];
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-    calls[j] = philox::group_counter(d.site, d.index(row, 32 * w + 4 * j) >> 2);
+  for (int j = 0; j < kCalls; ++j)
+    calls[j] = philox::group_counter(d.site,
+                                     philox::group_of(d.index(row, 32 * w + philox::kGroup * j)));
   philox::group_bits(d.site, calls);
   std::uint32_t word = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) word |= philox::keep_bits(calls[j], d.threshold) << (4 * j);
+  for (int j = 0; j < kCalls; ++j)
+    word |= philox::keep_bits(calls[j], d.threshold) << (philox::kGroup * j);
   d.keep_bits[row * d.words + w] = word;
 }
 
@@ -934,7 +956,11 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
 #pragma unroll
           for (int nb = 0; nb < kBr / 8; ++nb) {
             if constexpr (kDrop == kDrawMask)
-              keep[mi][nb] = keep_bits_key_rows(dropout, key_lo + mi * 16, q0 + nb * 8, lane);
+              if (nb % 2 == 0) {  // a pair of tiles per call (keep_bits_key_rows)
+                unsigned pair[2];
+                keep_bits_key_rows(dropout, key_lo + mi * 16, q0 + nb * 8, lane, pair);
+                keep[mi][nb] = pair[0], keep[mi][nb + 1] = pair[1];
+              }
 #pragma unroll
             for (int e = 0; e < 4; ++e)  // unscaled: dV's store applies the keep scale
               ptz[mi][nb][e] = kept(pt[mi][nb][e], keep[mi][nb], e);
@@ -1057,13 +1083,16 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
         mma_rabt<T, M, kBc, D>(dp, dof, sVs, kLd, lane);
       else
         mma_abt<T, M, kBc, D>(dp, sdOw, kLd, sVs, kLd, lane);  // dP = dO V^T
+      unsigned drawn[2] = {};  // kDrawMask: the keep bits of tiles nb, nb + 1 (nb even)
 #pragma unroll
       for (int mi = 0; mi < M; ++mi)
 #pragma unroll
         for (int nb = 0; nb < kBc / 8; ++nb) {
           unsigned keep = 0;
-          if constexpr (kDrop == kDrawMask)
-            keep = keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane);
+          if constexpr (kDrop == kDrawMask) {  // a pair of tiles per call
+            if (nb % 2 == 0) keep_bits_query_rows(dropout, row_lo + mi * 16, k0 + nb * 8, lane, drawn);
+            keep = drawn[nb % 2];
+          }
           if constexpr (kDrop == kReadMask) keep = row_tile_bits<M, kBc>(stored, mi, nb, lane);
 #pragma unroll
           for (int e = 0; e < 4; ++e)  // dS / scale
@@ -1238,7 +1267,7 @@ void forward(DType t, const FlashArgs& a, index_t D) {
   with_flash_types(t, D, "fused_attention_forward", [&](auto zero, auto dim) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
-    if (a.dropout && a.drop.keep_bits != nullptr && a.S % 4 == 0) {
+    if (a.dropout && a.drop.keep_bits != nullptr && a.S % philox::kGroup == 0) {
       launch_draw_mask(a);
       launch_forward<T, FwdReadMaskTiling<kD>, kReadMask>(a);
     } else if (a.dropout) {

@@ -3,10 +3,11 @@
 // The counter-based dropout decision of kernels/kokkos/dropout.hpp on the
 // GPU, shared by the dropout kernels (dropout.cu) and the attention dropout
 // inside the fused attention kernels (flash_attention.cu): one
-// Philox4x32-10 call serves the 4 consecutive global indices 4q .. 4q + 3,
+// Philox4x32-10 call serves the 8 consecutive global indices 8q .. 8q + 7,
 //   key     = {seed lo32, seed hi32}
-//   counter = {q lo32, q hi32, step, stream}        q = global index >> 2
-//   keep    = (word (global index & 3) >> 8) * 2^-24 >= p
+//   counter = {q lo32, q hi32, step, stream}        q = global index >> 3
+//   keep    = (half-word (global index & 7)) * 2^-16 >= p
+// half-word j being bits 16 (j & 1) .. + 15 of output word j >> 1.
 // The Kokkos header cannot be shared (its functions are host-only in the
 // Serial build), so the generator is restated here with the same constants;
 // tests/gpu checks the masks against the host's, element by element.
@@ -75,7 +76,14 @@ __device__ __forceinline__ DropoutPlacement resolved(DropoutPlacement s) {
   return s;
 }
 
-/// The four words of group q (global indices 4q .. 4q + 3).
+/// Indices per call (kernels/kokkos/dropout.hpp's kDropoutGroup).
+constexpr int kGroup = 8;
+
+/// The call's group of a global index, and the index's half-word in it.
+__device__ __forceinline__ std::uint64_t group_of(std::uint64_t index) { return index >> 3; }
+__device__ __forceinline__ int half_of(std::uint64_t index) { return int(index & 7u); }
+
+/// The four words of group q (global indices 8q .. 8q + 7).
 __device__ __forceinline__ uint4 group_bits(const DropoutPlacement& s, std::uint64_t q) {
   return philox4x32_10(std::uint32_t(q), std::uint32_t(q >> 32), s.step, s.stream,
                        std::uint32_t(s.seed), std::uint32_t(s.seed >> 32));
@@ -98,25 +106,33 @@ __device__ __forceinline__ std::uint32_t word(const uint4& r, int j) {
   return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
 }
 
-/// keep iff (w >> 8) 2^-24 >= p, i.e. iff (w >> 8) >= ceil(p 2^24): the
-/// same decision in integers (p 2^24 is exact in double), computed once.
-__device__ __forceinline__ bool keep_word(std::uint32_t w, std::uint32_t threshold) {
-  return (w >> 8) >= threshold;
+/// keep iff half-word h (16 bits, as an integer) has h 2^-16 >= p, i.e. iff
+/// h >= ceil(p 2^16): the same decision in integers (p 2^16 is exact in
+/// double), computed once per launch.
+__device__ __forceinline__ bool keep_half(std::uint32_t half, std::uint32_t threshold) {
+  return half >= threshold;
 }
 
-/// The integer threshold of keep_word for p in [0, 1) (<= 2^24).
-inline std::uint32_t keep_threshold(double p) { return std::uint32_t(std::ceil(p * 16777216.0)); }
+/// The integer threshold of keep_half for p in [0, 1) (<= 2^16).
+inline std::uint32_t keep_threshold(double p) { return std::uint32_t(std::ceil(p * 65536.0)); }
 
-/// Decision of one element on its own: its group's call, its word.
+/// Half-word j of r (a select chain where j is not a constant).
+__device__ __forceinline__ std::uint32_t half_word(const uint4& r, int j) {
+  return (j & 1) ? word(r, j >> 1) >> 16 : word(r, j >> 1) & 0xffffu;
+}
+
+/// Decision of one element on its own: its group's call, its half-word.
 __device__ __forceinline__ bool keep_element(const DropoutPlacement& s, std::uint64_t index,
                                              std::uint32_t threshold) {
-  return keep_word(word(group_bits(s, index >> 2), int(index & 3u)), threshold);
+  return keep_half(half_word(group_bits(s, group_of(index)), half_of(index)), threshold);
 }
 
-/// Bit j set iff word j of r is kept: the decisions of a whole group.
+/// Bit j set iff half-word j of r is kept: the 8 decisions of a whole group.
 __device__ __forceinline__ unsigned keep_bits(const uint4& r, std::uint32_t threshold) {
-  return unsigned(keep_word(r.x, threshold)) | unsigned(keep_word(r.y, threshold)) << 1 |
-         unsigned(keep_word(r.z, threshold)) << 2 | unsigned(keep_word(r.w, threshold)) << 3;
+  unsigned bits = 0;
+#pragma unroll
+  for (int j = 0; j < kGroup; ++j) bits |= unsigned(keep_half(half_word(r, j), threshold)) << j;
+  return bits;
 }
 
 }  // namespace meshtron::cuda::philox

@@ -14,18 +14,24 @@
 // with M0 = 0xD2511F53, M1 = 0xCD9E8D57, and the key bumped between rounds
 // by the Weyl constants k0 += 0x9E3779B9, k1 += 0xBB67AE85.
 //
-// meshtron's use: one Philox call serves the 4 consecutive global indices
-// 4q .. 4q + 3 (q = index >> 2), each taking its own output word:
+// meshtron's use: one Philox call serves the 8 consecutive global indices
+// 8q .. 8q + 7 (q = index >> 3), each taking its own 16-bit half of an
+// output word:
 //   key     = {seed lo32, seed hi32}
-//   counter = {q lo32, q hi32, step, stream}          q = index >> 2
-//   u       = (output word (index & 3) >> 8) * 2^-24   (24 bits -> [0, 1))
+//   counter = {q lo32, q hi32, step, stream}          q = index >> 3
+//   h       = half (index & 1) of output word ((index >> 1) & 3)
+//             (half 0: bits 0..15, half 1: bits 16..31)
+//   u       = h * 2^-16                                (16 bits -> [0, 1))
 //   keep    = u >= p
 //   y       = x * keep / (1 - p)
 // The decision is still a function of the global index alone (the group
-// and the word are both derived from it), so any split of the tensor gives
-// the same mask; a GPU thread that owns 4 aligned consecutive elements
-// generates their 4 decisions with one call instead of 4 (the generator,
-// not memory, bounded the kernel when every element ran its own call).
+// and the half-word are both derived from it), so any split of the tensor
+// gives the same mask; a GPU thread that owns 8 aligned consecutive elements
+// generates their 8 decisions with one call instead of 8 (the generator,
+// not memory, bounds the attention mask's kernel). 16 bits per decision
+// quantise p to a multiple of 2^-16 (0.1 -> 6554 / 65536 = 0.1000061), as
+// FlashAttention's 8-bit decisions quantise it to 2^-8; until session 28
+// one call served 4 indices with 24 bits each (every mask changed then).
 // The tensor is viewed as [A, B, C] placed at (a_off, b_off, c_off) inside a
 // global [*, B_global, C_global] tensor; the global index of local (a, b, c) is
 //   ((a + a_off) * B_global + (b + b_off)) * C_global + (c + c_off).
@@ -68,13 +74,21 @@ KOKKOS_INLINE_FUNCTION Philox4x32Block philox4x32_10(Philox4x32Block counter, st
   return counter;
 }
 
-/// The top 24 bits of a word as a uniform float in [0, 1) (exact in float).
-KOKKOS_INLINE_FUNCTION double uniform_from_bits(std::uint32_t bits) {
-  return double(bits >> 8) * (1.0 / 16777216.0);
+/// Indices per Philox call (see the file comment).
+inline constexpr int kDropoutGroup = 8;
+
+/// Half-word j (0..7) of a call's output: j & 1 picks the half of word j >> 1.
+KOKKOS_INLINE_FUNCTION std::uint32_t half_word(const Philox4x32Block& r, unsigned j) {
+  return (r.w[(j >> 1) & 3u] >> (16u * (j & 1u))) & 0xffffu;
 }
 
-/// Random bits of the group of 4 global indices 4 q .. 4 q + 3 (see the file
-/// comment): word j belongs to index 4 q + j.
+/// A 16-bit half-word as a uniform number in [0, 1) (exact).
+KOKKOS_INLINE_FUNCTION double uniform_from_half(std::uint32_t half) {
+  return double(half) * (1.0 / 65536.0);
+}
+
+/// Random bits of the group of 8 global indices 8 q .. 8 q + 7 (see the file
+/// comment): half_word j belongs to index 8 q + j.
 KOKKOS_INLINE_FUNCTION Philox4x32Block dropout_bits(std::uint64_t seed, std::uint32_t step,
                                                     std::uint32_t stream, std::uint64_t q) {
   const Philox4x32Block counter{{std::uint32_t(q), std::uint32_t(q >> 32), step, stream}};
@@ -84,8 +98,8 @@ KOKKOS_INLINE_FUNCTION Philox4x32Block dropout_bits(std::uint64_t seed, std::uin
 /// Keep decision of one element (see the file comment).
 KOKKOS_INLINE_FUNCTION bool dropout_keep(std::uint64_t seed, std::uint32_t step,
                                          std::uint32_t stream, std::uint64_t index, double p) {
-  const Philox4x32Block r = dropout_bits(seed, step, stream, index >> 2);
-  return uniform_from_bits(r.w[index & 3u]) >= p;
+  const Philox4x32Block r = dropout_bits(seed, step, stream, index >> 3);
+  return uniform_from_half(half_word(r, unsigned(index & 7u))) >= p;
 }
 
 // ------------------------------------------------------------ the kernel ---

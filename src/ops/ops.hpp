@@ -67,9 +67,10 @@ void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs,
 /// mask of every element depends on its global position, never on the rank.
 /// The tensor is viewed as [A, B, C] (A * B * C = numel); element (a, b, c)
 /// has global linear index ((a + a_offset) * b_global + (b + b_offset))
-/// * c_global + (c + c_offset). It is kept iff (w >> 8) * 2^-24 >= p, where w
-/// is word (index & 3) of Philox4x32-10(key = seed, counter = {q lo, q hi,
-/// step, stream}), q = index >> 2: one call serves 4 consecutive indices.
+/// * c_global + (c + c_offset). It is kept iff h * 2^-16 >= p, where h is
+/// 16-bit half (index & 1) of word ((index >> 1) & 3) of Philox4x32-10(key =
+/// seed, counter = {q lo, q hi, step, stream}), q = index >> 3: one call
+/// serves 8 consecutive indices (kernels/kokkos/dropout.hpp).
 struct DropoutSite {
   std::uint64_t seed = 0;
   std::uint32_t step = 0;    ///< training iteration

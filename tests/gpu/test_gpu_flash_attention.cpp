@@ -17,14 +17,15 @@
 //  * fused on an fp32 GPU model (unsupported) is a UserError.
 //  * attention dropout (p = 0.2) inside the kernels: out, dq, dk, dv against
 //    the host op with the same dropout site (the unfused path's mask) in
-//    fp64, within 1e-2, at S = 1 and 17 (one Philox call per element) and
-//    S = 128, 300, 1000, 1024 (one call per group of 4, shared by lanes),
+//    fp64, within 1e-2, at S = 1, 17 and 300 (S % 8 != 0: one Philox call
+//    per element) and S = 128, 256, 1000, 1024 (one call per group of 8
+//    keys, shared by lanes),
 //    on a site placed at a sample and head offset inside more heads (as
 //    under dp and tp); the dropped output is far from the undropped one. The
 //    token-major entry points with dropout equal split + head-major + merge
 //    bitwise, read from live device words (CUDA graphs) they equal the
 //    plain step and offset, and the op's dispatcher runs them (not cuDNN).
-//    With a keep_bits buffer the mask is drawn once (at S % 4 == 0 by its
+//    With a keep_bits buffer the mask is drawn once (at S % 8 == 0 by its
 //    own kernel ahead of the forward, else by the forward) and read by every
 //    pass: forward and backward give the bits of the kernels that draw it
 //    in each pass.
@@ -213,7 +214,7 @@ void check_dropout_case(const DropoutCase& c, double p, std::uint64_t seed) {
   EXPECT_EQ(gk2.to_doubles(), gk.to_doubles()) << what;
   EXPECT_EQ(gv2.to_doubles(), gv.to_doubles()) << what;
 
-  // The mask drawn once into keep_bits (by its own kernel where S % 4 == 0,
+  // The mask drawn once into keep_bits (by its own kernel where S % 8 == 0,
   // else by the forward) and read by the passes instead of drawn in each:
   // the same decisions, so the same bits.
   ops::AttentionDropout stored = dropout;

@@ -685,23 +685,24 @@ TEST_F(GpuOps, DropoutPackedAndUnalignedPathsGiveTheHostMask) {
     }
 }
 
-// kernels/cuda/dropout.cu makes one Philox call per aligned group of 4
+// kernels/cuda/dropout.cu makes one Philox call per aligned group of 8
 // global indices (grouped kernel) when C, c_offset and C_global are
-// multiples of 4; otherwise the per-element kernels take their word of the
-// group's call. Placements on both sides of that line, including rows of
-// 4 (a thread's chunk spans several rows: carries between groups), odd
+// multiples of 8; otherwise the per-element kernels take their half-word of
+// the group's call. Placements on both sides of that line, including rows
+// of 8 (a bf16 thread's chunk spans two rows: carries between groups), odd
 // lengths that leave a tail for block 0, and offsets in every axis.
 TEST_F(GpuOps, DropoutGroupedAndPerElementPlacementsGiveTheHostMask) {
   struct Placement {
     index_t A, B, C, a_off, b_off, c_off, B_global, C_global;
   };
   const Placement placements[] = {
-      {3, 5, 4, 1, 2, 8, 9, 16},       // grouped, 4-wide rows
-      {1, 37, 132, 0, 3, 4, 41, 1000},  // grouped, chunk tail (37 * 132 % 16 != 0)
-      {2, 7, 12, 5, 0, 0, 7, 12},       // grouped, whole rows
-      {2, 7, 132, 0, 0, 2, 7, 140},     // c_offset % 4 != 0: per element
-      {2, 7, 130, 0, 0, 4, 7, 136},     // C % 4 != 0: per element
-      {2, 7, 132, 0, 0, 4, 7, 138}};    // C_global % 4 != 0: per element
+      {3, 5, 8, 1, 2, 8, 9, 16},        // grouped, 8-wide rows
+      {1, 37, 136, 0, 3, 8, 41, 1000},  // grouped, chunk tail (37 * 136 % 16 != 0)
+      {2, 7, 24, 5, 0, 0, 7, 24},       // grouped, whole rows
+      {3, 5, 4, 1, 2, 8, 9, 16},        // C % 8 == 4: per element (grouped before session 28)
+      {2, 7, 136, 0, 0, 4, 7, 144},     // c_offset % 8 != 0: per element
+      {2, 7, 132, 0, 0, 8, 7, 144},     // C % 8 != 0: per element
+      {2, 7, 136, 0, 0, 8, 7, 148}};    // C_global % 8 != 0: per element
   for (DType dt : kDtypes)
     for (const Placement& pl : placements) {
       DropoutSite site;

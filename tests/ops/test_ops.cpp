@@ -921,30 +921,39 @@ TEST(Philox, KnownAnswersFromRandom123) {
 }
 
 TEST(Dropout, KeepDecisionIsPhiloxOfSeedIndexStepStream) {
-  // Index i takes word (i & 3) of the call for counter {i >> 2 lo, hi, step,
-  // stream}: every word position, both halves of the 64-bit group number.
+  // Index i takes half (i & 1) of word ((i >> 1) & 3) of the call for
+  // counter {i >> 3 lo, hi, step, stream}, as 16 bits: every half-word
+  // position, both halves of the 64-bit group number.
   const std::uint64_t seed = 0x123456789abcdef0ull;
-  for (std::uint64_t index : {0ull, 1ull, 2ull, 3ull, 4ull, 77ull, (1ull << 32) + 5,
-                              (1ull << 34) + 6, 0xfedcba9876543213ull})
+  for (std::uint64_t index : {0ull, 1ull, 2ull, 3ull, 4ull, 5ull, 6ull, 7ull, 8ull, 77ull,
+                              (1ull << 32) + 5, (1ull << 35) + 6, 0xfedcba9876543213ull})
     for (double p : {0.1, 0.5, 0.9}) {
-      const std::uint64_t q = index >> 2;
+      const std::uint64_t q = index >> 3;
       const Philox4x32Block r = kernels::philox4x32_10(
           {{std::uint32_t(q), std::uint32_t(q >> 32), 3u, 21u}}, 0x9abcdef0u, 0x12345678u);
-      const double u = double(r.w[index & 3] >> 8) / 16777216.0;
+      const std::uint32_t word = r.w[(index >> 1) & 3];
+      const std::uint32_t half = index & 1 ? word >> 16 : word & 0xffffu;
+      const double u = double(half) / 65536.0;
       EXPECT_EQ(dropout_keep(seed, 3, 21, index, p), u >= p) << "index " << index << " p " << p;
     }
   EXPECT_TRUE(dropout_keep(seed, 3, 21, 42, 0.0)) << "p = 0 keeps everything";
 }
 
-TEST(Dropout, TheFourIndicesOfAGroupGetIndependentDecisions) {
-  // The 4 words of one call are independent: at p = 0.5 the decisions of
-  // index 4q + j and 4q + j' (j != j') disagree on about half of the groups.
+TEST(Dropout, TheEightIndicesOfAGroupGetIndependentDecisions) {
+  // The 8 half-words of one call are independent: at p = 0.5 the decisions
+  // of index 8q + j and 8q + j' (j != j') disagree on about half of the
+  // groups; and at p = 0.1 each position keeps about 90 %.
   const std::uint64_t seed = 99;
-  for (int j = 1; j < 4; ++j) {
+  for (int j = 1; j < 8; ++j) {
     int differ = 0;
     for (std::uint64_t q = 0; q < 4096; ++q)
-      differ += dropout_keep(seed, 1, 2, 4 * q, 0.5) != dropout_keep(seed, 1, 2, 4 * q + j, 0.5);
-    EXPECT_NEAR(differ / 4096.0, 0.5, 0.05) << "word 0 against word " << j;
+      differ += dropout_keep(seed, 1, 2, 8 * q, 0.5) != dropout_keep(seed, 1, 2, 8 * q + j, 0.5);
+    EXPECT_NEAR(differ / 4096.0, 0.5, 0.05) << "half-word 0 against half-word " << j;
+  }
+  for (int j = 0; j < 8; ++j) {
+    int kept = 0;
+    for (std::uint64_t q = 0; q < 8192; ++q) kept += dropout_keep(seed, 1, 2, 8 * q + j, 0.1);
+    EXPECT_NEAR(kept / 8192.0, 0.9, 0.01) << "half-word " << j;
   }
 }
 
