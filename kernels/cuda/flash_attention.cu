@@ -63,6 +63,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/philox.cuh"
+#include "ops/attention_mask_layout.hpp"
 #include "ops/ops_cuda.hpp"
 
 namespace meshtron::cuda {
@@ -763,34 +764,18 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 /// batch), the words w <= i / 32 of row i: those holding its visible keys
 /// (key <= i). A pass that reads a word past them (its key block reaches
 /// beyond the diagonal) applies it only to P = 0, so what those words hold
-/// does not matter. The words of all entries' rows are numbered in one
-/// range so that every thread has the same work: rows 32b .. 32b + 31 have
-/// b + 1 words each, so block b starts at word 16 b (b + 1) and a thread
-/// finds its block by a square root, not a loop (H100, session 28, 124M
-/// shape: 34.5 us, against 45.5 us drawing through the end of each 128-row
-/// block and 62.5 us finding 32-row blocks by a loop). Grouped entries only
-/// (S % 8 == 0); the bits of keep_bits_query_rows.
-constexpr int kMaskRows = 32;
-
-/// Words drawn per entry of S rows: row i draws i / 32 + 1.
-kindex mask_entry_words(kindex S) {
-  kindex n = 0;
-  for (kindex i = 0; i < S; i += kMaskRows)
-    n += (S - i < kMaskRows ? S - i : kMaskRows) * (i / kMaskRows + 1);
-  return n;
-}
-
+/// does not matter. The words of an entry are numbered in one range so that
+/// every thread has the same work, a thread's (row, word) found by a square
+/// root (ops/attention_mask_layout.hpp; H100, session 28, 124M shape: 34.5
+/// us, against 45.5 us drawing through the end of each 128-row block and
+/// 62.5 us finding 32-row blocks by a loop). Grouped entries only (S % 8 ==
+/// 0); the bits of keep_bits_query_rows.
 __global__ void __launch_bounds__(256)
     draw_attention_mask_kernel(FlashDropout drop, kindex S, std::uint32_t entry_words) {
-  std::uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: cheap divisions
+  const std::uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: cheap divisions
   if (r >= entry_words) return;
-  // b = floor((sqrt(1 + r / 4) - 1) / 2), the largest b with 16 b (b + 1)
-  // <= r: the float root, then fixed up in exact integers.
-  std::uint32_t b = std::uint32_t((sqrtf(1.f + float(r) * 0.25f) - 1.f) * 0.5f);
-  while (16 * (b + 1) * (b + 2) <= r) ++b;
-  while (16 * b * (b + 1) > r) --b;
-  r -= 16 * b * (b + 1);  // the word within block b, whose rows have b + 1 words
-  const kindex row = kindex(b) * kMaskRows + r / (b + 1), w = r % (b + 1);
+  const ops::MaskWord at = ops::attention_mask_word(r);
+  const kindex row = at.row, w = at.word;
   const EntryDropout d(drop, blockIdx.y, S);
   constexpr int kCalls = 32 / philox::kGroup;
   uint4 calls[kCalls];
@@ -1221,8 +1206,8 @@ void launch_forward(const FlashArgs& a) {
 }
 
 void launch_draw_mask(const FlashArgs& a) {
-  const kindex entry_words = mask_entry_words(a.S);
-  MESH_VERIFY(entry_words < (kindex(1) << 31),  // the kernel's block search in 32 bits
+  const kindex entry_words = ops::attention_mask_words_drawn(a.S);
+  MESH_VERIFY(entry_words < ops::kMaxMaskWordsDrawn,
               "fused attention: S = " << a.S << " is too long for the dropout mask kernel");
   const dim3 grid(unsigned((entry_words + 255) / 256), unsigned(a.B));
   draw_attention_mask_kernel<<<grid, 256, 0, compute_stream()>>>(a.drop, kindex(a.S),

@@ -16,6 +16,10 @@
 //    dp) equals the same rows of the whole call bit for bit;
 //  * fused_attention_supported's rules, and model.attention_backend's
 //    deck validation;
+//  * the CUDA mask kernel's numbering (ops/attention_mask_layout.hpp): its
+//    words are every visible word (w <= i / 32 of row i) once, in row
+//    order, and its block search is exact at block boundaries up to the
+//    largest count it takes;
 //  * the tiny GPT (head dim 4) trained 3 steps in fp64 with
 //    attention_backend = fused: losses and parameters equal the unfused
 //    run to 1e-10, with attention dropout off and on.
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "../parallel/decomposition.hpp"
+#include "ops/attention_mask_layout.hpp"
 #include "common/error.hpp"
 #include "ops/ops.hpp"
 
@@ -289,6 +294,45 @@ TEST(FusedAttentionHost, TinyGptFusedBackendWithAttentionDropoutEqualsUnfused) {
   // and the dropout was on: not the run without it
   const testing::RunResult plain = train_with("unfused", 0.0);
   EXPECT_GT(std::fabs(plain.losses.back() - unfused.losses.back()), 1e-8);
+}
+
+
+// ------------------------------------------------ the CUDA mask numbering ---
+
+TEST(AttentionMaskLayout, EveryVisibleWordOnceInRowOrder) {
+  for (std::int64_t S : {1, 8, 31, 32, 33, 40, 300, 1000, 1024, 2048, 8200}) {
+    const std::int64_t n = ops::attention_mask_words_drawn(S);
+    std::int64_t expected_n = 0;
+    for (std::int64_t i = 0; i < S; ++i) expected_n += i / 32 + 1;
+    ASSERT_EQ(n, expected_n) << "S " << S;
+    // Word r is the r-th of (row, word) in row-major order over the
+    // visible words: the walk below visits them in that order.
+    std::uint32_t row = 0, word = 0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const ops::MaskWord at = ops::attention_mask_word(std::uint32_t(r));
+      ASSERT_EQ(at.row, row) << "S " << S << " r " << r;
+      ASSERT_EQ(at.word, word) << "S " << S << " r " << r;
+      if (++word > row / 32) word = 0, ++row;
+    }
+    EXPECT_EQ(row, std::uint32_t(S)) << "S " << S;
+  }
+}
+
+TEST(AttentionMaskLayout, BlockSearchIsExactUpToTheLargestCount) {
+  // Block b starts at word 16 b (b + 1); around every start up to the
+  // largest r the kernel takes (< 2^31), where the float root is coarsest.
+  for (std::uint64_t b = 1; 16 * b * (b + 1) < std::uint64_t(ops::kMaxMaskWordsDrawn);
+       b += 1 + b / 64) {
+    const std::uint64_t start = 16 * b * (b + 1);
+    for (std::uint64_t r : {start - 1, start, start + 1, start + b}) {
+      if (r >= std::uint64_t(ops::kMaxMaskWordsDrawn)) continue;
+      const std::uint64_t block = r < start ? b - 1 : b;
+      const std::uint64_t first = 16 * block * (block + 1);
+      const ops::MaskWord at = ops::attention_mask_word(std::uint32_t(r));
+      ASSERT_EQ(at.row, block * 32 + (r - first) / (block + 1)) << "r " << r;
+      ASSERT_EQ(at.word, (r - first) % (block + 1)) << "r " << r;
+    }
+  }
 }
 
 }  // namespace
