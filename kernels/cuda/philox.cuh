@@ -80,8 +80,8 @@ __device__ __forceinline__ DropoutPlacement resolved(DropoutPlacement s) {
 constexpr int kGroup = 8;
 
 /// The call's group of a global index, and the index's half-word in it.
-__device__ __forceinline__ std::uint64_t group_of(std::uint64_t index) { return index >> 3; }
-__device__ __forceinline__ int half_of(std::uint64_t index) { return int(index & 7u); }
+__device__ __forceinline__ std::uint64_t group_of(std::uint64_t index) { return index / kGroup; }
+__device__ __forceinline__ int half_of(std::uint64_t index) { return int(index % kGroup); }
 
 /// The four words of group q (global indices 8q .. 8q + 7).
 __device__ __forceinline__ uint4 group_bits(const DropoutPlacement& s, std::uint64_t q) {
