@@ -374,7 +374,7 @@ struct EntryDropout {
   __device__ std::uint32_t stored(kindex query, kindex word) const {
     return query < S ? keep_bits[query * words + word] : 0u;
   }
-  __device__ bool grouped() const { return S % philox::kGroup == 0; }
+  __device__ bool grouped() const { return philox::whole_groups(S); }
   __device__ std::uint64_t index(kindex query, kindex key) const {
     return base + std::uint64_t(query * S + key);
   }
@@ -1251,7 +1251,7 @@ void forward(DType t, const FlashArgs& a, index_t D) {
   with_flash_types(t, D, "fused_attention_forward", [&](auto zero, auto dim) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
-    if (a.dropout && a.drop.keep_bits != nullptr && a.S % philox::kGroup == 0) {
+    if (a.dropout && a.drop.keep_bits != nullptr && philox::whole_groups(a.S)) {
       launch_draw_mask(a);
       launch_forward<T, FwdReadMaskTiling<kD>, kReadMask>(a);
     } else if (a.dropout) {

@@ -83,6 +83,13 @@ constexpr int kGroup = 8;
 __device__ __forceinline__ std::uint64_t group_of(std::uint64_t index) { return index / kGroup; }
 __device__ __forceinline__ int half_of(std::uint64_t index) { return int(index % kGroup); }
 
+/// Whether rows of `row_length` indices, each starting at a multiple of
+/// row_length, consist of whole groups (the fused attention's query rows of
+/// S keys): then no group straddles two rows and none needs per-element calls.
+__host__ __device__ constexpr bool whole_groups(kindex row_length) {
+  return row_length % kGroup == 0;
+}
+
 /// The four words of group q (global indices 8q .. 8q + 7).
 __device__ __forceinline__ uint4 group_bits(const DropoutPlacement& s, std::uint64_t q) {
   return philox4x32_10(std::uint32_t(q), std::uint32_t(q >> 32), s.step, s.stream,

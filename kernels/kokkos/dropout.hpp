@@ -98,8 +98,8 @@ KOKKOS_INLINE_FUNCTION Philox4x32Block dropout_bits(std::uint64_t seed, std::uin
 /// Keep decision of one element (see the file comment).
 KOKKOS_INLINE_FUNCTION bool dropout_keep(std::uint64_t seed, std::uint32_t step,
                                          std::uint32_t stream, std::uint64_t index, double p) {
-  const Philox4x32Block r = dropout_bits(seed, step, stream, index >> 3);
-  return uniform_from_half(half_word(r, unsigned(index & 7u))) >= p;
+  const Philox4x32Block r = dropout_bits(seed, step, stream, index / kDropoutGroup);
+  return uniform_from_half(half_word(r, unsigned(index % kDropoutGroup))) >= p;
 }
 
 // ------------------------------------------------------------ the kernel ---

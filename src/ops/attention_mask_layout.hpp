@@ -14,11 +14,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MESH_MASK_HOST_DEVICE __host__ __device__
-#else
-#define MESH_MASK_HOST_DEVICE
-#endif
+#include "common/host_device.hpp"
 
 namespace meshtron::ops {
 
@@ -42,7 +38,7 @@ struct MaskWord {
 };
 
 /// Row and word of the r-th word drawn (r < attention_mask_words_drawn(S)).
-MESH_MASK_HOST_DEVICE inline MaskWord attention_mask_word(std::uint32_t r) {
+MESH_HOST_DEVICE inline MaskWord attention_mask_word(std::uint32_t r) {
   std::uint32_t b = std::uint32_t((sqrtf(1.f + float(r) * 0.25f) - 1.f) * 0.5f);
   while (16 * (b + 1) * (b + 2) <= r) ++b;
   while (16 * b * (b + 1) > r) --b;

@@ -3,11 +3,7 @@
 // norm that never leaves the device (ops::AdamWParams::grad_sum_of_squares).
 #pragma once
 
-#if defined(__CUDACC__)
-#define MESH_HOST_DEVICE __host__ __device__
-#else
-#define MESH_HOST_DEVICE
-#endif
+#include "common/host_device.hpp"
 
 namespace meshtron::ops {
 
