@@ -285,14 +285,7 @@ __global__ void __launch_bounds__(kColTile * kRowLanes, 2)
     partial[kindex(blockIdx.y) * C + c] = s;
   }
   if constexpr (kFused) {
-    __shared__ bool last;
-    __threadfence();  // this thread's partials are visible before the ticket counts them
-    __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0)
-      last = atomicAdd(&g_column_tickets[blockIdx.x], 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block_to_finish(&g_column_tickets[blockIdx.x], gridDim.y)) return;
     const kindex splits = gridDim.y;
     for (int q = threadIdx.y * kColTile + threadIdx.x; q < kColTile * V;
          q += kColTile * kRowLanes) {

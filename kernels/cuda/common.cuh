@@ -273,6 +273,28 @@ __device__ __forceinline__ void start_after_prior_grid() {
   allow_dependent_launch();
 }
 
+/// Whether this block is the last of `blocks` to take a ticket (a device
+/// counter, 0 before the first): the finishing block of a "last block adds
+/// the partials" kernel, which resets the ticket itself. Every thread of the
+/// block calls it after writing its share of the partials; on true, every
+/// other block's partials are visible to every thread of this one (read
+/// them through L2, __ldcg: L1 is not coherent). One fence per block, by
+/// thread 0 between barriers, as cooperative groups' grid sync does (fences
+/// are cumulative: they order the writes the barrier made precede them),
+/// instead of one per thread: bias_backward bf16 [8192, 3072] 0.76 -> 0.77
+/// of copy (H100, perf/RESULTS.md, session 29).
+__device__ __forceinline__ bool last_block_to_finish(unsigned int* ticket, unsigned int blocks) {
+  __shared__ bool last;
+  __syncthreads();  // the block's writes happen before thread 0's fence
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    __threadfence();  // release: the partials before the ticket that counts them
+    last = atomicAdd(ticket, 1u) == blocks - 1;
+    if (last) __threadfence();  // acquire: the other blocks' partials after their tickets
+  }
+  __syncthreads();
+  return last;
+}
+
 /// kernel<<<grid, block, shared_bytes, stream>>>(args...) as a programmatic
 /// dependent of the stream's previous kernel (see above).
 template <class... Params, class... Args>

@@ -159,7 +159,6 @@ __global__ void __launch_bounds__(kThreads, 8)
                           unsigned slots, double* total) {
   start_after_prior_grid();
   __shared__ double scratch[32];
-  __shared__ bool last;
   double acc = 0.0;
   // 16-byte packs where x is aligned (gradients always are), the rest (and
   // any unaligned tensor) element by element.
@@ -184,14 +183,8 @@ __global__ void __launch_bounds__(kThreads, 8)
     acc += v * v;
   }
   acc = block_sum(acc, scratch);
-  if (threadIdx.x == 0) {
-    partial[slot0 + blockIdx.x] = acc;
-    __threadfence();  // the partial is visible before the ticket counts it
-    last = atomicAdd(&g_squares_tickets, 1u) == slots - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (threadIdx.x == 0) partial[slot0 + blockIdx.x] = acc;
+  if (!last_block_to_finish(&g_squares_tickets, slots)) return;
   double sum = 0.0;
   for (unsigned i = threadIdx.x; i < slots; i += blockDim.x) sum += __ldcg(partial + i);
   sum = block_sum(sum, scratch);
