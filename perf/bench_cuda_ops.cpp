@@ -334,6 +334,7 @@ void bench_memory_bound(double copy_gbps, const std::string& only = "", bool tra
       const double n = double(logits.numel());
       add_row("cross_entropy_row_max", dt, "[8192, 50304]", n * es, [&] { cross_entropy_row_max(logits, 0, 50257, row_max); });
       add_row("cross_entropy_partials", dt, "[8192, 50304]", n * es, [&] { cross_entropy_partials(logits, targets, row_max, 0, 50257, sum_exp, tl); });
+      add_row("cross_entropy_row_stats", dt, "[8192, 50304]", n * es, [&] { cross_entropy_row_stats(logits, targets, 0, 50257, row_max, sum_exp, tl); });
       Tensor dlogits = Tensor::empty(logits.shape(), dt, MemorySpace::Cuda);
       add_row("cross_entropy_backward", dt, "[8192, 50304]", 2 * n * es, [&] { cross_entropy_backward(logits, targets, row_max, sum_exp, dloss, 0, 50257, dlogits); });
     }

@@ -6,6 +6,8 @@
 //   row_max    m = max of the valid local columns (-inf if none)
 //   partials   sum_exp = sum exp(l - m) (0 if none), target_logit = l[t] - m
 //              if the target is local, else 0
+//   row_stats  row_max and partials in one pass (the whole vocabulary on one
+//              rank): an online softmax, the logits read once
 //   loss       log(sum_exp) - target_logit
 //   backward   dlogits = dloss exp(l - m) / Z - dloss [v == t], 0 in padding;
 //              written in bf16/fp16 straight from fp32 logits when asked
@@ -68,8 +70,13 @@ __device__ __forceinline__ void store_chunk(O* __restrict__ p, const float (&x)[
   }
 }
 
-/// Calls f(x) for the valid columns of row l, C columns per thread and
-/// round. C = 1: column by column. C > 1: 16-byte words of E = 16 / sizeof(T)
+/// Columns G of a group (float (&)[G]) of for_valid_groups.
+template <class Group>
+inline constexpr int kGroupSize = int(std::extent_v<std::remove_reference_t<Group>>);
+
+/// Calls f(x, n) for the valid columns of row l, a group x[G] at a time of
+/// which the first n are valid, C columns per thread and round. C = 1:
+/// column by column (G = 1). C > 1: 16-byte words of G = E = 16 / sizeof(T)
 /// columns, the round's C / E words of a thread a block apart (words w,
 /// w + blockDim.x, ...), so each load instruction of a warp reads 512
 /// contiguous bytes. (Two adjacent words per thread, the fp32 case, left half
@@ -77,29 +84,44 @@ __device__ __forceinline__ void store_chunk(O* __restrict__ p, const float (&x)[
 /// bytes used, and the fp32 partials read at 0.74 of the copy bandwidth.)
 /// The reductions only: the order of the columns within a thread is free.
 template <int C, class T, class F>
-__device__ __forceinline__ void for_valid_columns(const T* l, int valid, F&& f) {
+__device__ __forceinline__ void for_valid_groups(const T* l, int valid, F&& f) {
   if constexpr (C == 1) {
-    for (int c = threadIdx.x; c < valid; c += blockDim.x) f(to_f(l[c]));
+    for (int c = threadIdx.x; c < valid; c += blockDim.x) {
+      const float x[1] = {to_f(l[c])};
+      f(x, 1);
+    }
   } else {
     constexpr int E = 16 / int(sizeof(T)), W = C / E;
     static_assert(W >= 1 && W * E == C, "C is a whole number of 16-byte words");
     const int words = (valid + E - 1) / E;
     const uint4* p = reinterpret_cast<const uint4*>(l);
     for (int w0 = threadIdx.x; w0 < words; w0 += W * int(blockDim.x)) {
-      uint4 x[W];
+      uint4 raw[W];
 #pragma unroll
       for (int k = 0; k < W; ++k)
-        if (w0 + k * int(blockDim.x) < words) x[k] = p[w0 + k * int(blockDim.x)];
+        if (w0 + k * int(blockDim.x) < words) raw[k] = p[w0 + k * int(blockDim.x)];
 #pragma unroll
       for (int k = 0; k < W; ++k) {
         const int w = w0 + k * int(blockDim.x);
-        const T* e = reinterpret_cast<const T*>(&x[k]);
+        if (w >= words) continue;
+        const T* e = reinterpret_cast<const T*>(&raw[k]);
+        float x[E];
 #pragma unroll
-        for (int j = 0; j < E; ++j)
-          if (w < words && w * E + j < valid) f(to_f(e[j]));
+        for (int j = 0; j < E; ++j) x[j] = to_f(e[j]);
+        f(x, valid - w * E < E ? valid - w * E : E);
       }
     }
   }
+}
+
+/// Calls f(x) for each valid column of row l (for_valid_groups' order).
+template <int C, class T, class F>
+__device__ __forceinline__ void for_valid_columns(const T* l, int valid, F&& f) {
+  for_valid_groups<C>(l, valid, [&](const auto& x, int count) {
+#pragma unroll
+    for (int j = 0; j < kGroupSize<decltype(x)>; ++j)
+      if (j < count) f(x[j]);
+  });
 }
 
 template <class T, int C>
@@ -132,6 +154,48 @@ __global__ void partials_kernel(const T* __restrict__ logits,
     const kindex t = kindex(targets[n]) - vocab_begin;
     sum_exp[n] = sum;
     target_logit[n] = (t >= 0 && t < valid) ? load_f(l, t) - m : 0.f;
+  }
+}
+
+/// row_max_kernel and partials_kernel in one pass: thread-local running max
+/// m and sum s of exp(x - m), a group of columns (a 16-byte word) at a time:
+/// the group's max first, s rescaled by exp(m - max) where that raises m
+/// (which a thread's first groups do and random later ones rarely), then
+/// the group's exps; then the block's max M and the sum of the threads'
+/// s exp(m - M), in fixed orders (deterministic).
+template <class T, int C>
+__global__ void row_stats_kernel(const T* __restrict__ logits,
+                                 const std::int32_t* __restrict__ targets, int V,
+                                 kindex vocab_begin, int valid, float* __restrict__ row_max,
+                                 float* __restrict__ sum_exp, float* __restrict__ target_logit) {
+  start_after_prior_grid();
+  __shared__ float scratch[32];
+  const kindex n = blockIdx.x;
+  const T* l = logits + n * V;
+  float m = -INFINITY, m_log2e = -INFINITY, sum = 0.f;
+  for_valid_groups<C>(l, valid, [&](const auto& x, int count) {
+    constexpr int G = kGroupSize<decltype(x)>;
+    float group_max = x[0];  // count >= 1
+#pragma unroll
+    for (int j = 1; j < G; ++j)
+      if (j < count) group_max = fmaxf(group_max, x[j]);
+    if (group_max > m) {  // rescale the sum to the new max (from m = -inf: 0 * 0)
+      sum *= exp2f(fmaf(-group_max, kLog2e, m_log2e));
+      m = group_max;
+      m_log2e = m * kLog2e;
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+      if (j < count) sum += exp_shifted(x[j], m_log2e);
+  });
+  const float block_m = block_max(m, scratch);
+  // exp(m - M) of a thread without valid columns (m = -inf) is 0, as is its sum.
+  sum = block_sum(m == -INFINITY ? 0.f : sum * exp_shifted(m, block_m * kLog2e), scratch);
+  if (threadIdx.x == 0) {
+    const kindex t = kindex(targets[n]) - vocab_begin;
+    row_max[n] = block_m;
+    sum_exp[n] = sum;
+    target_logit[n] = (t >= 0 && t < valid) ? load_f(l, t) - block_m : 0.f;
   }
 }
 
@@ -207,6 +271,20 @@ void cross_entropy_partials(DType t, const void* logits, const std::int32_t* tar
       launch_dependent(partials_kernel<T, decltype(c)::value>, unsigned(N), kThreads, 0,
                        compute_stream(), static_cast<const T*>(logits), targets, row_max,
                        int(V_local), vocab_begin, int(valid_local), sum_exp, target_logit);
+    });
+  });
+}
+
+void cross_entropy_row_stats(DType t, const void* logits, const std::int32_t* targets,
+                             index_t N, index_t V_local, index_t vocab_begin, index_t valid_local,
+                             float* row_max, float* sum_exp, float* target_logit) {
+  if (N == 0) return;
+  with_storage_type(t, "cross_entropy_row_stats", [&](auto zero) {
+    using T = decltype(zero);
+    with_columns_per_access(V_local, {logits}, [&](auto c) {
+      launch_dependent(row_stats_kernel<T, decltype(c)::value>, unsigned(N), kThreads, 0,
+                       compute_stream(), static_cast<const T*>(logits), targets, int(V_local),
+                       vocab_begin, int(valid_local), row_max, sum_exp, target_logit);
     });
   });
 }

@@ -93,15 +93,21 @@ Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext&
   c.logits = Tensor::empty({n, vocab_local}, stats, x.space());
   ops::gemm(c.x_full, false, word->value, true, c.logits);
 
-  Tensor local_max = Tensor::empty({n}, stats, x.space());
-  ops::cross_entropy_row_max(c.logits, begin, config_.vocab_size, local_max);
-  c.row_max = mapping::reduce_max_from_tp(ctx.tp, local_max);
   // sum_exp and the target logit travel in one all-reduce: [2, n].
   Tensor partials = Tensor::empty({2, n}, stats, x.space());
   Tensor sum_exp = partials.slice_rows(0, 1).reshape({n});
   Tensor target_logit = partials.slice_rows(1, 2).reshape({n});
-  ops::cross_entropy_partials(c.logits, c.targets, c.row_max, begin, config_.vocab_size,
-                              sum_exp, target_logit);
+  if (ctx.tp.size() == 1) {  // the whole vocabulary here: its statistics in one pass
+    c.row_max = Tensor::empty({n}, stats, x.space());
+    ops::cross_entropy_row_stats(c.logits, c.targets, begin, config_.vocab_size, c.row_max,
+                                 sum_exp, target_logit);
+  } else {  // the global max first, then the sums relative to it
+    Tensor local_max = Tensor::empty({n}, stats, x.space());
+    ops::cross_entropy_row_max(c.logits, begin, config_.vocab_size, local_max);
+    c.row_max = mapping::reduce_max_from_tp(ctx.tp, local_max);
+    ops::cross_entropy_partials(c.logits, c.targets, c.row_max, begin, config_.vocab_size,
+                                sum_exp, target_logit);
+  }
   Tensor totals = mapping::reduce_from_tp(ctx.tp, std::move(partials));
   c.sum_exp = totals.slice_rows(0, 1).reshape({n});
   Tensor loss = Tensor::empty({n}, stats, x.space());

@@ -251,6 +251,16 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets,
                             const Tensor& row_max, index_t vocab_begin,
                             index_t vocab_valid, Tensor& sum_exp,
                             Tensor& target_logit);
+/// cross_entropy_row_max, then cross_entropy_partials with that local max,
+/// in one pass over the logits: this shard's statistics, which are the
+/// global ones where the shard is the whole vocabulary (one tp rank; the
+/// LM head then reads its logits for the loss once instead of twice). On
+/// the device an online softmax (the running max, the sum rescaled when it
+/// grows), which rounds differently from the two passes; the two passes on
+/// the host.
+void cross_entropy_row_stats(const Tensor& logits, const Tensor& targets, index_t vocab_begin,
+                             index_t vocab_valid, Tensor& row_max, Tensor& sum_exp,
+                             Tensor& target_logit);
 /// loss[n] = log(sum_exp[n]) - target_logit[n] (global sums given).
 void cross_entropy_loss(const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss);
 /// dlogits[n, v] = dloss[n] * (softmax[n, v] - [v == target]) with softmax

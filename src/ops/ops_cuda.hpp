@@ -241,6 +241,9 @@ void cross_entropy_row_max(DType t, const void* logits, index_t N, index_t V_loc
 void cross_entropy_partials(DType t, const void* logits, const std::int32_t* targets,
                             const float* row_max, index_t N, index_t V_local, index_t vocab_begin,
                             index_t valid_local, float* sum_exp, float* target_logit);
+void cross_entropy_row_stats(DType t, const void* logits, const std::int32_t* targets,
+                             index_t N, index_t V_local, index_t vocab_begin, index_t valid_local,
+                             float* row_max, float* sum_exp, float* target_logit);
 void cross_entropy_loss(const float* sum_exp, const float* target_logit, index_t N, float* loss);
 void cross_entropy_backward(DType t, DType out, const void* logits, const std::int32_t* targets,
                             const float* row_max, const float* sum_exp, const float* dloss,

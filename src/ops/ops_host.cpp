@@ -1174,6 +1174,32 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
   });
 }
 
+void cross_entropy_row_stats(const Tensor& logits, const Tensor& targets, index_t vocab_begin,
+                             index_t vocab_valid, Tensor& row_max, Tensor& sum_exp,
+                             Tensor& target_logit) {
+  const char* op = "cross_entropy_row_stats";
+  const Arg al{"logits", logits}, at{"targets", targets}, am{"row_max", row_max},
+      as{"sum_exp", sum_exp}, atl{"target_logit", target_logit};
+  on_device(op, {al, at, am, as, atl});
+  const bool device = require_float_args(op, {al});
+  require_stat_args(op, device, al, {am, as, atl});
+  require_index_arg(op, at);
+  const index_t N = rows_of(op, al);
+  for (const Arg& a : {at, am, as, atl}) require_per_row(op, a, N, al);
+  const kernels::VocabShard shard = vocab_shard(op, al, vocab_begin, vocab_valid);
+  check_targets(op, targets, vocab_valid);
+  if (device) {
+    ON_CUDA(cuda::cross_entropy_row_stats(logits.dtype(), logits.raw(),
+                                          targets.data<std::int32_t>(), N, logits.dim(-1),
+                                          vocab_begin, shard.valid_local, row_max.data<float>(),
+                                          sum_exp.data<float>(), target_logit.data<float>()));
+    return;
+  }
+  cross_entropy_row_max(logits, vocab_begin, vocab_valid, row_max);
+  cross_entropy_partials(logits, targets, row_max, vocab_begin, vocab_valid, sum_exp,
+                         target_logit);
+}
+
 void cross_entropy_loss(const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss) {
   const char* op = "cross_entropy_loss";
   const Arg as{"sum_exp", sum_exp}, at{"target_logit", target_logit}, al{"loss", loss};

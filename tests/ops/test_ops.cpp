@@ -818,6 +818,39 @@ TYPED_TEST(OpsTyped, CrossEntropyOneShardMatchesNaiveLogSoftmaxLoss) {
     }
 }
 
+// cross_entropy_row_stats, the one-pass statistics of the LM head on one tp
+// rank, is cross_entropy_row_max then cross_entropy_partials at that max
+// (bit for bit on the host), on every shard, one of padding only included
+// (5 of 12 columns valid, 3 shards), and with one shard it gives the loss.
+TYPED_TEST(OpsTyped, CrossEntropyRowStatsAreTheRowMaxThenThePartials) {
+  const DType dt = this->dtype;
+  for (const VocabCase& vc : kVocabCases) {
+    const index_t N = 17;
+    const CrossEntropyProblem p = make_ce_problem(N, vc.V_valid, vc.V_padded, dt, this->rng);
+    for (index_t shards : {1, 2, 3}) {
+      const index_t Vs = vc.V_padded / shards;
+      for (index_t s = 0; s < shards; ++s) {
+        const std::string what = MESH_MSG("row stats V=" << vc.V_valid << "/" << vc.V_padded
+                                                         << " shard " << s << " of " << shards);
+        const Tensor l = columns(p.logits, s * Vs, (s + 1) * Vs);
+        Tensor m = Tensor::empty({N}, dt), z = Tensor::empty({N}, dt), t = Tensor::empty({N}, dt);
+        cross_entropy_row_max(l, s * Vs, vc.V_valid, m);
+        cross_entropy_partials(l, p.targets, m, s * Vs, vc.V_valid, z, t);
+        Tensor m1 = Tensor::empty({N}, dt), z1 = Tensor::empty({N}, dt),
+               t1 = Tensor::empty({N}, dt);
+        cross_entropy_row_stats(l, p.targets, s * Vs, vc.V_valid, m1, z1, t1);
+        EXPECT_EQ(m1.to_doubles(), m.to_doubles()) << what << " row_max";
+        EXPECT_EQ(z1.to_doubles(), z.to_doubles()) << what << " sum_exp";
+        EXPECT_EQ(t1.to_doubles(), t.to_doubles()) << what << " target_logit";
+        if (shards > 1) continue;
+        Tensor loss = Tensor::empty({N}, dt);
+        cross_entropy_loss(z1, t1, loss);
+        expect_close(loss.to_doubles(), naive_cross_entropy(p).loss, this->tol, what + " loss");
+      }
+    }
+  }
+}
+
 TYPED_TEST(OpsTyped, CrossEntropyOverVocabShardsEqualsOneShard) {
   for (index_t N : {3, 17})
     for (const VocabCase& vc : kVocabCases) {
