@@ -1145,10 +1145,19 @@ void cross_entropy_row_max(const Tensor& logits, index_t vocab_begin, index_t vo
   });
 }
 
-void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
-                            index_t vocab_begin, index_t vocab_valid, Tensor& sum_exp,
-                            Tensor& target_logit) {
-  const char* op = "cross_entropy_partials";
+namespace {
+
+/// The checks of cross_entropy_partials and cross_entropy_row_stats (the
+/// logits, the targets and three per-row statistics).
+struct PartialsCall {
+  index_t N;
+  kernels::VocabShard shard;
+  bool device;
+};
+PartialsCall check_partials_args(const char* op, const Tensor& logits, const Tensor& targets,
+                                 const Tensor& row_max, const Tensor& sum_exp,
+                                 const Tensor& target_logit, index_t vocab_begin,
+                                 index_t vocab_valid) {
   const Arg al{"logits", logits}, at{"targets", targets}, am{"row_max", row_max},
       as{"sum_exp", sum_exp}, atl{"target_logit", target_logit};
   on_device(op, {al, at, am, as, atl});
@@ -1159,6 +1168,17 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
   for (const Arg& a : {at, am, as, atl}) require_per_row(op, a, N, al);
   const kernels::VocabShard shard = vocab_shard(op, al, vocab_begin, vocab_valid);
   check_targets(op, targets, vocab_valid);
+  return {N, shard, device};
+}
+
+}  // namespace
+
+void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                            index_t vocab_begin, index_t vocab_valid, Tensor& sum_exp,
+                            Tensor& target_logit) {
+  const auto [N, shard, device] =
+      check_partials_args("cross_entropy_partials", logits, targets, row_max, sum_exp,
+                          target_logit, vocab_begin, vocab_valid);
   if (device) {
     ON_CUDA(cuda::cross_entropy_partials(logits.dtype(), logits.raw(), targets.data<std::int32_t>(),
                                          row_max.data<float>(), N, logits.dim(-1), vocab_begin,
@@ -1177,17 +1197,9 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
 void cross_entropy_row_stats(const Tensor& logits, const Tensor& targets, index_t vocab_begin,
                              index_t vocab_valid, Tensor& row_max, Tensor& sum_exp,
                              Tensor& target_logit) {
-  const char* op = "cross_entropy_row_stats";
-  const Arg al{"logits", logits}, at{"targets", targets}, am{"row_max", row_max},
-      as{"sum_exp", sum_exp}, atl{"target_logit", target_logit};
-  on_device(op, {al, at, am, as, atl});
-  const bool device = require_float_args(op, {al});
-  require_stat_args(op, device, al, {am, as, atl});
-  require_index_arg(op, at);
-  const index_t N = rows_of(op, al);
-  for (const Arg& a : {at, am, as, atl}) require_per_row(op, a, N, al);
-  const kernels::VocabShard shard = vocab_shard(op, al, vocab_begin, vocab_valid);
-  check_targets(op, targets, vocab_valid);
+  const auto [N, shard, device] =
+      check_partials_args("cross_entropy_row_stats", logits, targets, row_max, sum_exp,
+                          target_logit, vocab_begin, vocab_valid);
   if (device) {
     ON_CUDA(cuda::cross_entropy_row_stats(logits.dtype(), logits.raw(),
                                           targets.data<std::int32_t>(), N, logits.dim(-1),
