@@ -154,6 +154,8 @@ void DeckSchema::bind(RunConfig& c) {
       "samples per step over all dp ranks (0 = micro x dp)");
   key("training.train_iters", &t.train_iters, "int", "optimizer steps");
   key("training.precision", &t.precision, "string", "fp32 | bf16 | fp16");
+  key("training.logits_dtype", &t.logits_dtype, "string",
+      "fp32 | compute (the LM head's logits in the operands' dtype, as Megatron-LM)");
   key("training.clip_grad", &t.clip_grad, "float", "clip global grad norm (0 = off)");
   key("training.recompute", &t.recompute, "string", "none | selective | full");
   key("training.recompute_num_layers", &t.recompute_num_layers, "int",
@@ -437,6 +439,7 @@ void RunConfig::validate(int world_size) {
                    << t.micro_batch_size << ") x data_parallel (" << p.data_parallel << ")");
   require_tp_interleave(*this);
   require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
+  require_one_of("training.logits_dtype", t.logits_dtype, {"fp32", "compute"});
   require_one_of("training.recompute", t.recompute, {"none", "selective", "full"});
   require_capturable(*this);
   MESH_REQUIRE(t.recompute_num_layers >= 0,

@@ -137,6 +137,12 @@ struct TrainingSection {
   int global_batch_size = 0;  ///< 0 = micro_batch_size * data_parallel
   int train_iters = 100;
   std::string precision = "fp32";  ///< fp32 | bf16 | fp16
+  /// The LM head's logits: "fp32" (the GEMM writes fp32, so the loss sees
+  /// unrounded logits) or "compute" (the operands' dtype, bf16 / fp16 under
+  /// mixed precision: Megatron-LM's and PyTorch autocast's numerics, the
+  /// loss kernels still computing in fp32; half the logits' memory and
+  /// traffic). The same under precision = fp32.
+  std::string logits_dtype = "fp32";
   double clip_grad = 1.0;          ///< 0 disables clipping
   std::string recompute = "none";  ///< none | selective | full
   int recompute_num_layers = 0;

@@ -86,11 +86,16 @@ Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext&
   const index_t n = c.x_full.dim(0), vocab_local = word->value.dim(0);
   const index_t begin = vocab_begin(config_, ctx.tp);
   c.targets = in_space(targets, ctx.space);
-  // Logits in the statistics dtype: fp32 on the device even under bf16
-  // operands (the GEMM accumulates and writes fp32), so the softmax and the
-  // loss never see bf16-rounded logits (Megatron upcasts them likewise).
+  // Logits in the statistics dtype by default: fp32 on the device even
+  // under bf16 operands (the GEMM accumulates and writes fp32), so the
+  // softmax and the loss never see bf16-rounded logits. With
+  // logits_in_compute_dtype, in the operands' dtype as Megatron-LM's output
+  // layer writes them (its loss upcasts them; our loss kernels load them
+  // into fp32 likewise): half the bytes for the GEMM to write and for the
+  // statistics and the backward to read.
   const DType stats = stats_dtype(x);
-  c.logits = Tensor::empty({n, vocab_local}, stats, x.space());
+  const DType logits_dtype = ctx.logits_in_compute_dtype ? c.x_full.dtype() : stats;
+  c.logits = Tensor::empty({n, vocab_local}, logits_dtype, x.space());
   ops::gemm(c.x_full, false, word->value, true, c.logits);
 
   // sum_exp and the target logit travel in one all-reduce: [2, n].

@@ -74,6 +74,9 @@ struct LayerContext {
   /// targets built on the host) are copied here by in_space().
   MemorySpace space = MemorySpace::Host;
   Recompute recompute = Recompute::None;
+  /// The LM head writes its logits in the operands' dtype instead of fp32
+  /// (training.logits_dtype = compute).
+  bool logits_in_compute_dtype = false;
   /// With Full: layers of each model chunk recomputed, counted from the
   /// chunk's first (Megatron's "block" method); 0 = every layer.
   int recompute_num_layers = 0;

@@ -152,6 +152,7 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.space = run.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host;
   base_ctx_.recompute = recompute_from_string(run.training.recompute);
   base_ctx_.recompute_num_layers = run.training.recompute_num_layers;
+  base_ctx_.logits_in_compute_dtype = run.training.logits_dtype == "compute";
 
   const int pp = rt.topo.pp();
   if (pp > 1) rt.pp.connect_ring_p2p(kPipelineLanes);  // collective; once per runtime

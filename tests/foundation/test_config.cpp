@@ -163,6 +163,7 @@ INSTANTIATE_TEST_SUITE_P(
                        "virtual_stages (4)"},
         ValidationCase{{"training.precision=fp8"}, 8, "fp8"},
         ValidationCase{{"training.precision=bf16"}, 8, "run.device = cuda"},
+        ValidationCase{{"training.logits_dtype=bf16"}, 8, "fp32 | compute"},
         ValidationCase{{"model.hidden_dropout=1.5"}, 8, "hidden_dropout"},
         ValidationCase{{"optimizer.min_lr=1"}, 8, "min_lr"},
         ValidationCase{{"lr_schedule.decay_style=step"}, 8, "decay_style"},

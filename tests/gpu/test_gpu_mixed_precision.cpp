@@ -4,6 +4,8 @@
 //    activations: parameters bf16, gradients fp32 (main_grad), logits and
 //    loss fp32; loss within 1e-2 relative of transformers' fp32 loss,
 //    every gradient finite and within 0.1 norm-wise of the golden one.
+//    Again with bf16 logits (training.logits_dtype = compute), and the
+//    tiny GPT trained with them tracks fp32 as below.
 //  * AdamW under bf16: fp32 master and moments; the bf16 value is the
 //    rounded master after a step.
 //  * The tiny GPT (tests/parallel/decomposition.hpp) trained 20 steps in
@@ -67,9 +69,12 @@ double norm_rel(const std::vector<double>& a, const std::vector<double>& b) {
 
 /// The HF golden GPT-2 with `dtype` (bf16 or fp16) values and activations:
 /// step-1 loss within 1e-2 relative of transformers' fp32 loss, every
-/// gradient finite and within 0.1 norm-wise of the golden one.
-void check_golden_in(DType dtype) {
-  const char* name = dtype == DType::BF16 ? "bf16" : "fp16";
+/// gradient finite and within 0.1 norm-wise of the golden one. With
+/// `logits_in_compute_dtype` (training.logits_dtype = compute) the LM head
+/// writes `dtype` logits instead of fp32 ones.
+void check_golden_in(DType dtype, bool logits_in_compute_dtype = false) {
+  const std::string name = std::string(dtype == DType::BF16 ? "bf16" : "fp16") +
+                           (logits_in_compute_dtype ? " (logits in the compute dtype)" : "");
   io::SafetensorsFile golden(kGolden + "/golden.safetensors");
   MpiCommunicator self(MPI_COMM_SELF);
   TensorParallelGroup tp{self};
@@ -78,6 +83,7 @@ void check_golden_in(DType dtype) {
   ctx.micro_batch = kBatch;
   ctx.global_batch = kBatch;
   ctx.space = MemorySpace::Cuda;
+  ctx.logits_in_compute_dtype = logits_in_compute_dtype;
   const GptConfig config =
       GptConfig::from_hf(io::read_hf_gpt2_config(kGolden), kSeq, /*divisible_by=*/128, 1);
   GptModel model(config, StagePlacement::whole_model(config.num_layers), ctx, dtype, 1);
@@ -96,12 +102,12 @@ void check_golden_in(DType dtype) {
   GptModel::Cache cache;
   Tensor loss = model.forward(ids, targets, ctx, cache);
   ASSERT_EQ(loss.dtype(), DType::F32);
-  ASSERT_EQ(cache.head.logits.dtype(), DType::F32);
+  ASSERT_EQ(cache.head.logits.dtype(), logits_in_compute_dtype ? dtype : DType::F32);
   double mean = 0;
   for (double v : loss.to_doubles()) mean += v / double(loss.numel());
   const double expected = golden.load("losses", DType::F32).to_doubles()[0];
   const double rel = std::fabs(mean - expected) / expected;
-  std::printf("%s golden loss %.6f vs transformers fp32 %.6f: relative %.2e\n", name, mean,
+  std::printf("%s golden loss %.6f vs transformers fp32 %.6f: relative %.2e\n", name.c_str(), mean,
               expected, rel);
   EXPECT_LE(rel, 1e-2);
 
@@ -120,13 +126,19 @@ void check_golden_in(DType dtype) {
     worst = std::max(worst, e);
     EXPECT_LE(e, 0.1) << p->name;
   }
-  std::printf("%s golden gradients: worst norm-wise relative error %.2e\n", name, worst);
+  std::printf("%s golden gradients: worst norm-wise relative error %.2e\n", name.c_str(), worst);
 }
 
 TEST(GpuBf16, GoldenGpt2LossWithinOnePercent) {
   REQUIRE_GPU();
   if (!std::filesystem::exists(kGolden + "/golden.safetensors")) GTEST_SKIP() << "no golden files";
   check_golden_in(DType::BF16);
+}
+
+TEST(GpuBf16, GoldenGpt2LossWithinOnePercentWithLogitsInBf16) {
+  REQUIRE_GPU();
+  if (!std::filesystem::exists(kGolden + "/golden.safetensors")) GTEST_SKIP() << "no golden files";
+  check_golden_in(DType::BF16, /*logits_in_compute_dtype=*/true);
 }
 
 TEST(GpuFp16, GoldenGpt2LossWithinOnePercent) {
@@ -167,14 +179,17 @@ TEST(GpuBf16, AdamWStepsFp32MasterAndWritesBf16Copy) {
 
 /// Trains the tiny GPT on the GPU on one fixed batch (memorisation).
 testing::MemorisedRun memorise_run(DType dtype, const std::string& precision, int steps,
-                                   const LossScalerConfig& scaler = {}) {
+                                   const LossScalerConfig& scaler = {},
+                                   const std::string& logits_dtype = "fp32") {
   return testing::memorise({"run.device=cuda", "training.precision=" + precision,
-                            "optimizer.lr=1e-2", "optimizer.min_lr=1e-3"},
+                            "training.logits_dtype=" + logits_dtype, "optimizer.lr=1e-2",
+                            "optimizer.min_lr=1e-3"},
                            dtype, steps, scaler);
 }
 
-std::vector<double> memorise(DType dtype, const std::string& precision, int steps) {
-  return memorise_run(dtype, precision, steps).losses();
+std::vector<double> memorise(DType dtype, const std::string& precision, int steps,
+                             const std::string& logits_dtype = "fp32") {
+  return memorise_run(dtype, precision, steps, {}, logits_dtype).losses();
 }
 
 TEST(GpuBf16, TinyGptTrainingLossFallsAndStaysFinite) {
@@ -188,6 +203,26 @@ TEST(GpuBf16, TinyGptTrainingLossFallsAndStaysFinite) {
     std::printf("step %2d loss bf16 %.5f fp32 %.5f\n", k + 1, bf16[k], fp32[k]);
   }
   EXPECT_LT(bf16.back(), bf16.front() - 0.2);
+}
+
+// training.logits_dtype = compute through the deck: bf16 logits change the
+// losses (the option reached the LM head) but still track fp32 to 5e-2.
+TEST(GpuBf16, TinyGptTrainingWithBf16LogitsTracksFp32) {
+  REQUIRE_GPU();
+  const int steps = 20;
+  const auto narrow = memorise(DType::BF16, "bf16", steps, "compute");
+  const auto wide = memorise(DType::BF16, "bf16", steps, "fp32");
+  const auto fp32 = memorise(DType::F32, "fp32", steps);
+  int differ = 0;
+  for (int k = 0; k < steps; ++k) {
+    EXPECT_TRUE(std::isfinite(narrow[k])) << "step " << k + 1;
+    EXPECT_LE(std::fabs(narrow[k] - fp32[k]) / fp32[k], 5e-2) << "step " << k + 1;
+    differ += narrow[k] != wide[k];
+    std::printf("step %2d loss bf16 logits %.5f fp32 logits %.5f fp32 %.5f\n", k + 1, narrow[k],
+                wide[k], fp32[k]);
+  }
+  EXPECT_GT(differ, 0);
+  EXPECT_LT(narrow.back(), narrow.front() - 0.2);
 }
 
 TEST(GpuFp16, TinyGptTrainingWithLossScalingFallsAndStaysFinite) {
