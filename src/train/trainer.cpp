@@ -347,7 +347,12 @@ namespace {
 
 /// Dropout's device words of every micro-batch of a step, 4 per micro-batch:
 /// {step, sample offset low, sample offset high, 0}, in one tensor so that
-/// one host -> device copy serves the step.
+/// one host -> device copy serves the step. That copy is queued on the
+/// compute stream (queued_in_space): a blocking copy (Tensor::to_space) from
+/// pageable memory first waits for the stream, so the host sat idle until
+/// the previous step's update had finished and the GPU then waited ~0.15 ms
+/// for the host to launch the copies and the graph (124M on an H100,
+/// perf/RESULTS.md, session 30).
 Tensor dropout_words(const std::vector<MicroBatch>& batch, long step, MemorySpace space) {
   Tensor words_host = Tensor::empty({index_t(4 * batch.size())}, DType::I32);
   auto* words = static_cast<std::uint32_t*>(words_host.raw());
@@ -358,7 +363,7 @@ Tensor dropout_words(const std::vector<MicroBatch>& batch, long step, MemorySpac
     words[4 * m + 2] = std::uint32_t(offset >> 32);
     words[4 * m + 3] = 0;
   }
-  return words_host.to_space(space);
+  return queued_in_space(words_host, space);
 }
 
 }  // namespace
