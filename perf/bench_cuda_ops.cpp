@@ -381,26 +381,41 @@ std::vector<index_t> gpt2_774m_tensor_sizes() {
 // separate allocations would be. Traffic counted for both: 16 bytes read
 // and 12 written per element for AdamW plus 2 for the copy (the loop's
 // second read of the master is not counted: it is the loop's overhead).
-void bench_adamw_multi_tensor(double copy_gbps) {
-  const std::vector<index_t> sizes = gpt2_774m_tensor_sizes();
-  std::vector<index_t> offsets;
-  index_t total = 0, elements = 0;
-  for (index_t n : sizes) {
-    offsets.push_back(total);
-    total += (n + 63) / 64 * 64;
-    elements += n;
-  }
-  Tensor p = random_device({total}, DType::F32), g = random_device({total}, DType::F32),
-         m = random_device({total}, DType::F32, -0.01, 0.01),
-         v = random_device({total}, DType::F32, 0, 1e-4),
-         copy = Tensor::empty({total}, DType::BF16, MemorySpace::Cuda);
+/// GPT-2 774M's parameters as the optimizer sees them: fp32 master, grad,
+/// m, v and the bf16 compute copy in flat buffers, each tensor its own
+/// 256-byte-aligned piece (as separate allocations would be).
+struct AdamW774m {
+  std::vector<index_t> sizes = gpt2_774m_tensor_sizes();
+  index_t elements = 0;
+  Tensor p, g, m, v, copy;
   std::vector<ops::AdamWTensor> tensors;
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    auto piece = [&](const Tensor& t) { return t.slice_rows(offsets[i], offsets[i] + sizes[i]); };
-    tensors.push_back({piece(p), piece(g), piece(m), piece(v), piece(copy), sizes[i] > 1280 * 4});
-  }
   ops::AdamWParams hp;
-  hp.lr = 1e-4, hp.weight_decay = 0.1, hp.step = 10;
+
+  AdamW774m() {
+    std::vector<index_t> offsets;
+    index_t total = 0;
+    for (index_t n : sizes) {
+      offsets.push_back(total);
+      total += (n + 63) / 64 * 64;
+      elements += n;
+    }
+    p = random_device({total}, DType::F32), g = random_device({total}, DType::F32),
+    m = random_device({total}, DType::F32, -0.01, 0.01),
+    v = random_device({total}, DType::F32, 0, 1e-4),
+    copy = Tensor::empty({total}, DType::BF16, MemorySpace::Cuda);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      auto piece = [&](const Tensor& t) { return t.slice_rows(offsets[i], offsets[i] + sizes[i]); };
+      tensors.push_back({piece(p), piece(g), piece(m), piece(v), piece(copy), sizes[i] > 1280 * 4});
+    }
+    hp.lr = 1e-4, hp.weight_decay = 0.1, hp.step = 10;
+  }
+};
+
+void bench_adamw_multi_tensor(double copy_gbps) {
+  AdamW774m model;
+  std::vector<ops::AdamWTensor>& tensors = model.tensors;
+  const ops::AdamWParams& hp = model.hp;
+  const index_t elements = model.elements;
   const double per_tensor = median_ms([&] {
     for (ops::AdamWTensor& t : tensors) {
       ops::AdamWParams one = hp;
@@ -414,7 +429,7 @@ void bench_adamw_multi_tensor(double copy_gbps) {
   const double bytes = 30.0 * double(elements);
   std::printf("\nAdamW + bf16 compute copy, GPT-2 774M shapes (%zu tensors, %.1fM elements, "
               "30 bytes each)\n",
-              sizes.size(), double(elements) / 1e6);
+              model.sizes.size(), double(elements) / 1e6);
   std::printf("%-40s %9s %9s %7s\n", "path", "ms", "GB/s", "/copy");
   auto row = [&](const char* what, double ms) {
     const double gbps = bytes / (ms * 1e6);
@@ -424,6 +439,84 @@ void bench_adamw_multi_tensor(double copy_gbps) {
   row("adamw multi-tensor + bf16 copy", fused);
   std::printf("speed-up: %.2fx (table uploads: %ld)\n", per_tensor / fused,
               update.table_uploads());
+}
+
+// The step's AdamW (bandwidth bound) with the next step's attention-dropout
+// masks (integer-ALU bound: Philox) drawn at the same time on a second
+// stream: 774M's 36 layers x 8 samples x 20 heads x 1024^2 decisions. How
+// much of the masks' time would hide under the update if they were drawn
+// there instead of ahead of each layer's attention (a lead, not what the
+// step does). `bench_cuda_ops overlap`.
+ops::AttentionDropout attention_dropout(double p, index_t B, index_t S);  // below
+
+void bench_overlap_masks_with_adamw() {
+  AdamW774m model;
+  ops::MultiTensorAdamW update;
+  constexpr int kLayers = 36;
+  constexpr index_t kB = 8 * 20, kS = 1024;
+  std::vector<Tensor> bits;
+  std::vector<cuda::AttentionDropoutSite> sites;
+  for (int l = 0; l < kLayers; ++l) {
+    bits.push_back(Tensor::empty(ops::attention_keep_bits_shape(kB, kS), DType::I32,
+                                 MemorySpace::Cuda));
+    const ops::DropoutSite d = attention_dropout(0.1, kB, kS).site;
+    cuda::AttentionDropoutSite site{0.1,
+                                    {d.seed, d.step, std::uint32_t(100 + l), d.b, d.c, d.a_offset,
+                                     d.b_offset, d.c_offset, d.b_global, d.c_global, nullptr,
+                                     d.sample_axis}};
+    site.keep_bits = static_cast<std::uint32_t*>(bits.back().raw());
+    site.keep_bits_words = ops::attention_keep_bits_shape(kB, kS)[2];
+    sites.push_back(site);
+  }
+  const auto masks_on = [&](cudaStream_t stream) {
+    for (const auto& site : sites) cuda::draw_attention_mask(site, kB, kS, stream);
+  };
+  cudaStream_t normal, high;
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&normal, cudaStreamNonBlocking, least));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&high, cudaStreamNonBlocking, greatest));
+  cudaEvent_t fork, join;
+  CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  const cudaStream_t compute = device::compute_stream();
+  // Masks on `side` while the update runs on the compute stream, joined.
+  const auto together = [&](cudaStream_t side, bool masks_first) {
+    CUDA_CHECK(cudaEventRecord(fork, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+    if (masks_first) masks_on(side);
+    update.step(model.tensors, model.hp);
+    if (!masks_first) masks_on(side);
+    CUDA_CHECK(cudaEventRecord(join, side));
+    CUDA_CHECK(cudaStreamWaitEvent(compute, join, 0));
+  };
+  const double adamw = median_ms([&] { update.step(model.tensors, model.hp); });
+  const double masks = median_ms([&] { masks_on(compute); });
+  const double serial = median_ms([&] {
+    update.step(model.tensors, model.hp);
+    masks_on(compute);
+  });
+  const double normal_first = median_ms([&] { together(normal, true); });
+  const double normal_after = median_ms([&] { together(normal, false); });
+  const double high_first = median_ms([&] { together(high, true); });
+  const double high_after = median_ms([&] { together(high, false); });
+  std::printf("\nAdamW (GPT-2 774M, %.1fM parameters) and %d layers' attention-dropout masks "
+              "(%ld x %ld^2)\n", double(model.elements) / 1e6, kLayers, long(kB), long(kS));
+  std::printf("%-58s %9s %9s\n", "path", "ms", "hidden");
+  const auto row = [&](const char* what, double ms) {
+    std::printf("%-58s %9.3f %8.0f%%\n", what, ms, 100.0 * (serial - ms) / masks);
+  };
+  std::printf("%-58s %9.3f\n", "adamw alone", adamw);
+  std::printf("%-58s %9.3f\n", "masks alone", masks);
+  row("adamw then masks, one stream", serial);
+  row("together, masks on a normal-priority stream, queued first", normal_first);
+  row("together, masks on a normal-priority stream, queued after", normal_after);
+  row("together, masks on a high-priority stream, queued first", high_first);
+  row("together, masks on a high-priority stream, queued after", high_after);
+  CUDA_CHECK(cudaEventDestroy(fork));
+  CUDA_CHECK(cudaEventDestroy(join));
+  CUDA_CHECK(cudaStreamDestroy(normal));
+  CUDA_CHECK(cudaStreamDestroy(high));
 }
 
 /// One fused-vs-unfused line: times, TFLOP/s of the GEMM's 2 M N K, speed-up,
@@ -840,6 +933,10 @@ int main(int argc, char** argv) {
       return 1;
     }
     bench_memory_bound(copy_gbps, argc > 2 ? argv[2] : "", /*trace=*/true);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "overlap") {
+    bench_overlap_masks_with_adamw();
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "residual") {

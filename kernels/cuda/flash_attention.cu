@@ -1205,13 +1205,13 @@ void launch_forward(const FlashArgs& a) {
          static_cast<T*>(a.o), a.os, const_cast<float*>(a.lse), a.drop);
 }
 
-void launch_draw_mask(const FlashArgs& a) {
+void launch_draw_mask(const FlashArgs& a, cudaStream_t stream = compute_stream()) {
   const kindex entry_words = ops::attention_mask_words_drawn(a.S);
   MESH_VERIFY(entry_words < ops::kMaxMaskWordsDrawn,
               "fused attention: S = " << a.S << " is too long for the dropout mask kernel");
   const dim3 grid(unsigned((entry_words + 255) / 256), unsigned(a.B));
-  draw_attention_mask_kernel<<<grid, 256, 0, compute_stream()>>>(a.drop, kindex(a.S),
-                                                                  std::uint32_t(entry_words));
+  draw_attention_mask_kernel<<<grid, 256, 0, stream>>>(a.drop, kindex(a.S),
+                                                        std::uint32_t(entry_words));
   MESH_CUDA_LAUNCHED();
 }
 
@@ -1306,6 +1306,17 @@ HeadStrides token_major(index_t b, int parts, index_t heads, index_t D) {
 }
 
 }  // namespace
+
+void draw_attention_mask(const AttentionDropoutSite& dropout, index_t B, index_t S,
+                         void* stream) {
+  MESH_VERIFY(dropout.p > 0 && dropout.keep_bits != nullptr && S % 8 == 0,
+              "draw_attention_mask: needs p > 0, stored-decision words and S % 8 == 0");
+  FlashArgs a{};
+  a.B = B;
+  a.S = S;
+  launch_draw_mask(with_dropout(a, dropout),
+                   stream ? static_cast<cudaStream_t>(stream) : compute_stream());
+}
 
 void fused_attention_forward(DType t, const void* q, const void* k, const void* v, index_t B,
                              index_t S, index_t D, double scale, void* out, float* lse,

@@ -137,6 +137,12 @@ inline Shape attention_keep_bits_shape(index_t B, index_t S) {
 }
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              Tensor& out, Tensor& lse, const AttentionDropout& dropout = {});
+/// The decisions the device forward stores in dropout.keep_bits (p > 0, a
+/// device keep_bits; S % 8 == 0, where the forward draws them with their
+/// own kernel), drawn alone: row i of an entry gets its words w <= i / 32
+/// (the ones holding its visible keys), the forward's bits. For drawing the
+/// masks apart from the forward (perf/bench_cuda_ops overlap).
+void draw_attention_mask(const AttentionDropout& dropout, index_t B, index_t S);
 /// dq, dk, dv (overwrite) from dout and the forward's out and lse (and the
 /// forward's dropout). The device kernels are deterministic (no atomics).
 void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,

@@ -125,6 +125,13 @@ struct AttentionDropoutSite {
   index_t keep_bits_words = 0;
 };
 
+/// The stored decisions of `dropout` (p > 0, keep_bits set; S % 8 == 0) for
+/// B entries of S x S probabilities, as the fused forward draws them ahead
+/// of its pass, on `stream` (a cudaStream_t; null: the compute stream).
+/// Measures how the draws overlap other kernels (perf/bench_cuda_ops overlap).
+void draw_attention_mask(const AttentionDropoutSite& dropout, index_t B, index_t S,
+                         void* stream = nullptr);
+
 // ------------------------------------------------------- Fused attention ---
 /// kernels/cuda/flash_attention.cu: t bf16 or fp16, D 64 or 128; q, k, v,
 /// out, dout, dq, dk, dv [B, S, D] 16-byte aligned; lse [B, S]; delta is a

@@ -574,6 +574,14 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   });
 }
 
+void draw_attention_mask(const AttentionDropout& dropout, index_t B, index_t S) {
+  const char* op = "draw_attention_mask";
+  MESH_VERIFY(dropout.p > 0 && dropout.keep_bits.defined() && !dropout.keep_bits.is_host(),
+              op << ": needs p > 0 and device keep_bits");
+  check_attention_dropout(op, dropout, B, S);
+  ON_CUDA(cuda::draw_attention_mask(device_dropout(op, dropout, B, S), B, S));
+}
+
 void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
                               Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout& dropout) {

@@ -28,7 +28,7 @@
 //    With a keep_bits buffer the mask is drawn once (at S % 8 == 0 by its
 //    own kernel ahead of the forward, else by the forward) and read by every
 //    pass: forward and backward give the bits of the kernels that draw it
-//    in each pass.
+//    in each pass; ops::draw_attention_mask alone writes the forward's words.
 //    The tiny GPT with attention_dropout 0.1 trained fused equals unfused
 //    within 1e-2 and differs from the run without it; one forward +
 //    backward of it gives fused = unfused gradients (within 2e-2 norm-wise,
@@ -229,6 +229,25 @@ void check_dropout_case(const DropoutCase& c, double p, std::uint64_t seed) {
   EXPECT_EQ(gq3.to_doubles(), gq.to_doubles()) << what << " (stored mask)";
   EXPECT_EQ(gk3.to_doubles(), gk.to_doubles()) << what << " (stored mask)";
   EXPECT_EQ(gv3.to_doubles(), gv.to_doubles()) << what << " (stored mask)";
+
+  // Drawn alone (ops::draw_attention_mask, S % 8 == 0): the forward's words
+  // of every row's visible keys (w <= i / 32; the forward may leave others).
+  if (c.S % 8 != 0) return;
+  ops::AttentionDropout alone = dropout;
+  alone.keep_bits = Tensor::empty(stored.keep_bits.shape(), DType::I32, MemorySpace::Cuda);
+  alone.keep_bits.fill(-1.0);
+  ops::draw_attention_mask(alone, B, c.S);
+  const std::vector<double> a = alone.keep_bits.to_doubles(), f = stored.keep_bits.to_doubles();
+  const index_t words = stored.keep_bits.dim(2);
+  index_t compared = 0, differ = 0;
+  for (index_t e = 0; e < B; ++e)
+    for (index_t i = 0; i < c.S; ++i)
+      for (index_t w = 0; w <= i / 32; ++w) {
+        const std::size_t at = std::size_t((e * c.S + i) * words + w);
+        differ += a[at] != f[at];
+        ++compared;
+      }
+  EXPECT_EQ(differ, 0) << what << " (mask drawn alone, " << compared << " words)";
 }
 
 TEST(GpuFlashAttention, DropoutMatchesHostReference) {
