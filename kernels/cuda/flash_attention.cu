@@ -1195,6 +1195,7 @@ struct FlashArgs {
   HeadStrides in, os;
   bool dropout = false;  // the kDrawMask / kReadMask kernels with `drop`
   FlashDropout drop{};
+  bool mask_drawn = false;  // drop.keep_bits already drawn (draw_attention_mask)
 };
 
 template <class T, class Tile, int kDrop>
@@ -1252,7 +1253,7 @@ void forward(DType t, const FlashArgs& a, index_t D) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
     if (a.dropout && a.drop.keep_bits != nullptr && philox::whole_groups(a.S)) {
-      launch_draw_mask(a);
+      if (!a.mask_drawn) launch_draw_mask(a);
       launch_forward<T, FwdReadMaskTiling<kD>, kReadMask>(a);
     } else if (a.dropout) {
       launch_forward<T, FwdDropoutTiling<kD>, kDrawMask>(a);
@@ -1297,6 +1298,7 @@ FlashArgs with_dropout(FlashArgs a, const AttentionDropoutSite& d) {
                                   "decisions cannot hold S = " << a.S << " keys in blocks of 128");
   a.drop = {s, philox::keep_threshold(d.p), float(1.0 / (1.0 - d.p)), d.keep_bits,
             d.keep_bits_words};
+  a.mask_drawn = d.mask_drawn;
   return a;
 }
 

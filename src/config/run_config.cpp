@@ -156,6 +156,8 @@ void DeckSchema::bind(RunConfig& c) {
   key("training.precision", &t.precision, "string", "fp32 | bf16 | fp16");
   key("training.logits_dtype", &t.logits_dtype, "string",
       "fp32 | compute (the LM head's logits in the operands' dtype, as Megatron-LM)");
+  key("training.attention_masks_ahead", &t.attention_masks_ahead, "bool",
+      "cuda: draw the first micro-batch's attention-dropout masks under the previous update");
   key("training.clip_grad", &t.clip_grad, "float", "clip global grad norm (0 = off)");
   key("training.recompute", &t.recompute, "string", "none | selective | full");
   key("training.recompute_num_layers", &t.recompute_num_layers, "int",

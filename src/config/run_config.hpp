@@ -143,6 +143,13 @@ struct TrainingSection {
   /// loss kernels still computing in fp32; half the logits' memory and
   /// traffic). The same under precision = fp32.
   std::string logits_dtype = "fp32";
+  /// GPU, fused attention with attention dropout: each step's first
+  /// micro-batch has its layers' dropout masks drawn at the start of the
+  /// step on a high-priority stream, where they overlap the previous
+  /// step's optimizer update, instead of ahead of each layer's attention.
+  /// The same bits either way. With cuda_graphs only at one micro-batch
+  /// per step (the graph replays every micro-batch).
+  bool attention_masks_ahead = true;
   double clip_grad = 1.0;          ///< 0 disables clipping
   std::string recompute = "none";  ///< none | selective | full
   int recompute_num_layers = 0;

@@ -46,6 +46,26 @@ ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
   return site;
 }
 
+bool Attention::draw_mask_ahead(const LayerContext& ctx, void* stream) {
+  ops::AttentionDropout dropout = fused_dropout(ctx);
+  const DType activations = qkv.weight.value.dtype();
+  const index_t s = ctx.seq_length, entries = ctx.micro_batch * heads_local_;
+  // Where core_forward's fused kernels would draw the mask with its own
+  // kernel ahead of the pass (use_fused, and S % 8 == 0).
+  if (dropout.p == 0 || ctx.space == MemorySpace::Host || backend_ == AttentionBackend::Unfused ||
+      !ops::fused_attention_supported(activations, ctx.space, head_dim_) || s % 8 != 0)
+    return false;
+  const Shape shape = ops::attention_keep_bits_shape(entries, s);
+  // Made once (the caller's first draws wait for everything queued before
+  // them, so for every earlier use of the block), then drawn into in place.
+  if (!ahead_keep_bits_.defined()) ahead_keep_bits_ = Tensor::empty(shape, DType::I32, ctx.space);
+  MESH_VERIFY(ahead_keep_bits_.shape() == shape,
+              "Attention::draw_mask_ahead: the micro-batch changed shape between steps");
+  dropout.keep_bits = ahead_keep_bits_;
+  ops::draw_attention_mask(dropout, entries, s, stream);
+  return true;
+}
+
 ops::AttentionDropout Attention::fused_dropout(const LayerContext& ctx) const {
   if (!ctx.training || dropout_ == 0) return {};
   return {dropout_, probs_site(ctx)};
@@ -104,9 +124,13 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
     merged = Tensor::empty({s * b, heads_local_ * head_dim_}, x.dtype(), x.space());
     c.lse = Tensor::empty({b * heads_local_, s}, stats_dtype(x), x.space());
     ops::AttentionDropout dropout = fused_dropout(ctx);
-    if (dropout.p > 0 && !x.is_host())  // b * heads * s^2 / 8 bytes instead of 2 Philox passes
+    if (dropout.p > 0 && ctx.attention_masks_drawn && ahead_keep_bits_.defined()) {
+      dropout.keep_bits = ahead_keep_bits_;  // drawn at the start of the step
+      dropout.mask_drawn = true;
+    } else if (dropout.p > 0 && !x.is_host()) {  // b * heads * s^2 / 8 bytes, not 2 Philox passes
       dropout.keep_bits =
           Tensor::empty(ops::attention_keep_bits_shape(b * heads_local_, s), DType::I32, x.space());
+    }
     c.keep_bits = dropout.keep_bits;
     ops::fused_attention_forward_token_major(qkv_out, s, b, heads_local_, scale(), merged, c.lse,
                                              dropout);

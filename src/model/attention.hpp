@@ -59,6 +59,13 @@ class Attention {
                           Cache& cache) const;
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  /// Draws this layer's attention-dropout mask for the micro-batch of `ctx`
+  /// into its ahead buffer on `stream` (a cudaStream_t), where the fused
+  /// forward reads it when ctx.attention_masks_drawn; false (nothing
+  /// queued) where that forward would not read a stored mask (host, no
+  /// dropout, the unfused core, S % 8 != 0). The buffer lives with the
+  /// layer: the caller orders the draws after the last pass reading it.
+  bool draw_mask_ahead(const LayerContext& ctx, void* stream);
   void collect(ParameterList& out) { qkv.collect(out); proj.collect(out); }
 
   ColumnParallelLinear qkv;
@@ -87,6 +94,8 @@ class Attention {
   index_t head_dim_;
   double dropout_;
   AttentionBackend backend_;
+  /// [b * heads_local, s, words] decisions drawn by draw_mask_ahead.
+  Tensor ahead_keep_bits_;
 };
 
 }  // namespace meshtron

@@ -46,6 +46,12 @@ void GptModel::initialise(LayerContext& ctx, std::uint64_t seed) {
   }
 }
 
+bool GptModel::draw_attention_masks_ahead(const LayerContext& ctx, void* stream) {
+  bool drawn = false;
+  for (auto& layer : layers_) drawn = layer.attention.draw_mask_ahead(ctx, stream) || drawn;
+  return drawn;
+}
+
 ParameterList GptModel::parameters() {
   ParameterList out;
   if (embedding_) embedding_->collect(out);

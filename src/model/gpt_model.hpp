@@ -54,6 +54,10 @@ class GptModel {
   Tensor backward(const Tensor& dout, LayerContext& ctx, const Cache& cache,
                   const std::function<void(const ParameterList&)>& grads_done = {});
 
+  /// Every layer's Attention::draw_mask_ahead for the micro-batch of `ctx`
+  /// on `stream`; whether any layer drew (then all did: same conditions).
+  bool draw_attention_masks_ahead(const LayerContext& ctx, void* stream);
+
   /// All parameters of this stage (the tied head weight once).
   ParameterList parameters();
   const GptConfig& config() const { return config_; }

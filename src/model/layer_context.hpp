@@ -77,6 +77,9 @@ struct LayerContext {
   /// The LM head writes its logits in the operands' dtype instead of fp32
   /// (training.logits_dtype = compute).
   bool logits_in_compute_dtype = false;
+  /// The layers' attention-dropout masks of this micro-batch are in their
+  /// ahead buffers (Attention::draw_mask_ahead, training.attention_masks_ahead).
+  bool attention_masks_drawn = false;
   /// With Full: layers of each model chunk recomputed, counted from the
   /// chunk's first (Megatron's "block" method); 0 = every layer.
   int recompute_num_layers = 0;

@@ -125,6 +125,9 @@ struct AttentionDropout {
   /// again in both backward passes; the same tensor goes to both calls.
   /// Ignored on the host.
   Tensor keep_bits;
+  /// keep_bits already holds this pass's decisions (draw_attention_mask ran
+  /// with the same site): the device forward reads them without drawing.
+  bool mask_drawn = false;
 };
 /// Words (32 keys each) per query row of AttentionDropout::keep_bits: S
 /// rounded up to the kernels' widest key block, 128.
@@ -141,8 +144,11 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 /// device keep_bits; S % 8 == 0, where the forward draws them with their
 /// own kernel), drawn alone: row i of an entry gets its words w <= i / 32
 /// (the ones holding its visible keys), the forward's bits. For drawing the
-/// masks apart from the forward (perf/bench_cuda_ops overlap).
-void draw_attention_mask(const AttentionDropout& dropout, index_t B, index_t S);
+/// masks apart from the forward: ahead of the step, under the optimizer
+/// update (training.attention_masks_ahead). `stream`: a cudaStream_t to
+/// queue the draws on (null: the compute stream).
+void draw_attention_mask(const AttentionDropout& dropout, index_t B, index_t S,
+                         void* stream = nullptr);
 /// dq, dk, dv (overwrite) from dout and the forward's out and lse (and the
 /// forward's dropout). The device kernels are deterministic (no atomics).
 void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,

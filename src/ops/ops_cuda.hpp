@@ -123,6 +123,9 @@ struct AttentionDropoutSite {
   /// drawing the mask twice more. Null: every pass draws it.
   std::uint32_t* keep_bits = nullptr;
   index_t keep_bits_words = 0;
+  /// keep_bits already holds the decisions (draw_attention_mask): the
+  /// forward skips its own draw (S % 8 == 0, where it draws them ahead).
+  bool mask_drawn = false;
 };
 
 /// The stored decisions of `dropout` (p > 0, keep_bits set; S % 8 == 0) for

@@ -296,6 +296,50 @@ void StreamMark::record() {
   CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), compute_stream()));
 }
 
+namespace {
+cudaEvent_t new_event() {
+  cudaEvent_t event = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+}  // namespace
+
+SideStream::~SideStream() {
+  if (stream_) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (forked_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(forked_));
+  if (joined_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(joined_));
+}
+
+void* SideStream::raw() {
+  if (stream_ == nullptr) {
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+    stream_ = stream;
+  }
+  return stream_;
+}
+
+void SideStream::fork_after(const StreamMark& mark) {
+  MESH_VERIFY(mark.event_ != nullptr, "SideStream::fork_after an unrecorded mark");
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(raw()),
+                                 static_cast<cudaEvent_t>(mark.event_), 0));
+}
+
+void SideStream::fork_now() {
+  if (forked_ == nullptr) forked_ = new_event();
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(forked_), compute_stream()));
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(raw()),
+                                 static_cast<cudaEvent_t>(forked_), 0));
+}
+
+void SideStream::join() {
+  if (joined_ == nullptr) joined_ = new_event();
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(joined_), static_cast<cudaStream_t>(raw())));
+  CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), static_cast<cudaEvent_t>(joined_), 0));
+}
+
 void StreamMark::copy_to_host(void* dst, const void* src, std::size_t bytes) {
   MESH_VERIFY(event_ != nullptr, "StreamMark::copy_to_host before record()");
   if (bytes == 0) return;
@@ -341,6 +385,11 @@ void zero_bytes(void*, std::size_t) { not_built("device::zero_bytes"); }
 void synchronize() {}
 
 StreamMark::~StreamMark() = default;
+SideStream::~SideStream() = default;
+void SideStream::fork_after(const StreamMark&) { not_built("device::SideStream::fork_after"); }
+void SideStream::fork_now() { not_built("device::SideStream::fork_now"); }
+void SideStream::join() { not_built("device::SideStream::join"); }
+void* SideStream::raw() { not_built("device::SideStream::raw"); }
 void StreamMark::record() {}
 void StreamMark::copy_to_host(void*, const void*, std::size_t) {
   not_built("device::StreamMark::copy_to_host");

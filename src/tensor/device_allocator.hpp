@@ -99,11 +99,42 @@ class StreamMark {
   /// Copies `bytes` of device memory written before record() into host
   /// memory `dst`; returns when they have arrived.
   void copy_to_host(void* dst, const void* src, std::size_t bytes);
+  bool recorded() const { return event_ != nullptr; }
 
  private:
+  friend class SideStream;
   void* event_ = nullptr;   ///< Owned cudaEvent_t, created by the first record().
   void* pinned_ = nullptr;  ///< Owned page-locked staging (cudaHostAlloc).
   std::size_t pinned_bytes_ = 0;
+};
+
+/// A stream beside the compute stream, at the device's highest priority, for
+/// work that should take the SMs the compute stream's kernels leave free
+/// (the attention masks drawn under the optimizer update: integer-bound
+/// draws beside a bandwidth-bound update). Its work starts after a point
+/// of the compute stream (fork_after) and the compute stream's next work
+/// waits for it (join). Memory it writes must not be the caching
+/// allocator's to reuse while it runs (hold it in a live Tensor).
+class SideStream {
+ public:
+  SideStream() = default;
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  /// Work queued here from now on waits for the compute stream's work
+  /// queued before `mark` (recorded), or before now (fork_now: also every
+  /// earlier use of memory the allocator hands out after it).
+  void fork_after(const StreamMark& mark);
+  void fork_now();
+  /// The compute stream's work queued from now on waits for all queued here.
+  void join();
+  /// The cudaStream_t, created on first use.
+  void* raw();
+
+ private:
+  void* stream_ = nullptr;  ///< Owned cudaStream_t.
+  void* forked_ = nullptr;  ///< Owned cudaEvent_t: fork_now's point of the compute stream.
+  void* joined_ = nullptr;  ///< Owned cudaEvent_t: the end of this stream's work.
 };
 
 /// An owned scratch buffer from the allocator (kernels' partial sums).

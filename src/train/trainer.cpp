@@ -202,7 +202,28 @@ LayerContext Trainer::context_for(const MicroBatch& mb, long step, bool training
   ctx.step = std::uint32_t(step);
   ctx.training = training;
   ctx.sample_offset = mb.sample_offset;
+  ctx.attention_masks_drawn = training && masks_ahead_for_ == mb.sample_offset;
   return ctx;
+}
+
+void Trainer::draw_masks_ahead(long step, const std::vector<MicroBatch>& batch) {
+  masks_ahead_for_.reset();
+  if (!run_.training.attention_masks_ahead || base_ctx_.space == MemorySpace::Host ||
+      batch.empty())
+    return;
+  if (run_.training.cuda_graphs && batch.size() > 1) return;  // one graph replays every micro-batch
+  const LayerContext ctx = context_for(batch.front(), step, /*training=*/true);
+  // After the previous step's backward, the last reader of the layers' mask
+  // buffers; the first draws (which make the buffers) after everything.
+  if (losses_written_.recorded())
+    mask_stream_.fork_after(losses_written_);
+  else
+    mask_stream_.fork_now();
+  bool drawn = false;
+  for (auto& chunk : chunks_)
+    drawn = chunk->draw_attention_masks_ahead(ctx, mask_stream_.raw()) || drawn;
+  mask_stream_.join();
+  if (drawn) masks_ahead_for_ = batch.front().sample_offset;
 }
 
 std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
@@ -463,6 +484,7 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   wait_seconds_ = 0;
   const auto t0 = std::chrono::steady_clock::now();
   const long switches_before = fibers_ ? fibers_->switches() : 0;
+  draw_masks_ahead(step, batch);
   const std::vector<Tensor> losses = run_schedule(tasks, batch, step, /*training=*/true);
   if (base_ctx_.space != MemorySpace::Host) losses_written_.record();
   ++steps_run_;

@@ -60,6 +60,9 @@ class Trainer {
   /// Layers of this rank's first model chunk (interleaving makes more,
   /// smaller chunks; parallel.pipeline_layers may make stages unequal).
   int layers_per_chunk() const { return layers_per_chunk_; }
+  /// Whether the last train_step drew its first micro-batch's attention
+  /// masks ahead (training.attention_masks_ahead where it applies).
+  bool masks_drawn_ahead() const { return masks_ahead_for_.has_value(); }
 
  private:
   /// Runs `tasks` over the micro-batches; returns the per-token losses of
@@ -84,6 +87,10 @@ class Trainer {
   /// A blocking receive from the pipeline neighbour, timed into wait_seconds_.
   void receive(Tensor& t, int peer, int tag);
   LayerContext context_for(const MicroBatch& mb, long step, bool training) const;
+  /// training.attention_masks_ahead: batch[0]'s attention-dropout masks
+  /// drawn on mask_stream_ before the step's work is queued (sets
+  /// masks_ahead_for_ where the layers drew them).
+  void draw_masks_ahead(long step, const std::vector<MicroBatch>& batch);
   int global_chunk(int chunk) const { return chunk * rt_.topo.pp() + rt_.topo.pp_rank(); }
   /// Sum over the pipeline and dp of a last-stage quantity: everyone's copy.
   double reduce_loss(double local_sum, index_t tokens);
@@ -106,6 +113,12 @@ class Trainer {
   /// The end of a training step's backward: its losses are read from there
   /// once the optimizer update is queued behind it.
   device::StreamMark losses_written_;
+  /// Draws the masks of the step's first micro-batch after the previous
+  /// step's backward (losses_written_), beside its update.
+  device::SideStream mask_stream_;
+  /// The sample offset of the micro-batch whose masks mask_stream_ drew
+  /// for this step (its LayerContext says attention_masks_drawn).
+  std::optional<index_t> masks_ahead_for_;
 };
 
 }  // namespace meshtron

@@ -272,12 +272,14 @@ TEST(GpuFlashAttention, MatchesHostReferenceFp16) {
 struct ModelRun {
   std::vector<double> losses;
   std::size_t peak_bytes = 0;
+  bool masks_drawn_ahead = false;            ///< at the last step
+  std::vector<std::vector<double>> params;   ///< after the last step
 };
 
 /// The tiny GPT with head dim 64 (2 layers, hidden 128, 2 heads, seq 256,
 /// micro-batch 4) on the GPU, no hidden dropout.
 RunConfig tiny_gpt_deck(const std::string& backend, const std::string& precision, int steps,
-                        double attention_dropout) {
+                        double attention_dropout, const std::vector<std::string>& extra = {}) {
   testing::Layout layout;
   layout.overrides = {"run.device=cuda",
                       "training.precision=" + precision,
@@ -291,13 +293,19 @@ RunConfig tiny_gpt_deck(const std::string& backend, const std::string& precision
                       "training.micro_batch_size=4",
                       "training.global_batch_size=8",
                       "training.train_iters=" + std::to_string(steps)};
+  for (const std::string& kv : extra) {  // replaces the key's value (each key once)
+    const std::string key = kv.substr(0, kv.find('=') + 1);
+    std::erase_if(layout.overrides, [&](const std::string& o) { return o.rfind(key, 0) == 0; });
+    layout.overrides.push_back(kv);
+  }
   return testing::tiny_config(layout, 1);
 }
 
 /// The tiny GPT trained `steps` steps in `precision` on the GPU.
 ModelRun train_gpt(const std::string& backend, const std::string& precision, DType dtype,
-                   int steps, double attention_dropout = 0) {
-  const RunConfig config = tiny_gpt_deck(backend, precision, steps, attention_dropout);
+                   int steps, double attention_dropout = 0,
+                   const std::vector<std::string>& extra = {}) {
+  const RunConfig config = tiny_gpt_deck(backend, precision, steps, attention_dropout, extra);
   ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), MemorySpace::Cuda);
   const GptConfig model = GptConfig::from_run(config, 100, 1);
   device::synchronize();
@@ -316,6 +324,8 @@ ModelRun train_gpt(const std::string& backend, const std::string& precision, DTy
     auto source = make_synthetic_data(data, 100);
     for (long step = 1; step <= steps; ++step)
       run.losses.push_back(trainer.train_step(step, source->train_step(step)).loss);
+    run.masks_drawn_ahead = trainer.masks_drawn_ahead();
+    for (Parameter* p : trainer.parameters()) run.params.push_back(p->value.to_doubles());
     device::synchronize();
   }
   run.peak_bytes = device::allocator_stats().peak_bytes;
@@ -545,6 +555,37 @@ TEST(GpuFlashAttention, GptBf16AttentionDropoutGradientsFollowEachLayersMask) {
   EXPECT_EQ(qkv_weights, 2);
   std::printf("attention dropout %.1f: fused vs unfused gradients, worst norm-wise %.2e\n", p,
               worst);
+}
+
+// training.attention_masks_ahead (the default): the first micro-batch's
+// masks drawn at the start of the step on a high-priority stream give the
+// bits of the masks drawn ahead of each layer's attention: losses and
+// parameters after 4 steps bitwise equal, eager with 2 micro-batches per
+// step (the second draws its own) and replayed from CUDA graphs with one;
+// where it cannot apply (graphs with 2 micro-batches, no dropout) nothing
+// is drawn ahead.
+TEST(GpuFlashAttention, AttentionMasksDrawnAheadGiveTheSameBits) {
+  REQUIRE_GPU();
+  const int steps = 4;
+  const std::vector<std::vector<std::string>> layouts = {
+      {}, {"training.global_batch_size=4", "training.cuda_graphs=true"}};
+  for (const auto& layout : layouts) {
+    auto with = [&](const std::string& ahead) {
+      std::vector<std::string> extra = layout;
+      extra.push_back("training.attention_masks_ahead=" + ahead);
+      return train_gpt("fused", "bf16", DType::BF16, steps, 0.1, extra);
+    };
+    const ModelRun ahead = with("true"), inline_ = with("false");
+    const std::string what = layout.empty() ? "eager, 2 micro-batches" : "graphs, 1 micro-batch";
+    EXPECT_TRUE(ahead.masks_drawn_ahead) << what;
+    EXPECT_FALSE(inline_.masks_drawn_ahead) << what;
+    EXPECT_EQ(ahead.losses, inline_.losses) << what;
+    EXPECT_EQ(ahead.params, inline_.params) << what;
+    std::printf("%s: last loss %.6f, masks drawn ahead\n", what.c_str(), ahead.losses.back());
+  }
+  EXPECT_FALSE(train_gpt("fused", "bf16", DType::BF16, 2, 0.1, {"training.cuda_graphs=true"})
+                   .masks_drawn_ahead);
+  EXPECT_FALSE(train_gpt("fused", "bf16", DType::BF16, 2, 0.0).masks_drawn_ahead);
 }
 
 TEST(GpuFlashAttention, FusedOnFp32GpuModelIsAUserError) {
