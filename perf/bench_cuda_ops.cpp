@@ -444,9 +444,9 @@ void bench_adamw_multi_tensor(double copy_gbps) {
 // The step's AdamW (bandwidth bound) with the next step's attention-dropout
 // masks (integer-ALU bound: Philox) drawn at the same time on a second
 // stream: 774M's 36 layers x 8 samples x 20 heads x 1024^2 decisions. How
-// much of the masks' time would hide under the update if they were drawn
-// there instead of ahead of each layer's attention (a lead, not what the
-// step does). `bench_cuda_ops overlap`.
+// much of the masks' time hides under the update, as
+// training.attention_masks_ahead draws them (a high-priority stream), and
+// at normal priority. `bench_cuda_ops overlap`.
 ops::AttentionDropout attention_dropout(double p, index_t B, index_t S);  // below
 
 void bench_overlap_masks_with_adamw() {
@@ -454,22 +454,16 @@ void bench_overlap_masks_with_adamw() {
   ops::MultiTensorAdamW update;
   constexpr int kLayers = 36;
   constexpr index_t kB = 8 * 20, kS = 1024;
-  std::vector<Tensor> bits;
-  std::vector<cuda::AttentionDropoutSite> sites;
+  std::vector<ops::AttentionDropout> layers;
   for (int l = 0; l < kLayers; ++l) {
-    bits.push_back(Tensor::empty(ops::attention_keep_bits_shape(kB, kS), DType::I32,
-                                 MemorySpace::Cuda));
-    const ops::DropoutSite d = attention_dropout(0.1, kB, kS).site;
-    cuda::AttentionDropoutSite site{0.1,
-                                    {d.seed, d.step, std::uint32_t(100 + l), d.b, d.c, d.a_offset,
-                                     d.b_offset, d.c_offset, d.b_global, d.c_global, nullptr,
-                                     d.sample_axis}};
-    site.keep_bits = static_cast<std::uint32_t*>(bits.back().raw());
-    site.keep_bits_words = ops::attention_keep_bits_shape(kB, kS)[2];
-    sites.push_back(site);
+    ops::AttentionDropout d = attention_dropout(0.1, kB, kS);
+    d.site.stream = std::uint32_t(100 + l);
+    d.keep_bits = Tensor::empty(ops::attention_keep_bits_shape(kB, kS), DType::I32,
+                                MemorySpace::Cuda);
+    layers.push_back(d);
   }
   const auto masks_on = [&](cudaStream_t stream) {
-    for (const auto& site : sites) cuda::draw_attention_mask(site, kB, kS, stream);
+    for (const ops::AttentionDropout& d : layers) ops::draw_attention_mask(d, kB, kS, stream);
   };
   cudaStream_t normal, high;
   int least = 0, greatest = 0;

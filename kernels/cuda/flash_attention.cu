@@ -1311,7 +1311,7 @@ HeadStrides token_major(index_t b, int parts, index_t heads, index_t D) {
 
 void draw_attention_mask(const AttentionDropoutSite& dropout, index_t B, index_t S,
                          void* stream) {
-  MESH_VERIFY(dropout.p > 0 && dropout.keep_bits != nullptr && S % 8 == 0,
+  MESH_VERIFY(dropout.p > 0 && dropout.keep_bits != nullptr && philox::whole_groups(S),
               "draw_attention_mask: needs p > 0, stored-decision words and S % 8 == 0");
   FlashArgs a{};
   a.B = B;

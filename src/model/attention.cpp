@@ -17,14 +17,15 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, int hea
       dropout_(dropout),
       backend_(backend) {}
 
-bool Attention::use_fused(const Tensor& q) const {
+bool Attention::use_fused(DType activations, MemorySpace space) const {
   if (backend_ == AttentionBackend::Unfused) return false;
-  const bool supported = ops::fused_attention_supported(q.dtype(), q.space(), head_dim_);
-  if (backend_ == AttentionBackend::Auto) return supported && !q.is_host();
+  const bool host = space == MemorySpace::Host;
+  const bool supported = ops::fused_attention_supported(activations, space, head_dim_);
+  if (backend_ == AttentionBackend::Auto) return supported && !host;
   MESH_REQUIRE(supported, "model.attention_backend = fused needs, on the GPU, bf16 or fp16 with "
                           "head dim 64 or 128; got "
-                              << dtype_name(q.dtype()) << " on the "
-                              << (q.is_host() ? "host" : "GPU") << ", head dim " << head_dim_);
+                              << dtype_name(activations) << " on the "
+                              << (host ? "host" : "GPU") << ", head dim " << head_dim_);
   return true;
 }
 
@@ -46,15 +47,18 @@ ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
   return site;
 }
 
-bool Attention::draw_mask_ahead(const LayerContext& ctx, void* stream) {
+bool Attention::draws_mask_ahead(const LayerContext& ctx) const {
+  // Where core_forward's fused kernels would store the mask, drawn by its
+  // own kernel ahead of their pass (the activations are the weights' dtype).
+  return fused_dropout(ctx).p > 0 && ctx.space != MemorySpace::Host &&
+         use_fused(qkv.weight.value.dtype(), ctx.space) &&
+         ops::attention_mask_drawn_alone(ctx.seq_length);
+}
+
+void Attention::draw_mask_ahead(const LayerContext& ctx, void* stream) {
+  MESH_VERIFY(draws_mask_ahead(ctx), "Attention::draw_mask_ahead where the forward draws its own");
   ops::AttentionDropout dropout = fused_dropout(ctx);
-  const DType activations = qkv.weight.value.dtype();
   const index_t s = ctx.seq_length, entries = ctx.micro_batch * heads_local_;
-  // Where core_forward's fused kernels would draw the mask with its own
-  // kernel ahead of the pass (use_fused, and S % 8 == 0).
-  if (dropout.p == 0 || ctx.space == MemorySpace::Host || backend_ == AttentionBackend::Unfused ||
-      !ops::fused_attention_supported(activations, ctx.space, head_dim_) || s % 8 != 0)
-    return false;
   const Shape shape = ops::attention_keep_bits_shape(entries, s);
   // Made once (the caller's first draws wait for everything queued before
   // them, so for every earlier use of the block), then drawn into in place.
@@ -63,7 +67,6 @@ bool Attention::draw_mask_ahead(const LayerContext& ctx, void* stream) {
               "Attention::draw_mask_ahead: the micro-batch changed shape between steps");
   dropout.keep_bits = ahead_keep_bits_;
   ops::draw_attention_mask(dropout, entries, s, stream);
-  return true;
 }
 
 ops::AttentionDropout Attention::fused_dropout(const LayerContext& ctx) const {
@@ -114,7 +117,7 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
   const index_t s = ctx.seq_length, b = ctx.micro_batch;
   Tensor qkv_out = qkv.forward(x, ctx, c.qkv);
   Tensor merged;
-  if (use_fused(qkv_out)) {
+  if (use_fused(qkv_out.dtype(), qkv_out.space())) {
     // The fused core reads q, k, v from the projection's output and writes
     // the context in proj's input layout: no head copies. Nothing s x s is
     // stored but, with attention dropout on the GPU, one bit per

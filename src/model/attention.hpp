@@ -59,13 +59,15 @@ class Attention {
                           Cache& cache) const;
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  /// Whether the forward of the micro-batch of `ctx` can read a mask drawn
+  /// ahead (device, attention dropout, the fused core, S % 8 == 0).
+  bool draws_mask_ahead(const LayerContext& ctx) const;
   /// Draws this layer's attention-dropout mask for the micro-batch of `ctx`
-  /// into its ahead buffer on `stream` (a cudaStream_t), where the fused
-  /// forward reads it when ctx.attention_masks_drawn; false (nothing
-  /// queued) where that forward would not read a stored mask (host, no
-  /// dropout, the unfused core, S % 8 != 0). The buffer lives with the
-  /// layer: the caller orders the draws after the last pass reading it.
-  bool draw_mask_ahead(const LayerContext& ctx, void* stream);
+  /// (where draws_mask_ahead) into its ahead buffer on `stream` (a
+  /// cudaStream_t), where the fused forward reads it when
+  /// ctx.attention_masks_drawn. The buffer lives with the layer: the caller
+  /// orders the draws after the last pass reading it.
+  void draw_mask_ahead(const LayerContext& ctx, void* stream);
   void collect(ParameterList& out) { qkv.collect(out); proj.collect(out); }
 
   ColumnParallelLinear qkv;
@@ -83,9 +85,10 @@ class Attention {
   /// runs twice. Deterministic, so the rebuilt tensors equal the first ones.
   void attention_probs(const Tensor& q, const Tensor& k, const LayerContext& ctx,
                        Tensor& probs, Tensor& probs_kept) const;
-  /// Whether this forward runs the fused core (backend, dtype, head dim);
+  /// Whether a forward on these activations runs the fused core (backend,
+  /// dtype, space, head dim);
   /// "fused" where the fused op cannot run is a UserError.
-  bool use_fused(const Tensor& q) const;
+  bool use_fused(DType activations, MemorySpace space) const;
   Tensor core_forward_unfused(const LayerContext& ctx, Cache& c) const;
   void core_backward_unfused(const Tensor& dcontext, const LayerContext& ctx, const Cache& c,
                              Tensor (&dparts)[3]) const;

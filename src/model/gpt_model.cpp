@@ -46,10 +46,12 @@ void GptModel::initialise(LayerContext& ctx, std::uint64_t seed) {
   }
 }
 
-bool GptModel::draw_attention_masks_ahead(const LayerContext& ctx, void* stream) {
-  bool drawn = false;
-  for (auto& layer : layers_) drawn = layer.attention.draw_mask_ahead(ctx, stream) || drawn;
-  return drawn;
+bool GptModel::draws_attention_masks_ahead(const LayerContext& ctx) const {
+  return !layers_.empty() && layers_.front().attention.draws_mask_ahead(ctx);
+}
+
+void GptModel::draw_attention_masks_ahead(const LayerContext& ctx, void* stream) {
+  for (auto& layer : layers_) layer.attention.draw_mask_ahead(ctx, stream);
 }
 
 ParameterList GptModel::parameters() {

@@ -54,9 +54,12 @@ class GptModel {
   Tensor backward(const Tensor& dout, LayerContext& ctx, const Cache& cache,
                   const std::function<void(const ParameterList&)>& grads_done = {});
 
+  /// Whether this chunk's layers can take the micro-batch of `ctx` with
+  /// masks drawn ahead (Attention::draws_mask_ahead; the same for all).
+  bool draws_attention_masks_ahead(const LayerContext& ctx) const;
   /// Every layer's Attention::draw_mask_ahead for the micro-batch of `ctx`
-  /// on `stream`; whether any layer drew (then all did: same conditions).
-  bool draw_attention_masks_ahead(const LayerContext& ctx, void* stream);
+  /// on `stream`.
+  void draw_attention_masks_ahead(const LayerContext& ctx, void* stream);
 
   /// All parameters of this stage (the tied head weight once).
   ParameterList parameters();

@@ -138,6 +138,10 @@ inline index_t attention_keep_bits_words(index_t S) { return (S + 127) / 128 * 4
 inline Shape attention_keep_bits_shape(index_t B, index_t S) {
   return {B, S, attention_keep_bits_words(S)};
 }
+/// Whether the device forward draws the keep_bits of S x S entries with its
+/// own kernel ahead of its pass (whole 8-key Philox groups per row), so that
+/// draw_attention_mask can draw them apart from it.
+inline bool attention_mask_drawn_alone(index_t S) { return S % 8 == 0; }
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                              Tensor& out, Tensor& lse, const AttentionDropout& dropout = {});
 /// The decisions the device forward stores in dropout.keep_bits (p > 0, a

@@ -130,8 +130,8 @@ struct AttentionDropoutSite {
 
 /// The stored decisions of `dropout` (p > 0, keep_bits set; S % 8 == 0) for
 /// B entries of S x S probabilities, as the fused forward draws them ahead
-/// of its pass, on `stream` (a cudaStream_t; null: the compute stream).
-/// Measures how the draws overlap other kernels (perf/bench_cuda_ops overlap).
+/// of its pass, on `stream` (a cudaStream_t; null: the compute stream):
+/// ops::draw_attention_mask's kernel.
 void draw_attention_mask(const AttentionDropoutSite& dropout, index_t B, index_t S,
                          void* stream = nullptr);
 

@@ -544,7 +544,7 @@ cuda::AttentionDropoutSite device_dropout(const char* op, const AttentionDropout
     site.keep_bits = static_cast<std::uint32_t*>(d.keep_bits.raw());
     site.keep_bits_words = shape[2];
   }
-  MESH_VERIFY(!d.mask_drawn || (d.keep_bits.defined() && S % 8 == 0),
+  MESH_VERIFY(!d.mask_drawn || (d.keep_bits.defined() && attention_mask_drawn_alone(S)),
               op << ": a mask drawn ahead needs keep_bits and S % 8 == 0 (S = " << S << ")");
   site.mask_drawn = d.mask_drawn;
   return site;
@@ -579,8 +579,9 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 
 void draw_attention_mask(const AttentionDropout& dropout, index_t B, index_t S, void* stream) {
   const char* op = "draw_attention_mask";
-  MESH_VERIFY(dropout.p > 0 && dropout.keep_bits.defined() && !dropout.keep_bits.is_host(),
-              op << ": needs p > 0 and device keep_bits");
+  MESH_VERIFY(dropout.p > 0 && dropout.keep_bits.defined() && !dropout.keep_bits.is_host() &&
+                  attention_mask_drawn_alone(S),
+              op << ": needs p > 0, device keep_bits and S % 8 == 0 (S = " << S << ")");
   check_attention_dropout(op, dropout, B, S);
   ON_CUDA(cuda::draw_attention_mask(device_dropout(op, dropout, B, S), B, S, stream));
 }

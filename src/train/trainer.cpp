@@ -1,5 +1,6 @@
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -213,17 +214,18 @@ void Trainer::draw_masks_ahead(long step, const std::vector<MicroBatch>& batch) 
     return;
   if (run_.training.cuda_graphs && batch.size() > 1) return;  // one graph replays every micro-batch
   const LayerContext ctx = context_for(batch.front(), step, /*training=*/true);
+  const auto draws = [&](const auto& chunk) { return chunk->draws_attention_masks_ahead(ctx); };
+  if (!std::any_of(chunks_.begin(), chunks_.end(), draws)) return;  // no fork, no join
   // After the previous step's backward, the last reader of the layers' mask
   // buffers; the first draws (which make the buffers) after everything.
   if (losses_written_.recorded())
     mask_stream_.fork_after(losses_written_);
   else
     mask_stream_.fork_now();
-  bool drawn = false;
   for (auto& chunk : chunks_)
-    drawn = chunk->draw_attention_masks_ahead(ctx, mask_stream_.raw()) || drawn;
+    if (draws(chunk)) chunk->draw_attention_masks_ahead(ctx, mask_stream_.raw());
   mask_stream_.join();
-  if (drawn) masks_ahead_for_ = batch.front().sample_offset;
+  masks_ahead_for_ = batch.front().sample_offset;
 }
 
 std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
