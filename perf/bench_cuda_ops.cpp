@@ -796,6 +796,60 @@ AttentionTimes time_token_major(const Tensor& qkv, const Tensor& dctx, index_t s
   return {fwd_ms, bwd_ms};
 }
 
+/// With attention dropout 0.1: ours as the model runs it (the op table, the
+/// forward storing its keep bits for the backward) against cuDNN's fused
+/// attention with its own generator (training.attention_dropout_rng = cudnn).
+template <class Row>
+void bench_attention_dropout_token_major(const char* what, const Tensor& qkv, const Tensor& dctx,
+                                         index_t s, index_t b, index_t heads, Row row) {
+  const double p = 0.1, scale = 1.0 / std::sqrt(double(qkv.shape()[1] / 3 / heads));
+  const index_t d = qkv.shape()[1] / 3 / heads;
+  Tensor ctx = Tensor::empty(dctx.shape(), qkv.dtype(), MemorySpace::Cuda);
+  Tensor lse = Tensor::empty({b * heads, s}, DType::F32, MemorySpace::Cuda), delta = lse.clone();
+  Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), MemorySpace::Cuda);
+  ops::AttentionDropout own = attention_dropout(p, b * heads, s);
+  own.keep_bits = Tensor::empty(ops::attention_keep_bits_shape(b * heads, s), DType::I32,
+                                MemorySpace::Cuda);
+  const AttentionTimes own_t{
+      median_ms([&] {
+        ops::fused_attention_forward_token_major(qkv, s, b, heads, scale, ctx, lse, own);
+      }),
+      median_ms([&] {
+        ops::fused_attention_backward_token_major(dctx, qkv, ctx, lse, s, b, heads, scale, dqkv,
+                                                  own);
+      })};
+  row("own tm p.1", own_t);
+  const cuda::CudnnAttentionSupport support =
+      cuda::cudnn_attention_support(qkv.dtype(), s, b, heads, d, p);
+  if (!support.forward || !support.backward) {
+    std::printf("%-34s cudnn tm p.1: %s\n", what, support.why_not.c_str());
+    return;
+  }
+  std::vector<std::int64_t> seed_offset_h{1234, 17};  // seed, offset
+  const Tensor seed_offset =
+      Tensor::view(seed_offset_h.data(), {2}, DType::I64).to_space(MemorySpace::Cuda);
+  cuda::CudnnDropout dnn;
+  dnn.p = p;
+  dnn.seed = seed_offset.data<std::int64_t>();
+  dnn.offset = seed_offset.data<std::int64_t>() + 1;
+  const AttentionTimes dnn_t{
+      median_ms([&] {
+        cuda::cudnn_attention_forward_token_major(qkv.dtype(), qkv.raw(), s, b, heads, d, scale,
+                                                  ctx.raw(), lse.data<float>(), dnn);
+      }),
+      median_ms([&] {
+        cuda::cudnn_attention_backward_token_major(qkv.dtype(), dctx.raw(), qkv.raw(), ctx.raw(),
+                                                   lse.data<float>(), s, b, heads, d, scale,
+                                                   delta.data<float>(), dqkv.raw(), dnn);
+      })};
+  row("cudnn tm p.1", dnn_t);
+  std::printf("%-34s with dropout 0.1, speed-up cudnn/own: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx "
+              "(%s)\n",
+              what, own_t.fwd_ms / dnn_t.fwd_ms, own_t.bwd_ms / dnn_t.bwd_ms,
+              (own_t.fwd_ms + own_t.bwd_ms) / (dnn_t.fwd_ms + dnn_t.bwd_ms),
+              support.plans.c_str());
+}
+
 /// Our kernels and cuDNN's on the token-major layout (b 8).
 void bench_attention_token_major() {
   struct Case {
@@ -828,14 +882,16 @@ void bench_attention_token_major() {
                   cudnn.why_not.empty() ? "not available" : cudnn.why_not.c_str());
       continue;
     }
-    const AttentionTimes dnn = time_token_major(qkv, dctx, c.s, c.b, c.heads, c.d,
-                                                cuda::cudnn_attention_forward_token_major,
-                                                cuda::cudnn_attention_backward_token_major);
+    const AttentionTimes dnn = time_token_major(
+        qkv, dctx, c.s, c.b, c.heads, c.d,
+        [](auto... args) { cuda::cudnn_attention_forward_token_major(args...); },
+        [](auto... args) { cuda::cudnn_attention_backward_token_major(args...); });
     row("cudnn tm", dnn);
     std::printf("%-34s speed-up cudnn/own: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx (%s: %s)\n",
                 c.what, own.fwd_ms / dnn.fwd_ms, own.bwd_ms / dnn.bwd_ms,
                 (own.fwd_ms + own.bwd_ms) / (dnn.fwd_ms + dnn.bwd_ms), cudnn.library.c_str(),
                 cudnn.plans.c_str());
+    bench_attention_dropout_token_major(c.what, qkv, dctx, c.s, c.b, c.heads, row);
   }
 }
 

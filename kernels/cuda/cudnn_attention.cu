@@ -17,6 +17,14 @@
 //   col = GEN_INDEX(axis 3), keep = row >= col, S = keep ? S : lowest float;
 //   M = rowmax S;  E = exp(S - M);  L = rowsum E;  Stats = M + log L;
 //   P = E / L (bf16/fp16);  O = P V.
+// With attention dropout from cuDNN's generator (Problem::dropout_p > 0;
+// cuDNN's fused engines match the cudnn-frontend's SDPA pattern): the
+// forward multiplies P by Z = Bernoulli(1 - p) from an RNG operation (seed
+// and offset: device int64 tensors, read when the kernels run) and by
+// 1 / (1 - p) before P V; the backward redraws Z from the same seed and
+// offset, dV = (P Z / (1 - p))^T dO, dS = P (Z dP - (1 - p) sum) / (1 - p).
+// Tests may have the forward write Z out (Problem::mask_out).
+//
 // Backward graph (the dP-workspace form: dQ is a matmul output, not an
 // fp32 accumulator updated with atomics, so the engine is deterministic):
 //   sum = rowsum(dO * O) (fp32, non-virtual: bound to the caller's delta);
@@ -53,6 +61,7 @@
 
 #include <cudnn_graph.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <limits>
@@ -148,6 +157,7 @@ struct Layout {
 /// Unique ids of the tensors bound in the variant pack.
 enum Uid : std::int64_t {
   kQ = 1, kK, kV, kO, kStats, kScale, kMaskFill, kDO, kDQ, kDK, kDV, kSoftmaxSum, kOne,
+  kSeed, kOffset, kDropScale, kMaskOut,
   kFirstVirtual = 100
 };
 
@@ -159,6 +169,10 @@ class GraphBuilder {
  public:
   Raw tensor(std::int64_t uid, cudnnDataType_t type, const Layout& l) {
     return make_tensor(uid, type, l, false, false);
+  }
+  /// A device int64 [1, 1, 1, 1] (the RNG's seed and offset), 8-byte aligned.
+  Raw device_int64(std::int64_t uid) {
+    return make_tensor(uid, CUDNN_DATA_INT64, {{1, 1, 1, 1}, {1, 1, 1, 1}}, false, false, 8);
   }
   Raw virtual_tensor(cudnnDataType_t type, const Layout& l) {
     return make_tensor(next_virtual_++, type, l, true, false);
@@ -206,6 +220,25 @@ class GraphBuilder {
   }
 
   /// y = reduction of x over the dimensions where y has extent 1.
+  /// y = Bernoulli(keep_probability) draws (1 or 0) from cuDNN's generator
+  /// at (seed, offset), one per element of y.
+  Raw bernoulli_into(double keep_probability, Raw seed, Raw offset, Raw y) {
+    Desc rng(CUDNN_BACKEND_RNG_DESCRIPTOR);
+    const cudnnRngDistribution_t bernoulli = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
+    rng.set(CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, 1, &bernoulli);
+    rng.set(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &keep_probability);
+    rng.finalize();
+    Desc op(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_RNG_YDESC, y);
+    op.set_desc(CUDNN_ATTR_OPERATION_RNG_DESC, rng.get());
+    op.set_desc(CUDNN_ATTR_OPERATION_RNG_SEED, seed);
+    op.set_desc(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, offset);
+    op.finalize();
+    keep(std::move(rng));
+    add_op(std::move(op));
+    return y;
+  }
+
   Raw reduce_into(cudnnReduceTensorOp_t how, Raw x, Raw y) {
     Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
     red.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how);
@@ -243,8 +276,7 @@ class GraphBuilder {
 
  private:
   Raw make_tensor(std::int64_t uid, cudnnDataType_t type, const Layout& l, bool is_virtual,
-                  bool by_value) {
-    const std::int64_t alignment = 16;
+                  bool by_value, std::int64_t alignment = 16) {
     Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
     t.set_type(CUDNN_ATTR_TENSOR_DATA_TYPE, type);
     t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, l.dim.data());
@@ -270,6 +302,8 @@ class GraphBuilder {
 struct Problem {
   cudnnDataType_t io;
   std::int64_t s, b, heads, d;
+  double dropout_p = 0.0;     ///< attention dropout from cuDNN's generator (0: none)
+  bool mask_out = false;      ///< the forward also writes the keep mask (tests)
 
   /// A [b, heads, s, d] view of a token-major tensor of `parts` parts.
   Layout token_major(std::int64_t parts) const {
@@ -298,6 +332,24 @@ Raw causal_mask(GraphBuilder& g, const Problem& p, Raw scores, Raw fill) {
                           g.virtual_tensor(kF32, p.scores()));
 }
 
+/// The dropout mask of the scores: 1 (kept, probability 1 - p) or 0, drawn
+/// by cuDNN from the seed and offset bound in the variant pack; written out
+/// (uid kMaskOut) when the problem asks for it.
+Raw dropout_mask(GraphBuilder& g, const Problem& p) {
+  const Raw mask = p.mask_out ? g.tensor(kMaskOut, kF32, p.scores())
+                              : g.virtual_tensor(kF32, p.scores());
+  return g.bernoulli_into(1.0 - p.dropout_p, g.device_int64(kSeed), g.device_int64(kOffset), mask);
+}
+
+/// probs * mask * drop_scale (1 / (1 - p), by value) as `type`: the dropped
+/// probabilities, in the order cuDNN's fused engines match.
+Raw dropped(GraphBuilder& g, const Problem& p, Raw probs, Raw mask, Raw drop_scale,
+            cudnnDataType_t type) {
+  const Raw kept = g.pointwise(CUDNN_POINTWISE_MUL, probs, mask, p.scores());
+  return g.pointwise_into(CUDNN_POINTWISE_MUL, kF32, kept, drop_scale, nullptr,
+                          g.virtual_tensor(type, p.scores()));
+}
+
 std::unique_ptr<GraphBuilder> forward_graph(const Problem& p) {
   auto g = std::make_unique<GraphBuilder>();
   const Raw q = g->tensor(kQ, p.io, p.token_major(3)), kt = g->tensor(kK, p.io, p.token_major_t(3)),
@@ -316,8 +368,11 @@ std::unique_ptr<GraphBuilder> forward_graph(const Problem& p) {
   g->pointwise_into(CUDNN_POINTWISE_ADD, kF32, max,
                     g->pointwise(CUDNN_POINTWISE_LOG, sum, nullptr, p.rows()), nullptr, stats);
   const Raw probs = g->pointwise_into(CUDNN_POINTWISE_DIV, kF32, e, sum, nullptr,
-                                      g->virtual_tensor(p.io, p.scores()));
-  g->matmul(probs, v, o);
+                                      g->virtual_tensor(p.dropout_p > 0 ? kF32 : p.io, p.scores()));
+  g->matmul(p.dropout_p > 0
+                ? dropped(*g, p, probs, dropout_mask(*g, p), g->scalar(kDropScale), p.io)
+                : probs,
+            v, o);
   return g;
 }
 
@@ -345,16 +400,21 @@ std::unique_ptr<GraphBuilder> backward_graph(const Problem& p) {
                                    p.scores());
   const Raw probs =
       g->pointwise(CUDNN_POINTWISE_EXP, causal_mask(*g, p, shifted, fill), nullptr, p.scores());
-  g->matmul(g->reshape_into(probs, g->virtual_tensor(p.io, p.scores_t())), d_o, dv);
-  // dS = P (dO V^T - sum) scale; dK = dS^T Q; dQ = dS K
-  const Raw dp = g->virtual_tensor(kF32, p.scores());
+  const Raw mask = p.dropout_p > 0 ? dropout_mask(*g, p) : nullptr;
+  const Raw drop_scale = mask ? g->scalar(kDropScale) : nullptr;
+  const Raw probs_used = mask ? dropped(*g, p, probs, mask, drop_scale, kF32) : probs;
+  g->matmul(g->reshape_into(probs_used, g->virtual_tensor(p.io, p.scores_t())), d_o, dv);
+  // dS = P (dO V^T - sum) scale; dK = dS^T Q; dQ = dS K. With dropout mask Z
+  // (cuDNN's form): dS = P (Z dP - (1 - p) sum) / (1 - p) scale, the one
+  // bound to uid kOne being 1 - p.
+  Raw dp = g->virtual_tensor(kF32, p.scores());
   g->matmul(d_o, vt, dp);
-  const Raw ds = g->pointwise(
-      CUDNN_POINTWISE_MUL,
-      g->pointwise(CUDNN_POINTWISE_MUL,
-                   g->pointwise(CUDNN_POINTWISE_SUB, dp, softmax_sum, p.scores()), probs,
-                   p.scores()),
-      scale, p.scores());
+  if (mask) dp = g->pointwise(CUDNN_POINTWISE_MUL, dp, mask, p.scores());
+  Raw ds = g->pointwise(CUDNN_POINTWISE_MUL,
+                        g->pointwise(CUDNN_POINTWISE_SUB, dp, softmax_sum, p.scores()), probs,
+                        p.scores());
+  if (mask) ds = g->pointwise(CUDNN_POINTWISE_MUL, ds, drop_scale, p.scores());
+  ds = g->pointwise(CUDNN_POINTWISE_MUL, ds, scale, p.scores());
   g->matmul(g->reshape_into(ds, g->virtual_tensor(p.io, p.scores_t())), q, dk);
   g->matmul(ds, g->reshape_into(kt, g->virtual_tensor(kF32, p.token_major(3))), dq);
   return g;
@@ -455,6 +515,8 @@ struct Key {
   DType t;
   index_t s, b, heads, d;
   bool backward;
+  double dropout_p = 0.0;  ///< cuDNN's own attention dropout (0: none)
+  bool mask_out = false;   ///< the forward writes its keep mask (tests)
   auto operator<=>(const Key&) const = default;
 };
 
@@ -470,7 +532,9 @@ std::string library_name() {
 
 std::string describe(const Key& k) {
   return MESH_MSG(dtype_name(k.t) << " s " << k.s << " b " << k.b << " heads " << k.heads
-                                  << " d " << k.d << (k.backward ? " backward" : " forward"));
+                                  << " d " << k.d << (k.backward ? " backward" : " forward")
+                                  << (k.dropout_p > 0 ? MESH_MSG(" dropout " << k.dropout_p)
+                                                      : std::string()));
 }
 
 /// Handles (one per device) and plans, built on first use.
@@ -507,8 +571,13 @@ class Planner {
       e.why = MESH_MSG("cuDNN's fused attention here takes bf16 or fp16, got "
                        << dtype_name(key.t));
     } else if (const cudnnHandle_t h = handle(key.device, &e.why)) {
-      const Problem p{key.t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF, key.s, key.b,
-                      key.heads, key.d};
+      const Problem p{key.t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF,
+                      key.s,
+                      key.b,
+                      key.heads,
+                      key.d,
+                      key.dropout_p,
+                      key.mask_out};
       try {
         e.plan = make_plan(h, key.backward ? backward_graph(p) : forward_graph(p));
       } catch (const Unsupported& u) {
@@ -527,11 +596,31 @@ class Planner {
   std::map<Key, Entry> entries_;
 };
 
-Key key_of(DType t, index_t s, index_t b, index_t heads, index_t d, bool backward) {
+Key key_of(DType t, index_t s, index_t b, index_t heads, index_t d, bool backward,
+           double dropout_p = 0.0, bool mask_out = false) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  return {device, t, s, b, heads, d, backward};
+  return {device, t, s, b, heads, d, backward, dropout_p, mask_out};
 }
+
+/// The variant pack's extra tensors of cuDNN's attention dropout.
+struct DropoutBinding {
+  explicit DropoutBinding(const CudnnDropout& d_) : d(d_) {
+    if (d.p <= 0) return;
+    MESH_VERIFY(d.seed && d.offset, "cuDNN attention dropout needs device seed and offset");
+    drop_scale = float(1.0 / (1.0 - d.p));
+    softmax_sum_scale = float(1.0 - d.p);
+  }
+  const CudnnDropout& d;
+  float drop_scale = 1.f, softmax_sum_scale = 1.f;  ///< 1 / (1 - p), 1 - p (1, 1 without)
+
+  void add_to(std::vector<std::int64_t>& uids, std::vector<void*>& pointers) {
+    if (d.p <= 0) return;
+    uids.insert(uids.end(), {kSeed, kOffset, kDropScale});
+    pointers.insert(pointers.end(), {const_cast<std::int64_t*>(d.seed),
+                                     const_cast<std::int64_t*>(d.offset), &drop_scale});
+  }
+};
 
 /// The cached plan of `key`; aborts (naming cuDNN's refusal) when there is none.
 const Plan& plan_for(const Key& key, cudnnHandle_t* handle) {
@@ -571,11 +660,11 @@ void check_aligned(const char* op, std::initializer_list<const void*> ptrs) {
 }  // namespace
 
 CudnnAttentionSupport cudnn_attention_support(DType t, index_t s, index_t b, index_t heads,
-                                              index_t D) {
+                                              index_t D, double dropout_p) {
   Planner& planner = Planner::instance();
   std::lock_guard<std::mutex> lock(planner.mutex());
   CudnnAttentionSupport out;
-  const Entry& fwd = planner.entry(key_of(t, s, b, heads, D, false));
+  const Entry& fwd = planner.entry(key_of(t, s, b, heads, D, false, dropout_p));
   out.forward = fwd.plan != nullptr;
   out.why_not = fwd.why;
   auto describe_plan = [](const char* direction, const Plan& p) {
@@ -585,7 +674,7 @@ CudnnAttentionSupport cudnn_attention_support(DType t, index_t s, index_t b, ind
   };
   if (out.forward) {
     out.plans = describe_plan("forward", *fwd.plan);
-    const Entry& bwd = planner.entry(key_of(t, s, b, heads, D, true));
+    const Entry& bwd = planner.entry(key_of(t, s, b, heads, D, true, dropout_p));
     out.backward = bwd.plan != nullptr;
     out.why_not = bwd.why;
     if (out.backward) out.plans += "; " + describe_plan("backward", *bwd.plan);
@@ -598,37 +687,60 @@ CudnnAttentionSupport cudnn_attention_support(DType t, index_t s, index_t b, ind
 
 void cudnn_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse) {
+                                         float* lse, const CudnnDropout& dropout) {
   if (s == 0 || b == 0 || heads == 0) return;
   cudnnHandle_t handle = nullptr;
-  const Plan& plan = plan_for(key_of(t, s, b, heads, D, false), &handle);
+  const bool mask_out = dropout.p > 0 && dropout.mask_out;
+  const Plan& plan = plan_for(
+      key_of(t, s, b, heads, D, false, std::max(dropout.p, 0.0), mask_out), &handle);
   const char* base = static_cast<const char*>(qkv);
   const std::size_t part = std::size_t(heads * D) * dtype_size(t);
   check_aligned("cudnn_attention_forward", {qkv, base + part, context, lse});
   float scale_f = float(scale), fill = std::numeric_limits<float>::lowest();
-  execute(handle, plan, {kQ, kK, kV, kO, kStats, kScale, kMaskFill},
-          {const_cast<char*>(base), const_cast<char*>(base + part),
-           const_cast<char*>(base + 2 * part), context, lse, &scale_f, &fill});
+  std::vector<std::int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kMaskFill};
+  std::vector<void*> pointers{const_cast<char*>(base), const_cast<char*>(base + part),
+                              const_cast<char*>(base + 2 * part), context, lse, &scale_f, &fill};
+  DropoutBinding drop(dropout);
+  drop.add_to(uids, pointers);
+  if (mask_out) {
+    uids.push_back(kMaskOut);
+    pointers.push_back(dropout.mask_out);
+  }
+  execute(handle, plan, uids, pointers);
 }
 
 void cudnn_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
-                                          float* delta, void* dqkv) {
+                                          float* delta, void* dqkv, const CudnnDropout& dropout) {
   if (s == 0 || b == 0 || heads == 0) return;
   cudnnHandle_t handle = nullptr;
-  const Plan& plan = plan_for(key_of(t, s, b, heads, D, true), &handle);
+  const Plan& plan =
+      plan_for(key_of(t, s, b, heads, D, true, std::max(dropout.p, 0.0)), &handle);
   char* in = const_cast<char*>(static_cast<const char*>(qkv));
   char* grad = static_cast<char*>(dqkv);
   const std::size_t part = std::size_t(heads * D) * dtype_size(t);
   check_aligned("cudnn_attention_backward",
                 {dcontext, qkv, in + part, context, lse, delta, dqkv, grad + part});
-  float scale_f = float(scale), fill = std::numeric_limits<float>::lowest(), one = 1.f;
-  execute(handle, plan,
-          {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kSoftmaxSum, kScale, kOne, kMaskFill},
-          {in, in + part, in + 2 * part, const_cast<void*>(context), const_cast<void*>(dcontext),
-           const_cast<float*>(lse), grad, grad + part, grad + 2 * part, delta, &scale_f, &one,
-           &fill});
+  float scale_f = float(scale), fill = std::numeric_limits<float>::lowest();
+  DropoutBinding drop(dropout);
+  std::vector<std::int64_t> uids{kQ,  kK,  kV,          kO,     kDO,  kStats, kDQ,
+                                 kDK, kDV, kSoftmaxSum, kScale, kOne, kMaskFill};
+  std::vector<void*> pointers{in,
+                              in + part,
+                              in + 2 * part,
+                              const_cast<void*>(context),
+                              const_cast<void*>(dcontext),
+                              const_cast<float*>(lse),
+                              grad,
+                              grad + part,
+                              grad + 2 * part,
+                              delta,
+                              &scale_f,
+                              &drop.softmax_sum_scale,
+                              &fill};
+  drop.add_to(uids, pointers);
+  execute(handle, plan, uids, pointers);
 }
 
 }  // namespace meshtron::cuda
@@ -639,20 +751,20 @@ void cudnn_attention_backward_token_major(DType t, const void* dcontext, const v
 
 namespace meshtron::cuda {
 
-CudnnAttentionSupport cudnn_attention_support(DType, index_t, index_t, index_t, index_t) {
+CudnnAttentionSupport cudnn_attention_support(DType, index_t, index_t, index_t, index_t, double) {
   CudnnAttentionSupport out;
   out.why_not = "meshtron was built without cuDNN (not found next to the CUDA toolkit)";
   return out;
 }
 
 void cudnn_attention_forward_token_major(DType, const void*, index_t, index_t, index_t, index_t,
-                                         double, void*, float*) {
+                                         double, void*, float*, const CudnnDropout&) {
   MESH_VERIFY(false, "cudnn_attention_forward: meshtron was built without cuDNN");
 }
 
 void cudnn_attention_backward_token_major(DType, const void*, const void*, const void*,
                                           const float*, index_t, index_t, index_t, index_t, double,
-                                          float*, void*) {
+                                          float*, void*, const CudnnDropout&) {
   MESH_VERIFY(false, "cudnn_attention_backward: meshtron was built without cuDNN");
 }
 

@@ -51,7 +51,10 @@
 // backward reads the same natural-log lse). A one-time stderr line (rank 0)
 // names the choice. flash_attention_*_token_major always run these kernels,
 // and so does every call with attention dropout (cuDNN's dropout mask is
-// drawn from its own generator, not the unfused path's Philox bits).
+// drawn from its own generator, not the unfused path's Philox bits), unless
+// the call asks for cuDNN's generator (AttentionDropoutSite::cudnn_rng,
+// training.attention_dropout_rng = cudnn): then cuDNN runs it, seeded per
+// call by cudnn_dropout_seed_kernel, or the job stops.
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -65,6 +68,7 @@
 #include "kernels/cuda/philox.cuh"
 #include "ops/attention_mask_layout.hpp"
 #include "ops/ops_cuda.hpp"
+#include "tensor/device_allocator.hpp"
 
 namespace meshtron::cuda {
 namespace {
@@ -1438,6 +1442,53 @@ Backends backends_for(DType t, index_t s, index_t b, index_t heads, index_t D) {
   return chosen.emplace(key, use).first->second;
 }
 
+/// The seed of one call's cuDNN-drawn attention dropout (the offset stays
+/// 0): Philox4x32-10 under the run's seed of (sample offset, first local
+/// head, step, stream), so every step, layer, micro-batch, dp rank's samples
+/// and tp rank's heads get their own stream of cuDNN's generator, and a
+/// backward redraws its forward's mask. Reads the step and the sample offset
+/// at run time under CUDA graphs (philox::resolved).
+__global__ void cudnn_dropout_seed_kernel(DropoutPlacement site, std::int64_t* seed_offset) {
+  const DropoutPlacement s = philox::resolved(site);
+  const std::uint64_t sample = std::uint64_t(s.a_offset), head = std::uint64_t(s.b_offset);
+  const uint4 r = philox::philox4x32_10(
+      std::uint32_t(sample), std::uint32_t(sample >> 32) ^ (std::uint32_t(head) << 16), s.step,
+      s.stream, std::uint32_t(s.seed), std::uint32_t(s.seed >> 32));
+  seed_offset[0] = std::int64_t((std::uint64_t(r.y) << 32) | r.x);
+  seed_offset[1] = 0;
+}
+
+/// training.attention_dropout_rng = cudnn: cuDNN's fused attention with its
+/// own dropout, the seed drawn for this call on the compute stream ahead of
+/// it. Stops the job (on every rank: they run the same shapes) where cuDNN
+/// cannot run the shape, rather than silently drawing another mask.
+class CudnnDropoutCall {
+ public:
+  CudnnDropoutCall(const AttentionDropoutSite& d, DType t, index_t s, index_t b, index_t heads,
+                   index_t D)
+      : words_(2 * sizeof(std::int64_t)) {
+    const CudnnAttentionSupport cudnn = cudnn_attention_support(t, s, b, heads, D, d.p);
+    MESH_REQUIRE(cudnn.forward && cudnn.backward,
+                 "training.attention_dropout_rng = cudnn, but cuDNN cannot run this attention ("
+                     << dtype_name(t) << ", s " << s << ", b " << b << ", heads " << heads
+                     << ", head dim " << D << ", dropout " << d.p << "): "
+                     << (cudnn.why_not.empty() ? "cuDNN is not available" : cudnn.why_not));
+    announce("cuDNN's fused attention (" + cudnn.library + ") with its own dropout generator",
+             "training.attention_dropout_rng = cudnn");
+    std::int64_t* words = words_.as<std::int64_t>();
+    cudnn_dropout_seed_kernel<<<1, 1, 0, compute_stream()>>>(d.site, words);
+    CUDA_CHECK(cudaGetLastError());
+    dropout_.p = d.p;
+    dropout_.seed = words;
+    dropout_.offset = words + 1;
+  }
+  const CudnnDropout& dropout() const { return dropout_; }
+
+ private:
+  device::Buffer words_;  ///< {seed, offset}, freed in stream order after the call
+  CudnnDropout dropout_;
+};
+
 }  // namespace
 
 std::string attention_backend(DType t, index_t s, index_t b, index_t heads, index_t D) {
@@ -1451,7 +1502,11 @@ void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, in
                                          index_t heads, index_t D, double scale, void* context,
                                          float* lse, const AttentionDropoutSite& dropout) {
   if (s == 0 || b == 0 || heads == 0) return;
-  if (dropout.p > 0.0) {
+  if (dropout.p > 0.0 && dropout.cudnn_rng) {
+    const CudnnDropoutCall call(dropout, t, s, b, heads, D);
+    cudnn_attention_forward_token_major(t, qkv, s, b, heads, D, scale, context, lse,
+                                        call.dropout());
+  } else if (dropout.p > 0.0) {
     announce(Backends{}.describe(""), "attention dropout (cuDNN's draws other bits)");
     flash_attention_forward_token_major(t, qkv, s, b, heads, D, scale, context, lse, dropout);
   } else if (backends_for(t, s, b, heads, D).cudnn_forward)
@@ -1466,7 +1521,11 @@ void fused_attention_backward_token_major(DType t, const void* dcontext, const v
                                           float* delta, void* dqkv,
                                           const AttentionDropoutSite& dropout) {
   if (s == 0 || b == 0 || heads == 0) return;
-  if (dropout.p > 0.0)
+  if (dropout.p > 0.0 && dropout.cudnn_rng) {
+    const CudnnDropoutCall call(dropout, t, s, b, heads, D);
+    cudnn_attention_backward_token_major(t, dcontext, qkv, context, lse, s, b, heads, D, scale,
+                                         delta, dqkv, call.dropout());
+  } else if (dropout.p > 0.0)
     flash_attention_backward_token_major(t, dcontext, qkv, context, lse, s, b, heads, D, scale,
                                          delta, dqkv, dropout);
   else if (backends_for(t, s, b, heads, D).cudnn_backward)

@@ -158,6 +158,9 @@ void DeckSchema::bind(RunConfig& c) {
       "fp32 | compute (the LM head's logits in the operands' dtype, as Megatron-LM)");
   key("training.attention_masks_ahead", &t.attention_masks_ahead, "bool",
       "cuda: draw the first micro-batch's attention-dropout masks under the previous update");
+  key("training.attention_dropout_rng", &t.attention_dropout_rng, "string",
+      "meshtron | cudnn (attention dropout drawn inside cuDNN's fused attention: faster, "
+      "other bits, not decomposition-invariant)");
   key("training.clip_grad", &t.clip_grad, "float", "clip global grad norm (0 = off)");
   key("training.recompute", &t.recompute, "string", "none | selective | full");
   key("training.recompute_num_layers", &t.recompute_num_layers, "int",
@@ -442,6 +445,11 @@ void RunConfig::validate(int world_size) {
   require_tp_interleave(*this);
   require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
   require_one_of("training.logits_dtype", t.logits_dtype, {"fp32", "compute"});
+  require_one_of("training.attention_dropout_rng", t.attention_dropout_rng,
+                 {"meshtron", "cudnn"});
+  MESH_REQUIRE(t.attention_dropout_rng == "meshtron" || run.device == "cuda",
+               "training.attention_dropout_rng = cudnn needs run.device = cuda (cuDNN draws "
+               "the mask inside its fused attention)");
   require_one_of("training.recompute", t.recompute, {"none", "selective", "full"});
   require_capturable(*this);
   MESH_REQUIRE(t.recompute_num_layers >= 0,

@@ -150,6 +150,15 @@ struct TrainingSection {
   /// The same bits either way. With cuda_graphs only at one micro-batch
   /// per step (the graph replays every micro-batch).
   bool attention_masks_ahead = true;
+  /// Who draws the attention-dropout mask. "meshtron": its counter-based
+  /// Philox, the same bits on the host and the GPU, fused or not, on any
+  /// tp / dp / pp decomposition. "cudnn": cuDNN's fused attention draws it
+  /// with its own generator inside its kernels (as Megatron-LM with
+  /// Transformer Engine does): faster, but other bits, and a run's result
+  /// then depends on its decomposition (each call's seed mixes the step, the
+  /// layer, the sample offset and the first local head). Needs the GPU,
+  /// cuDNN and the fused attention (bf16 / fp16, head dim 64 / 128).
+  std::string attention_dropout_rng = "meshtron";
   double clip_grad = 1.0;          ///< 0 disables clipping
   std::string recompute = "none";  ///< none | selective | full
   int recompute_num_layers = 0;

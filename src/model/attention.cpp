@@ -50,7 +50,8 @@ ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
 bool Attention::draws_mask_ahead(const LayerContext& ctx) const {
   // Where core_forward's fused kernels would store the mask, drawn by its
   // own kernel ahead of their pass (the activations are the weights' dtype).
-  return fused_dropout(ctx).p > 0 && ctx.space != MemorySpace::Host &&
+  return fused_dropout(ctx).p > 0 && !ctx.attention_dropout_cudnn &&
+         ctx.space != MemorySpace::Host &&
          use_fused(qkv.weight.value.dtype(), ctx.space) &&
          ops::attention_mask_drawn_alone(ctx.seq_length);
 }
@@ -71,7 +72,9 @@ void Attention::draw_mask_ahead(const LayerContext& ctx, void* stream) {
 
 ops::AttentionDropout Attention::fused_dropout(const LayerContext& ctx) const {
   if (!ctx.training || dropout_ == 0) return {};
-  return {dropout_, probs_site(ctx)};
+  ops::AttentionDropout d{dropout_, probs_site(ctx)};
+  d.cudnn_rng = ctx.attention_dropout_cudnn;
+  return d;
 }
 
 void Attention::attention_probs(const Tensor& q, const Tensor& k, const LayerContext& ctx,
@@ -127,7 +130,9 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
     merged = Tensor::empty({s * b, heads_local_ * head_dim_}, x.dtype(), x.space());
     c.lse = Tensor::empty({b * heads_local_, s}, stats_dtype(x), x.space());
     ops::AttentionDropout dropout = fused_dropout(ctx);
-    if (dropout.p > 0 && ctx.attention_masks_drawn && ahead_keep_bits_.defined()) {
+    if (dropout.cudnn_rng) {
+      // cuDNN draws (and redraws in the backward) its own mask: nothing stored.
+    } else if (dropout.p > 0 && ctx.attention_masks_drawn && ahead_keep_bits_.defined()) {
       dropout.keep_bits = ahead_keep_bits_;  // drawn at the start of the step
       dropout.mask_drawn = true;
     } else if (dropout.p > 0 && !x.is_host()) {  // b * heads * s^2 / 8 bytes, not 2 Philox passes
@@ -138,6 +143,11 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
     ops::fused_attention_forward_token_major(qkv_out, s, b, heads_local_, scale(), merged, c.lse,
                                              dropout);
   } else {
+    MESH_REQUIRE(!fused_dropout(ctx).cudnn_rng,
+                 "training.attention_dropout_rng = cudnn needs the fused attention on the GPU "
+                 "(bf16 or fp16, head dim 64 or 128, model.attention_backend auto or fused); "
+                 "this layer runs the unfused core on the "
+                     << (x.is_host() ? "host" : "GPU"));
     Tensor parts[3];
     ops::split_heads(qkv_out, s, b, heads_local_, 3, parts);
     c.q = parts[0];

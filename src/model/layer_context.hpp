@@ -80,6 +80,9 @@ struct LayerContext {
   /// The layers' attention-dropout masks of this micro-batch are in their
   /// ahead buffers (Attention::draw_mask_ahead, training.attention_masks_ahead).
   bool attention_masks_drawn = false;
+  /// Attention dropout drawn by cuDNN's fused attention with its own
+  /// generator (training.attention_dropout_rng = cudnn).
+  bool attention_dropout_cudnn = false;
   /// With Full: layers of each model chunk recomputed, counted from the
   /// chunk's first (Megatron's "block" method); 0 = every layer.
   int recompute_num_layers = 0;

@@ -128,6 +128,11 @@ struct AttentionDropout {
   /// keep_bits already holds this pass's decisions (draw_attention_mask ran
   /// with the same site): the device forward reads them without drawing.
   bool mask_drawn = false;
+  /// Device, token-major ops only: the mask is drawn by cuDNN's fused
+  /// attention with its own generator (training.attention_dropout_rng =
+  /// cudnn; cuda::CudnnDropout), not with the site's Philox bits: other
+  /// decisions, the same distribution. keep_bits and mask_drawn unused.
+  bool cudnn_rng = false;
 };
 /// Words (32 keys each) per query row of AttentionDropout::keep_bits: S
 /// rounded up to the kernels' widest key block, 128.

@@ -126,6 +126,10 @@ struct AttentionDropoutSite {
   /// keep_bits already holds the decisions (draw_attention_mask): the
   /// forward skips its own draw (S % 8 == 0, where it draws them ahead).
   bool mask_drawn = false;
+  /// The token-major entry points run cuDNN's fused attention with its own
+  /// generator (CudnnDropout, seeded from `site`) instead of this mask;
+  /// keep_bits unused. Aborts where cuDNN cannot run the shape.
+  bool cudnn_rng = false;
 };
 
 /// The stored decisions of `dropout` (p > 0, keep_bits set; S % 8 == 0) for
@@ -161,7 +165,8 @@ void fused_attention_backward_token_major(DType t, const void* dcontext, const v
 /// The two implementations behind the token-major entry points above, which
 /// pick one per shape (cuDNN when built, loaded and able to plan the shape,
 /// unless MESHTRON_ATTENTION=own; see flash_attention.cu), except that
-/// attention dropout always runs ours (cuDNN's dropout draws other bits).
+/// attention dropout runs ours (cuDNN's dropout draws other bits) unless
+/// the site asks for cuDNN's generator (cudnn_rng).
 /// Ours (kernels/cuda/flash_attention.cu), whatever the choice:
 void flash_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
@@ -182,17 +187,36 @@ struct CudnnAttentionSupport {
   std::string why_not;    ///< when not both: the reason
   std::string plans;      ///< the engines chosen and their workspace bytes
 };
-/// Builds (once per device, dtype and shape; cached) the forward and
-/// backward plans. Thread-safe.
+/// Attention dropout drawn by cuDNN's own generator (its RNG operation,
+/// Bernoulli(1 - p), inside the fused kernels): P is dropped after the
+/// softmax and the kept entries scaled by 1 / (1 - p), as ours, but with
+/// cuDNN's bits, which depend on (seed, offset) and on the entry's place in
+/// this call's [b, heads, s, s] only: not the same mask as meshtron's Philox
+/// (the host path, our kernels), and not invariant under a change of
+/// decomposition. The backward redraws the forward's mask from the same
+/// seed and offset. p = 0: none.
+struct CudnnDropout {
+  double p = 0.0;
+  /// Device int64 values, each 8-byte aligned, read when the kernels run
+  /// (so a captured CUDA graph may change them between replays).
+  const std::int64_t* seed = nullptr;
+  const std::int64_t* offset = nullptr;
+  /// Tests: when set (forward only), the keep mask (1 kept, 0 dropped) as
+  /// fp32 [b, heads, s, s] (cuDNN's RNG output written out).
+  float* mask_out = nullptr;
+};
+/// Builds (once per device, dtype, shape and dropout probability; cached)
+/// the forward and backward plans. Thread-safe.
 CudnnAttentionSupport cudnn_attention_support(DType t, index_t s, index_t b, index_t heads,
-                                              index_t D);
+                                              index_t D, double dropout_p = 0.0);
 void cudnn_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse);
+                                         float* lse, const CudnnDropout& dropout = {});
 void cudnn_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
-                                          float* delta, void* dqkv);
+                                          float* delta, void* dqkv,
+                                          const CudnnDropout& dropout = {});
 /// The backends fused_attention_*_token_major use for this shape on the
 /// current device ("cudnn", "own", or "cudnn forward, own backward"), deciding
 /// it now if no call has yet.

@@ -521,8 +521,17 @@ void check_attention_dropout(const char* op, const AttentionDropout& d, index_t 
                  << ", offset " << s.c_offset << ") must be the whole S*S = " << S * S);
 }
 
+/// Only the device token-major ops run cuDNN's fused attention, which draws
+/// its own mask: every other path would silently draw meshtron's instead.
+void refuse_cudnn_rng(const char* op, const AttentionDropout& d) {
+  MESH_VERIFY(d.p == 0.0 || !d.cudnn_rng,
+              op << ": attention dropout drawn by cuDNN (cudnn_rng) runs in the device "
+                    "token-major ops only");
+}
+
 /// The host kernels' mask of a checked dropout.
-kernels::AttentionMask attention_mask(const AttentionDropout& d) {
+kernels::AttentionMask attention_mask(const char* op, const AttentionDropout& d) {
+  refuse_cudnn_rng(op, d);
   if (d.p == 0.0) return {};
   return {true, d.p, placement(d.site)};
 }
@@ -531,8 +540,9 @@ kernels::AttentionMask attention_mask(const AttentionDropout& d) {
 /// The CUDA kernels' dropout of a checked dropout (B entries of S x S), with
 /// its stored-decision words where given.
 cuda::AttentionDropoutSite device_dropout(const char* op, const AttentionDropout& d, index_t B,
-                                          index_t S) {
+                                          index_t S, bool token_major = false) {
   if (d.p == 0.0) return {};
+  if (!token_major) refuse_cudnn_rng(op, d);
   cuda::AttentionDropoutSite site{d.p, device_placement(d.site)};
   if (d.keep_bits.defined()) {
     const Shape shape = attention_keep_bits_shape(B, S);
@@ -547,6 +557,7 @@ cuda::AttentionDropoutSite device_dropout(const char* op, const AttentionDropout
   MESH_VERIFY(!d.mask_drawn || (d.keep_bits.defined() && attention_mask_drawn_alone(S)),
               op << ": a mask drawn ahead needs keep_bits and S % 8 == 0 (S = " << S << ")");
   site.mask_drawn = d.mask_drawn;
+  site.cudnn_rng = d.cudnn_rng;
   return site;
 }
 #endif
@@ -569,7 +580,7 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
                                           device_dropout(op, dropout, B, S)));
     return;
   }
-  const kernels::AttentionMask z = attention_mask(dropout);
+  const kernels::AttentionMask z = attention_mask(op, dropout);
   with_float_type(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::causal_attention_forward<Host>(q.data<T>(), k.data<T>(), v.data<T>(), B, S, D, scale,
@@ -609,7 +620,7 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
                                            device_dropout(op, dropout, B, S)));
     return;
   }
-  const kernels::AttentionMask z = attention_mask(dropout);
+  const kernels::AttentionMask z = attention_mask(op, dropout);
   with_float_type(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::causal_attention_backward<Host>(dout.data<T>(), q.data<T>(), k.data<T>(),
@@ -655,7 +666,8 @@ void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b
     check_attention_dropout(op, dropout, b * heads, s);
     ON_CUDA(cuda::fused_attention_forward_token_major(qkv.dtype(), qkv.raw(), s, b, heads, d,
                                                       scale, context.raw(), lse.data<float>(),
-                                                      device_dropout(op, dropout, b * heads, s)));
+                                                      device_dropout(op, dropout, b * heads, s,
+                                                                     /*token_major=*/true)));
     return;
   }
   Tensor parts[3];
@@ -688,7 +700,8 @@ void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& 
     Tensor delta = Tensor::empty({b * heads, s}, DType::F32, qkv.space());
     ON_CUDA(cuda::fused_attention_backward_token_major(
         qkv.dtype(), dcontext.raw(), qkv.raw(), context.raw(), lse.data<float>(), s, b, heads, d,
-        scale, delta.data<float>(), dqkv.raw(), device_dropout(op, dropout, b * heads, s)));
+        scale, delta.data<float>(), dqkv.raw(),
+        device_dropout(op, dropout, b * heads, s, /*token_major=*/true)));
     return;
   }
   Tensor parts[3], dout, out;

@@ -18,10 +18,14 @@
 //    (MESHTRON_ATTENTION=own forces ours).
 //  * with cuDNN built in and loaded, GPT-2 124M's shape (bf16, s 1024, b 8,
 //    12 heads, d 64) must plan both directions.
+//  * attention dropout from cuDNN's own generator (CudnnDropout): against
+//    the host in fp64 with the mask the forward writes out; keep rate,
+//    reproducibility, another mask for another seed.
 //
 // Skips (exit 0) without a GPU, or when cuDNN is not built in / not loaded.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -92,6 +96,18 @@ using Forward = void (*)(DType, const void*, index_t, index_t, index_t, index_t,
                          float*);
 using Backward = void (*)(DType, const void*, const void*, const void*, const float*, index_t,
                           index_t, index_t, index_t, double, float*, void*);
+
+/// cuDNN's entry points (no attention dropout) as a Forward and a Backward.
+void cudnn_forward(DType t, const void* qkv, index_t s, index_t b, index_t heads, index_t d,
+                   double scale, void* context, float* lse) {
+  cuda::cudnn_attention_forward_token_major(t, qkv, s, b, heads, d, scale, context, lse);
+}
+void cudnn_backward(DType t, const void* dcontext, const void* qkv, const void* context,
+                    const float* lse, index_t s, index_t b, index_t heads, index_t d,
+                    double scale, float* delta, void* dqkv) {
+  cuda::cudnn_attention_backward_token_major(t, dcontext, qkv, context, lse, s, b, heads, d,
+                                             scale, delta, dqkv);
+}
 
 /// meshtron's kernels (no attention dropout) as a Forward and a Backward.
 void own_forward(DType t, const void* qkv, index_t s, index_t b, index_t heads, index_t d,
@@ -193,7 +209,7 @@ void check_case(const Case& c, std::uint64_t seed) {
   } else {
     // cuDNN forward + our backward (what a shape without a deterministic cuDNN backward runs).
     const Result mixed =
-        run(in, cuda::cudnn_attention_forward_token_major, own_backward);
+        run(in, cudnn_forward, own_backward);
     expect_finite(mixed, c.name() + " cudnn fwd + own bwd");
     expect_close(mixed, ref ? *ref : own, 1e-2,
                  c.name() + " cudnn fwd + own bwd vs " + (ref ? "host" : "own"));
@@ -202,14 +218,14 @@ void check_case(const Case& c, std::uint64_t seed) {
     std::printf("%s: cuDNN declined the backward: %s\n", c.name().c_str(), support.why_not.c_str());
   if (support.forward) std::printf("%s plans: %s\n", c.name().c_str(), support.plans.c_str());
   if (support.forward && support.backward) {
-    const Result cudnn = run(in, cuda::cudnn_attention_forward_token_major,
-                             cuda::cudnn_attention_backward_token_major);
+    const Result cudnn = run(in, cudnn_forward,
+                             cudnn_backward);
     expect_finite(cudnn, c.name() + " cudnn");
     if (ref) expect_close(cudnn, *ref, 1e-2, c.name() + " cudnn vs host");
     expect_close(cudnn, own, 1e-2, c.name() + " cudnn vs own");
     // Deterministic: the same bits from a second forward and backward.
-    expect_same_bits(run(in, cuda::cudnn_attention_forward_token_major,
-                         cuda::cudnn_attention_backward_token_major),
+    expect_same_bits(run(in, cudnn_forward,
+                         cudnn_backward),
                      cudnn, c.name() + " cudnn second run");
   }
   // The dispatcher runs exactly the backend it reports.
@@ -218,10 +234,10 @@ void check_case(const Case& c, std::uint64_t seed) {
   if (env && std::string(env) == "own") EXPECT_EQ(backend, "own") << c.name();
   Result expected = own;
   if (backend == "cudnn")
-    expected = run(in, cuda::cudnn_attention_forward_token_major,
-                   cuda::cudnn_attention_backward_token_major);
+    expected = run(in, cudnn_forward,
+                   cudnn_backward);
   else if (backend != "own")
-    expected = run(in, cuda::cudnn_attention_forward_token_major,
+    expected = run(in, cudnn_forward,
                    own_backward);
   expect_same_bits(run_dispatch(in), expected, c.name() + " dispatch (" + backend + ")");
 }
@@ -246,5 +262,165 @@ TEST(GpuCudnnAttention, MatchesOwnKernelAndHostReference) {
   for (const Case& c : cases) check_case(c, seed += 10);
 }
 
+
+// ------------------------------------ attention dropout from cuDNN's generator ---
+
+/// Host fp64 attention with a given keep mask [b, heads, s, s] (1 kept, 0
+/// dropped): out = (P o M / (1 - p)) V, lse of the undropped softmax, and
+/// the gradients dS = P o (M o dP / (1 - p) - delta), delta = dO . out.
+Result host_with_mask(const std::vector<double>& qkv, const std::vector<double>& dctx,
+                      const std::vector<double>& mask, const Case& c, double scale, double p) {
+  const index_t S = c.s, B = c.b, H = c.heads, D = c.d, width = H * D;
+  const std::size_t rows = std::size_t(S * B);
+  Result r;
+  r.out.assign(rows * width, 0.0);
+  r.lse.assign(std::size_t(B * H * S), 0.0);
+  r.dq.assign(rows * width, 0.0);
+  r.dk.assign(rows * width, 0.0);
+  r.dv.assign(rows * width, 0.0);
+  auto at = [&](index_t i, index_t bi, int part, index_t h, index_t k) {
+    return std::size_t((i * B + bi) * 3 * width + part * width + h * D + k);
+  };
+  auto ctx_at = [&](index_t i, index_t bi, index_t h, index_t k) {
+    return std::size_t((i * B + bi) * width + h * D + k);
+  };
+  std::vector<double> P(std::size_t(S * S)), dP(std::size_t(S * S));
+  for (index_t bi = 0; bi < B; ++bi)
+    for (index_t h = 0; h < H; ++h) {
+      const double* m = &mask[std::size_t(((bi * H + h) * S) * S)];
+      for (index_t i = 0; i < S; ++i) {
+        double mx = -1e300;
+        for (index_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (index_t k = 0; k < D; ++k) dot += qkv[at(i, bi, 0, h, k)] * qkv[at(j, bi, 1, h, k)];
+          P[std::size_t(i * S + j)] = dot * scale;
+          mx = std::max(mx, dot * scale);
+        }
+        double sum = 0;
+        for (index_t j = 0; j <= i; ++j) sum += std::exp(P[std::size_t(i * S + j)] - mx);
+        r.lse[std::size_t((bi * H + h) * S + i)] = mx + std::log(sum);
+        for (index_t j = 0; j <= i; ++j) {
+          P[std::size_t(i * S + j)] = std::exp(P[std::size_t(i * S + j)] - mx) / sum;
+          const double pd = P[std::size_t(i * S + j)] * m[i * S + j] / (1 - p);
+          for (index_t k = 0; k < D; ++k) r.out[ctx_at(i, bi, h, k)] += pd * qkv[at(j, bi, 2, h, k)];
+        }
+      }
+      for (index_t i = 0; i < S; ++i) {
+        double delta = 0;
+        for (index_t k = 0; k < D; ++k) delta += dctx[ctx_at(i, bi, h, k)] * r.out[ctx_at(i, bi, h, k)];
+        for (index_t j = 0; j <= i; ++j) {
+          double dp = 0;
+          for (index_t k = 0; k < D; ++k) dp += dctx[ctx_at(i, bi, h, k)] * qkv[at(j, bi, 2, h, k)];
+          const double keep = m[i * S + j] / (1 - p), pij = P[std::size_t(i * S + j)];
+          const double ds = pij * (keep * dp - delta) * scale;
+          for (index_t k = 0; k < D; ++k) {
+            r.dv[ctx_at(j, bi, h, k)] += pij * keep * dctx[ctx_at(i, bi, h, k)];
+            r.dq[ctx_at(i, bi, h, k)] += ds * qkv[at(j, bi, 1, h, k)];
+            r.dk[ctx_at(j, bi, h, k)] += ds * qkv[at(i, bi, 0, h, k)];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+/// cuDNN's forward (optionally writing its mask) then backward, with its dropout.
+Result run_cudnn_dropout(const Inputs& in, const cuda::CudnnDropout& dropout) {
+  const Case& c = in.c;
+  Tensor ctx = poisoned({in.rows(), in.width()}, c.dt);
+  Tensor lse = poisoned({c.b * c.heads, c.s}, DType::F32);
+  cuda::cudnn_attention_forward_token_major(c.dt, in.qkv.raw(), c.s, c.b, c.heads, c.d, in.scale,
+                                            ctx.raw(), lse.data<float>(), dropout);
+  Tensor dqkv = poisoned(in.qkv.shape(), c.dt), delta = poisoned({c.b * c.heads, c.s}, DType::F32);
+  cuda::CudnnDropout backward = dropout;
+  backward.mask_out = nullptr;
+  cuda::cudnn_attention_backward_token_major(c.dt, in.dctx.raw(), in.qkv.raw(), ctx.raw(),
+                                             lse.data<float>(), c.s, c.b, c.heads, c.d, in.scale,
+                                             delta.data<float>(), dqkv.raw(), backward);
+  const std::vector<double> g = dqkv.to_doubles();
+  return {ctx.to_doubles(), lse.to_doubles(), part(g, in.rows(), in.width(), 0),
+          part(g, in.rows(), in.width(), 1), part(g, in.rows(), in.width(), 2)};
+}
+
+// training.attention_dropout_rng = cudnn: cuDNN draws the mask with its own
+// generator. Its bits cannot be predicted, so the forward is asked to write
+// them out, and everything is checked against the host in fp64 with that
+// mask: out, lse and the gradients (the backward redraws the mask from the
+// same seed and offset), the keep rate, the same result without writing the
+// mask, the same bits on a second run, another mask for another seed.
+TEST(GpuCudnnAttention, DropoutFromItsGeneratorMatchesHostWithItsMask) {
+  REQUIRE_GPU();
+  const double p = 0.1;
+  const Case cases[] = {{128, 2, 2, 64, DType::BF16, true},
+                        {256, 1, 3, 128, DType::BF16, true},
+                        {200, 2, 1, 64, DType::F16, true}};
+  std::uint64_t seed = 9100;
+  for (const Case& c : cases) {
+    const cuda::CudnnAttentionSupport support =
+        cuda::cudnn_attention_support(c.dt, c.s, c.b, c.heads, c.d, p);
+    if (support.library.empty()) GTEST_SKIP() << "cuDNN is not available: " << support.why_not;
+    ASSERT_TRUE(support.forward && support.backward) << c.name() << ": " << support.why_not;
+    std::printf("%s dropout %.1f plans: %s\n", c.name().c_str(), p, support.plans.c_str());
+    const double scale = 1.0 / std::sqrt(double(c.d));
+    const index_t rows = c.s * c.b, width = c.heads * c.d;
+    const Tensor qkv_h = random_rounded({rows, 3 * width}, c.dt, seed += 10, -2, 2);
+    const Tensor dctx_h = random_rounded({rows, width}, c.dt, seed + 1, -1, 1);
+    const Inputs in{c, scale, qkv_h.to(c.dt).to_device(), dctx_h.to(c.dt).to_device()};
+
+    // {seed, offset, another seed}: meshtron varies the seed per call, not
+    // the offset (a counter offset: offset 8 redraws most of offset 7's mask).
+    std::vector<std::int64_t> words{424242 + std::int64_t(seed), 0, 424243 + std::int64_t(seed)};
+    const Tensor seed_offset =
+        Tensor::view(words.data(), {3}, DType::I64).to_space(MemorySpace::Cuda);
+    const std::int64_t* dev = seed_offset.data<std::int64_t>();
+    Tensor mask = poisoned({c.b, c.heads, c.s, c.s}, DType::F32);
+    cuda::CudnnDropout dropout;
+    dropout.p = p;
+    dropout.seed = dev;
+    dropout.offset = dev + 1;
+    dropout.mask_out = mask.data<float>();
+    const Result with_mask = run_cudnn_dropout(in, dropout);
+    const std::vector<double> m = mask.to_doubles();
+
+    // The mask: zeros and ones, kept at rate 1 - p on the visible entries.
+    double kept = 0, visible = 0;
+    bool binary = true;
+    for (index_t e = 0; e < c.b * c.heads; ++e)
+      for (index_t i = 0; i < c.s; ++i)
+        for (index_t j = 0; j <= i; ++j) {
+          const double v = m[std::size_t((e * c.s + i) * c.s + j)];
+          binary = binary && (v == 0.0 || v == 1.0);
+          kept += v;
+          visible += 1;
+        }
+    EXPECT_TRUE(binary) << c.name();
+    const double sigma = std::sqrt(p * (1 - p) / visible);
+    EXPECT_NEAR(kept / visible, 1 - p, 5 * sigma) << c.name();
+
+    const Result ref = host_with_mask(qkv_h.to_doubles(), dctx_h.to_doubles(), m, c, scale, p);
+    expect_finite(with_mask, c.name() + " cudnn dropout");
+    expect_close(with_mask, ref, 1e-2, c.name() + " cudnn dropout vs host with its mask");
+
+    // Without writing the mask out (the training graph): the same mask.
+    dropout.mask_out = nullptr;
+    const Result plain = run_cudnn_dropout(in, dropout);
+    expect_close(plain, ref, 1e-2, c.name() + " cudnn dropout (mask not written) vs host");
+    expect_same_bits(run_cudnn_dropout(in, dropout), plain, c.name() + " cudnn dropout second run");
+
+    // Another seed (read from device memory at run time): another mask.
+    dropout.seed = dev + 2;
+    dropout.mask_out = mask.data<float>();
+    run_cudnn_dropout(in, dropout);
+    const std::vector<double> m2 = mask.to_doubles();
+    double differ = 0;  // expected 2 p (1 - p) of the visible entries
+    for (index_t e = 0; e < c.b * c.heads; ++e)
+      for (index_t i = 0; i < c.s; ++i)
+        for (index_t j = 0; j <= i; ++j) {
+          const std::size_t at = std::size_t((e * c.s + i) * c.s + j);
+          differ += m[at] != m2[at];
+        }
+    EXPECT_GT(differ / visible, p) << c.name() << ": another seed drew the same mask";
+  }
+}
 }  // namespace
 }  // namespace meshtron

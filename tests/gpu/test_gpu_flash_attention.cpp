@@ -588,6 +588,41 @@ TEST(GpuFlashAttention, AttentionMasksDrawnAheadGiveTheSameBits) {
   EXPECT_FALSE(train_gpt("fused", "bf16", DType::BF16, 2, 0.0).masks_drawn_ahead);
 }
 
+// training.attention_dropout_rng = cudnn: cuDNN's fused attention draws the
+// attention-dropout mask with its own generator. Not meshtron's bits (the
+// losses differ from the default's, within the noise of another mask), but
+// still a function of the run: a second run gives the same bits, and so do
+// CUDA graphs with two micro-batches (each call's seed is drawn on the
+// device from the step and sample offset the graph reads at replay). No mask
+// is stored or drawn ahead; the unfused core refuses it.
+TEST(GpuFlashAttention, CudnnDropoutRngIsReproducibleAndTracksOurs) {
+  REQUIRE_GPU();
+  const cuda::CudnnAttentionSupport support =
+      cuda::cudnn_attention_support(DType::BF16, 256, 4, 2, 64, 0.1);
+  if (!support.forward || !support.backward)
+    GTEST_SKIP() << "cuDNN cannot run the tiny GPT's attention with dropout: " << support.why_not;
+  const int steps = 6;
+  const std::string cudnn_rng = "training.attention_dropout_rng=cudnn";
+  const ModelRun ours = train_gpt("fused", "bf16", DType::BF16, steps, 0.1);
+  const ModelRun dnn = train_gpt("fused", "bf16", DType::BF16, steps, 0.1, {cudnn_rng});
+  const ModelRun again = train_gpt("fused", "bf16", DType::BF16, steps, 0.1, {cudnn_rng});
+  const ModelRun graphs = train_gpt("fused", "bf16", DType::BF16, steps, 0.1,
+                                    {cudnn_rng, "training.cuda_graphs=true"});
+  EXPECT_EQ(dnn.losses, again.losses);
+  EXPECT_EQ(dnn.params, again.params);
+  EXPECT_EQ(graphs.losses, dnn.losses) << "CUDA graphs, 2 micro-batches";
+  EXPECT_EQ(graphs.params, dnn.params) << "CUDA graphs, 2 micro-batches";
+  EXPECT_FALSE(dnn.masks_drawn_ahead);
+  EXPECT_NE(dnn.losses, ours.losses) << "cuDNN drew meshtron's mask?";
+  for (int i = 0; i < steps; ++i) {
+    EXPECT_TRUE(std::isfinite(dnn.losses[i]));
+    EXPECT_NEAR(dnn.losses[i], ours.losses[i], 5e-2) << "step " << i + 1;
+  }
+  std::printf("losses, cuDNN's dropout / meshtron's: first %.6f / %.6f, last %.6f / %.6f\n",
+              dnn.losses.front(), ours.losses.front(), dnn.losses.back(), ours.losses.back());
+  EXPECT_THROW(train_gpt("unfused", "bf16", DType::BF16, 1, 0.1, {cudnn_rng}), UserError);
+}
+
 TEST(GpuFlashAttention, FusedOnFp32GpuModelIsAUserError) {
   REQUIRE_GPU();
   EXPECT_THROW(train_gpt("fused", "fp32", DType::F32, 1), UserError);
