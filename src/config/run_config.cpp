@@ -447,9 +447,15 @@ void RunConfig::validate(int world_size) {
   require_one_of("training.logits_dtype", t.logits_dtype, {"fp32", "compute"});
   require_one_of("training.attention_dropout_rng", t.attention_dropout_rng,
                  {"meshtron", "cudnn"});
-  MESH_REQUIRE(t.attention_dropout_rng == "meshtron" || run.device == "cuda",
-               "training.attention_dropout_rng = cudnn needs run.device = cuda (cuDNN draws "
-               "the mask inside its fused attention)");
+  if (t.attention_dropout_rng == "cudnn") {  // cuDNN's fused attention draws the mask
+    const char* needs = "training.attention_dropout_rng = cudnn needs ";
+    MESH_REQUIRE(run.device == "cuda",
+                 needs << "run.device = cuda (cuDNN draws the mask inside its fused attention)");
+    MESH_REQUIRE(t.precision != "fp32",
+                 needs << "training.precision = bf16 or fp16 (the fused attention's dtypes)");
+    MESH_REQUIRE(model.attention_backend != "unfused",
+                 needs << "the fused attention, not model.attention_backend = unfused");
+  }
   require_one_of("training.recompute", t.recompute, {"none", "selective", "full"});
   require_capturable(*this);
   MESH_REQUIRE(t.recompute_num_layers >= 0,
