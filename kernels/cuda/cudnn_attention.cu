@@ -156,7 +156,7 @@ struct Layout {
 
 /// Unique ids of the tensors bound in the variant pack.
 enum Uid : std::int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kMaskFill, kDO, kDQ, kDK, kDV, kSoftmaxSum, kOne,
+  kQ = 1, kK, kV, kO, kStats, kScale, kMaskFill, kDO, kDQ, kDK, kDV, kSoftmaxSum, kSoftmaxSumScale,
   kSeed, kOffset, kDropScale, kMaskOut,
   kFirstVirtual = 100
 };
@@ -219,7 +219,6 @@ class GraphBuilder {
     add_op(std::move(op));
   }
 
-  /// y = reduction of x over the dimensions where y has extent 1.
   /// y = Bernoulli(keep_probability) draws (1 or 0) from cuDNN's generator
   /// at (seed, offset), one per element of y.
   Raw bernoulli_into(double keep_probability, Raw seed, Raw offset, Raw y) {
@@ -239,6 +238,7 @@ class GraphBuilder {
     return y;
   }
 
+  /// y = reduction of x over the dimensions where y has extent 1.
   Raw reduce_into(cudnnReduceTensorOp_t how, Raw x, Raw y) {
     Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
     red.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how);
@@ -384,14 +384,14 @@ std::unique_ptr<GraphBuilder> backward_graph(const Problem& p) {
             dq = g->tensor(kDQ, p.io, p.token_major(3)), dk = g->tensor(kDK, p.io, p.token_major(3)),
             dv = g->tensor(kDV, p.io, p.token_major(3)),
             softmax_sum = g->tensor(kSoftmaxSum, kF32, p.rows()), scale = g->scalar(kScale),
-            one = g->scalar(kOne), fill = g->scalar(kMaskFill);
-  // sum_i = dO_i . O_i
+            sum_scale = g->scalar(kSoftmaxSumScale), fill = g->scalar(kMaskFill);
+  // sum_i = dO_i . O_i (times 1 - p with dropout: cuDNN's softmax sum)
   const Layout bhsd{{p.b, p.heads, p.s, p.d},
                     {p.heads * p.s * p.d, p.s * p.d, p.heads * p.d, 1}};
   const Raw row_dot = g->reduce_into(CUDNN_REDUCE_TENSOR_ADD,
                                      g->pointwise(CUDNN_POINTWISE_MUL, d_o, o, bhsd),
                                      g->virtual_tensor(kF32, p.rows()));
-  g->pointwise_into(CUDNN_POINTWISE_MUL, kF32, row_dot, one, nullptr, softmax_sum);
+  g->pointwise_into(CUDNN_POINTWISE_MUL, kF32, row_dot, sum_scale, nullptr, softmax_sum);
   // P = exp(causal(Q K^T scale - Stats)); dV = P^T dO
   const Raw s = g->virtual_tensor(kF32, p.scores());
   g->matmul(q, kt, s);
@@ -405,8 +405,8 @@ std::unique_ptr<GraphBuilder> backward_graph(const Problem& p) {
   const Raw probs_used = mask ? dropped(*g, p, probs, mask, drop_scale, kF32) : probs;
   g->matmul(g->reshape_into(probs_used, g->virtual_tensor(p.io, p.scores_t())), d_o, dv);
   // dS = P (dO V^T - sum) scale; dK = dS^T Q; dQ = dS K. With dropout mask Z
-  // (cuDNN's form): dS = P (Z dP - (1 - p) sum) / (1 - p) scale, the one
-  // bound to uid kOne being 1 - p.
+  // (cuDNN's form): dS = P (Z dP - (1 - p) sum) / (1 - p) scale, sum_scale
+  // being 1 - p (1 without dropout).
   Raw dp = g->virtual_tensor(kF32, p.scores());
   g->matmul(d_o, vt, dp);
   if (mask) dp = g->pointwise(CUDNN_POINTWISE_MUL, dp, mask, p.scores());
@@ -725,7 +725,7 @@ void cudnn_attention_backward_token_major(DType t, const void* dcontext, const v
   float scale_f = float(scale), fill = std::numeric_limits<float>::lowest();
   DropoutBinding drop(dropout);
   std::vector<std::int64_t> uids{kQ,  kK,  kV,          kO,     kDO,  kStats, kDQ,
-                                 kDK, kDV, kSoftmaxSum, kScale, kOne, kMaskFill};
+                                 kDK, kDV, kSoftmaxSum, kScale, kSoftmaxSumScale, kMaskFill};
   std::vector<void*> pointers{in,
                               in + part,
                               in + 2 * part,
