@@ -801,11 +801,10 @@ AttentionTimes time_token_major(const Tensor& qkv, const Tensor& dctx, index_t s
 /// attention with its own generator (training.attention_dropout_rng = cudnn).
 template <class Row>
 void bench_attention_dropout_token_major(const char* what, const Tensor& qkv, const Tensor& dctx,
-                                         index_t s, index_t b, index_t heads, Row row) {
-  const double p = 0.1, scale = 1.0 / std::sqrt(double(qkv.shape()[1] / 3 / heads));
-  const index_t d = qkv.shape()[1] / 3 / heads;
+                                         index_t s, index_t b, index_t heads, index_t d, Row row) {
+  const double p = 0.1, scale = 1.0 / std::sqrt(double(d));
   Tensor ctx = Tensor::empty(dctx.shape(), qkv.dtype(), MemorySpace::Cuda);
-  Tensor lse = Tensor::empty({b * heads, s}, DType::F32, MemorySpace::Cuda), delta = lse.clone();
+  Tensor lse = Tensor::empty({b * heads, s}, DType::F32, MemorySpace::Cuda);
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), MemorySpace::Cuda);
   ops::AttentionDropout own = attention_dropout(p, b * heads, s);
   own.keep_bits = Tensor::empty(ops::attention_keep_bits_shape(b * heads, s), DType::I32,
@@ -832,16 +831,10 @@ void bench_attention_dropout_token_major(const char* what, const Tensor& qkv, co
   dnn.p = p;
   dnn.seed = seed_offset.data<std::int64_t>();
   dnn.offset = seed_offset.data<std::int64_t>() + 1;
-  const AttentionTimes dnn_t{
-      median_ms([&] {
-        cuda::cudnn_attention_forward_token_major(qkv.dtype(), qkv.raw(), s, b, heads, d, scale,
-                                                  ctx.raw(), lse.data<float>(), dnn);
-      }),
-      median_ms([&] {
-        cuda::cudnn_attention_backward_token_major(qkv.dtype(), dctx.raw(), qkv.raw(), ctx.raw(),
-                                                   lse.data<float>(), s, b, heads, d, scale,
-                                                   delta.data<float>(), dqkv.raw(), dnn);
-      })};
+  const AttentionTimes dnn_t = time_token_major(
+      qkv, dctx, s, b, heads, d,
+      [&](auto... args) { cuda::cudnn_attention_forward_token_major(args..., dnn); },
+      [&](auto... args) { cuda::cudnn_attention_backward_token_major(args..., dnn); });
   row("cudnn tm p.1", dnn_t);
   std::printf("%-34s with dropout 0.1, speed-up cudnn/own: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx "
               "(%s)\n",
@@ -891,7 +884,7 @@ void bench_attention_token_major() {
                 c.what, own.fwd_ms / dnn.fwd_ms, own.bwd_ms / dnn.bwd_ms,
                 (own.fwd_ms + own.bwd_ms) / (dnn.fwd_ms + dnn.bwd_ms), cudnn.library.c_str(),
                 cudnn.plans.c_str());
-    bench_attention_dropout_token_major(c.what, qkv, dctx, c.s, c.b, c.heads, row);
+    bench_attention_dropout_token_major(c.what, qkv, dctx, c.s, c.b, c.heads, c.d, row);
   }
 }
 

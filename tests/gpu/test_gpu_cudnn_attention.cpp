@@ -121,8 +121,10 @@ void own_backward(DType t, const void* dcontext, const void* qkv, const void* co
                                              delta, dqkv);
 }
 
-/// Runs `fwd` then `bwd` (on fwd's outputs) on poisoned outputs.
-Result run(const Inputs& in, Forward fwd, Backward bwd) {
+/// Runs `fwd` then `bwd` (on fwd's outputs) on poisoned outputs: a Forward
+/// and a Backward, or callables with their parameters.
+template <class Fwd, class Bwd>
+Result run(const Inputs& in, Fwd fwd, Bwd bwd) {
   const Case& c = in.c;
   Tensor ctx = poisoned({in.rows(), in.width()}, c.dt);
   Tensor lse = poisoned({c.b * c.heads, c.s}, DType::F32);
@@ -326,20 +328,11 @@ Result host_with_mask(const std::vector<double>& qkv, const std::vector<double>&
 
 /// cuDNN's forward (optionally writing its mask) then backward, with its dropout.
 Result run_cudnn_dropout(const Inputs& in, const cuda::CudnnDropout& dropout) {
-  const Case& c = in.c;
-  Tensor ctx = poisoned({in.rows(), in.width()}, c.dt);
-  Tensor lse = poisoned({c.b * c.heads, c.s}, DType::F32);
-  cuda::cudnn_attention_forward_token_major(c.dt, in.qkv.raw(), c.s, c.b, c.heads, c.d, in.scale,
-                                            ctx.raw(), lse.data<float>(), dropout);
-  Tensor dqkv = poisoned(in.qkv.shape(), c.dt), delta = poisoned({c.b * c.heads, c.s}, DType::F32);
   cuda::CudnnDropout backward = dropout;
-  backward.mask_out = nullptr;
-  cuda::cudnn_attention_backward_token_major(c.dt, in.dctx.raw(), in.qkv.raw(), ctx.raw(),
-                                             lse.data<float>(), c.s, c.b, c.heads, c.d, in.scale,
-                                             delta.data<float>(), dqkv.raw(), backward);
-  const std::vector<double> g = dqkv.to_doubles();
-  return {ctx.to_doubles(), lse.to_doubles(), part(g, in.rows(), in.width(), 0),
-          part(g, in.rows(), in.width(), 1), part(g, in.rows(), in.width(), 2)};
+  backward.mask_out = nullptr;  // the forward's output only
+  return run(
+      in, [&](auto... args) { cuda::cudnn_attention_forward_token_major(args..., dropout); },
+      [&](auto... args) { cuda::cudnn_attention_backward_token_major(args..., backward); });
 }
 
 // training.attention_dropout_rng = cudnn: cuDNN draws the mask with its own
