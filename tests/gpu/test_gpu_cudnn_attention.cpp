@@ -21,6 +21,10 @@
 //  * attention dropout from cuDNN's own generator (CudnnDropout): against
 //    the host in fp64 with the mask the forward writes out; keep rate,
 //    reproducibility, another mask for another seed.
+//  * the per-call seed of training.attention_dropout_rng = cudnn (the
+//    dispatching cuda:: entry points) follows the call's site: same site,
+//    same bits; another sample offset (micro-batch, dp rank), first head (tp
+//    rank), step, layer stream or run seed, another mask.
 //
 // Skips (exit 0) without a GPU, or when cuDNN is not built in / not loaded.
 #include <gtest/gtest.h>
@@ -413,6 +417,62 @@ TEST(GpuCudnnAttention, DropoutFromItsGeneratorMatchesHostWithItsMask) {
           differ += m[at] != m2[at];
         }
     EXPECT_GT(differ / visible, p) << c.name() << ": another seed drew the same mask";
+  }
+}
+
+/// The dispatching entry points with training.attention_dropout_rng = cudnn
+/// (the seed drawn on the device from `site`, as the model calls them).
+Result run_cudnn_rng(const Inputs& in, const cuda::AttentionDropoutSite& site) {
+  return run(
+      in, [&](auto... args) { cuda::fused_attention_forward_token_major(args..., site); },
+      [&](auto... args) { cuda::fused_attention_backward_token_major(args..., site); });
+}
+
+// What tells two attention calls apart must reach cuDNN's seed: the sample
+// offset (micro-batches and dp ranks), the first local head (tp ranks), the
+// step, the layer's stream and the run seed. Each changed alone draws another
+// mask (another output and gradients); the same site gives the same bits,
+// which is what lets a backward redraw its forward's mask. A seed that missed
+// one of them would give every dp (or tp) rank the same masks.
+TEST(GpuCudnnAttention, DropoutSeedFollowsTheCallSite) {
+  REQUIRE_GPU();
+  const double p = 0.1;
+  const Case c{128, 2, 2, 64, DType::BF16, false};
+  const cuda::CudnnAttentionSupport support =
+      cuda::cudnn_attention_support(c.dt, c.s, c.b, c.heads, c.d, p);
+  if (support.library.empty()) GTEST_SKIP() << "cuDNN is not available: " << support.why_not;
+  ASSERT_TRUE(support.forward && support.backward) << c.name() << ": " << support.why_not;
+  const index_t rows = c.s * c.b, width = c.heads * c.d;
+  const Tensor qkv_h = random_rounded({rows, 3 * width}, c.dt, 9500, -2, 2);
+  const Tensor dctx_h = random_rounded({rows, width}, c.dt, 9501, -1, 1);
+  const Inputs in{c, 1.0 / std::sqrt(double(c.d)), qkv_h.to(c.dt).to_device(),
+                  dctx_h.to(c.dt).to_device()};
+
+  // The model's site (Attention::probs_site): [b, heads, s*s] of [?, 4, s*s].
+  cuda::AttentionDropoutSite base;
+  base.p = p;
+  base.cudnn_rng = true;
+  base.site = {1234, 3, 7 * 16 + 2, c.heads, c.s * c.s, 16, 2, 0, 4, c.s * c.s, nullptr, 0};
+  const Result ref = run_cudnn_rng(in, base);
+  expect_finite(ref, "cudnn rng");
+  expect_same_bits(run_cudnn_rng(in, base), ref, "the same site again");
+
+  using Site = cuda::DropoutPlacement;
+  const std::pair<const char*, void (*)(Site&)> changes[] = {
+      {"next micro-batch / dp rank (sample offset)", [](Site& s) { s.a_offset += 2; }},
+      {"tp rank (first local head)", [](Site& s) { s.b_offset = 0; }},
+      {"step", [](Site& s) { s.step += 1; }},
+      {"layer stream", [](Site& s) { s.stream += 16; }},
+      {"run seed", [](Site& s) { s.seed += 1; }}};
+  for (const auto& [what, change] : changes) {
+    cuda::AttentionDropoutSite other = base;
+    change(other.site);
+    const Result got = run_cudnn_rng(in, other);
+    expect_finite(got, what);
+    // Other decisions on ~2 p (1 - p) of the visible entries: out moves by
+    // several percent, far above a rerun's 0.
+    EXPECT_GT(norm_rel(got.out, ref.out), 1e-2) << what << ": the same mask?";
+    EXPECT_GT(norm_rel(got.dv, ref.dv), 1e-2) << what << ": the same mask?";
   }
 }
 }  // namespace

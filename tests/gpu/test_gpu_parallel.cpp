@@ -38,6 +38,7 @@
 
 #include "parallel/communicator_nccl.hpp"
 #include "parallel/decomposition.hpp"
+#include "ops/ops_cuda.hpp"
 #include "parallel/peer_exchange.hpp"
 #include "train/schedule.hpp"
 #include "tensor/device_allocator.hpp"
@@ -763,5 +764,59 @@ TEST(GpuTraining, OverlappedParamGatherMatchesOneGpuRun) {
   }
 }
 
+
+// training.attention_dropout_rng = cudnn at tp 2 + SP and at dp 2 with the
+// distributed optimizer (a bf16 GPT with cuDNN's fused attention, dropout
+// 0.1): both ranks run it, a rerun gives the same bits, and the run trains
+// like the 1-GPU run with meshtron's own mask, within the noise of other
+// masks. cuDNN's generator is by design not decomposition-invariant, so no
+// bitwise comparison with one GPU; that each rank draws its own masks (the
+// seed takes the sample offset and the first local head) is
+// GpuCudnnAttention.DropoutSeedFollowsTheCallSite.
+TEST(GpuTraining, CudnnDropoutRngAtTp2AndDp2IsReproducibleAndTrains) {
+  REQUIRE_TWO_GPUS();
+  // Per-rank attention shapes: tp 2 (2 of 4 heads, 2 samples), dp 2 (4 heads).
+  for (const index_t heads : {2, 4}) {
+    const cuda::CudnnAttentionSupport s =
+        cuda::cudnn_attention_support(DType::BF16, 256, 2, heads, 64, 0.1);
+    if (!s.forward || !s.backward) GTEST_SKIP() << "cuDNN cannot run the attention: " << s.why_not;
+  }
+  const std::vector<std::string> bf16_gpt = {
+      "training.precision=bf16",     "model.attention_backend=fused",
+      "model.num_layers=2",          "model.hidden_size=256",
+      "model.num_attention_heads=4", "model.seq_length=256",
+      "model.hidden_dropout=0",      "model.attention_dropout=0.1",
+      "training.micro_batch_size=2", "training.global_batch_size=8",
+      "training.train_iters=4"};
+  const int steps = 4;
+  RunResult ours;  // one GPU, meshtron's mask (rank 0 only: see one_gpu_reference())
+  if (is_rank0()) {
+    Layout one;
+    one.overrides = bf16_gpt;
+    ours = testing::train_layout(MPI_COMM_SELF, one, DType::BF16, steps, MemorySpace::Cuda);
+  }
+  const Layout tp2_sp{2, 1, 1, "1f1b", false, true}, dp2_distopt{1, 1, 2, "1f1b", true, false};
+  for (Layout layout : {tp2_sp, dp2_distopt}) {
+    SCOPED_TRACE(layout.name());
+    layout.overrides = bf16_gpt;
+    layout.overrides.push_back("training.attention_dropout_rng=cudnn");
+    const RunResult dnn =
+        testing::train_layout(MPI_COMM_WORLD, layout, DType::BF16, steps, MemorySpace::Cuda);
+    const RunResult again =
+        testing::train_layout(MPI_COMM_WORLD, layout, DType::BF16, steps, MemorySpace::Cuda);
+    EXPECT_EQ(dnn.losses, again.losses);
+    EXPECT_EQ(dnn.params, again.params);
+    if (!is_rank0()) continue;
+    EXPECT_NE(dnn.losses, ours.losses) << "cuDNN drew meshtron's mask?";
+    for (int i = 0; i < steps; ++i) {
+      EXPECT_TRUE(std::isfinite(dnn.losses[i]));
+      EXPECT_NEAR(dnn.losses[i], ours.losses[i], 5e-2) << "step " << i + 1;
+    }
+    std::printf("%s losses, cuDNN's dropout / one GPU with meshtron's: first %.6f / %.6f, "
+                "last %.6f / %.6f\n",
+                layout.name().c_str(), dnn.losses.front(), ours.losses.front(), dnn.losses.back(),
+                ours.losses.back());
+  }
+}
 }  // namespace
 }  // namespace meshtron
