@@ -285,15 +285,6 @@ void bench_memory_bound(double copy_gbps, const std::string& only = "", bool tra
       add_row("bias_add", dt, "[8192, 3072]", 2 * n * es, [&] { bias_add(y, bias); });
       Tensor dbias = Tensor::zeros({H4}, DType::F32, MemorySpace::Cuda);
       add_row("bias_backward (fp32 grad)", dt, "[8192, 3072]", n * es, [&] { bias_backward(dy, dbias); });
-      if (dt != DType::F32) {  // the same column sums as a GEMM: ones [1, 8192] x dy (fp32 C, += )
-        std::vector<float> one(std::size_t(tokens), 1.0f);
-        const Tensor ones = Tensor::view(one.data(), {1, tokens}, DType::F32).to(dt).to_device();
-        cuda::GemmArgs g{dt, DType::F32, ones.raw(), dy.raw(), dbias.raw(), false, false,
-                         1, H4, tokens, tokens, H4, H4};
-        g.beta = 1.0;
-        add_row("bias_backward as a ones GEMM (experiment)", dt, "[8192, 3072]", n * es,
-                [&] { cuda::gemm(g); });
-      }
       add_row("add", dt, "[8192, 3072]", 3 * n * es, [&] { add(x, dy, y); });
       add_row("axpy", dt, "[8192, 3072]", 3 * n * es, [&] { axpy(0.5, x, y); });
       add_row("scale", dt, "[8192, 3072]", 2 * n * es, [&] { scale(y, 0.999); });
