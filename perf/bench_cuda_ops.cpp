@@ -1,8 +1,10 @@
 // CUDA op table throughput: memory-bound kernels against the device's copy
-// bandwidth, and the bf16 GEMM's TFLOP/s.
+// bandwidth, GEMMs and attention against a large bf16 GEMM's TFLOP/s.
 //
-// Baseline, measured in the same run: a 1 GiB device-to-device cudaMemcpy,
-// counting bytes read plus bytes written. Each memory-bound op is timed at
+// Baselines (ceilings), measured at the start of the same run: a 1 GiB
+// device-to-device cudaMemcpy, counting bytes read plus bytes written, and
+// cuBLASLt's bf16 GEMM at 8192^3 (bf16 C); GEMM and attention rows print
+// their TFLOP/s as a fraction of it ("/gemm"). Each memory-bound op is timed at
 // GPT-2 124M training sizes (8 x 1024 tokens, H = 768, 4H = 3072, 12 heads,
 // vocab 50304; layernorm and embeddings also at GPT-2 774M's H = 1280, and
 // the layernorm backward also with the residual gradient the transformer
@@ -59,12 +61,23 @@
 // AdamW with the bf16 compute copy over GPT-2 774M's parameter shapes: the
 // per-tensor loop (adamw_step + cast) against ops::MultiTensorAdamW.
 //
+// Google Benchmark: `bench_cuda_ops gbench [--benchmark_* flags]` registers the
+// memory-bound rows ("memory/<op> <dtype> <shape>", 10 calls per timed
+// batch as "/copy"), the GEMMs ("gemm/...") and the token-major attention
+// forward and backward ("attention/<shape>/<own|cudnn>[ p.1]/<fwd|bwd>")
+// with manual (CUDA event) time per call and the counters GB/s and
+// per_copy, or TFLOP/s and per_gemm, against the ceilings in the context
+// (copy_GBps, gemm_TFLOPs).
+//
 // Run: ./perf/bench_cuda_ops        (prints "skipped" without a GPU)
+//      ./perf/bench_cuda_ops gbench --benchmark_filter=layernorm --benchmark_format=json
 //      ./perf/bench_cuda_ops attention [fused]   (attention only [fused rows only])
 //      ./perf/bench_cuda_ops trace [ops]         (those rows' kernels, CUPTI)
 //      ./perf/bench_cuda_ops memory [ops]        (the memory-bound table only
 //                                                 [rows whose op contains one of
 //                                                 the comma-separated ops])
+#include <benchmark/benchmark.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -91,27 +104,65 @@ namespace {
 
 constexpr int kWarmup = 3, kRuns = 20;
 
-/// Median milliseconds per call of f() over kRuns, each run `batch` calls
-/// back to back bracketed by CUDA events (time / batch).
-double median_ms(const std::function<void()>& f, int batch = 1) {
-  for (int i = 0; i < kWarmup; ++i) f();
+/// Milliseconds per call of `batch` calls of f() back to back, bracketed by
+/// CUDA events on the legacy stream (time / batch).
+double batch_ms(const std::function<void()>& f, int batch) {
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> ms;
-  for (int i = 0; i < kRuns; ++i) {
-    CUDA_CHECK(cudaEventRecord(start, 0));
-    for (int b = 0; b < batch; ++b) f();
-    CUDA_CHECK(cudaEventRecord(stop, 0));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(double(t) / batch);
-  }
+  CUDA_CHECK(cudaEventRecord(start, 0));
+  for (int b = 0; b < batch; ++b) f();
+  CUDA_CHECK(cudaEventRecord(stop, 0));
+  CUDA_CHECK(cudaEventSynchronize(stop));
+  float t = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
+  return double(t) / batch;
+}
+
+/// Median milliseconds per call of f() over kRuns batches (batch_ms), after
+/// kWarmup calls.
+double median_ms(const std::function<void()>& f, int batch = 1) {
+  for (int i = 0; i < kWarmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < kRuns; ++i) ms.push_back(batch_ms(f, batch));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+/// The device ceilings every row is a fraction of, measured at the start of
+/// the run: a 1 GiB device-to-device copy (GB/s, read + write) and a large
+/// cuBLASLt bf16 GEMM (TFLOP/s).
+struct Ceilings {
+  double copy_gbps = 0, gemm_tflops = 0;
+};
+
+/// `bench_cuda_ops gbench`: a Google Benchmark of f, run after every row is
+/// registered (f owns what it touches). Each iteration times `batch` calls
+/// between CUDA events and counts the time per call (manual time); counters
+/// GB/s and per_copy where `bytes` > 0, TFLOP/s and per_gemm where `flop` >
+/// 0, per call, against the run's ceilings.
+void register_benchmark(const std::string& name, std::function<void()> f, int batch,
+                        double bytes, double flop, const Ceilings& ceilings) {
+  benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
+    for (int i = 0; i < kWarmup; ++i) f();
+    double seconds = 0;  // per call, summed over the iterations
+    for (auto _ : state) {
+      const double s = batch_ms(f, batch) * 1e-3;
+      state.SetIterationTime(s);
+      seconds += s;
+    }
+    const double calls_per_s = seconds > 0 ? double(state.iterations()) / seconds : 0;
+    if (bytes > 0) {
+      state.counters["GB/s"] = bytes * calls_per_s * 1e-9;
+      state.counters["per_copy"] = bytes * calls_per_s * 1e-9 / ceilings.copy_gbps;
+    }
+    if (flop > 0) {
+      state.counters["TFLOP/s"] = flop * calls_per_s * 1e-12;
+      state.counters["per_gemm"] = flop * calls_per_s * 1e-12 / ceilings.gemm_tflops;
+    }
+  })->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
 /// Random values in [lo, hi): 1M random elements uploaded, then tiled on
@@ -254,17 +305,29 @@ void trace_row(const std::string& what, const std::function<void()>& f, int batc
               call.busy_ms * 1e3, call.idle_ms * 1e3);
 }
 
-void bench_memory_bound(double copy_gbps, const std::string& only = "", bool trace = false) {
+/// Where the memory-bound rows go: the printed table, the CUPTI trace of
+/// their kernels, or Google Benchmarks (`bench_cuda_ops gbench`).
+enum class RowSink { Table, Trace, GoogleBenchmark };
+
+void bench_memory_bound(const Ceilings& ceilings, RowSink sink = RowSink::Table,
+                        const std::string& only = "") {
   using namespace ops;
   const index_t tokens = 8 * 1024, H = 768, H4 = 3072, heads_batch = 8 * 12, S = 1024,
                 vocab = 50304, params = 124'000'000;
   std::vector<Row> rows;
-  // waits_on_host: f synchronises (not capturable in a graph).
+  // waits_on_host: f synchronises (not capturable in a graph). f owns its
+  // tensors (captured by value: they share storage) so that a registered
+  // Google Benchmark outlives this scope.
   auto add_row = [&](const std::string& op, DType dt, const std::string& shape, double bytes,
                      const std::function<void()>& f, bool waits_on_host = false) {
     if (!row_selected(op, only)) return;
-    if (trace) {
-      trace_row(op + " " + std::string(dtype_name(dt)) + " " + shape, f, kBatch);
+    const std::string name = op + " " + std::string(dtype_name(dt)) + " " + shape;
+    if (sink == RowSink::Trace) {
+      trace_row(name, f, kBatch);
+      return;
+    }
+    if (sink == RowSink::GoogleBenchmark) {
+      register_benchmark("memory/" + name, f, kBatch, bytes, 0, ceilings);
       return;
     }
     const double ms = median_ms(f, kBatch), ms_1x = median_ms(f);
@@ -279,29 +342,29 @@ void bench_memory_bound(double copy_gbps, const std::string& only = "", bool tra
       Tensor x = random_device({tokens, H4}, dt, -4, 4), y = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
       Tensor dy = random_device(x.shape(), dt), dx = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
       const double n = double(x.numel());
-      add_row("gelu_forward", dt, "[8192, 3072]", 2 * n * es, [&] { gelu_forward(x, y); });
-      add_row("gelu_backward", dt, "[8192, 3072]", 3 * n * es, [&] { gelu_backward(dy, x, dx); });
+      add_row("gelu_forward", dt, "[8192, 3072]", 2 * n * es, [=]() mutable { gelu_forward(x, y); });
+      add_row("gelu_backward", dt, "[8192, 3072]", 3 * n * es, [=]() mutable { gelu_backward(dy, x, dx); });
       Tensor bias = random_device({H4}, dt);
-      add_row("bias_add", dt, "[8192, 3072]", 2 * n * es, [&] { bias_add(y, bias); });
+      add_row("bias_add", dt, "[8192, 3072]", 2 * n * es, [=]() mutable { bias_add(y, bias); });
       Tensor dbias = Tensor::zeros({H4}, DType::F32, MemorySpace::Cuda);
-      add_row("bias_backward (fp32 grad)", dt, "[8192, 3072]", n * es, [&] { bias_backward(dy, dbias); });
-      add_row("add", dt, "[8192, 3072]", 3 * n * es, [&] { add(x, dy, y); });
-      add_row("axpy", dt, "[8192, 3072]", 3 * n * es, [&] { axpy(0.5, x, y); });
-      add_row("scale", dt, "[8192, 3072]", 2 * n * es, [&] { scale(y, 0.999); });
-      add_row("sum_of_squares (+sync)", dt, "[8192, 3072]", n * es, [&] { (void)sum_of_squares(x); }, /*waits_on_host=*/true);
+      add_row("bias_backward (fp32 grad)", dt, "[8192, 3072]", n * es, [=]() mutable { bias_backward(dy, dbias); });
+      add_row("add", dt, "[8192, 3072]", 3 * n * es, [=]() mutable { add(x, dy, y); });
+      add_row("axpy", dt, "[8192, 3072]", 3 * n * es, [=]() mutable { axpy(0.5, x, y); });
+      add_row("scale", dt, "[8192, 3072]", 2 * n * es, [=]() mutable { scale(y, 0.999); });
+      add_row("sum_of_squares (+sync)", dt, "[8192, 3072]", n * es, [=]() mutable { (void)sum_of_squares(x); }, /*waits_on_host=*/true);
       Tensor total = Tensor::empty({1}, DType::F64, MemorySpace::Cuda);
       const std::vector<Tensor> xs = {x};
-      add_row("sum_of_squares_into (device)", dt, "[8192, 3072]", n * es, [&] { sum_of_squares_into(xs, total); });
+      add_row("sum_of_squares_into (device)", dt, "[8192, 3072]", n * es, [=]() mutable { sum_of_squares_into(xs, total); });
       DropoutSite site;
       site.a = tokens, site.b = 1, site.c = H4, site.c_global = H4;
-      add_row("dropout_forward p=0.1", dt, "[8192, 3072]", 2 * n * es, [&] { dropout_forward(x, 0.1, site, y); });
-      add_row("dropout_add p=0.1", dt, "[8192, 3072]", 3 * n * es, [&] { dropout_add(x, dy, 0.1, site, y); });
+      add_row("dropout_forward p=0.1", dt, "[8192, 3072]", 2 * n * es, [=]() mutable { dropout_forward(x, 0.1, site, y); });
+      add_row("dropout_add p=0.1", dt, "[8192, 3072]", 3 * n * es, [=]() mutable { dropout_add(x, dy, 0.1, site, y); });
     }
     {  // 774M's fc bias gradient (4 x 1280 columns), taken after the MLP's dgelu GEMM
       const index_t F = 4 * 1280;
       Tensor dpre = random_device({tokens, F}, dt), dbias = Tensor::zeros({F}, DType::F32, MemorySpace::Cuda);
       add_row("bias_backward (fp32 grad)", dt, "[8192, 5120]", double(dpre.numel()) * es,
-              [&] { bias_backward(dpre, dbias); });
+              [=]() mutable { bias_backward(dpre, dbias); });
     }
     for (const index_t h : {H, index_t(1280)}) {  // GPT-2 124M's and 774M's width
       const std::string shape = "[8192, " + std::to_string(h) + "]";
@@ -309,34 +372,34 @@ void bench_memory_bound(double copy_gbps, const std::string& only = "", bool tra
       Tensor gamma = random_device({h}, dt), beta = random_device({h}, dt);
       Tensor mean = Tensor::empty({tokens}, DType::F32, MemorySpace::Cuda), rstd = mean.clone();
       const double n = double(x.numel());
-      add_row("layernorm_forward", dt, shape, 2 * n * es, [&] { layernorm_forward(x, gamma, beta, 1e-5, y, mean, rstd); });
+      add_row("layernorm_forward", dt, shape, 2 * n * es, [=]() mutable { layernorm_forward(x, gamma, beta, 1e-5, y, mean, rstd); });
       Tensor dy = random_device(x.shape(), dt), dx = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
       Tensor dgamma = Tensor::zeros({h}, DType::F32, MemorySpace::Cuda), dbeta = dgamma.clone();
-      add_row("layernorm_backward", dt, shape, 3 * n * es, [&] { layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta); });
+      add_row("layernorm_backward", dt, shape, 3 * n * es, [=]() mutable { layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta); });
       Tensor residual = random_device(x.shape(), dt);  // the transformer layer's call
-      add_row("layernorm_backward + residual", dt, shape, 4 * n * es, [&] { layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, &residual); });
+      add_row("layernorm_backward + residual", dt, shape, 4 * n * es, [=]() mutable { layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, &residual); });
       Tensor table = random_device({vocab, h}, dt), ids = random_ids(tokens, int(vocab));
-      add_row("embedding_forward", dt, shape, 2 * n * es, [&] { embedding_forward(ids, table, 0, y); });
+      add_row("embedding_forward", dt, shape, 2 * n * es, [=]() mutable { embedding_forward(ids, table, 0, y); });
       Tensor dtable = Tensor::zeros({vocab, h}, DType::F32, MemorySpace::Cuda);
-      add_row("embedding_backward (fp32 grad)", dt, shape, n * es + 2 * n * 4, [&] { embedding_backward(ids, dy, 0, dtable); });
+      add_row("embedding_backward (fp32 grad)", dt, shape, n * es + 2 * n * 4, [=]() mutable { embedding_backward(ids, dy, 0, dtable); });
     }
     {
       Tensor s = random_device({heads_batch, S, S}, dt, -8, 8), p = Tensor::empty(s.shape(), dt, MemorySpace::Cuda);
       const double n = double(s.numel());
-      add_row("softmax_forward", dt, "[96, 1024, 1024]", 2 * n * es, [&] { scaled_causal_softmax_forward(s, 0.125, p); });
+      add_row("softmax_forward", dt, "[96, 1024, 1024]", 2 * n * es, [=]() mutable { scaled_causal_softmax_forward(s, 0.125, p); });
       Tensor dp = random_device(s.shape(), dt), ds = Tensor::empty(s.shape(), dt, MemorySpace::Cuda);
-      add_row("softmax_backward", dt, "[96, 1024, 1024]", 3 * n * es, [&] { scaled_causal_softmax_backward(dp, p, 0.125, ds); });
+      add_row("softmax_backward", dt, "[96, 1024, 1024]", 3 * n * es, [=]() mutable { scaled_causal_softmax_backward(dp, p, 0.125, ds); });
     }
     {
       Tensor logits = random_device({tokens, vocab}, dt, -6, 6), targets = random_ids(tokens, 50257);
       Tensor row_max = Tensor::empty({tokens}, DType::F32, MemorySpace::Cuda), sum_exp = row_max.clone(),
              tl = row_max.clone(), dloss = random_device({tokens}, DType::F32, 0.1, 1);
       const double n = double(logits.numel());
-      add_row("cross_entropy_row_max", dt, "[8192, 50304]", n * es, [&] { cross_entropy_row_max(logits, 0, 50257, row_max); });
-      add_row("cross_entropy_partials", dt, "[8192, 50304]", n * es, [&] { cross_entropy_partials(logits, targets, row_max, 0, 50257, sum_exp, tl); });
-      add_row("cross_entropy_row_stats", dt, "[8192, 50304]", n * es, [&] { cross_entropy_row_stats(logits, targets, 0, 50257, row_max, sum_exp, tl); });
+      add_row("cross_entropy_row_max", dt, "[8192, 50304]", n * es, [=]() mutable { cross_entropy_row_max(logits, 0, 50257, row_max); });
+      add_row("cross_entropy_partials", dt, "[8192, 50304]", n * es, [=]() mutable { cross_entropy_partials(logits, targets, row_max, 0, 50257, sum_exp, tl); });
+      add_row("cross_entropy_row_stats", dt, "[8192, 50304]", n * es, [=]() mutable { cross_entropy_row_stats(logits, targets, 0, 50257, row_max, sum_exp, tl); });
       Tensor dlogits = Tensor::empty(logits.shape(), dt, MemorySpace::Cuda);
-      add_row("cross_entropy_backward", dt, "[8192, 50304]", 2 * n * es, [&] { cross_entropy_backward(logits, targets, row_max, sum_exp, dloss, 0, 50257, dlogits); });
+      add_row("cross_entropy_backward", dt, "[8192, 50304]", 2 * n * es, [=]() mutable { cross_entropy_backward(logits, targets, row_max, sum_exp, dloss, 0, 50257, dlogits); });
     }
   }
   {
@@ -344,15 +407,15 @@ void bench_memory_bound(double copy_gbps, const std::string& only = "", bool tra
            m = random_device({params}, DType::F32, -0.01, 0.01), v = random_device({params}, DType::F32, 0, 1e-4);
     AdamWParams hp;
     hp.weight_decay = 0.1;
-    add_row("adamw_step", DType::F32, "[124M]", 28.0 * double(params), [&] { adamw_step(p, g, m, v, hp); });
+    add_row("adamw_step", DType::F32, "[124M]", 28.0 * double(params), [=]() mutable { adamw_step(p, g, m, v, hp); });
     // The gradient norm as training takes it: once per step over every
     // fp32 gradient of the model (here 124M of them), then the host waits.
-    add_row("sum_of_squares (+sync)", DType::F32, "[124M]", 4.0 * double(params), [&] { (void)sum_of_squares(g); }, /*waits_on_host=*/true);
+    add_row("sum_of_squares (+sync)", DType::F32, "[124M]", 4.0 * double(params), [=]() mutable { (void)sum_of_squares(g); }, /*waits_on_host=*/true);
     Tensor total = Tensor::empty({1}, DType::F64, MemorySpace::Cuda);
     const std::vector<Tensor> gs = {g};
-    add_row("sum_of_squares_into (device)", DType::F32, "[124M]", 4.0 * double(params), [&] { sum_of_squares_into(gs, total); });
+    add_row("sum_of_squares_into (device)", DType::F32, "[124M]", 4.0 * double(params), [=]() mutable { sum_of_squares_into(gs, total); });
   }
-  if (!trace) print_memory_bound(rows, copy_gbps);
+  if (sink == RowSink::Table) print_memory_bound(rows, ceilings.copy_gbps);
 }
 
 /// GPT-2 774M's parameter tensors (36 layers x 12 + embeddings and the final
@@ -685,28 +748,45 @@ void bench_residual_epilogues() {
   }
 }
 
-void bench_gemm() {
-  std::printf("\n%-40s %9s %9s\n", "GEMM (row-major, cuBLASLt)", "ms", "TFLOP/s");
-  struct Case {
-    const char* what;
-    index_t M, N, K;
-    bool ta, tb;
-    DType ab, c;
-  };
-  const Case cases[] = {
-      {"bf16 4096^3 NN, bf16 C", 4096, 4096, 4096, false, false, DType::BF16, DType::BF16},
-      {"bf16 4096^3 NT, bf16 C", 4096, 4096, 4096, false, true, DType::BF16, DType::BF16},
-      {"bf16 4096^3 TN, fp32 C (beta=1)", 4096, 4096, 4096, true, false, DType::BF16, DType::F32},
-      {"bf16 8192x2304x768 (QKV fwd)", 8192, 2304, 768, false, false, DType::BF16, DType::BF16},
-      {"fp32 4096^3 NN (no TF32)", 4096, 4096, 4096, false, false, DType::F32, DType::F32},
-  };
-  for (const Case& c : cases) {
-    Tensor A = random_device(c.ta ? Shape{c.K, c.M} : Shape{c.M, c.K}, c.ab);
-    Tensor B = random_device(c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, c.ab);
-    Tensor C = random_device({c.M, c.N}, c.c);
-    const double beta = c.c == c.ab ? 0.0 : 1.0;
-    const double ms = median_ms([&] { ops::gemm(A, c.ta, B, c.tb, C, 1.0, beta); });
-    std::printf("%-40s %9.4f %9.1f\n", c.what, ms, 2.0 * double(c.M) * c.N * c.K / (ms * 1e9));
+/// A GEMM row: C [M, N] = op(A) op(B) (+ C where C is fp32: beta 1).
+struct GemmCase {
+  const char* what;
+  index_t M, N, K;
+  bool ta, tb;
+  DType ab, c;
+  double flop() const { return 2.0 * double(M) * double(N) * double(K); }
+  /// One call on random inputs the callable owns.
+  std::function<void()> call() const {
+    Tensor A = random_device(ta ? Shape{K, M} : Shape{M, K}, ab);
+    Tensor B = random_device(tb ? Shape{N, K} : Shape{K, N}, ab);
+    Tensor C = random_device({M, N}, c);
+    const double beta = c == ab ? 0.0 : 1.0;
+    const bool a_t = ta, b_t = tb;
+    return [=]() mutable { ops::gemm(A, a_t, B, b_t, C, 1.0, beta); };
+  }
+};
+
+/// The GEMM ceiling: cuBLASLt's bf16 GEMM at 8192^3 (bf16 C), TFLOP/s.
+const GemmCase kGemmCeiling{"bf16 8192^3 NN, bf16 C (the ceiling)", 8192, 8192, 8192,
+                            false, false, DType::BF16, DType::BF16};
+
+const GemmCase kGemmCases[] = {
+    {"bf16 4096^3 NN, bf16 C", 4096, 4096, 4096, false, false, DType::BF16, DType::BF16},
+    {"bf16 4096^3 NT, bf16 C", 4096, 4096, 4096, false, true, DType::BF16, DType::BF16},
+    {"bf16 4096^3 TN, fp32 C (beta=1)", 4096, 4096, 4096, true, false, DType::BF16, DType::F32},
+    {"bf16 8192x2304x768 (QKV fwd)", 8192, 2304, 768, false, false, DType::BF16, DType::BF16},
+    {"fp32 4096^3 NN (no TF32)", 4096, 4096, 4096, false, false, DType::F32, DType::F32},
+};
+
+double gemm_ceiling_tflops() {
+  return kGemmCeiling.flop() / (median_ms(kGemmCeiling.call()) * 1e9);
+}
+
+void bench_gemm(const Ceilings& ceilings) {
+  std::printf("\n%-40s %9s %9s %7s\n", "GEMM (row-major, cuBLASLt)", "ms", "TFLOP/s", "/gemm");
+  for (const GemmCase& c : kGemmCases) {
+    const double ms = median_ms(c.call()), tflops = c.flop() / (ms * 1e9);
+    std::printf("%-40s %9.4f %9.1f %7.2f\n", c.what, ms, tflops, tflops / ceilings.gemm_tflops);
   }
   bench_gemm_autotune();
   bench_mlp_gelu_epilogues();
@@ -715,6 +795,17 @@ void bench_gemm() {
 
 struct AttentionTimes {
   double fwd_ms, bwd_ms;
+};
+
+/// An attention forward and its backward (which reads the forward's
+/// outputs), each owning its buffers (captured by value: they share storage).
+struct AttentionCalls {
+  std::function<void()> fwd, bwd;
+  /// The forward's median first, so the backward reads its outputs.
+  AttentionTimes time() const {
+    const double f = median_ms(fwd);
+    return {f, median_ms(bwd)};
+  }
 };
 
 AttentionTimes time_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -778,52 +869,84 @@ ops::AttentionDropout attention_dropout(double p, index_t B, index_t S) {
   return {p, site};
 }
 
-/// Token-major times of one backend: `fwd` then `bwd` on fwd's outputs.
+/// One token-major backend's calls: `fwd` then `bwd` on fwd's outputs (fwd
+/// and bwd own what they capture).
 template <class Fwd, class Bwd>
-AttentionTimes time_token_major(const Tensor& qkv, const Tensor& dctx, index_t s, index_t b,
-                                index_t heads, index_t d, Fwd fwd, Bwd bwd) {
+AttentionCalls token_major_calls(const Tensor& qkv, const Tensor& dctx, index_t s, index_t b,
+                                 index_t heads, index_t d, Fwd fwd, Bwd bwd) {
   const DType dt = qkv.dtype();
   const double scale = 1.0 / std::sqrt(double(d));
-  Tensor ctx = Tensor::empty(dctx.shape(), dt, MemorySpace::Cuda);
-  Tensor lse = Tensor::empty({b * heads, s}, DType::F32, MemorySpace::Cuda), delta = lse.clone();
-  Tensor dqkv = Tensor::empty(qkv.shape(), dt, MemorySpace::Cuda);
-  const double fwd_ms = median_ms(
-      [&] { fwd(dt, qkv.raw(), s, b, heads, d, scale, ctx.raw(), lse.data<float>()); });
-  const double bwd_ms = median_ms([&] {
-    bwd(dt, dctx.raw(), qkv.raw(), ctx.raw(), lse.data<float>(), s, b, heads, d, scale,
-        delta.data<float>(), dqkv.raw());
-  });
-  return {fwd_ms, bwd_ms};
+  const Tensor ctx = Tensor::empty(dctx.shape(), dt, MemorySpace::Cuda);
+  const Tensor lse = Tensor::empty({b * heads, s}, DType::F32, MemorySpace::Cuda),
+               delta = lse.clone();
+  const Tensor dqkv = Tensor::empty(qkv.shape(), dt, MemorySpace::Cuda);
+  return {[=] { fwd(dt, qkv.raw(), s, b, heads, d, scale, ctx.raw(), lse.data<float>()); },
+          [=] {
+            bwd(dt, dctx.raw(), qkv.raw(), ctx.raw(), lse.data<float>(), s, b, heads, d, scale,
+                delta.data<float>(), dqkv.raw());
+          }};
 }
 
-/// With attention dropout 0.1: ours as the model runs it (the op table, the
-/// forward storing its keep bits for the backward) against cuDNN's fused
-/// attention with its own generator (training.attention_dropout_rng = cudnn).
-template <class Row>
-void bench_attention_dropout_token_major(const char* what, const Tensor& qkv, const Tensor& dctx,
-                                         index_t s, index_t b, index_t heads, index_t d, Row row) {
-  const double p = 0.1, scale = 1.0 / std::sqrt(double(d));
+/// The token-major shapes the model runs (b 8).
+struct TokenMajorCase {
+  const char* what;
+  index_t s, b, heads, d;
+  double fwd_flop() const { return 4.0 * double(b * heads) * double(s) * double(s) * d / 2; }
+  double bwd_flop() const { return 2.5 * fwd_flop(); }
+};
+const TokenMajorCase kTokenMajorCases[] = {{"b=8x12 S=1024 D=64 (GPT-2 124M)", 1024, 8, 12, 64},
+                                           {"b=8x16 S=1024 D=128", 1024, 8, 16, 128},
+                                           {"b=8x20 S=1024 D=64 (GPT-2 774M)", 1024, 8, 20, 64}};
+
+/// A case's inputs: qkv [s*b, 3*heads*d] and the context's gradient.
+struct TokenMajorInputs {
+  Tensor qkv, dctx;
+  explicit TokenMajorInputs(const TokenMajorCase& c)
+      : qkv(random_device({c.s * c.b, 3 * c.heads * c.d}, DType::BF16, -2, 2)),
+        dctx(random_device({c.s * c.b, c.heads * c.d}, DType::BF16)) {}
+};
+
+/// Our kernels, no dropout ("own tm").
+AttentionCalls own_calls(const TokenMajorCase& c, const TokenMajorInputs& in) {
+  return token_major_calls(
+      in.qkv, in.dctx, c.s, c.b, c.heads, c.d,
+      [](auto... args) { cuda::flash_attention_forward_token_major(args...); },
+      [](auto... args) { cuda::flash_attention_backward_token_major(args...); });
+}
+
+/// cuDNN's fused attention, no dropout ("cudnn tm").
+AttentionCalls cudnn_calls(const TokenMajorCase& c, const TokenMajorInputs& in) {
+  return token_major_calls(
+      in.qkv, in.dctx, c.s, c.b, c.heads, c.d,
+      [](auto... args) { cuda::cudnn_attention_forward_token_major(args...); },
+      [](auto... args) { cuda::cudnn_attention_backward_token_major(args...); });
+}
+
+/// Ours with attention dropout p as the model runs it ("own tm p.1": the op
+/// table, the forward storing its keep bits for the backward).
+AttentionCalls own_dropout_calls(const TokenMajorCase& c, const TokenMajorInputs& in, double p) {
+  ops::AttentionDropout own = attention_dropout(p, c.b * c.heads, c.s);
+  own.keep_bits = Tensor::empty(ops::attention_keep_bits_shape(c.b * c.heads, c.s), DType::I32,
+                                MemorySpace::Cuda);
+  const double scale = 1.0 / std::sqrt(double(c.d));
+  const index_t s = c.s, b = c.b, heads = c.heads;
+  const Tensor qkv = in.qkv, dctx = in.dctx;
   Tensor ctx = Tensor::empty(dctx.shape(), qkv.dtype(), MemorySpace::Cuda);
   Tensor lse = Tensor::empty({b * heads, s}, DType::F32, MemorySpace::Cuda);
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), MemorySpace::Cuda);
-  ops::AttentionDropout own = attention_dropout(p, b * heads, s);
-  own.keep_bits = Tensor::empty(ops::attention_keep_bits_shape(b * heads, s), DType::I32,
-                                MemorySpace::Cuda);
-  const AttentionTimes own_t{
-      median_ms([&] {
-        ops::fused_attention_forward_token_major(qkv, s, b, heads, scale, ctx, lse, own);
-      }),
-      median_ms([&] {
-        ops::fused_attention_backward_token_major(dctx, qkv, ctx, lse, s, b, heads, scale, dqkv,
-                                                  own);
-      })};
-  row("own tm p.1", own_t);
-  const cuda::CudnnAttentionSupport support =
-      cuda::cudnn_attention_support(qkv.dtype(), s, b, heads, d, p);
-  if (!support.forward || !support.backward) {
-    std::printf("%-34s cudnn tm p.1: %s\n", what, support.why_not.c_str());
-    return;
-  }
+  return {[=]() mutable {
+            ops::fused_attention_forward_token_major(qkv, s, b, heads, scale, ctx, lse, own);
+          },
+          [=]() mutable {
+            ops::fused_attention_backward_token_major(dctx, qkv, ctx, lse, s, b, heads, scale,
+                                                      dqkv, own);
+          }};
+}
+
+/// cuDNN's fused attention with its own dropout generator ("cudnn tm p.1",
+/// training.attention_dropout_rng = cudnn), a fixed seed and offset.
+AttentionCalls cudnn_dropout_calls(const TokenMajorCase& c, const TokenMajorInputs& in,
+                                   double p) {
   std::vector<std::int64_t> seed_offset_h{1234, 17};  // seed, offset
   const Tensor seed_offset =
       Tensor::view(seed_offset_h.data(), {2}, DType::I64).to_space(MemorySpace::Cuda);
@@ -831,42 +954,35 @@ void bench_attention_dropout_token_major(const char* what, const Tensor& qkv, co
   dnn.p = p;
   dnn.seed = seed_offset.data<std::int64_t>();
   dnn.offset = seed_offset.data<std::int64_t>() + 1;
-  const AttentionTimes dnn_t = time_token_major(
-      qkv, dctx, s, b, heads, d,
-      [&](auto... args) { cuda::cudnn_attention_forward_token_major(args..., dnn); },
-      [&](auto... args) { cuda::cudnn_attention_backward_token_major(args..., dnn); });
-  row("cudnn tm p.1", dnn_t);
-  std::printf("%-34s with dropout 0.1, speed-up cudnn/own: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx "
-              "(%s)\n",
-              what, own_t.fwd_ms / dnn_t.fwd_ms, own_t.bwd_ms / dnn_t.bwd_ms,
-              (own_t.fwd_ms + own_t.bwd_ms) / (dnn_t.fwd_ms + dnn_t.bwd_ms),
-              support.plans.c_str());
+  // seed_offset rides along: dnn points into it.
+  return token_major_calls(
+      in.qkv, in.dctx, c.s, c.b, c.heads, c.d,
+      [dnn, seed_offset](auto... args) { cuda::cudnn_attention_forward_token_major(args..., dnn); },
+      [dnn, seed_offset](auto... args) {
+        cuda::cudnn_attention_backward_token_major(args..., dnn);
+      });
 }
 
-/// Our kernels and cuDNN's on the token-major layout (b 8).
-void bench_attention_token_major() {
-  struct Case {
-    const char* what;
-    index_t s, b, heads, d;
-  };
-  const Case cases[] = {{"b=8x12 S=1024 D=64 (GPT-2 124M)", 1024, 8, 12, 64},
-                        {"b=8x16 S=1024 D=128", 1024, 8, 16, 128},
-                        {"b=8x20 S=1024 D=64 (GPT-2 774M)", 1024, 8, 20, 64}};
-  for (const Case& c : cases) {
-    const index_t rows = c.s * c.b, width = c.heads * c.d;
-    const Tensor qkv = random_device({rows, 3 * width}, DType::BF16, -2, 2);
-    const Tensor dctx = random_device({rows, width}, DType::BF16);
-    const double fwd_flop = 4.0 * double(c.b * c.heads) * double(c.s) * double(c.s) * c.d / 2;
-    const double bwd_flop = 2.5 * fwd_flop;
+/// One attention row: ms and TFLOP/s of the forward, backward and both, and
+/// both as a fraction of the GEMM ceiling.
+void print_attention_row(const char* what, const char* path, const AttentionTimes& t,
+                         double fwd_flop, double bwd_flop, const Ceilings& ceilings) {
+  const double both = (fwd_flop + bwd_flop) / ((t.fwd_ms + t.bwd_ms) * 1e9);
+  std::printf("%-34s %-15s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f %7.2f\n", what, path, t.fwd_ms,
+              fwd_flop / (t.fwd_ms * 1e9), t.bwd_ms, bwd_flop / (t.bwd_ms * 1e9),
+              t.fwd_ms + t.bwd_ms, both, both / ceilings.gemm_tflops);
+}
+
+/// Our kernels and cuDNN's on the token-major layout (b 8), without and with
+/// attention dropout 0.1.
+void bench_attention_token_major(const Ceilings& ceilings) {
+  const double p = 0.1;
+  for (const TokenMajorCase& c : kTokenMajorCases) {
+    const TokenMajorInputs in(c);
     auto row = [&](const char* path, const AttentionTimes& t) {
-      std::printf("%-34s %-15s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f\n", c.what, path, t.fwd_ms,
-                  fwd_flop / (t.fwd_ms * 1e9), t.bwd_ms, bwd_flop / (t.bwd_ms * 1e9),
-                  t.fwd_ms + t.bwd_ms, (fwd_flop + bwd_flop) / ((t.fwd_ms + t.bwd_ms) * 1e9));
+      print_attention_row(c.what, path, t, c.fwd_flop(), c.bwd_flop(), ceilings);
     };
-    const AttentionTimes own =
-        time_token_major(qkv, dctx, c.s, c.b, c.heads, c.d,
-                         [](auto... args) { cuda::flash_attention_forward_token_major(args...); },
-                         [](auto... args) { cuda::flash_attention_backward_token_major(args...); });
+    const AttentionTimes own = own_calls(c, in).time();
     row("own tm", own);
     const cuda::CudnnAttentionSupport cudnn =
         cuda::cudnn_attention_support(DType::BF16, c.s, c.b, c.heads, c.d);
@@ -875,22 +991,55 @@ void bench_attention_token_major() {
                   cudnn.why_not.empty() ? "not available" : cudnn.why_not.c_str());
       continue;
     }
-    const AttentionTimes dnn = time_token_major(
-        qkv, dctx, c.s, c.b, c.heads, c.d,
-        [](auto... args) { cuda::cudnn_attention_forward_token_major(args...); },
-        [](auto... args) { cuda::cudnn_attention_backward_token_major(args...); });
+    const AttentionTimes dnn = cudnn_calls(c, in).time();
     row("cudnn tm", dnn);
     std::printf("%-34s speed-up cudnn/own: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx (%s: %s)\n",
                 c.what, own.fwd_ms / dnn.fwd_ms, own.bwd_ms / dnn.bwd_ms,
                 (own.fwd_ms + own.bwd_ms) / (dnn.fwd_ms + dnn.bwd_ms), cudnn.library.c_str(),
                 cudnn.plans.c_str());
-    bench_attention_dropout_token_major(c.what, qkv, dctx, c.s, c.b, c.heads, c.d, row);
+
+    const AttentionTimes own_p = own_dropout_calls(c, in, p).time();
+    row("own tm p.1", own_p);
+    const cuda::CudnnAttentionSupport support =
+        cuda::cudnn_attention_support(DType::BF16, c.s, c.b, c.heads, c.d, p);
+    if (!support.forward || !support.backward) {
+      std::printf("%-34s cudnn tm p.1: %s\n", c.what, support.why_not.c_str());
+      continue;
+    }
+    const AttentionTimes dnn_p = cudnn_dropout_calls(c, in, p).time();
+    row("cudnn tm p.1", dnn_p);
+    std::printf("%-34s with dropout 0.1, speed-up cudnn/own: fwd %.2fx, bwd %.2fx, fwd+bwd %.2fx "
+                "(%s)\n",
+                c.what, own_p.fwd_ms / dnn_p.fwd_ms, own_p.bwd_ms / dnn_p.bwd_ms,
+                (own_p.fwd_ms + own_p.bwd_ms) / (dnn_p.fwd_ms + dnn_p.bwd_ms),
+                support.plans.c_str());
   }
 }
 
-void bench_attention(bool fused_only) {
-  std::printf("\n%-50s %9s %9s %9s %9s %9s %9s\n", "causal attention core, bf16", "fwd ms",
-              "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms", "f+b TF/s");
+/// `bench_cuda_ops gbench`: the token-major attention paths as Google
+/// Benchmarks, forward and backward apart ("attention/<shape>/<path>/fwd").
+void register_attention_benchmarks(const Ceilings& ceilings) {
+  const double p = 0.1;
+  for (const TokenMajorCase& c : kTokenMajorCases) {
+    const TokenMajorInputs in(c);
+    auto add = [&](const std::string& path, const AttentionCalls& calls) {
+      calls.fwd();  // the backward's inputs, whichever benchmark the filter keeps
+      const std::string name = "attention/" + std::string(c.what) + "/" + path;
+      register_benchmark(name + "/fwd", calls.fwd, 1, 0, c.fwd_flop(), ceilings);
+      register_benchmark(name + "/bwd", calls.bwd, 1, 0, c.bwd_flop(), ceilings);
+    };
+    add("own", own_calls(c, in));
+    add("own p.1", own_dropout_calls(c, in, p));
+    const auto cudnn = cuda::cudnn_attention_support(DType::BF16, c.s, c.b, c.heads, c.d);
+    if (cudnn.forward && cudnn.backward) add("cudnn", cudnn_calls(c, in));
+    const auto cudnn_p = cuda::cudnn_attention_support(DType::BF16, c.s, c.b, c.heads, c.d, p);
+    if (cudnn_p.forward && cudnn_p.backward) add("cudnn p.1", cudnn_dropout_calls(c, in, p));
+  }
+}
+
+void bench_attention(const Ceilings& ceilings, bool fused_only) {
+  std::printf("\n%-50s %9s %9s %9s %9s %9s %9s %7s\n", "causal attention core, bf16", "fwd ms",
+              "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms", "f+b TF/s", "/gemm");
   struct Case {
     const char* what;
     index_t B, S, D;
@@ -906,9 +1055,7 @@ void bench_attention(bool fused_only) {
     const double fwd_flop = 4.0 * double(c.B) * double(c.S) * double(c.S) * double(c.D) / 2;
     const double bwd_flop = 2.5 * fwd_flop;
     auto row = [&](const char* path, const AttentionTimes& t) {
-      std::printf("%-34s %-15s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f\n", c.what, path, t.fwd_ms,
-                  fwd_flop / (t.fwd_ms * 1e9), t.bwd_ms, bwd_flop / (t.bwd_ms * 1e9),
-                  t.fwd_ms + t.bwd_ms, (fwd_flop + bwd_flop) / ((t.fwd_ms + t.bwd_ms) * 1e9));
+      print_attention_row(c.what, path, t, fwd_flop, bwd_flop, ceilings);
     };
     const AttentionTimes fused = time_fused_attention(q, k, v, dout, scale);
     row("fused", fused);
@@ -942,7 +1089,27 @@ void bench_attention(bool fused_only) {
                 (unfused_drop.fwd_ms + unfused_drop.bwd_ms) /
                     (fused_drop.fwd_ms + fused_drop.bwd_ms));
   }
-  bench_attention_token_major();
+  bench_attention_token_major(ceilings);
+}
+
+/// `bench_cuda_ops gbench [--benchmark_* flags]`: the memory-bound rows, the
+/// GEMMs and the token-major attention as Google Benchmarks (filter, repeat,
+/// --benchmark_format=json ...), each with its fraction of the run's
+/// ceilings as a counter.
+int run_google_benchmarks(int argc, char** argv, const Ceilings& ceilings) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("copy_GBps", std::to_string(ceilings.copy_gbps));
+  benchmark::AddCustomContext("gemm_TFLOPs", std::to_string(ceilings.gemm_tflops));
+  bench_memory_bound(ceilings, RowSink::GoogleBenchmark);
+  register_benchmark("gemm/" + std::string(kGemmCeiling.what), kGemmCeiling.call(), 1, 0,
+                     kGemmCeiling.flop(), ceilings);
+  for (const GemmCase& c : kGemmCases)
+    register_benchmark("gemm/" + std::string(c.what), c.call(), 1, 0, c.flop(), ceilings);
+  register_attention_benchmarks(ceilings);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
 }
 
 }  // namespace
@@ -954,44 +1121,57 @@ int main(int argc, char** argv) {
     std::printf("bench_cuda_ops: skipped (no CUDA device)\n");
     return 0;
   }
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const bool gbench = mode == "gbench";
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  const double copy_gbps = copy_bandwidth_gbps();
-  std::printf("baseline: device-to-device cudaMemcpy of 1 GiB: %.1f GB/s (read + write)\n",
-              copy_gbps);
+  Ceilings ceilings;
+  ceilings.copy_gbps = copy_bandwidth_gbps();
+  ceilings.gemm_tflops = gemm_ceiling_tflops();
+  if (!gbench) {  // Google Benchmark prints them in its context
+    std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    std::printf("baseline: device-to-device cudaMemcpy of 1 GiB: %.1f GB/s (read + write)\n",
+                ceilings.copy_gbps);
+    std::printf("baseline: cuBLASLt %s: %.1f TFLOP/s\n", kGemmCeiling.what,
+                ceilings.gemm_tflops);
+  }
+  if (gbench) {
+    argv[1] = argv[0];  // Google Benchmark reads the program name from argv[0]
+    return run_google_benchmarks(argc - 1, argv + 1, ceilings);
+  }
   // `bench_cuda_ops attention` runs the attention section alone;
   // `bench_cuda_ops attention fused` skips its unfused rows.
-  const bool attention_only = argc > 1 && std::string(argv[1]) == "attention";
+  const bool attention_only = mode == "attention";
   const bool fused_only = attention_only && argc > 2 && std::string(argv[2]) == "fused";
-  // `bench_cuda_ops memory` runs the memory-bound table alone.
-  if (argc > 1 && std::string(argv[1]) == "memory") {
-    bench_memory_bound(copy_gbps, argc > 2 ? argv[2] : "");
+  const std::string only = argc > 2 ? argv[2] : "";
+  // `bench_cuda_ops memory [ops]` runs the memory-bound table alone.
+  if (mode == "memory") {
+    bench_memory_bound(ceilings, RowSink::Table, only);
     return 0;
   }
   // `bench_cuda_ops trace [ops]`: the memory-bound rows' kernels as traced.
-  if (argc > 1 && std::string(argv[1]) == "trace") {
+  if (mode == "trace") {
     if (!GpuTracer::available()) {
       std::printf("bench_cuda_ops trace: this build has no CUPTI\n");
       return 1;
     }
-    bench_memory_bound(copy_gbps, argc > 2 ? argv[2] : "", /*trace=*/true);
+    bench_memory_bound(ceilings, RowSink::Trace, only);
     return 0;
   }
-  if (argc > 1 && std::string(argv[1]) == "overlap") {
+  if (mode == "overlap") {
     bench_overlap_masks_with_adamw();
     return 0;
   }
-  if (argc > 1 && std::string(argv[1]) == "residual") {
+  if (mode == "residual") {
     bench_residual_epilogues();
     return 0;
   }
   if (!attention_only) {
-    bench_memory_bound(copy_gbps);
-    bench_adamw_multi_tensor(copy_gbps);
-    bench_gemm();
+    bench_memory_bound(ceilings);
+    bench_adamw_multi_tensor(ceilings.copy_gbps);
+    bench_gemm(ceilings);
   }
-  bench_attention(fused_only);
+  bench_attention(ceilings, fused_only);
   const device::AllocatorStats st = device::allocator_stats();
   std::printf("\nallocator: peak %.2f GiB, %zu cudaMalloc calls\n", double(st.peak_bytes) / (1 << 30),
               st.cuda_mallocs);
