@@ -1095,10 +1095,20 @@ void bench_attention(const Ceilings& ceilings, bool fused_only) {
 /// `bench_cuda_ops gbench [--benchmark_* flags]`: the memory-bound rows, the
 /// GEMMs and the token-major attention as Google Benchmarks (filter, repeat,
 /// --benchmark_format=json ...), each with its fraction of the run's
-/// ceilings as a counter.
+/// ceilings as a counter. Unless the command line says otherwise, each
+/// benchmark runs for 0.05 s of GPU time (--benchmark_min_time): a memory-bound
+/// iteration is 10 calls and a host round trip, so Google Benchmark's 0.5 s
+/// of per-call time would take the ~90 rows over seven minutes.
 int run_google_benchmarks(int argc, char** argv, const Ceilings& ceilings) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::vector<char*> args(argv, argv + argc);
+  std::string min_time = "--benchmark_min_time=0.05";
+  if (std::none_of(args.begin(), args.end(), [](const char* a) {
+        return std::string(a).rfind("--benchmark_min_time", 0) == 0;
+      }))
+    args.push_back(min_time.data());
+  int n = int(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
   benchmark::AddCustomContext("copy_GBps", std::to_string(ceilings.copy_gbps));
   benchmark::AddCustomContext("gemm_TFLOPs", std::to_string(ceilings.gemm_tflops));
   bench_memory_bound(ceilings, RowSink::GoogleBenchmark);
