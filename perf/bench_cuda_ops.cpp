@@ -133,9 +133,11 @@ double median_ms(const std::function<void()>& f, int batch = 1) {
 
 /// The device ceilings every row is a fraction of, measured at the start of
 /// the run: a 1 GiB device-to-device copy (GB/s, read + write) and a large
-/// cuBLASLt bf16 GEMM (TFLOP/s).
-struct Ceilings {
+/// cuBLASLt bf16 GEMM (TFLOP/s); and, for `gbench`, each benchmark's minimum
+/// GPU time (0: Google Benchmark's own, or the command line's).
+struct Baselines {
   double copy_gbps = 0, gemm_tflops = 0;
+  double benchmark_min_time_s = 0;
 };
 
 /// `bench_cuda_ops gbench`: a Google Benchmark of f, run after every row is
@@ -144,8 +146,8 @@ struct Ceilings {
 /// GB/s and per_copy where `bytes` > 0, TFLOP/s and per_gemm where `flop` >
 /// 0, per call, against the run's ceilings.
 void register_benchmark(const std::string& name, std::function<void()> f, int batch,
-                        double bytes, double flop, const Ceilings& ceilings) {
-  benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
+                        double bytes, double flop, const Baselines& baselines) {
+  auto run = [=](benchmark::State& state) {
     for (int i = 0; i < kWarmup; ++i) f();
     double seconds = 0;  // per call, summed over the iterations
     for (auto _ : state) {
@@ -156,13 +158,16 @@ void register_benchmark(const std::string& name, std::function<void()> f, int ba
     const double calls_per_s = seconds > 0 ? double(state.iterations()) / seconds : 0;
     if (bytes > 0) {
       state.counters["GB/s"] = bytes * calls_per_s * 1e-9;
-      state.counters["per_copy"] = bytes * calls_per_s * 1e-9 / ceilings.copy_gbps;
+      state.counters["per_copy"] = bytes * calls_per_s * 1e-9 / baselines.copy_gbps;
     }
     if (flop > 0) {
       state.counters["TFLOP/s"] = flop * calls_per_s * 1e-12;
-      state.counters["per_gemm"] = flop * calls_per_s * 1e-12 / ceilings.gemm_tflops;
+      state.counters["per_gemm"] = flop * calls_per_s * 1e-12 / baselines.gemm_tflops;
     }
-  })->UseManualTime()->Unit(benchmark::kMicrosecond);
+  };
+  auto* b = benchmark::RegisterBenchmark(name.c_str(), run);
+  b->UseManualTime()->Unit(benchmark::kMicrosecond);
+  if (baselines.benchmark_min_time_s > 0) b->MinTime(baselines.benchmark_min_time_s);
 }
 
 /// Random values in [lo, hi): 1M random elements uploaded, then tiled on
@@ -309,7 +314,7 @@ void trace_row(const std::string& what, const std::function<void()>& f, int batc
 /// their kernels, or Google Benchmarks (`bench_cuda_ops gbench`).
 enum class RowSink { Table, Trace, GoogleBenchmark };
 
-void bench_memory_bound(const Ceilings& ceilings, RowSink sink = RowSink::Table,
+void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Table,
                         const std::string& only = "") {
   using namespace ops;
   const index_t tokens = 8 * 1024, H = 768, H4 = 3072, heads_batch = 8 * 12, S = 1024,
@@ -327,7 +332,7 @@ void bench_memory_bound(const Ceilings& ceilings, RowSink sink = RowSink::Table,
       return;
     }
     if (sink == RowSink::GoogleBenchmark) {
-      register_benchmark("memory/" + name, f, kBatch, bytes, 0, ceilings);
+      register_benchmark("memory/" + name, f, kBatch, bytes, 0, baselines);
       return;
     }
     const double ms = median_ms(f, kBatch), ms_1x = median_ms(f);
@@ -415,7 +420,7 @@ void bench_memory_bound(const Ceilings& ceilings, RowSink sink = RowSink::Table,
     const std::vector<Tensor> gs = {g};
     add_row("sum_of_squares_into (device)", DType::F32, "[124M]", 4.0 * double(params), [=]() mutable { sum_of_squares_into(gs, total); });
   }
-  if (sink == RowSink::Table) print_memory_bound(rows, ceilings.copy_gbps);
+  if (sink == RowSink::Table) print_memory_bound(rows, baselines.copy_gbps);
 }
 
 /// GPT-2 774M's parameter tensors (36 layers x 12 + embeddings and the final
@@ -782,11 +787,11 @@ double gemm_ceiling_tflops() {
   return kGemmCeiling.flop() / (median_ms(kGemmCeiling.call()) * 1e9);
 }
 
-void bench_gemm(const Ceilings& ceilings) {
+void bench_gemm(const Baselines& baselines) {
   std::printf("\n%-40s %9s %9s %7s\n", "GEMM (row-major, cuBLASLt)", "ms", "TFLOP/s", "/gemm");
   for (const GemmCase& c : kGemmCases) {
     const double ms = median_ms(c.call()), tflops = c.flop() / (ms * 1e9);
-    std::printf("%-40s %9.4f %9.1f %7.2f\n", c.what, ms, tflops, tflops / ceilings.gemm_tflops);
+    std::printf("%-40s %9.4f %9.1f %7.2f\n", c.what, ms, tflops, tflops / baselines.gemm_tflops);
   }
   bench_gemm_autotune();
   bench_mlp_gelu_epilogues();
@@ -966,21 +971,21 @@ AttentionCalls cudnn_dropout_calls(const TokenMajorCase& c, const TokenMajorInpu
 /// One attention row: ms and TFLOP/s of the forward, backward and both, and
 /// both as a fraction of the GEMM ceiling.
 void print_attention_row(const char* what, const char* path, const AttentionTimes& t,
-                         double fwd_flop, double bwd_flop, const Ceilings& ceilings) {
+                         double fwd_flop, double bwd_flop, const Baselines& baselines) {
   const double both = (fwd_flop + bwd_flop) / ((t.fwd_ms + t.bwd_ms) * 1e9);
   std::printf("%-34s %-15s %9.3f %9.1f %9.3f %9.1f %9.3f %9.1f %7.2f\n", what, path, t.fwd_ms,
               fwd_flop / (t.fwd_ms * 1e9), t.bwd_ms, bwd_flop / (t.bwd_ms * 1e9),
-              t.fwd_ms + t.bwd_ms, both, both / ceilings.gemm_tflops);
+              t.fwd_ms + t.bwd_ms, both, both / baselines.gemm_tflops);
 }
 
 /// Our kernels and cuDNN's on the token-major layout (b 8), without and with
 /// attention dropout 0.1.
-void bench_attention_token_major(const Ceilings& ceilings) {
+void bench_attention_token_major(const Baselines& baselines) {
   const double p = 0.1;
   for (const TokenMajorCase& c : kTokenMajorCases) {
     const TokenMajorInputs in(c);
     auto row = [&](const char* path, const AttentionTimes& t) {
-      print_attention_row(c.what, path, t, c.fwd_flop(), c.bwd_flop(), ceilings);
+      print_attention_row(c.what, path, t, c.fwd_flop(), c.bwd_flop(), baselines);
     };
     const AttentionTimes own = own_calls(c, in).time();
     row("own tm", own);
@@ -1018,15 +1023,15 @@ void bench_attention_token_major(const Ceilings& ceilings) {
 
 /// `bench_cuda_ops gbench`: the token-major attention paths as Google
 /// Benchmarks, forward and backward apart ("attention/<shape>/<path>/fwd").
-void register_attention_benchmarks(const Ceilings& ceilings) {
+void register_attention_benchmarks(const Baselines& baselines) {
   const double p = 0.1;
   for (const TokenMajorCase& c : kTokenMajorCases) {
     const TokenMajorInputs in(c);
     auto add = [&](const std::string& path, const AttentionCalls& calls) {
       calls.fwd();  // the backward's inputs, whichever benchmark the filter keeps
       const std::string name = "attention/" + std::string(c.what) + "/" + path;
-      register_benchmark(name + "/fwd", calls.fwd, 1, 0, c.fwd_flop(), ceilings);
-      register_benchmark(name + "/bwd", calls.bwd, 1, 0, c.bwd_flop(), ceilings);
+      register_benchmark(name + "/fwd", calls.fwd, 1, 0, c.fwd_flop(), baselines);
+      register_benchmark(name + "/bwd", calls.bwd, 1, 0, c.bwd_flop(), baselines);
     };
     add("own", own_calls(c, in));
     add("own p.1", own_dropout_calls(c, in, p));
@@ -1037,7 +1042,7 @@ void register_attention_benchmarks(const Ceilings& ceilings) {
   }
 }
 
-void bench_attention(const Ceilings& ceilings, bool fused_only) {
+void bench_attention(const Baselines& baselines, bool fused_only) {
   std::printf("\n%-50s %9s %9s %9s %9s %9s %9s %7s\n", "causal attention core, bf16", "fwd ms",
               "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms", "f+b TF/s", "/gemm");
   struct Case {
@@ -1055,7 +1060,7 @@ void bench_attention(const Ceilings& ceilings, bool fused_only) {
     const double fwd_flop = 4.0 * double(c.B) * double(c.S) * double(c.S) * double(c.D) / 2;
     const double bwd_flop = 2.5 * fwd_flop;
     auto row = [&](const char* path, const AttentionTimes& t) {
-      print_attention_row(c.what, path, t, fwd_flop, bwd_flop, ceilings);
+      print_attention_row(c.what, path, t, fwd_flop, bwd_flop, baselines);
     };
     const AttentionTimes fused = time_fused_attention(q, k, v, dout, scale);
     row("fused", fused);
@@ -1089,34 +1094,32 @@ void bench_attention(const Ceilings& ceilings, bool fused_only) {
                 (unfused_drop.fwd_ms + unfused_drop.bwd_ms) /
                     (fused_drop.fwd_ms + fused_drop.bwd_ms));
   }
-  bench_attention_token_major(ceilings);
+  bench_attention_token_major(baselines);
 }
 
 /// `bench_cuda_ops gbench [--benchmark_* flags]`: the memory-bound rows, the
 /// GEMMs and the token-major attention as Google Benchmarks (filter, repeat,
 /// --benchmark_format=json ...), each with its fraction of the run's
-/// ceilings as a counter. Unless the command line says otherwise, each
-/// benchmark runs for 0.05 s of GPU time (--benchmark_min_time): a memory-bound
-/// iteration is 10 calls and a host round trip, so Google Benchmark's 0.5 s
-/// of per-call time would take the ~90 rows over seven minutes.
-int run_google_benchmarks(int argc, char** argv, const Ceilings& ceilings) {
-  std::vector<char*> args(argv, argv + argc);
-  std::string min_time = "--benchmark_min_time=0.05";
-  if (std::none_of(args.begin(), args.end(), [](const char* a) {
+/// ceilings as a counter. Unless --benchmark_min_time is given, each
+/// benchmark runs for 0.05 s of GPU time: a memory-bound iteration is 10
+/// calls and a host round trip, so Google Benchmark's 0.5 s of per-call time
+/// would take the ~90 rows over five minutes. (Set per benchmark, not as the
+/// flag, whose format changed in Google Benchmark 1.8: "0.05" / "0.05s".)
+int run_google_benchmarks(int argc, char** argv, Baselines baselines) {
+  if (std::none_of(argv, argv + argc, [](const char* a) {
         return std::string(a).rfind("--benchmark_min_time", 0) == 0;
       }))
-    args.push_back(min_time.data());
-  int n = int(args.size());
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
-  benchmark::AddCustomContext("copy_GBps", std::to_string(ceilings.copy_gbps));
-  benchmark::AddCustomContext("gemm_TFLOPs", std::to_string(ceilings.gemm_tflops));
-  bench_memory_bound(ceilings, RowSink::GoogleBenchmark);
+    baselines.benchmark_min_time_s = 0.05;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("copy_GBps", std::to_string(baselines.copy_gbps));
+  benchmark::AddCustomContext("gemm_TFLOPs", std::to_string(baselines.gemm_tflops));
+  bench_memory_bound(baselines, RowSink::GoogleBenchmark);
   register_benchmark("gemm/" + std::string(kGemmCeiling.what), kGemmCeiling.call(), 1, 0,
-                     kGemmCeiling.flop(), ceilings);
+                     kGemmCeiling.flop(), baselines);
   for (const GemmCase& c : kGemmCases)
-    register_benchmark("gemm/" + std::string(c.what), c.call(), 1, 0, c.flop(), ceilings);
-  register_attention_benchmarks(ceilings);
+    register_benchmark("gemm/" + std::string(c.what), c.call(), 1, 0, c.flop(), baselines);
+  register_attention_benchmarks(baselines);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
@@ -1135,19 +1138,19 @@ int main(int argc, char** argv) {
   const bool gbench = mode == "gbench";
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  Ceilings ceilings;
-  ceilings.copy_gbps = copy_bandwidth_gbps();
-  ceilings.gemm_tflops = gemm_ceiling_tflops();
+  Baselines baselines;
+  baselines.copy_gbps = copy_bandwidth_gbps();
+  baselines.gemm_tflops = gemm_ceiling_tflops();
   if (!gbench) {  // Google Benchmark prints them in its context
     std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     std::printf("baseline: device-to-device cudaMemcpy of 1 GiB: %.1f GB/s (read + write)\n",
-                ceilings.copy_gbps);
+                baselines.copy_gbps);
     std::printf("baseline: cuBLASLt %s: %.1f TFLOP/s\n", kGemmCeiling.what,
-                ceilings.gemm_tflops);
+                baselines.gemm_tflops);
   }
   if (gbench) {
     argv[1] = argv[0];  // Google Benchmark reads the program name from argv[0]
-    return run_google_benchmarks(argc - 1, argv + 1, ceilings);
+    return run_google_benchmarks(argc - 1, argv + 1, baselines);
   }
   // `bench_cuda_ops attention` runs the attention section alone;
   // `bench_cuda_ops attention fused` skips its unfused rows.
@@ -1156,7 +1159,7 @@ int main(int argc, char** argv) {
   const std::string only = argc > 2 ? argv[2] : "";
   // `bench_cuda_ops memory [ops]` runs the memory-bound table alone.
   if (mode == "memory") {
-    bench_memory_bound(ceilings, RowSink::Table, only);
+    bench_memory_bound(baselines, RowSink::Table, only);
     return 0;
   }
   // `bench_cuda_ops trace [ops]`: the memory-bound rows' kernels as traced.
@@ -1165,7 +1168,7 @@ int main(int argc, char** argv) {
       std::printf("bench_cuda_ops trace: this build has no CUPTI\n");
       return 1;
     }
-    bench_memory_bound(ceilings, RowSink::Trace, only);
+    bench_memory_bound(baselines, RowSink::Trace, only);
     return 0;
   }
   if (mode == "overlap") {
@@ -1177,11 +1180,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!attention_only) {
-    bench_memory_bound(ceilings);
-    bench_adamw_multi_tensor(ceilings.copy_gbps);
-    bench_gemm(ceilings);
+    bench_memory_bound(baselines);
+    bench_adamw_multi_tensor(baselines.copy_gbps);
+    bench_gemm(baselines);
   }
-  bench_attention(ceilings, fused_only);
+  bench_attention(baselines, fused_only);
   const device::AllocatorStats st = device::allocator_stats();
   std::printf("\nallocator: peak %.2f GiB, %zu cudaMalloc calls\n", double(st.peak_bytes) / (1 << 30),
               st.cuda_mallocs);
