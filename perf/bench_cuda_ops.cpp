@@ -67,7 +67,8 @@
 // forward and backward ("attention/<shape>/<own|cudnn>[ p.1]/<fwd|bwd>")
 // with manual (CUDA event) time per call and the counters GB/s and
 // per_copy, or TFLOP/s and per_gemm, against the ceilings in the context
-// (copy_GBps, gemm_TFLOPs).
+// (copy_GBps, gemm_TFLOPs). Every row's buffers are allocated up front and
+// held for the run (about 13 GB of device memory).
 //
 // Run: ./perf/bench_cuda_ops        (prints "skipped" without a GPU)
 //      ./perf/bench_cuda_ops gbench --benchmark_filter=layernorm --benchmark_format=json
