@@ -7,7 +7,7 @@ GPT2LMHeadModel, bf16 autocast, SDPA, fused AdamW, torch.compile), and prints
 tokens/s/GPU, ms/step, TFLOP/s/GPU, MFU and the ratio meshtron / PyTorch.
 With --gpus 2 it also trains meshtron with dp 2 and with tp 2 (and, asked for,
 pp 2 with the 1F1B or the interleaved schedule) and prints the scaling against
-one GPU (throughput of 2 GPUs / throughput of 1). Its first
+one GPU (throughput of 2 GPUs / throughput of 1, and that / 2 as the scaling efficiency). Its first
 line names the machine, date and command (machine()), for perf/RESULTS.md.
 
 FLOPs per token, as meshtron prints them (no attention-mask discount):
@@ -293,7 +293,8 @@ def main():
                            "micro_batch": two_mb, "micro_batches_per_step": two_acc,
                            "ms_per_step": round(two["ms_per_step"], 2),
                            "tokens_per_s_total": round(tokens / two["ms_per_step"] * 1e3),
-                           "speedup_over_1_gpu": round(gain, 3)}
+                           "speedup_over_1_gpu": round(gain, 3),
+                           "scaling_efficiency": round(gain / (tp * dp * pp), 3)}
                     if pp > 1:
                         v = int(layout_sets.get("parallel.virtual_stages", 1))
                         row["bubble_bound"] = round(pipeline_bound(pp, v, two_acc), 3)

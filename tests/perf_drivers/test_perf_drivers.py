@@ -141,10 +141,12 @@ class PerfDrivers(unittest.TestCase):
                 if "model" in r}
         self.assertEqual(set(rows), {"one", "dp2", "pp2", "pp2i"})
         self.assertAlmostEqual(rows["dp2"]["speedup_over_1_gpu"], round(2 * 1400 / 1450, 3))
+        self.assertAlmostEqual(rows["dp2"]["scaling_efficiency"], round(1400 / 1450, 3))
         self.assertNotIn("bubble_bound", rows["dp2"])
         for label, v in (("pp2", 1), ("pp2i", 2)):
             self.assertEqual(rows[label]["variant"], "balanced", label)
             self.assertAlmostEqual(rows[label]["speedup_over_1_gpu"], round(1400 / 750, 3))
+            self.assertAlmostEqual(rows[label]["scaling_efficiency"], round(1400 / 750 / 2, 3))
             self.assertAlmostEqual(rows[label]["bubble_bound"], round(e2e_gpu.pipeline_bound(2, v, 16), 3))
         pipelines = [c for c in calls if c[2] == 2]
         self.assertEqual(len(pipelines), 2)
