@@ -67,8 +67,9 @@
 // forward and backward ("attention/<shape>/<own|cudnn>[ p.1]/<fwd|bwd>")
 // with manual (CUDA event) time per call and the counters GB/s and
 // per_copy, or TFLOP/s and per_gemm, against the ceilings in the context
-// (copy_GBps, gemm_TFLOPs). Every row's buffers are allocated up front and
-// held for the run (about 13 GB of device memory).
+// (copy_GBps, gemm_TFLOPs). A row's buffers are allocated when it runs and
+// freed when the next one starts, so a filter's rows cost only their own
+// (the largest row, the fp32 logits' cross entropy, ~3.3 GB).
 //
 // Run: ./perf/bench_cuda_ops        (prints "skipped" without a GPU)
 //      ./perf/bench_cuda_ops gbench --benchmark_filter=layernorm --benchmark_format=json
@@ -84,6 +85,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -141,14 +143,39 @@ struct Baselines {
   double benchmark_min_time_s = 0;
 };
 
-/// `bench_cuda_ops gbench`: a Google Benchmark of f, run after every row is
-/// registered (f owns what it touches). Each iteration times `batch` calls
+/// A benchmark row's call, built when the row runs: its inputs are
+/// allocated by the build and freed with the callable it returns, so one
+/// row's buffers are alive at a time and a row nobody runs (a filter's, an
+/// unselected op's) allocates nothing.
+using MakeCall = std::function<std::function<void()>()>;
+
+/// `bench_cuda_ops gbench`: the one row whose buffers are alive. Google
+/// Benchmark calls a benchmark's function several times (to size the
+/// iterations, per repetition); the row is built at its first call and kept
+/// until another benchmark starts.
+struct BuiltRow {
+  std::string name;
+  std::function<void()> call;
+  const std::function<void()>& get(const std::string& want, const MakeCall& make) {
+    if (name != want) {
+      call = nullptr;  // the previous row's buffers back first
+      call = make();
+      name = want;
+    }
+    return call;
+  }
+};
+
+/// `bench_cuda_ops gbench`: a Google Benchmark of the call `make` builds
+/// (in `built`, when the benchmark runs). Each iteration times `batch` calls
 /// between CUDA events and counts the time per call (manual time); counters
 /// GB/s and per_copy where `bytes` > 0, TFLOP/s and per_gemm where `flop` >
 /// 0, per call, against the run's ceilings.
-void register_benchmark(const std::string& name, std::function<void()> f, int batch,
-                        double bytes, double flop, const Baselines& baselines) {
+void register_benchmark(const std::string& name, const MakeCall& make, int batch, double bytes,
+                        double flop, const Baselines& baselines,
+                        const std::shared_ptr<BuiltRow>& built) {
   auto run = [=](benchmark::State& state) {
+    const std::function<void()>& f = built->get(name, make);
     for (int i = 0; i < kWarmup; ++i) f();
     double seconds = 0;  // per call, summed over the iterations
     for (auto _ : state) {
@@ -311,29 +338,123 @@ void trace_row(const std::string& what, const std::function<void()>& f, int batc
               call.busy_ms * 1e3, call.idle_ms * 1e3);
 }
 
+/// MakeCall of op(inputs), inputs = make_inputs() at each build (the row's
+/// own, shared by nothing).
+template <class MakeInputs, class Op>
+MakeCall on(MakeInputs make_inputs, Op op) {
+  return [=] {
+    auto in = std::make_shared<decltype(make_inputs())>(make_inputs());
+    return std::function<void()>([in, op] { op(*in); });
+  };
+}
+
+Tensor device_empty(const Shape& shape, DType dt) {
+  return Tensor::empty(shape, dt, MemorySpace::Cuda);
+}
+
+// The memory-bound rows' inputs, one struct per family of rows (GPT-2
+// 124M's and 774M's shapes: 8192 tokens, widths 768 / 1280 / 3072 / 5120).
+constexpr index_t kTokens = 8 * 1024;
+
+/// [8192, 3072] elementwise rows (124M's MLP width).
+struct ElementwiseInputs {
+  Tensor x, y, dy, dx, bias, dbias, total;
+  std::vector<Tensor> xs;  // sum_of_squares_into's list
+  ops::DropoutSite site;
+  explicit ElementwiseInputs(DType dt)
+      : x(random_device({kTokens, 3072}, dt, -4, 4)), y(random_device(x.shape(), dt)),
+        dy(random_device(x.shape(), dt)), dx(device_empty(x.shape(), dt)),
+        bias(random_device({3072}, dt)), dbias(Tensor::zeros({3072}, DType::F32, MemorySpace::Cuda)),
+        total(device_empty({1}, DType::F64)), xs{x} {
+    site.a = kTokens, site.b = 1, site.c = 3072, site.c_global = 3072;
+  }
+};
+
+/// A bias gradient's input [8192, width] and its fp32 gradient.
+struct BiasGradInputs {
+  Tensor dy, dbias;
+  BiasGradInputs(DType dt, index_t width)
+      : dy(random_device({kTokens, width}, dt)),
+        dbias(Tensor::zeros({width}, DType::F32, MemorySpace::Cuda)) {}
+};
+
+/// Layernorm forward and backward at [8192, h].
+struct LayerNormInputs {
+  Tensor x, y, gamma, beta, mean, rstd, dy, dx, dgamma, dbeta, residual;
+  LayerNormInputs(DType dt, index_t h)
+      : x(random_device({kTokens, h}, dt, -2, 3)), y(device_empty(x.shape(), dt)),
+        gamma(random_device({h}, dt)), beta(random_device({h}, dt)),
+        mean(random_device({kTokens}, DType::F32, -0.1, 0.1)),
+        rstd(random_device({kTokens}, DType::F32, 0.5, 2)), dy(random_device(x.shape(), dt)),
+        dx(device_empty(x.shape(), dt)),
+        dgamma(Tensor::zeros({h}, DType::F32, MemorySpace::Cuda)), dbeta(dgamma.clone()),
+        residual(random_device(x.shape(), dt)) {}
+};
+
+/// The token embedding (vocabulary 50304) looked up for 8192 tokens of width h.
+struct EmbeddingInputs {
+  Tensor table, ids, y, dy, dtable;
+  EmbeddingInputs(DType dt, index_t h, index_t vocab)
+      : table(random_device({vocab, h}, dt)), ids(random_ids(kTokens, int(vocab))),
+        y(device_empty({kTokens, h}, dt)), dy(random_device({kTokens, h}, dt)),
+        dtable(Tensor::zeros({vocab, h}, DType::F32, MemorySpace::Cuda)) {}
+};
+
+/// The unfused attention's causal softmax over [96, 1024, 1024] scores.
+struct SoftmaxInputs {
+  Tensor s, p, dp, ds;
+  explicit SoftmaxInputs(DType dt)
+      : s(random_device({8 * 12, 1024, 1024}, dt, -8, 8)), p(random_device(s.shape(), dt, 0, 1)),
+        dp(random_device(s.shape(), dt)), ds(device_empty(s.shape(), dt)) {}
+};
+
+/// The LM head's loss over [8192, vocab] logits (50257 real classes), with
+/// row statistics of the right size for the rows that read them.
+struct CrossEntropyInputs {
+  Tensor logits, targets, row_max, sum_exp, tl, dloss, dlogits;
+  CrossEntropyInputs(DType dt, index_t vocab)
+      : logits(random_device({kTokens, vocab}, dt, -6, 6)), targets(random_ids(kTokens, 50257)),
+        row_max(random_device({kTokens}, DType::F32, 5.9, 6)),
+        sum_exp(random_device({kTokens}, DType::F32, 1e3, 2e3)),
+        tl(random_device({kTokens}, DType::F32, -6, 6)),
+        dloss(random_device({kTokens}, DType::F32, 0.1, 1)),
+        dlogits(device_empty(logits.shape(), dt)) {}
+};
+
+/// AdamW's fp32 state over 124M parameters, and the gradient norm's sum.
+struct AdamWInputs {
+  Tensor p, g, m, v, total;
+  std::vector<Tensor> gs;
+  explicit AdamWInputs(index_t params)
+      : p(random_device({params}, DType::F32)), g(random_device({params}, DType::F32)),
+        m(random_device({params}, DType::F32, -0.01, 0.01)),
+        v(random_device({params}, DType::F32, 0, 1e-4)), total(device_empty({1}, DType::F64)),
+        gs{g} {}
+};
+
 /// Where the memory-bound rows go: the printed table, the CUPTI trace of
 /// their kernels, or Google Benchmarks (`bench_cuda_ops gbench`).
 enum class RowSink { Table, Trace, GoogleBenchmark };
 
+/// `built`: where a GoogleBenchmark row is built when it runs.
 void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Table,
-                        const std::string& only = "") {
+                        const std::string& only = "",
+                        const std::shared_ptr<BuiltRow>& built = nullptr) {
   using namespace ops;
-  const index_t tokens = 8 * 1024, H = 768, H4 = 3072, heads_batch = 8 * 12, S = 1024,
-                vocab = 50304, params = 124'000'000;
+  const index_t vocab = 50304, params = 124'000'000;
   std::vector<Row> rows;
-  // waits_on_host: f synchronises (not capturable in a graph). f owns its
-  // tensors (captured by value: they share storage) so that a registered
-  // Google Benchmark outlives this scope.
+  // waits_on_host: the call synchronises (not capturable in a graph).
   auto add_row = [&](const std::string& op, DType dt, const std::string& shape, double bytes,
-                     const std::function<void()>& f, bool waits_on_host = false) {
+                     const MakeCall& make, bool waits_on_host = false) {
     if (!row_selected(op, only)) return;
     const std::string name = op + " " + std::string(dtype_name(dt)) + " " + shape;
-    if (sink == RowSink::Trace) {
-      trace_row(name, f, kBatch);
+    if (sink == RowSink::GoogleBenchmark) {
+      register_benchmark("memory/" + name, make, kBatch, bytes, 0, baselines, built);
       return;
     }
-    if (sink == RowSink::GoogleBenchmark) {
-      register_benchmark("memory/" + name, f, kBatch, bytes, 0, baselines);
+    const std::function<void()> f = make();
+    if (sink == RowSink::Trace) {
+      trace_row(name, f, kBatch);
       return;
     }
     const double ms = median_ms(f, kBatch), ms_1x = median_ms(f);
@@ -345,82 +466,59 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
   for (DType dt : {DType::BF16, DType::F32}) {
     const double es = double(dtype_size(dt));
     {
-      Tensor x = random_device({tokens, H4}, dt, -4, 4), y = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
-      Tensor dy = random_device(x.shape(), dt), dx = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
-      const double n = double(x.numel());
-      add_row("gelu_forward", dt, "[8192, 3072]", 2 * n * es, [=]() mutable { gelu_forward(x, y); });
-      add_row("gelu_backward", dt, "[8192, 3072]", 3 * n * es, [=]() mutable { gelu_backward(dy, x, dx); });
-      Tensor bias = random_device({H4}, dt);
-      add_row("bias_add", dt, "[8192, 3072]", 2 * n * es, [=]() mutable { bias_add(y, bias); });
-      Tensor dbias = Tensor::zeros({H4}, DType::F32, MemorySpace::Cuda);
-      add_row("bias_backward (fp32 grad)", dt, "[8192, 3072]", n * es, [=]() mutable { bias_backward(dy, dbias); });
-      add_row("add", dt, "[8192, 3072]", 3 * n * es, [=]() mutable { add(x, dy, y); });
-      add_row("axpy", dt, "[8192, 3072]", 3 * n * es, [=]() mutable { axpy(0.5, x, y); });
-      add_row("scale", dt, "[8192, 3072]", 2 * n * es, [=]() mutable { scale(y, 0.999); });
-      add_row("sum_of_squares (+sync)", dt, "[8192, 3072]", n * es, [=]() mutable { (void)sum_of_squares(x); }, /*waits_on_host=*/true);
-      Tensor total = Tensor::empty({1}, DType::F64, MemorySpace::Cuda);
-      const std::vector<Tensor> xs = {x};
-      add_row("sum_of_squares_into (device)", dt, "[8192, 3072]", n * es, [=]() mutable { sum_of_squares_into(xs, total); });
-      DropoutSite site;
-      site.a = tokens, site.b = 1, site.c = H4, site.c_global = H4;
-      add_row("dropout_forward p=0.1", dt, "[8192, 3072]", 2 * n * es, [=]() mutable { dropout_forward(x, 0.1, site, y); });
-      add_row("dropout_add p=0.1", dt, "[8192, 3072]", 3 * n * es, [=]() mutable { dropout_add(x, dy, 0.1, site, y); });
+      const auto ew = [dt] { return ElementwiseInputs(dt); };
+      const std::string shape = "[8192, 3072]";
+      const double n = double(kTokens) * 3072;
+      add_row("gelu_forward", dt, shape, 2 * n * es, on(ew, [](auto& t) { gelu_forward(t.x, t.y); }));
+      add_row("gelu_backward", dt, shape, 3 * n * es, on(ew, [](auto& t) { gelu_backward(t.dy, t.x, t.dx); }));
+      add_row("bias_add", dt, shape, 2 * n * es, on(ew, [](auto& t) { bias_add(t.y, t.bias); }));
+      add_row("bias_backward (fp32 grad)", dt, shape, n * es, on(ew, [](auto& t) { bias_backward(t.dy, t.dbias); }));
+      add_row("add", dt, shape, 3 * n * es, on(ew, [](auto& t) { add(t.x, t.dy, t.y); }));
+      add_row("axpy", dt, shape, 3 * n * es, on(ew, [](auto& t) { axpy(0.5, t.x, t.y); }));
+      add_row("scale", dt, shape, 2 * n * es, on(ew, [](auto& t) { scale(t.y, 0.999); }));
+      add_row("sum_of_squares (+sync)", dt, shape, n * es, on(ew, [](auto& t) { (void)sum_of_squares(t.x); }), /*waits_on_host=*/true);
+      add_row("sum_of_squares_into (device)", dt, shape, n * es, on(ew, [](auto& t) { sum_of_squares_into(t.xs, t.total); }));
+      add_row("dropout_forward p=0.1", dt, shape, 2 * n * es, on(ew, [](auto& t) { dropout_forward(t.x, 0.1, t.site, t.y); }));
+      add_row("dropout_add p=0.1", dt, shape, 3 * n * es, on(ew, [](auto& t) { dropout_add(t.x, t.dy, 0.1, t.site, t.y); }));
     }
-    {  // 774M's fc bias gradient (4 x 1280 columns), taken after the MLP's dgelu GEMM
-      const index_t F = 4 * 1280;
-      Tensor dpre = random_device({tokens, F}, dt), dbias = Tensor::zeros({F}, DType::F32, MemorySpace::Cuda);
-      add_row("bias_backward (fp32 grad)", dt, "[8192, 5120]", double(dpre.numel()) * es,
-              [=]() mutable { bias_backward(dpre, dbias); });
-    }
-    for (const index_t h : {H, index_t(1280)}) {  // GPT-2 124M's and 774M's width
+    // 774M's fc bias gradient (4 x 1280 columns), taken after the MLP's dgelu GEMM
+    add_row("bias_backward (fp32 grad)", dt, "[8192, 5120]", double(kTokens) * 5120 * es,
+            on([dt] { return BiasGradInputs(dt, 5120); }, [](auto& t) { bias_backward(t.dy, t.dbias); }));
+    for (const index_t h : {index_t(768), index_t(1280)}) {  // GPT-2 124M's and 774M's width
       const std::string shape = "[8192, " + std::to_string(h) + "]";
-      Tensor x = random_device({tokens, h}, dt, -2, 3), y = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
-      Tensor gamma = random_device({h}, dt), beta = random_device({h}, dt);
-      Tensor mean = Tensor::empty({tokens}, DType::F32, MemorySpace::Cuda), rstd = mean.clone();
-      const double n = double(x.numel());
-      add_row("layernorm_forward", dt, shape, 2 * n * es, [=]() mutable { layernorm_forward(x, gamma, beta, 1e-5, y, mean, rstd); });
-      Tensor dy = random_device(x.shape(), dt), dx = Tensor::empty(x.shape(), dt, MemorySpace::Cuda);
-      Tensor dgamma = Tensor::zeros({h}, DType::F32, MemorySpace::Cuda), dbeta = dgamma.clone();
-      add_row("layernorm_backward", dt, shape, 3 * n * es, [=]() mutable { layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta); });
-      Tensor residual = random_device(x.shape(), dt);  // the transformer layer's call
-      add_row("layernorm_backward + residual", dt, shape, 4 * n * es, [=]() mutable { layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, &residual); });
-      Tensor table = random_device({vocab, h}, dt), ids = random_ids(tokens, int(vocab));
-      add_row("embedding_forward", dt, shape, 2 * n * es, [=]() mutable { embedding_forward(ids, table, 0, y); });
-      Tensor dtable = Tensor::zeros({vocab, h}, DType::F32, MemorySpace::Cuda);
-      add_row("embedding_backward (fp32 grad)", dt, shape, n * es + 2 * n * 4, [=]() mutable { embedding_backward(ids, dy, 0, dtable); });
+      const double n = double(kTokens) * double(h);
+      const auto ln = [dt, h] { return LayerNormInputs(dt, h); };
+      add_row("layernorm_forward", dt, shape, 2 * n * es, on(ln, [](auto& t) { layernorm_forward(t.x, t.gamma, t.beta, 1e-5, t.y, t.mean, t.rstd); }));
+      add_row("layernorm_backward", dt, shape, 3 * n * es, on(ln, [](auto& t) { layernorm_backward(t.dy, t.x, t.gamma, t.mean, t.rstd, t.dx, t.dgamma, t.dbeta); }));
+      add_row("layernorm_backward + residual", dt, shape, 4 * n * es, on(ln, [](auto& t) { layernorm_backward(t.dy, t.x, t.gamma, t.mean, t.rstd, t.dx, t.dgamma, t.dbeta, &t.residual); }));
+      const auto emb = [dt, h, vocab] { return EmbeddingInputs(dt, h, vocab); };
+      add_row("embedding_forward", dt, shape, 2 * n * es, on(emb, [](auto& t) { embedding_forward(t.ids, t.table, 0, t.y); }));
+      add_row("embedding_backward (fp32 grad)", dt, shape, n * es + 2 * n * 4, on(emb, [](auto& t) { embedding_backward(t.ids, t.dy, 0, t.dtable); }));
     }
     {
-      Tensor s = random_device({heads_batch, S, S}, dt, -8, 8), p = Tensor::empty(s.shape(), dt, MemorySpace::Cuda);
-      const double n = double(s.numel());
-      add_row("softmax_forward", dt, "[96, 1024, 1024]", 2 * n * es, [=]() mutable { scaled_causal_softmax_forward(s, 0.125, p); });
-      Tensor dp = random_device(s.shape(), dt), ds = Tensor::empty(s.shape(), dt, MemorySpace::Cuda);
-      add_row("softmax_backward", dt, "[96, 1024, 1024]", 3 * n * es, [=]() mutable { scaled_causal_softmax_backward(dp, p, 0.125, ds); });
+      const auto sm = [dt] { return SoftmaxInputs(dt); };
+      const double n = 8.0 * 12 * 1024 * 1024;
+      add_row("softmax_forward", dt, "[96, 1024, 1024]", 2 * n * es, on(sm, [](auto& t) { scaled_causal_softmax_forward(t.s, 0.125, t.p); }));
+      add_row("softmax_backward", dt, "[96, 1024, 1024]", 3 * n * es, on(sm, [](auto& t) { scaled_causal_softmax_backward(t.dp, t.p, 0.125, t.ds); }));
     }
     {
-      Tensor logits = random_device({tokens, vocab}, dt, -6, 6), targets = random_ids(tokens, 50257);
-      Tensor row_max = Tensor::empty({tokens}, DType::F32, MemorySpace::Cuda), sum_exp = row_max.clone(),
-             tl = row_max.clone(), dloss = random_device({tokens}, DType::F32, 0.1, 1);
-      const double n = double(logits.numel());
-      add_row("cross_entropy_row_max", dt, "[8192, 50304]", n * es, [=]() mutable { cross_entropy_row_max(logits, 0, 50257, row_max); });
-      add_row("cross_entropy_partials", dt, "[8192, 50304]", n * es, [=]() mutable { cross_entropy_partials(logits, targets, row_max, 0, 50257, sum_exp, tl); });
-      add_row("cross_entropy_row_stats", dt, "[8192, 50304]", n * es, [=]() mutable { cross_entropy_row_stats(logits, targets, 0, 50257, row_max, sum_exp, tl); });
-      Tensor dlogits = Tensor::empty(logits.shape(), dt, MemorySpace::Cuda);
-      add_row("cross_entropy_backward", dt, "[8192, 50304]", 2 * n * es, [=]() mutable { cross_entropy_backward(logits, targets, row_max, sum_exp, dloss, 0, 50257, dlogits); });
+      const auto ce = [dt, vocab] { return CrossEntropyInputs(dt, vocab); };
+      const std::string shape = "[8192, 50304]";
+      const double n = double(kTokens) * double(vocab);
+      add_row("cross_entropy_row_max", dt, shape, n * es, on(ce, [](auto& t) { cross_entropy_row_max(t.logits, 0, 50257, t.row_max); }));
+      add_row("cross_entropy_partials", dt, shape, n * es, on(ce, [](auto& t) { cross_entropy_partials(t.logits, t.targets, t.row_max, 0, 50257, t.sum_exp, t.tl); }));
+      add_row("cross_entropy_row_stats", dt, shape, n * es, on(ce, [](auto& t) { cross_entropy_row_stats(t.logits, t.targets, 0, 50257, t.row_max, t.sum_exp, t.tl); }));
+      add_row("cross_entropy_backward", dt, shape, 2 * n * es, on(ce, [](auto& t) { cross_entropy_backward(t.logits, t.targets, t.row_max, t.sum_exp, t.dloss, 0, 50257, t.dlogits); }));
     }
   }
-  {
-    Tensor p = random_device({params}, DType::F32), g = random_device({params}, DType::F32),
-           m = random_device({params}, DType::F32, -0.01, 0.01), v = random_device({params}, DType::F32, 0, 1e-4);
-    AdamWParams hp;
-    hp.weight_decay = 0.1;
-    add_row("adamw_step", DType::F32, "[124M]", 28.0 * double(params), [=]() mutable { adamw_step(p, g, m, v, hp); });
-    // The gradient norm as training takes it: once per step over every
-    // fp32 gradient of the model (here 124M of them), then the host waits.
-    add_row("sum_of_squares (+sync)", DType::F32, "[124M]", 4.0 * double(params), [=]() mutable { (void)sum_of_squares(g); }, /*waits_on_host=*/true);
-    Tensor total = Tensor::empty({1}, DType::F64, MemorySpace::Cuda);
-    const std::vector<Tensor> gs = {g};
-    add_row("sum_of_squares_into (device)", DType::F32, "[124M]", 4.0 * double(params), [=]() mutable { sum_of_squares_into(gs, total); });
-  }
+  const auto adamw = [params] { return AdamWInputs(params); };
+  AdamWParams hp;
+  hp.weight_decay = 0.1;
+  add_row("adamw_step", DType::F32, "[124M]", 28.0 * double(params), on(adamw, [hp](auto& t) { adamw_step(t.p, t.g, t.m, t.v, hp); }));
+  // The gradient norm as training takes it: once per step over every
+  // fp32 gradient of the model (here 124M of them), then the host waits.
+  add_row("sum_of_squares (+sync)", DType::F32, "[124M]", 4.0 * double(params), on(adamw, [](auto& t) { (void)sum_of_squares(t.g); }), /*waits_on_host=*/true);
+  add_row("sum_of_squares_into (device)", DType::F32, "[124M]", 4.0 * double(params), on(adamw, [](auto& t) { sum_of_squares_into(t.gs, t.total); }));
   if (sink == RowSink::Table) print_memory_bound(rows, baselines.copy_gbps);
 }
 
@@ -1025,23 +1123,34 @@ void bench_attention_token_major(const Baselines& baselines) {
 }
 
 /// `bench_cuda_ops gbench`: the token-major attention paths as Google
-/// Benchmarks, forward and backward apart ("attention/<shape>/<path>/fwd").
-void register_attention_benchmarks(const Baselines& baselines) {
+/// Benchmarks, forward and backward apart ("attention/<shape>/<path>/fwd");
+/// each builds its own inputs when it runs, the backward's by a forward.
+void register_attention_benchmarks(const Baselines& baselines,
+                                   const std::shared_ptr<BuiltRow>& built) {
+  using PathCalls = std::function<AttentionCalls(const TokenMajorCase&, const TokenMajorInputs&)>;
   const double p = 0.1;
   for (const TokenMajorCase& c : kTokenMajorCases) {
-    const TokenMajorInputs in(c);
-    auto add = [&](const std::string& path, const AttentionCalls& calls) {
-      calls.fwd();  // the backward's inputs, whichever benchmark the filter keeps
+    auto add = [&](const std::string& path, const PathCalls& calls) {
       const std::string name = "attention/" + std::string(c.what) + "/" + path;
-      register_benchmark(name + "/fwd", calls.fwd, 1, 0, c.fwd_flop(), baselines);
-      register_benchmark(name + "/bwd", calls.bwd, 1, 0, c.bwd_flop(), baselines);
+      register_benchmark(
+          name + "/fwd", [c, calls] { return calls(c, TokenMajorInputs(c)).fwd; }, 1, 0,
+          c.fwd_flop(), baselines, built);
+      register_benchmark(
+          name + "/bwd",
+          [c, calls] {
+            const AttentionCalls both = calls(c, TokenMajorInputs(c));
+            both.fwd();  // the backward's inputs
+            return both.bwd;
+          },
+          1, 0, c.bwd_flop(), baselines, built);
     };
-    add("own", own_calls(c, in));
-    add("own p.1", own_dropout_calls(c, in, p));
+    add("own", own_calls);
+    add("own p.1", [p](const auto& c, const auto& in) { return own_dropout_calls(c, in, p); });
     const auto cudnn = cuda::cudnn_attention_support(DType::BF16, c.s, c.b, c.heads, c.d);
-    if (cudnn.forward && cudnn.backward) add("cudnn", cudnn_calls(c, in));
+    if (cudnn.forward && cudnn.backward) add("cudnn", cudnn_calls);
     const auto cudnn_p = cuda::cudnn_attention_support(DType::BF16, c.s, c.b, c.heads, c.d, p);
-    if (cudnn_p.forward && cudnn_p.backward) add("cudnn p.1", cudnn_dropout_calls(c, in, p));
+    if (cudnn_p.forward && cudnn_p.backward)
+      add("cudnn p.1", [p](const auto& c, const auto& in) { return cudnn_dropout_calls(c, in, p); });
   }
 }
 
@@ -1100,6 +1209,13 @@ void bench_attention(const Baselines& baselines, bool fused_only) {
   bench_attention_token_major(baselines);
 }
 
+/// The most device memory the run's tensors held at once.
+void print_allocator_peak(std::FILE* to) {
+  const device::AllocatorStats st = device::allocator_stats();
+  std::fprintf(to, "\nallocator: peak %.2f GiB, %zu cudaMalloc calls\n",
+               double(st.peak_bytes) / (1 << 30), st.cuda_mallocs);
+}
+
 /// `bench_cuda_ops gbench [--benchmark_* flags]`: the memory-bound rows, the
 /// GEMMs and the token-major attention as Google Benchmarks (filter, repeat,
 /// --benchmark_format=json ...), each with its fraction of the run's
@@ -1117,13 +1233,18 @@ int run_google_benchmarks(int argc, char** argv, Baselines baselines) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("copy_GBps", std::to_string(baselines.copy_gbps));
   benchmark::AddCustomContext("gemm_TFLOPs", std::to_string(baselines.gemm_tflops));
-  bench_memory_bound(baselines, RowSink::GoogleBenchmark);
-  register_benchmark("gemm/" + std::string(kGemmCeiling.what), kGemmCeiling.call(), 1, 0,
-                     kGemmCeiling.flop(), baselines);
-  for (const GemmCase& c : kGemmCases)
-    register_benchmark("gemm/" + std::string(c.what), c.call(), 1, 0, c.flop(), baselines);
-  register_attention_benchmarks(baselines);
+  const auto built = std::make_shared<BuiltRow>();
+  bench_memory_bound(baselines, RowSink::GoogleBenchmark, "", built);
+  auto add_gemm = [&](const GemmCase& c) {
+    register_benchmark("gemm/" + std::string(c.what), [c] { return c.call(); }, 1, 0, c.flop(),
+                       baselines, built);
+  };
+  add_gemm(kGemmCeiling);
+  for (const GemmCase& c : kGemmCases) add_gemm(c);
+  register_attention_benchmarks(baselines, built);
   benchmark::RunSpecifiedBenchmarks();
+  *built = BuiltRow{};  // the last row's buffers, before CUDA shuts down
+  print_allocator_peak(stderr);  // stdout may be Google Benchmark's JSON
   benchmark::Shutdown();
   return 0;
 }
@@ -1191,9 +1312,7 @@ int main(int argc, char** argv) {
     bench_gemm(baselines);
   }
   bench_attention(baselines, fused_only);
-  const device::AllocatorStats st = device::allocator_stats();
-  std::printf("\nallocator: peak %.2f GiB, %zu cudaMalloc calls\n", double(st.peak_bytes) / (1 << 30),
-              st.cuda_mallocs);
+  print_allocator_peak(stdout);
   return 0;
 }
 
