@@ -768,6 +768,24 @@ void bench_mlp_gelu_epilogues() {
                    res_unfused, fell_back);
 }
 
+/// A GEMM row: C [M, N] = op(A) op(B) (+ C where C is fp32: beta 1).
+struct GemmCase {
+  const char* what;
+  index_t M, N, K;
+  bool ta, tb;
+  DType ab, c;
+  double flop() const { return 2.0 * double(M) * double(N) * double(K); }
+  /// One call on random inputs the callable owns.
+  std::function<void()> call() const {
+    Tensor A = random_device(ta ? Shape{K, M} : Shape{M, K}, ab);
+    Tensor B = random_device(tb ? Shape{N, K} : Shape{K, N}, ab);
+    Tensor C = random_device({M, N}, c);
+    const double beta = c == ab ? 0.0 : 1.0;
+    const bool a_t = ta, b_t = tb;
+    return [=]() mutable { ops::gemm(A, a_t, B, b_t, C, 1.0, beta); };
+  }
+};
+
 /// The GEMMs of a GPT-2 774M layer at tp 1 (8 x 1024 tokens, bf16; weight
 /// gradients into fp32 with beta = 1): the heuristic's first algorithm
 /// against the fastest of its first eight (MESHTRON_GEMM_AUTOTUNE's choice,
@@ -775,33 +793,26 @@ void bench_mlp_gelu_epilogues() {
 void bench_gemm_autotune() {
   std::printf("\n%-44s %10s %10s %8s\n", "774M layer GEMMs (M N K, ta tb)", "heur. ms",
               "tuned ms", "ratio");
-  struct Case {
-    index_t M, N, K;
-    bool ta, tb;
-    DType c;
-  };
   const index_t T = 8192, H = 1280, F = 5120;
-  const Case cases[] = {
-      {T, 3 * H, H, false, false, DType::BF16},  // qkv forward
-      {T, H, H, false, false, DType::BF16},      // attention proj forward
-      {T, F, H, false, false, DType::BF16},      // fc forward
-      {T, H, F, false, false, DType::BF16},      // mlp proj forward
-      {T, H, 3 * H, false, true, DType::BF16},   // qkv dX
-      {T, F, H, false, true, DType::BF16},       // mlp proj dX
-      {T, H, F, false, true, DType::BF16},       // fc dX
-      {H, 3 * H, T, true, false, DType::F32},    // qkv dW
-      {H, F, T, true, false, DType::F32},        // fc dW
-      {F, H, T, true, false, DType::F32},        // mlp proj dW
+  const DType bf16 = DType::BF16, f32 = DType::F32;
+  const GemmCase cases[] = {
+      {"qkv forward", T, 3 * H, H, false, false, bf16, bf16},
+      {"attention proj forward", T, H, H, false, false, bf16, bf16},
+      {"fc forward", T, F, H, false, false, bf16, bf16},
+      {"mlp proj forward", T, H, F, false, false, bf16, bf16},
+      {"qkv dX", T, H, 3 * H, false, true, bf16, bf16},
+      {"mlp proj dX", T, F, H, false, true, bf16, bf16},
+      {"fc dX", T, H, F, false, true, bf16, bf16},
+      {"qkv dW", H, 3 * H, T, true, false, bf16, f32},
+      {"fc dW", H, F, T, true, false, bf16, f32},
+      {"mlp proj dW", F, H, T, true, false, bf16, f32},
   };
-  for (const Case& c : cases) {
-    const Tensor A = random_device(c.ta ? Shape{c.K, c.M} : Shape{c.M, c.K}, DType::BF16);
-    const Tensor B = random_device(c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, DType::BF16);
-    Tensor C = random_device({c.M, c.N}, c.c);
-    const double beta = c.c == DType::F32 ? 1.0 : 0.0;
+  for (const GemmCase& c : cases) {
+    const std::function<void()> gemm = c.call();  // the same inputs for both
     double ms[2];
     for (int tuned = 0; tuned < 2; ++tuned) {
       cuda::set_gemm_autotune(tuned == 1);
-      ms[tuned] = median_ms([&] { ops::gemm(A, c.ta, B, c.tb, C, 1.0, beta); });
+      ms[tuned] = median_ms(gemm);
     }
     cuda::set_gemm_autotune(false);
     char what[64];
@@ -851,24 +862,6 @@ void bench_residual_epilogues() {
     std::printf("%-30s %9.4f %9.4f %9.4f %9.4f %9.4f\n", what, ms[0], ms[1], ms[2], ms[3], ms[4]);
   }
 }
-
-/// A GEMM row: C [M, N] = op(A) op(B) (+ C where C is fp32: beta 1).
-struct GemmCase {
-  const char* what;
-  index_t M, N, K;
-  bool ta, tb;
-  DType ab, c;
-  double flop() const { return 2.0 * double(M) * double(N) * double(K); }
-  /// One call on random inputs the callable owns.
-  std::function<void()> call() const {
-    Tensor A = random_device(ta ? Shape{K, M} : Shape{M, K}, ab);
-    Tensor B = random_device(tb ? Shape{N, K} : Shape{K, N}, ab);
-    Tensor C = random_device({M, N}, c);
-    const double beta = c == ab ? 0.0 : 1.0;
-    const bool a_t = ta, b_t = tb;
-    return [=]() mutable { ops::gemm(A, a_t, B, b_t, C, 1.0, beta); };
-  }
-};
 
 /// The GEMM ceiling: cuBLASLt's bf16 GEMM at 8192^3 (bf16 C), TFLOP/s.
 const GemmCase kGemmCeiling{"bf16 8192^3 NN, bf16 C (the ceiling)", 8192, 8192, 8192,

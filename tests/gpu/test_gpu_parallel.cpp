@@ -36,9 +36,9 @@
 #include <thread>
 #include <tuple>
 
+#include "ops/ops_cuda.hpp"
 #include "parallel/communicator_nccl.hpp"
 #include "parallel/decomposition.hpp"
-#include "ops/ops_cuda.hpp"
 #include "parallel/peer_exchange.hpp"
 #include "train/schedule.hpp"
 #include "tensor/device_allocator.hpp"
@@ -763,7 +763,6 @@ TEST(GpuTraining, OverlappedParamGatherMatchesOneGpuRun) {
     if (is_rank0()) expect_same_run(got, one_gpu_reference());
   }
 }
-
 
 // training.attention_dropout_rng = cudnn at tp 2 + SP and at dp 2 with the
 // distributed optimizer (a bf16 GPT with cuDNN's fused attention, dropout
