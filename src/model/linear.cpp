@@ -175,8 +175,12 @@ Tensor RowParallelLinear::project(const Tensor& x, const Tensor* residual, Layer
   cache.x = x;
   if (ctx.sequence_parallel && ctx.tp.size() > 1) {
     // The residual is this rank's row shard: bias and residual follow the
-    // reduce-scatter.
-    Tensor y = mapping::reduce_scatter_to_sp(ctx.tp, matmul(x, weight.value));
+    // reduce-scatter, in its own sum kernel where it has one (the copy
+    // engines: one pass over the shard instead of three).
+    const Tensor partial = matmul(x, weight.value);
+    if (mapping::tp_scatter_adds(ctx.tp, std::size_t(partial.numel()), partial.dtype()))
+      return mapping::reduce_scatter_to_sp_adding(ctx.tp, partial, bias.value, residual);
+    Tensor y = mapping::reduce_scatter_to_sp(ctx.tp, partial);
     ops::bias_add(y, bias.value);
     if (residual) ops::add(*residual, y, y);
     return y;

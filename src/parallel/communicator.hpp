@@ -162,6 +162,26 @@ class Communicator {
     MESH_VERIFY(false, "all_reduce_adding: this communicator adds nothing in its all-reduce");
   }
 
+  /// As adds_in_all_reduce, for reduce_scatter_adding: the reduce-scatter
+  /// of `recv_count` elements per rank of `dtype` (the row-parallel output
+  /// under sequence parallelism) adds a bias and this rank's residual shard
+  /// in its sum kernel. The same answer on every rank of the group.
+  virtual bool adds_in_reduce_scatter(std::size_t recv_count, DType dtype) const {
+    (void)recv_count, (void)dtype;
+    return false;
+  }
+  /// The Sum reduce-scatter of `send` into `recv` plus, once, `residual`
+  /// (null or laid out as `recv`: this rank's shard) and `bias` (null or
+  /// `columns` elements broadcast over the rows of `recv`). Only where
+  /// adds_in_reduce_scatter(recv_count, dtype) holds.
+  virtual void reduce_scatter_adding(const void* send, void* recv, std::size_t recv_count,
+                                     DType dtype, const void* residual, const void* bias,
+                                     std::size_t columns) {
+    (void)send, (void)recv, (void)recv_count, (void)dtype, (void)residual, (void)bias,
+        (void)columns;
+    MESH_VERIFY(false, "reduce_scatter_adding: this communicator adds nothing in its reduce-scatter");
+  }
+
   // Tensor conveniences (whole tensor as the payload).
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) {
     all_reduce(t.raw(), std::size_t(t.numel()), t.dtype(), op);

@@ -166,28 +166,52 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
     return;
   }
   if (!comm_) return local_copy(recv, send, bytes_of(recv_count, dtype));
-  if (copy_engine_ && op == ReduceOp::Sum) {
-    const std::size_t bytes = bytes_of(recv_count * size(), dtype);
-    // The transfer on the lane's stream, the adds on the compute stream
-    // (after the switch when interleaving). The exchange is held across the
-    // switch: the other job's call may grow (replace) the arena.
-    std::shared_ptr<PeerExchange> exchange;
-    std::size_t at = 0;
-    return blocking(
-        [&](const JobLane& lane) {
-          at = lane.copy_engine->region(host_.comm(), bytes);
-          exchange = lane.copy_engine->exchange;
-          exchange->reduce_scatter_transfer(send, recv_count, dtype, at, lane.stream);
-        },
-        [&] {
-          exchange->reduce_scatter_sum(send, recv_count, dtype, recv, at,
-                                       device::compute_stream());
-        });
-  }
+  if (copy_engine_ && op == ReduceOp::Sum)
+    return blocking_copy_engine_reduce_scatter(send, recv, recv_count, dtype, nullptr);
   blocking([&](const JobLane& lane) {
     NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), lane.comm,
                                  lane.stream));
   });
+}
+
+bool NcclCommunicator::adds_in_reduce_scatter(std::size_t recv_count, DType dtype) const {
+  (void)recv_count, (void)dtype;
+  return comm_ && copy_engine_;  // as reduce_scatter's copy-engine branch: any size
+}
+
+void NcclCommunicator::reduce_scatter_adding(const void* send, void* recv, std::size_t recv_count,
+                                             DType dtype, const void* residual, const void* bias,
+                                             std::size_t columns) {
+  MESH_VERIFY(adds_in_reduce_scatter(recv_count, dtype) && device_buffer(send),
+              "reduce_scatter_adding: " << recv_count << " elements of " << dtype_name(dtype)
+                                        << " do not go over the copy engines");
+  MESH_VERIFY(columns > 0 && recv_count % columns == 0,
+              "reduce_scatter_adding: " << recv_count << " elements are not rows of " << columns);
+  record(CollectiveKind::ReduceScatter, bytes_of(recv_count * size(), dtype));
+  PeerExchange::Addends addends{residual, bias, columns};
+  addends.residual_is_block = true;
+  blocking_copy_engine_reduce_scatter(send, recv, recv_count, dtype, &addends);
+}
+
+void NcclCommunicator::blocking_copy_engine_reduce_scatter(const void* send, void* recv,
+                                                           std::size_t count, DType dtype,
+                                                           const PeerExchange::Addends* addends) {
+  const std::size_t bytes = bytes_of(count * std::size_t(size()), dtype);
+  // The transfer on the lane's stream, the adds on the compute stream
+  // (after the switch when interleaving). The exchange is held across the
+  // switch: the other job's call may grow (replace) the arena.
+  std::shared_ptr<PeerExchange> exchange;
+  std::size_t at = 0;
+  blocking(
+      [&](const JobLane& lane) {
+        at = lane.copy_engine->region(host_.comm(), bytes);
+        exchange = lane.copy_engine->exchange;
+        exchange->reduce_scatter_transfer(send, count, dtype, at, lane.stream);
+      },
+      [&] {
+        exchange->reduce_scatter_sum(send, count, dtype, recv, at, device::compute_stream(),
+                                     addends);
+      });
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
@@ -277,6 +301,14 @@ void NcclCommunicator::copy_engine_all_reduce(CopyEngine& ce, void* buf, std::si
   const std::size_t scatter_at = ce.region(host_.comm(), bytes);
   const std::size_t gather_at = ce.region(host_.comm(), bytes);
   ce.exchange->all_reduce(buf, count, dtype, scatter_at, gather_at, stream, addends);
+}
+
+void NcclCommunicator::copy_engine_reduce_scatter(CopyEngine& ce, const void* send, void* recv,
+                                                  std::size_t count, DType dtype,
+                                                  cudaStream_t stream) {
+  const std::size_t at = ce.region(host_.comm(), bytes_of(count * std::size_t(size()), dtype));
+  ce.exchange->reduce_scatter_transfer(send, count, dtype, at, stream);
+  ce.exchange->reduce_scatter_sum(send, count, dtype, recv, at, stream);
 }
 
 void NcclCommunicator::copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv,
@@ -450,7 +482,12 @@ void NcclCommunicator::ireduce_scatter(const void* send, void* recv,
   record_nonblocking();
   if (!comm_) return local_copy(recv, send, bytes_of(total, dtype));
   after_compute_on_comm_stream();
-  if (equal_counts(recv_counts)) {  // NCCL's own reduce-scatter kernel
+  if (copy_engine_sum(total, dtype, op) && equal_counts(recv_counts)) {
+    // The tp input gradient's reduce-scatter under SP (reduce_input_grad):
+    // the transfer and the adds on comm_stream_, no SMs taken from the
+    // weight-gradient GEMM beside it but the add kernel's.
+    copy_engine_reduce_scatter(async_ce_, send, recv, recv_counts[0], dtype, comm_stream_);
+  } else if (equal_counts(recv_counts)) {  // NCCL's own reduce-scatter kernel
     NCCL_CHECK(ncclReduceScatter(send, recv, recv_counts[0], nccl_type(dtype), nccl_op(op),
                                  comm_, comm_stream_));
   } else {

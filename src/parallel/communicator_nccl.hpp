@@ -156,7 +156,8 @@ class NcclCommunicator final : public Communicator {
   /// blocking device all_gather and Sum reduce_scatter, the Sum all_reduce
   /// of min_all_reduce_bytes or more that splits evenly over the ranks (a
   /// reduce-scatter and an all-gather through two regions), and the
-  /// equal-count iall_gather, run on the copy engines (PeerExchange)
+  /// equal-count iall_gather and Sum ireduce_scatter (the latter of
+  /// min_all_reduce_bytes or more), run on the copy engines (PeerExchange)
   /// instead of NCCL: each call uses one of kCopyEngineRegions regions of an
   /// arena in turn, and an all-gather's result is copied out of the arena
   /// into `recv`. Blocking calls (compute stream, or comm_stream_ while
@@ -190,6 +191,12 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_each(std::span<Tensor* const> tensors, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
                       ReduceOp op) override;
+  /// The copy-engine reduce-scatters add a bias and the residual shard in
+  /// their sum kernel (PeerExchange::Addends), as the all-reduces do.
+  bool adds_in_reduce_scatter(std::size_t recv_count, DType dtype) const override;
+  void reduce_scatter_adding(const void* send, void* recv, std::size_t recv_count, DType dtype,
+                             const void* residual, const void* bias,
+                             std::size_t columns) override;
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype) override;
   void broadcast(void* buf, std::size_t count, DType dtype, int root) override;
   void barrier() override;
@@ -286,6 +293,14 @@ class NcclCommunicator final : public Communicator {
   /// The copy-engine all-reduce of `buf` on `stream` (two regions of `ce`).
   void copy_engine_all_reduce(CopyEngine& ce, void* buf, std::size_t count, DType dtype,
                               cudaStream_t stream, const PeerExchange::Addends* addends);
+  /// The copy-engine reduce-scatter (sum) of `send` into `recv` (`count`
+  /// elements per rank), the transfer and the adds on `stream` (one region).
+  /// The blocking one's adds (with `addends`, if any) run on the compute
+  /// stream, after the switch while interleaving.
+  void copy_engine_reduce_scatter(CopyEngine& ce, const void* send, void* recv, std::size_t count,
+                                  DType dtype, cudaStream_t stream);
+  void blocking_copy_engine_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                           DType dtype, const PeerExchange::Addends* addends);
   /// The copy-engine all-gather of `send` into `recv` on `stream`.
   void copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv, std::size_t shard,
                               cudaStream_t stream);

@@ -50,6 +50,31 @@ Tensor reduce_from_tp_adding(TensorParallelGroup& g, Tensor&& partial, const Ten
   return sum;
 }
 
+bool tp_scatter_adds(const TensorParallelGroup& g, std::size_t count, DType dtype) {
+  return g.size() > 1 && count % std::size_t(g.size()) == 0 &&
+         g.comm.adds_in_reduce_scatter(count / std::size_t(g.size()), dtype);
+}
+
+Tensor reduce_scatter_to_sp_adding(TensorParallelGroup& g, const Tensor& partial,
+                                   const Tensor& bias, const Tensor* residual) {
+  require_divisible(partial, 0, g.size(), "reduce_scatter_to_sp_adding");
+  Shape shape = partial.shape();
+  shape[0] /= g.size();
+  const index_t columns = partial.dim(partial.rank() - 1);
+  MESH_VERIFY(bias.numel() == columns && bias.dtype() == partial.dtype() &&
+                  (!residual || (residual->shape() == shape &&
+                                 residual->dtype() == partial.dtype())),
+              "reduce_scatter_to_sp_adding: bias " << shape_string(bias.shape()) << " / residual "
+                                                   << (residual ? shape_string(residual->shape()) : "-")
+                                                   << " do not fit the shard "
+                                                   << shape_string(shape));
+  Tensor out = Tensor::empty(shape, partial.dtype(), partial.space());
+  g.comm.reduce_scatter_adding(partial.raw(), out.raw(), std::size_t(out.numel()), out.dtype(),
+                               residual ? residual->raw() : nullptr, bias.raw(),
+                               std::size_t(columns));
+  return out;
+}
+
 Tensor scatter_to_sp(TensorParallelGroup& g, const Tensor& x) {
   if (g.size() == 1) return x;
   require_divisible(x, 0, g.size(), "scatter_to_sp");

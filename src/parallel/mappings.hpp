@@ -48,6 +48,15 @@ bool tp_sum_adds(const TensorParallelGroup& g, std::size_t count, DType dtype);
 /// where tp_sum_adds holds.
 Tensor reduce_from_tp_adding(TensorParallelGroup& g, Tensor&& partial, const Tensor& bias,
                              const Tensor* residual);
+/// Whether reduce_scatter_to_sp_adding can take a partial sum of
+/// `count` elements of `dtype` (the whole partial, all ranks' rows): the
+/// copy-engine reduce-scatter. The same answer on every rank of the group.
+bool tp_scatter_adds(const TensorParallelGroup& g, std::size_t count, DType dtype);
+/// reduce_scatter_to_sp(partial) + bias (broadcast over rows) + residual
+/// (this rank's row shard, or null), the addends added once in the
+/// reduction's own sum kernel; only where tp_scatter_adds holds.
+Tensor reduce_scatter_to_sp_adding(TensorParallelGroup& g, const Tensor& partial,
+                                   const Tensor& bias, const Tensor* residual);
 Tensor scatter_to_sp(TensorParallelGroup& g, const Tensor& x);
 Tensor gather_from_sp(TensorParallelGroup& g, const Tensor& x);
 Tensor reduce_scatter_to_sp(TensorParallelGroup& g, const Tensor& x);

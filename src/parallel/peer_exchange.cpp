@@ -233,7 +233,9 @@ void PeerExchange::reduce_scatter_sum(const void* partial, std::size_t count, DT
     const std::size_t first = std::size_t(rank_) * count;  // this block's first element
     const char* residual = static_cast<const char*>(addends->residual);
     cuda::add_residual_bias_on_stream(dtype, term(0), term(1),
-                                      residual ? residual + std::size_t(rank_) * block : nullptr,
+                                      !residual || addends->residual_is_block
+                                          ? residual
+                                          : residual + std::size_t(rank_) * block,
                                       addends->bias, index_t(addends->columns), index_t(first),
                                       index_t(count), out, stream);
   } else {

@@ -97,6 +97,9 @@ class PeerExchange {
     const void* residual = nullptr;
     const void* bias = nullptr;
     std::size_t columns = 1;
+    /// The residual is laid out as the summed block (a reduce-scatter's
+    /// output shard), not as the whole `partial` (an all-reduce's buffer).
+    bool residual_is_block = false;
   };
 
   /// Reduce-scatter (sum) of every rank's `partial` (size() blocks of

@@ -143,15 +143,19 @@ TEST_F(Nccl, CopyEngineAllGatherEqualsNcclAllGather) {
   cudaStreamDestroy(stream);
 }
 
-// PeerExchange::reduce_scatter: each rank's output block is the sum of that
-// block of both ranks' partials, bit for bit NCCL's reduce-scatter in fp32
-// and in bf16 (two ranks: one rounding of a + b either way), call after call.
+// PeerExchange::reduce_scatter, and the copy-engine communicator's blocking
+// reduce_scatter and ireduce_scatter (the SP input gradient's, on the side
+// stream): each rank's output block is the sum of that block of both ranks'
+// partials, bit for bit NCCL's reduce-scatter in fp32 and in bf16 (two
+// ranks: one rounding of a + b either way), call after call.
 TEST_F(Nccl, CopyEngineReduceScatterEqualsNcclReduceScatter) {
   if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
   const std::size_t n = std::size_t(1) << 20;  // elements per block
   PeerExchange exchange(MPI_COMM_WORLD, 2 * n * sizeof(float));
+  NcclCommunicator copy_engines(MPI_COMM_WORLD);
+  copy_engines.use_copy_engine();
   for (DType dt : {DType::F32, DType::BF16})
-    for (int call = 0; call < 3; ++call) {
+    for (int call = 0; call < 5; ++call) {
       std::vector<float> mine(2 * n);
       for (std::size_t i = 0; i < 2 * n; ++i)
         mine[i] = float(rank + 1) * 0.37f + float(call) - float(i % 1013) * 0.01f;
@@ -160,9 +164,63 @@ TEST_F(Nccl, CopyEngineReduceScatterEqualsNcclReduceScatter) {
       comm->reduce_scatter(partial.raw(), expected.raw(), n, dt, ReduceOp::Sum);
       Tensor out = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
       exchange.reduce_scatter(partial.raw(), n, dt, out.raw(), 0);
-      EXPECT_TRUE(out.to_doubles() == expected.to_doubles())
-          << dtype_name(dt) << " call " << call;
+      Tensor blocking = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
+      copy_engines.reduce_scatter(partial.raw(), blocking.raw(), n, dt, ReduceOp::Sum);
+      Tensor async = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
+      const std::size_t counts[] = {n, n};
+      copy_engines.ireduce_scatter(partial.raw(), async.raw(), counts, dt, ReduceOp::Sum);
+      copy_engines.wait_collectives();
+      for (const Tensor* t : {&out, &blocking, &async})
+        EXPECT_TRUE(t->to_doubles() == expected.to_doubles()) << dtype_name(dt) << " call " << call;
       MPI_Barrier(MPI_COMM_WORLD);  // both ranks have summed before the next call's copies
+    }
+}
+
+// reduce_scatter_adding (the row-parallel forward under SP on the copy
+// engines): this rank's shard of both ranks' partial sums plus its residual
+// shard and a bias broadcast over rows, added once: within one rounding
+// (16-bit) or a few fp32 roundings of the exact sum, at a width that packs
+// (1280) and one that does not (1000). NCCL alone does not add.
+TEST_F(Nccl, CopyEngineReduceScatterAddsResidualShardAndBiasOnce) {
+  if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
+  NcclCommunicator copy_engines(MPI_COMM_WORLD);
+  copy_engines.use_copy_engine();
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const std::size_t columns : {std::size_t(1280), std::size_t(1000)}) {
+      const std::size_t rows = 512, n = rows * columns;  // elements per rank's shard
+      EXPECT_FALSE(comm->adds_in_reduce_scatter(n, dt));
+      ASSERT_TRUE(copy_engines.adds_in_reduce_scatter(n, dt));
+      const auto partial_of = [&](int r) {
+        std::vector<float> v(2 * n);
+        for (std::size_t i = 0; i < 2 * n; ++i)
+          v[i] = float(r + 1) * 0.37f - float(i % 1013) * 0.01f;
+        return v;
+      };
+      std::vector<float> residual(n), bias(columns);  // this rank's shard
+      for (std::size_t i = 0; i < n; ++i)
+        residual[i] = float((i + std::size_t(rank) * 31) % 977) * 0.003f - 1.5f;
+      for (std::size_t c = 0; c < columns; ++c) bias[c] = 0.25f - float(c % 61) * 0.01f;
+      const Tensor partial = device_from(partial_of(rank), dt);
+      const Tensor residual_dev = device_from(residual, dt), bias_dev = device_from(bias, dt);
+      Tensor out = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
+      copy_engines.reduce_scatter_adding(partial.raw(), out.raw(), n, dt, residual_dev.raw(),
+                                         bias_dev.raw(), columns);
+      // The exact sum of the values as stored in dt, over this rank's block.
+      const std::vector<double> p0 = device_from(partial_of(0), dt).to_doubles(),
+                                p1 = device_from(partial_of(1), dt).to_doubles(),
+                                res = residual_dev.to_doubles(), b = bias_dev.to_doubles(),
+                                got = out.to_doubles();
+      const double unit = dt == DType::F32 ? 4 * std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t at = std::size_t(rank) * n + i;
+        const double terms[] = {p0[at], p1[at], res[i], b[i % columns]};
+        double exact = 0, magnitude = 0;
+        for (double t : terms) exact += t, magnitude += std::abs(t);
+        if (!(std::abs(got[i] - exact) <= unit * magnitude + 1e-30)) ++bad;
+      }
+      EXPECT_EQ(bad, 0u) << dtype_name(dt) << " columns " << columns;
+      MPI_Barrier(MPI_COMM_WORLD);  // both ranks have read their arena before the next call
     }
 }
 
@@ -621,14 +679,17 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name(); });
 
 // parallel.tp_copy_engine: the tp group's forward all-gathers and
-// reduce-scatters (SP) on PeerExchange instead of NCCL, with and without the
-// kept gathered input (which moves the backward's re-gathers too).
+// reduce-scatters (SP; the row-parallel bias and residual in the
+// reduce-scatter's sum) on PeerExchange instead of NCCL, with and without
+// the kept gathered input (which moves the backward's re-gathers too); the
+// input gradients' overlapped reduce-scatters too (tp_copy_engine_min_bytes
+// = 0: the test model's are a few KB).
 TEST(GpuTraining, CopyEngineTpCollectivesMatchOneGpuRun) {
   REQUIRE_TWO_GPUS();
   if (!PeerExchange::available()) GTEST_SKIP() << "driver without stream memory operations";
   for (const char* keep : {"false", "true"}) {
     Layout ce{2, 1, 1, "1f1b", false, true};
-    ce.overrides = {"parallel.tp_copy_engine=true",
+    ce.overrides = {"parallel.tp_copy_engine=true", "parallel.tp_copy_engine_min_bytes=0",
                     std::string("parallel.sequence_parallel_keep_gathered=") + keep};
     const RunResult got = testing::train_layout(MPI_COMM_WORLD, ce, DType::F32, 3, MemorySpace::Cuda);
     if (is_rank0()) expect_same_run(got, one_gpu_reference());
@@ -665,7 +726,8 @@ TEST(GpuTraining, TpInterleaveEqualsThePlainRunAndTheOneGpuRun) {
   const std::vector<std::pair<const char*, std::vector<std::string>>> transports = {
       {"SP, NCCL", {"parallel.sequence_parallel_keep_gathered=true"}},
       {"SP, copy engines",
-       {"parallel.sequence_parallel_keep_gathered=true", "parallel.tp_copy_engine=true"}},
+       {"parallel.sequence_parallel_keep_gathered=true", "parallel.tp_copy_engine=true",
+        "parallel.tp_copy_engine_min_bytes=0"}},
       {"no SP, NCCL", {}}};
   for (const auto& [label, overrides] : transports) {
     const bool sp = std::string(label).rfind("SP", 0) == 0;
