@@ -33,13 +33,6 @@
 // accumulator. N % 8 != 0 (the aux ld rule), an aux pointer less than 16-byte
 // aligned, or no algorithm: plain GEMM, then the gelu kernels.
 //
-// Bias-gradient epilogue (linear_weight_grads: dW += X^T dY with db = the
-// column sums of dY). Our B = dY [K tokens, N out] is cuBLASLt's first
-// operand, column-major [N, K] (m = N, k = K), so CUBLASLT_EPILOGUE_BGRADA
-// ("bias gradient of A, reduced over k, one per row of D") is db [N]. It is
-// written, not accumulated, in fp32 (BIAS_DATA_TYPE), whatever C's dtype.
-// No algorithm: plain GEMM, then zero and bias_backward into bias_grad.
-//
 // Out-of-place C (a residual riding in the GEMM): D = alpha AB + beta C +
 // bias with C != D, same layout; only algorithms with
 // CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT are taken (the heuristic
@@ -114,7 +107,6 @@ cublasLtEpilogue_t epilogue_of(const GemmArgs& g) {
   if (g.gelu_pre_out) return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   if (g.gelu_pre_in) return CUBLASLT_EPILOGUE_DGELU;
   if (g.bias) return CUBLASLT_EPILOGUE_BIAS;
-  if (g.bias_grad) return CUBLASLT_EPILOGUE_BGRADA;
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
@@ -146,9 +138,7 @@ ProblemKey key_of(const GemmArgs& g) {
                     alignment_of(g.A),                                 // cuBLASLt's B
                     alignment_of(g.c_in ? g.c_in : g.C),
                     alignment_of(g.C),
-                    g.bias        ? alignment_of(g.bias)
-                    : g.bias_grad ? alignment_of(g.bias_grad)
-                                  : 0u,
+                    g.bias ? alignment_of(g.bias) : 0u,
                     aux ? alignment_of(aux) : 0u,
                     g.beta != 0.0,
                     g.c_in != nullptr,
@@ -195,13 +185,6 @@ void set_epilogue(cublasLtMatmulDesc_t op, const GemmArgs& g) {
     const std::int32_t bias_type = cuda_type(g.c);
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
                                                 sizeof(g.bias)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                &bias_type, sizeof(bias_type)));
-  }
-  if (g.bias_grad) {
-    const std::int32_t bias_type = CUDA_R_32F;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                &g.bias_grad, sizeof(g.bias_grad)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                 &bias_type, sizeof(bias_type)));
   }
@@ -330,10 +313,8 @@ class GemmEngine {
     GemmArgs t = g;
     device::Buffer c_scratch(c_elements * dtype_size(g.c));
     device::Buffer aux_scratch(g.gelu_pre_out ? c_elements * dtype_size(g.c) : 0);
-    device::Buffer bias_grad_scratch(g.bias_grad ? std::size_t(g.N) * sizeof(float) : 0);
     t.C = c_scratch.as<void>();
     if (g.gelu_pre_out) t.gelu_pre_out = aux_scratch.as<void>();
-    if (g.bias_grad) t.bias_grad = bias_grad_scratch.as<float>();
     Descriptors d;
     describe(t, d);
     cudaEvent_t start = nullptr, stop = nullptr;
@@ -418,8 +399,7 @@ class GemmEngine {
   std::map<ProblemKey, std::optional<cublasLtMatmulAlgo_t>> algos_;
 };
 
-std::atomic<std::uint64_t> bias_fallbacks{0}, gelu_fallbacks{0}, residual_fallbacks{0},
-    bias_grad_fallbacks{0};
+std::atomic<std::uint64_t> bias_fallbacks{0}, gelu_fallbacks{0}, residual_fallbacks{0};
 
 GemmEngine& engine() {
   static GemmEngine* instance = new GemmEngine;
@@ -443,7 +423,7 @@ __global__ void scale_or_zero_kernel(T* C, index_t rows, index_t cols, index_t l
 void check_args(const GemmArgs& a) {
   MESH_VERIFY(a.c == a.ab || a.c == DType::F32,
               "gemm: C must be " << dtype_name(a.ab) << " or fp32, got " << dtype_name(a.c));
-  const bool fused = a.bias || a.gelu_pre_out || a.gelu_pre_in || a.c_in || a.bias_grad;
+  const bool fused = a.bias || a.gelu_pre_out || a.gelu_pre_in || a.c_in;
   MESH_VERIFY(!fused || (a.batch == 1 && a.ldc == a.N),
               "gemm: an epilogue takes one contiguous C, got batch " << a.batch << ", ldc "
                                                                       << a.ldc << ", N " << a.N);
@@ -454,10 +434,6 @@ void check_args(const GemmArgs& a) {
   MESH_VERIFY(!a.gelu_pre_in || (!a.bias && !a.c_in && a.beta == 0.0),
               "gemm: the GeLU backward epilogue takes no bias, no C, beta = 0");
   MESH_VERIFY(!a.c_in || a.beta != 0.0, "gemm: an out-of-place C needs beta != 0");
-  MESH_VERIFY(!a.bias_grad || (!a.bias && !a.gelu_pre_out && !a.gelu_pre_in && !a.c_in &&
-                               !a.trans_b && a.ldb == a.N),
-              "gemm: the bias-gradient epilogue takes no other epilogue and a contiguous, "
-              "untransposed B");
 }
 
 /// cuBLASLt's rule for the GeLU aux matrix: ld a multiple of 8 elements;
@@ -471,8 +447,6 @@ bool epilogue_layout_ok(const GemmArgs& a) {
 void count_fallback(const GemmArgs& a) {
   if (a.gelu_pre_out || a.gelu_pre_in)
     ++gelu_fallbacks;
-  else if (a.bias_grad)
-    ++bias_grad_fallbacks;
   else if (a.c_in)
     ++residual_fallbacks;
   else
@@ -501,11 +475,6 @@ void gemm_unfused(const GemmArgs& a) {
     own.beta = 0.0;
     gemm(own);
     axpy(a.c, a.beta, a.c_in, n, a.C);
-  } else if (a.bias_grad) {  // C = alpha AB + beta C, then bias_grad = column sums of B
-    GemmArgs plain = a;
-    plain.bias_grad = nullptr;
-    gemm(plain);
-    bias_backward(a.ab, DType::F32, a.B, a.K, a.N, a.bias_grad, /*accumulate=*/false);
   } else if (a.bias) {
     GemmArgs plain = a;
     plain.bias = nullptr;
@@ -544,6 +513,5 @@ std::uint64_t gemm_autotune_changed() { return engine().autotune_changed(); }
 std::uint64_t gemm_bias_fallbacks() { return bias_fallbacks.load(); }
 std::uint64_t gemm_gelu_fallbacks() { return gelu_fallbacks.load(); }
 std::uint64_t gemm_residual_fallbacks() { return residual_fallbacks.load(); }
-std::uint64_t gemm_bias_grad_fallbacks() { return bias_grad_fallbacks.load(); }
 
 }  // namespace meshtron::cuda

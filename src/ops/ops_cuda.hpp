@@ -37,9 +37,6 @@ namespace meshtron::cuda {
 ///  - `gelu_pre_in` non-null: the MLP's dgrad through its activation,
 ///    C = (op(A) op(B)) * gelu'(gelu_pre_in), gelu_pre_in [M, N] the tensor
 ///    the forward wrote to gelu_pre_out.
-///  - `bias_grad` non-null (B not transposed and contiguous, no other
-///    epilogue): bias_grad [N], fp32, is WRITTEN with the column sums of B
-///    [K, N] (the bias gradient of a weight-gradient GEMM C += A^T B).
 ///  - `c_in` non-null (needs beta != 0): beta times c_in [M, N] is read in place
 ///    of C's own values, so C = alpha op(A) op(B) + beta c_in (+ bias) writes
 ///    a new tensor (a residual add riding in the GEMM).
@@ -58,7 +55,6 @@ struct GemmArgs {
   void* gelu_pre_out = nullptr;
   const void* gelu_pre_in = nullptr;
   const void* c_in = nullptr;
-  float* bias_grad = nullptr;
 };
 void gemm(const GemmArgs& args);
 /// GEMM algorithm choice: the heuristic's first (default) or, with
@@ -77,7 +73,6 @@ std::uint64_t gemm_bias_fallbacks();
 /// out-of-place C (run as GEMM + add).
 std::uint64_t gemm_gelu_fallbacks();
 std::uint64_t gemm_residual_fallbacks();
-std::uint64_t gemm_bias_grad_fallbacks();
 
 // ------------------------------------------------------------- LayerNorm ---
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, index_t N,

@@ -877,27 +877,13 @@ void bias_add(Tensor& y, const Tensor& bias) {
 void linear_weight_grads(const Tensor& x, const Tensor& dy, Tensor& dweight, Tensor& dbias,
                          GradStore weight_store, GradStore bias_store) {
   const char* op = "linear_weight_grads";
-  const bool device = check_gemm_operands(op, x, dy, dweight, 2);
+  check_gemm_operands(op, x, dy, dweight, 2);
   const GemmShape s = gemm_shape(op, x.dim(0), x.dim(1), /*trans_a=*/true, dy.dim(0), dy.dim(1),
                                  /*trans_b=*/false, dweight.dim(0), dweight.dim(1), {"x", x},
                                  {"dy", dy}, {"dweight", dweight});
   const Arg adb{"dbias", dbias};
   MESH_VERIFY(dbias.numel() == s.N, op << ": " << describe(adb) << " must hold " << s.N
                                        << " elements, one per column of dy");
-  if (device && dbias.dtype() == DType::F32 && s.M > 0 && s.N > 0 && s.K > 0) {
-    ON_CUDA({
-      Tensor column_sums = Tensor::empty({s.N}, DType::F32, MemorySpace::Cuda);
-      cuda::GemmArgs g = gemm_args(x, true, dy, false, dweight, s);
-      g.beta = gemm_beta(weight_store);
-      g.bias_grad = column_sums.data<float>();
-      cuda::gemm(g);
-      if (bias_store == GradStore::Overwrite)
-        dbias.copy_from(column_sums);
-      else
-        add(dbias, column_sums, dbias);
-    });
-    return;
-  }
   gemm(x, true, dy, false, dweight, 1.0, gemm_beta(weight_store));
   bias_backward(dy, dbias, bias_store);
 }
