@@ -4,29 +4,11 @@ and by the activities on either side, and the copies and memsets by size.
 Usage: python3 perf/trace_gaps.py runs/<name>/trace_rank0.json"""
 import json, sys
 from collections import defaultdict
+from trace_streams import merged, report_gaps
 ev = json.load(open(sys.argv[1]))["traceEvents"]
-iv = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in ev)
-gaps = []
-end = iv[0][1]; prev = iv[0][2]
-for s, e, n in iv[1:]:
-    if s > end: gaps.append((s - end, end, prev, n))
-    if e > end: end, prev = e, n
-span = end - iv[0][0]
-idle = sum(g[0] for g in gaps)
-print(f"{len(iv)} activities, span {span/1e3:.2f} ms, idle {idle/1e3:.2f} ms in {len(gaps)} gaps")
-for lo, hi in ((0, 5), (5, 20), (20, 100), (100, 1000), (1000, 1e12)):
-    sel = [g[0] for g in gaps if lo <= g[0] < hi]
-    print(f"  gaps {lo}-{hi} us: {len(sel)} totalling {sum(sel)/1e3:.2f} ms")
-agg = defaultdict(lambda: [0.0, 0])
-for g in gaps:
-    if g[0] >= 5:
-        k = (g[2][:50], g[3][:50]); agg[k][0] += g[0]; agg[k][1] += 1
-print("idle >= 5 us by (before, after) pair, top 25:")
-for (a, b), (t, c) in sorted(agg.items(), key=lambda x: -x[1][0])[:25]:
-    print(f"  {t/1e3:7.3f} ms x{c:4d}  after {a}  before {b}")
-print("largest 15 gaps:")
-for g in sorted(gaps, reverse=True)[:15]:
-    print(f"  {g[0]:9.1f} us at {(g[1]-iv[0][0])/1e3:8.2f} ms after {g[2][:50]} before {g[3][:50]}")
+busy, span, gaps = merged(sorted(ev, key=lambda e: e["ts"]))  # every stream as one
+print(f"{len(ev)} activities, span {span/1e3:.2f} ms, idle {(span - busy)/1e3:.2f} ms in {len(gaps)} gaps")
+report_gaps(gaps, bounds=(0, 5, 20, 100, 1000), min_pair=5, pairs=25, largest=15)
 # copies and memsets by (name, bytes)
 sizes = defaultdict(lambda: [0, 0.0])
 for e in ev:

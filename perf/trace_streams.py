@@ -68,21 +68,26 @@ def main():
     _, span, gaps = merged(compute)
     print(f"compute stream: span {span / 1e3:.2f} ms, idle {sum(g[0] for g in gaps) / 1e3:.2f} ms "
           f"in {len(gaps)} gaps (whole trace)")
-    for lo, hi in ((0, 3), (3, 10), (10, 30), (30, 100), (100, 1000), (1000, float("inf"))):
+    report_gaps(gaps, bounds=(0, 3, 10, 30, 100, 1000), min_pair=3, pairs=20, largest=10)
+
+
+def report_gaps(gaps, bounds, min_pair, pairs, largest):
+    """Print gaps (from merged()) by size class (`bounds` in us), the
+    (before, after) pairs of those >= min_pair us, and the largest."""
+    for lo, hi in zip(bounds, bounds[1:] + (float("inf"),)):
         sel = [g[0] for g in gaps if lo <= g[0] < hi]
         print(f"  gaps {lo}-{hi} us: {len(sel)} totalling {sum(sel) / 1e3:.2f} ms")
-    pairs = defaultdict(lambda: [0.0, 0])
+    by_pair = defaultdict(lambda: [0.0, 0])
     for g in gaps:
-        if g[0] >= 3:
-            pairs[(g[2], g[3])][0] += g[0]
-            pairs[(g[2], g[3])][1] += 1
-    print("gaps >= 3 us by (before, after), top 20:")
-    for (a, b), (t, c) in sorted(pairs.items(), key=lambda x: -x[1][0])[:20]:
+        if g[0] >= min_pair:
+            by_pair[(g[2], g[3])][0] += g[0]
+            by_pair[(g[2], g[3])][1] += 1
+    print(f"gaps >= {min_pair} us by (before, after), top {pairs}:")
+    for (a, b), (t, c) in sorted(by_pair.items(), key=lambda x: -x[1][0])[:pairs]:
         print(f"  {t / 1e3:7.3f} ms x{c:4d}  after {a}  before {b}")
-    print("largest 10 gaps:")
-    for g in sorted(gaps, reverse=True)[:10]:
+    print(f"largest {largest} gaps:")
+    for g in sorted(gaps, reverse=True)[:largest]:
         print(f"  {g[0]:9.1f} us at {g[1] / 1e3:8.2f} ms after {g[2]} before {g[3]}")
-
 
 if __name__ == "__main__":
     main()

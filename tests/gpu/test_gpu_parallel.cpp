@@ -28,9 +28,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -176,6 +178,22 @@ TEST_F(Nccl, CopyEngineReduceScatterEqualsNcclReduceScatter) {
     }
 }
 
+/// How many of `got` are further from the exact sum of their four terms
+/// (`terms(i)`, the values as stored) than one rounding in 16-bit dtypes or
+/// a few fp32 roundings, relative to the terms' magnitudes.
+std::size_t sums_off_by_more_than_a_rounding(
+    DType dt, const std::vector<double>& got,
+    const std::function<std::array<double, 4>(std::size_t)>& terms) {
+  const double unit = dt == DType::F32 ? 4 * std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    double exact = 0, magnitude = 0;
+    for (double t : terms(i)) exact += t, magnitude += std::abs(t);
+    if (!(std::abs(got[i] - exact) <= unit * magnitude + 1e-30)) ++bad;
+  }
+  return bad;
+}
+
 // reduce_scatter_adding (the row-parallel forward under SP on the copy
 // engines): this rank's shard of both ranks' partial sums plus its residual
 // shard and a bias broadcast over rows, added once: within one rounding
@@ -210,15 +228,10 @@ TEST_F(Nccl, CopyEngineReduceScatterAddsResidualShardAndBiasOnce) {
                                 p1 = device_from(partial_of(1), dt).to_doubles(),
                                 res = residual_dev.to_doubles(), b = bias_dev.to_doubles(),
                                 got = out.to_doubles();
-      const double unit = dt == DType::F32 ? 4 * std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
-      std::size_t bad = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::size_t at = std::size_t(rank) * n + i;
-        const double terms[] = {p0[at], p1[at], res[i], b[i % columns]};
-        double exact = 0, magnitude = 0;
-        for (double t : terms) exact += t, magnitude += std::abs(t);
-        if (!(std::abs(got[i] - exact) <= unit * magnitude + 1e-30)) ++bad;
-      }
+      const std::size_t first = std::size_t(rank) * n;  // this shard's place in the partials
+      const std::size_t bad = sums_off_by_more_than_a_rounding(dt, got, [&](std::size_t i) {
+        return std::array<double, 4>{p0[first + i], p1[first + i], res[i], b[i % columns]};
+      });
       EXPECT_EQ(bad, 0u) << dtype_name(dt) << " columns " << columns;
       MPI_Barrier(MPI_COMM_WORLD);  // both ranks have read their arena before the next call
     }
@@ -291,14 +304,9 @@ TEST_F(Nccl, CopyEngineAllReduceAddsResidualAndBiasOnce) {
                                 p1 = device_from(partial_of(1), dt).to_doubles(),
                                 res = residual_dev.to_doubles(), b = bias_dev.to_doubles(),
                                 got = sum.to_doubles();
-      const double unit = dt == DType::F32 ? 4 * std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
-      std::size_t bad = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const double terms[] = {p0[i], p1[i], res[i], b[i % columns]};
-        double exact = 0, magnitude = 0;
-        for (double t : terms) exact += t, magnitude += std::abs(t);
-        if (!(std::abs(got[i] - exact) <= unit * magnitude + 1e-30)) ++bad;
-      }
+      const std::size_t bad = sums_off_by_more_than_a_rounding(dt, got, [&](std::size_t i) {
+        return std::array<double, 4>{p0[i], p1[i], res[i], b[i % columns]};
+      });
       EXPECT_EQ(bad, 0u) << dtype_name(dt) << " columns " << columns;
       MPI_Barrier(MPI_COMM_WORLD);  // both ranks have read their arena before the next call
     }
