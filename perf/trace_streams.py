@@ -89,5 +89,6 @@ def report_gaps(gaps, bounds, min_pair, pairs, largest):
     for g in sorted(gaps, reverse=True)[:largest]:
         print(f"  {g[0]:9.1f} us at {g[1] / 1e3:8.2f} ms after {g[2]} before {g[3]}")
 
+
 if __name__ == "__main__":
     main()

@@ -28,12 +28,13 @@ Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerConte
 }
 
 // fc's bias gradient (the column sums of dpre) is taken right after proj's
-// dgrad GEMM writes dpre (ops::gemm_dgelu), where the next kernel's launch
-// follows it closely, not after fc's weight-gradient GEMM (where cuBLASLt's
-// BGRADA epilogue, used until session 35, cost more: 774M on one H100
-// 97.3 -> 97.1 ms per step). Except under sequence parallelism on tp > 1:
-// there the sums run beside dX's reduce-scatter with fc's weight-gradient
-// GEMM (linear_weight_grads), off the path to the next layer.
+// dgrad GEMM writes dpre (ops::gemm_dgelu). That place was chosen when fc's
+// weight-gradient GEMM would have taken it with cuBLASLt's BGRADA epilogue
+// (774M on one H100: 97.3 -> 97.1 ms per step); since session 35 both
+// places run the same column-sum kernel, and the order is kept. Except under
+// sequence parallelism on tp > 1: there the sums run with fc's
+// weight-gradient GEMM (linear_weight_grads) beside dX's reduce-scatter,
+// off the path to the next layer.
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   const bool bias_grad_after_dgelu = !ctx.sequence_sharded();
   const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu,

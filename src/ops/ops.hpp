@@ -205,10 +205,10 @@ void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b
 /// otherwise gemm() then gelu_backward() (on the host bit for bit).
 /// With `dbias` ([N]): then dbias += the column sums of dpre (bias_backward;
 /// the bias gradient of the layer that produced pre_gelu). cuBLASLt 12/13
-/// offers no bf16 DGELU_BGRAD algorithm on sm_90 (measured), and the column
-/// sums here cost less than the same sums in that layer's weight-gradient
-/// GEMM (BGRADA): 38-45 against 50 us at GPT-2 774M's fc on an H100
-/// (perf/RESULTS.md, session 7).
+/// offers no bf16 DGELU_BGRAD algorithm on sm_90 (measured); the column
+/// sums here cost less than cuBLASLt's BGRADA in that layer's
+/// weight-gradient GEMM did (38-45 against 50 us at GPT-2 774M's fc on an
+/// H100, perf/RESULTS.md session 7; BGRADA is no longer used).
 void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
                 const Tensor& pre_gelu, Tensor& dpre, Tensor* dbias = nullptr,
                 GradStore bias_store = GradStore::Accumulate);

@@ -188,8 +188,7 @@ void NcclCommunicator::reduce_scatter_adding(const void* send, void* recv, std::
   MESH_VERIFY(columns > 0 && recv_count % columns == 0,
               "reduce_scatter_adding: " << recv_count << " elements are not rows of " << columns);
   record(CollectiveKind::ReduceScatter, bytes_of(recv_count * size(), dtype));
-  PeerExchange::Addends addends{residual, bias, columns};
-  addends.residual_is_block = true;
+  const PeerExchange::Addends addends{residual, bias, columns};
   blocking_copy_engine_reduce_scatter(send, recv, recv_count, dtype, &addends);
 }
 
@@ -307,8 +306,7 @@ void NcclCommunicator::copy_engine_reduce_scatter(CopyEngine& ce, const void* se
                                                   std::size_t count, DType dtype,
                                                   cudaStream_t stream) {
   const std::size_t at = ce.region(host_.comm(), bytes_of(count * std::size_t(size()), dtype));
-  ce.exchange->reduce_scatter_transfer(send, count, dtype, at, stream);
-  ce.exchange->reduce_scatter_sum(send, count, dtype, recv, at, stream);
+  ce.exchange->reduce_scatter(send, count, dtype, recv, at, stream);
 }
 
 void NcclCommunicator::copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv,

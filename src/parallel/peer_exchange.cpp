@@ -193,9 +193,9 @@ void PeerExchange::signal_and_wait(cudaStream_t stream) {
 }
 
 void PeerExchange::reduce_scatter(const void* partial, std::size_t count, DType dtype, void* out,
-                                  std::size_t offset) {
-  reduce_scatter_transfer(partial, count, dtype, offset, device::compute_stream());
-  reduce_scatter_sum(partial, count, dtype, out, offset, device::compute_stream());
+                                  std::size_t offset, cudaStream_t stream) {
+  reduce_scatter_transfer(partial, count, dtype, offset, stream);
+  reduce_scatter_sum(partial, count, dtype, out, offset, stream);
 }
 
 void PeerExchange::reduce_scatter_transfer(const void* partial, std::size_t count, DType dtype,
@@ -231,13 +231,9 @@ void PeerExchange::reduce_scatter_sum(const void* partial, std::size_t count, DT
   // each element before writing it.
   if (addends) {
     const std::size_t first = std::size_t(rank_) * count;  // this block's first element
-    const char* residual = static_cast<const char*>(addends->residual);
-    cuda::add_residual_bias_on_stream(dtype, term(0), term(1),
-                                      !residual || addends->residual_is_block
-                                          ? residual
-                                          : residual + std::size_t(rank_) * block,
-                                      addends->bias, index_t(addends->columns), index_t(first),
-                                      index_t(count), out, stream);
+    cuda::add_residual_bias_on_stream(dtype, term(0), term(1), addends->residual, addends->bias,
+                                      index_t(addends->columns), index_t(first), index_t(count),
+                                      out, stream);
   } else {
     cuda::add_on_stream(dtype, term(0), term(1), index_t(count), out, stream);
   }
@@ -254,8 +250,16 @@ void PeerExchange::all_reduce(void* buf, std::size_t count, DType dtype,
   const std::size_t block_count = count / std::size_t(size_);
   const std::size_t block = block_count * dtype_size(dtype);
   char* own_block = static_cast<char*>(buf) + std::size_t(rank_) * block;
+  // The residual's part of this rank's block, laid out as the block's sum.
+  Addends own_part;
+  if (addends) {
+    own_part = *addends;
+    if (own_part.residual)
+      own_part.residual = static_cast<const char*>(own_part.residual) + std::size_t(rank_) * block;
+  }
   reduce_scatter_transfer(buf, block_count, dtype, scatter_offset, stream);
-  reduce_scatter_sum(buf, block_count, dtype, own_block, scatter_offset, stream, addends);
+  reduce_scatter_sum(buf, block_count, dtype, own_block, scatter_offset, stream,
+                     addends ? &own_part : nullptr);
   // The summed block is already in place in `buf`: only the peers' come
   // back through the arena (no copy of this rank's block into it and out).
   push_to_peers(own_block, block, gather_offset, stream);

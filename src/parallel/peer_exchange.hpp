@@ -88,8 +88,9 @@ class PeerExchange {
 
   /// What a sum may add once besides the ranks' blocks (a row-parallel
   /// layer's epilogue without an out-of-place GEMM): `residual` (null or
-  /// laid out as the summed buffer: this rank adds its block's part) and
-  /// `bias` (null or `columns` elements, broadcast over the rows of the
+  /// laid out as the call's result: a reduce-scatter's output block, an
+  /// all-reduce's whole buffer, of which this rank adds its block's part)
+  /// and `bias` (null or `columns` elements, broadcast over the rows of the
   /// buffer read as [elements / columns, columns]), both of the sum's dtype;
   /// added in the same pass as the blocks (add_residual_bias: one rounding
   /// of a + b + residual + bias).
@@ -97,9 +98,6 @@ class PeerExchange {
     const void* residual = nullptr;
     const void* bias = nullptr;
     std::size_t columns = 1;
-    /// The residual is laid out as the summed block (a reduce-scatter's
-    /// output shard), not as the whole `partial` (an all-reduce's buffer).
-    bool residual_is_block = false;
   };
 
   /// Reduce-scatter (sum) of every rank's `partial` (size() blocks of
@@ -109,15 +107,15 @@ class PeerExchange {
   /// bytes), and raises its flag there; rank r waits for all, then adds its
   /// own block and the received ones in rank order (meshtron's add kernel,
   /// rounding after each add: for two ranks one rounding of a + b, NCCL's
-  /// bits). Everything is queued on meshtron's compute stream, the stream
-  /// of the add kernel. The same rule for reusing a region as all_gather.
+  /// bits). Everything, the add kernel included, is queued on `stream`. The
+  /// same rule for reusing a region as all_gather.
   void reduce_scatter(const void* partial, std::size_t count, DType dtype, void* out,
-                      std::size_t offset);
+                      std::size_t offset, cudaStream_t stream);
   /// reduce_scatter in its two halves: the copies and flags on `stream`,
   /// then (once the compute stream is ordered after them) the adds on the
   /// compute stream. For parallel.tp_interleave, which moves the transfer
-  /// off the compute stream. With `addends`, reduce_scatter_sum adds their
-  /// part of this rank's block (the residual laid out as `partial`).
+  /// off the compute stream. With `addends`, reduce_scatter_sum adds them
+  /// (the residual laid out as `out`).
   void reduce_scatter_transfer(const void* partial, std::size_t count, DType dtype,
                                std::size_t offset, cudaStream_t stream);
   void reduce_scatter_sum(const void* partial, std::size_t count, DType dtype, void* out,

@@ -165,7 +165,7 @@ TEST_F(Nccl, CopyEngineReduceScatterEqualsNcclReduceScatter) {
       Tensor expected = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
       comm->reduce_scatter(partial.raw(), expected.raw(), n, dt, ReduceOp::Sum);
       Tensor out = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
-      exchange.reduce_scatter(partial.raw(), n, dt, out.raw(), 0);
+      exchange.reduce_scatter(partial.raw(), n, dt, out.raw(), 0, device::compute_stream());
       Tensor blocking = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
       copy_engines.reduce_scatter(partial.raw(), blocking.raw(), n, dt, ReduceOp::Sum);
       Tensor async = Tensor::empty({index_t(n)}, dt, MemorySpace::Cuda);
