@@ -194,6 +194,16 @@ __device__ inline float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+/// 2^x on the special function unit (ex2.approx, flush-to-zero): one
+/// instruction, where exp2f adds a range fix-up (about three more) for
+/// results below 2^-126, which vanish in the sums and the bf16/fp16 values
+/// they feed. The same instruction on the same input gives the same bits.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---------------------------------------------- asynchronous shared copies ---
 //
 // cp.async (sm_80+): 16-byte global -> shared copies that hold no registers

@@ -14,7 +14,7 @@
 // The pure elementwise ones go through map3() (common.cuh): 16-byte packs.
 // bias_add has a packed kernel too (C a multiple of V = 16 / sizeof(T) and
 // y, bias 16-byte aligned): one thread per pack of columns, its bias pack
-// in registers, rows on grid y; per element the same y + bias in fp32 and
+// in registers, rounds of rows on grid y; per element the same y + bias in fp32 and
 // one rounding to T as the scalar kernel, so the same bits. Otherwise the
 // scalar kernel.
 //   axpy            y += alpha x
@@ -50,7 +50,15 @@ __global__ void bias_add_kernel(T* __restrict__ y, const T* __restrict__ bias, k
   for (kindex r = blockIdx.y; r < N; r += gridDim.y) store_f(y, r * C + c, load_f(y, r * C + c) + b);
 }
 
-/// bias_add on packs: column pack cp = grid x, rows grid-strided on y.
+/// Rows of bias_add_packed_kernel per round of a thread: their loads are
+/// issued before any add.
+constexpr int kBiasAddRows = 4;
+
+/// bias_add on packs: column pack cp = grid x, rounds of kBiasAddRows rows
+/// grid-strided on y. The grid is what fits on the GPU at once (one block
+/// per row made 8192 x 3 blocks of one 16-byte pack per thread at [8192,
+/// 3072] bf16, whose scheduling, not DRAM, set the pace: 0.76 of the copy on
+/// an H200, perf/RESULTS.md, session 36).
 template <class T>
 __global__ void bias_add_packed_kernel(T* __restrict__ y, const T* __restrict__ bias, kindex N,
                                        kindex packs_per_row) {
@@ -59,12 +67,20 @@ __global__ void bias_add_packed_kernel(T* __restrict__ y, const T* __restrict__ 
   if (cp >= packs_per_row) return;
   const Pack<T> b = reinterpret_cast<const Pack<T>*>(bias)[cp];
   Pack<T>* rows = reinterpret_cast<Pack<T>*>(y);
-  for (kindex r = blockIdx.y; r < N; r += gridDim.y) {
-    const Pack<T> in = rows[r * packs_per_row + cp];
-    Pack<T> out;
+  for (kindex r0 = kindex(blockIdx.y) * kBiasAddRows; r0 < N;
+       r0 += kindex(gridDim.y) * kBiasAddRows) {
+    Pack<T> in[kBiasAddRows];
 #pragma unroll
-    for (int j = 0; j < kPack<T>; ++j) out.v[j] = from_f<T>(to_f(in.v[j]) + to_f(b.v[j]));
-    rows[r * packs_per_row + cp] = out;
+    for (int u = 0; u < kBiasAddRows; ++u)
+      if (r0 + u < N) in[u] = rows[(r0 + u) * packs_per_row + cp];
+#pragma unroll
+    for (int u = 0; u < kBiasAddRows; ++u) {
+      if (r0 + u >= N) continue;
+      Pack<T> out;
+#pragma unroll
+      for (int j = 0; j < kPack<T>; ++j) out.v[j] = from_f<T>(to_f(in[u].v[j]) + to_f(b.v[j]));
+      rows[(r0 + u) * packs_per_row + cp] = out;
+    }
   }
 }
 
@@ -216,7 +232,13 @@ void bias_add(DType t, void* y, const void* bias, index_t N, index_t C) {
     if (C % kPack<T> == 0 && aligned16(y) && aligned16(bias)) {
       constexpr int kPackThreads = 128;  // C = 768 bf16 is 96 packs
       const kindex packs = C / kPack<T>;
-      const dim3 grid(unsigned((packs + kPackThreads - 1) / kPackThreads), row_blocks);
+      static const kindex resident = resident_blocks(bias_add_packed_kernel<T>, kPackThreads);
+      const kindex col_blocks = (packs + kPackThreads - 1) / kPackThreads;
+      const kindex rounds = (N + kBiasAddRows - 1) / kBiasAddRows;
+      kindex round_blocks = resident / col_blocks;
+      if (round_blocks > rounds) round_blocks = rounds;
+      if (round_blocks < 1) round_blocks = 1;
+      const dim3 grid{unsigned(col_blocks), unsigned(round_blocks)};
       launch_dependent(bias_add_packed_kernel<T>, grid, kPackThreads, 0, compute_stream(),
                        static_cast<T*>(y), static_cast<const T*>(bias), N, packs);
       return;

@@ -215,15 +215,6 @@ __device__ __forceinline__ void to_a_operand(std::uint32_t (&a)[M][N / 16][4],
     }
 }
 
-/// 2^x on the special function unit (ex2.approx, flush-to-zero): exp2f would
-/// add a range fix-up for results below 2^-126, which round to 0 in bf16/fp16
-/// P anyway. The same instruction on the same input gives the same bits.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 /// Where the [S, D] matrix of (sample x head) bh starts and how far apart
 /// its rows are, in elements: row s of bh is at base(bh) + s * ld. The
 /// head-major layout [B * heads, S, D] is {ld D, batch S D, head 0, heads 1};

@@ -5,7 +5,13 @@
 // mask and softmax are one kernel (one read of the scores, one write of the
 // probabilities); masked entries are written as exact zeros and never take
 // part in exp(). One warp per row, fp32 max/sum by shuffles; the row is
-// re-read from L1 for the exp pass and the normalising pass.
+// re-read from L1 for the exp pass and the normalising pass. Where 16-bit
+// rows are whole 16-byte packs (S % 8 == 0, aligned pointers: every model
+// shape) the forward moves a pack per lane and access, with 32-bit column
+// indices and exp(scale x - m) as one FMA in the log2 domain and
+// ex2.approx: column by column with expf it was instruction-bound (bf16
+// [96, 1024, 1024] at 2.66 TB/s on both an H100 and an H200, 0.63 of the
+// H200's copy, now 1.09; perf/RESULTS.md, session 36).
 //
 // Backward: ds[j] = scale p[j] (dp[j] - sum_k dp[k] p[k]) for j <= i, else 0.
 #include "kernels/cuda/common.cuh"
@@ -36,6 +42,54 @@ __global__ void softmax_forward_kernel(const T* __restrict__ scores, kindex rows
     store_f(p, j, j <= last ? expf(scale * load_f(s, j) - m) * inv_sum : 0.f);
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+/// softmax_forward_kernel on 16-byte packs (S % V == 0, 16-byte aligned rows).
+template <class T>
+__global__ void softmax_forward_packed_kernel(const T* __restrict__ scores, kindex rows, int S,
+                                              float scale, T* __restrict__ probs) {
+  constexpr int V = kPack<T>;
+  start_after_prior_grid();
+  const kindex r = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const int last = int(r % S);  // keys 0..last are visible
+  const int visible_packs = last / V + 1, packs = S / V;
+  const Pack<T>* s = reinterpret_cast<const Pack<T>*>(scores + r * S);
+  Pack<T>* p = reinterpret_cast<Pack<T>*>(probs + r * S);
+  float m = -INFINITY;
+  for (int k = lane; k < visible_packs; k += 32) {
+    const Pack<T> x = s[k];
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if (k * V + e <= last) m = fmaxf(m, scale * to_f(x.v[e]));
+  }
+  const float m_log2e = warp_max(m) * kLog2e, scale_log2e = scale * kLog2e;
+  float sum = 0.f;
+  for (int k = lane; k < visible_packs; k += 32) {
+    const Pack<T> x = s[k];
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if (k * V + e <= last) sum += fast_exp2(fmaf(to_f(x.v[e]), scale_log2e, -m_log2e));
+  }
+  const float inv_sum = 1.f / warp_sum(sum);
+  for (int k = lane; k < packs; k += 32) {
+    Pack<T> out;
+    if (k < visible_packs) {
+      const Pack<T> x = s[k];
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        out.v[e] = from_f<T>(k * V + e <= last
+                                 ? fast_exp2(fmaf(to_f(x.v[e]), scale_log2e, -m_log2e)) * inv_sum
+                                 : 0.f);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) out.v[e] = from_f<T>(0.f);
+    }
+    p[k] = out;
+  }
+}
+
 template <class T>
 __global__ void softmax_backward_kernel(const T* __restrict__ dprobs, const T* __restrict__ probs,
                                         kindex rows, kindex S, float scale,
@@ -63,6 +117,16 @@ void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_he
   if (rows == 0) return;
   with_storage_type(t, "scaled_causal_softmax_forward", [&](auto zero) {
     using T = decltype(zero);
+    // fp32 stays column by column: packed it read at 0.94 of the copy on an
+    // H200 against 1.05 (perf/RESULTS.md, session 36).
+    if (sizeof(T) == 2 && S % kPack<T> == 0 && S < (kindex(1) << 30) && aligned16(scores) &&
+        aligned16(probs)) {
+      launch_dependent(softmax_forward_packed_kernel<T>,
+                       grid_for(rows, kWarpsPerBlock, 1LL << 31), kWarpsPerBlock * 32, 0,
+                       compute_stream(), static_cast<const T*>(scores), rows, int(S),
+                       float(scale), static_cast<T*>(probs));
+      return;
+    }
     launch_dependent(softmax_forward_kernel<T>, grid_for(rows, kWarpsPerBlock, 1LL << 31),
                      kWarpsPerBlock * 32, 0, compute_stream(), static_cast<const T*>(scores), rows,
                      S, float(scale), static_cast<T*>(probs));
