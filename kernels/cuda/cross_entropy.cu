@@ -16,7 +16,8 @@
 // shared memory. Where a row is a whole number of 16-byte words (V % 8 == 0
 // and aligned pointers: always at Megatron's padded vocabulary sizes) each
 // thread moves 8 columns per access (one 16-byte word of bf16/fp16, two of
-// fp32) with 32-bit column indices; otherwise column by column. The
+// fp32; the backward one word, 4 fp32 columns) with 32-bit column indices;
+// otherwise column by column. The
 // exponentials are exp2 of a fused multiply-add in the log2 domain (one
 // MUFU instruction; a libm expf per element made the 16-bit passes
 // compute-bound at ~40 % of the copy bandwidth).
@@ -33,9 +34,11 @@ constexpr int kThreads = 256;
 constexpr int kPacked = 8;  // columns per access of the packed kernels
 constexpr float kLog2e = 1.4426950408889634f;
 
-/// exp(x - m) as exp2(x log2e - m log2e): m_log2e = m * log2e, precomputed.
+/// exp(x - m) as exp2(x log2e - m log2e): m_log2e = m * log2e, precomputed;
+/// ex2.approx flushing results below 2^-126 (which no sum or bf16 gradient
+/// of a softmax keeps).
 __device__ __forceinline__ float exp_shifted(float x, float m_log2e) {
-  return m_log2e == -INFINITY ? 0.f : exp2f(fmaf(x, kLog2e, -m_log2e));
+  return m_log2e == -INFINITY ? 0.f : fast_exp2(fmaf(x, kLog2e, -m_log2e));
 }
 
 /// The C columns at p as floats: one element (C = 1), or 8 read as 16-byte
@@ -59,6 +62,12 @@ template <int C, class O>
 __device__ __forceinline__ void store_chunk(O* __restrict__ p, const float (&x)[C]) {
   if constexpr (C == 1) {
     p[0] = from_f<O>(x[0]);
+  } else if constexpr (C * sizeof(O) == 8) {  // 4 fp32 logits' 16-bit gradients
+    uint2 w;
+    O* e = reinterpret_cast<O*>(&w);
+#pragma unroll
+    for (int j = 0; j < C; ++j) e[j] = from_f<O>(x[j]);
+    *reinterpret_cast<uint2*>(p) = w;
   } else {
     constexpr int kWords = C * int(sizeof(O)) / 16;
     uint4 w[kWords];
@@ -328,7 +337,11 @@ void cross_entropy_backward(DType t, DType out, const void* logits, const std::i
     with_storage_type(out, "cross_entropy_backward", [&](auto out_zero) {
       using O = decltype(out_zero);
       with_columns_per_access(V_local, {logits, dlogits}, [&](auto c) {
-        launch_dependent(backward_kernel<T, O, decltype(c)::value>, unsigned(N), kThreads, 0,
+        // One 16-byte word of logits per thread and access (4 fp32 columns,
+        // not kPacked = 8 as two adjacent words: a warp's load then covered
+        // every other 16 bytes, and fp32 read at 0.77 of an H200's copy).
+        constexpr int kColumns = decltype(c)::value == 1 ? 1 : 16 / int(sizeof(T));
+        launch_dependent(backward_kernel<T, O, kColumns>, unsigned(N), kThreads, 0,
                          compute_stream(), static_cast<const T*>(logits), targets, row_max,
                          sum_exp, dloss, int(V_local), vocab_begin, int(valid_local),
                          static_cast<O*>(dlogits));
