@@ -228,7 +228,6 @@ void bias_add(DType t, void* y, const void* bias, index_t N, index_t C) {
   if (N * C == 0) return;
   with_storage_type(t, "bias_add", [&](auto zero) {
     using T = decltype(zero);
-    const unsigned row_blocks = unsigned(N < 8192 ? N : 8192);
     if (C % kPack<T> == 0 && aligned16(y) && aligned16(bias)) {
       constexpr int kPackThreads = 128;  // C = 768 bf16 is 96 packs
       const kindex packs = C / kPack<T>;
@@ -243,6 +242,7 @@ void bias_add(DType t, void* y, const void* bias, index_t N, index_t C) {
                        static_cast<T*>(y), static_cast<const T*>(bias), N, packs);
       return;
     }
+    const unsigned row_blocks = unsigned(N < 8192 ? N : 8192);
     const dim3 grid(unsigned((C + kThreads - 1) / kThreads), row_blocks);
     bias_add_kernel<T><<<grid, kThreads, 0, compute_stream()>>>(static_cast<T*>(y),
                                                        static_cast<const T*>(bias), N, C);
