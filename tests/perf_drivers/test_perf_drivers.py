@@ -25,6 +25,7 @@ from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "perf"))
+import compare_memory  # noqa: E402
 import e2e_gpu  # noqa: E402
 import llmc_baseline  # noqa: E402
 
@@ -190,6 +191,29 @@ class PerfDrivers(unittest.TestCase):
         datetime.datetime.strptime(line["date"], "%Y-%m-%d %H:%M UTC")
         self.assertIsInstance(line["gpus"], list)  # empty where nvidia-smi is absent
         self.assertTrue(line["command"].startswith("python3 "), line)
+
+    def test_compare_memory_on_session_36s_h200_tables(self):
+        # Two recorded H200 tables (perf/RESULTS.md, session 36): main's, and
+        # two runs of the final tree appended to one log.
+        base = compare_memory.tables(os.path.join(ROOT, "perf/bench_memory_h200_2026-11-28_s36_a.txt"))
+        runs = compare_memory.tables(os.path.join(ROOT, "perf/bench_memory_h200_2026-11-28_s36_f.txt"))
+        self.assertEqual((len(base), len(runs)), (1, 2))
+        rows, before, after = compare_memory.compare(base[0], runs)
+        self.assertEqual((len(rows), before, after), (59, 35, 40))
+        by_name = {row[0]: row for row in rows}
+        self.assertEqual(by_name["softmax_forward bf16 [96, 1024, 1024]"], (
+            "softmax_forward bf16 [96, 1024, 1024]", 0.63, 1.09, 1.09, True))
+        name = "layernorm_backward bf16 [8192, 768]"
+        self.assertEqual(by_name[name], (name, 0.59, 0.59, 0.59, False))
+        self.assertIn("sum_of_squares (+sync) fp32 [124M]", by_name)
+
+    def test_compare_memory_counts_a_row_by_its_lowest_run(self):
+        base = {"a bf16 [1]": 0.79, "b fp32 [2]": 0.81}
+        rows, before, after = compare_memory.compare(base, [{"a bf16 [1]": 0.85, "b fp32 [2]": 0.79},
+                                                            {"a bf16 [1]": 0.80, "b fp32 [2]": 0.90}])
+        self.assertEqual((before, after), (1, 1))  # a reaches 0.8 in both runs, b in one only
+        self.assertEqual(rows[0], ("a bf16 [1]", 0.79, 0.80, 0.85, True))
+        self.assertEqual(rows[1], ("b fp32 [2]", 0.81, 0.79, 0.90, True))
 
 
 if __name__ == "__main__":
