@@ -156,7 +156,12 @@ TEST_P(Gpt2Golden, ParametersAfterThreeAdamWStepsMatchTorch) {
   // (golden step-1 gradient nonzero but below 1e-6 of the tensor's largest)
   // are held to the bound Adam itself sets, 3 lr, and must be rare; the rest
   // must match with norm-wise relative error ||ours - torch|| / ||torch||
-  // <= 1e-5.
+  // <= 5e-5. Small gradients short of that cut are amplified too: on an
+  // Intel Xeon (OpenBLAS's AVX-512 kernels) one element of layers.0.mlp.fc.bias
+  // (step-1 gradient 1.5e-3 of the tensor's largest) differs by 5.7e-7, 20x
+  // its neighbours, for 2.5e-5 over the tensor, while every other tensor
+  // stays below 6.4e-6; on the AMD EPYC machines 1e-5 held (session 36).
+  // A wrong gradient or update shows as lr-sized differences, far above it.
   const double max_step = 3 * *std::max_element(lrs.begin(), lrs.end());
   for (Parameter* p : model->parameters()) {
     const std::string hf = io::hf_name_of(p->name);
@@ -177,7 +182,7 @@ TEST_P(Gpt2Golden, ParametersAfterThreeAdamWStepsMatchTorch) {
         norm2 += expected[i] * expected[i];
       }
     }
-    EXPECT_LE(std::sqrt(diff2 / norm2), 1e-5) << p->name;
+    EXPECT_LE(std::sqrt(diff2 / norm2), 5e-5) << p->name;
     // At most 1% of a tensor, plus the whole key-bias block of qkv.bias.
     const bool qkv_bias = p->name.find("qkv.bias") != std::string::npos;
     const double allowed = 0.01 * double(expected.size()) + (qkv_bias ? config.hidden_size : 0);
