@@ -16,6 +16,8 @@ MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
 
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 124m 350m 774m
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 774m --gpus 2 --no-torch
+        # dp2, tp2 (SP on NCCL) and tp2i (no SP, copy engines, interleaved pairs) against one GPU;
+        # add --accumulate 8 for the like-for-like step of perf/RESULTS.md's tp 2 numbers
     python3 perf/e2e_gpu.py ... --set parallel.overlap_grad_reduce=true   # any deck override
     python3 perf/e2e_gpu.py ... --tune-gemms   # both autotune GEMMs (run.gemm_autotune, TunableOp)
     python3 perf/e2e_gpu.py --models 774m --gpus 2 --layouts tp2 --no-torch \
@@ -54,8 +56,13 @@ SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20),
           "1.5b": (48, 1600, 25)}
 # The 2-GPU layouts: label -> (tp, dp, pp, their own deck settings). The
 # pipeline needs several micro-batches per step (--accumulate) to fill; CUDA
-# graphs do not take it (parallel.pipeline_parallel = 1 only).
-LAYOUTS = {"dp2": (1, 2, 1, {}), "tp2": (2, 1, 1, {}),
+# graphs do not take it (parallel.pipeline_parallel = 1 only). tp2 is
+# Megatron's layout (SP, NCCL); tp2i the fastest measured one (no SP, the
+# copy engines, pairs of micro-batches interleaved: perf/RESULTS.md, sessions
+# 33-35), which needs at least 2 micro-batches per step.
+TP_INTERLEAVED = {"parallel.sequence_parallel": "false", "parallel.tp_copy_engine": "true",
+                  "parallel.tp_interleave": "true"}
+LAYOUTS = {"dp2": (1, 2, 1, {}), "tp2": (2, 1, 1, {}), "tp2i": (2, 1, 1, TP_INTERLEAVED),
            "pp2": (1, 1, 2, {"parallel.schedule": "1f1b"}),
            "pp2i": (1, 1, 2, {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2})}
 
@@ -160,9 +167,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--recompute", default="none")
     parser.add_argument("--gpus", type=int, default=1)
-    parser.add_argument("--layouts", nargs="+", default=["dp2", "tp2"], choices=list(LAYOUTS),
+    parser.add_argument("--layouts", nargs="+", default=["dp2", "tp2", "tp2i"], choices=list(LAYOUTS),
                         help="with --gpus 2: which 2-GPU layouts to run after the 1-GPU run "
-                             "(pp2: 1F1B, pp2i: interleaved 1F1B with 2 chunks per stage)")
+                             "(tp2: SP on NCCL, as Megatron; tp2i: no SP, copy engines, "
+                             "parallel.tp_interleave, at least 2 micro-batches per step; "
+                             "pp2: 1F1B, pp2i: interleaved 1F1B with 2 chunks per stage)")
     parser.add_argument("--tp-micro-batch", type=int, default=None,
                         help="micro-batch of the tp 2 run (default: --micro-batch); tp 2 holds half "
                              "the model per GPU, so it can take a larger one. The row names it, and "
@@ -277,6 +286,8 @@ def main():
                     variant_name, v_mb, v_acc, v_sets = (variant.split(":", 3) + [""])[:4]
                     two_mb, two_acc = int(v_mb), int(v_acc)
                     extra_two = extra_two + [a for kv in v_sets.split(",") if kv for a in ("--set", kv)]
+                if layout_sets.get("parallel.tp_interleave") == "true" and two_acc < 2:
+                    two_acc = 2  # the interleave pairs micro-batches: at least 2 per step
                 for tag, binary in trees:
                     if tag not in one:
                         continue

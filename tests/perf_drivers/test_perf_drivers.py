@@ -156,6 +156,37 @@ class PerfDrivers(unittest.TestCase):
             self.assertEqual(sets["parallel.pipeline_layers"], "balanced")
         self.assertEqual(sorted(c[4]["parallel.schedule"] for c in pipelines), ["1f1b", "interleaved"])
 
+    def test_default_two_gpu_layouts_include_the_interleaved_tp(self):
+        # The default --gpus 2 run: dp2, tp2 (SP, as Megatron) and tp2i (no SP,
+        # copy engines, tp_interleave), the last with the 2 micro-batches per
+        # step the interleave needs, scaled by tokens against one GPU's 1.
+        calls = []
+
+        def fake_run(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none",
+                     extra=(), accumulate=1, pp=1):
+            sets = dict(kv.split("=", 1) for kv in extra[1::2])
+            calls.append((tp, dp, accumulate, sets))
+            ms = 100.0 if tp * dp == 1 else (59.0 if tp == 1 else 60.0 * accumulate)
+            return {"ms_per_step": ms, "memory_mib": 1000.0, "loss": 5.0, "flops_per_token": 1.0}
+
+        argv = ["e2e_gpu.py", "--models", "124m", "--gpus", "2", "--no-torch"]
+        out = io.StringIO()
+        with mock.patch.object(e2e_gpu, "run_meshtron", fake_run), mock.patch.object(sys, "argv", argv), \
+                contextlib.redirect_stdout(out):
+            e2e_gpu.main()
+        rows = {r.get("layout", "one"): r for r in map(json.loads, out.getvalue().splitlines())
+                if "model" in r}
+        self.assertEqual(set(rows), {"one", "dp2", "tp2", "tp2i"})
+        tp_calls = {c[3].get("parallel.tp_interleave", "false"): c for c in calls if c[0] == 2}
+        plain, interleaved = tp_calls["false"], tp_calls["true"]
+        self.assertEqual(plain[2], 1)
+        self.assertEqual(plain[3].get("parallel.sequence_parallel"), None)  # run_meshtron's default: SP
+        self.assertEqual(interleaved[2], 2)
+        self.assertEqual({k: interleaved[3][k] for k in e2e_gpu.TP_INTERLEAVED}, e2e_gpu.TP_INTERLEAVED)
+        self.assertEqual(rows["tp2i"]["micro_batches_per_step"], 2)
+        self.assertAlmostEqual(rows["tp2"]["speedup_over_1_gpu"], round(100 / 60, 3))
+        self.assertAlmostEqual(rows["tp2i"]["speedup_over_1_gpu"], round(2 * 100 / 120, 3))
+
     def test_dropout_reaches_both_frameworks(self):
         # --dropout sets meshtron's hidden and attention dropout (a --set may
         # still replace one) and PyTorch's pdrops.
