@@ -61,8 +61,10 @@ SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20),
 # copy engines, pairs of micro-batches interleaved: perf/RESULTS.md, sessions
 # 33-35), which needs at least 2 micro-batches per step and runs eager (CUDA
 # graphs take neither the copy engines nor the interleave).
-TP_INTERLEAVED = {"parallel.sequence_parallel": "false", "parallel.tp_copy_engine": "true",
-                  "parallel.tp_interleave": "true", "training.cuda_graphs": "false"}
+TP_INTERLEAVED = {"parallel.sequence_parallel": "false",
+                  "parallel.sequence_parallel_keep_gathered": "false",  # whatever --tp-set says
+                  "parallel.tp_copy_engine": "true", "parallel.tp_interleave": "true",
+                  "training.cuda_graphs": "false"}
 LAYOUTS = {"dp2": (1, 2, 1, {}), "tp2": (2, 1, 1, {}), "tp2i": (2, 1, 1, TP_INTERLEAVED),
            "pp2": (1, 1, 2, {"parallel.schedule": "1f1b"}),
            "pp2i": (1, 1, 2, {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2})}
