@@ -40,6 +40,28 @@ def deck_model(path):
             model.getint("num_attention_heads"), model.getint("seq_length"))
 
 
+def two_gpu_rows(argv, ms_per_step):
+    """main() with argv and the trainer replaced by fixed timings:
+    ms_per_step(tp, dp, pp, accumulate) -> ms. Returns the rows by layout
+    ("one" for the 1-GPU run) and the calls as (tp, dp, pp, accumulate,
+    the --set pairs)."""
+    calls = []
+
+    def fake_run(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none",
+                 extra=(), accumulate=1, pp=1):
+        calls.append((tp, dp, pp, accumulate, dict(kv.split("=", 1) for kv in extra[1::2])))
+        return {"ms_per_step": ms_per_step(tp, dp, pp, accumulate), "memory_mib": 1000.0,
+                "loss": 5.0, "flops_per_token": 1.0}
+
+    out = io.StringIO()
+    with mock.patch.object(e2e_gpu, "run_meshtron", fake_run), \
+            mock.patch.object(sys, "argv", ["e2e_gpu.py"] + argv), contextlib.redirect_stdout(out):
+        e2e_gpu.main()
+    rows = {r.get("layout", "one"): r for r in map(json.loads, out.getvalue().splitlines())
+            if "model" in r}
+    return rows, calls
+
+
 class PerfDrivers(unittest.TestCase):
     def test_every_model_has_a_deck_llmc_depth_and_matching_shape(self):
         self.assertEqual(set(e2e_gpu.DECKS), set(e2e_gpu.SHAPES))
@@ -123,23 +145,10 @@ class PerfDrivers(unittest.TestCase):
         # main() for dp2 + both pipeline layouts with a named split, the
         # trainer replaced by fixed timings: what each layout asks meshtron
         # for, and what its row reports.
-        calls = []
-
-        def fake_run(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none",
-                     extra=(), accumulate=1, pp=1):
-            sets = dict(kv.split("=", 1) for kv in extra[1::2])
-            calls.append((tp, dp, pp, accumulate, sets))
-            ms = {1: 1400.0, 2: 750.0}[pp] if dp == 1 else 1450.0
-            return {"ms_per_step": ms, "memory_mib": 1000.0, "loss": 5.0, "flops_per_token": 1.0}
-
-        argv = ["e2e_gpu.py", "--models", "774m", "--gpus", "2", "--layouts", "dp2", "pp2", "pp2i",
-                "--accumulate", "16", "--no-torch", "--pp-split", "balanced"]
-        out = io.StringIO()
-        with mock.patch.object(e2e_gpu, "run_meshtron", fake_run), mock.patch.object(sys, "argv", argv), \
-                contextlib.redirect_stdout(out):
-            e2e_gpu.main()
-        rows = {r.get("layout", "one"): r for r in map(json.loads, out.getvalue().splitlines())
-                if "model" in r}
+        rows, calls = two_gpu_rows(
+            ["--models", "774m", "--gpus", "2", "--layouts", "dp2", "pp2", "pp2i", "--accumulate", "16",
+             "--no-torch", "--pp-split", "balanced"],
+            lambda tp, dp, pp, accumulate: {1: 1400.0, 2: 750.0}[pp] if dp == 1 else 1450.0)
         self.assertEqual(set(rows), {"one", "dp2", "pp2", "pp2i"})
         self.assertAlmostEqual(rows["dp2"]["speedup_over_1_gpu"], round(2 * 1400 / 1450, 3))
         self.assertAlmostEqual(rows["dp2"]["scaling_efficiency"], round(1400 / 1450, 3))
@@ -160,29 +169,16 @@ class PerfDrivers(unittest.TestCase):
         # The default --gpus 2 run: dp2, tp2 (SP, as Megatron) and tp2i (no SP,
         # copy engines, tp_interleave), the last with the 2 micro-batches per
         # step the interleave needs, scaled by tokens against one GPU's 1.
-        calls = []
-
-        def fake_run(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none",
-                     extra=(), accumulate=1, pp=1):
-            sets = dict(kv.split("=", 1) for kv in extra[1::2])
-            calls.append((tp, dp, accumulate, sets))
-            ms = 100.0 if tp * dp == 1 else (59.0 if tp == 1 else 60.0 * accumulate)
-            return {"ms_per_step": ms, "memory_mib": 1000.0, "loss": 5.0, "flops_per_token": 1.0}
-
-        argv = ["e2e_gpu.py", "--models", "124m", "--gpus", "2", "--no-torch"]
-        out = io.StringIO()
-        with mock.patch.object(e2e_gpu, "run_meshtron", fake_run), mock.patch.object(sys, "argv", argv), \
-                contextlib.redirect_stdout(out):
-            e2e_gpu.main()
-        rows = {r.get("layout", "one"): r for r in map(json.loads, out.getvalue().splitlines())
-                if "model" in r}
+        rows, calls = two_gpu_rows(
+            ["--models", "124m", "--gpus", "2", "--no-torch"],
+            lambda tp, dp, pp, accumulate: 100.0 if tp * dp == 1 else (59.0 if tp == 1 else 60.0 * accumulate))
         self.assertEqual(set(rows), {"one", "dp2", "tp2", "tp2i"})
-        tp_calls = {c[3].get("parallel.tp_interleave", "false"): c for c in calls if c[0] == 2}
+        tp_calls = {c[4].get("parallel.tp_interleave", "false"): c for c in calls if c[0] == 2}
         plain, interleaved = tp_calls["false"], tp_calls["true"]
-        self.assertEqual(plain[2], 1)
-        self.assertEqual(plain[3].get("parallel.sequence_parallel"), None)  # run_meshtron's default: SP
-        self.assertEqual(interleaved[2], 2)
-        self.assertEqual({k: interleaved[3][k] for k in e2e_gpu.TP_INTERLEAVED}, e2e_gpu.TP_INTERLEAVED)
+        self.assertEqual(plain[3], 1)
+        self.assertEqual(plain[4].get("parallel.sequence_parallel"), None)  # run_meshtron's default: SP
+        self.assertEqual(interleaved[3], 2)
+        self.assertEqual({k: interleaved[4][k] for k in e2e_gpu.TP_INTERLEAVED}, e2e_gpu.TP_INTERLEAVED)
         self.assertEqual(rows["tp2i"]["micro_batches_per_step"], 2)
         self.assertAlmostEqual(rows["tp2"]["speedup_over_1_gpu"], round(100 / 60, 3))
         self.assertAlmostEqual(rows["tp2i"]["speedup_over_1_gpu"], round(2 * 100 / 120, 3))
