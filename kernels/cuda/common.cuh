@@ -194,6 +194,9 @@ __device__ inline float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+/// log2(e): exp(x) = 2^(x log2 e), the form fast_exp2 takes.
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 /// 2^x on the special function unit (ex2.approx, flush-to-zero): one
 /// instruction, where exp2f adds a range fix-up (about three more) for
 /// results below 2^-126, which vanish in the sums and the bf16/fp16 values

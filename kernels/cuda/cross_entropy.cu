@@ -32,7 +32,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kPacked = 8;  // columns per access of the packed kernels
-constexpr float kLog2e = 1.4426950408889634f;
 
 /// exp(x - m) as exp2(x log2e - m log2e): m_log2e = m * log2e, precomputed;
 /// ex2.approx flushing results below 2^-126 (which no sum or bf16 gradient

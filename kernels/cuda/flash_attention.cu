@@ -74,7 +74,7 @@ namespace meshtron::cuda {
 namespace {
 
 constexpr int kPad = 8;  // elements of padding per shared row (16 bytes)
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // ------------------------------------------------ tensor-core primitives ---
 

@@ -20,7 +20,7 @@ constexpr float kSqrt2OverPi = 0.79788456080286535588f, kCubic = 0.044715f;
 /// division made the bf16 forward instruction-bound (0.74 of the copy on
 /// an H200, perf/RESULTS.md, session 36). A few fp32 ulp from expf and /.
 __device__ __forceinline__ float gelu(float v) {
-  constexpr float kMinus2Log2e = -2.f * 1.4426950408889634f;
+  constexpr float kMinus2Log2e = -2.f * kLog2e;
   const float u = kSqrt2OverPi * (v + kCubic * v * v * v);
   return __fdividef(v, 1.f + fast_exp2(kMinus2Log2e * u));
 }

@@ -42,8 +42,6 @@ __global__ void softmax_forward_kernel(const T* __restrict__ scores, kindex rows
     store_f(p, j, j <= last ? expf(scale * load_f(s, j) - m) * inv_sum : 0.f);
 }
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 /// softmax_forward_kernel on 16-byte packs (S % V == 0, 16-byte aligned rows).
 template <class T>
 __global__ void softmax_forward_packed_kernel(const T* __restrict__ scores, kindex rows, int S,
