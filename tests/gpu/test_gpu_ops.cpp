@@ -64,6 +64,9 @@ Tensor random_host(const Shape& shape, double lo = -1.0, double hi = 1.0) {
   return t;
 }
 
+/// Whether two tensors (either memory space) hold the same values, bit for bit.
+bool same_bits(const Tensor& a, const Tensor& b) { return a.to_doubles() == b.to_doubles(); }
+
 /// A random input (also used for accumulated outputs' initial values).
 Pair input(const Shape& shape, DType dt, double lo = -1.0, double hi = 1.0) {
   const Tensor rounded = random_host(shape, lo, hi).to(dt);
@@ -576,12 +579,7 @@ TEST_F(GpuOps, BiasAddOverMoreRowsThanTheGridHoldsMatchesHostExactly) {
       bias_add(acc.host, bias.host);
       bias_add(acc.dev, bias.dev);
       // The host adds in fp32 (its copy is fp32); the kernel too, then rounds to dt.
-      const std::vector<double> got = acc.dev.to_host().to_doubles(),
-                                want = acc.host.to(dt).to_doubles();
-      ASSERT_EQ(got.size(), want.size()) << what;
-      std::size_t differ = 0;
-      for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-      EXPECT_EQ(differ, 0u) << what << ": elements unlike the host's";
+      EXPECT_TRUE(same_bits(acc.dev, acc.host.to(dt))) << what << ": elements unlike the host's";
     }
 }
 
@@ -1560,8 +1558,6 @@ TEST_F(GpuOps, GemmBiasResidualWithMisalignedResidualMatchesHost) {
 // host, demand the same bits from a second call, and run the scalar
 // fallbacks on views one element off a 16-byte boundary.
 #ifdef MESHTRON_HAVE_CUDA
-
-bool same_bits(const Tensor& a, const Tensor& b) { return a.to_doubles() == b.to_doubles(); }
 
 /// A misaligned device copy of `src` (one element past a 16-byte boundary).
 OffsetView misaligned_copy(const Tensor& src) {
