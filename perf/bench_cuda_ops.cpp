@@ -1258,7 +1258,8 @@ int main(int argc, char** argv) {
   // The GEMM ceiling (384 MB of inputs, 23 GEMMs) only where rows are a
   // fraction of it: not the memory table, its trace, overlap or residual.
   const bool uses_gemm_ceiling =
-      mode != "memory" && mode != "trace" && mode != "overlap" && mode != "residual";
+      mode != "memory" && mode != "trace" && mode != "overlap" && mode != "residual" &&
+      mode != "adamw";
   Baselines baselines;
   baselines.copy_gbps = copy_bandwidth_gbps();
   if (uses_gemm_ceiling) baselines.gemm_tflops = gemm_ceiling_tflops();
@@ -1289,6 +1290,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     bench_memory_bound(baselines, RowSink::Trace, only);
+    return 0;
+  }
+  // `bench_cuda_ops adamw`: the per-tensor loop against the multi-tensor kernel alone.
+  if (mode == "adamw") {
+    bench_adamw_multi_tensor(baselines.copy_gbps);
     return 0;
   }
   if (mode == "overlap") {
