@@ -403,14 +403,21 @@ struct SortedRuns {
   }
 };
 
-/// Block (x: packs of a row, y: sorted positions) of ~256 threads; grid y
-/// capped at 65535 (the kernel grid-strides over positions). Launched as the
-/// sort's programmatic dependent.
+/// Most threads of one block along a row's packs (x) in the packed walk.
+constexpr kindex kMaxRunRowThreads = 512;
+
+/// Block (x: packs of a row, y: sorted positions) of ~256 threads, or one
+/// row of up to kMaxRunRowThreads packs (wider rows: the fewest x blocks,
+/// split evenly); grid y capped at 65535 (the kernel grid-strides over
+/// positions). Launched as the sort's programmatic dependent. (Rows were cut
+/// into 256-thread x blocks: fp32 H = 1280, 320 packs, took two blocks per
+/// position with 192 of their 512 threads idle.)
 template <class T, class G>
 void launch_runs_packed(const SortedRuns& sorted, kindex N, const T* dout, kindex H, G* dtable) {
   const kindex row_packs = H / kPack<T>;
-  const int tx = row_packs >= kThreads ? kThreads : int((row_packs + 31) / 32 * 32);
-  const int ty = kThreads / tx;
+  const kindex x_blocks = (row_packs + kMaxRunRowThreads - 1) / kMaxRunRowThreads;
+  const int tx = int(((row_packs + x_blocks - 1) / x_blocks + 31) / 32 * 32);
+  const int ty = tx >= kThreads ? 1 : kThreads / tx;
   const kindex y_blocks = (N + ty - 1) / ty;
   const dim3 grid(unsigned((row_packs + tx - 1) / tx),
                   unsigned(y_blocks < 65535 ? y_blocks : 65535));

@@ -1662,7 +1662,9 @@ TEST_F(GpuOps, EmbeddingForwardPacksMatchHostExactlyAndFallBack) {
 // one element off a 16-byte boundary): in an fp32 table the host's bits,
 // every call. 8192 tokens over 40 rows give runs of ~200, over 8192 rows
 // runs of one to a few; 66000 tokens of
-// 520-wide fp32 rows use more sorted positions than grid rows (65535).
+// 520-wide fp32 rows use more sorted positions than grid rows (65535);
+// 2600-wide fp32 rows (650 packs) are split over two x blocks of 352
+// threads, the last with idle threads.
 TEST_F(GpuOps, EmbeddingBackwardPacksAreExactAndDeterministicAtModelShapes) {
   struct Case {
     DType dt;
@@ -1674,6 +1676,7 @@ TEST_F(GpuOps, EmbeddingBackwardPacksAreExactAndDeterministicAtModelShapes) {
     for (index_t H : {index_t(768), index_t(1280), index_t(130)})
       for (int id_hi : {50, 9000}) cases.push_back({dt, 8192, H, id_hi == 50 ? 40 : 8192, id_hi});
   cases.push_back({DType::F32, 66000, 520, 64, 70});
+  cases.push_back({DType::F32, 4096, 2600, 40, 50});
   for (const Case& c : cases) {
     const std::string what = "embedding_backward " + name(c.dt) + " N=" + std::to_string(c.N) +
                              " H=" + std::to_string(c.H) + " V=" + std::to_string(c.V);
