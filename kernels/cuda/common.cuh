@@ -336,14 +336,25 @@ __device__ __forceinline__ void start_after_prior_grid() {
 /// thread 0 between barriers, as cooperative groups' grid sync does (fences
 /// are cumulative: they order the writes the barrier made precede them),
 /// instead of one per thread: bias_backward bf16 [8192, 3072] 0.76 -> 0.77
-/// of copy (H100, perf/RESULTS.md, session 29).
+/// of copy (H100, perf/RESULTS.md, session 29). The ticket is one
+/// acquire-release atomic (release: the partials before the ticket that
+/// counts them; acquire: the other blocks' partials after their tickets),
+/// where two __threadfence() (fence.sc: sequentially consistent, which
+/// nothing here needs: no block stores then loads another's data) bracketed
+/// a relaxed atomicAdd; the same message passing as CUTLASS's
+/// GenericBarrier (a release by one thread after the block's barrier). It
+/// is on the critical path of every kernel that finishes this way: the last
+/// block's chain after the final loads.
 __device__ __forceinline__ bool last_block_to_finish(unsigned int* ticket, unsigned int blocks) {
   __shared__ bool last;
-  __syncthreads();  // the block's writes happen before thread 0's fence
+  __syncthreads();  // the block's writes happen before thread 0's release
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-    __threadfence();  // release: the partials before the ticket that counts them
-    last = atomicAdd(ticket, 1u) == blocks - 1;
-    if (last) __threadfence();  // acquire: the other blocks' partials after their tickets
+    unsigned int taken;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n"
+                 : "=r"(taken)
+                 : "l"(ticket)
+                 : "memory");
+    last = taken == blocks - 1;
   }
   __syncthreads();
   return last;
