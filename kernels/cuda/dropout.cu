@@ -19,21 +19,10 @@
 // global index of local element 8m is a multiple of 8 and 8m .. 8m + 7
 // share its row), in and out 16-byte aligned: the transformer's dropouts
 // (rows of H, or H / tp, features) are whenever those are multiples of 8
-// (every model deck's). Each thread takes chunks of
+// (every model deck's). Each thread takes
 // two 16-byte packs (8 fp32 or 16 bf16: 1 or 2 Philox calls, independent,
-// which the compiler interleaves) over a resident grid, and per chunk:
-//   - no division: the chunk's global groups come from a walk (GroupWalk)
-//     that adds the grid stride's (b, c) parts with carries, the divisions
-//     done once per thread (before the wait for the previous kernel);
-//   - the next chunk's loads issued before this chunk's calls (software
-//     pipelining: loads stay in flight while the thread computes, which
-//     a thread otherwise does most of the time);
-//   - the decisions as one integer compare on the call's word (keep_low /
-//     keep_high: no half-word extraction), and a bf16 pair widened by a
-//     shift and a mask and rounded by one cvt of the pair.
-// A bf16 [8192, 3072] dropout takes about 2/3 of the instructions per
-// 16 bytes it did with a division pair per chunk and per-element
-// extraction and rounding (sm_90 code size of one chunk's body).
+// which the compiler interleaves), computes the groups' counters first
+// (division once per chunk, then carries as below) and then the calls.
 // Other placements keep the per-element kernels below, which call the
 // generator once per element and take the element's half-word.
 // What the per-element packed kernel removes is everything around it:
@@ -48,8 +37,7 @@
 //     interleaves (instruction-level parallelism for the 10 serial rounds).
 // Every element's decision and value are computed by the same functions
 // as before (keep_element, load_f * keep_scale, store_f), so the output is
-// bit for bit the scalar kernel's (the grouped kernel's too: the same
-// decision in integers, the same fp32 product, the same rounding). The scalar kernel stays the fallback for
+// bit for bit the scalar kernel's. The scalar kernel stays the fallback for
 // pointers that are not 16-byte aligned (views from slice_rows).
 //
 // With a residual (ops::dropout_add, Megatron's dropout-add fusion) every
@@ -165,203 +153,64 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
 /// Packs per thread of the grouped kernel.
 constexpr int kGroupedPacks = 2;
 
-/// Where a grouped-kernel thread is: the first group of its chunk as local
-/// (b, cg), cg = c / 8 in [0, Cg), Cg = C / 8, and as global group q; and
-/// its grid stride as the same three, (db, dcg) and dq (the a part folded
-/// into dq). Moving on adds them with carries, cg into b and b into a,
-/// and q follows in global units: one row of C_global / 8 groups per b, a
-/// carry out of c skips the row's other C_global / 8 - Cg groups, one out
-/// of b the plane's other B_global - B rows. Exact integer arithmetic (mod
-/// 2^64), so q is group_of(global_index(s, a, b, 8 cg)) without the
-/// divisions and the 64-bit multiplies of that formula, which a thread now
-/// does once instead of once per chunk.
-template <class I>
-struct GroupWalk {
-  I Cg, B, cg, b, dcg, db;
-  std::uint64_t q, dq, row_skip, plane_skip;
-
-  /// The walk of the chunks first_group, first_group + stride_groups, ...:
-  /// the divisions, from the launch's extents only (no placement offsets),
-  /// so a thread may do them before it waits for the previous kernel.
-  __device__ __forceinline__ GroupWalk(const DropoutPlacement& site, I first_group,
-                                       I stride_groups)
-      : Cg(I(site.c / kGroup)), B(I(site.b)) {
-    cg = first_group % Cg;
-    b = (first_group / Cg) % B;
-    dcg = stride_groups % Cg;
-    db = (stride_groups / Cg) % B;
-  }
-
-  /// q and the skips from the resolved placement (offsets, sample), with the
-  /// a coordinates (first_group's and the stride's) redone from the others.
-  __device__ __forceinline__ void place(const DropoutPlacement& s, I first_group,
-                                        I stride_groups) {
-    const kindex a = kindex(first_group / Cg / B), da = kindex(stride_groups / Cg / B);
-    const std::uint64_t row_groups = std::uint64_t(s.c_global / kGroup);
-    q = group_of(std::uint64_t(row_start(s, a, kindex(b)))) + std::uint64_t(cg);
-    dq = std::uint64_t(dcg) + (std::uint64_t(db) + std::uint64_t(da) * std::uint64_t(s.b_global)) *
-                                  row_groups;
-    row_skip = row_groups - std::uint64_t(Cg);
-    plane_skip = (std::uint64_t(s.b_global) - std::uint64_t(B)) * row_groups;
-  }
-
-  /// (cg, b, q) moved on by (dc, dbb, dqq): a carry out of each at most.
-  __device__ __forceinline__ void step(I& c, I& bb, std::uint64_t& qq, I dc, I dbb,
-                                       std::uint64_t dqq) const {
-    c += dc;
-    bb += dbb;
-    qq += dqq;
-    if (c >= Cg) {
-      c -= Cg;
-      ++bb;
-      qq += row_skip;
-    }
-    if (bb >= B) {
-      bb -= B;
-      qq += plane_skip;
-    }
-  }
-
-  /// The global groups of the current chunk's G consecutive local groups.
-  template <int G>
-  __device__ __forceinline__ void chunk_groups(std::uint64_t (&qs)[G]) const {
-    I c = cg, bb = b;
-    std::uint64_t qq = q;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      qs[g] = qq;
-      if (g + 1 < G) step(c, bb, qq, I(1), I(0), 1u);
-    }
-  }
-
-  /// On to the thread's next chunk.
-  __device__ __forceinline__ void advance() { step(cg, b, q, dcg, db, dq); }
-};
-
-/// Word j of a 16-byte pack, as a reference (j a constant after unrolling).
-__device__ __forceinline__ std::uint32_t& word_ref(uint4& v, int j) {
-  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
-}
-
-/// The dropped pair of a 32-bit word of two 16-bit values: each as fp32
-/// times keep_scale where kept, +0 where not, rounded to T together
-/// (widen_pair, narrow_pair: the values and bits of to_f and from_f).
-template <class T>
-__device__ __forceinline__ std::uint32_t drop_pair(std::uint32_t x, bool keep_lo, bool keep_hi,
-                                                   float keep_scale) {
-  const float2 v = widen_pair<T>(x);
-  return narrow_pair<T>(keep_lo ? v.x * keep_scale : 0.f, keep_hi ? v.y * keep_scale : 0.f);
-}
-
-/// The chunk's P packs dropped, y from x, with the words r of its groups:
-/// element e decides by half-word e % 8 of group e / 8 (keep_low / keep_high
-/// against `above`, no extraction). A 16-bit pair's two half-words are one
-/// whole word of r (elements 2i, 2i + 1: low, high).
-template <class T, int P, int G>
-__device__ __forceinline__ void drop_chunk(const uint4 (&r)[G], std::uint32_t above,
-                                           float keep_scale, uint4 (&x)[P], uint4 (&y)[P]) {
-  constexpr int W = 4 / int(sizeof(T));  // elements per 32-bit word
-#pragma unroll
-  for (int i = 0; i < 4 * P; ++i) {
-    const int e = i * W;
-    const std::uint32_t rw = word(r[e / kGroup], (e % kGroup) / 2);
-    const std::uint32_t xw = word_ref(x[i / 4], i % 4);
-    std::uint32_t& yw = word_ref(y[i / 4], i % 4);
-    if constexpr (W == 2) {
-      yw = drop_pair<T>(xw, keep_low(rw, above), keep_high(rw, above), keep_scale);
-    } else {
-      const bool keep = (e & 1) ? keep_high(rw, above) : keep_low(rw, above);
-      yw = __float_as_uint(keep ? __uint_as_float(xw) * keep_scale : 0.f);
-    }
-  }
-}
-
-/// y += the residual pack res, element by element (add_residual_pack on words).
-template <class T>
-__device__ __forceinline__ void add_residual_words(const uint4& res, uint4& y) {
-  Pack<T> r, out;
-  __builtin_memcpy(&r, &res, sizeof(r));
-  __builtin_memcpy(&out, &y, sizeof(out));
-  add_residual_pack(r, out);
-  __builtin_memcpy(&y, &out, sizeof(y));
-}
-
-/// Chunk k's P packs of x (and of the residual, with one).
-template <bool kResidual, int P>
-__device__ __forceinline__ void load_chunk(const uint4* x4, const uint4* r4, kindex k,
-                                           uint4 (&x)[P], uint4 (&res)[P]) {
-#pragma unroll
-  for (int u = 0; u < P; ++u) x[u] = x4[k * P + u];
-  if constexpr (kResidual)
-#pragma unroll
-    for (int u = 0; u < P; ++u) res[u] = r4[k * P + u];
-}
-
 /// One Philox call per aligned group of 8 (see the header: C, c_offset,
 /// C_global multiples of 8, in and out 16-byte aligned). Thread chunks of
-/// E = kGroupedPacks packs, G = E / 8 groups, grid-strided over a resident
-/// grid (launch_dropout): each thread walks its chunks' groups with a
-/// GroupWalk (divisions once per thread, not per chunk), issues the chunk's
-/// loads first, then its G independent calls, then the decisions in
-/// integers (keep_low / keep_high) and the scaling two 16-bit values to an
-/// instruction pair where it can. kResidual: residual is not null (a kernel
-/// of its own, so that the plain dropout carries no residual registers or
-/// branches). The n % E tail (whole groups) in block 0.
-template <class T, class I, bool kResidual>
-__global__ void __launch_bounds__(256, sizeof(I) == 4 && !kResidual ? 4 : 3)
-    dropout_grouped_kernel(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
-                           DropoutPlacement site, const T* residual, T* out) {
-  constexpr int P = kGroupedPacks, E = P * kPack<T>, G = E / kGroup;
-  const kindex chunks = n / E;
-  const kindex first = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
-  const kindex stride = kindex(gridDim.x) * blockDim.x;
-  // The walk's divisions use the launch's own arguments only: before the wait.
-  GroupWalk<I> walk(site, I(first * G), I(stride * G));
+/// E = kGroupedPacks packs; the n % E tail (whole groups) in block 0.
+template <class T, class I>
+__global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t threshold,
+                                       float keep_scale, DropoutPlacement site, const T* residual,
+                                       T* out) {
   start_after_prior_grid();
   const DropoutPlacement s = resolved(site);
-  const std::uint32_t above = keep_above(threshold);
-  walk.place(s, I(first * G), I(stride * G));
-  const uint4* x4 = reinterpret_cast<const uint4*>(in);
-  const uint4* r4 = reinterpret_cast<const uint4*>(residual);
-  uint4* y4 = reinterpret_cast<uint4*>(out);
-  // Chunk k dropped from its loaded packs (and residual) and stored; the
-  // walk moves on to the thread's next chunk.
-  const auto drop_store = [&](kindex k, uint4 (&x)[P], const uint4 (&res)[P]) {
+  constexpr int E = kGroupedPacks * kPack<T>, G = E / kGroup;
+  const I sc = I(s.c), sb = I(s.b);
+  const kindex chunks = n / E;
+  GRID_STRIDE(k, chunks) {
+    Pack<T> pin[kGroupedPacks];
+#pragma unroll
+    for (int u = 0; u < kGroupedPacks; ++u)
+      pin[u] = reinterpret_cast<const Pack<T>*>(in)[k * kGroupedPacks + u];
+    Pack<T> pres[kGroupedPacks];
+    if (residual)
+#pragma unroll
+      for (int u = 0; u < kGroupedPacks; ++u)
+        pres[u] = reinterpret_cast<const Pack<T>*>(residual)[k * kGroupedPacks + u];
+    const I first = I(k * E);
+    I c = first % sc, ab = first / sc, b = ab % sb, a = ab / sb;
+    kindex row = row_start(s, kindex(a), kindex(b));
     std::uint64_t q[G];  // the counters first: the G calls are then independent
-    walk.chunk_groups(q);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      q[g] = group_of(std::uint64_t(row + kindex(c)));
+      c += kGroup;
+      if (c == sc) {  // C % 8 == 0: a group never straddles a row
+        c = 0;
+        if (++b == sb) {
+          b = 0;
+          ++a;
+        }
+        row = row_start(s, kindex(a), kindex(b));
+      }
+    }
     uint4 r[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) r[g] = group_bits(s, q[g]);
-    uint4 y[P];
-    drop_chunk<T>(r, above, keep_scale, x, y);
+    Pack<T> pout[kGroupedPacks];
 #pragma unroll
-    for (int u = 0; u < P; ++u) {
-      if constexpr (kResidual) add_residual_words<T>(res[u], y[u]);
-      y4[k * P + u] = y[u];
+    for (int e = 0; e < E; ++e) {  // element e of the chunk: group e / 8, half-word e % 8
+      const float v = to_f(pin[e / kPack<T>].v[e % kPack<T>]);
+      pout[e / kPack<T>].v[e % kPack<T>] = from_f<T>(
+          keep_half(half_word(r[e / kGroup], e % kGroup), threshold) ? v * keep_scale : 0.f);
     }
-    walk.advance();
-  };
-  // Software-pipelined: the next chunk's loads are issued before this
-  // chunk's calls, so a thread keeps loads in flight while it computes (the
-  // calls, not the loads, take most of its time). (Two bodies on two
-  // buffers instead of the copy at the end: the compiler interleaved them,
-  // 104-128 registers, or spills at 64.)
-  uint4 x[P], res[P];
-  if (first < chunks) load_chunk<kResidual>(x4, r4, first, x, res);
-  for (kindex k = first; k < chunks; k += stride) {
-    uint4 x_next[P], res_next[P];
-    if (k + stride < chunks) load_chunk<kResidual>(x4, r4, k + stride, x_next, res_next);
-    drop_store(k, x, res);
 #pragma unroll
-    for (int u = 0; u < P; ++u) {
-      x[u] = x_next[u];
-      if constexpr (kResidual) res[u] = res_next[u];
+    for (int u = 0; u < kGroupedPacks; ++u) {
+      if (residual) add_residual_pack(pres[u], pout[u]);
+      reinterpret_cast<Pack<T>*>(out)[k * kGroupedPacks + u] = pout[u];
     }
   }
   if (blockIdx.x == 0)
     for (kindex f = chunks * E + kindex(threadIdx.x) * kGroup; f < n;
          f += kindex(blockDim.x) * kGroup) {
-      const I sc = I(s.c), sb = I(s.b);
       const I li = I(f);
       const I c = li % sc, ab = li / sc, b = ab % sb, a = ab / sb;
       const uint4 r = group_bits(s, group_of(global_index(s, kindex(a), kindex(b), kindex(c))));
@@ -382,30 +231,15 @@ bool groups_align(const DropoutPlacement& s) {
   return s.c % kGroup == 0 && s.c_offset % kGroup == 0 && s.c_global % kGroup == 0;
 }
 
-/// dropout_grouped_kernel on a resident grid: the walk's setup once per
-/// thread, not per chunk.
-template <class T, class I, bool kResidual>
-void launch_grouped(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
-                    const DropoutPlacement& site, const T* residual, T* out) {
-  constexpr int E = kGroupedPacks * kPack<T>;
-  MESH_VERIFY(threshold >= 1, "dropout: keep_above needs p > 0");  // p = 0 never draws
-  static const kindex resident =
-      resident_blocks(dropout_grouped_kernel<T, I, kResidual>, kThreads);
-  launch_dependent(dropout_grouped_kernel<T, I, kResidual>, grid_for(n / E, kThreads, resident),
-                   kThreads, 0, compute_stream(), in, n, threshold, keep_scale, site, residual,
-                   out);
-}
-
 template <class T, class I>
 void launch_dropout(const T* in, kindex n, std::uint32_t threshold, float keep_scale,
                     const DropoutPlacement& site, const T* residual, T* out) {
+  constexpr int E = kGroupedPacks * kPack<T>;
   const bool packed = aligned16(in) && aligned16(out) && (!residual || aligned16(residual));
-  if (packed && groups_align(site)) {
-    if (residual)
-      launch_grouped<T, I, true>(in, n, threshold, keep_scale, site, residual, out);
-    else
-      launch_grouped<T, I, false>(in, n, threshold, keep_scale, site, residual, out);
-  } else if (packed)
+  if (packed && groups_align(site))
+    launch_dependent(dropout_grouped_kernel<T, I>, grid_for(n / E + 1, kThreads), kThreads, 0,
+                     compute_stream(), in, n, threshold, keep_scale, site, residual, out);
+  else if (packed)
     launch_dependent(dropout_packed_kernel<T, I>, grid_for(n / kPack<T> + 1, kThreads), kThreads, 0,
                      compute_stream(), in, n, threshold, keep_scale, site, residual, out);
   else

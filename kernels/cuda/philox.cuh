@@ -123,22 +123,6 @@ __device__ __forceinline__ bool keep_half(std::uint32_t half, std::uint32_t thre
 /// The integer threshold of keep_half for p in [0, 1) (<= 2^16).
 inline std::uint32_t keep_threshold(double p) { return std::uint32_t(std::ceil(p * 65536.0)); }
 
-/// keep_half's decision on a half-word in place, without extracting it:
-/// h >= threshold iff h 2^16 > above = threshold 2^16 - 1, and h 2^16 is
-/// the word itself (high half, low bits below 2^16 change nothing) or the
-/// word shifted left by 16 (low half). Needs threshold >= 1 (p > 0; p = 0
-/// never draws a mask); threshold = 2^16 gives above = 2^32 - 1: nothing
-/// kept, as keep_half.
-__host__ __device__ constexpr std::uint32_t keep_above(std::uint32_t threshold) {
-  return std::uint32_t((std::uint64_t(threshold) << 16) - 1u);
-}
-__device__ __forceinline__ bool keep_low(std::uint32_t word, std::uint32_t above) {
-  return (word << 16) > above;
-}
-__device__ __forceinline__ bool keep_high(std::uint32_t word, std::uint32_t above) {
-  return word > above;
-}
-
 /// Half-word j of r (a select chain where j is not a constant).
 __device__ __forceinline__ std::uint32_t half_word(const uint4& r, int j) {
   return (j & 1) ? word(r, j >> 1) >> 16 : word(r, j >> 1) & 0xffffu;

@@ -744,48 +744,6 @@ TEST_F(GpuOps, DropoutGroupedAndPerElementPlacementsGiveTheHostMask) {
     }
 }
 
-// The grouped kernel runs a resident grid: each thread walks its chunks
-// with the grid stride's carries (GroupWalk) instead of dividing per chunk,
-// and loads its next chunk before computing this one. Views of 7-9 million
-// elements (3-4 bf16 chunks per thread, 6-9 fp32, on 132 SMs at 4 blocks of
-// 256; grid strides past a whole plane of B rows, so carries into a as well
-// as b and c), with rows of 8 (every group its own row: a carry at every step)
-// and rows of 1032 (C % 16 == 8: bf16 chunks straddle rows), odd A B C / 8
-// (a bf16 tail of 8 for block 0), offsets in every axis: the host's bits exactly (the
-// host's fp32 product rounded once to the dtype, as the kernel rounds it),
-// and dropout_add the bits of dropout_forward then add.
-TEST_F(GpuOps, DropoutGroupedResidentGridWalkGivesTheHostBits) {
-  struct Placement {
-    index_t A, B, C, a_off, b_off, c_off, B_global, C_global;
-  };
-  const Placement placements[] = {{9, 100003, 8, 3, 11, 8, 100020, 24},
-                                  {5, 1499, 1032, 2, 7, 16, 1600, 1200}};
-  for (DType dt : kDtypes)
-    for (const Placement& pl : placements) {
-      DropoutSite site;
-      site.seed = 0x7e57ab1e5eedULL;
-      site.step = 21;
-      site.stream = 9;
-      site.a = pl.A, site.b = pl.B, site.c = pl.C;
-      site.a_offset = pl.a_off, site.b_offset = pl.b_off, site.c_offset = pl.c_off;
-      site.b_global = pl.B_global, site.c_global = pl.C_global;
-      const std::string what = "dropout " + name(dt) + " [" + std::to_string(pl.A) + ", " +
-                               std::to_string(pl.B) + ", " + std::to_string(pl.C) + "]";
-      const Tensor rounded = random_host({pl.A * pl.B, pl.C}, -1.5, 1.5).to(dt);
-      const Pair x{rounded.to(DType::F32), rounded.to_device()};
-      Pair y = output(x.host.shape(), dt);
-      dropout_forward(x.host, 0.1, site, y.host);
-      dropout_forward(x.dev, 0.1, site, y.dev);
-      EXPECT_TRUE(same_bits(y.dev, y.host.to(dt))) << what << ": not the host's bits";
-      const Tensor residual = random_host(x.host.shape(), -1.5, 1.5).to(dt).to_device();
-      Tensor expected = Tensor::empty(x.host.shape(), dt, MemorySpace::Cuda);
-      add(residual, y.dev, expected);
-      Tensor out = Tensor::empty(x.host.shape(), dt, MemorySpace::Cuda);
-      dropout_add(x.dev, residual, 0.1, site, out);
-      EXPECT_TRUE(same_bits(out, expected)) << what << ": dropout_add";
-    }
-}
-
 // dropout_add (out = residual + dropout(x), one pass) gives the bits of
 // dropout_forward then add on the device, in each of dropout.cu's three
 // kernels (grouped: rows of 768; packed: rows of 130, aligned; scalar: a
