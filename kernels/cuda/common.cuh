@@ -230,14 +230,6 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
                "r"(valid ? 4 : 0)
                : "memory");
 }
-/// Asks `bytes` (a multiple of 16) at p (global, 16-byte aligned) into L2
-/// (sm_90 cp.async.bulk.prefetch: one instruction per contiguous range, no
-/// registers held, nothing to wait for). A hint: it changes no value.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, std::uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes));
-#endif
-}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

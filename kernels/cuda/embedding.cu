@@ -46,8 +46,6 @@
 //   forward   out[n, h] += table[n mod S, h]
 //   backward  dtable[s, h] += sum_{n mod S = s} dout[n, h], one thread per
 //             (s, h) walking the batch in order (no collisions, no atomics)
-#include <cstdlib>
-
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -150,28 +148,10 @@ constexpr kindex kRangeMinRowsPerBlock = 256;
 constexpr kindex kRangeMaxRowsPerBlock = 16384;  // 64 KB of counters beside the 32 KB list
 constexpr std::uint32_t kNotMine = 0xffffffffu;
 
-/// Rows the range sort asks into L2 for the accumulation while it sorts
-/// (kPrefetch): the dout row of each token and the dtable row of its key,
-/// for the tokens at sorted positions below `positions` (the accumulation's
-/// grid takes positions in increasing order, so these come first; the
-/// budget keeps them from evicting each other). The sort itself reads only
-/// the 32 KB of ids and leaves DRAM idle for its ~6 us (H100, CUPTI,
-/// session 17); the accumulation then moves the rest. Legal before the accumulation's wait: dout and
-/// dtable were final when the sort passed its own wait, and a prefetch
-/// changes no value.
-struct RunPrefetch {
-  const char* dout = nullptr;
-  const char* dtable = nullptr;
-  std::uint32_t dout_row_bytes = 0, table_row_bytes = 0;  // multiples of 16
-  int positions = 0;  // 0: none
-};
-
-template <bool kPrefetch>
 __global__ void __launch_bounds__(kRangeThreads)
     embedding_sort_ranges_kernel(const std::int32_t* __restrict__ ids, int N, int V,
                                  int vocab_begin, int rows_per_block,
-                                 uint2* __restrict__ runs, std::int32_t* __restrict__ tokens,
-                                 RunPrefetch prefetch) {
+                                 uint2* __restrict__ runs, std::int32_t* __restrict__ tokens) {
   start_after_prior_grid();  // and the accumulation's blocks start up while this sorts
   __shared__ std::uint32_t list[kRangeSortTokens];  // (key - first) << 16 | token, token order
   __shared__ int warp_listed[kRangeWarps], warp_below[kRangeWarps];
@@ -222,19 +202,8 @@ __global__ void __launch_bounds__(kRangeThreads)
     const unsigned ballot = __ballot_sync(0xffffffffu, mine);
     if (mine) {
       const int n = (warp * kRangeRounds + r) * 32 + lane;
-      const int at = list_at + __popc(ballot & lanes_before);
-      list[at] = local[r] << 16 | std::uint32_t(n);
+      list[list_at + __popc(ballot & lanes_before)] = local[r] << 16 | std::uint32_t(n);
       atomicAdd(&cursor[local[r]], 1);  // a count: the same whatever the order
-      // start + at: this token's sorted position up to the order within
-      // the range (the same count of positions below the budget). Key V
-      // (outside the shard) has no row.
-      const int key = first + int(local[r]);
-      if (kPrefetch && key < V && start + at < prefetch.positions) {
-        prefetch_l2_bulk(prefetch.dout + std::size_t(n) * prefetch.dout_row_bytes,
-                         prefetch.dout_row_bytes);
-        prefetch_l2_bulk(prefetch.dtable + std::size_t(key) * prefetch.table_row_bytes,
-                         prefetch.table_row_bytes);
-      }
     }
     list_at += __popc(ballot);
   }
@@ -382,43 +351,32 @@ kindex range_rows_per_block(kindex V) {
 
 /// The backward's tokens sorted by row (stable) and their runs: runs[j] =
 /// (row, length) where a run of a row of the shard starts at j, (row, 0)
-/// elsewhere. In allocator scratch. The range sort also issues `prefetch`
-/// (none by default; the device-wide sort ignores it).
+/// elsewhere. In allocator scratch.
 struct SortedRuns {
   device::Buffer runs, tokens;
-  SortedRuns(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin,
-             const RunPrefetch& prefetch = {})
+  SortedRuns(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin)
       : runs(std::size_t(N) * sizeof(uint2)), tokens(std::size_t(N) * sizeof(std::int32_t)) {
     MESH_VERIFY(N < (kindex(1) << 31) && V < (kindex(1) << 31) - 1,
                 "embedding_backward: " << N << " tokens or " << V << " rows exceed int32");
     const kindex rows_per_block = range_rows_per_block(V);
     if (N <= kRangeSortTokens && rows_per_block <= kRangeMaxRowsPerBlock &&
         vocab_begin < (kindex(1) << 31) - V)  // int32 key arithmetic
-      sort_by_ranges(ids, N, V, vocab_begin, rows_per_block, prefetch);
+      sort_by_ranges(ids, N, V, vocab_begin, rows_per_block);
     else
       sort_on_device(ids, N, V, vocab_begin);
   }
 
   void sort_by_ranges(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin,
-                      kindex rows_per_block, const RunPrefetch& prefetch) {
-    if (prefetch.positions > 0)
-      sort_by_ranges<true>(ids, N, V, vocab_begin, rows_per_block, prefetch);
-    else
-      sort_by_ranges<false>(ids, N, V, vocab_begin, rows_per_block, prefetch);
-  }
-
-  template <bool kPrefetch>
-  void sort_by_ranges(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin,
-                      kindex rows_per_block, const RunPrefetch& prefetch) {
+                      kindex rows_per_block) {
     const kindex keys = V + 1;  // V: not in this shard
     const unsigned blocks = unsigned((keys + rows_per_block - 1) / rows_per_block);
     const std::size_t cursor_bytes = std::size_t(rows_per_block) * sizeof(int);
     // Beside its ~37 KB of static shared memory, counters past 8 KB take it
     // past the 48 KB default.
-    opt_in_max_shared_memory<embedding_sort_ranges_kernel<kPrefetch>>();
-    launch_dependent(embedding_sort_ranges_kernel<kPrefetch>, blocks, kRangeThreads, cursor_bytes,
+    opt_in_max_shared_memory<embedding_sort_ranges_kernel>();
+    launch_dependent(embedding_sort_ranges_kernel, blocks, kRangeThreads, cursor_bytes,
                      compute_stream(), ids, int(N), int(V), int(vocab_begin), int(rows_per_block),
-                     runs.as<uint2>(), tokens.as<std::int32_t>(), prefetch);
+                     runs.as<uint2>(), tokens.as<std::int32_t>());
   }
 
   void sort_on_device(const std::int32_t* ids, kindex N, kindex V, kindex vocab_begin) {
@@ -444,36 +402,6 @@ struct SortedRuns {
     // queued after the sort on the same stream (device_allocator.hpp).
   }
 };
-
-/// MESHTRON_EMBEDDING_PREFETCH_MB: megabytes of dout and dtable rows the
-/// range sort asks into L2 for the packed accumulation (RunPrefetch). Read
-/// once; unset or 0 (the default): no prefetch, the sort as before. For
-/// A/B runs of one build (e.g. 0, 16, 32: below the 50 MB L2, which the
-/// accumulation's own rows and writes also use).
-double run_prefetch_megabytes() {
-  static const double mb = [] {
-    const char* v = std::getenv("MESHTRON_EMBEDDING_PREFETCH_MB");
-    return v ? std::atof(v) : 0.0;
-  }();
-  return mb;
-}
-
-/// The prefetch budget as sorted positions for the packed accumulation
-/// (rows 16-byte aligned, multiples of 16 bytes: what the bulk prefetch
-/// needs).
-template <class T, class G>
-RunPrefetch run_prefetch(const void* dout, const void* dtable, kindex N, kindex H) {
-  const double mb = run_prefetch_megabytes();
-  if (!(mb > 0)) return {};
-  RunPrefetch p;
-  p.dout = static_cast<const char*>(dout);
-  p.dtable = static_cast<const char*>(dtable);
-  p.dout_row_bytes = std::uint32_t(H * kindex(sizeof(T)));
-  p.table_row_bytes = std::uint32_t(H * kindex(sizeof(G)));
-  const double positions = mb * 1e6 / double(p.dout_row_bytes + p.table_row_bytes);
-  p.positions = int(positions < double(N) ? positions : double(N));
-  return p;
-}
 
 /// Most threads of one block along a row's packs (x) in the packed walk.
 constexpr kindex kMaxRunRowThreads = 512;
@@ -553,10 +481,8 @@ void embedding_backward(DType t, DType g, const std::int32_t* ids, index_t N, co
   with_storage_and_grad_type(t, g, "embedding_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
-    const bool packed = H % kPack<T> == 0 && aligned16(dout) && aligned16(dtable);
-    const SortedRuns sorted(ids, N, V_local, vocab_begin,
-                            packed ? run_prefetch<T, G>(dout, dtable, N, H) : RunPrefetch{});
-    if (packed) {
+    const SortedRuns sorted(ids, N, V_local, vocab_begin);
+    if (H % kPack<T> == 0 && aligned16(dout) && aligned16(dtable)) {
       launch_runs_packed<T, G>(sorted, N, static_cast<const T*>(dout), H, static_cast<G*>(dtable));
       return;
     }
