@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/error.hpp"
@@ -58,6 +59,22 @@ __device__ __forceinline__ bf16_t from_f<bf16_t>(float v) {
 template <>
 __device__ __forceinline__ f16_t from_f<f16_t>(float v) {
   return __float2half_rn(v);
+}
+
+/// The two values of a 32-bit word of two 16-bit ones (low half first) as
+/// fp32, exactly (to_f's values): bf16 by a shift and a mask, one
+/// instruction each (a bf16 is the upper half of its fp32), fp16 by the
+/// conversion of each half.
+template <class T>
+__device__ __forceinline__ float2 widen_pair(std::uint32_t w) {
+  static_assert(sizeof(T) == 2, "two 16-bit values per word");
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  } else {
+    __half2 h;
+    __builtin_memcpy(&h, &w, sizeof(h));
+    return __half22float2(h);
+  }
 }
 
 /// v rounded to the storage type T and back (identity for fp32).
