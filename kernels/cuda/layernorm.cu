@@ -11,9 +11,9 @@
 // block barrier). The second and third passes re-read the row from L1/L2.
 //
 // Packed paths (taken when H is a multiple of V = 16 / sizeof(T), every
-// pointer is 16-byte aligned and a row fits in 32 * 8 packs: H <= 1024
-// fp32 / 2048 bf16; the backward: fp32 H <= 1280 (32 * 10 packs), 16-bit
-// H <= 1536): 16-byte
+// pointer is 16-byte aligned and a row fits in 32 * 10 fp32 packs (H <=
+// 1280) or 32 * 8 16-bit ones (H <= 2048); the backward: fp32 H <= 1280,
+// 16-bit H <= 1536): 16-byte
 // loads, each row read from DRAM once. The packed forward keeps one warp
 // per row, lane l holding packs l, l + 32, ... (K of them, K a template
 // constant) in registers, each warp looping over rows with the next row's
@@ -25,10 +25,10 @@
 // (lanes own packs, not single elements; the backward forms x - mu and
 // folds rstd in once per row), so the results agree with the scalar path
 // to fp32 rounding, not bit for bit, and every run gives the same bits.
-// Packable rows wider than the packed kernels take (fp32 forward H > 1024,
-// fp32 backward H > 1280, 16-bit backward H > 1536) take the column-owner
-// kernels further down; other shapes (odd H, views from slice_rows that are
-// not 16-byte aligned, rows wider still) the scalar kernels.
+// Packable rows wider than the packed kernels take (fp32 H > 1280, 16-bit
+// backward H > 1536) take the column-owner kernels further down; other
+// shapes (odd H, views from slice_rows that are not 16-byte aligned, rows
+// wider still) the scalar kernels.
 #include <initializer_list>
 #include <type_traits>
 
@@ -122,6 +122,12 @@ struct LayerNormParamTerms {
 // ------------------------------------------------------------ packed paths ---
 
 constexpr int kMaxPacksPerLane = 8, kMaxBackwardPacksPerLane = 10;
+/// The forward takes fp32 rows up to K = 10 as well (H <= 1280: 120
+/// registers, two blocks per SM): fp32 [8192, 1280] 0.68 -> 0.81-0.82 of an
+/// H200's copy against the column-owner kernel (perf/RESULTS.md, session 37).
+template <class T>
+constexpr int kMaxForwardPacksPerLane =
+    sizeof(T) == 4 ? kMaxBackwardPacksPerLane : kMaxPacksPerLane;
 // The backward takes fp32 rows up to K = 10 (H <= 1280, in 4-row tiles: see
 // kSplitRows); 16-bit backward rows stop at K = 6 (H <= 1536): wider ones
 // have not been measured against the column-owner kernel. K = 5 is GPT-2
@@ -274,7 +280,7 @@ kindex forward_blocks(kindex N) {
 // --------------------------------- packed backward: row and column warps ---
 //
 // The backward of 16-byte-packable rows up to 32 K packs (16-bit H <= 1536,
-// fp32 H <= 1024). Its work is split between two kinds of warps of one block
+// fp32 H <= 1280). Its work is split between two kinds of warps of one block
 // so that neither holds the other's registers: before (one warp per row doing
 // both), each lane kept 2 K V dgamma/dbeta sums next to its row, 241
 // registers at bf16 H = 1280, 8 warps per SM and ~32 instructions per element
@@ -528,8 +534,8 @@ struct BlockPartialTerms {
 // in order), and the block adds its groups in order into one partial row:
 // deterministic; rounds differently from the packed kernel (another order).
 // Used, with the forward below, for 16-byte-packable rows wider than the
-// packed kernels take (fp32 H > 1024; backward: fp32 H > 1280, since
-// session 18, 16-bit H > 1536: the scalar
+// packed kernels take (fp32 H > 1280 since session 37, H > 1024 for the
+// forward before; backward since session 18, 16-bit H > 1536: the scalar
 // kernels before, 0.38-0.45 of copy at fp32 [8192, 1280], now 0.64-0.82).
 // At the widths the packed kernels take they were slower on an H100
 // (bf16 H = 768: forward 0.55 vs 0.89 of copy, backward 0.43 vs 0.57), and
@@ -902,8 +908,9 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
   with_storage_type(t, "layernorm_forward", [&](auto zero) {
     using T = decltype(zero);
     const unsigned blocks = grid_for(N, kWarpsPerBlock, 1LL << 31);
-    if (const int k = packed_k<T>(H, {x, gamma, beta, y}, kMaxPacksPerLane)) {
-      with_packs_per_lane<kMaxPacksPerLane>(k, [&](auto kc) {
+    constexpr int max_k = kMaxForwardPacksPerLane<T>;
+    if (const int k = packed_k<T>(H, {x, gamma, beta, y}, max_k)) {
+      with_packs_per_lane<max_k>(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
         launch_dependent(layernorm_forward_packed_kernel<T, K>, unsigned(forward_blocks<T, K>(N)),
                          kWarpsPerBlock * 32, forward_shared_bytes<T, K>(), compute_stream(),
@@ -913,7 +920,7 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
       });
       return;
     }
-    // Packable rows too wide for the packed kernel (fp32 H > 1024).
+    // Packable rows too wide for the packed kernel (fp32 H > 1280).
     if (packable<T>(H, {x, gamma, beta, y}) &&
         layernorm_forward_columns(static_cast<const T*>(x), static_cast<const T*>(gamma),
                                   static_cast<const T*>(beta), N, H, float(eps),

@@ -395,10 +395,10 @@ TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
 }
 
 // The packed layernorm kernels (kernels/cuda/layernorm.cu) take H a
-// multiple of 16 bytes up to 1024 fp32 / 2048 bf16 (backward: 1280 fp32,
-// 1536 16-bit), K = 1..8 packs per lane (backward fp32 also 10); wider rows
-// (fp32 forward H = 1280, fp32 H = 1600, 2048; 16-bit backward H = 1600,
-// 2048) the column-owner kernels, whose 2-row tiles N = 2501 leaves one
+// multiple of 16 bytes up to 1280 fp32 / 2048 bf16 (backward: 1280 fp32,
+// 1536 16-bit), K = 1..8 packs per lane (fp32 also 10); wider rows
+// (fp32 H = 1600, 2048; 16-bit backward H = 1600, 2048) the column-owner
+// kernels, whose 2-row tiles N = 2501 leaves one
 // short. The packed backward takes 8-row tiles: 313 of them over 132
 // blocks, so blocks take two or three, and the last tile has 5 rows (fp32
 // H = 1280: 4-row tiles, the last of 1 row). Forward and backward
