@@ -209,8 +209,9 @@ __global__ void adamw_kernel(TensorPieces pieces, AdamWCoefficients k) {
     if (e.packed) {
       GRID_STRIDE(j, e.n / 4) adamw_pack<C>(e, 4 * j, k);
     } else {
-      GRID_STRIDE(i, e.n)
-      adamw_element(e.param, e.grad, e.m, e.v, static_cast<C*>(e.copy), i, e.weight_decay, k);
+      GRID_STRIDE(i, e.n) {
+        adamw_element(e.param, e.grad, e.m, e.v, static_cast<C*>(e.copy), i, e.weight_decay, k);
+      }
     }
   }
 }
