@@ -130,6 +130,20 @@ __device__ __forceinline__ void adamw_pack(const TableEntry& e, kindex i,
   }
 }
 
+/// Elements [begin, end) of piece e, this thread's share: units (packs of 4
+/// where e is packed, else single elements) first, first + stride, ...
+template <class C>
+__device__ __forceinline__ void adamw_piece(const TableEntry& e, kindex begin, kindex end,
+                                            kindex first, kindex stride,
+                                            const AdamWCoefficients& k) {
+  if (e.packed) {
+    for (kindex i = begin + 4 * first; i < end; i += 4 * stride) adamw_pack<C>(e, i, k);
+  } else {
+    for (kindex i = begin + first; i < end; i += stride)
+      adamw_element(e.param, e.grad, e.m, e.v, static_cast<C*>(e.copy), i, e.weight_decay, k);
+  }
+}
+
 template <class C>
 __global__ void __launch_bounds__(kThreads)
     adamw_multi_kernel(const TableEntry* __restrict__ table, const BlockWork* __restrict__ work,
@@ -140,13 +154,7 @@ __global__ void __launch_bounds__(kThreads)
   const TableEntry e = table[w.entry];
   const kindex begin = kindex(w.chunk) * kChunk;
   const kindex end = begin + kChunk < e.n ? begin + kChunk : e.n;
-  if (e.packed) {
-    for (kindex i = begin + 4 * kindex(threadIdx.x); i < end; i += 4 * kThreads)
-      adamw_pack<C>(e, i, k);
-  } else {
-    for (kindex i = begin + threadIdx.x; i < end; i += kThreads)
-      adamw_element(e.param, e.grad, e.m, e.v, static_cast<C*>(e.copy), i, e.weight_decay, k);
-  }
+  adamw_piece<C>(e, begin, end, threadIdx.x, kThreads, k);
 }
 
 std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
@@ -204,16 +212,10 @@ template <class C>
 __global__ void adamw_kernel(TensorPieces pieces, AdamWCoefficients k) {
   start_after_prior_grid();
   if (!clip_from_device_norm(k)) return;
-  for (int q = 0; q < pieces.count; ++q) {
-    const TableEntry& e = pieces.piece[q];
-    if (e.packed) {
-      GRID_STRIDE(j, e.n / 4) adamw_pack<C>(e, 4 * j, k);
-    } else {
-      GRID_STRIDE(i, e.n) {
-        adamw_element(e.param, e.grad, e.m, e.v, static_cast<C*>(e.copy), i, e.weight_decay, k);
-      }
-    }
-  }
+  const kindex first = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
+  const kindex stride = kindex(gridDim.x) * blockDim.x;
+  for (int q = 0; q < pieces.count; ++q)
+    adamw_piece<C>(pieces.piece[q], 0, pieces.piece[q].n, first, stride, k);
 }
 
 }  // namespace
@@ -230,9 +232,9 @@ void adamw_step(float* param, const float* grad, float* m, float* v, index_t n,
       append_pieces({param, grad, m, v, copy, n, k.weight_decay}, sizeof(C), entries);
       TensorPieces pieces{};
       for (const TableEntry& e : entries) pieces.piece[pieces.count++] = e;
-      // As many threads as the multi-tensor kernel gives a chunk: 16 packs each.
-      launch_dependent(adamw_kernel<C>, grid_for(n, kThreads * 64), kThreads, 0, compute_stream(),
-                       pieces, k);
+      // One block per kChunk elements, as the multi-tensor kernel: 16 packs a thread.
+      launch_dependent(adamw_kernel<C>, grid_for(n, kChunk), kThreads, 0, compute_stream(), pieces,
+                       k);
     }
   });
 }
