@@ -371,6 +371,40 @@ struct alignas(16) Pack {
   T v[kPack<T>];
 };
 
+/// A pack's values as fp32, exactly to_f's. A 16-bit pack is widened a
+/// 32-bit word at a time (widen_pair): a bf16 value costs one shift or one
+/// mask, where to_f on the upper half of a word compiles to an extract and
+/// a shift (PRMT + SHF in the sm_90 code of the layernorm backward). On an
+/// H200 (perf/RESULTS.md, session 38): bf16 dropout forward 0.72 -> 0.83 of
+/// the copy, dropout_add 0.90 -> 0.96, layernorm backward +0.01-0.03; not
+/// taken where it measured no better: map3 (gelu_backward 0.81 -> 0.78),
+/// the layernorm forward, the embedding backward, the bias column sums.
+template <class T>
+struct Widened {
+  float v[kPack<T>];
+};
+
+/// p by value: a copy in registers. (From a reference into shared or global
+/// memory the word copy below compiled to byte loads: 16 LDS.U8 per pack.)
+template <class T>
+__device__ __forceinline__ Widened<T> widen(const Pack<T> p) {
+  Widened<T> w;
+  if constexpr (sizeof(T) == 2) {
+    std::uint32_t words[kPack<T> / 2];
+    __builtin_memcpy(words, &p, sizeof(words));
+#pragma unroll
+    for (int i = 0; i < kPack<T> / 2; ++i) {
+      const float2 f = widen_pair<T>(words[i]);
+      w.v[2 * i] = f.x;
+      w.v[2 * i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPack<T>; ++j) w.v[j] = to_f(p.v[j]);
+  }
+  return w;
+}
+
 template <class T, class F>
 __global__ void map3_packed_kernel(F f, const T* a, const T* b, const T* c, kindex n, T* out) {
   start_after_prior_grid();

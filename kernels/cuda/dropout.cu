@@ -66,8 +66,9 @@ __device__ __forceinline__ float plus_residual(const T* residual, kindex i, T dr
 /// The pack form: out (the dropped pack) += residual pack k, element by element.
 template <class T>
 __device__ __forceinline__ void add_residual_pack(const Pack<T>& r, Pack<T>& out) {
+  const Widened<T> wr = widen(r), wo = widen(out);
 #pragma unroll
-  for (int j = 0; j < kPack<T>; ++j) out.v[j] = from_f<T>(__fadd_rn(to_f(r.v[j]), to_f(out.v[j])));
+  for (int j = 0; j < kPack<T>; ++j) out.v[j] = from_f<T>(__fadd_rn(wr.v[j], wo.v[j]));
 }
 
 /// I = uint32_t when every extent fits (64-bit division is emulated on the
@@ -124,10 +125,11 @@ __global__ void dropout_packed_kernel(const T* in, kindex n, std::uint32_t thres
     // global_index(s, a, b, c); row_start changes only when c carries.
     kindex row = row_start(s, kindex(a), kindex(b));
     Pack<T> pout;
+    const Widened<T> win = widen(pin);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const bool keep = keep_element(s, std::uint64_t(row + kindex(c)), threshold);
-      pout.v[j] = from_f<T>(keep ? to_f(pin.v[j]) * keep_scale : 0.f);
+      pout.v[j] = from_f<T>(keep ? win.v[j] * keep_scale : 0.f);
       if (++c == sc) {  // next element: carry c into b, b into a
         c = 0;
         if (++b == sb) {
@@ -196,9 +198,12 @@ __global__ void dropout_grouped_kernel(const T* in, kindex n, std::uint32_t thre
 #pragma unroll
     for (int g = 0; g < G; ++g) r[g] = group_bits(s, q[g]);
     Pack<T> pout[kGroupedPacks];
+    Widened<T> win[kGroupedPacks];
+#pragma unroll
+    for (int u = 0; u < kGroupedPacks; ++u) win[u] = widen(pin[u]);
 #pragma unroll
     for (int e = 0; e < E; ++e) {  // element e of the chunk: group e / 8, half-word e % 8
-      const float v = to_f(pin[e / kPack<T>].v[e % kPack<T>]);
+      const float v = win[e / kPack<T>].v[e % kPack<T>];
       pout[e / kPack<T>].v[e % kPack<T>] = from_f<T>(
           keep_half(half_word(r[e / kGroup], e % kGroup), threshold) ? v * keep_scale : 0.f);
     }

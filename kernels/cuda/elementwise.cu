@@ -77,8 +77,9 @@ __global__ void bias_add_packed_kernel(T* __restrict__ y, const T* __restrict__ 
     for (int u = 0; u < kBiasAddRows; ++u) {
       if (r0 + u >= N) continue;
       Pack<T> out;
+      const Widened<T> wi = widen(in[u]), wb = widen(b);
 #pragma unroll
-      for (int j = 0; j < kPack<T>; ++j) out.v[j] = from_f<T>(to_f(in[u].v[j]) + to_f(b.v[j]));
+      for (int j = 0; j < kPack<T>; ++j) out.v[j] = from_f<T>(wi.v[j] + wb.v[j]);
       rows[(r0 + u) * packs_per_row + cp] = out;
     }
   }
@@ -105,9 +106,9 @@ __global__ void add_residual_bias_packed_kernel(const T* a, const T* b,
     if (residual) pr = reinterpret_cast<const Pack<T>*>(residual)[k];
     if (bias) pbias = reinterpret_cast<const Pack<T>*>(bias)[(first_pack + k) % packs_per_row];
     Pack<T> po;
+    const Widened<T> wa = widen(pa), wb = widen(pb), wr = widen(pr), wbias = widen(pbias);
 #pragma unroll
-    for (int j = 0; j < V; ++j)
-      po.v[j] = from_f<T>(to_f(pa.v[j]) + to_f(pb.v[j]) + to_f(pr.v[j]) + to_f(pbias.v[j]));
+    for (int j = 0; j < V; ++j) po.v[j] = from_f<T>(wa.v[j] + wb.v[j] + wr.v[j] + wbias.v[j]);
     reinterpret_cast<Pack<T>*>(out)[k] = po;
   }
 }

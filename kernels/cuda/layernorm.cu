@@ -388,10 +388,11 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
   // Column thread: dy xhat and dy of one row of its pack into the sums,
   // xhat = x rs - mu rs in one FMA (the row warps form x - mu instead).
   const auto add_column_terms = [&](const Pack<T>& dp, const Pack<T>& xp, float rs, float mu_rs) {
+    const Widened<T> dw = widen(dp), xw = widen(xp);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const float d = to_f(dp.v[j]);
-      acc_dgamma[j] += d * fmaf(to_f(xp.v[j]), rs, -mu_rs);
+      const float d = dw.v[j];
+      acc_dgamma[j] += d * fmaf(xw.v[j], rs, -mu_rs);
       acc_dbeta[j] += d;
     }
   };
@@ -421,24 +422,24 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
         constexpr int KK = kKeep ? K : 1;
         float g[KK][V], xm[KK][V];
         float sum_g = 0.f, sum_g_xm = 0.f;
-        const auto terms = [&](int k, int q, const Pack<T>& dp, const Pack<T>& xp, int e,
+        const auto terms = [&](int k, int q, const Widened<T>& dw, const Widened<T>& xw, int e,
                                float& gv, float& xv) {
           const float4 gm = gamma4[(k * Q + q) * 32 + lane];
           const float gj[4] = {gm.x, gm.y, gm.z, gm.w};
-          xv = to_f(xp.v[4 * q + e]) - mu;
-          gv = to_f(dp.v[4 * q + e]) * gj[e];
+          xv = xw.v[4 * q + e] - mu;
+          gv = dw.v[4 * q + e] * gj[e];
         };
 #pragma unroll
         for (int k = 0; k < K; ++k) {
           const int p = lane + 32 * k;
           if (p >= P) continue;
-          const Pack<T> dp = dyr[p], xp = xr[p];
+          const Widened<T> dw = widen(dyr[p]), xw = widen(xr[p]);
 #pragma unroll
           for (int q = 0; q < Q; ++q)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               float gv, xv;
-              terms(k, q, dp, xp, e, gv, xv);
+              terms(k, q, dw, xw, e, gv, xv);
               sum_g += gv;
               sum_g_xm += gv * xv;
               if constexpr (kKeep) g[k][4 * q + e] = gv, xm[k][4 * q + e] = xv;
@@ -455,6 +456,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
           Pack<T> rp{}, dp{}, xp{};
           if (residual) rp = res[p];
           if constexpr (!kKeep) dp = dyr[p], xp = xr[p];
+          const Widened<T> rw = widen(rp), dw = widen(dp), xw = widen(xp);
           Pack<T> out;
 #pragma unroll
           for (int j = 0; j < V; ++j) {
@@ -462,9 +464,9 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
             if constexpr (kKeep)
               gv = g[k][j], xv = xm[k][j];
             else
-              terms(k, j / 4, dp, xp, j % 4, gv, xv);
+              terms(k, j / 4, dw, xw, j % 4, gv, xv);
             const float d = rs * fmaf(-xv, c, gv - mean_g);
-            out.v[j] = from_f<T>(residual ? __fadd_rn(round_to<T>(d), to_f(rp.v[j])) : d);
+            out.v[j] = from_f<T>(residual ? __fadd_rn(round_to<T>(d), rw.v[j]) : d);
           }
           reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
         }
