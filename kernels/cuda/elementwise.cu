@@ -106,9 +106,9 @@ __global__ void add_residual_bias_packed_kernel(const T* a, const T* b,
     if (residual) pr = reinterpret_cast<const Pack<T>*>(residual)[k];
     if (bias) pbias = reinterpret_cast<const Pack<T>*>(bias)[(first_pack + k) % packs_per_row];
     Pack<T> po;
-    const Widened<T> wa = widen(pa), wb = widen(pb), wr = widen(pr), wbias = widen(pbias);
 #pragma unroll
-    for (int j = 0; j < V; ++j) po.v[j] = from_f<T>(wa.v[j] + wb.v[j] + wr.v[j] + wbias.v[j]);
+    for (int j = 0; j < V; ++j)
+      po.v[j] = from_f<T>(to_f(pa.v[j]) + to_f(pb.v[j]) + to_f(pr.v[j]) + to_f(pbias.v[j]));
     reinterpret_cast<Pack<T>*>(out)[k] = po;
   }
 }
