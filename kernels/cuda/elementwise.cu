@@ -141,27 +141,22 @@ struct Scale {
 /// on sm_90 and one per element would cost about as much as the loads.
 /// (A bf16 value above 1.8e19 squares to inf in fp32 where double would
 /// not: a gradient that large has diverged anyway.)
-/// The pack comes as its four 32-bit words; a 16-bit pair is widened once
-/// (widen_pair) where fmaf(to_f(v), to_f(v), s) asked for two conversions
-/// of every value (ptxas merged most of them: the sm_90 code is about the
-/// same size). The same values, in the same order: the same bits.
+/// widen() converts a 16-bit pair once, where fmaf(to_f(v), to_f(v), s)
+/// asked for two conversions of every value. The same values, in the same
+/// order: the same bits.
 template <class T>
-__device__ __forceinline__ void add_squares(const uint4& p, double& acc) {
-  const std::uint32_t w[4] = {p.x, p.y, p.z, p.w};
+__device__ __forceinline__ void add_squares(const Pack<T> p, double& acc) {
+  const Widened<T> w = widen(p);
   if constexpr (sizeof(T) == 4) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const double v = __uint_as_float(w[j]);
+    for (int j = 0; j < kPack<T>; ++j) {
+      const double v = w.v[j];
       acc += v * v;
     }
   } else {
     float s = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 v = widen_pair<T>(w[j]);
-      s = fmaf(v.x, v.x, s);
-      s = fmaf(v.y, v.y, s);
-    }
+    for (int j = 0; j < kPack<T>; ++j) s = fmaf(w.v[j], w.v[j], s);
     acc += double(s);
   }
 }
@@ -190,19 +185,19 @@ __global__ void __launch_bounds__(kThreads, 8)
   // any unaligned tensor) element by element.
   constexpr int V = kPack<T>;
   const kindex packs = (reinterpret_cast<std::uintptr_t>(x) & 15u) == 0 ? n / V : 0;
-  const uint4* xp = reinterpret_cast<const uint4*>(x);
+  const Pack<T>* xp = reinterpret_cast<const Pack<T>*>(x);
   const kindex stride = kindex(gridDim.x) * blockDim.x;
   kindex k = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
   // Four packs' loads in flight per thread (64 bytes), added in order.
   constexpr int kUnroll = 4;
   for (; k + (kUnroll - 1) * stride < packs; k += kUnroll * stride) {
-    uint4 p[kUnroll];
+    Pack<T> p[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) p[u] = xp[k + u * stride];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) add_squares<T>(p[u], acc);
+    for (int u = 0; u < kUnroll; ++u) add_squares(p[u], acc);
   }
-  for (; k < packs; k += stride) add_squares<T>(xp[k], acc);
+  for (; k < packs; k += stride) add_squares(xp[k], acc);
   for (kindex i = packs * V + kindex(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += kindex(gridDim.x) * blockDim.x) {
     const double v = load_f(x, i);
