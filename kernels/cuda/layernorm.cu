@@ -304,6 +304,15 @@ kindex forward_blocks(kindex N) {
 // a function of N only: deterministic, no atomics.
 // K = 10 (fp32 H <= 1280) takes tiles of 4 rows: three 8-row slots of
 // three fp32 tensors would be 368 KB, two 246 KB, past an SM's 227 KB.
+// kResidual (whether the residual branch's gradient is added into dx) is a
+// template parameter, and a thread's copies of a tile a fixed, unrolled
+// count: Nsight Compute (H200, bf16 H = 768, session 49) counted 45 % of the
+// kernel's instructions as integer, predicate and branch work (IMAD, LOP3,
+// ISETP, BRA, IADD3, LEA, BSSY/BSYNC), much of it the copy loop's strided
+// trip count and the per-element residual select. Against the runtime
+// residual and the strided loop: bf16 [8192, 768] 0.64-0.65 -> 0.68-0.69 of
+// the copy (+ residual 0.66 -> 0.72), + residual at 1280 0.72 -> 0.74, fp32
+// [8192, 1280] 0.77-0.78 -> 0.79 (perf/RESULTS.md, session 49, call C).
 template <int K>
 inline constexpr int kSplitRows = K <= 8 ? 8 : 4;
 
@@ -315,7 +324,7 @@ __host__ __device__ constexpr std::size_t split_slot_bytes(kindex H, int tensors
          2 * kSplitRows<K> * sizeof(float);
 }
 
-template <class T, int K, int D>
+template <class T, int K, int D, bool kResidual>
 __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
     layernorm_backward_split_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                     const T* __restrict__ gamma, const float* __restrict__ mean,
@@ -324,7 +333,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
                                     float* __restrict__ partial) {
   constexpr int V = kPack<T>, Q = V / 4, WR = kSplitRows<K>, threads = (WR + K) * 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, P = int(H / V);
-  const int tensors = residual ? 3 : 2;
+  constexpr int tensors = kResidual ? 3 : 2;
   extern __shared__ __align__(16) unsigned char smem[];
   float4* gamma4 = reinterpret_cast<float4*>(smem);  // stage_row_fp32
   unsigned char* ring = smem + staged_row_bytes<T, K>();
@@ -346,7 +355,13 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
     const T* source = u == 0 ? dy : u == 1 ? x : residual;
     const Pack<T>* src = reinterpret_cast<const Pack<T>*>(source + first * H);
     Pack<T>* dst = tile_rows(s, u);
-    for (int i = tid; i < packs; i += threads) cp_async16(dst + i, src + i);
+    // A tile is at most WR x 32 K packs: a fixed number of copies per
+    // thread, unrolled (a strided loop cost more integer and branch
+    // instructions than the copies themselves).
+    constexpr int kCopies = (WR * 32 * K + threads - 1) / threads;
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j)
+      if (const int i = tid + j * threads; i < packs) cp_async16(dst + i, src + i);
   };
   const auto fetch = [&](kindex t, int s, bool with_x) {
     for (int u = 0; u < tensors; ++u)
@@ -385,6 +400,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
 #pragma unroll
   for (int j = 0; j < V; ++j) acc_dgamma[j] = acc_dbeta[j] = 0.f;
   const int column = (warp - WR) * 32 + lane;  // column threads: their pack
+  const float inv_h = 1.f / float(H);
   // Column thread: dy xhat and dy of one row of its pack into the sums,
   // xhat = x rs - mu rs in one FMA (the row warps form x - mu instead).
   const auto add_column_terms = [&](const Pack<T>& dp, const Pack<T>& xp, float rs, float mu_rs) {
@@ -418,7 +434,21 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
         const float mu = stats[warp], rs = stats[WR + warp];
         // sum g xhat = rs sum g (x - mu); dx = rs (g - mean(g) - (x - mu) c)
         // with c = rs^2 mean(g (x - mu)).
-        constexpr bool kKeep = K * V <= 40;  // ptxas sm_90: bf16 K = 6 would spill
+        // g and x - mu kept in registers between the passes where they fit:
+        // ptxas sm_90, bf16 K = 6 would spill; fp32 K = 10 did (128
+        // registers, 16 bytes) and re-reads its slot instead (93-96
+        // registers): fp32 [8192, 1280] + residual 0.80-0.81 -> 0.83-0.84 of
+        // an H200's copy, plain 0.76 -> 0.77-0.78 (perf/RESULTS.md, session
+        // 49, with the fold below).
+        constexpr bool kKeep = K * V <= 40 && !(sizeof(T) == 4 && K == 10);
+        // dx = rs g - rs mean(g) - rs c (x - mu) as two FMAs per element (an
+        // add, an FMA and a multiply otherwise) and the row means by one
+        // reciprocal of H instead of two IEEE divisions per row: bf16
+        // [8192, 768] 0.61-0.62 -> 0.64-0.65 of an H200's copy (session 49,
+        // with the re-read above). Not at
+        // 16-bit K = 5 (H = 1280), where the extra live values spill (8-24
+        // bytes at 128 registers) and + residual lost 0.72 -> 0.69.
+        constexpr bool kFold = !(sizeof(T) == 2 && K == 5);
         constexpr int KK = kKeep ? K : 1;
         float g[KK][V], xm[KK][V];
         float sum_g = 0.f, sum_g_xm = 0.f;
@@ -445,16 +475,18 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
               if constexpr (kKeep) g[k][4 * q + e] = gv, xm[k][4 * q + e] = xv;
             }
         }
-        const float mean_g = warp_sum(sum_g) / float(H);
-        const float c = rs * rs * (warp_sum(sum_g_xm) / float(H));
+        const float row_sum_g = warp_sum(sum_g), row_sum_g_xm = warp_sum(sum_g_xm);
+        const float mean_g = kFold ? row_sum_g * inv_h : row_sum_g / float(H);
+        const float c = rs * rs * (kFold ? row_sum_g_xm * inv_h : row_sum_g_xm / float(H));
+        const float minus_rs_c = -rs * c, minus_rs_mean_g = -rs * mean_g;
         const kindex row = t * WR + warp;
-        const Pack<T>* res = residual ? tile_rows(s, 2) + warp * P : nullptr;
+        const Pack<T>* res = kResidual ? tile_rows(s, 2) + warp * P : nullptr;
 #pragma unroll
         for (int k = 0; k < K; ++k) {
           const int p = lane + 32 * k;
           if (p >= P) continue;
           Pack<T> rp{}, dp{}, xp{};
-          if (residual) rp = res[p];
+          if constexpr (kResidual) rp = res[p];
           if constexpr (!kKeep) dp = dyr[p], xp = xr[p];
           const Widened<T> rw = widen(rp), dw = widen(dp), xw = widen(xp);
           Pack<T> out;
@@ -465,8 +497,9 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
               gv = g[k][j], xv = xm[k][j];
             else
               terms(k, j / 4, dw, xw, j % 4, gv, xv);
-            const float d = rs * fmaf(-xv, c, gv - mean_g);
-            out.v[j] = from_f<T>(residual ? __fadd_rn(round_to<T>(d), rw.v[j]) : d);
+            const float d = kFold ? fmaf(gv, rs, fmaf(xv, minus_rs_c, minus_rs_mean_g))
+                                  : rs * fmaf(-xv, c, gv - mean_g);
+            out.v[j] = from_f<T>(kResidual ? __fadd_rn(round_to<T>(d), rw.v[j]) : d);
           }
           reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
         }
@@ -867,10 +900,17 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
     const kindex blocks = tiles < kBackwardBlocks ? tiles : kBackwardBlocks;
     device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
     const auto launch = [&](auto depth, std::size_t bytes) {
-      constexpr auto kernel = layernorm_backward_split_kernel<T, K, decltype(depth)::value>;
-      opt_in_max_shared_memory<kernel>();
-      launch_dependent(kernel, unsigned(blocks), (WR + K) * 32, bytes, compute_stream(), dy, x,
-                       gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
+      const auto run = [&](auto with_residual) {
+        constexpr auto kernel = layernorm_backward_split_kernel<T, K, decltype(depth)::value,
+                                                                decltype(with_residual)::value>;
+        opt_in_max_shared_memory<kernel>();
+        launch_dependent(kernel, unsigned(blocks), (WR + K) * 32, bytes, compute_stream(), dy,
+                         x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
+      };
+      if (residual)
+        run(std::true_type{});
+      else
+        run(std::false_type{});
       // The partial rows, added by the kernel's programmatic dependent.
       column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, accumulate,
                               dgamma, dbeta);
