@@ -445,9 +445,9 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
         // add, an FMA and a multiply otherwise) and the row means by one
         // reciprocal of H instead of two IEEE divisions per row: bf16
         // [8192, 768] 0.61-0.62 -> 0.64-0.65 of an H200's copy (session 49,
-        // with the re-read above). Not at
-        // 16-bit K = 5 (H = 1280), where the extra live values spill (8-24
-        // bytes at 128 registers) and + residual lost 0.72 -> 0.69.
+        // with the re-read above). Not at 16-bit K = 5 (H = 1280), where the
+        // extra live values spill (8-24 bytes at 128 registers) and
+        // + residual lost 0.72 -> 0.69.
         constexpr bool kFold = !(sizeof(T) == 2 && K == 5);
         constexpr int KK = kKeep ? K : 1;
         float g[KK][V], xm[KK][V];
