@@ -313,15 +313,24 @@ kindex forward_blocks(kindex N) {
 // residual and the strided loop: bf16 [8192, 768] 0.64-0.65 -> 0.68-0.69 of
 // the copy (+ residual 0.66 -> 0.72), + residual at 1280 0.72 -> 0.74, fp32
 // [8192, 1280] 0.77-0.78 -> 0.79 (perf/RESULTS.md, session 49, call C).
+// K = 5 (bf16 H = 1280, GPT-2 774M) takes tiles of 7 rows: 7 row warps + 5
+// column warps = 12 warps, 3 on each of an SM's 4 schedulers, whose register
+// file of 16384 then allows 168 registers a thread (150 used, no spills);
+// 8-row tiles made 13 warps, 4 on the busiest scheduler, a cap of 128 with
+// 4-8 bytes of spills. bf16 [8192, 1280] 0.64 -> 0.70 of an H200's copy,
+// + residual 0.74 -> 0.74-0.75 (perf/RESULTS.md, session 50, call B).
 template <int K>
-inline constexpr int kSplitRows = K <= 8 ? 8 : 4;
+inline constexpr int kSplitRows = K == 5 ? 7 : K <= 8 ? 8 : 4;
 
 /// Shared memory of one ring slot: kSplitRows<K> rows of `tensors` row
 /// tensors of H values of T, then the rows' mean and rstd.
 template <class T, int K>
 __host__ __device__ constexpr std::size_t split_slot_bytes(kindex H, int tensors) {
-  return std::size_t(kSplitRows<K>) * std::size_t(H) * sizeof(T) * tensors +
-         2 * kSplitRows<K> * sizeof(float);
+  // Rounded up to 16 bytes: every slot's packs are cp.async16 targets
+  // (7-row tiles leave 2 x 7 statistics, 56 bytes).
+  const std::size_t bytes = std::size_t(kSplitRows<K>) * std::size_t(H) * sizeof(T) * tensors +
+                            2 * kSplitRows<K> * sizeof(float);
+  return (bytes + 15) / 16 * 16;
 }
 
 template <class T, int K, int D, bool kResidual>
@@ -445,10 +454,9 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
         // add, an FMA and a multiply otherwise) and the row means by one
         // reciprocal of H instead of two IEEE divisions per row: bf16
         // [8192, 768] 0.61-0.62 -> 0.64-0.65 of an H200's copy (session 49,
-        // with the re-read above). Not at 16-bit K = 5 (H = 1280), where the
-        // extra live values spill (8-24 bytes at 128 registers) and
-        // + residual lost 0.72 -> 0.69.
-        constexpr bool kFold = !(sizeof(T) == 2 && K == 5);
+        // with the re-read above). (At 16-bit K = 5 it spilled in 8-row
+        // tiles, 8-24 bytes at 128 registers, + residual 0.72 -> 0.69; the
+        // 7-row tiles have the registers.)
         constexpr int KK = kKeep ? K : 1;
         float g[KK][V], xm[KK][V];
         float sum_g = 0.f, sum_g_xm = 0.f;
@@ -476,8 +484,8 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
             }
         }
         const float row_sum_g = warp_sum(sum_g), row_sum_g_xm = warp_sum(sum_g_xm);
-        const float mean_g = kFold ? row_sum_g * inv_h : row_sum_g / float(H);
-        const float c = rs * rs * (kFold ? row_sum_g_xm * inv_h : row_sum_g_xm / float(H));
+        const float mean_g = row_sum_g * inv_h;
+        const float c = rs * rs * (row_sum_g_xm * inv_h);
         const float minus_rs_c = -rs * c, minus_rs_mean_g = -rs * mean_g;
         const kindex row = t * WR + warp;
         const Pack<T>* res = kResidual ? tile_rows(s, 2) + warp * P : nullptr;
@@ -497,8 +505,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
               gv = g[k][j], xv = xm[k][j];
             else
               terms(k, j / 4, dw, xw, j % 4, gv, xv);
-            const float d = kFold ? fmaf(gv, rs, fmaf(xv, minus_rs_c, minus_rs_mean_g))
-                                  : rs * fmaf(-xv, c, gv - mean_g);
+            const float d = fmaf(gv, rs, fmaf(xv, minus_rs_c, minus_rs_mean_g));
             out.v[j] = from_f<T>(kResidual ? __fadd_rn(round_to<T>(d), rw.v[j]) : d);
           }
           reinterpret_cast<Pack<T>*>(dx + row * H)[p] = out;
