@@ -152,7 +152,15 @@ __global__ void __launch_bounds__(kRangeThreads)
     embedding_sort_ranges_kernel(const std::int32_t* __restrict__ ids, int N, int V,
                                  int vocab_begin, int rows_per_block,
                                  uint2* __restrict__ runs, std::int32_t* __restrict__ tokens) {
-  start_after_prior_grid();  // and the accumulation's blocks start up while this sorts
+  // Steps 1-3 read only ids and shared memory, so they run before the wait
+  // for the previous kernel (the last call's accumulation, when calls come
+  // back to back, which now lets this kernel start once it has waited
+  // itself): it cannot have written ids, which the forward read after their
+  // writer (common.cuh). The writes of steps 4-5 (runs and tokens may be
+  // scratch the previous kernel still reads) come after the wait. H200,
+  // embedding_backward bf16 [8192, 768] 0.82-0.83 -> 0.87 of the copy, fp32
+  // 768 0.77-0.78 -> 0.81, 1280 0.76-0.78 -> 0.78-0.79 (perf/RESULTS.md,
+  // session 50, call C).
   __shared__ std::uint32_t list[kRangeSortTokens];  // (key - first) << 16 | token, token order
   __shared__ int warp_listed[kRangeWarps], warp_below[kRangeWarps];
   __shared__ typename cub::BlockScan<int, kRangeThreads>::TempStorage scan_scratch;
@@ -221,6 +229,7 @@ __global__ void __launch_bounds__(kRangeThreads)
     slot += k;
   }
   __syncthreads();
+  start_after_prior_grid();  // and the accumulation's blocks start up while this places
   // 4. Stable placement by warp 0, 32 list entries per round.
   if (warp != 0) return;
   for (int base = 0; base < total; base += 32) {
@@ -266,7 +275,7 @@ __global__ void embedding_runs_kernel(const uint2* __restrict__ runs,
                                       const std::int32_t* __restrict__ tokens, kindex N,
                                       const T* __restrict__ dout, kindex H,
                                       G* __restrict__ dtable) {
-  wait_for_prior_grid();  // the sort (when launched as its dependent)
+  start_after_prior_grid();  // the sort (when launched as its dependent)
   GRID_STRIDE(i, N * H) {
     const kindex j = i / H, h = i % H;
     const uint2 run = runs[j];
@@ -289,7 +298,9 @@ __global__ void embedding_runs_packed_kernel(const uint2* __restrict__ runs,
                                              kindex N, const T* __restrict__ dout,
                                              kindex row_packs, G* __restrict__ dtable) {
   constexpr int PV = kPack<T>, GP = PV / kPack<G>;  // dtable packs per dout pack
-  wait_for_prior_grid();  // the sort (when launched as its dependent)
+  // The sort (when launched as its dependent); then the next call's sort
+  // may start its reads of ids while this kernel runs.
+  start_after_prior_grid();
   const kindex q = kindex(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q >= row_packs) return;
   const Pack<T>* dpacks = reinterpret_cast<const Pack<T>*>(dout);

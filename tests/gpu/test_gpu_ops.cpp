@@ -824,6 +824,31 @@ TEST_F(GpuOps, EmbeddingsForwardAndBackwardMatchHost) {
         }
 }
 
+// Calls back to back, as the position and word tables' backward run: the
+// second call's sort reads its ids while the first call's accumulation may
+// still run (programmatic launch), and its runs and tokens scratch may be
+// the memory the first call's accumulation reads; the writes must wait.
+// 8192 tokens over 4096 rows take the range sort on several blocks.
+TEST_F(GpuOps, EmbeddingBackwardCallsBackToBackMatchHost) {
+  const index_t N = 8192, H = 256, V = 4096;
+  for (DType dt : {DType::BF16, DType::F32}) {
+    const std::string what = "embedding_backward back to back " + name(dt);
+    Pair dtable = input({V, H}, DType::F32);
+    std::vector<Tensor> ids_host, ids_dev;
+    std::vector<Pair> douts;
+    for (int call = 0; call < 4; ++call) {  // every input uploaded before the first call
+      ids_host.push_back(random_ids(N, 0, call % 2 ? V : 64));  // long runs, then short
+      ids_dev.push_back(ids_host.back().to_device());
+      douts.push_back(input({N, H}, dt));
+    }
+    for (int call = 0; call < 4; ++call) {
+      embedding_backward(ids_host[call], douts[call].host, 0, dtable.host);
+      embedding_backward(ids_dev[call], douts[call].dev, 0, dtable.dev);
+    }
+    expect_close(dtable, dt, what);
+  }
+}
+
 // bias_backward reads 16-byte packs of columns where it can (C % V == 0,
 // aligned) and single columns otherwise (the same data at a misaligned
 // address): both match the host, and the packed path repeats bit for bit,
