@@ -296,7 +296,8 @@ kindex forward_blocks(kindex N) {
 //   dy xhat and dy over the tile's rows into 2 V registers; after the last
 //   tile it writes them as the block's partial row, and column_sums_one_pass
 //   adds the blocks' rows into dgamma, dbeta.
-// One block barrier per tile. 8 + K warps per SM instead of 8, about as many
+// One block barrier per tile. kSplitRows + K warps per SM (8 + K in session
+// 15) instead of 8, about as many
 // instructions (Nsight, bf16 H = 1280: 10.0 M against 10.45 M);
 // bf16 [8192, 1280] 0.69 of copy (+ residual 0.72), bf16 H = 768 0.68
 // (0.66), fp32 H = 768 0.74 (0.79), H100 (perf/RESULTS.md, session 15).
@@ -319,6 +320,10 @@ kindex forward_blocks(kindex N) {
 // 8-row tiles made 13 warps, 4 on the busiest scheduler, a cap of 128 with
 // 4-8 bytes of spills. bf16 [8192, 1280] 0.64 -> 0.70 of an H200's copy,
 // + residual 0.74 -> 0.74-0.75 (perf/RESULTS.md, session 50, call B).
+// Other shapes measured there and dropped: 4- and 6-row tiles (0.07-0.15
+// of the copy lost to the per-tile barrier and bookkeeping, with or without
+// a second block per SM), 16 rows at K = 3 (+0.01), two groups of column
+// warps (more warps: -0.06); perf/tried/s50_ln_backward_*.patch.
 template <int K>
 inline constexpr int kSplitRows = K == 5 ? 7 : K <= 8 ? 8 : 4;
 
