@@ -316,7 +316,7 @@ kindex forward_blocks(kindex N) {
 // [8192, 1280] 0.77-0.78 -> 0.79 (perf/RESULTS.md, session 49, call C).
 // K = 5 (bf16 H = 1280, GPT-2 774M) takes tiles of 7 rows: 7 row warps + 5
 // column warps = 12 warps, 3 on each of an SM's 4 schedulers, whose register
-// file of 16384 then allows 168 registers a thread (150 used, no spills);
+// file of 16384 then allows 168 registers a thread (151 used, no spills);
 // 8-row tiles made 13 warps, 4 on the busiest scheduler, a cap of 128 with
 // 4-8 bytes of spills. bf16 [8192, 1280] 0.64 -> 0.70 of an H200's copy,
 // + residual 0.74 -> 0.74-0.75 (perf/RESULTS.md, session 50, call B).
