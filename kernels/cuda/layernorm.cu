@@ -358,13 +358,19 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
   const auto tile_stats = [&](int s) {  // [0, WR) mean, [WR, 2 WR) rstd
     return reinterpret_cast<float*>(ring + s * slot_bytes + slot_bytes - 2 * WR * sizeof(float));
   };
-  const kindex tiles = (N + WR - 1) / WR, grid = gridDim.x;
-  const auto rows_in = [&](kindex t) {  // tile t's rows: WR, fewer in the last
-    return int(N - t * WR < WR ? N - t * WR : WR);
+  // Tile indices in 32 bits (the launcher checks that they fit), the last
+  // tile's rows computed once and the ring slot a rotating counter (below),
+  // where the per-tile bookkeeping was 64-bit arithmetic and a modulo: bf16
+  // [8192, 768] 0.68 -> 0.72-0.73 of an H200's copy, the other rows the
+  // same or +0.01 (perf/RESULTS.md, session 51, call B).
+  const int tiles = int((N + WR - 1) / WR), grid = int(gridDim.x);
+  const int last_rows = int(N - kindex(tiles - 1) * WR);
+  const auto rows_in = [&](int t) {  // tile t's rows: WR, fewer in the last
+    return t == tiles - 1 ? last_rows : WR;
   };
   // Copies tensor u (0 dy, 1 x, 2 residual) of tile t into slot s.
-  const auto fetch_rows = [&](kindex t, int s, int u) {
-    const kindex first = t * WR;
+  const auto fetch_rows = [&](int t, int s, int u) {
+    const kindex first = kindex(t) * WR;
     const int packs = rows_in(t) * P;
     const T* source = u == 0 ? dy : u == 1 ? x : residual;
     const Pack<T>* src = reinterpret_cast<const Pack<T>*>(source + first * H);
@@ -377,10 +383,10 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
     for (int j = 0; j < kCopies; ++j)
       if (const int i = tid + j * threads; i < packs) cp_async16(dst + i, src + i);
   };
-  const auto fetch = [&](kindex t, int s, bool with_x) {
+  const auto fetch = [&](int t, int s, bool with_x) {
     for (int u = 0; u < tensors; ++u)
       if (u != 1 || with_x) fetch_rows(t, s, u);
-    const kindex first = t * WR;
+    const kindex first = kindex(t) * WR;
     if (tid < rows_in(t)) {
       cp_async4(tile_stats(s) + tid, mean + first + tid);
       cp_async4(tile_stats(s) + WR + tid, rstd + first + tid);
@@ -397,7 +403,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
   // previous kernel's output: after the wait.
 #pragma unroll
   for (int i = 0; i < D; ++i) {
-    const kindex t = blockIdx.x + i * grid;
+    const int t = int(blockIdx.x) + i * grid;
     if (t < tiles) fetch_rows(t, i, 1);
   }
   cp_async_commit();
@@ -405,7 +411,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
   start_after_prior_grid();  // and the partial-row sums may queue up behind us
 #pragma unroll
   for (int i = 0; i < D - 1; ++i) {
-    const kindex t = blockIdx.x + i * grid;
+    const int t = int(blockIdx.x) + i * grid;
     if (t < tiles) fetch(t, i, false);
     cp_async_commit();
   }
@@ -430,15 +436,14 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
   // One barrier per tile: after it, tile i has landed for every thread's
   // copies AND every warp has finished tile i - 1, so its slot is refilled
   // (with tile i + D - 1) only now.
-  for (int i = 0;; ++i) {
-    const kindex t = blockIdx.x + kindex(i) * grid;
-    if (t >= tiles) break;
+  // s: tile i's slot (i mod D), refill: the slot of tile i + D - 1, the one
+  // before s in the ring.
+  for (int i = 0, t = int(blockIdx.x), s = 0; t < tiles; ++i, t += grid, s = s == D - 1 ? 0 : s + 1) {
     cp_async_wait<D - 2>();
     __syncthreads();
-    const kindex ahead = t + kindex(D - 1) * grid;
-    if (ahead < tiles) fetch(ahead, (i + D - 1) % D, /*with_x=*/i > 0);
+    const int ahead = t + (D - 1) * grid;
+    if (ahead < tiles) fetch(ahead, s == 0 ? D - 1 : s - 1, /*with_x=*/i > 0);
     cp_async_commit();  // possibly empty: one group per iteration either way
-    const int s = i % D;
     const int rows = rows_in(t);
     const float* stats = tile_stats(s);
     if (warp < WR) {
@@ -492,7 +497,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
         const float mean_g = row_sum_g * inv_h;
         const float c = rs * rs * (row_sum_g_xm * inv_h);
         const float minus_rs_c = -rs * c, minus_rs_mean_g = -rs * mean_g;
-        const kindex row = t * WR + warp;
+        const kindex row = kindex(t) * WR + warp;
         const Pack<T>* res = kResidual ? tile_rows(s, 2) + warp * P : nullptr;
 #pragma unroll
         for (int k = 0; k < K; ++k) {
@@ -909,6 +914,8 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
   with_packs_per_lane<kMaxBackwardPacksPerLane>(k, [&](auto kc) {
     constexpr int K = decltype(kc)::value, WR = kSplitRows<K>;
     const kindex tiles = (N + WR - 1) / WR;
+    MESH_VERIFY(tiles + (kindex(3) * kBackwardBlocks) < (kindex(1) << 31),
+                "layernorm_backward: " << N << " rows exceed the split kernel's 32-bit tile indices");
     const kindex blocks = tiles < kBackwardBlocks ? tiles : kBackwardBlocks;
     device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
     const auto launch = [&](auto depth, std::size_t bytes) {
