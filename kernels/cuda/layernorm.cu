@@ -323,7 +323,11 @@ kindex forward_blocks(kindex N) {
 // Other shapes measured there and dropped: 4- and 6-row tiles (0.07-0.15
 // of the copy lost to the per-tile barrier and bookkeeping, with or without
 // a second block per SM), 16 rows at K = 3 (+0.01), two groups of column
-// warps (more warps: -0.06); perf/tried/s50_ln_backward_*.patch.
+// warps (more warps: -0.06); perf/tried/s50_ln_backward_*.patch. Whole
+// rows per warp with each lane's column sums in registers (no column warps,
+// no per-tile barrier; session 51) ran 8-15 % fewer instructions but lost
+// the overlap of row and column work: bf16 768 0.68 -> 0.65, 1280 0.71 ->
+// 0.63 (perf/tried/s51_ln_backward_whole_rows_per_warp.patch).
 template <int K>
 inline constexpr int kSplitRows = K == 5 ? 7 : K <= 8 ? 8 : 4;
 
