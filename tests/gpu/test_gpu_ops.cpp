@@ -400,8 +400,9 @@ TEST_F(GpuOps, LayerNormForwardAndBackwardMatchHost) {
 // (fp32 H = 1600, 2048; 16-bit backward H = 1600, 2048) the column-owner
 // kernels, whose 2-row tiles N = 2501 leaves one
 // short. The packed backward takes 8-row tiles: 313 of them over 132
-// blocks, so blocks take two or three, and the last tile has 5 rows (fp32
-// H = 1280: 4-row tiles, the last of 1 row). Forward and backward
+// blocks, so blocks take two or three, and the last tile has 5 rows (16-bit
+// H = 1280: 7-row tiles, the last of 2 rows; fp32 H = 1280: 4-row tiles,
+// the last of 1 row). Forward and backward
 // give the same bits on a second call (the dgamma/dbeta partials are added
 // in a fixed order), and the backward's residual form is its plain form +
 // add().
