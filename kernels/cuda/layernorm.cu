@@ -297,10 +297,10 @@ kindex forward_blocks(kindex N) {
 //   tile it writes them as the block's partial row, and column_sums_one_pass
 //   adds the blocks' rows into dgamma, dbeta.
 // One block barrier per tile. kSplitRows + K warps per SM (8 + K in session
-// 15) instead of 8, about as many
-// instructions (Nsight, bf16 H = 1280: 10.0 M against 10.45 M);
-// bf16 [8192, 1280] 0.69 of copy (+ residual 0.72), bf16 H = 768 0.68
-// (0.66), fp32 H = 768 0.74 (0.79), H100 (perf/RESULTS.md, session 15).
+// 15) instead of 8, about as many instructions (Nsight, bf16 H = 1280:
+// 10.0 M against 10.45 M); bf16 [8192, 1280] 0.69 of copy (+ residual
+// 0.72), bf16 H = 768 0.68 (0.66), fp32 H = 768 0.74 (0.79), H100
+// (perf/RESULTS.md, session 15).
 // Column thread c adds its rows in order and its tiles in order, the grid is
 // a function of N only: deterministic, no atomics.
 // K = 10 (fp32 H <= 1280) takes tiles of 4 rows: three 8-row slots of
