@@ -405,6 +405,40 @@ __device__ __forceinline__ Widened<T> widen(const Pack<T> p) {
   return w;
 }
 
+/// *p, loaded where the call stands: asm volatile, so the compiler cannot
+/// sink the load below a branch to where its value is first used (as it
+/// does with a plain load, whose latency then adds to the branch's).
+/// Read-only data (ld.global.nc).
+__device__ __forceinline__ std::int32_t load_unconditionally(const std::int32_t* p) {
+  std::int32_t v;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+/// V fp32 values rounded to T as one pack, from_f's values: 16-bit types
+/// two at a time (one cvt.rn.bf16x2 / f16x2 per pair where from_f per value
+/// compiles to a conversion each and a PRMT per pair).
+template <class T>
+__device__ __forceinline__ Pack<T> narrow(const float (&v)[kPack<T>]) {
+  Pack<T> p;
+  if constexpr (std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>) {
+#pragma unroll
+    for (int i = 0; i < kPack<T> / 2; ++i) {
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        __builtin_memcpy(&p.v[2 * i], &h, sizeof(h));
+      } else {
+        const __half2 h = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+        __builtin_memcpy(&p.v[2 * i], &h, sizeof(h));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPack<T>; ++j) p.v[j] = from_f<T>(v[j]);
+  }
+  return p;
+}
+
 template <class T, class F>
 __global__ void map3_packed_kernel(F f, const T* a, const T* b, const T* c, kindex n, T* out) {
   start_after_prior_grid();

@@ -231,8 +231,7 @@ __global__ void __launch_bounds__(kRangeThreads)
   __syncthreads();
   start_after_prior_grid();  // and the accumulation's blocks start up while this places
   // 4. Stable placement by warp 0, 32 list entries per round.
-  if (warp != 0) return;
-  for (int base = 0; base < total; base += 32) {
+  for (int base = 0; warp == 0 && base < total; base += 32) {
     const int i = base + lane;
     const bool valid = i < total;
     const std::uint32_t entry = valid ? list[i] : 0u;
@@ -248,9 +247,15 @@ __global__ void __launch_bounds__(kRangeThreads)
     if (valid && rank == 0) cursor[key] += __popc(peers);
     __syncwarp();
   }
+  __syncthreads();
   // 5. Run lengths at run starts (the cursors now hold each key's end, the
-  //    next key's start); key V (outside the shard) keeps length 0.
-  for (int c = lane; c < range && first + c < V; c += 32) {
+  //    next key's start); key V (outside the shard) keeps length 0. By all
+  //    threads, after step 4's barrier (by warp 0 alone it took ~12 rounds
+  //    at GPT-2's 381 keys per block): with the accumulation's early first
+  //    token, embedding_backward bf16 [8192, 768] 0.87 -> 0.93 of an H200's
+  //    copy, bf16 1280 0.79 -> 0.82, fp32 768 0.81 -> 0.84, fp32 1280 0.78
+  //    -> 0.80 (perf/RESULTS.md, session 52).
+  for (int c = threadIdx.x; c < range && first + c < V; c += kRangeThreads) {
     const int begin = c > 0 ? cursor[c - 1] : 0, length = cursor[c] - begin;
     if (length > 0) runs[start + begin] = make_uint2(std::uint32_t(first + c), std::uint32_t(length));
   }
@@ -298,6 +303,13 @@ __global__ void embedding_runs_packed_kernel(const uint2* __restrict__ runs,
                                              kindex N, const T* __restrict__ dout,
                                              kindex row_packs, G* __restrict__ dtable) {
   constexpr int PV = kPack<T>, GP = PV / kPack<G>;  // dtable packs per dout pack
+  // 16-bit rows load a run's first token beside the run itself, not after
+  // it (where the compiler sinks a plain load, below the branch): the first
+  // dout load then waits for one L2 round trip, not two. Not fp32's: its
+  // kernel took 43 registers with it instead of 32, 4 blocks of 320 threads
+  // per SM instead of 6 (fp32 [8192, 1280] 0.78 -> 0.70 of the copy), and
+  // capped at 32 it spilled (0.59; perf/RESULTS.md, session 52).
+  constexpr bool kEarlyToken = sizeof(T) < 4;
   // The sort (when launched as its dependent); then the next call's sort
   // may start its reads of ids while this kernel runs.
   start_after_prior_grid();
@@ -308,6 +320,8 @@ __global__ void embedding_runs_packed_kernel(const uint2* __restrict__ runs,
   for (kindex j = kindex(blockIdx.y) * blockDim.y + threadIdx.y; j < N;
        j += kindex(gridDim.y) * blockDim.y) {
     const uint2 run = runs[j];
+    std::int32_t first_token = 0;
+    if constexpr (kEarlyToken) first_token = load_unconditionally(tokens + j);
     if (run.y == 0) continue;
     const kindex at = (kindex(run.x) * row_packs + q) * GP, end = j + run.y;
     // The dtable loads and the run's first dout loads go out together;
@@ -322,6 +336,12 @@ __global__ void embedding_runs_packed_kernel(const uint2* __restrict__ runs,
 #pragma unroll
       for (int e = 0; e < kPack<G>; ++e) acc[s * kPack<G> + e] = to_f(g[s].v[e]);
     kindex k = j;
+    if constexpr (kEarlyToken) {
+      const Pack<T> d = dpacks[kindex(first_token) * row_packs + q];
+#pragma unroll
+      for (int e = 0; e < PV; ++e) acc[e] += to_f(d.v[e]);
+      ++k;
+    }
     for (; k + kRunUnroll <= end; k += kRunUnroll) {
       Pack<T> d[kRunUnroll];
 #pragma unroll
