@@ -415,8 +415,23 @@ __device__ __forceinline__ std::int32_t load_unconditionally(const std::int32_t*
   return v;
 }
 
+/// Two floats rounded to the 16-bit T as one 32-bit word, `lo` in the low
+/// half (the lower column): one cvt.rn.bf16x2 / f16x2.
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ std::uint32_t pack2<bf16_t>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ std::uint32_t pack2<f16_t>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
 /// V fp32 values rounded to T as one pack, from_f's values: 16-bit types
-/// two at a time (one cvt.rn.bf16x2 / f16x2 per pair where from_f per value
+/// two at a time (pack2: one conversion per pair where from_f per value
 /// compiles to a conversion each and a PRMT per pair).
 template <class T>
 __device__ __forceinline__ Pack<T> narrow(const float (&v)[kPack<T>]) {
@@ -424,13 +439,8 @@ __device__ __forceinline__ Pack<T> narrow(const float (&v)[kPack<T>]) {
   if constexpr (std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>) {
 #pragma unroll
     for (int i = 0; i < kPack<T> / 2; ++i) {
-      if constexpr (std::is_same_v<T, bf16_t>) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-        __builtin_memcpy(&p.v[2 * i], &h, sizeof(h));
-      } else {
-        const __half2 h = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
-        __builtin_memcpy(&p.v[2 * i], &h, sizeof(h));
-      }
+      const std::uint32_t word = pack2<T>(v[2 * i], v[2 * i + 1]);
+      __builtin_memcpy(&p.v[2 * i], &word, sizeof(word));
     }
   } else {
 #pragma unroll

@@ -100,20 +100,6 @@ __device__ __forceinline__ void mma16816<f16_t>(float (&d)[4], const std::uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/// Two floats rounded to T, `lo` in the low half (the lower column).
-template <class T>
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ std::uint32_t pack2<bf16_t>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<std::uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ std::uint32_t pack2<f16_t>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<std::uint32_t*>(&v);
-}
-
 __device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
