@@ -8,7 +8,10 @@
 // GPT-2 124M training sizes (8 x 1024 tokens, H = 768, 4H = 3072, 12 heads,
 // vocab 50304; layernorm and embeddings also at GPT-2 774M's H = 1280, and
 // the layernorm backward also with the residual gradient the transformer
-// layer passes) and reported as GB/s of its minimal traffic (each input read
+// layer passes, and "chained" as a model's backward runs it: chain_calls(h)
+// calls sharing an ops::LayerNormGradChain, each call's dgamma/dbeta adds
+// done by the next call's kernel and the last by the flush, timed with the
+// flush and reported per call) and reported as GB/s of its minimal traffic (each input read
 // once, each output written once) and as a fraction of the copy's GB/s:
 // 1.0 means the kernel moves its bytes as fast as the copy engine path does.
 // GEMMs report TFLOP/s (2 M N K / time); the MLP's GEMMs with the GeLU (and
@@ -224,6 +227,11 @@ Tensor random_ids(index_t n, int vocab) {
 
 /// Calls per timed batch of the memory-bound rows ("/copy").
 constexpr int kBatch = 10;
+/// Layernorm backwards per ops::LayerNormGradChain in the "chained" rows of
+/// width h: as many as the backward of the GPT-2 of that width makes (2 per
+/// layer + the final norm: 124M's 25 at 768, 774M's 73 at 1280), so each
+/// row pays its flush as often as that model's backward does.
+int chain_calls(index_t h) { return h == 768 ? 2 * 12 + 1 : 2 * 36 + 1; }
 
 /// A memory-bound row: per-call time and GB/s back to back (a batch of
 /// kBatch calls) and of a single launch ("1x").
@@ -236,13 +244,13 @@ struct Row {
 };
 
 void print_memory_bound(const std::vector<Row>& rows, double copy_gbps) {
-  std::printf("\n%-34s %-5s %-16s %9s %9s %7s %7s %7s %9s %9s %8s\n", "memory-bound op", "dtype",
+  std::printf("\n%-38s %-5s %-16s %9s %9s %7s %7s %7s %9s %9s %8s\n", "memory-bound op", "dtype",
               "shape", "ms", "GB/s", "/copy", "graph", "host us", "copy@size", "ms 1x",
               "/copy 1x");
   for (const Row& r : rows) {
     char graph[16] = "      -";
     if (!std::isnan(r.gbps_graph)) std::snprintf(graph, sizeof graph, "%7.2f", r.gbps_graph / copy_gbps);
-    std::printf("%-34s %-5s %-16s %9.4f %9.1f %7.2f %s %7.1f %9.2f %9.4f %8.2f\n", r.op.c_str(),
+    std::printf("%-38s %-5s %-16s %9.4f %9.1f %7.2f %s %7.1f %9.2f %9.4f %8.2f\n", r.op.c_str(),
                 r.dtype.c_str(), r.shape.c_str(), r.ms, r.gbps, r.gbps / copy_gbps, graph,
                 r.host_us, r.gbps_copy_at_size / copy_gbps, r.ms_1x, r.gbps_1x / copy_gbps);
   }
@@ -444,8 +452,10 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
   const index_t vocab = 50304, params = 124'000'000;
   std::vector<Row> rows;
   // waits_on_host: the call synchronises (not capturable in a graph).
+  // calls_per_f: ops calls one call of f makes (the chained rows' chain_calls);
+  // the table's ms and host us are per op call.
   auto add_row = [&](const std::string& op, DType dt, const std::string& shape, double bytes,
-                     const MakeCall& make, bool waits_on_host = false) {
+                     const MakeCall& make, bool waits_on_host = false, int calls_per_f = 1) {
     if (!row_selected(op, only)) return;
     const std::string name = op + " " + std::string(dtype_name(dt)) + " " + shape;
     if (sink == RowSink::GoogleBenchmark) {
@@ -458,10 +468,11 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
       return;
     }
     const double ms = median_ms(f, kBatch), ms_1x = median_ms(f);
-    rows.push_back({op, std::string(dtype_name(dt)), shape, ms, bytes / (ms * 1e6), ms_1x,
-                    bytes / (ms_1x * 1e6),
+    rows.push_back({op, std::string(dtype_name(dt)), shape, ms / calls_per_f, bytes / (ms * 1e6),
+                    ms_1x / calls_per_f, bytes / (ms_1x * 1e6),
                     waits_on_host ? std::nan("") : graph_gbps(f, kBatch, bytes),
-                    host_queue_us(f, kBatch), copy_at_size_gbps(bytes, kBatch)});
+                    host_queue_us(f, kBatch) / calls_per_f,
+                    copy_at_size_gbps(bytes / calls_per_f, kBatch)});
   };
   for (DType dt : {DType::BF16, DType::F32}) {
     const double es = double(dtype_size(dt));
@@ -491,6 +502,20 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
       add_row("layernorm_forward", dt, shape, 2 * n * es, on(ln, [](auto& t) { layernorm_forward(t.x, t.gamma, t.beta, 1e-5, t.y, t.mean, t.rstd); }));
       add_row("layernorm_backward", dt, shape, 3 * n * es, on(ln, [](auto& t) { layernorm_backward(t.dy, t.x, t.gamma, t.mean, t.rstd, t.dx, t.dgamma, t.dbeta); }));
       add_row("layernorm_backward + residual", dt, shape, 4 * n * es, on(ln, [](auto& t) { layernorm_backward(t.dy, t.x, t.gamma, t.mean, t.rstd, t.dx, t.dgamma, t.dbeta, &t.residual); }));
+      // As a model's backward runs them (GptModel::backward): chain_calls(h)
+      // calls sharing an ops::LayerNormGradChain, then its flush, per call.
+      const int calls = chain_calls(h);
+      const auto chained = [calls](bool with_residual) {
+        return [with_residual, calls](LayerNormInputs& t) {
+          LayerNormGradChain chain;
+          for (int c = 0; c < calls; ++c)
+            layernorm_backward(t.dy, t.x, t.gamma, t.mean, t.rstd, t.dx, t.dgamma, t.dbeta,
+                               with_residual ? &t.residual : nullptr, GradStore::Accumulate, &chain);
+          chain.flush();
+        };
+      };
+      add_row("layernorm_backward chained", dt, shape, 3 * n * es * calls, on(ln, chained(false)), false, calls);
+      add_row("layernorm_backward chained + residual", dt, shape, 4 * n * es * calls, on(ln, chained(true)), false, calls);
       const auto emb = [dt, h, vocab] { return EmbeddingInputs(dt, h, vocab); };
       add_row("embedding_forward", dt, shape, 2 * n * es, on(emb, [](auto& t) { embedding_forward(t.ids, t.table, 0, t.y); }));
       add_row("embedding_backward (fp32 grad)", dt, shape, n * es + 2 * n * 4, on(emb, [](auto& t) { embedding_backward(t.ids, t.dy, 0, t.dtable); }));

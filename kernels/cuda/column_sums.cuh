@@ -151,16 +151,20 @@ inline constexpr int kOnePassCols = 8, kOnePassLanes = 32, kOnePassBatch = 8;
 template <int NV, class Source, class G>
 __global__ void __launch_bounds__(kOnePassCols * kOnePassLanes)
     column_sums_one_pass_kernel(Source src, kindex N, kindex C, bool accumulate, G* out0,
-                                G* out1) {
+                                G* out1, bool out_after_wait) {
   __shared__ float tile[NV][kOnePassLanes][kOnePassCols + 1];
   const kindex c = kindex(blockIdx.x) * kOnePassCols + threadIdx.x;
   G* outs[2] = {out0, out1};
   float before[NV];
-  if (threadIdx.y == 0 && c < C)
+  const auto read_before = [&] {
+    if (threadIdx.y == 0 && c < C)
 #pragma unroll
-    for (int v = 0; v < NV; ++v) before[v] = accumulate ? load_f(outs[v], c) : 0.f;
+      for (int v = 0; v < NV; ++v) before[v] = accumulate ? load_f(outs[v], c) : 0.f;
+  };
+  if (!out_after_wait) read_before();
   wait_for_prior_grid();  // the partial rows (when launched as a dependent)
   allow_dependent_launch();
+  if (out_after_wait) read_before();
   float acc[NV];
 #pragma unroll
   for (int v = 0; v < NV; ++v) acc[v] = 0.f;
@@ -196,17 +200,79 @@ __global__ void __launch_bounds__(kOnePassCols * kOnePassLanes)
 /// reads, which must not write out and, if it allows dependents early at
 /// all, only after its own wait_for_prior_grid() (as start_after_prior_grid
 /// does): then whatever wrote out before it has finished when this kernel
-/// starts, and out is read before the wait. It lets its own dependent
-/// start after that wait (the next call's layernorm backward then reads its
-/// x while this kernel runs).
+/// starts, and out is read before the wait. `out_after_wait`: the previous
+/// kernel may have written out (a layernorm backward that added an earlier
+/// call's partial rows into it, add_partial_rows_slice), so out is read
+/// after the wait. It lets its own dependent start after that wait (the
+/// next call's layernorm backward then reads its x while this kernel runs).
 template <int NV, class Source, class G>
 void column_sums_one_pass(const Source& src, kindex N, kindex C, bool accumulate, G* out0,
-                          G* out1 = nullptr) {
+                          G* out1 = nullptr, bool out_after_wait = false) {
   if (C == 0) return;
   launch_dependent(column_sums_one_pass_kernel<NV, Source, G>,
                    dim3(unsigned((C + kOnePassCols - 1) / kOnePassCols)),
                    dim3(kOnePassCols, kOnePassLanes), 0, compute_stream(), src, N, C, accumulate,
-                   out0, out1);
+                   out0, out1, out_after_wait);
+}
+
+/// Partial rows [rows, 2 H] (fp32: row r's H dgamma sums, then its H dbeta
+/// sums, as the split layernorm backward writes them; 16-byte aligned, H
+/// even) whose column sums a later kernel adds into dgamma (columns
+/// [0, H)) and dbeta ([H, 2 H)): each of its blocks takes `per_block` (a
+/// multiple of 4) consecutive columns of the 2 H. rows == 0: nothing to add.
+struct PartialRowsToAdd {
+  const float* partial = nullptr;
+  int rows = 0, H = 0, per_block = 0;
+  bool accumulate = false;  ///< add into dgamma, dbeta (else write them)
+  float* dgamma = nullptr;
+  float* dbeta = nullptr;
+};
+
+/// This block's columns of `add`, summed in column_sums_one_pass_kernel's
+/// order (lane y of 32 adds rows y, y + 32, ... in order from 0; the 32
+/// lane sums added in lane order from 0; then before + sum), so the bits
+/// equal a column_sums_one_pass<2>(BlockPartialTerms) launch's. Every thread
+/// of the block calls it after its wait_for_prior_grid() (the partial rows,
+/// and dgamma / dbeta, may be the previous kernel's output); `tile` is 32 x
+/// per_block floats of shared memory (16-byte aligned) nothing else uses
+/// until this returns.
+__device__ __forceinline__ void add_partial_rows_slice(const PartialRowsToAdd& add, float* tile,
+                                                       int tid, int threads) {
+  const int columns = 2 * add.H, first = int(blockIdx.x) * add.per_block;
+  const int cols = columns - first < add.per_block ? columns - first : add.per_block;
+  if (cols <= 0) return;  // the same for every thread of the block
+  // The adding threads' outputs read first and the lane sums taken from
+  // shared memory all at once (unrolled), so neither latency stands in
+  // line: the block's tiles wait for these threads at their first barrier.
+  const int c_out = first + tid;
+  float* out = tid >= cols ? nullptr : c_out < add.H ? add.dgamma + c_out : add.dbeta + (c_out - add.H);
+  const float before = out && add.accumulate ? *out : 0.f;
+  // Four columns a load (16 bytes: 2 H, first and cols are multiples of 4),
+  // so that a (lane, 4 columns) item per thread covers the block's columns
+  // in one round of loads at GPT-2's widths (32 x 12 / 4 at 768 and 132
+  // blocks; two rounds of single columns took 0.5 us more a call).
+  const int quads = cols / 4, row_quads = columns / 4;
+  const float4* rows = reinterpret_cast<const float4*>(add.partial + first);
+  for (int i = tid; i < kOnePassLanes * quads; i += threads) {
+    const int y = i / quads, q = i % quads;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int r = y; r < add.rows; r += kOnePassLanes) {
+      const float4 v = rows[kindex(r) * row_quads + q];
+      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+    }
+    reinterpret_cast<float4*>(tile + y * cols)[q] = acc;  // [y][column - first]
+  }
+  __syncthreads();
+  if (out) {
+    float lane_sums[kOnePassLanes];
+#pragma unroll
+    for (int y = 0; y < kOnePassLanes; ++y) lane_sums[y] = tile[y * cols + tid];
+    float s = 0.f;
+#pragma unroll
+    for (int y = 0; y < kOnePassLanes; ++y) s += lane_sums[y];
+    *out = before + s;
+  }
 }
 
 /// Tickets of the fused column sums (column_partials_packed_kernel with

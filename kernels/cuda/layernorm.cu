@@ -295,7 +295,12 @@ kindex forward_blocks(kindex N) {
 // - Column thread c (K column warps) owns pack c of every row and adds
 //   dy xhat and dy over the tile's rows into 2 V registers; after the last
 //   tile it writes them as the block's partial row, and column_sums_one_pass
-//   adds the blocks' rows into dgamma, dbeta.
+//   adds the blocks' rows into dgamma, dbeta; or, where the call is one of
+//   an ops::LayerNormGradChain, the chain's next call's split kernel adds
+//   them (add_partial_rows_slice, the same bits) before its first tile, and
+//   the call saves that kernel: bf16 [8192, 768] 0.72 -> 0.81-0.82 of an
+//   H200's copy chained as GPT-2 124M's backward, bf16 1280 0.71 -> 0.83-0.84
+//   as 774M's (perf/RESULTS.md, session 54).
 // One block barrier per tile. kSplitRows + K warps per SM (8 + K in session
 // 15) instead of 8, about as many instructions (Nsight, bf16 H = 1280:
 // 10.0 M against 10.45 M); bf16 [8192, 1280] 0.69 of copy (+ residual
@@ -348,7 +353,7 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
                                     const T* __restrict__ gamma, const float* __restrict__ mean,
                                     const float* __restrict__ rstd, kindex N, kindex H,
                                     T* __restrict__ dx, const T* __restrict__ residual,
-                                    float* __restrict__ partial) {
+                                    float* __restrict__ partial, PartialRowsToAdd earlier) {
   constexpr int V = kPack<T>, Q = V / 4, WR = kSplitRows<K>, threads = (WR + K) * 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, P = int(H / V);
   constexpr int tensors = kResidual ? 3 : 2;
@@ -419,6 +424,12 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
     if (t < tiles) fetch(t, i, false);
     cp_async_commit();
   }
+  // An earlier call's dgamma/dbeta (ops::LayerNormGradChain): its partial
+  // rows added here while the first tiles' copies fly, instead of by a
+  // kernel of their own. The dy of the last ring slot is not copied before
+  // the first tile's barrier: its room holds the lane sums until then.
+  if (earlier.rows > 0)
+    add_partial_rows_slice(earlier, reinterpret_cast<float*>(tile_rows(D - 1, 0)), tid, threads);
 
   float acc_dgamma[V], acc_dbeta[V];
 #pragma unroll
@@ -916,12 +927,56 @@ void with_packs_per_lane(int k, F&& f) {
   }
 }
 
+/// Gives pending's partial rows back to the allocator (the kernels queued
+/// before are the last to read them: one stream) and empties it.
+void drop_pending(LayerNormPendingSums& pending) {
+  if (pending.partial) device::deallocate(pending.partial);
+  pending = LayerNormPendingSums{};
+}
+
+/// pending's partial rows added by their own kernel (column_sums_one_pass,
+/// as a call without a chain adds its own); pending is then empty. The
+/// kernel before may be a split kernel that added an earlier call's rows
+/// into these same dgamma, dbeta (one layernorm twice in a row): they are
+/// read after the wait.
+void add_pending_alone(LayerNormPendingSums& pending) {
+  if (!pending.partial) return;
+  column_sums_one_pass<2>(BlockPartialTerms{static_cast<const float*>(pending.partial),
+                                            pending.H},
+                          pending.rows, pending.H, pending.accumulate, pending.dgamma,
+                          pending.dbeta, /*out_after_wait=*/true);
+  drop_pending(pending);
+}
+
+/// What a split kernel of `blocks` blocks, with `room` bytes for the lane
+/// sums (its last ring slot's dy), adds of pending's partial rows; rows 0
+/// where they do not fit (pending is then left as it is).
+PartialRowsToAdd foldable(const LayerNormPendingSums& pending, kindex blocks, std::size_t room) {
+  PartialRowsToAdd add;
+  if (!pending.partial) return add;
+  MESH_VERIFY(pending.H % 2 == 0, "layernorm_backward: held partial rows of odd width " << pending.H);
+  const kindex per_block = ((2 * pending.H + blocks - 1) / blocks + 3) / 4 * 4;
+  if (std::size_t(kOnePassLanes * per_block) * sizeof(float) > room) return add;
+  add.partial = static_cast<const float*>(pending.partial);
+  add.rows = int(pending.rows);
+  add.H = int(pending.H);
+  add.per_block = int(per_block);
+  add.accumulate = pending.accumulate;
+  add.dgamma = pending.dgamma;
+  add.dbeta = pending.dbeta;
+  return add;
+}
+
 /// The split backward for K packs per lane; false where its ring does not
-/// fit this GPU's shared memory (nothing launched).
+/// fit this GPU's shared memory (nothing launched). With `pending` (fp32
+/// gradients only), the kernel first adds the partial rows pending holds
+/// (an earlier call's) and leaves its own there instead of launching their
+/// sum.
 template <class T, class G>
 bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, const float* mean,
                               const float* rstd, kindex N, kindex H, T* dx, const T* residual,
-                              G* dgamma, G* dbeta, bool accumulate) {
+                              G* dgamma, G* dbeta, bool accumulate,
+                              LayerNormPendingSums* pending) {
   static const int optin = max_shared_per_block_optin();
   bool launched = false;
   with_packs_per_lane<kMaxBackwardPacksPerLane>(k, [&](auto kc) {
@@ -932,20 +987,35 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
     const kindex blocks = tiles < kBackwardBlocks ? tiles : kBackwardBlocks;
     device::Buffer partial(std::size_t(blocks * 2 * H) * sizeof(float));
     const auto launch = [&](auto depth, std::size_t bytes) {
+      PartialRowsToAdd earlier;
+      if (pending) {
+        earlier = foldable(*pending, blocks, std::size_t(WR) * std::size_t(H) * sizeof(T));
+        if (earlier.rows == 0) add_pending_alone(*pending);
+      }
       const auto run = [&](auto with_residual) {
         constexpr auto kernel = layernorm_backward_split_kernel<T, K, decltype(depth)::value,
                                                                 decltype(with_residual)::value>;
         opt_in_max_shared_memory<kernel>();
         launch_dependent(kernel, unsigned(blocks), (WR + K) * 32, bytes, compute_stream(), dy,
-                         x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>());
+                         x, gamma, mean, rstd, N, H, dx, residual, partial.as<float>(), earlier);
       };
       if (residual)
         run(std::true_type{});
       else
         run(std::false_type{});
-      // The partial rows, added by the kernel's programmatic dependent.
+      if (earlier.rows > 0) drop_pending(*pending);  // added by the kernel just queued
+      if constexpr (std::is_same_v<G, float>) {
+        if (pending) {  // this call's partial rows: for the next call, or flush
+          *pending = LayerNormPendingSums{partial.release(), blocks, H, accumulate, dgamma, dbeta};
+          launched = true;
+          return;
+        }
+      }
+      // The partial rows, added by the kernel's programmatic dependent (which
+      // reads dgamma, dbeta after its wait when the kernel wrote an earlier
+      // call's: they may be this call's own).
       column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, accumulate,
-                              dgamma, dbeta);
+                              dgamma, dbeta, /*out_after_wait=*/earlier.rows > 0);
       launched = true;
     };
     const std::size_t three = split_shared_bytes<T, K>(H, residual != nullptr, 3);
@@ -1009,7 +1079,8 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
 
 void layernorm_backward(DType t, DType g, const void* dy, const void* x, const void* gamma,
                         const float* mean, const float* rstd, index_t N, index_t H, void* dx,
-                        void* dgamma, void* dbeta, const void* residual_grad, bool accumulate) {
+                        void* dgamma, void* dbeta, const void* residual_grad, bool accumulate,
+                        LayerNormPendingSums* pending) {
   with_storage_and_grad_type(t, g, "layernorm_backward", [&](auto tz, auto gz) {
     using T = decltype(tz);
     using G = decltype(gz);
@@ -1023,8 +1094,10 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
                                               static_cast<const T*>(gamma), mean, rstd, N, H,
                                               static_cast<T*>(dx), residual,
                                               static_cast<G*>(dgamma), static_cast<G*>(dbeta),
-                                              accumulate))
+                                              accumulate, pending))
       return;
+    // The other kernels add their own partial rows: an earlier call's first.
+    if (pending) add_pending_alone(*pending);
     // Packable rows too wide for the packed kernel (fp32 H > 1280, 16-bit
     // H > 1536).
     if (N > 0 && packable<T>(H, rows) &&
@@ -1045,5 +1118,9 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
                    N, H, accumulate, static_cast<G*>(dgamma), static_cast<G*>(dbeta));
   });
 }
+
+void layernorm_add_pending(LayerNormPendingSums& pending) { add_pending_alone(pending); }
+
+void layernorm_drop_pending(LayerNormPendingSums& pending) { drop_pending(pending); }
 
 }  // namespace meshtron::cuda

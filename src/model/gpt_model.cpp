@@ -94,15 +94,32 @@ Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContex
 
 Tensor GptModel::backward(const Tensor& dout, LayerContext& ctx, const Cache& cache,
                           const std::function<void(const ParameterList&)>& grads_done) {
+  // The layernorm backwards leave their dgamma / dbeta adds to the next one
+  // (one kernel fewer each on the device): a norm's gradients are final,
+  // and reported, once the chain no longer holds them.
+  ops::LayerNormGradChain chain;
+  struct ChainInContext {  // ctx carries it for this backward only, whatever happens
+    LayerContext& ctx;
+    ~ChainInContext() { ctx.layernorm_grads = nullptr; }
+  } in_context{ctx};
+  ctx.layernorm_grads = &chain;
+  ParameterList held;  // collected, not yet reported: the chain holds their gradients
   auto report = [&](auto&& collect) {
     if (!grads_done) return;
-    ParameterList done;
-    collect(done);
-    grads_done(done);
+    ParameterList candidates, done;
+    candidates.swap(held);
+    collect(candidates);
+    for (Parameter* p : candidates) (chain.holds(p->grad) ? held : done).push_back(p);
+    if (!done.empty()) grads_done(done);
+  };
+  const auto flush_and_report_held = [&] {
+    chain.flush();
+    report([](ParameterList&) {});
   };
   Tensor dx = dout;
   if (head_) {
-    dx = final_norm_->backward(head_->backward(dout, ctx, cache.head), cache.final_norm);
+    dx = final_norm_->backward(head_->backward(dout, ctx, cache.head), cache.final_norm, nullptr,
+                               &chain);
     // The head's word table is final here only as the last stage's copy;
     // with pp = 1 it is the embedding's table, reported with the embedding.
     report([&](ParameterList& out) {
@@ -114,6 +131,7 @@ Tensor GptModel::backward(const Tensor& dout, LayerContext& ctx, const Cache& ca
     dx = layers_[i].backward(dx, ctx, cache.layers[i]);
     report([&](ParameterList& out) { layers_[i].collect(out); });
   }
+  flush_and_report_held();  // the first layer's ln_1, before the embedding's work
   if (!embedding_) return dx;
   embedding_->backward(dx, ctx, cache.embedding);
   report([&](ParameterList& out) { embedding_->collect(out); });

@@ -88,6 +88,10 @@ struct LayerContext {
   int recompute_num_layers = 0;
   /// Null unless parallel.overlap_param_gather. Not owned.
   ParamGatherHook* param_gather = nullptr;
+  /// During a model's backward: the chain its layernorm backwards share
+  /// (ops::LayerNormGradChain; set and flushed by GptModel::backward). Not
+  /// owned; null elsewhere.
+  ops::LayerNormGradChain* layernorm_grads = nullptr;
 
   /// Whether the `local_index`-th layer of a chunk keeps only its input.
   bool recompute_layer(int local_index) const {

@@ -43,10 +43,12 @@ Tensor LayerNorm::forward(const Tensor& x, Cache& cache) const {
   return y;
 }
 
-Tensor LayerNorm::backward(const Tensor& dy, const Cache& cache, const Tensor* residual_grad) {
+Tensor LayerNorm::backward(const Tensor& dy, const Cache& cache, const Tensor* residual_grad,
+                           ops::LayerNormGradChain* chain) {
   Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
   ops::layernorm_backward(dy, cache.x, weight.value, cache.mean, cache.rstd, dx,
-                          weight.grad, bias.grad, residual_grad, take_grad_store(weight, bias));
+                          weight.grad, bias.grad, residual_grad, take_grad_store(weight, bias),
+                          chain);
   return dx;
 }
 

@@ -19,8 +19,10 @@ class LayerNorm {
             bool sequence_parallel, MemorySpace space = MemorySpace::Host);
   Tensor forward(const Tensor& x, Cache& cache) const;
   /// Returns dx (+ residual_grad, summed in the same kernel, when given);
-  /// accumulates weight and bias gradients.
-  Tensor backward(const Tensor& dy, const Cache& cache, const Tensor* residual_grad = nullptr);
+  /// accumulates weight and bias gradients, which with `chain` may be
+  /// completed by the chain's next call (ops::LayerNormGradChain).
+  Tensor backward(const Tensor& dy, const Cache& cache, const Tensor* residual_grad = nullptr,
+                  ops::LayerNormGradChain* chain = nullptr);
   void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
 
   Parameter weight, bias;

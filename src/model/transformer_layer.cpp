@@ -81,10 +81,10 @@ Tensor TransformerLayer::backward_stored(const Tensor& dy, LayerContext& ctx, co
   // dh = dy + d(mlp branch); dx = dh + d(attention branch). The residual
   // sums happen inside the layernorm backwards (one pass fewer each).
   Tensor dh = ln_2.backward(mlp.backward(dropout_backward(dy, kStreamMlpOut, ctx), ctx, c.mlp),
-                            c.ln_2, &dy);
+                            c.ln_2, &dy, ctx.layernorm_grads);
   return ln_1.backward(
       attention.backward(dropout_backward(dh, kStreamAttentionOut, ctx), ctx, c.attention),
-      c.ln_1, &dh);
+      c.ln_1, &dh, ctx.layernorm_grads);
 }
 
 }  // namespace meshtron

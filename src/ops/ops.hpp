@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -43,15 +44,52 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
 /// Saves mean [N] and rstd [N] (always fp32/fp64 as x) for the backward.
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        double eps, Tensor& y, Tensor& mean, Tensor& rstd);
+
+/// The layernorm backwards of one model backward, one after another: each
+/// may leave the last adds of its dgamma and dbeta to the next. On the
+/// device a layernorm backward's kernel writes one partial row of dgamma
+/// and dbeta sums per block, and a second kernel adds the rows: 1.5-3 us of
+/// an H200 per call (at bf16 [8192, 768] the call moves its bytes at 0.72 of
+/// the copy's bandwidth, 0.84 without that kernel; chained as GPT-2 124M's
+/// backward, 25 calls a flush, 0.81-0.82: perf/RESULTS.md, session 54). A
+/// call given a chain leaves
+/// its rows here, and the next call given the same chain adds them inside
+/// its own kernel, in the second kernel's order (the same bits); flush()
+/// adds the last ones alone. So a gradient a call wrote is final only once
+/// the chain no longer holds() it. On the host every call adds its own
+/// (nothing is ever held). The chain and the calls share the compute
+/// stream; the destructor flushes (it drops what is held when an exception
+/// unwinds past it).
+class LayerNormGradChain {
+ public:
+  LayerNormGradChain();
+  ~LayerNormGradChain();
+  LayerNormGradChain(const LayerNormGradChain&) = delete;
+  LayerNormGradChain& operator=(const LayerNormGradChain&) = delete;
+
+  /// Adds what is held; afterwards nothing is.
+  void flush();
+  /// Whether `grad` is the dgamma or dbeta of a call whose adds are held.
+  bool holds(const Tensor& grad) const;
+
+  struct DeviceSums;                             ///< the CUDA path's (ops_host.cpp)
+  DeviceSums& device_sums() { return *sums_; }  ///< for layernorm_backward
+
+ private:
+  std::unique_ptr<DeviceSums> sums_;
+};
+
 /// dx = d/dx (overwrite); dgamma, dbeta accumulate (or, with `store`
 /// Overwrite, are written). With `residual_grad` (the gradient of a residual
 /// branch around the layernorm, x's shape), dx = (d/dx rounded to dx's
 /// dtype) + residual_grad: the same bits as the backward followed by add(),
-/// without the extra pass over memory.
+/// without the extra pass over memory. With `chain`, dgamma and dbeta may be
+/// completed only by the chain's next call or flush() (LayerNormGradChain).
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                         const Tensor& mean, const Tensor& rstd, Tensor& dx,
                         Tensor& dgamma, Tensor& dbeta, const Tensor* residual_grad = nullptr,
-                        GradStore store = GradStore::Accumulate);
+                        GradStore store = GradStore::Accumulate,
+                        LayerNormGradChain* chain = nullptr);
 
 // --------------------------------------------------------------- Softmax ---
 /// Scale, causal mask and softmax over the last dim of scores [B, S, S]

@@ -77,10 +77,29 @@ std::uint64_t gemm_residual_fallbacks();
 // ------------------------------------------------------------- LayerNorm ---
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, index_t N,
                        index_t H, double eps, void* y, float* mean, float* rstd);
-/// dgamma, dbeta: added to with `accumulate`, else written.
+/// A layernorm backward's dgamma, dbeta left to add (ops::LayerNormGradChain):
+/// its split kernel's partial rows [rows, 2 H] (fp32, a block allocated by
+/// device::allocate and owned here) and where their column sums go.
+struct LayerNormPendingSums {
+  void* partial = nullptr;  ///< null: nothing pending
+  index_t rows = 0, H = 0;
+  bool accumulate = false;
+  float* dgamma = nullptr;
+  float* dbeta = nullptr;
+};
+/// dgamma, dbeta: added to with `accumulate`, else written. With `pending`,
+/// the sums pending holds are added first (inside this call's kernel where
+/// it can, bit for bit as layernorm_add_pending would) and, with fp32
+/// gradients on the split kernel, this call's own are left there in turn
+/// instead of added by a second kernel.
 void layernorm_backward(DType t, DType g, const void* dy, const void* x, const void* gamma,
                         const float* mean, const float* rstd, index_t N, index_t H, void* dx,
-                        void* dgamma, void* dbeta, const void* residual_grad, bool accumulate);
+                        void* dgamma, void* dbeta, const void* residual_grad, bool accumulate,
+                        LayerNormPendingSums* pending = nullptr);
+/// Adds what pending holds (one kernel) and empties it; nothing if empty.
+void layernorm_add_pending(LayerNormPendingSums& pending);
+/// Empties pending without adding it (its gradients are left incomplete).
+void layernorm_drop_pending(LayerNormPendingSums& pending);
 
 // --------------------------------------------------------------- Softmax ---
 void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t S,

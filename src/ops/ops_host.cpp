@@ -20,6 +20,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cmath>
+#include <exception>
 #include <initializer_list>
 #include <utility>
 
@@ -343,9 +344,44 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   });
 }
 
+#ifdef MESHTRON_HAVE_CUDA
+struct LayerNormGradChain::DeviceSums {
+  cuda::LayerNormPendingSums pending;
+};
+#else
+struct LayerNormGradChain::DeviceSums {};  // nothing is ever held on the host
+#endif
+
+LayerNormGradChain::LayerNormGradChain() : sums_(std::make_unique<DeviceSums>()) {}
+
+LayerNormGradChain::~LayerNormGradChain() {
+#ifdef MESHTRON_HAVE_CUDA
+  if (std::uncaught_exceptions() > 0)
+    cuda::layernorm_drop_pending(sums_->pending);
+  else
+    flush();  // throws only on a CUDA error: terminate, loudly
+#endif
+}
+
+void LayerNormGradChain::flush() {
+#ifdef MESHTRON_HAVE_CUDA
+  cuda::layernorm_add_pending(sums_->pending);
+#endif
+}
+
+bool LayerNormGradChain::holds(const Tensor& grad) const {
+#ifdef MESHTRON_HAVE_CUDA
+  const cuda::LayerNormPendingSums& p = sums_->pending;
+  return p.partial && grad.defined() && (grad.raw() == p.dgamma || grad.raw() == p.dbeta);
+#else
+  (void)grad;
+  return false;
+#endif
+}
+
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                        const Tensor* residual_grad, GradStore store) {
+                        const Tensor* residual_grad, GradStore store, LayerNormGradChain* chain) {
   const char* op = "layernorm_backward";
   const Arg ady{"dy", dy}, ax{"x", x}, ag{"gamma", gamma}, am{"mean", mean}, ar{"rstd", rstd},
       adx{"dx", dx}, adg{"dgamma", dgamma}, adb{"dbeta", dbeta};
@@ -376,7 +412,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
                                      mean.data<float>(), rstd.data<float>(), N, H, dx.raw(),
                                      dgamma.raw(), dbeta.raw(),
                                      residual_grad ? residual_grad->raw() : nullptr,
-                                     store == GradStore::Accumulate));
+                                     store == GradStore::Accumulate,
+                                     chain ? &chain->device_sums().pending : nullptr));
     return;
   }
   if (store == GradStore::Overwrite) {  // the host kernel adds

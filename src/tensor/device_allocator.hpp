@@ -150,6 +150,12 @@ class Buffer {
   T* as() const {
     return static_cast<T*>(ptr_);
   }
+  /// The block, no longer owned: the caller gives it back with deallocate().
+  void* release() {
+    void* p = ptr_;
+    ptr_ = nullptr;
+    return p;
+  }
 
  private:
   void* ptr_;  ///< Owned.

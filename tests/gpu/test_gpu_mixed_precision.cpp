@@ -129,6 +129,62 @@ void check_golden_in(DType dtype, bool logits_in_compute_dtype = false) {
   std::printf("%s golden gradients: worst norm-wise relative error %.2e\n", name.c_str(), worst);
 }
 
+// GptModel::backward reports a parameter's gradient (to the optimizer's
+// overlapped reduce) only once it is final: the layernorm backwards leave
+// their dgamma / dbeta adds to the next layernorm's kernel
+// (ops::LayerNormGradChain), so a layer's ln_1 is reported with the layer
+// below it, the first layer's before the embedding. Each gradient, copied
+// when reported, must equal its value after the backward, every parameter
+// reported once; and at this size (256 tokens: grids of 32 blocks, room for
+// the earlier call's columns) some norm must have been held past its layer.
+TEST(GpuBf16, BackwardReportsEveryGradientOnceItIsFinal) {
+  REQUIRE_GPU();
+  MpiCommunicator self(MPI_COMM_SELF);
+  TensorParallelGroup tp{self};
+  LayerContext ctx{tp};
+  GptConfig config;
+  config.num_layers = 3;
+  config.seq_length = config.max_positions = 64;
+  ctx.seq_length = config.seq_length;
+  ctx.micro_batch = ctx.global_batch = 4;
+  ctx.space = MemorySpace::Cuda;
+  GptModel model(config, StagePlacement::whole_model(config.num_layers), ctx, DType::BF16, 7);
+  const index_t tokens = ctx.seq_length * ctx.micro_batch;
+  Tensor ids = Tensor::empty({tokens}, DType::I32), targets = ids.clone();
+  for (index_t i = 0; i < tokens; ++i) {
+    ids.data<std::int32_t>()[i] = std::int32_t((i * 37) % config.vocab_size);
+    targets.data<std::int32_t>()[i] = std::int32_t((i * 53 + 1) % config.vocab_size);
+  }
+  GptModel::Cache cache;
+  const Tensor loss = model.forward(ids, targets, ctx, cache);
+  Tensor dloss = Tensor::empty(loss.shape(), DType::F32, MemorySpace::Cuda);
+  dloss.fill(1.0 / double(loss.numel()));
+
+  std::map<const Parameter*, std::vector<double>> at_report;
+  std::map<const Parameter*, int> report_index;
+  int reports = 0;
+  model.backward(dloss, ctx, cache, [&](const ParameterList& done) {
+    for (const Parameter* p : done) {
+      EXPECT_EQ(at_report.count(p), 0u) << p->name << " reported twice";
+      at_report[p] = p->grad.to_doubles();  // waits for the kernels queued so far
+      report_index[p] = reports;
+    }
+    ++reports;
+  });
+  EXPECT_EQ(ctx.layernorm_grads, nullptr);
+  bool held_past_its_layer = false;
+  for (const Parameter* p : model.parameters()) {
+    ASSERT_EQ(at_report.count(p), 1u) << p->name << " never reported";
+    EXPECT_TRUE(at_report[p] == p->grad.to_doubles()) << p->name << " changed after its report";
+    const std::string layer = p->name.substr(0, p->name.find(".ln_1."));
+    if (p->name.find(".ln_1.") != std::string::npos)
+      for (const Parameter* q : model.parameters())
+        if (q->name.rfind(layer + ".mlp.", 0) == 0 && report_index[p] > report_index[q])
+          held_past_its_layer = true;
+  }
+  EXPECT_TRUE(held_past_its_layer) << "no layernorm gradient was held by the chain";
+}
+
 TEST(GpuBf16, GoldenGpt2LossWithinOnePercent) {
   REQUIRE_GPU();
   if (!std::filesystem::exists(kGolden + "/golden.safetensors")) GTEST_SKIP() << "no golden files";

@@ -456,6 +456,102 @@ TEST_F(GpuOps, LayerNormPackedAndColumnOwnerPathsOnManyRowsMatchHostAndRepeatBit
     }
 }
 
+// A model backward's layernorm backwards share an ops::LayerNormGradChain:
+// each call leaves its dgamma / dbeta adds to the next call's kernel (or to
+// flush()), which adds them in the order of the kernel that would have
+// added them alone. After the flush every output must be the bits of the
+// same calls without a chain: over a sequence that mixes widths and dtypes,
+// the residual form, one layernorm twice in a row (accumulating, then
+// overwriting), a call on few rows (its 5-block grid has no room for the
+// earlier call's columns: they are added alone), a width off the split
+// kernel (bf16 H = 2048, the column-owner kernel) and fp16 gradients (never
+// held). Until the flush, holds() names the last held call's gradients only.
+TEST_F(GpuOps, LayerNormGradChainGivesTheBitsOfUnchainedCalls) {
+  struct Norm {
+    LayerNormCase c;
+    Tensor dy, residual, dgamma0, dbeta0;
+    DType grad_dtype;
+  };
+  std::vector<Norm> norms;
+  const auto add_norm = [&](index_t N, index_t H, DType dt, DType gdt) {
+    const std::string what = "chain norm " + std::to_string(norms.size());
+    norms.push_back({layernorm_forward_case(N, H, dt, what), input({N, H}, dt).dev,
+                     input({N, H}, dt).dev, input({H}, gdt).dev, input({H}, gdt).dev, gdt});
+  };
+  add_norm(2501, 768, DType::BF16, DType::F32);   // 0
+  add_norm(2501, 1280, DType::BF16, DType::F32);  // 1
+  add_norm(2501, 768, DType::F32, DType::F32);    // 2
+  add_norm(40, 768, DType::BF16, DType::F32);     // 3: 5 tiles, 5 blocks
+  add_norm(2501, 2048, DType::BF16, DType::F32);  // 4: column-owner kernel
+  add_norm(2501, 1024, DType::F16, DType::F16);   // 5: 16-bit gradients
+  struct Call {
+    int norm;
+    bool residual;
+    GradStore store;
+  };
+  const std::vector<Call> calls = {
+      {0, false, GradStore::Accumulate}, {1, true, GradStore::Accumulate},
+      {1, false, GradStore::Accumulate}, {1, true, GradStore::Overwrite},
+      {0, true, GradStore::Accumulate},  {3, false, GradStore::Accumulate},
+      {0, false, GradStore::Overwrite},  {4, true, GradStore::Accumulate},
+      {2, true, GradStore::Accumulate},  {5, false, GradStore::Accumulate},
+      {2, false, GradStore::Accumulate}, {3, true, GradStore::Accumulate},
+      {0, true, GradStore::Accumulate}};
+  struct Outputs {
+    std::vector<Tensor> dx, dgamma, dbeta;
+  };
+  const auto run = [&](LayerNormGradChain* chain) {
+    Outputs out;
+    for (const Norm& n : norms) out.dgamma.push_back(n.dgamma0.clone()), out.dbeta.push_back(n.dbeta0.clone());
+    for (const Call& k : calls) {
+      const Norm& n = norms[std::size_t(k.norm)];
+      Tensor dx = Tensor::empty(n.dy.shape(), n.dy.dtype(), MemorySpace::Cuda);
+      dx.fill(kNaN);
+      layernorm_backward(n.dy, n.c.x.dev, n.c.gamma.dev, n.c.mean.dev, n.c.rstd.dev, dx,
+                         out.dgamma[std::size_t(k.norm)], out.dbeta[std::size_t(k.norm)],
+                         k.residual ? &n.residual : nullptr, k.store, chain);
+      out.dx.push_back(dx);
+    }
+    return out;
+  };
+  const Outputs alone = run(nullptr);
+  LayerNormGradChain chain;
+  const Outputs chained = run(&chain);
+  // The last call (norm 0, bf16 on the split kernel, fp32 gradients) is held.
+  EXPECT_TRUE(chain.holds(chained.dgamma[0]));
+  EXPECT_TRUE(chain.holds(chained.dbeta[0]));
+  for (std::size_t i = 1; i < norms.size(); ++i) {
+    EXPECT_FALSE(chain.holds(chained.dgamma[i])) << "norm " << i;
+    EXPECT_FALSE(chain.holds(chained.dbeta[i])) << "norm " << i;
+  }
+  EXPECT_FALSE(same_bits(chained.dgamma[0], alone.dgamma[0])) << "the held adds were not pending";
+  chain.flush();
+  EXPECT_FALSE(chain.holds(chained.dgamma[0]));
+  for (std::size_t k = 0; k < calls.size(); ++k)
+    EXPECT_TRUE(same_bits(chained.dx[k], alone.dx[k])) << "call " << k << " dx";
+  for (std::size_t i = 0; i < norms.size(); ++i) {
+    EXPECT_TRUE(same_bits(chained.dgamma[i], alone.dgamma[i])) << "norm " << i << " dgamma";
+    EXPECT_TRUE(same_bits(chained.dbeta[i], alone.dbeta[i])) << "norm " << i << " dbeta";
+    EXPECT_FALSE(same_bits(alone.dgamma[i], norms[i].dgamma0)) << "norm " << i << " unchanged";
+  }
+  // And the unchained results are the host's.
+  for (std::size_t i = 0; i < norms.size(); ++i) {
+    const Norm& n = norms[i];
+    const DType dt = n.dy.dtype();
+    Tensor dgamma = n.dgamma0.to_host().to(DType::F32), dbeta = n.dbeta0.to_host().to(DType::F32);
+    const Tensor x = n.c.x.host, dy = n.dy.to_host().to(DType::F32);
+    const Tensor residual = n.residual.to_host().to(DType::F32);
+    Tensor dx = Tensor::empty(x.shape(), DType::F32);
+    for (const Call& k : calls)
+      if (std::size_t(k.norm) == i)
+        layernorm_backward(dy, x, n.c.gamma.host, n.c.mean.dev.to_host(), n.c.rstd.dev.to_host(),
+                           dx, dgamma, dbeta, k.residual ? &residual : nullptr, k.store);
+    const double tol = 20 * tolerance(dt);  // a few calls' worth of 16-bit gradients
+    expect_close(alone.dgamma[i], dgamma, tol, "chain norm " + std::to_string(i) + " dgamma");
+    expect_close(alone.dbeta[i], dbeta, tol, "chain norm " + std::to_string(i) + " dbeta");
+  }
+}
+
 // ============================================================== Softmax ==
 
 // The transformer layer's residual gradient rides in the layernorm

@@ -318,6 +318,34 @@ TYPED_TEST(OpsTyped, LayerNormBackwardMatchesNaiveAndAccumulatesParams) {
     }
 }
 
+// On the host a chain holds nothing: every call's dgamma and dbeta are
+// final when it returns, the bits of the same call without a chain.
+TYPED_TEST(OpsTyped, LayerNormGradChainOnTheHostHoldsNothing) {
+  const index_t N = 17, H = 130;
+  Tensor x = random_tensor({N, H}, this->dtype, this->rng, -2.0, 2.0);
+  Tensor gamma = random_tensor({H}, this->dtype, this->rng, 0.5, 1.5);
+  Tensor dy = random_tensor({N, H}, this->dtype, this->rng);
+  Tensor y = Tensor::empty({N, H}, this->dtype);
+  Tensor mean = Tensor::empty({N}, this->dtype), rstd = Tensor::empty({N}, this->dtype);
+  layernorm_forward(x, gamma, gamma, 1e-5, y, mean, rstd);
+  Tensor dx = Tensor::empty({N, H}, this->dtype), dx2 = dx.clone();
+  Tensor dgamma = random_tensor({H}, this->dtype, this->rng);
+  Tensor dbeta = random_tensor({H}, this->dtype, this->rng);
+  Tensor dgamma2 = dgamma.clone(), dbeta2 = dbeta.clone();
+  LayerNormGradChain chain;
+  for (int call = 0; call < 2; ++call) {
+    layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+    layernorm_backward(dy, x, gamma, mean, rstd, dx2, dgamma2, dbeta2, &dy,
+                       GradStore::Accumulate, &chain);
+    EXPECT_FALSE(chain.holds(dgamma2));
+    EXPECT_FALSE(chain.holds(dbeta2));
+    EXPECT_EQ(dgamma2.to_doubles(), dgamma.to_doubles()) << "call " << call;
+    EXPECT_EQ(dbeta2.to_doubles(), dbeta.to_doubles()) << "call " << call;
+  }
+  add(dx, dy, dx);
+  EXPECT_EQ(dx2.to_doubles(), dx.to_doubles());
+}
+
 TEST(OpsFiniteDifferences, LayerNormBackward) {
   std::mt19937_64 rng(7);
   const double eps = 1e-5;
