@@ -245,7 +245,9 @@ __device__ __forceinline__ void add_partial_rows_slice(const PartialRowsToAdd& a
   // shared memory all at once (unrolled), so neither latency stands in
   // line: the block's tiles wait for these threads at their first barrier.
   const int c_out = first + tid;
-  float* out = tid >= cols ? nullptr : c_out < add.H ? add.dgamma + c_out : add.dbeta + (c_out - add.H);
+  float* out = tid >= cols    ? nullptr
+               : c_out < add.H ? add.dgamma + c_out
+                               : add.dbeta + (c_out - add.H);
   const float before = out && add.accumulate ? *out : 0.f;
   // Four columns a load (16 bytes: 2 H, first and cols are multiples of 4),
   // so that a (lane, 4 columns) item per thread covers the block's columns

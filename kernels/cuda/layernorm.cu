@@ -954,7 +954,8 @@ void add_pending_alone(LayerNormPendingSums& pending) {
 PartialRowsToAdd foldable(const LayerNormPendingSums& pending, kindex blocks, std::size_t room) {
   PartialRowsToAdd add;
   if (!pending.partial) return add;
-  MESH_VERIFY(pending.H % 2 == 0, "layernorm_backward: held partial rows of odd width " << pending.H);
+  MESH_VERIFY(pending.H % 2 == 0,
+              "layernorm_backward: held partial rows of odd width " << pending.H);
   const kindex per_block = ((2 * pending.H + blocks - 1) / blocks + 3) / 4 * 4;
   if (std::size_t(kOnePassLanes * per_block) * sizeof(float) > room) return add;
   add.partial = static_cast<const float*>(pending.partial);

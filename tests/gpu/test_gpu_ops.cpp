@@ -502,7 +502,10 @@ TEST_F(GpuOps, LayerNormGradChainGivesTheBitsOfUnchainedCalls) {
   };
   const auto run = [&](LayerNormGradChain* chain) {
     Outputs out;
-    for (const Norm& n : norms) out.dgamma.push_back(n.dgamma0.clone()), out.dbeta.push_back(n.dbeta0.clone());
+    for (const Norm& n : norms) {
+      out.dgamma.push_back(n.dgamma0.clone());
+      out.dbeta.push_back(n.dbeta0.clone());
+    }
     for (const Call& k : calls) {
       const Norm& n = norms[std::size_t(k.norm)];
       Tensor dx = Tensor::empty(n.dy.shape(), n.dy.dtype(), MemorySpace::Cuda);
