@@ -927,27 +927,6 @@ void with_packs_per_lane(int k, F&& f) {
   }
 }
 
-/// Gives pending's partial rows back to the allocator (the kernels queued
-/// before are the last to read them: one stream) and empties it.
-void drop_pending(LayerNormPendingSums& pending) {
-  if (pending.partial) device::deallocate(pending.partial);
-  pending = LayerNormPendingSums{};
-}
-
-/// pending's partial rows added by their own kernel (column_sums_one_pass,
-/// as a call without a chain adds its own); pending is then empty. The
-/// kernel before may be a split kernel that added an earlier call's rows
-/// into these same dgamma, dbeta (one layernorm twice in a row): they are
-/// read after the wait.
-void add_pending_alone(LayerNormPendingSums& pending) {
-  if (!pending.partial) return;
-  column_sums_one_pass<2>(BlockPartialTerms{static_cast<const float*>(pending.partial),
-                                            pending.H},
-                          pending.rows, pending.H, pending.accumulate, pending.dgamma,
-                          pending.dbeta, /*out_after_wait=*/true);
-  drop_pending(pending);
-}
-
 /// What a split kernel of `blocks` blocks, with `room` bytes for the lane
 /// sums (its last ring slot's dy), adds of pending's partial rows; rows 0
 /// where they do not fit (pending is then left as it is).
@@ -991,7 +970,7 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
       PartialRowsToAdd earlier;
       if (pending) {
         earlier = foldable(*pending, blocks, std::size_t(WR) * std::size_t(H) * sizeof(T));
-        if (earlier.rows == 0) add_pending_alone(*pending);
+        if (earlier.rows == 0) layernorm_add_pending(*pending);
       }
       const auto run = [&](auto with_residual) {
         constexpr auto kernel = layernorm_backward_split_kernel<T, K, decltype(depth)::value,
@@ -1004,11 +983,11 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
         run(std::true_type{});
       else
         run(std::false_type{});
-      if (earlier.rows > 0) drop_pending(*pending);  // added by the kernel just queued
+      if (earlier.rows > 0) layernorm_drop_pending(*pending);  // added by the kernel just queued
+      launched = true;
       if constexpr (std::is_same_v<G, float>) {
         if (pending) {  // this call's partial rows: for the next call, or flush
           *pending = LayerNormPendingSums{partial.release(), blocks, H, accumulate, dgamma, dbeta};
-          launched = true;
           return;
         }
       }
@@ -1017,7 +996,6 @@ bool layernorm_backward_split(int k, const T* dy, const T* x, const T* gamma, co
       // call's: they may be this call's own).
       column_sums_one_pass<2>(BlockPartialTerms{partial.as<float>(), H}, blocks, H, accumulate,
                               dgamma, dbeta, /*out_after_wait=*/earlier.rows > 0);
-      launched = true;
     };
     const std::size_t three = split_shared_bytes<T, K>(H, residual != nullptr, 3);
     const std::size_t two = split_shared_bytes<T, K>(H, residual != nullptr, 2);
@@ -1098,7 +1076,7 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
                                               accumulate, pending))
       return;
     // The other kernels add their own partial rows: an earlier call's first.
-    if (pending) add_pending_alone(*pending);
+    if (pending) layernorm_add_pending(*pending);
     // Packable rows too wide for the packed kernel (fp32 H > 1280, 16-bit
     // H > 1536).
     if (N > 0 && packable<T>(H, rows) &&
@@ -1120,8 +1098,22 @@ void layernorm_backward(DType t, DType g, const void* dy, const void* x, const v
   });
 }
 
-void layernorm_add_pending(LayerNormPendingSums& pending) { add_pending_alone(pending); }
+void layernorm_add_pending(LayerNormPendingSums& pending) {
+  if (!pending.partial) return;
+  // The kernel before may be a split kernel that added an earlier call's
+  // rows into these same dgamma, dbeta (one layernorm twice in a row):
+  // they are read after the wait.
+  column_sums_one_pass<2>(BlockPartialTerms{static_cast<const float*>(pending.partial),
+                                            pending.H},
+                          pending.rows, pending.H, pending.accumulate, pending.dgamma,
+                          pending.dbeta, /*out_after_wait=*/true);
+  layernorm_drop_pending(pending);
+}
 
-void layernorm_drop_pending(LayerNormPendingSums& pending) { drop_pending(pending); }
+void layernorm_drop_pending(LayerNormPendingSums& pending) {
+  // The kernels queued before are the last to read the rows (one stream).
+  if (pending.partial) device::deallocate(pending.partial);
+  pending = LayerNormPendingSums{};
+}
 
 }  // namespace meshtron::cuda
