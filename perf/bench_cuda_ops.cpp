@@ -19,7 +19,7 @@
 // the separate kernels, with the speed-up. Times are medians of 20 runs timed
 // with CUDA events after 3 warm-ups; inputs are random (never zeros).
 //
-// Memory-bound rows, three timings. "/copy" times a batch of 10 back-to-back
+// Memory-bound rows, four timings. "/copy" times a batch of 10 back-to-back
 // calls between the two events and divides by 10, as the kernels run in
 // training (one after another on the stream, the next launch queued while
 // the previous kernel runs). "/copy 1x" times ONE call per event pair, so
@@ -35,7 +35,14 @@
 // fp32 is GPT-2 124M's). "graph" replays the same batch of 10 calls
 // captured in one CUDA graph (CapturedWork, as training.cuda_graphs runs the
 // step: no host launch work between the kernels; "-" for the row that waits
-// on the host). "host us" is the host's time to queue one call (the batch's
+// on the host). "queued" times the same batch with the host ahead of the
+// GPU, as in the training step without graphs (its GEMMs keep the host
+// ahead): the events and the calls queued behind a kernel that holds the
+// stream until the host has queued them all (perf/stream_hold.hpp, NVBench's
+// method), as a fraction of the 1 GiB copy queued the same way; it drops
+// the launch path's ~5 us before the first kernel and any gap where the
+// host queues a call no faster than the GPU runs one ("/copy" keeps both).
+// "host us" is the host's time to queue one call (the batch's
 // launches, no wait): where it nears the kernel's time, the "/copy" column
 // measures the host, not the kernel. "copy@size" is a device-to-device
 // cudaMemcpy moving the row's bytes (half read, half written), batched the
@@ -101,6 +108,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/ops_cuda.hpp"
+#include "perf/stream_hold.hpp"
 #include "tensor/device_stream.hpp"
 #include "train/cuda_graph.hpp"
 #include "train/gpu_trace.hpp"
@@ -110,31 +118,51 @@ namespace {
 
 constexpr int kWarmup = 3, kRuns = 20;
 
+/// The stream the timing events go on: the legacy stream (0), or, with
+/// `hold`, the compute stream the ops run on, as the training step's own
+/// events (no legacy-stream work between the held calls).
+cudaStream_t timing_stream(const perf::StreamHold* hold) {
+  return hold ? device::compute_stream() : cudaStream_t(0);
+}
+
 /// Milliseconds per call of `batch` calls of f() back to back, bracketed by
-/// CUDA events on the legacy stream (time / batch).
-double batch_ms(const std::function<void()>& f, int batch) {
+/// CUDA events (time / batch). With `hold`, the events and the calls are
+/// queued behind it and released together ("queued").
+double batch_ms(const std::function<void()>& f, int batch, perf::StreamHold* hold = nullptr) {
+  const cudaStream_t stream = timing_stream(hold);
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
-  CUDA_CHECK(cudaEventRecord(start, 0));
+  if (hold) hold->hold(stream);
+  CUDA_CHECK(cudaEventRecord(start, stream));
   for (int b = 0; b < batch; ++b) f();
-  CUDA_CHECK(cudaEventRecord(stop, 0));
+  CUDA_CHECK(cudaEventRecord(stop, stream));
+  if (hold) hold->release();
   CUDA_CHECK(cudaEventSynchronize(stop));
   float t = 0;
   CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
   CUDA_CHECK(cudaEventDestroy(start));
   CUDA_CHECK(cudaEventDestroy(stop));
+  if (hold && hold->gave_up()) return std::nan("");  // the host was timed too
   return double(t) / batch;
 }
 
 /// Median milliseconds per call of f() over kRuns batches (batch_ms), after
-/// kWarmup calls.
-double median_ms(const std::function<void()>& f, int batch = 1) {
+/// kWarmup calls; NaN if a held batch's hold gave up.
+double median_ms(const std::function<void()>& f, int batch = 1, perf::StreamHold* hold = nullptr) {
   for (int i = 0; i < kWarmup; ++i) f();
   std::vector<double> ms;
-  for (int i = 0; i < kRuns; ++i) ms.push_back(batch_ms(f, batch));
+  for (int i = 0; i < kRuns; ++i) ms.push_back(batch_ms(f, batch, hold));
+  if (std::any_of(ms.begin(), ms.end(), [](double m) { return std::isnan(m); }))
+    return std::nan("");
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+/// One hold for every queued timing of the run (its flags are pinned memory).
+perf::StreamHold& stream_hold() {
+  static perf::StreamHold hold;
+  return hold;
 }
 
 /// The device ceilings every row is a fraction of, measured at the start of
@@ -143,6 +171,7 @@ double median_ms(const std::function<void()>& f, int batch = 1) {
 /// GPU time (0: Google Benchmark's own, or the command line's).
 struct Baselines {
   double copy_gbps = 0, gemm_tflops = 0;
+  double copy_queued_gbps = 0;  ///< the copy queued behind a StreamHold (memory table only)
   double benchmark_min_time_s = 0;
 };
 
@@ -239,20 +268,27 @@ struct Row {
   std::string op, dtype, shape;
   double ms, gbps, ms_1x, gbps_1x;
   double gbps_graph;  // NaN: not capturable (waits on the host)
+  double gbps_queued;  // the batch queued behind a StreamHold; NaN: waits on the host
   double host_us;     // host time to queue one call
   double gbps_copy_at_size;
 };
 
-void print_memory_bound(const std::vector<Row>& rows, double copy_gbps) {
-  std::printf("\n%-38s %-5s %-16s %9s %9s %7s %7s %7s %9s %9s %8s\n", "memory-bound op", "dtype",
-              "shape", "ms", "GB/s", "/copy", "graph", "host us", "copy@size", "ms 1x",
-              "/copy 1x");
+/// "queued" is a fraction of the copy queued the same way (copy_queued_gbps).
+void print_memory_bound(const std::vector<Row>& rows, double copy_gbps, double copy_queued_gbps) {
+  std::printf("\n%-38s %-5s %-16s %9s %9s %7s %7s %7s %7s %9s %9s %8s\n", "memory-bound op",
+              "dtype", "shape", "ms", "GB/s", "/copy", "graph", "queued", "host us", "copy@size",
+              "ms 1x", "/copy 1x");
+  const auto fraction = [](double gbps, double of) {  // "-" where not measured
+    char text[16] = "      -";
+    if (!std::isnan(gbps)) std::snprintf(text, sizeof text, "%7.2f", gbps / of);
+    return std::string(text);
+  };
   for (const Row& r : rows) {
-    char graph[16] = "      -";
-    if (!std::isnan(r.gbps_graph)) std::snprintf(graph, sizeof graph, "%7.2f", r.gbps_graph / copy_gbps);
-    std::printf("%-38s %-5s %-16s %9.4f %9.1f %7.2f %s %7.1f %9.2f %9.4f %8.2f\n", r.op.c_str(),
-                r.dtype.c_str(), r.shape.c_str(), r.ms, r.gbps, r.gbps / copy_gbps, graph,
-                r.host_us, r.gbps_copy_at_size / copy_gbps, r.ms_1x, r.gbps_1x / copy_gbps);
+    std::printf("%-38s %-5s %-16s %9.4f %9.1f %7.2f %s %s %7.1f %9.2f %9.4f %8.2f\n",
+                r.op.c_str(), r.dtype.c_str(), r.shape.c_str(), r.ms, r.gbps, r.gbps / copy_gbps,
+                fraction(r.gbps_graph, copy_gbps).c_str(),
+                fraction(r.gbps_queued, copy_queued_gbps).c_str(), r.host_us,
+                r.gbps_copy_at_size / copy_gbps, r.ms_1x, r.gbps_1x / copy_gbps);
   }
 }
 
@@ -277,8 +313,9 @@ double host_queue_us(const std::function<void()>& f, int batch) {
 }
 
 /// GB/s (read + write) of a device-to-device cudaMemcpy of bytes / 2, in
-/// batches as the rows are timed. Scratch buffers grow to the largest row.
-double copy_at_size_gbps(double bytes, int batch) {
+/// batches as the rows are timed (queued behind `hold` if given). Scratch
+/// buffers grow to the largest row.
+double copy_at_size_gbps(double bytes, int batch, perf::StreamHold* hold = nullptr) {
   static void* a = nullptr;
   static void* b = nullptr;
   static std::size_t have = 0;
@@ -289,12 +326,19 @@ double copy_at_size_gbps(double bytes, int batch) {
     CUDA_CHECK(cudaMemset(a, 1, half));
     have = half;
   }
-  const double ms = median_ms([&] { CUDA_CHECK(cudaMemcpyAsync(b, a, half, cudaMemcpyDeviceToDevice, 0)); }, batch);
+  const double ms = median_ms(
+      [&] {
+        CUDA_CHECK(cudaMemcpyAsync(b, a, half, cudaMemcpyDeviceToDevice, timing_stream(hold)));
+      },
+      batch, hold);
   return 2.0 * double(half) / (ms * 1e6);
 }
 
-/// The baseline: a 1 GiB device-to-device copy, one per timed run.
-double copy_bandwidth_gbps() { return copy_at_size_gbps(2.0 * double(std::size_t(1) << 30), 1); }
+/// The baseline: a 1 GiB device-to-device copy, one per timed run (queued
+/// behind `hold` if given: the baseline of the "queued" column).
+double copy_bandwidth_gbps(perf::StreamHold* hold = nullptr) {
+  return copy_at_size_gbps(2.0 * double(std::size_t(1) << 30), 1, hold);
+}
 
 
 /// Whether `op` is among the comma-separated substrings of `only` (all when
@@ -468,9 +512,11 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
       return;
     }
     const double ms = median_ms(f, kBatch), ms_1x = median_ms(f);
+    const double ms_queued = waits_on_host ? std::nan("") : median_ms(f, kBatch, &stream_hold());
     rows.push_back({op, std::string(dtype_name(dt)), shape, ms / calls_per_f, bytes / (ms * 1e6),
                     ms_1x / calls_per_f, bytes / (ms_1x * 1e6),
                     waits_on_host ? std::nan("") : graph_gbps(f, kBatch, bytes),
+                    bytes / (ms_queued * 1e6),
                     host_queue_us(f, kBatch) / calls_per_f,
                     copy_at_size_gbps(bytes / calls_per_f, kBatch)});
   };
@@ -544,7 +590,8 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
   // fp32 gradient of the model (here 124M of them), then the host waits.
   add_row("sum_of_squares (+sync)", DType::F32, "[124M]", 4.0 * double(params), on(adamw, [](auto& t) { (void)sum_of_squares(t.g); }), /*waits_on_host=*/true);
   add_row("sum_of_squares_into (device)", DType::F32, "[124M]", 4.0 * double(params), on(adamw, [](auto& t) { sum_of_squares_into(t.gs, t.total); }));
-  if (sink == RowSink::Table) print_memory_bound(rows, baselines.copy_gbps);
+  if (sink == RowSink::Table)
+    print_memory_bound(rows, baselines.copy_gbps, baselines.copy_queued_gbps);
 }
 
 /// GPT-2 774M's parameter tensors (36 layers x 12 + embeddings and the final
@@ -1287,6 +1334,8 @@ int main(int argc, char** argv) {
       mode != "adamw";
   Baselines baselines;
   baselines.copy_gbps = copy_bandwidth_gbps();
+  const bool memory_table = mode == "memory" || mode.empty();
+  if (memory_table) baselines.copy_queued_gbps = copy_bandwidth_gbps(&stream_hold());
   if (uses_gemm_ceiling) baselines.gemm_tflops = gemm_ceiling_tflops();
   if (gbench) {  // Google Benchmark prints the ceilings in its context
     argv[1] = argv[0];  // and reads the program name from argv[0]
@@ -1295,6 +1344,9 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   std::printf("baseline: device-to-device cudaMemcpy of 1 GiB: %.1f GB/s (read + write)\n",
               baselines.copy_gbps);
+  if (memory_table)
+    std::printf("baseline: the same copy queued behind a held stream: %.1f GB/s\n",
+                baselines.copy_queued_gbps);
   if (uses_gemm_ceiling)
     std::printf("baseline: cuBLASLt %s: %.1f TFLOP/s\n", kGemmCeiling.what,
                 baselines.gemm_tflops);
