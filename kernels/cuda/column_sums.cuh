@@ -220,6 +220,9 @@ void column_sums_one_pass(const Source& src, kindex N, kindex C, bool accumulate
 /// even) whose column sums a later kernel adds into dgamma (columns
 /// [0, H)) and dbeta ([H, 2 H)): each of its blocks takes `per_block` (a
 /// multiple of 4) consecutive columns of the 2 H. rows == 0: nothing to add.
+/// The kernel's view of a host-side cuda::LayerNormPendingSums (which owns
+/// the rows' memory and counts in index_t): a kernel parameter with 32-bit
+/// counts and the per-block split, filled by layernorm.cu's foldable().
 struct PartialRowsToAdd {
   const float* partial = nullptr;
   int rows = 0, H = 0, per_block = 0;
