@@ -42,6 +42,11 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
 // ------------------------------------------------------------- LayerNorm ---
 /// y = (x - mean) * rstd * gamma + beta over the last dim of x [N, H].
 /// Saves mean [N] and rstd [N] (always fp32/fp64 as x) for the backward.
+/// On the GPU, gamma and beta are read while the kernel queued just before
+/// this call may still run (kernels/cuda/layernorm.cu): that kernel must
+/// not write them (x it may). A model's parameters are written by the
+/// optimizer, by uploads, or by collectives waited on by event, and other
+/// kernels (the embedding) run before its first layernorm.
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        double eps, Tensor& y, Tensor& mean, Tensor& rstd);
 
