@@ -11,7 +11,7 @@
 // host queues the start event, the whole batch and the stop event behind it;
 // what the events measure is then the GPU's time for the queued batch.
 //
-// CUDA builds only (bench_cuda_ops).
+// CUDA builds only: bench_cuda_ops, and its test tests/gpu/test_gpu_stream_hold.cpp.
 #pragma once
 
 #include <cuda_runtime.h>
