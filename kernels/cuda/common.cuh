@@ -274,7 +274,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // every kernel before the previous one has finished. Hence:
 // - before its wait a kernel writes no global memory (the previous kernel
 //   may still read it) and reads only what the previous kernel cannot have
-//   written (the layernorm backward's x and gamma, session 24);
+//   written (the layernorm backward's x and gamma, session 24; the
+//   layernorm forward's gamma and beta, session 55);
 // - a kernel that only finishes what the one before it wrote (the sum of a
 //   backward kernel's per-block partial rows) may start even earlier: the
 //   primary allows it at its own start.
