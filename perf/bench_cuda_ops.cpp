@@ -432,9 +432,10 @@ struct BiasGradInputs {
 
 /// Layernorm forward and backward at [8192, h].
 struct LayerNormInputs {
-  Tensor x, y, gamma, beta, mean, rstd, dy, dx, dgamma, dbeta, residual;
+  Tensor x, y, y_ones, gamma, beta, mean, rstd, dy, dx, dgamma, dbeta, residual;
   LayerNormInputs(DType dt, index_t h)
       : x(random_device({kTokens, h}, dt, -2, 3)), y(device_empty(x.shape(), dt)),
+        y_ones(device_empty({kTokens, h + ops::kOnesColumnWidth}, dt)),
         gamma(random_device({h}, dt)), beta(random_device({h}, dt)),
         mean(random_device({kTokens}, DType::F32, -0.1, 0.1)),
         rstd(random_device({kTokens}, DType::F32, 0.5, 2)), dy(random_device(x.shape(), dt)),
@@ -546,6 +547,8 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
       const double n = double(kTokens) * double(h);
       const auto ln = [dt, h] { return LayerNormInputs(dt, h); };
       add_row("layernorm_forward", dt, shape, 2 * n * es, on(ln, [](auto& t) { layernorm_forward(t.x, t.gamma, t.beta, 1e-5, t.y, t.mean, t.rstd); }));
+      // With the ones column (the qkv / fc input under training.bias_in_weight_gemm).
+      add_row("layernorm_forward (ones column)", dt, shape, n * es + double(kTokens) * (h + kOnesColumnWidth) * es, on(ln, [](auto& t) { layernorm_forward(t.x, t.gamma, t.beta, 1e-5, t.y_ones, t.mean, t.rstd); }));
       add_row("layernorm_backward", dt, shape, 3 * n * es, on(ln, [](auto& t) { layernorm_backward(t.dy, t.x, t.gamma, t.mean, t.rstd, t.dx, t.dgamma, t.dbeta); }));
       add_row("layernorm_backward + residual", dt, shape, 4 * n * es, on(ln, [](auto& t) { layernorm_backward(t.dy, t.x, t.gamma, t.mean, t.rstd, t.dx, t.dgamma, t.dbeta, &t.residual); }));
       // As a model's backward runs them (GptModel::backward): chain_calls(h)
@@ -932,6 +935,100 @@ void bench_residual_epilogues() {
     char what[64];
     std::snprintf(what, sizeof(what), "M N K = %ld %ld %ld", long(M), long(N), long(K));
     std::printf("%-30s %9.4f %9.4f %9.4f %9.4f %9.4f\n", what, ms[0], ms[1], ms[2], ms[3], ms[4]);
+  }
+}
+
+/// Session 57 probe (issue 9's "next lead"): a linear's bias gradient out of
+/// its weight-gradient GEMM. With the input x [M, in] stored as x' [M, in +
+/// 8] (column `in` ones, the rest zero), x'^T dy over in + 1 rows of x'^T is
+/// dW [in, out] with db [out] as row `in` (dW and db adjacent, as a flat
+/// gradient buffer could place them), one GEMM instead of GEMM +
+/// bias_backward. Per 124M / 774M linear: the plain GEMM, the GEMM then
+/// bias_backward (main), the ones-column GEMM over in + 1 and over in + 8
+/// rows (a full pack of padding), heuristic and autotuned, and how far the
+/// GEMM's db and dW are from bias_backward's and the plain GEMM's.
+/// `bench_cuda_ops bias_in_wgrad` runs this table alone.
+void bench_bias_in_weight_gradient() {
+  const index_t M = 8192;
+  const DType dt = DType::BF16;
+  const std::size_t es = dtype_size(dt);
+  std::printf("\n%-22s %9s %9s %9s %9s %9s %9s %9s %10s %10s\n", "wgrad (M = 8192) ms", "plain",
+              "+bias_bw", "ones+1", "ones+8", "plain tun", "+bw tun", "ones+1 tun", "db rel", "dW rel");
+  std::printf("%-22s %s\n", "", "(then: plain wgrad on x' with lda = in + 8 | forward x W: lda = in, in + 8)");
+  for (const auto& [in, out] : std::vector<std::pair<index_t, index_t>>{
+           {768, 2304}, {768, 768}, {768, 3072}, {3072, 768},
+           {1280, 3840}, {1280, 1280}, {1280, 5120}, {5120, 1280}}) {
+    const index_t ld = in + 8;
+    const Tensor x = random_device({M, in}, dt), dy = random_device({M, out}, dt);
+    // x' = [x | 1 0 0 0 0 0 0 0], row by row.
+    Tensor xp = Tensor::zeros({M, ld}, dt, MemorySpace::Cuda);
+    CUDA_CHECK(cudaMemcpy2D(xp.raw(), ld * es, x.raw(), in * es, in * es, M,
+                            cudaMemcpyDeviceToDevice));
+    Tensor ones_col = Tensor::zeros({M, 8}, DType::F32);
+    for (index_t r = 0; r < M; ++r) ones_col.data<float>()[r * 8] = 1.f;
+    const Tensor ones_dev = ones_col.to(dt).to_device();
+    CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(xp.raw()) + in * es, ld * es, ones_dev.raw(), 8 * es,
+                            8 * es, M, cudaMemcpyDeviceToDevice));
+    Tensor dw = Tensor::zeros({in, out}, DType::F32, MemorySpace::Cuda);
+    Tensor db = Tensor::zeros({out}, DType::F32, MemorySpace::Cuda);
+    Tensor dwp = Tensor::zeros({ld, out}, DType::F32, MemorySpace::Cuda);
+    auto ones_gemm = [&](index_t rows, double beta) {
+      cuda::GemmArgs g{dt,   DType::F32, xp.raw(), dy.raw(), dwp.raw(), true, false,
+                       rows, out,        M,        ld,       out,       out};
+      g.beta = beta;
+      cuda::gemm(g);
+    };
+    // The same GEMMs with x' as plain operands (lda = in + 8, only in rows /
+    // columns used): what the padded layout alone does to the weight
+    // gradient and to the forward y = x W.
+    auto padded_gemm = [&](index_t rows) {
+      cuda::GemmArgs g{dt,   DType::F32, xp.raw(), dy.raw(), dwp.raw(), true, false,
+                       rows, out,        M,        ld,       out,       out};
+      g.beta = 1.0;
+      cuda::gemm(g);
+    };
+    const Tensor w = random_device({in, out}, dt, -0.05, 0.05);
+    Tensor y = Tensor::empty({M, out}, dt, MemorySpace::Cuda);
+    auto forward = [&](const Tensor& a, index_t lda) {
+      cuda::GemmArgs g{dt, dt, a.raw(), w.raw(), y.raw(), false, false, M, out, in, lda, out, out};
+      cuda::gemm(g);
+    };
+    const double pad_only = median_ms([&] { padded_gemm(in); });
+    const double fwd = median_ms([&] { forward(x, in); }), fwd_pad = median_ms([&] { forward(xp, ld); });
+    double ms[7];
+    for (int tuned = 0; tuned < 2; ++tuned) {
+      cuda::set_gemm_autotune(tuned == 1);
+      ms[tuned ? 4 : 0] = median_ms([&] { ops::gemm(x, true, dy, false, dw, 1.0, 1.0); });
+      ms[tuned ? 5 : 1] = median_ms([&] {
+        ops::gemm(x, true, dy, false, dw, 1.0, 1.0);
+        ops::bias_backward(dy, db, ops::GradStore::Accumulate);
+      });
+      ms[tuned ? 6 : 2] = median_ms([&] { ones_gemm(in + 1, 1.0); });
+      if (!tuned) ms[3] = median_ms([&] { ones_gemm(ld, 1.0); });
+    }
+    cuda::set_gemm_autotune(false);
+    // One call each from zero: the GEMM's db against bias_backward's, its dW
+    // against the plain GEMM's (max |a - b| / max |b|).
+    ops::gemm(x, true, dy, false, dw, 1.0, 0.0);
+    ops::bias_backward(dy, db, ops::GradStore::Overwrite);
+    ones_gemm(in + 1, 0.0);
+    const Tensor hw = dw.to_space(MemorySpace::Host), hb = db.to_space(MemorySpace::Host);
+    const Tensor hp = dwp.to_space(MemorySpace::Host);
+    auto rel = [](const float* a, const float* b, index_t n) {
+      double diff = 0, scale = 0;
+      for (index_t i = 0; i < n; ++i) {
+        diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
+        scale = std::max(scale, std::fabs(double(b[i])));
+      }
+      return diff / scale;
+    };
+    const double db_rel = rel(hp.data<float>() + in * out, hb.data<float>(), out);
+    const double dw_rel = rel(hp.data<float>(), hw.data<float>(), in * out);
+    char what[64];
+    std::snprintf(what, sizeof(what), "%ld -> %ld", long(in), long(out));
+    std::printf("%-22s %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %10.2e %10.2e | %9.4f | %9.4f %9.4f\n",
+                what, ms[0], ms[1], ms[2], ms[3], ms[4], ms[5], ms[6], db_rel, dw_rel, pad_only, fwd,
+                fwd_pad);
   }
 }
 
@@ -1331,7 +1428,7 @@ int main(int argc, char** argv) {
   // fraction of it: not the memory table, its trace, overlap or residual.
   const bool uses_gemm_ceiling =
       mode != "memory" && mode != "trace" && mode != "overlap" && mode != "residual" &&
-      mode != "adamw";
+      mode != "adamw" && mode != "bias_in_wgrad";
   Baselines baselines;
   baselines.copy_gbps = copy_bandwidth_gbps();
   const bool memory_table = mode == "memory" || mode.empty();
@@ -1380,6 +1477,10 @@ int main(int argc, char** argv) {
   }
   if (mode == "residual") {
     bench_residual_epilogues();
+    return 0;
+  }
+  if (mode == "bias_in_wgrad") {
+    bench_bias_in_weight_gradient();
     return 0;
   }
   if (!attention_only) {

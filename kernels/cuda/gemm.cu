@@ -21,7 +21,8 @@
 // bias), the GEMM runs plain and the bias_add kernel follows.
 //
 // GeLU epilogues (the MLP). Forward, CUBLASLT_EPILOGUE_GELU_AUX_BIAS: D =
-// gelu(AB + bias) and the GeLU input AB + bias written to the "aux" matrix,
+// gelu(AB + bias) and the GeLU input AB + bias written to the "aux" matrix
+// (CUBLASLT_EPILOGUE_GELU_AUX without a bias: one riding in AB's ones column),
 // which has D's layout (column-major [N, M], ld = AUX_LD >= N, a multiple of
 // 8 elements) and D's dtype (cuBLASLt's default for GeLU aux, left unset);
 // with a contiguous row-major C that is exactly our pre_gelu [M, N], ld N.
@@ -104,7 +105,7 @@ std::uint32_t alignment_of(const void* p) {
 
 /// The epilogue of a call, as cuBLASLt names it.
 cublasLtEpilogue_t epilogue_of(const GemmArgs& g) {
-  if (g.gelu_pre_out) return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (g.gelu_pre_out) return g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   if (g.gelu_pre_in) return CUBLASLT_EPILOGUE_DGELU;
   if (g.bias) return CUBLASLT_EPILOGUE_BIAS;
   return CUBLASLT_EPILOGUE_DEFAULT;
@@ -429,8 +430,7 @@ void check_args(const GemmArgs& a) {
                                                                       << a.ldc << ", N " << a.N);
   MESH_VERIFY(!(a.gelu_pre_out || a.gelu_pre_in) || a.c == a.ab,
               "gemm: the GeLU epilogues take A, B, C of one dtype");
-  MESH_VERIFY(!a.gelu_pre_out || (a.bias && a.beta == 0.0),
-              "gemm: the GeLU forward epilogue takes a bias and beta = 0");
+  MESH_VERIFY(!a.gelu_pre_out || a.beta == 0.0, "gemm: the GeLU forward epilogue takes beta = 0");
   MESH_VERIFY(!a.gelu_pre_in || (!a.bias && !a.c_in && a.beta == 0.0),
               "gemm: the GeLU backward epilogue takes no bias, no C, beta = 0");
   MESH_VERIFY(!a.c_in || a.beta != 0.0, "gemm: an out-of-place C needs beta != 0");

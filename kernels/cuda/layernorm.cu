@@ -40,11 +40,19 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+/// A forward output wider than its rows (ldy > H: the ones column of
+/// ops::layernorm_forward, kOnesColumnWidth elements): y[row, H] = 1 and
+/// y[row, H + 1 .. ldy) = 0, element H + t by thread t of the row's owners.
+template <class T>
+__device__ __forceinline__ void store_ones_column(T* y_row, kindex H, kindex ldy, int t) {
+  if (t < ldy - H) store_f(y_row, H + t, t == 0 ? 1.f : 0.f);
+}
+
 template <class T>
 __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma,
                                          const T* __restrict__ beta, kindex N, kindex H,
-                                         float eps, T* __restrict__ y, float* __restrict__ mean,
-                                         float* __restrict__ rstd) {
+                                         float eps, T* __restrict__ y, kindex ldy,
+                                         float* __restrict__ mean, float* __restrict__ rstd) {
   const kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
@@ -58,9 +66,10 @@ __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __res
     sq += d * d;
   }
   const float rs = rsqrtf(warp_sum(sq) / float(H) + eps);
-  T* yr = y + row * H;
+  T* yr = y + row * ldy;
   for (kindex h = lane; h < H; h += 32)
     store_f(yr, h, (load_f(xr, h) - mu) * rs * load_f(gamma, h) + load_f(beta, h));
+  store_ones_column(yr, H, ldy, lane);
   if (lane == 0) {
     mean[row] = mu;
     rstd[row] = rs;
@@ -189,15 +198,19 @@ __device__ void stage_row_fp32(const T* __restrict__ v, int P, float4* out) {
 /// the dependent chains: bf16 [8192, 1280] 0.75-0.76 -> 0.79-0.81 of copy,
 /// fp32 [8192, 768] 0.77-0.81 -> 0.89-0.90 (H100, perf/RESULTS.md, session
 /// 15). Per
-/// element the same expressions as the scalar kernel.
-template <class T, int K>
+/// element the same expressions as the scalar kernel. kOnes: y has the ones
+/// column (rows ldy apart); otherwise ldy is H, known to be (a run-time ldy
+/// there took bf16 [8192, 768] from 0.80 to 0.73 of the copy: an H200,
+/// perf/RESULTS.md, session 57).
+template <class T, int K, bool kOnes>
 __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 const T* __restrict__ gamma,
                                                 const T* __restrict__ beta, kindex N, kindex H,
-                                                float eps, T* __restrict__ y,
+                                                float eps, T* __restrict__ y, kindex y_ld,
                                                 float* __restrict__ mean,
                                                 float* __restrict__ rstd) {
   constexpr int V = kPack<T>, Q = V / 4;
+  const kindex ldy = kOnes ? y_ld : H;
   const int lane = threadIdx.x & 31, P = int(H / V);
   // gamma and beta are staged before the wait for the previous kernel, while
   // it ends: bf16 [8192, 768] 0.78 -> 0.82-0.83 of the copy back to back,
@@ -253,8 +266,9 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
         for (int e = 0; e < 4; ++e)
           out.v[4 * q + e] = from_f<T>((to_f(xr[k].v[4 * q + e]) - mu) * rs * g[e] + b[e]);
       }
-      reinterpret_cast<Pack<T>*>(y + row * H)[p] = out;
+      reinterpret_cast<Pack<T>*>(y + row * ldy)[p] = out;
     }
+    if constexpr (kOnes) store_ones_column(y + row * ldy, H, ldy, lane);
     if (lane == 0) {
       mean[row] = mu;
       rstd[row] = rs;
@@ -274,9 +288,9 @@ constexpr std::size_t forward_shared_bytes() {
 /// issued only as first-wave warps exited; now 65 registers, 3 blocks per
 /// SM (396 on an H100), 2-3 rows per warp, the next row always in flight.
 /// Looked up once per kernel (one GPU per process).
-template <class T, int K>
+template <class T, int K, bool kOnes>
 kindex forward_blocks(kindex N) {
-  static const kindex resident = resident_blocks(layernorm_forward_packed_kernel<T, K>,
+  static const kindex resident = resident_blocks(layernorm_forward_packed_kernel<T, K, kOnes>,
                                                  kWarpsPerBlock * 32, forward_shared_bytes<T, K>());
   const kindex row_blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
   return row_blocks < resident ? row_blocks : resident;
@@ -793,7 +807,7 @@ template <class T, int R>
 __global__ void __launch_bounds__(kColumnsBlockThreads)
     layernorm_forward_columns_kernel(const T* __restrict__ x, const T* __restrict__ gamma,
                                      const T* __restrict__ beta, kindex N, kindex H, float eps,
-                                     T* __restrict__ y, float* __restrict__ mean,
+                                     T* __restrict__ y, kindex ldy, float* __restrict__ mean,
                                      float* __restrict__ rstd) {
   start_after_prior_grid();
   constexpr int V = kPack<T>;
@@ -882,7 +896,8 @@ __global__ void __launch_bounds__(kColumnsBlockThreads)
 #pragma unroll
       for (int j = 0; j < V; ++j)
         out.v[j] = from_f<T>((to_f(xr[r].v[j]) - mu[r]) * rs[r] * gam[j] + bet[j]);
-      reinterpret_cast<Pack<T>*>(y + row * H)[p] = out;
+      reinterpret_cast<Pack<T>*>(y + row * ldy)[p] = out;
+      store_ones_column(y + row * ldy, H, ldy, p);
       if (p == 0) {
         mean[row] = mu[r];
         rstd[row] = rs[r];
@@ -895,13 +910,13 @@ __global__ void __launch_bounds__(kColumnsBlockThreads)
 /// (nothing launched).
 template <class T>
 bool layernorm_forward_columns(const T* x, const T* gamma, const T* beta, kindex N, kindex H,
-                               float eps, T* y, float* mean, float* rstd) {
+                               float eps, T* y, kindex ldy, float* mean, float* rstd) {
   constexpr int R = kColumnsTileRows;
   const dim3 block = columns_block<T>(H);
   if (block.x == 0) return false;
   const kindex blocks = columns_grid(layernorm_forward_columns_kernel<T, R>, block, 0, N, R);
   launch_dependent(layernorm_forward_columns_kernel<T, R>, unsigned(blocks), block, 0,
-                   compute_stream(), x, gamma, beta, N, H, eps, y, mean, rstd);
+                   compute_stream(), x, gamma, beta, N, H, eps, y, ldy, mean, rstd);
   return true;
 }
 
@@ -1031,32 +1046,40 @@ int packed_k(kindex H, std::initializer_list<const void*> pointers, int max_k) {
 }  // namespace
 
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, index_t N,
-                       index_t H, double eps, void* y, float* mean, float* rstd) {
+                       index_t H, double eps, void* y, index_t ldy, float* mean, float* rstd) {
   if (N == 0) return;
   with_storage_type(t, "layernorm_forward", [&](auto zero) {
     using T = decltype(zero);
     const unsigned blocks = grid_for(N, kWarpsPerBlock, 1LL << 31);
     constexpr int max_k = kMaxForwardPacksPerLane<T>;
-    if (const int k = packed_k<T>(H, {x, gamma, beta, y}, max_k)) {
+    // Packed rows need y's rows 16-byte aligned too (ldy a whole number of packs).
+    const bool rows_packed = ldy % kPack<T> == 0;
+    if (const int k = rows_packed ? packed_k<T>(H, {x, gamma, beta, y}, max_k) : 0) {
       with_packs_per_lane<max_k>(k, [&](auto kc) {
         constexpr int K = decltype(kc)::value;
-        launch_dependent(layernorm_forward_packed_kernel<T, K>, unsigned(forward_blocks<T, K>(N)),
-                         kWarpsPerBlock * 32, forward_shared_bytes<T, K>(), compute_stream(),
-                         static_cast<const T*>(x), static_cast<const T*>(gamma),
-                         static_cast<const T*>(beta), N, H, float(eps), static_cast<T*>(y), mean,
-                         rstd);
+        auto launch = [&](auto kernel, kindex blocks) {
+          launch_dependent(kernel, unsigned(blocks), kWarpsPerBlock * 32,
+                           forward_shared_bytes<T, K>(), compute_stream(),
+                           static_cast<const T*>(x), static_cast<const T*>(gamma),
+                           static_cast<const T*>(beta), N, H, float(eps), static_cast<T*>(y),
+                           ldy, mean, rstd);
+        };
+        if (ldy == H)
+          launch(layernorm_forward_packed_kernel<T, K, false>, forward_blocks<T, K, false>(N));
+        else
+          launch(layernorm_forward_packed_kernel<T, K, true>, forward_blocks<T, K, true>(N));
       });
       return;
     }
     // Packable rows too wide for the packed kernel (fp32 H > 1280).
-    if (packable<T>(H, {x, gamma, beta, y}) &&
+    if (rows_packed && packable<T>(H, {x, gamma, beta, y}) &&
         layernorm_forward_columns(static_cast<const T*>(x), static_cast<const T*>(gamma),
                                   static_cast<const T*>(beta), N, H, float(eps),
-                                  static_cast<T*>(y), mean, rstd))
+                                  static_cast<T*>(y), ldy, mean, rstd))
       return;
     layernorm_forward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, compute_stream()>>>(
         static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), N, H,
-        float(eps), static_cast<T*>(y), mean, rstd);
+        float(eps), static_cast<T*>(y), ldy, mean, rstd);
     MESH_CUDA_LAUNCHED();
   });
 }

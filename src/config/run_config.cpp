@@ -156,6 +156,10 @@ void DeckSchema::bind(RunConfig& c) {
   key("training.precision", &t.precision, "string", "fp32 | bf16 | fp16");
   key("training.logits_dtype", &t.logits_dtype, "string",
       "fp32 | compute (the LM head's logits in the operands' dtype, as Megatron-LM)");
+  key("training.bias_in_weight_gemm", &t.bias_in_weight_gemm, "string",
+      "auto | true | false: qkv's and fc's biases in their GEMMs through a ones column after "
+      "the layernorm output (no bias epilogue, no bias-gradient kernel); auto = on with "
+      "run.device = cuda");
   key("training.attention_masks_ahead", &t.attention_masks_ahead, "bool",
       "cuda: draw the first micro-batch's attention-dropout masks under the previous update");
   key("training.attention_dropout_rng", &t.attention_dropout_rng, "string",
@@ -447,6 +451,7 @@ void RunConfig::validate(int world_size) {
   require_one_of("training.logits_dtype", t.logits_dtype, {"fp32", "compute"});
   require_one_of("training.attention_dropout_rng", t.attention_dropout_rng,
                  {"meshtron", "cudnn"});
+  require_one_of("training.bias_in_weight_gemm", t.bias_in_weight_gemm, {"auto", "true", "false"});
   if (t.attention_dropout_rng == "cudnn") {  // cuDNN's fused attention draws the mask
     const char* needs = "training.attention_dropout_rng = cudnn needs ";
     MESH_REQUIRE(run.device == "cuda",

@@ -150,6 +150,7 @@ struct TrainingSection {
   /// The same bits either way. With cuda_graphs only at one micro-batch
   /// per step (the graph replays every micro-batch).
   bool attention_masks_ahead = true;
+  std::string bias_in_weight_gemm = "auto";  ///< auto (on with run.device = cuda) | true | false
   /// Who draws the attention-dropout mask. "meshtron": its counter-based
   /// Philox, the same bits on the host and the GPU, fused or not, on any
   /// tp / dp / pp decomposition. "cudnn": cuDNN's fused attention draws it

@@ -83,6 +83,10 @@ struct LayerContext {
   /// Attention dropout drawn by cuDNN's fused attention with its own
   /// generator (training.attention_dropout_rng = cudnn).
   bool attention_dropout_cudnn = false;
+  /// The column-parallel linears' biases ride in their GEMMs through a ones
+  /// column of their inputs (ColumnParallelLinear; training.bias_in_weight_gemm,
+  /// by default on the device). Read when the layers are built.
+  bool bias_in_weight_gemm = false;
   /// With Full: layers of each model chunk recomputed, counted from the
   /// chunk's first (Megatron's "block" method); 0 = every layer.
   int recompute_num_layers = 0;

@@ -33,9 +33,10 @@ LayerNorm::LayerNorm(const std::string& name, index_t hidden, double eps, DType 
       bias(vector_param(name + ".bias", hidden, dtype, 0.0, sp, space)),
       eps_(eps) {}
 
-Tensor LayerNorm::forward(const Tensor& x, Cache& cache) const {
+Tensor LayerNorm::forward(const Tensor& x, Cache& cache, bool ones_column) const {
   const index_t n = x.dim(0);
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
+  const Shape shape = ones_column ? Shape{n, x.dim(1) + ops::kOnesColumnWidth} : x.shape();
+  Tensor y = Tensor::empty(shape, x.dtype(), x.space());
   cache.x = x;
   cache.mean = Tensor::empty({n}, stats_dtype(x), x.space());
   cache.rstd = Tensor::empty({n}, stats_dtype(x), x.space());

@@ -17,7 +17,10 @@ class LayerNorm {
   /// Parameters in `space` (weight 1, bias 0).
   LayerNorm(const std::string& name, index_t hidden, double eps, DType dtype,
             bool sequence_parallel, MemorySpace space = MemorySpace::Host);
-  Tensor forward(const Tensor& x, Cache& cache) const;
+  /// `ones_column`: y is [rows, H + kOnesColumnWidth], the ones column
+  /// after each row (ops::layernorm_forward) for a ColumnParallelLinear that
+  /// takes it.
+  Tensor forward(const Tensor& x, Cache& cache, bool ones_column = false) const;
   /// Returns dx (+ residual_grad, summed in the same kernel, when given);
   /// accumulates weight and bias gradients, which with `chain` may be
   /// completed by the chain's next call (ops::LayerNormGradChain).

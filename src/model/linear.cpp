@@ -49,7 +49,34 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, index_t in, 
     : weight(make_param(name + ".weight", {in, out}, {in, out / ctx.tp.size()},
                         {1, fused_parts, false}, true, dtype, ctx.space)),
       bias(make_param(name + ".bias", {out}, {out / ctx.tp.size()}, {0, fused_parts, false},
-                      false, dtype, ctx.space)) {}
+                      false, dtype, ctx.space)),
+      ones_column_(ctx.bias_in_weight_gemm) {
+  if (ones_column_) place_in_blocks(dtype, ctx.space);
+}
+
+void ColumnParallelLinear::place_in_blocks(DType dtype, MemorySpace space) {
+  const index_t in = weight.value.dim(0), out = weight.value.dim(1);
+  const Shape block{in + ops::kOnesColumnWidth, out};
+  auto place = [&](Tensor block_tensor, Tensor Parameter::*field) {
+    weight.*field = block_tensor.slice_rows(0, in);
+    bias.*field = block_tensor.slice_rows(in, in + 1).reshape({out});
+  };
+  place(Tensor::zeros(block, dtype, space), &Parameter::value);
+  place(Tensor::zeros(block, grad_dtype_for(dtype), space), &Parameter::grad);
+  bias.trailing_padding = (ops::kOnesColumnWidth - 1) * out;
+}
+
+Tensor ColumnParallelLinear::block_of(Tensor Parameter::*field) const {
+  const Tensor& w = weight.*field;
+  const Tensor& b = bias.*field;
+  const index_t in = w.dim(0), out = w.dim(1);
+  MESH_VERIFY(static_cast<const char*>(w.raw()) + w.bytes() == b.raw() &&
+                  bias.trailing_padding == (ops::kOnesColumnWidth - 1) * out,
+              weight.name << " and " << bias.name
+                          << " left their block (the ones column needs the bias row right "
+                             "after the weight, then its padding)");
+  return Tensor::view(w.raw(), {in + ops::kOnesColumnWidth, out}, w.dtype(), w.space());
+}
 
 Tensor ColumnParallelLinear::input_for_gemm(const Tensor& x, LayerContext& ctx,
                                             Cache& cache) const {
@@ -85,9 +112,13 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
                                      Cache& cache) const {
   const index_t tokens = gathered_rows(x, ctx);
   Tensor y = Tensor::empty({tokens, weight.value.dim(1)}, x.dtype(), x.space());
+  const Tensor block = ones_column_ ? block_of(&Parameter::value) : Tensor();
   multiply_gathered(x, ctx, cache, [&](const Tensor& rows, index_t begin, index_t end) {
     Tensor out = y.slice_rows(begin, end);
-    ops::gemm_bias(rows, false, weight.value, false, bias.value, out);
+    if (ones_column_)
+      ops::gemm(rows, false, block, false, out);
+    else
+      ops::gemm_bias(rows, false, weight.value, false, bias.value, out);
   });
   return y;
 }
@@ -98,15 +129,29 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Ca
   const Shape shape{tokens, weight.value.dim(1)};
   pre_gelu = Tensor::empty(shape, x.dtype(), x.space());
   Tensor activated = Tensor::empty(shape, x.dtype(), x.space());
+  const Tensor block = ones_column_ ? block_of(&Parameter::value) : Tensor();
   multiply_gathered(x, ctx, cache, [&](const Tensor& rows, index_t begin, index_t end) {
     Tensor pre = pre_gelu.slice_rows(begin, end), act = activated.slice_rows(begin, end);
-    ops::gemm_bias_gelu(rows, false, weight.value, false, bias.value, pre, act);
+    if (ones_column_)
+      ops::gemm_gelu(rows, false, block, false, pre, act);
+    else
+      ops::gemm_bias_gelu(rows, false, weight.value, false, bias.value, pre, act);
   });
   return activated;
 }
 
 void ColumnParallelLinear::accumulate_grads(const Tensor& x, const Tensor& dy,
                                             bool bias_grad_accumulated) {
+  if (ones_column_) {  // dA' = X'^T dY: dA and db in one GEMM
+    MESH_VERIFY(!bias_grad_accumulated,
+                bias.name << ": its gradient comes from the weight-gradient GEMM (ones column)");
+    const ops::GradStore store = weight.take_grad_store();
+    MESH_VERIFY(bias.take_grad_store() == store,
+                weight.name << " and " << bias.name << ": one gradient was zeroed without the other");
+    Tensor grads = block_of(&Parameter::grad);
+    ops::gemm(x, true, dy, false, grads, 1.0, ops::gemm_beta(store));
+    return;
+  }
   if (bias_grad_accumulated)
     ops::gemm(x, true, dy, false, weight.grad, 1.0, ops::gemm_beta(weight.take_grad_store()));
   else
@@ -117,7 +162,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const
                                       bool bias_grad_accumulated) {
   if (ctx.sequence_sharded())
     return backward_overlapped(dy, ctx, cache, bias_grad_accumulated);
-  Tensor dx_full = Tensor::empty(cache.x.shape(), dy.dtype(), dy.space());
+  Tensor dx_full = Tensor::empty(input_grad_shape(cache.x.dim(0)), dy.dtype(), dy.space());
   ops::gemm(dy, false, weight.value, true, dx_full);
   // copy_to_tp's backward during the weight-gradient GEMM (Megatron's async
   // all-reduce of the input gradient).
@@ -145,7 +190,7 @@ Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext&
                                           std::size_t(cache.x.numel()));
     gathering = comm.iall_gather(cache.x.raw(), x_full.raw(), counts, x_full.dtype());
   }
-  Tensor dx_full = Tensor::empty(full_shape, dy.dtype(), dy.space());
+  Tensor dx_full = Tensor::empty(input_grad_shape(full_shape[0]), dy.dtype(), dy.space());
   ops::gemm(dy, false, weight.value, true, dx_full);
   if (gather) comm.wait_collective(gathering);
   return mapping::reduce_input_grad(ctx.tp, dx_full, /*sequence_parallel=*/true, [&] {

@@ -15,6 +15,20 @@ namespace meshtron {
 /// parallelism) brings it, and the backward all-reduces (or reduce-scatters)
 /// dX = sum_i dY_i A_i^T. The output stays sharded by columns.
 /// `fused_parts` > 1 splits each of that many column blocks (fused q|k|v).
+///
+/// The ones column (ctx.bias_in_weight_gemm on the device): the bias rides
+/// in the GEMMs as a row of the weight. A and b live in one block
+///   A' = [A_i; b_i; 0] [in + kOnesColumnWidth, out / tp]
+/// (and their gradients in another), and the input arrives with its ones
+/// column, X' = [X, 1, 0] [rows, in + kOnesColumnWidth] (LayerNorm::forward
+/// writes it), so Y_i = X' A'_i and the weight-gradient GEMM X'^T dY_i
+/// gives dA_i and db_i = colsum(dY_i) at once: no bias epilogue, no
+/// column-sum kernel. The zero rows keep the GEMM's row count a multiple of
+/// 8 (over in + 1 rows cuBLASLt's algorithms were ~1.6x slower); they are
+/// the bias's trailing_padding, zeros in every flat buffer. GPT-2 774M
+/// layer on an H200, weight gradient and bias gradient: qkv 0.142 -> 0.124
+/// ms, fc 0.202 -> 0.163 ms (`bench_cuda_ops bias_in_wgrad`,
+/// perf/RESULTS.md, session 57).
 class ColumnParallelLinear {
  public:
   struct Cache {
@@ -36,10 +50,23 @@ class ColumnParallelLinear {
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache,
                   bool bias_grad_accumulated = false);
   void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
+  /// Whether forward() takes X' (the ones column) instead of X; then the
+  /// backward always computes db itself (bias_grad_accumulated is false).
+  bool takes_ones_column() const { return ones_column_; }
 
   Parameter weight, bias;
 
  private:
+  /// Places weight and bias (values and gradients) in their blocks.
+  void place_in_blocks(DType dtype, MemorySpace space);
+  /// A' or dA' as one [in + kOnesColumnWidth, out / tp] view, after checking
+  /// that weight and bias still lie there (an optimizer's flat buffers keep
+  /// them adjacent with the padding: Parameter::trailing_padding).
+  Tensor block_of(Tensor Parameter::*field) const;
+  /// dX's shape for an input (X or X') of `rows` rows.
+  Shape input_grad_shape(index_t rows) const { return {rows, weight.value.dim(0)}; }
+  bool ones_column_ = false;
+
   /// The full X this rank multiplies (gathered or copied); fills the cache.
   Tensor input_for_gemm(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// backward() under sequence parallelism on tp > 1: the input's all-gather

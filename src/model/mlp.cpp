@@ -34,9 +34,10 @@ Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerConte
 // places run the same column-sum kernel, and the order is kept. Except under
 // sequence parallelism on tp > 1: there the sums run with fc's
 // weight-gradient GEMM (linear_weight_grads) beside dX's reduce-scatter,
-// off the path to the next layer.
+// off the path to the next layer. With the ones column fc's weight-gradient
+// GEMM computes it (ColumnParallelLinear).
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  const bool bias_grad_after_dgelu = !ctx.sequence_sharded();
+  const bool bias_grad_after_dgelu = !ctx.sequence_sharded() && !fc.takes_ones_column();
   const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu,
                                                  bias_grad_after_dgelu ? &fc.bias : nullptr);
   return fc.backward(dpre, ctx, c.fc, /*bias_grad_accumulated=*/bias_grad_after_dgelu);

@@ -46,6 +46,14 @@ struct Parameter {
   /// Vocabulary rows beyond the real vocabulary (padding), present only in
   /// the local shard of a vocab-parallel weight: excluded when saving.
   index_t padded_rows = 0;
+  /// Elements right after this parameter that belong to it in every buffer
+  /// the optimizer packs it into (values, gradients, their flat copies),
+  /// kept zero: the padding rows of a linear's [in + kOnesColumnWidth, out]
+  /// weight block after its bias row (ColumnParallelLinear), which its
+  /// GEMMs read and write as zeros. Not saved, not in any norm's count.
+  index_t trailing_padding = 0;
+  /// numel() plus trailing_padding: the parameter's span in a flat buffer.
+  index_t flat_span() const { return value.numel() + trailing_padding; }
 
   bool tp_replicated() const { return shard.split_dim < 0; }
   /// How the next write into grad stores: Overwrite for the first after a

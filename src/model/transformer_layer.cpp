@@ -49,11 +49,11 @@ Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) c
   // on the host).
   const bool fuse_residual = !ctx.training || hidden_dropout_ == 0;
   // With it, the residual adds ride in the dropout kernels (dropout_add).
-  const Tensor attn_in = ln_1.forward(x, c.ln_1);
+  const Tensor attn_in = ln_1.forward(x, c.ln_1, attention.qkv.takes_ones_column());
   const Tensor h = fuse_residual ? attention.forward_residual(attn_in, x, ctx, c.attention)
                                  : dropout_add(attention.forward(attn_in, ctx, c.attention), x,
                                                kStreamAttentionOut, ctx);
-  const Tensor mlp_in = ln_2.forward(h, c.ln_2);
+  const Tensor mlp_in = ln_2.forward(h, c.ln_2, mlp.fc.takes_ones_column());
   if (fuse_residual) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
   return dropout_add(mlp.forward(mlp_in, ctx, c.mlp), h, kStreamMlpOut, ctx);
 }

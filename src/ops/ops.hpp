@@ -40,7 +40,15 @@ void gemm_batched(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
                   Tensor& C, double alpha = 1.0, double beta = 0.0);
 
 // ------------------------------------------------------------- LayerNorm ---
+/// Width of a ones column: one 1 and seven 0s after a row's H values, so
+/// that 16-bit rows stay 16-byte aligned and a GEMM over them keeps a
+/// multiple of 8 (a linear's bias row rides in its weight GEMMs:
+/// model/linear.hpp, ColumnParallelLinear).
+inline constexpr index_t kOnesColumnWidth = 8;
+
 /// y = (x - mean) * rstd * gamma + beta over the last dim of x [N, H].
+/// y is [N, H], or [N, H + kOnesColumnWidth] for the ones column: then
+/// y[:, H] = 1 and y[:, H + 1:] = 0 as well.
 /// Saves mean [N] and rstd [N] (always fp32/fp64 as x) for the backward.
 /// On the GPU, gamma and beta are read while the kernel queued just before
 /// this call may still run (kernels/cuda/layernorm.cu): that kernel must
@@ -242,6 +250,11 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
 /// the host bit for bit).
 void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
                     const Tensor& bias, Tensor& pre_gelu, Tensor& activated);
+/// gemm_bias_gelu without a bias (one riding in A's ones column, B's bias
+/// row): the GELU_AUX epilogue on the device, gemm() then gelu_forward()
+/// elsewhere.
+void gemm_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& pre_gelu,
+               Tensor& activated);
 /// The dgrad GEMM through the GeLU: dpre = (op(A) op(B)) * gelu'(pre_gelu),
 /// dpre and pre_gelu [M, N] (the MLP's d(activated) = dy W^T never stored).
 /// On the device, for bf16 and fp16, one GEMM with the DGELU epilogue;

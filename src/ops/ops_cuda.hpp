@@ -75,8 +75,9 @@ std::uint64_t gemm_gelu_fallbacks();
 std::uint64_t gemm_residual_fallbacks();
 
 // ------------------------------------------------------------- LayerNorm ---
+/// y's rows are ldy apart; ldy > H adds the ones column (ops::layernorm_forward).
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, index_t N,
-                       index_t H, double eps, void* y, float* mean, float* rstd);
+                       index_t H, double eps, void* y, index_t ldy, float* mean, float* rstd);
 /// A layernorm backward's dgamma, dbeta left to add (ops::LayerNormGradChain):
 /// its split kernel's partial rows [rows, 2 H] (fp32, a block allocated by
 /// device::allocate and owned here) and where their column sums go.

@@ -19,6 +19,7 @@
 #include <cblas.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <initializer_list>
@@ -328,19 +329,38 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   MESH_VERIFY(gamma.numel() == H && beta.numel() == H,
               op << ": " << describe(ag) << " and " << describe(ab) << " must hold " << H
                  << " elements, the last dim of " << describe(ax));
-  MESH_VERIFY(y.shape() == x.shape(), op << ": " << describe(ay) << " must match " << describe(ax));
+  const bool ones_column = y.rank() == 2 && x.rank() == 2 && y.dim(0) == N &&
+                           y.dim(1) == H + kOnesColumnWidth;
+  MESH_VERIFY(y.shape() == x.shape() || ones_column,
+              op << ": " << describe(ay) << " must match " << describe(ax) << " or be [" << N
+                 << ", " << H + kOnesColumnWidth << "] (the ones column)");
   require_per_row(op, am, N, ax);
   require_per_row(op, ar, N, ax);
   MESH_VERIFY(eps > 0, op << ": eps must be positive, got " << eps);
+  const index_t ldy = y.dim(-1);
   if (device) {
     ON_CUDA(cuda::layernorm_forward(x.dtype(), x.raw(), gamma.raw(), beta.raw(), N, H, eps,
-                                    y.raw(), mean.data<float>(), rstd.data<float>()));
+                                    y.raw(), ldy, mean.data<float>(), rstd.data<float>()));
     return;
   }
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
+    if (!ones_column) {
+      kernels::layernorm_forward<Host>(x.data<T>(), gamma.data<T>(), beta.data<T>(), N, H, eps,
+                                       y.data<T>(), mean.data<T>(), rstd.data<T>());
+      return;
+    }
+    // The same kernel into rows of H, then each row moved to its place in y
+    // beside its ones column (the host path is for tests and small runs).
+    Tensor rows = Tensor::empty(x.shape(), x.dtype());
     kernels::layernorm_forward<Host>(x.data<T>(), gamma.data<T>(), beta.data<T>(), N, H, eps,
-                                     y.data<T>(), mean.data<T>(), rstd.data<T>());
+                                     rows.data<T>(), mean.data<T>(), rstd.data<T>());
+    const T* from = rows.data<T>();
+    T* to = y.data<T>();
+    for (index_t r = 0; r < N; ++r) {
+      std::copy(from + r * H, from + (r + 1) * H, to + r * ldy);
+      for (index_t c = H; c < ldy; ++c) to[r * ldy + c] = T(c == H ? 1.0f : 0.0f);
+    }
   });
 }
 
@@ -793,25 +813,42 @@ bool gelu_in_epilogue(DType t) { return t == DType::BF16 || t == DType::F16; }
 
 }  // namespace
 
-void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
-                    const Tensor& bias, Tensor& pre_gelu, Tensor& activated) {
-  const char* op = "gemm_bias_gelu";
+namespace {
+/// gemm_bias_gelu, or with bias null gemm_gelu.
+void gemm_gelu_forward(const char* op, const Tensor& A, bool trans_a, const Tensor& B,
+                       bool trans_b, const Tensor* bias, Tensor& pre_gelu, Tensor& activated) {
   const auto [s, device] = check_fused_gemm(op, A, trans_a, B, trans_b, activated);
   check_companion(op, {"pre_gelu", pre_gelu}, A, B, activated);
-  check_bias(op, bias, activated, s.N);
-  MESH_VERIFY(!overlaps(pre_gelu, bias), op << ": pre_gelu must not share memory with bias");
+  if (bias) {
+    check_bias(op, *bias, activated, s.N);
+    MESH_VERIFY(!overlaps(pre_gelu, *bias), op << ": pre_gelu must not share memory with bias");
+  }
   if (s.M == 0 || s.N == 0) return;
   if (device && gelu_in_epilogue(A.dtype())) {
     ON_CUDA({
       cuda::GemmArgs g = gemm_args(A, trans_a, B, trans_b, activated, s);
-      g.bias = bias.raw();
+      g.bias = bias ? bias->raw() : nullptr;
       g.gelu_pre_out = pre_gelu.raw();
       cuda::gemm(g);
     });
     return;
   }
-  gemm_bias(A, trans_a, B, trans_b, bias, pre_gelu);
+  if (bias)
+    gemm_bias(A, trans_a, B, trans_b, *bias, pre_gelu);
+  else
+    gemm(A, trans_a, B, trans_b, pre_gelu);
   gelu_forward(pre_gelu, activated);
+}
+}  // namespace
+
+void gemm_bias_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
+                    const Tensor& bias, Tensor& pre_gelu, Tensor& activated) {
+  gemm_gelu_forward("gemm_bias_gelu", A, trans_a, B, trans_b, &bias, pre_gelu, activated);
+}
+
+void gemm_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Tensor& pre_gelu,
+               Tensor& activated) {
+  gemm_gelu_forward("gemm_gelu", A, trans_a, B, trans_b, nullptr, pre_gelu, activated);
 }
 
 void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,

@@ -157,7 +157,7 @@ AdamW::AdamW(ParameterList params, const AdamWConfig& config, Parameter* tied_he
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (group(*params_[i]) != g) continue;
       grad_offsets_[i] = total;
-      total += params_[i]->grad.numel();
+      total += params_[i]->flat_span();
       if (g == 0) tp_partial_elements_ = total;
     }
   if (!params_.empty() && uniform_grads(params_)) {
@@ -270,7 +270,7 @@ Tensor& AdamW::local_grad_sum_of_squares(OptimizerGroups& g) {
     const Parameter& p = *params_[i];
     if (!counts_in_grad_norm(p, g, tied_head_copy_)) continue;
     if (grads_.defined())
-      ranges.emplace_back(grad_offsets_[i], grad_offsets_[i] + p.grad.numel());
+      ranges.emplace_back(grad_offsets_[i], grad_offsets_[i] + p.flat_span());  // zeros after
     else
       counted.push_back(p.grad);
   }
@@ -340,7 +340,7 @@ DistributedAdamW::DistributedAdamW(ParameterList params, const AdamWConfig& conf
       dp_(&dp) {
   for (Parameter* p : params_) {
     offsets_.push_back(total_);
-    total_ += p->value.numel();
+    total_ += p->flat_span();
   }
   const int n = dp.size();
   padded_total_ = (total_ + n - 1) / n * n;  // equal shards for reduce-scatter
@@ -397,8 +397,7 @@ void DistributedAdamW::make_buckets(index_t bucket_elements) {
     if (current.params.empty()) return;
     const std::size_t first = current.params.back(), last = current.params.front();
     current.begin = offsets_[first];
-    current.end = buckets_.empty() ? padded_total_
-                                   : offsets_[last] + params_[last]->value.numel();
+    current.end = buckets_.empty() ? padded_total_ : offsets_[last] + params_[last]->flat_span();
     for (std::size_t i : current.params) bucket_of_[params_[i]] = buckets_.size();
     buckets_.push_back(current);
     current = Bucket{};
@@ -409,7 +408,7 @@ void DistributedAdamW::make_buckets(index_t bucket_elements) {
     if (tied) close();
     current.params.push_back(i);
     current.tied = tied;
-    size += params_[i]->value.numel();
+    size += params_[i]->flat_span();
     if (tied || size >= bucket_elements) close();
   }
   close();
@@ -542,11 +541,14 @@ void DistributedAdamW::pack(Tensor Parameter::*field, Tensor& flat) const {
 }
 
 void DistributedAdamW::shard_segments(
-    const std::function<void(std::size_t, index_t, index_t, index_t)>& f) const {
+    const std::function<void(std::size_t, index_t, index_t, index_t)>& f,
+    bool with_padding) const {
   const index_t shard_end = shard_begin_ + shard_size_;
   for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = *params_[i];
+    const index_t span = with_padding ? p.flat_span() : p.value.numel();
     const index_t begin = std::max(offsets_[i], shard_begin_);
-    const index_t end = std::min(offsets_[i] + params_[i]->value.numel(), shard_end);
+    const index_t end = std::min(offsets_[i] + span, shard_end);
     if (begin < end) f(i, begin - offsets_[i], end - offsets_[i], begin - shard_begin_);
   }
 }
@@ -569,7 +571,7 @@ StepStats DistributedAdamW::step(double lr, OptimizerGroups& g, bool skip_on_non
   shard_segments([&](std::size_t i, index_t begin, index_t end, index_t pos) {
     if (counts_in_grad_norm(*params_[i], g, tied_head_copy_))
       counted.emplace_back(pos, pos + end - begin);
-  });
+  }, /*with_padding=*/true);
   Tensor& squares = grad_norm_.sum_of_squares(merged_views(grad, counted), space_);
   g.model.all_reduce(squares);
   g.dp.all_reduce(squares);

@@ -290,8 +290,12 @@ class DistributedAdamW final : public Optimizer, public ParamGatherHook {
   void reset_buckets(Communicator& dp);
   /// Copy every parameter's `Tensor Parameter::*field` into a flat buffer.
   void pack(Tensor Parameter::*field, Tensor& flat) const;
+  /// f(param, begin, end, shard_pos) for each parameter's part [begin, end)
+  /// of this rank's shard (at shard_pos there); `with_padding`: its
+  /// trailing_padding counted as part of it (zeros, for the norm's runs).
   void shard_segments(const std::function<void(std::size_t param, index_t begin,
-                                                index_t end, index_t shard_pos)>& f) const;
+                                                index_t end, index_t shard_pos)>& f,
+                      bool with_padding = false) const;
   /// The full flat buffer of a shard, cut into each parameter's local shape.
   std::vector<Tensor> gather_per_parameter(const Tensor& shard, Communicator& dp) const;
   /// This rank's part of per-parameter tensors, into `shard`.

@@ -155,6 +155,9 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   base_ctx_.recompute_num_layers = run.training.recompute_num_layers;
   base_ctx_.logits_in_compute_dtype = run.training.logits_dtype == "compute";
   base_ctx_.attention_dropout_cudnn = run.training.attention_dropout_rng == "cudnn";
+  base_ctx_.bias_in_weight_gemm =
+      run.training.bias_in_weight_gemm == "true" ||
+      (run.training.bias_in_weight_gemm == "auto" && base_ctx_.space == MemorySpace::Cuda);
 
   const int pp = rt.topo.pp();
   if (pp > 1) rt.pp.connect_ring_p2p(kPipelineLanes);  // collective; once per runtime

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 
 #include "common/parameter_set.hpp"
@@ -100,6 +101,71 @@ TEST(OptimizerBuffers, DistributedAdamWWithOverlapAliasesGradientsAndValues) {
     for (double v : t) EXPECT_EQ(v, 0.0);
   // The update reached the values through the gathered buffer.
   EXPECT_NE(contents(m, &Parameter::value), values);
+}
+
+// Parameter::trailing_padding (a ColumnParallelLinear's bias row pads its
+// weight block): every flat buffer leaves that many zeros after the
+// parameter, so the pair stays adjacent with room for its padding rows, and
+// the step reads and writes the parameters as without the padding.
+Model make_padded_model(index_t padding) {
+  Model m = make_model();
+  m.params[1].trailing_padding = padding;  // after p2 [5], before p3
+  return m;
+}
+
+/// Whether p3's `field` starts `padding` elements after p2's end.
+bool padded_after_p2(const Model& m, Tensor Parameter::*field, index_t padding) {
+  const Tensor &a = m.params[1].*field, &b = m.params[2].*field;
+  return static_cast<const char*>(a.raw()) + a.bytes() + padding * dtype_size(a.dtype()) ==
+         b.raw();
+}
+
+/// The `padding` elements after p2's `field`.
+std::vector<float> padding_of(const Model& m, Tensor Parameter::*field, index_t padding) {
+  const Tensor& a = m.params[1].*field;
+  const float* end = a.data<float>() + a.numel();
+  return std::vector<float>(end, end + padding);
+}
+
+TEST(OptimizerBuffers, TrailingPaddingStaysZeroAfterItsParameter) {
+  constexpr index_t padding = 6;
+  Groups g;
+  for (const bool distributed : {false, true}) {
+    SCOPED_TRACE(distributed ? "DistributedAdamW" : "AdamW");
+    Model plain = make_model(), padded = make_padded_model(padding);
+    // No clipping: the norms may differ in their last bit (the zeros change
+    // how the sum is split), the updates may not.
+    const AdamWConfig config{0.9, 0.95, 1e-8, 0.1, /*clip_grad=*/0.0};
+    BucketOverlap overlap;
+    overlap.bucket_elements = 8, overlap.grad_reduce = true, overlap.param_gather = true;
+    auto make = [&](Model& m) -> std::unique_ptr<Optimizer> {
+      if (distributed)
+        return std::make_unique<DistributedAdamW>(m.list(), config, nullptr, g.dp, overlap);
+      return std::make_unique<AdamW>(m.list(), config, nullptr);
+    };
+    auto reference = make(plain), optimizer = make(padded);
+    EXPECT_TRUE(padded_after_p2(padded, &Parameter::grad, padding));
+    if (distributed) EXPECT_TRUE(padded_after_p2(padded, &Parameter::value, padding));
+    EXPECT_EQ(contents(padded, &Parameter::grad), contents(plain, &Parameter::grad));
+    EXPECT_EQ(padding_of(padded, &Parameter::grad, padding), std::vector<float>(padding, 0.f));
+    for (int step = 0; step < 2; ++step) {
+      OptimizerGroups groups = g.get();
+      const StepStats want = reference->step(1e-2, groups, true);
+      const StepStats got = optimizer->step(1e-2, groups, true);
+      reference->finish_param_gather();
+      optimizer->finish_param_gather();
+      EXPECT_NEAR(got.grad_norm, want.grad_norm, 1e-12 * want.grad_norm);
+      EXPECT_EQ(contents(padded, &Parameter::value), contents(plain, &Parameter::value));
+      if (distributed)
+        EXPECT_EQ(padding_of(padded, &Parameter::value, padding),
+                  std::vector<float>(padding, 0.f));
+      for (Model* m : {&padded, &plain})  // the next step's gradients
+        for (Parameter& p : m->params) {
+          p.grad.fill(0.5);
+          p.grad_stale = false;
+        }
+    }
+  }
 }
 
 }  // namespace

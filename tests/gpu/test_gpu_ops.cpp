@@ -456,6 +456,34 @@ TEST_F(GpuOps, LayerNormPackedAndColumnOwnerPathsOnManyRowsMatchHostAndRepeatBit
     }
 }
 
+// The ones column (y [N, H + kOnesColumnWidth], ColumnParallelLinear): each
+// row the bits of the plain call's on the device, then 1 and zeros, on the
+// packed kernel (16-bit and fp32 H = 768, 1280), the scalar one (H = 33) and
+// the column-owner one (fp32 H = 1600); and close to the host's.
+TEST_F(GpuOps, LayerNormOnesColumnRowsAreThePlainRowsThenOneAndZeros) {
+  const index_t N = 301;
+  for (DType dt : kDtypes)
+    for (index_t H : {index_t(33), index_t(768), index_t(1280), index_t(1600)}) {
+      const std::string what = "layernorm ones column " + name(dt) + " H=" + std::to_string(H);
+      const LayerNormCase c = layernorm_forward_case(N, H, dt, what);
+      const index_t ld = H + kOnesColumnWidth;
+      Pair wide = output({N, ld}, dt);
+      Tensor mean = Tensor::empty({N}, DType::F32, MemorySpace::Cuda), rstd = mean.clone();
+      layernorm_forward(c.x.dev, c.gamma.dev, c.beta.dev, 1e-5, wide.dev, mean, rstd);
+      Tensor host_mean = c.mean.host.clone(), host_rstd = c.rstd.host.clone();
+      layernorm_forward(c.x.host, c.gamma.host, c.beta.host, 1e-5, wide.host, host_mean, host_rstd);
+      expect_close(wide, dt, what + " vs host");
+      const std::vector<double> got = wide.dev.to_doubles(), plain = c.y.dev.to_doubles();
+      for (index_t r = 0; r < N; ++r) {
+        for (index_t h = 0; h < H; ++h)
+          ASSERT_EQ(got[r * ld + h], plain[r * H + h]) << what << " row " << r << " col " << h;
+        for (index_t h = H; h < ld; ++h)
+          ASSERT_EQ(got[r * ld + h], h == H ? 1.0 : 0.0) << what << " row " << r << " col " << h;
+      }
+      EXPECT_TRUE(rstd.to_doubles() == c.rstd.dev.to_doubles()) << what << ": rstd";
+    }
+}
+
 // A model backward's layernorm backwards share an ops::LayerNormGradChain:
 // each call leaves its dgamma / dbeta adds to the next call's kernel (or to
 // flush()), which adds them in the order of the kernel that would have
@@ -1387,6 +1415,31 @@ TEST_F(GpuOps, GemmBiasGeluMatchesHostGemmBiasThenGelu) {
   for (DType dt : kDtypes)
     for (const GemmCase& g : kEpilogueCases)
       for (int t = 0; t < 4; ++t) check_gemm_bias_gelu(dt, g, t & 1, t & 2);
+}
+
+/// gemm_gelu (GELU_AUX, no bias: the fc forward with the ones column).
+void check_gemm_gelu(DType dt, const GemmCase& g, bool ta, bool tb) {
+  const std::string what = gemm_what("gemm_gelu", dt, g.M, g.N, g.K, ta, tb);
+  const double w = weight_range(g.K);
+  const Pair A = input(stored(g.M, g.K, ta), dt), B = input(stored(g.K, g.N, tb), dt, -w, w);
+  Pair pre = output({g.M, g.N}, dt), act = output({g.M, g.N}, dt);
+  gemm_gelu(A.host, ta, B.host, tb, pre.host, act.host);
+  gemm_gelu(A.dev, ta, B.dev, tb, pre.dev, act.dev);
+  expect_close(pre, dt, what + " pre_gelu");
+  expect_close(act, dt, what + " activated");
+}
+
+TEST_F(GpuOps, GemmGeluMatchesHostGemmThenGeluAndIsFusedAtGpt2Shapes) {
+  for (DType dt : kDtypes)
+    for (const GemmCase& g : kEpilogueCases)
+      for (int t = 0; t < 4; ++t) check_gemm_gelu(dt, g, t & 1, t & 2);
+  // GPT-2 124M's fc forward with the ones column: K = 768 + 8.
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const std::uint64_t before = cuda::gemm_gelu_fallbacks();
+    check_gemm_gelu(dt, {8192, 3072, 768 + kOnesColumnWidth}, false, false);
+    EXPECT_EQ(cuda::gemm_gelu_fallbacks(), before)
+        << name(dt) << ": cuBLASLt offered no GELU_AUX algorithm";
+  }
 }
 
 TEST_F(GpuOps, GemmDgeluMatchesHostGemmThenGeluBackward) {

@@ -669,6 +669,18 @@ TEST(GpuTraining, OneGpuRunMatchesTheHostRun) {
   expect_same_run(one_gpu_reference(), host);
 }
 
+// training.bias_in_weight_gemm: auto (the reference above) puts qkv's and
+// fc's biases in their GEMMs on the device (the ones column); = false runs
+// the bias epilogues and column-sum kernels. The same run to rounding.
+TEST(GpuTraining, BiasInWeightGemmMatchesTheBiasKernels) {
+  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  if (!is_rank0()) return;  // see one_gpu_reference()
+  const RunResult kernels = testing::train_layout(
+      MPI_COMM_SELF, Layout{.overrides = {"training.bias_in_weight_gemm=false"}}, DType::F32, 3,
+      MemorySpace::Cuda);
+  expect_same_run(one_gpu_reference(), kernels);
+}
+
 class GpuDecomposition : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(GpuDecomposition, MatchesOneGpuRun) {

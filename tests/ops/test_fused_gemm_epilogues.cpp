@@ -88,6 +88,23 @@ TYPED_TEST(FusedEpilogues, GemmBiasGeluEqualsGemmBiasThenGeluBitwise) {
       }
 }
 
+TYPED_TEST(FusedEpilogues, GemmGeluEqualsGemmThenGeluBitwise) {
+  for (const GemmCase& g : kCases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const auto [A, B] = this->operands(g, ta, tb);
+        Tensor pre = this->poisoned({g.M, g.N}), act = this->poisoned({g.M, g.N});
+        gemm_gelu(A, ta, B, tb, pre, act);
+        Tensor pre_ref = this->poisoned({g.M, g.N}), act_ref = this->poisoned({g.M, g.N});
+        gemm(A, ta, B, tb, pre_ref);
+        gelu_forward(pre_ref, act_ref);
+        const std::string what = describe("gemm_gelu", g, ta, tb);
+        EXPECT_FALSE(any_nan(act.to_doubles())) << what;
+        EXPECT_EQ(pre.to_doubles(), pre_ref.to_doubles()) << what << " (pre_gelu)";
+        EXPECT_EQ(act.to_doubles(), act_ref.to_doubles()) << what << " (activated)";
+      }
+}
+
 TYPED_TEST(FusedEpilogues, GemmDgeluEqualsGemmThenGeluBackwardBitwise) {
   for (const GemmCase& g : kCases)
     for (bool ta : {false, true})

@@ -294,6 +294,32 @@ TYPED_TEST(OpsTyped, LayerNormForwardMatchesNaive) {
     }
 }
 
+// y [N, H + kOnesColumnWidth]: each row as the plain call's, bit for bit,
+// then 1 and zeros (the ones column a ColumnParallelLinear's bias rides in).
+TYPED_TEST(OpsTyped, LayerNormForwardWritesTheOnesColumn) {
+  const double eps = 1e-5;
+  for (index_t N : kRows)
+    for (index_t H : kCols) {
+      const Tensor x = random_tensor({N, H}, this->dtype, this->rng, 2.0, 4.0);
+      const Tensor gamma = random_tensor({H}, this->dtype, this->rng, 0.5, 1.5);
+      const Tensor beta = random_tensor({H}, this->dtype, this->rng);
+      Tensor y = Tensor::empty({N, H}, this->dtype), wide = Tensor::empty({N, H + kOnesColumnWidth}, this->dtype);
+      wide.fill(std::numeric_limits<double>::quiet_NaN());
+      Tensor mean = Tensor::empty({N}, this->dtype), rstd = Tensor::empty({N}, this->dtype);
+      Tensor mean2 = mean.clone(), rstd2 = rstd.clone();
+      layernorm_forward(x, gamma, beta, eps, y, mean, rstd);
+      layernorm_forward(x, gamma, beta, eps, wide, mean2, rstd2);
+      const std::vector<double> plain = y.to_doubles(), got = wide.to_doubles();
+      const index_t ld = H + kOnesColumnWidth;
+      for (index_t r = 0; r < N; ++r) {
+        for (index_t c = 0; c < H; ++c) ASSERT_EQ(got[r * ld + c], plain[r * H + c]) << r << ", " << c;
+        for (index_t c = H; c < ld; ++c) ASSERT_EQ(got[r * ld + c], c == H ? 1.0 : 0.0) << r << ", " << c;
+      }
+      EXPECT_EQ(mean2.to_doubles(), mean.to_doubles());
+      EXPECT_EQ(rstd2.to_doubles(), rstd.to_doubles());
+    }
+}
+
 TYPED_TEST(OpsTyped, LayerNormBackwardMatchesNaiveAndAccumulatesParams) {
   const double eps = 1e-5;
   for (index_t N : kRows)
