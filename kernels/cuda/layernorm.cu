@@ -48,6 +48,21 @@ __device__ __forceinline__ void store_ones_column(T* y_row, kindex H, kindex ldy
   if (t < ldy - H) store_f(y_row, H + t, t == 0 ? 1.f : 0.f);
 }
 
+/// The same in 16-byte packs from the packed kernel (y_row + H 16-byte
+/// aligned there, ldy - H a whole number of packs): lane t stores pack t.
+/// With the ones column bf16 [8192, 768] moves its bytes at 0.73 of the
+/// copy, 0.81 without; one 2-byte store per lane gave the same 0.72-0.73
+/// (an H200, perf/RESULTS.md, session 57): the cost is elsewhere (rows 1552
+/// bytes apart, not a whole number of 32-byte sectors, is the suspect).
+template <class T>
+__device__ __forceinline__ void store_ones_column_packed(T* y_row, kindex H, kindex ldy, int lane) {
+  if (lane >= int((ldy - H) / kPack<T>)) return;
+  Pack<T> p;
+#pragma unroll
+  for (int j = 0; j < kPack<T>; ++j) p.v[j] = from_f<T>(lane == 0 && j == 0 ? 1.f : 0.f);
+  reinterpret_cast<Pack<T>*>(y_row + H)[lane] = p;
+}
+
 template <class T>
 __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma,
                                          const T* __restrict__ beta, kindex N, kindex H,
@@ -200,8 +215,8 @@ __device__ void stage_row_fp32(const T* __restrict__ v, int P, float4* out) {
 /// 15). Per
 /// element the same expressions as the scalar kernel. kOnes: y has the ones
 /// column (rows ldy apart); otherwise ldy is H, known to be (a run-time ldy
-/// there took bf16 [8192, 768] from 0.80 to 0.73 of the copy: an H200,
-/// perf/RESULTS.md, session 57).
+/// there took bf16 [8192, 768] without the ones column from 0.80 to 0.73 of
+/// the copy: an H200, perf/RESULTS.md, session 57).
 template <class T, int K, bool kOnes>
 __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
                                                 const T* __restrict__ gamma,
@@ -268,7 +283,7 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
       }
       reinterpret_cast<Pack<T>*>(y + row * ldy)[p] = out;
     }
-    if constexpr (kOnes) store_ones_column(y + row * ldy, H, ldy, lane);
+    if constexpr (kOnes) store_ones_column_packed(y + row * ldy, H, ldy, lane);
     if (lane == 0) {
       mean[row] = mu;
       rstd[row] = rs;
