@@ -980,20 +980,14 @@ void bench_bias_in_weight_gradient() {
     };
     // The same GEMMs with x' as plain operands (lda = in + 8, only in rows /
     // columns used): what the padded layout alone does to the weight
-    // gradient and to the forward y = x W.
-    auto padded_gemm = [&](index_t rows) {
-      cuda::GemmArgs g{dt,   DType::F32, xp.raw(), dy.raw(), dwp.raw(), true, false,
-                       rows, out,        M,        ld,       out,       out};
-      g.beta = 1.0;
-      cuda::gemm(g);
-    };
+    // gradient (ones_gemm over in rows) and to the forward y = x W.
     const Tensor w = random_device({in, out}, dt, -0.05, 0.05);
     Tensor y = Tensor::empty({M, out}, dt, MemorySpace::Cuda);
     auto forward = [&](const Tensor& a, index_t lda) {
       cuda::GemmArgs g{dt, dt, a.raw(), w.raw(), y.raw(), false, false, M, out, in, lda, out, out};
       cuda::gemm(g);
     };
-    const double pad_only = median_ms([&] { padded_gemm(in); });
+    const double pad_only = median_ms([&] { ones_gemm(in, 1.0); });
     const double fwd = median_ms([&] { forward(x, in); }), fwd_pad = median_ms([&] { forward(xp, ld); });
     double ms[7];
     for (int tuned = 0; tuned < 2; ++tuned) {

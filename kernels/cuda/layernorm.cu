@@ -43,24 +43,13 @@ constexpr int kWarpsPerBlock = 8;
 /// A forward output wider than its rows (ldy > H: the ones column of
 /// ops::layernorm_forward, kOnesColumnWidth elements): y[row, H] = 1 and
 /// y[row, H + 1 .. ldy) = 0, element H + t by thread t of the row's owners.
-template <class T>
-__device__ __forceinline__ void store_ones_column(T* y_row, kindex H, kindex ldy, int t) {
-  if (t < ldy - H) store_f(y_row, H + t, t == 0 ? 1.f : 0.f);
-}
-
-/// The same in 16-byte packs from the packed kernel (y_row + H 16-byte
-/// aligned there, ldy - H a whole number of packs): lane t stores pack t.
-/// With the ones column bf16 [8192, 768] moves its bytes at 0.73 of the
-/// copy, 0.81 without; one 2-byte store per lane gave the same 0.72-0.73
+/// With the ones column bf16 [8192, 768] moves its bytes at 0.72-0.73 of
+/// the copy, 0.81 without; storing it in 16-byte packs instead gave the same
 /// (an H200, perf/RESULTS.md, session 57): the cost is elsewhere (rows 1552
 /// bytes apart, not a whole number of 32-byte sectors, is the suspect).
 template <class T>
-__device__ __forceinline__ void store_ones_column_packed(T* y_row, kindex H, kindex ldy, int lane) {
-  if (lane >= int((ldy - H) / kPack<T>)) return;
-  Pack<T> p;
-#pragma unroll
-  for (int j = 0; j < kPack<T>; ++j) p.v[j] = from_f<T>(lane == 0 && j == 0 ? 1.f : 0.f);
-  reinterpret_cast<Pack<T>*>(y_row + H)[lane] = p;
+__device__ __forceinline__ void store_ones_column(T* y_row, kindex H, kindex ldy, int t) {
+  if (t < ldy - H) store_f(y_row, H + t, t == 0 ? 1.f : 0.f);
 }
 
 template <class T>
@@ -283,7 +272,7 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
       }
       reinterpret_cast<Pack<T>*>(y + row * ldy)[p] = out;
     }
-    if constexpr (kOnes) store_ones_column_packed(y + row * ldy, H, ldy, lane);
+    if constexpr (kOnes) store_ones_column(y + row * ldy, H, ldy, lane);
     if (lane == 0) {
       mean[row] = mu;
       rstd[row] = rs;

@@ -17,14 +17,6 @@ Parameter vector_param(const std::string& name, index_t n, DType dtype, double v
   p.weight_decay = false;
   return p;
 }
-
-/// dgamma and dbeta are written by one op: one store for both.
-ops::GradStore take_grad_store(Parameter& weight, Parameter& bias) {
-  const ops::GradStore store = weight.take_grad_store();
-  MESH_VERIFY(bias.take_grad_store() == store,
-              weight.name << " and " << bias.name << ": one gradient was zeroed without the other");
-  return store;
-}
 }  // namespace
 
 LayerNorm::LayerNorm(const std::string& name, index_t hidden, double eps, DType dtype,

@@ -145,11 +145,8 @@ void ColumnParallelLinear::accumulate_grads(const Tensor& x, const Tensor& dy,
   if (ones_column_) {  // dA' = X'^T dY: dA and db in one GEMM
     MESH_VERIFY(!bias_grad_accumulated,
                 bias.name << ": its gradient comes from the weight-gradient GEMM (ones column)");
-    const ops::GradStore store = weight.take_grad_store();
-    MESH_VERIFY(bias.take_grad_store() == store,
-                weight.name << " and " << bias.name << ": one gradient was zeroed without the other");
     Tensor grads = block_of(&Parameter::grad);
-    ops::gemm(x, true, dy, false, grads, 1.0, ops::gemm_beta(store));
+    ops::gemm(x, true, dy, false, grads, 1.0, ops::gemm_beta(take_grad_store(weight, bias)));
     return;
   }
   if (bias_grad_accumulated)

@@ -71,6 +71,16 @@ struct Parameter {
   }
 };
 
+/// The store of one op that writes both gradients (a layernorm's dgamma and
+/// dbeta, a linear's dA and db through the ones column): their
+/// take_grad_store(), which must agree.
+inline ops::GradStore take_grad_store(Parameter& weight, Parameter& bias) {
+  const ops::GradStore store = weight.take_grad_store();
+  MESH_VERIFY(bias.take_grad_store() == store,
+              weight.name << " and " << bias.name << ": one gradient was zeroed without the other");
+  return store;
+}
+
 /// A flat list of a model's parameters (pointers owned by the layers).
 using ParameterList = std::vector<Parameter*>;
 

@@ -811,9 +811,6 @@ void check_companion(const char* op, const Arg& x, const Tensor& A, const Tensor
 /// of the host; so fp32 runs the GEMM and the gelu kernels, as before.
 bool gelu_in_epilogue(DType t) { return t == DType::BF16 || t == DType::F16; }
 
-}  // namespace
-
-namespace {
 /// gemm_bias_gelu, or with bias null gemm_gelu.
 void gemm_gelu_forward(const char* op, const Tensor& A, bool trans_a, const Tensor& B,
                        bool trans_b, const Tensor* bias, Tensor& pre_gelu, Tensor& activated) {
