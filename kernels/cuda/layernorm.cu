@@ -207,7 +207,7 @@ __device__ void stage_row_fp32(const T* __restrict__ v, int P, float4* out) {
 /// there took bf16 [8192, 768] without the ones column from 0.80 to 0.73 of
 /// the copy: an H200, perf/RESULTS.md, session 57).
 template <class T, int K, bool kOnes>
-__global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
+__device__ __forceinline__ void layernorm_forward_packed_rows(const T* __restrict__ x,
                                                 const T* __restrict__ gamma,
                                                 const T* __restrict__ beta, kindex N, kindex H,
                                                 float eps, T* __restrict__ y, kindex y_ld,
@@ -272,12 +272,46 @@ __global__ void layernorm_forward_packed_kernel(const T* __restrict__ x,
       }
       reinterpret_cast<Pack<T>*>(y + row * ldy)[p] = out;
     }
-    if constexpr (kOnes) store_ones_column(y + row * ldy, H, ldy, lane);
     if (lane == 0) {
       mean[row] = mu;
       rstd[row] = rs;
     }
   }
+  if constexpr (kOnes)
+    for (row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); row < N; row += warps)
+      store_ones_column(y + row * ldy, H, ldy, lane);
+}
+
+#define MESHTRON_LN_FORWARD_PACKED_PARAMS                                                     \
+  const T *__restrict__ x, const T *__restrict__ gamma, const T *__restrict__ beta, kindex N, \
+      kindex H, float eps, T *__restrict__ y, kindex y_ld, float *__restrict__ mean,          \
+      float *__restrict__ rstd
+template <class T, int K, bool kOnes>
+__global__ void layernorm_forward_packed_kernel(MESHTRON_LN_FORWARD_PACKED_PARAMS) {
+  layernorm_forward_packed_rows<T, K, kOnes>(x, gamma, beta, N, H, eps, y, y_ld, mean, rstd);
+}
+/// The same, compiled for 4 blocks (32 warps) an SM: the ones column at
+/// 16-bit K = 3 (512 < H <= 768). Its plain sibling fits in 64 registers, 4
+/// blocks an SM; the ones column's row stride took 71 (66 with its stores
+/// after the row loop), 3 blocks: bf16 [8192, 768] at 0.72 of the copy
+/// against the plain rows' 0.80; held to 64 registers (no spills) 0.75-0.76,
+/// 0.83 from a graph (Nsight Compute and the memory table, an H200,
+/// perf/RESULTS.md, session 58). Only there: `__launch_bounds__` changes
+/// ptxas's allocation of every kernel it is put on.
+template <class T, int K, bool kOnes>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
+    layernorm_forward_packed_kernel_4_blocks(MESHTRON_LN_FORWARD_PACKED_PARAMS) {
+  layernorm_forward_packed_rows<T, K, kOnes>(x, gamma, beta, N, H, eps, y, y_ld, mean, rstd);
+}
+#undef MESHTRON_LN_FORWARD_PACKED_PARAMS
+
+/// The packed forward's entry point for <T, K, kOnes>.
+template <class T, int K, bool kOnes>
+constexpr auto forward_packed_kernel() {
+  if constexpr (kOnes && sizeof(T) == 2 && K == 3)
+    return layernorm_forward_packed_kernel_4_blocks<T, K, kOnes>;
+  else
+    return layernorm_forward_packed_kernel<T, K, kOnes>;
 }
 
 /// Dynamic shared memory of the packed forward: gamma and beta as fp32.
@@ -289,12 +323,13 @@ constexpr std::size_t forward_shared_bytes() {
 /// Grid of the packed forward: one block per kWarpsPerBlock rows, at most
 /// one full wave. bf16 H = 768 before: 48 registers, 5 blocks per SM, the
 /// 1024 one-row-per-warp blocks in 1.55 waves, the second wave's loads
-/// issued only as first-wave warps exited; now 65 registers, 3 blocks per
-/// SM (396 on an H100), 2-3 rows per warp, the next row always in flight.
+/// issued only as first-wave warps exited; now 64 registers, 4 blocks per
+/// SM (528 on an H200), about 2 rows per warp, the next row always in
+/// flight.
 /// Looked up once per kernel (one GPU per process).
 template <class T, int K, bool kOnes>
 kindex forward_blocks(kindex N) {
-  static const kindex resident = resident_blocks(layernorm_forward_packed_kernel<T, K, kOnes>,
+  static const kindex resident = resident_blocks(forward_packed_kernel<T, K, kOnes>(),
                                                  kWarpsPerBlock * 32, forward_shared_bytes<T, K>());
   const kindex row_blocks = (N + kWarpsPerBlock - 1) / kWarpsPerBlock;
   return row_blocks < resident ? row_blocks : resident;
@@ -1069,9 +1104,9 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
                            ldy, mean, rstd);
         };
         if (ldy == H)
-          launch(layernorm_forward_packed_kernel<T, K, false>, forward_blocks<T, K, false>(N));
+          launch(forward_packed_kernel<T, K, false>(), forward_blocks<T, K, false>(N));
         else
-          launch(layernorm_forward_packed_kernel<T, K, true>, forward_blocks<T, K, true>(N));
+          launch(forward_packed_kernel<T, K, true>(), forward_blocks<T, K, true>(N));
       });
       return;
     }
