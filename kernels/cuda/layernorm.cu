@@ -43,10 +43,10 @@ constexpr int kWarpsPerBlock = 8;
 /// A forward output wider than its rows (ldy > H: the ones column of
 /// ops::layernorm_forward, kOnesColumnWidth elements): y[row, H] = 1 and
 /// y[row, H + 1 .. ldy) = 0, element H + t by thread t of the row's owners.
-/// With the ones column bf16 [8192, 768] moves its bytes at 0.72-0.73 of
-/// the copy, 0.81 without; storing it in 16-byte packs instead gave the same
-/// (an H200, perf/RESULTS.md, session 57): the cost is elsewhere (rows 1552
-/// bytes apart, not a whole number of 32-byte sectors, is the suspect).
+/// With the ones column the packed bf16 [8192, 768] forward moved its bytes
+/// at 0.72 of the copy, 0.80 without; neither 16-byte-pack stores (session
+/// 57) nor a 16-wide column (32-byte rows, session 58) moved it: the cost was
+/// occupancy (layernorm_forward_packed_kernel_4_blocks).
 template <class T>
 __device__ __forceinline__ void store_ones_column(T* y_row, kindex H, kindex ldy, int t) {
   if (t < ldy - H) store_f(y_row, H + t, t == 0 ? 1.f : 0.f);
@@ -277,6 +277,8 @@ __device__ __forceinline__ void layernorm_forward_packed_rows(const T* __restric
       rstd[row] = rs;
     }
   }
+  // The ones columns after the row loop: stored inside it they kept 5-10
+  // more registers live in most instantiations (ptxas -v, session 58).
   if constexpr (kOnes)
     for (row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); row < N; row += warps)
       store_ones_column(y + row * ldy, H, ldy, lane);
