@@ -207,12 +207,10 @@ __device__ void stage_row_fp32(const T* __restrict__ v, int P, float4* out) {
 /// there took bf16 [8192, 768] without the ones column from 0.80 to 0.73 of
 /// the copy: an H200, perf/RESULTS.md, session 57).
 template <class T, int K, bool kOnes>
-__device__ __forceinline__ void layernorm_forward_packed_rows(const T* __restrict__ x,
-                                                const T* __restrict__ gamma,
-                                                const T* __restrict__ beta, kindex N, kindex H,
-                                                float eps, T* __restrict__ y, kindex y_ld,
-                                                float* __restrict__ mean,
-                                                float* __restrict__ rstd) {
+__device__ __forceinline__ void layernorm_forward_packed_rows(
+    const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta, kindex N,
+    kindex H, float eps, T* __restrict__ y, kindex y_ld, float* __restrict__ mean,
+    float* __restrict__ rstd) {
   constexpr int V = kPack<T>, Q = V / 4;
   const kindex ldy = kOnes ? y_ld : H;
   const int lane = threadIdx.x & 31, P = int(H / V);
@@ -284,10 +282,11 @@ __device__ __forceinline__ void layernorm_forward_packed_rows(const T* __restric
       store_ones_column(y + row * ldy, H, ldy, lane);
 }
 
+// The two entry points' parameters, layernorm_forward_packed_rows's.
 #define MESHTRON_LN_FORWARD_PACKED_PARAMS                                                     \
-  const T *__restrict__ x, const T *__restrict__ gamma, const T *__restrict__ beta, kindex N, \
-      kindex H, float eps, T *__restrict__ y, kindex y_ld, float *__restrict__ mean,          \
-      float *__restrict__ rstd
+  const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta, kindex N, \
+      kindex H, float eps, T* __restrict__ y, kindex y_ld, float* __restrict__ mean,          \
+      float* __restrict__ rstd
 template <class T, int K, bool kOnes>
 __global__ void layernorm_forward_packed_kernel(MESHTRON_LN_FORWARD_PACKED_PARAMS) {
   layernorm_forward_packed_rows<T, K, kOnes>(x, gamma, beta, N, H, eps, y, y_ld, mean, rstd);
