@@ -546,6 +546,10 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
       const std::string shape = "[8192, " + std::to_string(h) + "]";
       const double n = double(kTokens) * double(h);
       const auto ln = [dt, h] { return LayerNormInputs(dt, h); };
+      // Attention proj's and fc2's bias gradients (the residual's width): the
+      // step's own bias_backward launches (qkv's and fc's ride in their
+      // weight-gradient GEMMs under training.bias_in_weight_gemm).
+      add_row("bias_backward (fp32 grad)", dt, shape, n * es, on([dt, h] { return BiasGradInputs(dt, h); }, [](auto& t) { bias_backward(t.dy, t.dbias); }));
       add_row("layernorm_forward", dt, shape, 2 * n * es, on(ln, [](auto& t) { layernorm_forward(t.x, t.gamma, t.beta, 1e-5, t.y, t.mean, t.rstd); }));
       // With the ones column (the qkv / fc input under training.bias_in_weight_gemm).
       add_row("layernorm_forward (ones column)", dt, shape, n * es + double(kTokens) * (h + kOnesColumnWidth) * es, on(ln, [](auto& t) { layernorm_forward(t.x, t.gamma, t.beta, 1e-5, t.y_ones, t.mean, t.rstd); }));
