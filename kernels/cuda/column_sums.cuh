@@ -47,18 +47,18 @@ __device__ __forceinline__ float stored_sum(const G* out, kindex c, float s, boo
 /// Loads in flight per thread where a loop adds a column's values in order.
 inline constexpr int kFinalizeUnroll = 8;
 
-/// sum_{k < splits} at(k), added in k order from 0.f. The loads of
-/// kFinalizeUnroll splits are issued before their adds (which stay in split
-/// order: the same bits as one load and add at a time).
-template <class At>
+/// sum_{k < splits} at(k), added in k order from 0.f. The loads of Unroll
+/// splits are issued before their adds (which stay in split order: the same
+/// bits as one load and add at a time, whatever Unroll).
+template <int Unroll = kFinalizeUnroll, class At>
 __device__ __forceinline__ float sum_splits_in_order(kindex splits, const At& at) {
   float s = 0.f;
-  for (kindex k = 0; k < splits; k += kFinalizeUnroll) {
-    float p[kFinalizeUnroll];
+  for (kindex k = 0; k < splits; k += Unroll) {
+    float p[Unroll];
 #pragma unroll
-    for (int u = 0; u < kFinalizeUnroll; ++u) p[u] = k + u < splits ? at(k + u) : 0.f;
+    for (int u = 0; u < Unroll; ++u) p[u] = k + u < splits ? at(k + u) : 0.f;
 #pragma unroll
-    for (int u = 0; u < kFinalizeUnroll; ++u)
+    for (int u = 0; u < Unroll; ++u)
       if (k + u < splits) s += p[u];
   }
   return s;
@@ -286,6 +286,15 @@ __device__ __forceinline__ void add_partial_rows_slice(const PartialRowsToAdd& a
 /// the column block and sets the ticket back to 0 (for the next call and
 /// for graph replays). Calls run one after another on the compute stream.
 inline constexpr int kMaxFusedColumnBlocks = 1024;
+/// Split loads in flight per thread in the fused finish. At the residual's
+/// widths the 16-byte packs make few column blocks, so the wave is filled
+/// with many row splits (bf16 768: 3 column blocks x 88 splits), and the
+/// finishing block's adds were 11 rounds of L2 latency at 8 a round: 32 a
+/// round (no spills, sm_90) took bf16 [8192, 768] 9.0 -> 8.3 us, 1280 9.0 ->
+/// 8.6, fp32 768 7.8 -> 7.6, 1280 9.4 -> 9.1 (H200, three alternated rounds,
+/// perf/RESULTS.md session 60); at 3072 (22 splits) it changed nothing
+/// (H100, session 34) and bf16 5120 (13) measured 24.3 -> 24.7 us.
+inline constexpr int kFusedFinishUnroll = 32;
 static __device__ unsigned int g_column_tickets[kMaxFusedColumnBlocks];
 
 /// column_partials_kernel for plain column sums of x [N, C] (NV = 1), with
@@ -365,7 +374,7 @@ __global__ void __launch_bounds__(kColTile * kRowLanes, 2)
       // column_finalize_kernel's adds in the same order (L2 loads: other
       // blocks wrote the partials).
       const float s =
-          sum_splits_in_order(splits, [&](kindex k) { return __ldcg(partial + k * C + c); });
+          sum_splits_in_order<kFusedFinishUnroll>(splits, [&](kindex k) { return __ldcg(partial + k * C + c); });
       store_f(out, c, stored_sum(out, c, s, accumulate));
     }
     if (threadIdx.x == 0 && threadIdx.y == 0) g_column_tickets[blockIdx.x] = 0;
