@@ -539,9 +539,12 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
       add_row("dropout_forward p=0.1", dt, shape, 2 * n * es, on(ew, [](auto& t) { dropout_forward(t.x, 0.1, t.site, t.y); }));
       add_row("dropout_add p=0.1", dt, shape, 3 * n * es, on(ew, [](auto& t) { dropout_add(t.x, t.dy, 0.1, t.site, t.y); }));
     }
+    const auto add_bias_grad_row = [&](index_t width) {
+      add_row("bias_backward (fp32 grad)", dt, "[8192, " + std::to_string(width) + "]", double(kTokens) * double(width) * es,
+              on([dt, width] { return BiasGradInputs(dt, width); }, [](auto& t) { bias_backward(t.dy, t.dbias); }));
+    };
     // 774M's fc bias gradient (4 x 1280 columns), taken after the MLP's dgelu GEMM
-    add_row("bias_backward (fp32 grad)", dt, "[8192, 5120]", double(kTokens) * 5120 * es,
-            on([dt] { return BiasGradInputs(dt, 5120); }, [](auto& t) { bias_backward(t.dy, t.dbias); }));
+    add_bias_grad_row(5120);
     for (const index_t h : {index_t(768), index_t(1280)}) {  // GPT-2 124M's and 774M's width
       const std::string shape = "[8192, " + std::to_string(h) + "]";
       const double n = double(kTokens) * double(h);
@@ -549,7 +552,7 @@ void bench_memory_bound(const Baselines& baselines, RowSink sink = RowSink::Tabl
       // Attention proj's and fc2's bias gradients (the residual's width): the
       // step's own bias_backward launches (qkv's and fc's ride in their
       // weight-gradient GEMMs under training.bias_in_weight_gemm).
-      add_row("bias_backward (fp32 grad)", dt, shape, n * es, on([dt, h] { return BiasGradInputs(dt, h); }, [](auto& t) { bias_backward(t.dy, t.dbias); }));
+      add_bias_grad_row(h);
       add_row("layernorm_forward", dt, shape, 2 * n * es, on(ln, [](auto& t) { layernorm_forward(t.x, t.gamma, t.beta, 1e-5, t.y, t.mean, t.rstd); }));
       // With the ones column (the qkv / fc input under training.bias_in_weight_gemm).
       add_row("layernorm_forward (ones column)", dt, shape, n * es + double(kTokens) * (h + kOnesColumnWidth) * es, on(ln, [](auto& t) { layernorm_forward(t.x, t.gamma, t.beta, 1e-5, t.y_ones, t.mean, t.rstd); }));
