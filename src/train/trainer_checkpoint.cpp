@@ -48,12 +48,27 @@ void save_trainer_checkpoint(Trainer& trainer, const std::string& save_dir, io::
                       state, keep_last);
 }
 
-io::TrainState load_trainer_checkpoint(Trainer& trainer, const std::string& path) {
+namespace {
+
+/// Load `path` into `trainer`: the weights, and the Adam moments when
+/// `load_optimizer` (otherwise the moments keep the fresh optimizer's zeros).
+io::TrainState load_into(Trainer& trainer, const std::string& path, bool load_optimizer) {
   FullState s = gather_state(trainer);  // tensors of the right shapes to load into
   io::TrainState state;
   io::load_checkpoint(path, trainer.runtime().topo, checkpoint_tensors(trainer, s, false), state,
-                      /*load_optimizer=*/true);
+                      load_optimizer);
   trainer.optimizer().load_full_state(s.exp_avg, s.exp_avg_sq, s.master);
+  return state;
+}
+
+}  // namespace
+
+io::TrainState load_trainer_weights(Trainer& trainer, const std::string& path) {
+  return load_into(trainer, path, /*load_optimizer=*/false);
+}
+
+io::TrainState load_trainer_checkpoint(Trainer& trainer, const std::string& path) {
+  const io::TrainState state = load_into(trainer, path, /*load_optimizer=*/true);
   trainer.optimizer().set_step_count(state.optimizer_step);
   if (DynamicLossScaler* scaler = trainer.loss_scaler())
     scaler->restore(state.loss_scale, state.loss_scale_good_steps);

@@ -27,4 +27,11 @@ void save_trainer_checkpoint(Trainer& trainer, const std::string& save_dir, io::
 /// state (iteration, skipped steps, ...).
 io::TrainState load_trainer_checkpoint(Trainer& trainer, const std::string& path);
 
+/// Fine-tuning's load (Megatron's --finetune / --no-load-optim): only the
+/// weights of `path`, which may hold no optimizer state (as `convert` writes
+/// it), under trainer's decomposition; the optimizer stays fresh (zero
+/// moments, step 0) with its fp32 master set from the file. Collective;
+/// returns the file's train state for reporting only.
+io::TrainState load_trainer_weights(Trainer& trainer, const std::string& path);
+
 }  // namespace meshtron
