@@ -1,15 +1,18 @@
 // meshtron convert: Hugging Face GPT2LMHeadModel <-> meshtron checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
-//       config.json + model.safetensors -> CKPT_DIR/iter_0000000.h5 (+ latest);
-//       the checkpoint carries a deck describing the model, so
-//       `meshtron train` can start from it (checkpoint.load).
+//       config.json + model.safetensors -> CKPT_DIR/iter_0000000.h5 (+ latest)
+//       and CKPT_DIR/model.deck, the [model] section of the converted model
+//       (also stored in the checkpoint), so that
+//       `meshtron train CKPT_DIR/model.deck my-run.deck` fine-tunes it
+//       (checkpoint.load = CKPT_DIR/iter_0000000.h5).
 //   meshtron convert --from CKPT.h5 --to hf MODEL_DIR
 //       -> config.json + model.safetensors that transformers loads unchanged
 //
 // Runs on one rank: the whole model is assembled on it (a checkpoint written
 // by any decomposition loads into one rank like into any other).
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <regex>
 #include <set>
@@ -88,8 +91,13 @@ int hf_to_checkpoint(const ConvertArgs& a) {
   io::TrainState state;
   state.deck_text = deck_for(c);
   io::save_checkpoint(a.to, topo, tensors, state, /*keep_last=*/0);
+  const std::string deck_path = a.to + "/model.deck";
+  std::ofstream deck(deck_path);
+  deck << state.deck_text;
+  MESH_REQUIRE(deck.flush().good(), "cannot write " << deck_path);
   std::cout << "converted " << a.from << " -> " << a.to << "/"
-            << io::checkpoint_file_name(0) << " (" << tensors.size() << " tensors)\n";
+            << io::checkpoint_file_name(0) << " (" << tensors.size() << " tensors) and "
+            << deck_path << "\n";
   return 0;
 }
 

@@ -1,10 +1,16 @@
 // meshtron train DECK [--set k=v ...]
 //
 //   1. read and validate the deck; build the topology and communicators
-//   2. build the model stage(s), optimizer and data source of this rank
-//   3. resume from a checkpoint when checkpoint.load asks for one
+//   2. build the model stage(s), optimizer and data source of this rank;
+//      claim the checkpoint folder (a lock) and check the run folder is
+//      writable, before any step
+//   3. resume from a checkpoint when checkpoint.load asks for one, or take
+//      only its weights (fine-tuning: checkpoint.finetune, or a checkpoint
+//      without optimizer state such as `convert` writes)
 //   4. train: step lines every log_interval, evaluation every eval_interval,
-//      checkpoints every save_interval, JSON lines in the run folder
+//      checkpoints every save_interval and at the last step, JSON lines in
+//      the run folder; a stop signal or run.exit_duration_mins saves and
+//      ends the run after the current step
 //   5. final summary
 #include <chrono>
 #include <cmath>
@@ -18,8 +24,10 @@
 #include "common/error.hpp"
 #include "data/gpt2_tokenizer.hpp"
 #include "io/checkpoint.hpp"
+#include "io/save_dir.hpp"
 #include "train/gpu_trace.hpp"
 #include "train/metrics.hpp"
+#include "train/stop_request.hpp"
 #include "train/trainer.hpp"
 #include "train/trainer_checkpoint.hpp"
 
@@ -80,11 +88,14 @@ class TrainRun {
         data_(make_data(c_, rt_, vocab_)),
         rank0_(rt_.topo.world_rank() == 0),
         world_(world),
-        tracer_(c_.logging.profile ? std::make_unique<GpuTracer>() : nullptr) {}
+        tracer_(c_.logging.profile ? std::make_unique<GpuTracer>() : nullptr),
+        stop_(c_.run.exit_duration_mins) {}
 
   int run() {
     print_banner();
+    claim_folders();
     long start = resume();
+    last_saved_ = start;
     open_metrics();
     ProgressBar bar(c_.logging.progress, c_.training.train_iters);
     const auto run_start = Clock::now();
@@ -106,10 +117,14 @@ class TrainRun {
       }
       if (c_.checkpoint.save_interval > 0 && step % c_.checkpoint.save_interval == 0)
         save(step);
+      last_step_ = step;
+      if (const std::string why = stop_.agree(rt_.topo.world_comm()); !why.empty()) {
+        if (rank0_) bar.clear();
+        stop_early(step, why);
+        break;
+      }
     }
-    if (c_.checkpoint.save_interval == 0 && !c_.checkpoint.save_dir.empty() &&
-        start < c_.training.train_iters)
-      save(c_.training.train_iters);
+    save_final();
     summary(std::chrono::duration<double>(Clock::now() - run_start).count(), start);
     return 0;
   }
@@ -136,6 +151,19 @@ class TrainRun {
     return c_.run.device == "cuda" ? 989.0 : 0.08;
   }
 
+  /// Before step 1: lock the checkpoint folder (a second run on it stops
+  /// here) and check that both folders can be written.
+  void claim_folders() {
+    MPI_Comm world = rt_.topo.world_comm();
+    if (!c_.checkpoint.save_dir.empty())
+      save_dir_lock_ = std::make_unique<io::SaveDirLock>(world, c_.checkpoint.save_dir);
+    io::require_writable_dir(world, run_folder().string(), "run.output_dir");
+  }
+
+  std::filesystem::path run_folder() const {
+    return std::filesystem::path(c_.run.output_dir) / c_.run.name;
+  }
+
   long resume() {
     std::string path = c_.checkpoint.load;
     if (path.empty()) return 0;
@@ -144,10 +172,35 @@ class TrainRun {
                             << ": starting from scratch\n";
       return 0;
     }
+    const io::CheckpointHeader header = io::read_checkpoint_header(path, rt_.topo.world_comm());
+    require_same_model(c_, header.state.deck_text, path);
+    if (c_.checkpoint.finetune || !header.has_optimizer_state) {
+      load_trainer_weights(trainer_, path);
+      if (rank0_) std::cout << " > fine-tuning from " << path << " (iteration "
+                            << header.state.iteration << "): its weights, a fresh optimizer, "
+                            << "iteration 0\n";
+      return 0;
+    }
     const io::TrainState state = load_trainer_checkpoint(trainer_, path);
     skipped_ = state.skipped_steps;
     if (rank0_) std::cout << " > resumed from " << path << " at iteration " << state.iteration << "\n";
     return long(state.iteration);
+  }
+
+  /// The last step is always saved (when there is a save_dir), whether or
+  /// not save_interval divides train_iters.
+  void save_final() {
+    if (!c_.checkpoint.save_dir.empty() && last_step_ > last_saved_) save(last_step_);
+  }
+
+  void stop_early(long step, const std::string& why) {
+    save_final();
+    if (!rank0_) return;
+    std::cout << " > stopping after iteration " << step << " of " << c_.training.train_iters
+              << ": " << why;
+    if (!c_.checkpoint.save_dir.empty())
+      std::cout << "; resume with checkpoint.load = auto from " << c_.checkpoint.save_dir;
+    std::cout << std::endl;
   }
 
   void save(long step) {
@@ -158,6 +211,7 @@ class TrainRun {
     state.skipped_steps = skipped_;
     state.deck_text = c_.deck_text;
     save_trainer_checkpoint(trainer_, c_.checkpoint.save_dir, state, c_.checkpoint.keep_last);
+    last_saved_ = step;
     if (rank0_) std::cout << " > saved checkpoint " << c_.checkpoint.save_dir << "/"
                           << io::checkpoint_file_name(step) << "\n";
   }
@@ -170,7 +224,7 @@ class TrainRun {
 
   void open_metrics() {
     if (!rank0_) return;
-    const std::filesystem::path dir = std::filesystem::path(c_.run.output_dir) / c_.run.name;
+    const std::filesystem::path dir = run_folder();
     std::filesystem::create_directories(dir);
     metrics_.open(dir / c_.logging.metrics_file, std::ios::app);
     MESH_VERIFY(metrics_.good(), "cannot write " << (dir / c_.logging.metrics_file).string());
@@ -205,7 +259,7 @@ class TrainRun {
     const int rank = rt_.topo.world_rank();
     const TraceSummary s =
         summarize_trace(tracer_->events(), tracer_->begin_ns(), tracer_->end_ns(), steps);
-    const std::filesystem::path dir = std::filesystem::path(c_.run.output_dir) / c_.run.name;
+    const std::filesystem::path dir = run_folder();
     std::error_code ignored;  // another rank may create it at the same time
     std::filesystem::create_directories(dir, ignored);
     const std::string stem = (dir / ("trace_rank" + std::to_string(rank))).string();
@@ -305,6 +359,9 @@ class TrainRun {
   long skipped_ = 0, nan_ = 0, overflows_ = 0, window_steps_ = 0;
   double window_seconds_ = 0, total_seconds_ = 0, last_eval_ = NAN;
   std::unique_ptr<GpuTracer> tracer_;  ///< set while logging.profile has steps to trace
+  StopRequest stop_;
+  std::unique_ptr<io::SaveDirLock> save_dir_lock_;  ///< held while the run may save
+  long last_step_ = 0, last_saved_ = 0;              ///< iterations done and saved
 };
 
 }  // namespace

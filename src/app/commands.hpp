@@ -28,6 +28,13 @@ int resolve_vocab(const RunConfig& c);
 /// train's banner): the split the trainer makes of `model`.
 std::string pipeline_split_line(const RunConfig& c, const GptConfig& model);
 
+/// A one-line UserError naming the first architecture key (layers, sizes,
+/// heads, positions, vocabulary, norm epsilon) where `deck` differs from the
+/// deck stored in the checkpoint at `checkpoint_path`; nothing when that
+/// text is empty (files written without one).
+void require_same_model(const RunConfig& deck, const std::string& checkpoint_deck_text,
+                        const std::string& checkpoint_path);
+
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_preprocess(const std::vector<std::string>& args);

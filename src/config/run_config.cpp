@@ -2,6 +2,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -84,6 +85,8 @@ void DeckSchema::bind(RunConfig& c) {
   key("run.device", &r.device, "string", "cpu | cuda");
   key("run.seed", &r.seed, "uint", "seed of initialisation, dropout and data order");
   key("run.output_dir", &r.output_dir, "string", "folder for run logs and metrics");
+  key("run.exit_duration_mins", &r.exit_duration_mins, "float",
+      "save a checkpoint and exit after this many minutes of training (0 = no limit)");
   key("run.gemm_autotune", &r.gemm_autotune, "bool",
       "cuda: time cuBLASLt's first 8 algorithms per GEMM problem, keep the fastest "
       "(not bitwise reproducible across runs)");
@@ -206,6 +209,8 @@ void DeckSchema::bind(RunConfig& c) {
   key("checkpoint.save_interval", &k.save_interval, "int", "save every N steps (0 = end)");
   key("checkpoint.load", &k.load, "string", "\"\" | auto (latest) | path");
   key("checkpoint.keep_last", &k.keep_last, "int", "checkpoints kept");
+  key("checkpoint.finetune", &k.finetune, "bool",
+      "load only the weights of checkpoint.load: fresh optimizer, iteration 0, fresh data order");
 
   auto& g = c.logging;
   key("logging.log_interval", &g.log_interval, "int", "print a step line every N steps");
@@ -491,6 +496,12 @@ void RunConfig::validate(int world_size) {
   MESH_REQUIRE(data.source != "indexed" || !data.path.empty(),
                "data.source = indexed needs data.path (the .bin/.idx prefix)");
   require_one_of("data.tokenizer", data.tokenizer, {"gpt2"});
+  MESH_REQUIRE(checkpoint.save_interval >= 0,
+               "checkpoint.save_interval = " << checkpoint.save_interval
+                   << " must be >= 0 (0 = save at the end only)");
+  MESH_REQUIRE(std::isfinite(run.exit_duration_mins) && run.exit_duration_mins >= 0,
+               "run.exit_duration_mins = " << run.exit_duration_mins
+                   << " must be finite and >= 0 (0 = no limit)");
   MESH_REQUIRE(checkpoint.keep_last >= 1,
                "checkpoint.keep_last = " << checkpoint.keep_last << " must be at least 1");
   require_positive("logging.log_interval", logging.log_interval);

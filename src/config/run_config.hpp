@@ -22,6 +22,9 @@ struct RunSection {
   std::string device = "cpu";  ///< cpu | cuda
   std::uint64_t seed = 1234;
   std::string output_dir = "runs";
+  /// Save and exit after this many minutes of training (0 = no limit), as
+  /// Megatron's --exit-duration-in-mins: stops ahead of a batch walltime.
+  double exit_duration_mins = 0;
   /// cuda: the first call of each GEMM problem times cuBLASLt's first eight
   /// algorithms and keeps the fastest (as PyTorch's TunableOp). Off by
   /// default: the choice depends on timings, so two runs may differ in the
@@ -203,6 +206,10 @@ struct CheckpointSection {
   int save_interval = 0;  ///< 0 = only at the end when save_dir is set
   std::string load;       ///< "" | auto | path
   int keep_last = 3;
+  /// Load only the weights of `load` (Megatron's --finetune): a fresh
+  /// optimizer, iteration 0, a fresh data order. A checkpoint without
+  /// optimizer state (as `convert` writes) is always loaded this way.
+  bool finetune = false;
 };
 
 struct LoggingSection {

@@ -1,19 +1,25 @@
 // Saving a checkpoint (loading: checkpoint_load.cpp, inspecting:
 // checkpoint_inspect.cpp). Steps of save_checkpoint, all collective:
 //   1. agree on the train state (rank 0's), the optimizer-state flag and the
-//      union of tensors over the world;
+//      union of tensors over the world; refuse a model that is not finite
+//      and a file system without room for the file (nothing written yet);
 //   2. write save_dir/.tmp_iter_N.h5: metadata, then every tensor kind and
-//      name in sorted order, each rank writing only its hyperslab;
+//      name in sorted order, each rank writing only its hyperslab; flush it
+//      to stable storage (H5Fflush, then fsync on every rank);
 //   3. reopen and verify: every dataset present with its shape, each rank's
 //      shard read back through the Fletcher32 filter equals what it wrote;
-//   4. rank 0 renames to iter_N.h5, replaces `latest`, prunes old files.
+//   4. rank 0 renames to iter_N.h5, replaces `latest`, syncs the folder and
+//      prunes checkpoints older than the one it has just published.
 #include "io/checkpoint.hpp"
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -108,6 +114,25 @@ void maybe_abort_for_test(MPI_Comm comm, std::size_t written, std::size_t total)
   }
 }
 
+/// "" when every value this rank would save is finite, else a one-line
+/// reason naming the first parameter that is not: a diverged model is never
+/// published, so keep_last never prunes the good checkpoints for it.
+/// Padded vocabulary rows are not saved and not checked.
+std::string check_finite(const std::vector<CheckpointTensor>& tensors, const Topology& topo,
+                         std::int64_t iteration) {
+  for (const CheckpointTensor& t : tensors) {
+    const Tensor values = host_f32(t.master ? *t.master : t.param->value);
+    const float* v = values.data<float>();
+    const index_t n = shard_selection(*t.param, topo.tp_rank(), topo.tp()).real_elements;
+    for (index_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i]))
+        return MESH_MSG("refusing to save " << checkpoint_file_name(iteration) << ": parameter '"
+                                            << t.param->name << "' holds " << v[i]
+                                            << " (the model diverged); earlier checkpoints are kept");
+  }
+  return "";
+}
+
 struct SavePlan {
   std::vector<GlobalTensor> globals;
   std::map<std::string, const CheckpointTensor*> local;
@@ -124,6 +149,39 @@ const CheckpointTensor* writer_copy(const SavePlan& plan, const GlobalTensor& g,
   const bool writes = topo.dp_rank() == 0 && topo.pp_rank() == g.first_stage &&
                       (!it->second->param->tp_replicated() || topo.tp_rank() == 0);
   return writes ? it->second : nullptr;
+}
+
+/// An upper estimate of the file's size: every tensor in fp32 per kind, one
+/// Fletcher32 word per chunk, the byte blobs, and HDF5's object headers and
+/// chunk indices: kMetadataBytesPerDataset is above the ~2.8 KiB a dataset
+/// costs in tests/train/tiny.deck's checkpoint ((file size - data bytes) /
+/// datasets), and the fixed part covers the superblock and groups.
+std::uint64_t estimated_file_bytes(const SavePlan& plan, const TrainState& state) {
+  constexpr std::uint64_t kMetadataBytesPerDataset = 4096, kFixedBytes = 64 << 10;
+  std::uint64_t bytes = kFixedBytes + state.deck_text.size() + state.data_sampler_state.size();
+  for (const GlobalTensor& g : plan.globals) {
+    const std::uint64_t n = std::uint64_t(shape_numel(g.shape));
+    const std::uint64_t chunks = n / std::uint64_t(plan.chunk_elements) + 1;
+    bytes += plan.kinds.size() * (4 * n + 4 * chunks + kMetadataBytesPerDataset);
+  }
+  return bytes;
+}
+
+/// Rank 0 checks that `dir`'s file system has room for the file before any
+/// rank writes: a full disk is reported in one line and leaves nothing behind.
+void check_free_space(MPI_Comm comm, const std::string& dir, const std::string& name,
+                      std::uint64_t needed) {
+  std::string error;
+  struct statvfs fs_stat;
+  if (comm_rank(comm) == 0 && statvfs(dir.c_str(), &fs_stat) == 0) {
+    const std::uint64_t free_bytes = std::uint64_t(fs_stat.f_bavail) * fs_stat.f_frsize;
+    if (free_bytes < needed)
+      error = MESH_MSG("no space for checkpoint " << dir << "/" << name << ": it needs about "
+                                                  << (needed >> 20) << " MiB, the file system has "
+                                                  << (free_bytes >> 20)
+                                                  << " MiB free; earlier checkpoints are kept");
+  }
+  raise_if_any(comm, error);
 }
 
 void write_tensors(hid_t file, const Topology& topo, const SavePlan& plan) {
@@ -150,6 +208,17 @@ void write_tensors(hid_t file, const Topology& topo, const SavePlan& plan) {
   }
 }
 
+/// fsync `path` (a file or a folder): each rank flushes what its node's page
+/// cache still holds of it. "" or the reason.
+std::string sync_to_disk(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return "cannot open '" + path + "' to sync it: " + std::strerror(errno);
+  const bool ok = ::fsync(fd) == 0;
+  const std::string reason = ok ? "" : "cannot sync '" + path + "': " + std::strerror(errno);
+  ::close(fd);
+  return reason;
+}
+
 h5::Handle open_parallel(const std::string& path, MPI_Comm comm, bool create) {
   h5::Handle fapl = h5::file_access(comm);
   return h5::file(create ? H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id())
@@ -164,10 +233,15 @@ void write_file(const std::string& tmp, const Topology& topo, const SavePlan& pl
                                            h5::last_error());
   write_metadata(f.id(), state, {topo.tp(), topo.pp(), topo.dp(), topo.world_size()},
                  plan.kinds.size() > 1, topo.world_rank() == 0);
+  // inspect compares each group with this count: a damaged group may lose
+  // whole links and still read back clean.
+  h5::write_attribute(f.id(), kTensorCountAttribute, std::int64_t(plan.globals.size()));
   write_tensors(f.id(), topo, plan);
+  const bool flushed = H5Fflush(f.id(), H5F_SCOPE_GLOBAL) >= 0;
   const bool closed = f.reset() >= 0;
-  raise_if_any(world, closed ? "" : "closing checkpoint file '" + tmp + "' failed: " +
-                                        h5::last_error());
+  raise_if_any(world, flushed && closed ? "" : "closing checkpoint file '" + tmp + "' failed: " +
+                                                   h5::last_error());
+  raise_if_any(world, sync_to_disk(tmp));
 }
 
 /// "" when this rank's written shard of (kind, g) reads back bit for bit.
@@ -225,26 +299,34 @@ std::string replace_file_atomically(const std::string& path, const std::string& 
   return ec ? "cannot rename '" + tmp + "' to '" + path + "': " + ec.message() : "";
 }
 
-/// Delete iter_*.h5 beyond the newest keep_last, and leftovers of
-/// interrupted saves (.tmp_iter_*.h5).
-void prune(const std::string& dir, int keep_last) {
+/// Keep the newest keep_last checkpoints up to and including `published`
+/// (iter_*.h5 older than it beyond that are deleted) and delete leftovers of
+/// interrupted saves (.tmp_iter_*.h5). Files newer than `published` (another
+/// run's, in a reused folder) are never touched: a save never deletes or
+/// shadows work newer than itself.
+void prune(const std::string& dir, int keep_last, std::int64_t published) {
   static const std::regex checkpoint(R"(iter_(\d+)\.h5)"), leftover(R"(\.tmp_iter_\d+\.h5)");
-  std::vector<std::pair<std::int64_t, fs::path>> found;
+  std::vector<std::pair<std::int64_t, fs::path>> older;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     std::smatch m;
-    if (std::regex_match(name, m, checkpoint)) found.emplace_back(std::stoll(m[1]), entry.path());
-    else if (std::regex_match(name, leftover)) fs::remove(entry.path(), ec);
+    if (std::regex_match(name, m, checkpoint)) {
+      if (std::stoll(m[1]) < published) older.emplace_back(std::stoll(m[1]), entry.path());
+    } else if (std::regex_match(name, leftover)) {
+      fs::remove(entry.path(), ec);
+    }
   }
-  if (keep_last <= 0 || int(found.size()) <= keep_last) return;
-  std::sort(found.begin(), found.end());
-  for (std::size_t i = 0; i + keep_last < found.size(); ++i) fs::remove(found[i].second, ec);
+  const std::size_t keep_older = keep_last > 0 ? std::size_t(keep_last - 1) : older.size();
+  if (older.size() <= keep_older) return;
+  std::sort(older.begin(), older.end());
+  for (std::size_t i = 0; i + keep_older < older.size(); ++i) fs::remove(older[i].second, ec);
 }
 
 /// Rank 0 moves the verified file into place, then updates `latest`.
 void publish(const Topology& topo, const std::string& dir, const std::string& tmp,
-             const std::string& name, int keep_last) {
+             std::int64_t iteration, int keep_last) {
+  const std::string name = checkpoint_file_name(iteration);
   MPI_CHECK(MPI_Barrier(topo.world_comm()));
   std::string error;
   if (topo.world_rank() == 0) {
@@ -252,7 +334,8 @@ void publish(const Topology& topo, const std::string& dir, const std::string& tm
     fs::rename(tmp, dir + "/" + name, ec);
     if (ec) error = "cannot rename '" + tmp + "' into place: " + ec.message();
     if (error.empty()) error = replace_file_atomically(dir + "/latest", name + "\n");
-    if (error.empty()) prune(dir, keep_last);
+    if (error.empty()) error = sync_to_disk(dir);  // the renames themselves
+    if (error.empty()) prune(dir, keep_last, iteration);
   }
   raise_if_any(topo.world_comm(), error);
 }
@@ -278,13 +361,15 @@ void save_checkpoint(const std::string& save_dir, const Topology& topo,
   plan.local = index_by_name(tensors);
   plan.chunk_elements = options.chunk_elements;
   plan.globals = gather_global_tensors(topo, tensors);
+  raise_if_any(world, check_finite(tensors, topo, state.iteration));
   prepare_directory(world, save_dir);
 
   const std::string name = checkpoint_file_name(state.iteration);
+  check_free_space(world, save_dir, name, estimated_file_bytes(plan, state));
   const std::string tmp = save_dir + "/.tmp_" + name;
   write_file(tmp, topo, plan, state);
   verify_file(tmp, topo, plan);
-  publish(topo, save_dir, tmp, name, keep_last);
+  publish(topo, save_dir, tmp, state.iteration, keep_last);
 }
 
 bool find_latest(const std::string& save_dir, std::string& path) {

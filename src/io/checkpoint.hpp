@@ -106,6 +106,17 @@ void load_checkpoint(const std::string& path, const Topology& topo,
                      const std::vector<CheckpointTensor>& tensors, TrainState& state,
                      bool load_optimizer);
 
+/// What a run needs to know before loading a checkpoint.
+struct CheckpointHeader {
+  TrainState state;
+  bool has_optimizer_state = false;
+};
+
+/// Read a checkpoint's train state and optimizer-state flag without its
+/// tensors. Collective over `comm`; the same one-line UserError on every
+/// rank as load_checkpoint for a missing, unreadable or foreign file.
+CheckpointHeader read_checkpoint_header(const std::string& path, MPI_Comm comm);
+
 /// One dataset of a checkpoint as inspect reports it.
 struct CheckpointTensorInfo {
   std::string path;   ///< "model/layers.0.mlp.fc.weight"

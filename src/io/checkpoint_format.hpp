@@ -15,6 +15,10 @@
 
 namespace meshtron::io {
 
+/// Root attribute: the number of model tensors (each group holds as many).
+/// Files written without it are inspected without that check.
+constexpr const char* kTensorCountAttribute = "tensor_count";
+
 /// What a dataset holds: the parameter values or one of Adam's moments.
 enum class TensorKind { Value, ExpAvg, ExpAvgSq };
 constexpr std::array<TensorKind, 3> kAllKinds = {TensorKind::Value, TensorKind::ExpAvg,

@@ -68,6 +68,21 @@ CheckpointTensorInfo inspect_dataset(hid_t group, const std::string& group_name,
   return t;
 }
 
+/// Entries that a damaged group lost: the model's names absent from a
+/// moment's group, or a count short of the one the writer recorded.
+void report_missing(CheckpointInfo& info, const std::string& group_name,
+                    const std::vector<std::string>& names,
+                    const std::vector<std::string>& model_names, std::int64_t expected_count) {
+  for (const std::string& name : model_names)
+    if (!std::binary_search(names.begin(), names.end(), name))
+      info.tensors.push_back({group_name + "/" + name, "?", {}, false, "missing"});
+  const std::int64_t present = std::int64_t(std::max(names.size(), model_names.size()));
+  if (expected_count >= 0 && present < expected_count)
+    info.tensors.push_back({group_name + "/", "?", {}, false,
+                            MESH_MSG("the group lists " << present << " tensors, the file was "
+                                                        "written with " << expected_count)});
+}
+
 }  // namespace
 
 bool CheckpointInfo::checksums_ok() const {
@@ -98,12 +113,18 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
   info.dp = writer.dp;
   info.world = writer.world;
 
+  std::int64_t expected_count = -1;  // unknown in files written without the count
+  h5::read_attribute(f.id(), kTensorCountAttribute, expected_count);
+  std::vector<std::string> model_names;
   for (TensorKind kind : kAllKinds) {
     if (kind != TensorKind::Value && !info.has_optimizer_state) break;
     h5::Handle group = h5::group(H5Gopen2(f.id(), kind_group(kind), H5P_DEFAULT));
     MESH_REQUIRE(group.valid(), "checkpoint '" << path << "' has no group /" << kind_group(kind));
-    for (const std::string& name : sorted_members(group.id()))
+    const std::vector<std::string> names = sorted_members(group.id());
+    for (const std::string& name : names)
       info.tensors.push_back(inspect_dataset(group.id(), kind_group(kind), name));
+    if (kind == TensorKind::Value) model_names = names;
+    report_missing(info, kind_group(kind), names, model_names, expected_count);
   }
   return info;
 }

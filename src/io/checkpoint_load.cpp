@@ -115,27 +115,39 @@ std::string read_tensors(hid_t file, const std::string& path,
   return "";
 }
 
-}  // namespace
-
-void load_checkpoint(const std::string& path, const Topology& topo,
-                     const std::vector<CheckpointTensor>& tensors, TrainState& state_out,
-                     bool load_optimizer) {
+/// Steps 1 and 2: the open file, its train state and optimizer-state flag.
+h5::Handle open_checkpoint(const std::string& path, MPI_Comm world, TrainState& state,
+                           bool& has_optimizer_state) {
   h5::silence_errors();
-  MPI_Comm world = topo.world_comm();
   raise_if_any(world, std::filesystem::is_regular_file(path)
                           ? "" : "checkpoint file '" + path + "' does not exist");
-  const std::vector<GlobalTensor> globals = gather_global_tensors(topo, tensors);
-
   h5::Handle fapl = h5::file_access(world);
   h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.id()));
   raise_if_any(world, f.valid() ? "" : "cannot open checkpoint '" + path +
                                            "' (truncated or not an HDF5 file?): " +
                                            h5::last_error());
   raise_if_any(world, check_format(f.id(), path));
-  TrainState state;
   WriterTopology writer;
-  bool has_optimizer_state = false;
   raise_if_any(world, read_metadata(f.id(), path, state, writer, has_optimizer_state));
+  return f;
+}
+
+}  // namespace
+
+CheckpointHeader read_checkpoint_header(const std::string& path, MPI_Comm comm) {
+  CheckpointHeader header;
+  h5::Handle f = open_checkpoint(path, comm, header.state, header.has_optimizer_state);
+  return header;
+}
+
+void load_checkpoint(const std::string& path, const Topology& topo,
+                     const std::vector<CheckpointTensor>& tensors, TrainState& state_out,
+                     bool load_optimizer) {
+  MPI_Comm world = topo.world_comm();
+  TrainState state;
+  bool has_optimizer_state = false;
+  h5::Handle f = open_checkpoint(path, world, state, has_optimizer_state);
+  const std::vector<GlobalTensor> globals = gather_global_tensors(topo, tensors);
   std::vector<TensorKind> kinds = {TensorKind::Value};
   if (load_optimizer) {
     raise_if_any(world, has_optimizer_state ? "" : "checkpoint '" + path +

@@ -106,6 +106,42 @@ TEST_F(CheckpointTest, LatestMarkerAndKeepLast) {
                /*salt=*/40);
 }
 
+TEST_F(CheckpointTest, SaveNeverPrunesWhatItJustWroteNorNewerFiles) {
+  // A fresh run (iteration 5) into a folder holding another run's 30 and 40.
+  const FakeModelSpec spec;
+  for (std::int64_t it : {10, 20, 30, 40, 5})
+    save_fake(dir_, save_layout(world_size()), spec, false, sample_state(it), /*keep_last=*/2,
+              kSmallChunks, /*salt=*/it);
+  std::string latest;
+  ASSERT_TRUE(io::find_latest(dir_, latest));
+  EXPECT_EQ(latest, dir_ + "/iter_0000005.h5");
+  EXPECT_EQ(directory_listing(dir_), (std::vector<std::string>{
+                                         "iter_0000005.h5", "iter_0000030.h5", "iter_0000040.h5",
+                                         "latest"}));
+  expect_loads(latest, MPI_COMM_WORLD, save_layout(world_size()), spec, false, sample_state(5),
+               /*salt=*/5);
+}
+
+TEST_F(CheckpointTest, NonFiniteModelIsNeverSaved) {
+  const FakeModelSpec spec;
+  save_fake(dir_, save_layout(world_size()), spec, false, sample_state(1), 2, kSmallChunks, 1);
+  const ParallelDegrees layout = save_layout(world_size());
+  Topology topo(MPI_COMM_WORLD, layout);
+  FakeModel m = make_fake_model(spec, topo.tp_rank(), topo.tp(), topo.pp_rank(), topo.pp());
+  fill(m, 2);
+  if (world_rank() == world_size() - 1) m.params.back().value.data<float>()[0] = NAN;
+  const std::string msg = collective_error([&] {
+    io::save_checkpoint(dir_, topo, m.tensors(false), sample_state(2), 2, kSmallChunks);
+  });
+  EXPECT_NE(msg.find("refusing to save iter_0000002.h5: parameter '"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nan (the model diverged); earlier checkpoints are kept"), std::string::npos)
+      << msg;
+  EXPECT_EQ(directory_listing(dir_), (std::vector<std::string>{"iter_0000001.h5", "latest"}));
+  std::string latest;
+  ASSERT_TRUE(io::find_latest(dir_, latest));
+  EXPECT_EQ(latest, dir_ + "/iter_0000001.h5");
+}
+
 TEST_F(CheckpointTest, OptimizerStateIsOptional) {
   const FakeModelSpec spec;
   const std::string path =

@@ -1,0 +1,60 @@
+// The deck's model against the one a checkpoint was written for: a deck
+// that differs is a one-line error naming the first architecture key that
+// differs, before any tensor is read (the tensors' shapes alone would name
+// a tensor, not the key to fix).
+#include <sstream>
+
+#include "app/commands.hpp"
+#include "common/error.hpp"
+
+namespace meshtron::app {
+
+namespace {
+
+/// One architecture key as both decks resolve it.
+struct ModelKey {
+  const char* name;
+  std::string deck, checkpoint;
+};
+
+template <class T>
+std::string text(const T& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+/// The keys that decide the weights' shapes and meaning. Dropouts, the
+/// sequence length (up to max_position_embeddings) and the initialisation
+/// may differ: fine-tuning changes them. The vocabulary is compared when
+/// both decks state it (otherwise the tensors' shapes still are).
+std::vector<ModelKey> architecture(const ModelSection& d, const ModelSection& k) {
+  std::vector<ModelKey> keys = {
+      {"model.arch", d.arch, k.arch},
+      {"model.num_layers", text(d.num_layers), text(k.num_layers)},
+      {"model.hidden_size", text(d.hidden_size), text(k.hidden_size)},
+      {"model.num_attention_heads", text(d.num_attention_heads), text(k.num_attention_heads)},
+      {"model.ffn_hidden_size", text(d.ffn()), text(k.ffn())},
+      {"model.max_position_embeddings", text(d.max_positions()), text(k.max_positions())},
+      {"model.layernorm_epsilon", text(d.layernorm_epsilon), text(k.layernorm_epsilon)}};
+  if (d.vocab_size > 0 && k.vocab_size > 0)
+    keys.push_back({"model.vocab_size", text(d.vocab_size), text(k.vocab_size)});
+  return keys;
+}
+
+}  // namespace
+
+void require_same_model(const RunConfig& deck, const std::string& checkpoint_deck_text,
+                        const std::string& checkpoint_path) {
+  if (checkpoint_deck_text.empty()) return;  // nothing to compare with: shapes decide
+  const RunConfig written =
+      RunConfig::from_text(checkpoint_deck_text, {}, checkpoint_path + " (its deck)");
+  for (const ModelKey& key : architecture(deck.model, written.model))
+    MESH_REQUIRE(key.deck == key.checkpoint,
+                 "the deck's model does not match checkpoint '"
+                     << checkpoint_path << "': " << key.name << " = " << key.deck
+                     << " in the deck, " << key.checkpoint
+                     << " in the checkpoint (start from the checkpoint's model deck)");
+}
+
+}  // namespace meshtron::app
