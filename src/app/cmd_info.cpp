@@ -1,5 +1,5 @@
-// meshtron info DECK [--set k=v ...]: resolve and validate the deck, build the
-// topology, and print both on rank 0.
+// meshtron info DECK... [--set k=v ...]: resolve and validate the decks,
+// build the topology, and print both on rank 0.
 #include <cstdio>
 #include <filesystem>
 #include <iomanip>
@@ -38,6 +38,7 @@ std::string pipeline_split_line(const RunConfig& c, const GptConfig& model) {
 
 DeckArgs parse_deck_args(const std::vector<std::string>& args) {
   DeckArgs out;
+  bool other_flag_seen = false;  // after it, a bare argument may be that flag's value
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--set") {
@@ -45,13 +46,19 @@ DeckArgs parse_deck_args(const std::vector<std::string>& args) {
       out.overrides.push_back(args[++i]);
     } else if (a.rfind("--set=", 0) == 0) {
       out.overrides.push_back(a.substr(6));
-    } else if (a.rfind("--", 0) != 0 && out.deck.empty()) {
-      out.deck = a;
+    } else if (a.rfind("--", 0) != 0 && !other_flag_seen) {
+      out.decks.push_back(a);
     } else {
+      other_flag_seen = true;
       out.rest.push_back(a);
     }
   }
   return out;
+}
+
+RunConfig read_decks(const DeckArgs& args, const std::string& command) {
+  MESH_REQUIRE(!args.decks.empty(), command << ": missing DECK argument");
+  return RunConfig::from_files(args.decks, args.overrides);
 }
 
 int run_info(const std::vector<std::string>& args) {
@@ -66,8 +73,7 @@ int run_info(const std::vector<std::string>& args) {
     }
     throw UserError("info: unknown argument '" + r + "'");
   }
-  MESH_REQUIRE(!parsed.deck.empty(), "info: missing DECK argument");
-  RunConfig config = RunConfig::from_file(parsed.deck, parsed.overrides);
+  RunConfig config = read_decks(parsed, "info");
   config.validate(world);
   Topology topo(MPI_COMM_WORLD, config.parallel.degrees());
   const auto rows = gather_rank_map(topo, /*num_gpus=*/0);
@@ -83,7 +89,7 @@ int run_info(const std::vector<std::string>& args) {
         config, GptConfig::from_run(config, vocab, config.parallel.tensor_parallel));
   }
   if (rank == 0) {
-    std::cout << "deck " << parsed.deck << " (resolved):\n"
+    std::cout << "deck " << config.deck_path << " (resolved):\n"
               << config.resolved_text() << "\n"
               << "topology: world=" << topo.world_size() << " tp=" << topo.tp()
               << " pp=" << topo.pp() << " dp=" << topo.dp() << "\n"

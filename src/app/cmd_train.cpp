@@ -1,6 +1,6 @@
-// meshtron train DECK [--set k=v ...]
+// meshtron train DECK... [--set k=v ...]
 //
-//   1. read and validate the deck; build the topology and communicators
+//   1. read and validate the decks; build the topology and communicators
 //   2. build the model stage(s), optimizer and data source of this rank;
 //      claim the checkpoint folder (a lock) and check the run folder is
 //      writable, before any step
@@ -368,11 +368,10 @@ class TrainRun {
 
 int run_train(const std::vector<std::string>& args) {
   const DeckArgs parsed = parse_deck_args(args);
-  MESH_REQUIRE(!parsed.deck.empty(), "train: missing DECK argument");
   MESH_REQUIRE(parsed.rest.empty(), "train: unknown argument '" << parsed.rest.front() << "'");
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  RunConfig config = RunConfig::from_file(parsed.deck, parsed.overrides);
+  RunConfig config = read_decks(parsed, "train");
   config.validate(world);
   TrainRun run(std::move(config), world);
   return run.run();

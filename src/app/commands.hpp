@@ -11,13 +11,18 @@
 
 namespace meshtron::app {
 
-/// DECK [--set k=v ...]: the deck and its overrides, parsed (not validated).
+/// DECK... [--set k=v ...]: the decks and their overrides. The decks are the
+/// arguments before the first flag other than --set; later decks override
+/// earlier ones, and the overrides all decks (RunConfig::from_files).
 struct DeckArgs {
-  std::string deck;
+  std::vector<std::string> decks;
   std::vector<std::string> overrides;
-  std::vector<std::string> rest;  ///< other flags, for the command to read
+  std::vector<std::string> rest;  ///< other flags and their values, for the command to read
 };
 DeckArgs parse_deck_args(const std::vector<std::string>& args);
+/// The decks and overrides of `args`, parsed (not validated); "`command`:
+/// missing DECK argument" without a deck.
+RunConfig read_decks(const DeckArgs& args, const std::string& command);
 
 /// GPT-2's vocabulary (encoder.json), before padding.
 inline constexpr int kGpt2VocabSize = 50257;

@@ -2,6 +2,7 @@
 //
 //   mpirun -np 8 meshtron info  input_decks/gpt-tiny.deck --set parallel.tensor_parallel=2
 //   mpirun -np 4 meshtron train input_decks/gpt-tiny.deck
+//   mpirun -np 4 meshtron train input_decks/gpt-tiny.deck my-run.deck --set training.train_iters=50
 //
 // Errors in user input are detected identically on every rank; they are
 // printed once (rank 0) as one line and every rank exits with status 1.
@@ -23,10 +24,12 @@ namespace {
 void print_usage() {
   std::puts(
       "usage: meshtron <command> [args]\n"
-      "  info  DECK [--set section.key=value ...] [--help-deck]\n"
+      "  info  DECK... [--set section.key=value ...] [--help-deck]\n"
       "        print the resolved deck and the rank map\n"
-      "  train DECK [--set section.key=value ...]\n"
+      "  train DECK... [--set section.key=value ...]\n"
       "        train the model the deck describes\n"
+      "DECK...: one or more decks; a key takes the value of the last deck that\n"
+      "sets it, and --set overrides every deck.\n"
       "  preprocess --input FILE... --output-prefix P --tokenizer gpt2 ...\n"
       "        tokenize text into an indexed dataset (preprocess --help)\n"
       "  inspect CKPT.h5\n"

@@ -4,9 +4,12 @@
 //   [run] [model] [parallel] [training] [optimizer] [lr_schedule] [data]
 //   [checkpoint] [logging]
 // Every key is typed, defaulted and documented (`meshtron info --help-deck`
-// prints them all); unknown keys are errors; `--set section.key=value` on the
-// command line overrides the deck. Parsing and validation are deterministic,
-// so every rank reaches the same verdict and errors are raised collectively.
+// prints them all, with the range of each float key); unknown keys are
+// errors. Several decks may be given: they are read in order, sections merge,
+// and a key's value is the one of the last deck that sets it; `--set
+// section.key=value` on the command line overrides them all. Parsing and
+// validation are deterministic, so every rank reaches the same verdict and
+// errors are raised collectively.
 #pragma once
 
 #include <cstdint>
@@ -237,19 +240,33 @@ struct RunConfig {
   CheckpointSection checkpoint;
   LoggingSection logging;
 
+  /// The deck files, in order, joined by spaces.
   std::string deck_path;
-  std::string deck_text;               ///< the deck as read, for checkpoints
+  /// The decks as read, for checkpoints: one deck's text as it is; several
+  /// decks each after a header line "# --- deck PATH ---" (kDeckHeader),
+  /// which from_text reads back as the same decks in the same order.
+  std::string deck_text;
   std::vector<std::string> overrides;  ///< "section.key=value" in order
 
-  /// Parse a deck file with overrides; throws UserError naming the key.
+  /// The comment line that starts each deck of a multi-deck deck_text.
+  static constexpr const char* kDeckHeader = "# --- deck ";
+
+  /// Parse deck files, later ones overriding earlier ones, then overrides;
+  /// throws UserError naming the key, or the file that is missing, not a
+  /// regular file or empty.
+  static RunConfig from_files(const std::vector<std::string>& paths,
+                              const std::vector<std::string>& overrides = {});
+  /// from_files of one deck.
   static RunConfig from_file(const std::string& path,
                              const std::vector<std::string>& overrides = {});
-  /// Parse deck text (tests); `origin` names it in messages.
+  /// Parse deck text (tests, a checkpoint's deck_text); `origin` names it in
+  /// messages. Decks after kDeckHeader lines override the ones before.
   static RunConfig from_text(const std::string& text,
                              const std::vector<std::string>& overrides = {},
                              const std::string& origin = "<deck>");
 
-  /// Check the values against each other and the world size; throws
+  /// Check each value against its key's range (every float key finite),
+  /// then the values against each other and the world size; throws
   /// UserError whose message names every offending value. Resolves "auto"
   /// data_parallel and the derived defaults (global batch, decay iters).
   void validate(int world_size);

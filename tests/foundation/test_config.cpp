@@ -1,6 +1,10 @@
 // Input-deck parsing and every validation error.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "common/error.hpp"
@@ -90,6 +94,105 @@ TEST(Config, UnknownKeysAndBadValuesAreErrors) {
   EXPECT_THROW(RunConfig::from_file("/nonexistent/deck.ini"), UserError);
 }
 
+TEST(Config, UnsignedKeysTakeTheirWholeRange) {
+  EXPECT_EQ(parse().run.seed, 1234u);
+  EXPECT_EQ(parse({"run.seed=0"}).run.seed, 0u);
+  EXPECT_EQ(parse({"run.seed=18446744073709551615"}).run.seed, 18446744073709551615u);
+  EXPECT_EQ(RunConfig::from_text("[run]\nseed = 42\n").run.seed, 42u);
+}
+
+TEST(Config, FloatKeysAcceptTheEdgesOfTheirRanges) {
+  RunConfig c = parse({"model.hidden_dropout=0", "optimizer.lr=0", "optimizer.min_lr=0",
+                       "optimizer.beta1=0", "training.clip_grad=0", "optimizer.weight_decay=0",
+                       "logging.peak_tflops=0"});
+  EXPECT_NO_THROW(c.validate(8));
+  const std::string help = RunConfig::schema_help();
+  EXPECT_NE(help.find("peak learning rate (finite and >= 0)"), std::string::npos) << help;
+  EXPECT_NE(help.find("Adam epsilon (finite and > 0)"), std::string::npos) << help;
+  EXPECT_NE(help.find("dropout on attention probs (in [0, 1))"), std::string::npos) << help;
+}
+
+/// Deck files in a fresh temporary folder, removed with it.
+class DeckFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("meshtron_test_config_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  /// The message of reading `paths`, "" when they read.
+  static std::string error_of_files(const std::vector<std::string>& paths) {
+    try {
+      RunConfig::from_files(paths);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(DeckFiles, LaterDecksOverrideEarlierOnesAndSetOverridesAll) {
+  const std::string base = write("base.deck", kDeck);
+  const std::string run = write("run.deck",
+                                "[model]\nnum_layers = 6\n[optimizer]\nlr = 1e-3\n"
+                                "[training]\ntrain_iters = 7");  // no final newline
+  RunConfig c = RunConfig::from_files({base, run});
+  EXPECT_EQ(c.model.num_layers, 6);              // the later deck wins
+  EXPECT_EQ(c.model.seq_length, 32);             // the sections merge
+  EXPECT_EQ(c.parallel.tensor_parallel, 2);      // only the earlier deck sets it
+  EXPECT_EQ(c.training.train_iters, 7);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.deck_path, base + " " + run);
+  EXPECT_EQ(RunConfig::from_files({run, base}).model.num_layers, 4);  // order decides
+
+  RunConfig set = RunConfig::from_files({base, run}, {"model.num_layers=8"});
+  EXPECT_EQ(set.model.num_layers, 8);
+  EXPECT_EQ(set.training.train_iters, 7);
+
+  // A checkpoint's deck_text reads back as the same decks, in the same order.
+  EXPECT_NE(c.deck_text.find("# --- deck " + run + " ---\n[model]"), std::string::npos)
+      << c.deck_text;
+  RunConfig again = RunConfig::from_text(c.deck_text);
+  EXPECT_EQ(again.model.num_layers, 6);
+  EXPECT_EQ(again.model.seq_length, 32);
+  EXPECT_EQ(again.training.train_iters, 7);
+  EXPECT_EQ(again.resolved_text(), c.resolved_text());
+  // One deck's text stays as it was read.
+  EXPECT_EQ(RunConfig::from_file(base).deck_text, kDeck);
+}
+
+TEST_F(DeckFiles, AKeyTwiceInOneDeckIsStillAnError) {
+  const std::string twice = write("twice.deck", "[model]\nnum_layers = 2\nnum_layers = 3\n");
+  const std::string msg = error_of_files({twice});
+  EXPECT_NE(msg.find(twice), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.num_layers"), std::string::npos) << msg;
+}
+
+TEST_F(DeckFiles, AnEmptyDeckIsAnError) {
+  const std::string empty = write("empty.deck", "");
+  const std::string blank = write("blank.deck", " \n\t\n");
+  const std::string base = write("base.deck", kDeck);
+  EXPECT_EQ(error_of_files({empty}), "input deck '" + empty + "' is empty");
+  EXPECT_EQ(error_of_files({base, blank}), "input deck '" + blank + "' is empty");
+}
+
+TEST_F(DeckFiles, ADeckThatIsNotARegularFileIsAnError) {
+  const std::string msg = error_of_files({dir_.string()});
+  EXPECT_EQ(msg, "cannot open input deck '" + dir_.string() + "': not a regular file (a directory)");
+  const std::string missing = (dir_ / "missing.deck").string();
+  EXPECT_EQ(error_of_files({write("base.deck", kDeck), missing}),
+            "cannot open input deck '" + missing + "': no such file");
+}
+
 struct ValidationCase {
   std::vector<std::string> overrides;
   int world;
@@ -173,7 +276,33 @@ INSTANTIATE_TEST_SUITE_P(
                         "training.precision=bf16", "model.attention_backend=unfused"},
                        8, "not model.attention_backend = unfused"},
         ValidationCase{{"model.hidden_dropout=1.5"}, 8, "hidden_dropout"},
-        ValidationCase{{"optimizer.min_lr=1"}, 8, "min_lr"},
+        ValidationCase{{"optimizer.min_lr=1"}, 8, "min_lr (1) must not exceed optimizer.lr"},
+        // Every float key is finite and within its range.
+        ValidationCase{{"optimizer.lr=inf"}, 8, "optimizer.lr = inf must be finite and >= 0"},
+        ValidationCase{{"optimizer.lr=-1e-3"}, 8, "optimizer.lr = -0.001 must be finite and >= 0"},
+        ValidationCase{{"optimizer.eps=nan"}, 8, "optimizer.eps = nan must be finite and > 0"},
+        ValidationCase{{"optimizer.eps=0"}, 8, "optimizer.eps = 0 must be finite and > 0"},
+        ValidationCase{{"model.init_method_std=nan"}, 8,
+                       "model.init_method_std = nan must be finite and > 0"},
+        ValidationCase{{"model.layernorm_epsilon=-1"}, 8,
+                       "model.layernorm_epsilon = -1 must be finite and > 0"},
+        ValidationCase{{"model.hidden_dropout=1"}, 8, "model.hidden_dropout = 1 must be in [0, 1)"},
+        ValidationCase{{"model.attention_dropout=-0.1"}, 8,
+                       "model.attention_dropout = -0.1 must be in [0, 1)"},
+        ValidationCase{{"optimizer.beta2=1"}, 8, "optimizer.beta2 = 1 must be in [0, 1)"},
+        ValidationCase{{"optimizer.weight_decay=-0.1"}, 8, "optimizer.weight_decay = -0.1"},
+        ValidationCase{{"training.clip_grad=inf"}, 8, "training.clip_grad = inf"},
+        ValidationCase{{"logging.peak_tflops=-1"}, 8, "logging.peak_tflops = -1"},
+        // Counts are never negative; an unsigned key does not wrap around.
+        ValidationCase{{"run.seed=-1"}, 8,
+                       "run.seed = '-1' is not an integer in [0, 18446744073709551615]"},
+        ValidationCase{{"run.seed=18446744073709551616"}, 8, "run.seed = '18446744073709551616'"},
+        ValidationCase{{"training.global_batch_size=-8"}, 8,
+                       "training.global_batch_size = -8 is negative"},
+        ValidationCase{{"model.ffn_hidden_size=-1"}, 8, "model.ffn_hidden_size = -1 is negative"},
+        ValidationCase{{"lr_schedule.decay_iters=-5"}, 8, "lr_schedule.decay_iters = -5 is negative"},
+        ValidationCase{{"parallel.tensor_parallel=0"}, 8,
+                       "parallel.tensor_parallel = 0 must be at least 1"},
         ValidationCase{{"lr_schedule.decay_style=step"}, 8, "decay_style"},
         ValidationCase{{"data.source=indexed"}, 8, "data.path"},
         ValidationCase{{"run.device=tpu"}, 8, "tpu"},
