@@ -9,6 +9,15 @@
 //
 // Conventions: row-major; "[N, H]" means N rows of H features; "accumulate"
 // means the op adds into its output (gradients), otherwise it overwrites.
+//
+// Each section below is implemented by one file of src/ops/, their shared
+// argument checks and dispatch helpers in op_checks.hpp: GEMM and the GEMMs
+// with fused epilogues (gemm_bias_gelu, gemm_gelu, gemm_dgelu,
+// gemm_bias_residual, linear_weight_grads) ops_gemm.cpp; LayerNorm
+// ops_norm.cpp; Softmax and Fused attention ops_attention.cpp; Dropout
+// ops_dropout.cpp; the rest of GeLU and biases ops_elementwise.cpp;
+// Embedding ops_embedding.cpp; Cross-entropy ops_cross_entropy.cpp; AdamW
+// ops_optimizer.cpp; Reductions ops_reductions.cpp.
 #pragma once
 
 #include <cstdint>
@@ -85,7 +94,7 @@ class LayerNormGradChain {
   /// Whether `grad` is the dgamma or dbeta of a call whose adds are held.
   bool holds(const Tensor& grad) const;
 
-  struct DeviceSums;                             ///< the CUDA path's (ops_host.cpp)
+  struct DeviceSums;                             ///< the CUDA path's (ops_norm.cpp)
   DeviceSums& device_sums() { return *sums_; }  ///< for layernorm_backward
 
  private:
