@@ -134,7 +134,7 @@ inline Tensor in_space(const Tensor& t, MemorySpace space) {
 
 /// Dtype of per-row statistics (mean, rstd, softmax max and sums, loss) of
 /// an activation `x`: its own dtype on the host (fp32, or fp64 in gradient
-/// checks), always fp32 on the device (see ops_host.cpp's dtype rules).
+/// checks), always fp32 on the device (see op_checks.hpp's dtype rules).
 inline DType stats_dtype(DType activation, MemorySpace space) {
   return space == MemorySpace::Host ? activation : DType::F32;
 }

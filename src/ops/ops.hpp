@@ -9,6 +9,15 @@
 //
 // Conventions: row-major; "[N, H]" means N rows of H features; "accumulate"
 // means the op adds into its output (gradients), otherwise it overwrites.
+//
+// Each section below is implemented by one file of src/ops/, their shared
+// argument checks and dispatch helpers in op_checks.hpp: GEMM and the GEMMs
+// with fused epilogues (gemm_bias_gelu, gemm_gelu, gemm_dgelu,
+// gemm_bias_residual, linear_weight_grads) ops_gemm.cpp; LayerNorm
+// ops_norm.cpp; Softmax and Fused attention ops_attention.cpp; Dropout
+// ops_dropout.cpp; the rest of GeLU and biases ops_elementwise.cpp;
+// Embedding ops_embedding.cpp; Cross-entropy ops_cross_entropy.cpp; AdamW
+// ops_optimizer.cpp; Reductions ops_reductions.cpp.
 #pragma once
 
 #include <cstdint>
@@ -64,10 +73,10 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 /// and dbeta sums per block, and a second kernel adds the rows: 1.5-3 us of
 /// an H200 per call (at bf16 [8192, 768] the call moves its bytes at 0.72 of
 /// the copy's bandwidth, 0.84 without that kernel; chained as GPT-2 124M's
-/// backward, 25 calls a flush, 0.81-0.82: perf/RESULTS.md, session 54). A
-/// call given a chain leaves
-/// its rows here, and the next call given the same chain adds them inside
-/// its own kernel, in the second kernel's order (the same bits); flush()
+/// backward, 25 calls a flush, 0.81-0.82: bench_cuda_ops memory
+/// layernorm_backward). A call given a chain leaves its rows here, and the
+/// next call given the same chain adds them inside its own kernel, in the
+/// second kernel's order (the same bits); flush()
 /// adds the last ones alone. So a gradient a call wrote is final only once
 /// the chain no longer holds() it. On the host every call adds its own
 /// (nothing is ever held). The chain and the calls share the compute
@@ -85,7 +94,7 @@ class LayerNormGradChain {
   /// Whether `grad` is the dgamma or dbeta of a call whose adds are held.
   bool holds(const Tensor& grad) const;
 
-  struct DeviceSums;                             ///< the CUDA path's (ops_host.cpp)
+  struct DeviceSums;                             ///< the CUDA path's (ops_norm.cpp)
   DeviceSums& device_sums() { return *sums_; }  ///< for layernorm_backward
 
  private:
@@ -190,7 +199,7 @@ struct AttentionDropout {
 inline index_t attention_keep_bits_words(index_t S) { return (S + 127) / 128 * 4; }
 /// AttentionDropout::keep_bits of B entries of S x S: [B, S, words], the
 /// words of a query row side by side. (Word-major, [B, words, S], made the
-/// head dim 64 backward slower on an H100: perf/RESULTS.md, session 26.)
+/// head dim 64 backward slower on an H100: bench_cuda_ops attention fused.)
 inline Shape attention_keep_bits_shape(index_t B, index_t S) {
   return {B, S, attention_keep_bits_words(S)};
 }
@@ -262,9 +271,9 @@ void gemm_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
 /// With `dbias` ([N]): then dbias += the column sums of dpre (bias_backward;
 /// the bias gradient of the layer that produced pre_gelu). cuBLASLt 12/13
 /// offers no bf16 DGELU_BGRAD algorithm on sm_90 (measured); the column
-/// sums here cost less than cuBLASLt's BGRADA in that layer's
-/// weight-gradient GEMM did (38-45 against 50 us at GPT-2 774M's fc on an
-/// H100, perf/RESULTS.md session 7; BGRADA is no longer used).
+/// sums here cost less than cuBLASLt's BGRADA epilogue in that layer's
+/// weight-gradient GEMM (38-45 against 50 us at GPT-2 774M's fc on an H100,
+/// bench_cuda_ops).
 void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
                 const Tensor& pre_gelu, Tensor& dpre, Tensor* dbias = nullptr,
                 GradStore bias_store = GradStore::Accumulate);
@@ -282,11 +291,10 @@ void bias_backward(const Tensor& dy, Tensor& dbias, GradStore store = GradStore:
 ///   dweight += x^T dy   (x [tokens, in], dy [tokens, out], dweight [in, out])
 ///   dbias   += sum over tokens of dy
 /// gemm() then bias_backward() on the host and on the device. (cuBLASLt's
-/// BGRADA epilogue, which Megatron/TransformerEngine use, ran as a kernel of
+/// BGRADA epilogue, which Megatron/TransformerEngine use, runs as a kernel of
 /// its own after the GEMM, plus an add into dbias: 12-22 us per call at
 /// 774M's shapes on an H200 against meshtron's one column-sum kernel;
-/// without it 124M / 774M steps 0.8 / 0.6 % faster, perf/RESULTS.md
-/// session 35.)
+/// without it 124M / 774M steps 0.8 / 0.6 % faster, perf/e2e_gpu.py.)
 /// `weight_store`, `bias_store`: Overwrite writes that gradient instead.
 void linear_weight_grads(const Tensor& x, const Tensor& dy, Tensor& dweight, Tensor& dbias,
                          GradStore weight_store = GradStore::Accumulate,

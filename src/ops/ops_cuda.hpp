@@ -1,5 +1,5 @@
 // Launchers of the CUDA kernels (kernels/cuda/*.cu), called by the op table
-// (ops_host.cpp) for device tensors after it has checked every argument.
+// (src/ops/ops_*.cpp) for device tensors after it has checked every argument.
 //
 // Like the Kokkos launchers they take raw device pointers and extents, never
 // a Tensor, plus the storage dtype: `t` (fp32, bf16 or fp16) for activations and

@@ -338,7 +338,7 @@ ModelRun train_gpt(const std::string& backend, const std::string& precision, DTy
 // the head-major kernels + merge_heads, so they must give the same bits; the
 // host path of the op is that composition.
 #ifdef MESHTRON_HAVE_CUDA  // calls the CUDA kernels directly
-/// The CUDA kernels' view of an ops dropout (ops_host.cpp builds the same).
+/// The CUDA kernels' view of an ops dropout (ops_attention.cpp builds the same).
 cuda::AttentionDropoutSite device_dropout(const ops::AttentionDropout& d) {
   const ops::DropoutSite& s = d.site;
   return {d.p, {s.seed, s.step, s.stream, s.b, s.c, s.a_offset, s.b_offset, s.c_offset,

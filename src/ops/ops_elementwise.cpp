@@ -1,0 +1,126 @@
+// The elementwise ops (ops.hpp: GeLU and biases): GeLU, the bias add and
+// its gradient, add, axpy, scale.
+#include "kernels/kokkos/elementwise.hpp"
+#include "kernels/kokkos/gelu.hpp"
+#include "ops/op_checks.hpp"
+#include "ops/ops.hpp"
+
+namespace meshtron::ops {
+
+using namespace detail;
+
+// ------------------------------------------------------ GeLU and biases ---
+
+void gelu_forward(const Tensor& x, Tensor& y) {
+  const char* op = "gelu_forward";
+  const Arg ax{"x", x}, ay{"y", y};
+  const bool device = require_float_args(op, {ax, ay});
+  require_same_numel(op, ax, ay);
+  if (device) {
+    ON_CUDA(cuda::gelu_forward(x.dtype(), x.raw(), x.numel(), y.raw()));
+    return;
+  }
+  with_float_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::gelu_forward<Host>(x.data<T>(), x.numel(), y.data<T>());
+  });
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const char* op = "gelu_backward";
+  const Arg ady{"dy", dy}, ax{"x", x}, adx{"dx", dx};
+  const bool device = require_float_args(op, {ax, ady, adx});
+  require_same_numel(op, ax, ady);
+  require_same_numel(op, ax, adx);
+  if (device) {
+    ON_CUDA(cuda::gelu_backward(x.dtype(), dy.raw(), x.raw(), x.numel(), dx.raw()));
+    return;
+  }
+  with_float_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::gelu_backward<Host>(dy.data<T>(), x.data<T>(), x.numel(), dx.data<T>());
+  });
+}
+
+void bias_add(Tensor& y, const Tensor& bias) {
+  const char* op = "bias_add";
+  const Arg ay{"y", y}, ab{"bias", bias};
+  const bool device = require_float_args(op, {ay, ab});
+  const index_t N = rows_of(op, ay), C = y.dim(-1);
+  MESH_VERIFY(bias.numel() == C, op << ": " << describe(ab) << " must hold " << C
+                                    << " elements, the last dim of " << describe(ay));
+  if (device) {
+    ON_CUDA(cuda::bias_add(y.dtype(), y.raw(), bias.raw(), N, C));
+    return;
+  }
+  with_float_type(y.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::bias_add<Host>(y.data<T>(), bias.data<T>(), N, C);
+  });
+}
+
+void bias_backward(const Tensor& dy, Tensor& dbias, GradStore store) {
+  const char* op = "bias_backward";
+  const Arg ady{"dy", dy}, adb{"dbias", dbias};
+  on_device(op, {ady, adb});
+  const bool device = require_float_args(op, {ady});
+  require_grad_args(op, device, ady, {adb});
+  const index_t N = rows_of(op, ady), C = dy.dim(-1);
+  MESH_VERIFY(dbias.numel() == C, op << ": " << describe(adb) << " must hold " << C
+                                     << " elements, the last dim of " << describe(ady));
+  if (device) {
+    ON_CUDA(cuda::bias_backward(dy.dtype(), dbias.dtype(), dy.raw(), N, C, dbias.raw(),
+                                store == GradStore::Accumulate));
+    return;
+  }
+  if (store == GradStore::Overwrite) dbias.fill(0.0);  // the host kernel adds
+  with_float_type(dy.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::bias_backward<Host>(dy.data<T>(), N, C, dbias.data<T>());
+  });
+}
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const char* op = "add";
+  const Arg aa{"a", a}, ab{"b", b}, ao{"out", out};
+  const bool device = require_float_args(op, {aa, ab, ao});
+  require_same_numel(op, aa, ab);
+  require_same_numel(op, aa, ao);
+  if (device) {
+    ON_CUDA(cuda::add(a.dtype(), a.raw(), b.raw(), a.numel(), out.raw()));
+    return;
+  }
+  with_float_type(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::add<Host>(a.data<T>(), b.data<T>(), a.numel(), out.data<T>());
+  });
+}
+
+void axpy(double alpha, const Tensor& x, Tensor& y) {
+  const char* op = "axpy";
+  const Arg ax{"x", x}, ay{"y", y};
+  const bool device = require_float_args(op, {ax, ay});
+  require_same_numel(op, ax, ay);
+  if (device) {
+    ON_CUDA(cuda::axpy(x.dtype(), alpha, x.raw(), x.numel(), y.raw()));
+    return;
+  }
+  with_float_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::axpy<Host>(alpha, x.data<T>(), x.numel(), y.data<T>());
+  });
+}
+
+void scale(Tensor& x, double alpha) {
+  const bool device = require_float_args("scale", {{"x", x}});
+  if (device) {
+    ON_CUDA(cuda::scale(x.dtype(), x.raw(), x.numel(), alpha));
+    return;
+  }
+  with_float_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::scale<Host>(x.data<T>(), x.numel(), alpha);
+  });
+}
+
+}  // namespace meshtron::ops
