@@ -78,8 +78,8 @@ namespace {
                         __FILE__, __LINE__);                                          \
   } while (0)
 
-// cuBLASLt's advice for Hopper. Measured (774M, H100, session 14): 4 MiB the
-// same, none 8 % slower (the algorithms without workspace).
+// cuBLASLt's advice for Hopper. On a GPT-2 774M training step (H100) 4 MiB
+// is as fast, none 8 % slower (the algorithms without workspace).
 constexpr std::size_t kWorkspaceBytes = 32u << 20;
 
 cudaDataType_t cuda_type(DType t) {

@@ -68,11 +68,11 @@ struct ParallelSection {
   bool sequence_parallel_keep_gathered = false;
   /// Under SP: the row-parallel layers' backward GEMMs by token blocks, the
   /// own block overlapping the dy all-gather (GPT-2 774M, tp 2 on 2x H200:
-  /// 66.65 -> 65.65 ms per step).
+  /// 65.65 ms per step against 66.65 unsplit, perf/e2e_gpu.py).
   bool split_row_parallel_backward = true;
   /// Under SP: the column-parallel forward GEMMs (qkv, fc1) multiply this
   /// rank's own rows while the input all-gather brings the others', then
-  /// the others' (with NCCL measured slower at 774M tp 2, session 5: NCCL's
+  /// the others' (with NCCL slower at 774M tp 2, perf/e2e_gpu.py: NCCL's
   /// kernels take SMs from the GEMM; meant for parallel.tp_copy_engine).
   bool split_column_parallel_forward = false;
   /// The tp group's blocking all-gathers and reduce-scatters (the forward's

@@ -376,10 +376,10 @@ namespace {
 /// {step, sample offset low, sample offset high, 0}, in one tensor so that
 /// one host -> device copy serves the step. That copy is queued on the
 /// compute stream (queued_in_space): a blocking copy (Tensor::to_space) from
-/// pageable memory first waits for the stream, so the host sat idle until
-/// the previous step's update had finished and the GPU then waited ~0.15 ms
-/// for the host to launch the copies and the graph (124M on an H100,
-/// perf/RESULTS.md, session 30).
+/// pageable memory first waits for the stream, so the host would sit idle
+/// until the previous step's update had finished and the GPU then wait
+/// ~0.15 ms for the host to launch the copies and the graph (124M on an
+/// H100, a traced step of perf/e2e_gpu.py).
 Tensor dropout_words(const std::vector<MicroBatch>& batch, long step, MemorySpace space) {
   Tensor words_host = Tensor::empty({index_t(4 * batch.size())}, DType::I32);
   auto* words = static_cast<std::uint32_t*>(words_host.raw());

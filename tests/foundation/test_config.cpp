@@ -199,7 +199,8 @@ TEST(Config, NamedUnevenPipelineSplit) {
 
 TEST(Config, BalancedPipelineSplitCountsTheHeadOnTheLastStage) {
   // GPT-2 774M (36 layers, head worth 2.89 layers) on 2 stages: 19,17, the
-  // split measured fastest on 2 H100s (perf/RESULTS.md, session 23).
+  // split measured fastest on 2 H100s (perf/e2e_gpu.py --pp-split; perf/RESULTS.md,
+  // "pp 2 at 774M").
   EXPECT_EQ(balanced_stage_layers(36, 2, 2.89), (std::vector<int>{19, 17}));
   // No head: uniform where the layers divide, the earlier stages first where not.
   EXPECT_EQ(balanced_stage_layers(8, 4, 0.0), (std::vector<int>{2, 2, 2, 2}));
