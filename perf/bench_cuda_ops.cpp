@@ -870,7 +870,7 @@ struct GemmCase {
 
 /// The GEMMs of a GPT-2 774M layer at tp 1 (8 x 1024 tokens, bf16; weight
 /// gradients into fp32 with beta = 1): the heuristic's first algorithm
-/// against the fastest of its first eight (MESHTRON_GEMM_AUTOTUNE's choice,
+/// against the fastest of its first eight (run.gemm_autotune's choice,
 /// made here with set_gemm_autotune), in the same run.
 void bench_gemm_autotune() {
   std::printf("\n%-44s %10s %10s %8s\n", "774M layer GEMMs (M N K, ta tb)", "heur. ms",

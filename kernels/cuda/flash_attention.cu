@@ -44,11 +44,12 @@
 // Backend choice (the token-major entry points, what the model calls): where
 // meshtron is built with cuDNN, cuDNN loads, and it plans the shape
 // (kernels/cuda/cudnn_attention.cu), its fused attention runs instead of
-// these kernels, unless MESHTRON_ATTENTION=own. The choice is made once per
-// (device, dtype, shape) and cached, so a shape's forward and backward use
-// the same backend; a shape whose forward cuDNN plans but whose backward it
-// has no deterministic engine for runs cuDNN forward + our backward (our
-// backward reads the same natural-log lse). A one-time stderr line (rank 0)
+// these kernels, unless training.fused_attention_kernels = own
+// (set_fused_attention_kernels). The choice is made once per (device, dtype,
+// shape) and cached, so a shape's forward and backward use the same backend;
+// a shape whose forward cuDNN plans but whose backward it has no
+// deterministic engine for runs cuDNN forward + our backward (our backward
+// reads the same natural-log lse). A one-time stderr line (rank 0)
 // names the choice. flash_attention_*_token_major always run these kernels,
 // and so does every call with attention dropout (cuDNN's dropout mask is
 // drawn from its own generator, not the unfused path's Philox bits), unless
@@ -1379,12 +1380,17 @@ struct Backends {
   }
 };
 
-bool own_forced() {
-  static const bool own = [] {
-    const char* e = std::getenv("MESHTRON_ATTENTION");
-    return e != nullptr && std::string(e) == "own";
-  }();
-  return own;
+/// The backends chosen per (device, dtype, shape), and whether cuDNN may be
+/// chosen at all (set_fused_attention_kernels).
+struct BackendChoices {
+  std::mutex mutex;
+  FusedAttentionKernels kernels = FusedAttentionKernels::Auto;
+  std::map<std::tuple<int, DType, index_t, index_t, index_t, index_t>, Backends> chosen;
+};
+
+BackendChoices& backend_choices() {
+  static BackendChoices choices;
+  return choices;
 }
 
 /// One stderr line (rank 0) per distinct choice: "meshtron: attention: ...".
@@ -1399,17 +1405,16 @@ void announce(const std::string& line, const std::string& why) {
 
 /// The backends of one (device, dtype, shape), decided on first use.
 Backends backends_for(DType t, index_t s, index_t b, index_t heads, index_t D) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, DType, index_t, index_t, index_t, index_t>, Backends> chosen;
+  BackendChoices& choices = backend_choices();
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(choices.mutex);
   const auto key = std::make_tuple(device, t, s, b, heads, D);
-  if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+  if (auto it = choices.chosen.find(key); it != choices.chosen.end()) return it->second;
   Backends use;
   std::string library, why;
-  if (own_forced()) {
-    why = "MESHTRON_ATTENTION=own";
+  if (choices.kernels == FusedAttentionKernels::Own) {
+    why = "training.fused_attention_kernels = own";
   } else {
     const CudnnAttentionSupport cudnn = cudnn_attention_support(t, s, b, heads, D);
     use.cudnn_forward = cudnn.forward;
@@ -1418,7 +1423,7 @@ Backends backends_for(DType t, index_t s, index_t b, index_t heads, index_t D) {
     why = cudnn.why_not;
   }
   announce(use.describe(library), why);
-  return chosen.emplace(key, use).first->second;
+  return choices.chosen.emplace(key, use).first->second;
 }
 
 /// The seed of one call's cuDNN-drawn attention dropout (the offset stays
@@ -1469,6 +1474,13 @@ class CudnnDropoutCall {
 };
 
 }  // namespace
+
+void set_fused_attention_kernels(FusedAttentionKernels kernels) {
+  BackendChoices& choices = backend_choices();
+  std::lock_guard<std::mutex> lock(choices.mutex);
+  choices.kernels = kernels;
+  choices.chosen.clear();
+}
 
 std::string attention_backend(DType t, index_t s, index_t b, index_t heads, index_t D) {
   const Backends use = backends_for(t, s, b, heads, D);

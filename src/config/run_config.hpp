@@ -160,6 +160,13 @@ struct TrainingSection {
   /// layer, the sample offset and the first local head). Needs the GPU,
   /// cuDNN and the fused attention (bf16 / fp16, head dim 64 / 128).
   std::string attention_dropout_rng = "meshtron";
+  /// Whose fused attention the device path runs (model.attention_backend
+  /// auto or fused). "auto": cuDNN's where meshtron is built with cuDNN,
+  /// cuDNN loads and it plans the shape, else meshtron's flash kernels (the
+  /// choice is made once per shape and printed once). "own": meshtron's
+  /// flash kernels always. Attention dropout drawn by meshtron runs its own
+  /// kernels either way; training.attention_dropout_rng = cudnn runs cuDNN's.
+  std::string fused_attention_kernels = "auto";
   double clip_grad = 1.0;          ///< 0 disables clipping
   std::string recompute = "none";  ///< none | selective | full
   int recompute_num_layers = 0;

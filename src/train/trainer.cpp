@@ -145,6 +145,9 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   if (run.parallel.tp_interleave_streams == 2)
     if (auto* nccl = dynamic_cast<NcclCommunicator*>(&rt.tp)) nccl->separate_interleaved_jobs();
   if (run.run.gemm_autotune) cuda::set_gemm_autotune(true);  // the deck check: run.device = cuda
+  cuda::set_fused_attention_kernels(run.training.fused_attention_kernels == "own"
+                                        ? cuda::FusedAttentionKernels::Own
+                                        : cuda::FusedAttentionKernels::Auto);
 #endif
   base_ctx_.seed = run.run.seed;
   base_ctx_.seq_length = model.seq_length;
