@@ -807,8 +807,8 @@ void bench_mlp_gelu_epilogues() {
   print_fused_pair("proj dgrad: gemm_dgelu vs gemm+gelu_backward", flop, bwd_fused, bwd_unfused,
                    fell_back);
   // fc's bias gradient: after proj's dgrad GEMM (gemm_dgelu with dbias:
-  // bias_backward's column sums of dpre, what the MLP does), and what it
-  // cost before, in fc's weight-gradient GEMM (BGRADA) against plain.
+  // bias_backward's column sums of dpre, what the MLP does), and the
+  // alternative, in fc's weight-gradient GEMM (BGRADA) against plain.
   Tensor dbias = Tensor::zeros({F}, DType::F32, MemorySpace::Cuda);
   const double bgrad_after =
       median_ms([&] { ops::gemm_dgelu(dy, false, w_proj, true, pre, dpre, &dbias); });
@@ -816,8 +816,8 @@ void bench_mlp_gelu_epilogues() {
                    false);
   // Every linear of a 774M layer (in -> out: qkv 1280 -> 3840, attention
   // proj 1280 -> 1280, fc 1280 -> 5120, mlp proj 5120 -> 1280): the
-  // weight gradient alone, with the bias gradient in it (BGRADA, what
-  // linear_weight_grads does), and followed by bias_backward instead.
+  // weight gradient alone, with the bias gradient in it (cuBLASLt's BGRADA
+  // epilogue), and followed by bias_backward (what linear_weight_grads does).
   for (const auto& [in, out] : std::vector<std::pair<index_t, index_t>>{
            {H, 3 * H}, {H, H}, {H, F}, {F, H}}) {
     const Tensor xin = random_device({M, in}, dt), dout = random_device({M, out}, dt);
@@ -870,7 +870,7 @@ struct GemmCase {
 
 /// The GEMMs of a GPT-2 774M layer at tp 1 (8 x 1024 tokens, bf16; weight
 /// gradients into fp32 with beta = 1): the heuristic's first algorithm
-/// against the fastest of its first eight (MESHTRON_GEMM_AUTOTUNE's choice,
+/// against the fastest of its first eight (run.gemm_autotune's choice,
 /// made here with set_gemm_autotune), in the same run.
 void bench_gemm_autotune() {
   std::printf("\n%-44s %10s %10s %8s\n", "774M layer GEMMs (M N K, ta tb)", "heur. ms",
@@ -913,10 +913,10 @@ void bench_gemm_autotune() {
 /// local 1280 / 640 of the attention and 5120 / 2560 of the MLP), against
 /// the plain GEMM (the tp ranks that do not add) and the residual copied
 /// into C then a beta = 1 GEMM in place (no bias: a lower bound for that
-/// route, which session 13 measured end to end: no gain); heuristic and
-/// autotuned. At tp 2 the other ranks wait for the rank that adds at the
-/// all-reduce: session 13's traces put the MLP's out-of-place GEMM 22 us
-/// above the plain one.
+/// route, which gains nothing end to end); heuristic and autotuned. At tp 2
+/// the other ranks wait for the rank that adds at the all-reduce: in a
+/// traced 774M tp 2 step the MLP's out-of-place GEMM takes 22 us more than
+/// the plain one.
 /// `bench_cuda_ops residual` runs this table alone.
 void bench_residual_epilogues() {
   std::printf("\n%-30s %9s %9s %9s %9s %9s\n", "proj GEMM + bias + residual", "plain",
@@ -945,15 +945,16 @@ void bench_residual_epilogues() {
   }
 }
 
-/// Session 57 probe (issue 9's "next lead"): a linear's bias gradient out of
-/// its weight-gradient GEMM. With the input x [M, in] stored as x' [M, in +
-/// 8] (column `in` ones, the rest zero), x'^T dy over in + 1 rows of x'^T is
-/// dW [in, out] with db [out] as row `in` (dW and db adjacent, as a flat
-/// gradient buffer could place them), one GEMM instead of GEMM +
+/// A linear's bias gradient out of its weight-gradient GEMM (the measurement
+/// behind training.bias_in_weight_gemm). With the input x [M, in] stored as
+/// x' [M, in + 8] (column `in` ones, the rest zero), x'^T dy over in + 1 rows
+/// of x'^T is dW [in, out] with db [out] as row `in` (dW and db adjacent, as
+/// a flat gradient buffer could place them), one GEMM instead of GEMM +
 /// bias_backward. Per 124M / 774M linear: the plain GEMM, the GEMM then
-/// bias_backward (main), the ones-column GEMM over in + 1 and over in + 8
-/// rows (a full pack of padding), heuristic and autotuned, and how far the
-/// GEMM's db and dW are from bias_backward's and the plain GEMM's.
+/// bias_backward (the path without the ones column), the ones-column GEMM
+/// over in + 1 and over in + 8 rows (a full pack of padding), heuristic and
+/// autotuned, and how far the GEMM's db and dW are from bias_backward's and
+/// the plain GEMM's.
 /// `bench_cuda_ops bias_in_wgrad` runs this table alone.
 void bench_bias_in_weight_gradient() {
   const index_t M = 8192;

@@ -57,10 +57,10 @@ SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20),
 # The 2-GPU layouts: label -> (tp, dp, pp, their own deck settings). The
 # pipeline needs several micro-batches per step (--accumulate) to fill; CUDA
 # graphs do not take it (parallel.pipeline_parallel = 1 only). tp2 is
-# Megatron's layout (SP, NCCL); tp2i the fastest measured one (no SP, the
-# copy engines, pairs of micro-batches interleaved: perf/RESULTS.md, sessions
-# 33-35), which needs at least 2 micro-batches per step and runs eager (CUDA
-# graphs take neither the copy engines nor the interleave).
+# Megatron's layout (SP, NCCL); tp2i the fastest measured one (no SP, the copy
+# engines, pairs of micro-batches interleaved: perf/RESULTS.md, "Two GPUs
+# (NVLink), GPT-2 774M"), which needs at least 2 micro-batches per step and
+# runs eager (CUDA graphs take neither the copy engines nor the interleave).
 TP_INTERLEAVED = {"parallel.sequence_parallel": "false",
                   "parallel.sequence_parallel_keep_gathered": "false",  # whatever --tp-set says
                   "parallel.tp_copy_engine": "true", "parallel.tp_interleave": "true",

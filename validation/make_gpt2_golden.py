@@ -11,11 +11,11 @@ Runs on CPU in a few seconds; no GPU is used.
     cd validation
     python3 make_gpt2_golden.py --out gpt2-golden
 
-From a meshtron session without torch locally, run it on the GPU node with the
-device tool (its python3 has all four packages), then copy the files back:
+Where torch is not installed, run it on any machine that has the four
+packages, writing to a scratch folder, and copy the outputs back:
 
-    run: cd validation && PYTHONUNBUFFERED=1 python3 make_gpt2_golden.py --out $OUT
-    then: cp <files_at>/*.json <files_at>/*.safetensors validation/gpt2-golden/
+    python3 make_gpt2_golden.py --out /tmp/gpt2-golden
+    cp /tmp/gpt2-golden/*.json /tmp/gpt2-golden/*.safetensors validation/gpt2-golden/
 
 Outputs (in --out)
 ------------------

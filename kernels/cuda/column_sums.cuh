@@ -141,7 +141,7 @@ void column_sums(const Source& src, kindex N, kindex C, bool accumulate, G* out0
 /// and accumulates into out. Deterministic; rounds differently from the
 /// two-pass column_sums (another order of the same adds). Narrow tiles and
 /// many lanes because the work is latency, not bytes: 132 partial rows x 768
-/// columns as blocks of 32 columns x 8 lanes were 24 blocks with 17 rounds
+/// columns as blocks of 32 columns x 8 lanes would be 24 blocks with 17 rounds
 /// of loads per thread; 8 columns x 32 lanes are 96 blocks with 4-5, and a
 /// lane issues the loads of kOnePassBatch rows before adding them (one round
 /// of L2 latency for up to 256 rows). Launched as a dependent (see
@@ -255,7 +255,7 @@ __device__ __forceinline__ void add_partial_rows_slice(const PartialRowsToAdd& a
   // Four columns a load (16 bytes: 2 H, first and cols are multiples of 4),
   // so that a (lane, 4 columns) item per thread covers the block's columns
   // in one round of loads at GPT-2's widths (32 x 12 / 4 at 768 and 132
-  // blocks; two rounds of single columns took 0.5 us more a call).
+  // blocks; two rounds of single columns take 0.5 us more a call).
   const int quads = cols / 4, row_quads = columns / 4;
   const float4* rows = reinterpret_cast<const float4*>(add.partial + first);
   for (int i = tid; i < kOnePassLanes * quads; i += threads) {
@@ -289,11 +289,12 @@ inline constexpr int kMaxFusedColumnBlocks = 1024;
 /// Split loads in flight per thread in the fused finish. At the residual's
 /// widths the 16-byte packs make few column blocks, so the wave is filled
 /// with many row splits (bf16 768: 3 column blocks x 88 splits), and the
-/// finishing block's adds were 11 rounds of L2 latency at 8 a round: 32 a
-/// round (no spills, sm_90) took bf16 [8192, 768] 9.0 -> 8.3 us, 1280 9.0 ->
-/// 8.6, fp32 768 7.8 -> 7.6, 1280 9.4 -> 9.1 (H200, three alternated rounds,
-/// perf/RESULTS.md session 60); at 3072 (22 splits) it changed nothing
-/// (H100, session 34) and bf16 5120 (13) measured 24.3 -> 24.7 us.
+/// finishing block's adds are 11 rounds of L2 latency at 8 a round: 32 a
+/// round (no spills, sm_90) times bias_backward bf16 [8192, 768] at 8.3 us
+/// against 9.0 with 8, 1280 8.6 against 9.0, fp32 768 7.6 against 7.8, 1280
+/// 9.1 against 9.4 (H200, perf/bench_cuda_ops, alternated rounds); at 3072
+/// (22 splits) it changes nothing and at bf16 5120 (13) it is 24.7 us
+/// against 24.3.
 inline constexpr int kFusedFinishUnroll = 32;
 static __device__ unsigned int g_column_tickets[kMaxFusedColumnBlocks];
 
@@ -306,13 +307,14 @@ static __device__ unsigned int g_column_tickets[kMaxFusedColumnBlocks];
 /// kFused: the last block of each column block (a ticket) adds that column
 /// block's partial rows in split order into out, as column_finalize_kernel
 /// does (the same adds, so the same bits), instead of a second launch: 0.70
-/// of copy instead of 0.65 at bf16 [8192, 3072] on an H100 (perf/RESULTS.md,
-/// session 11). Two blocks per SM (ptxas, sm_90, bf16: 128 registers, no
-/// spills); three (80 registers and ~230 bytes of spills) were slower (0.49
-/// of copy), and 16 rows in flight per thread took 220 registers (one block
-/// per SM). A thread issues the next 8 rows' loads before adding the current
-/// 8 (117 registers before): bf16 [8192, 3072] 0.77 -> 0.78 of copy, 0.78 ->
-/// 0.80 replayed from a graph (H100, session 18).
+/// of copy instead of 0.65 at bf16 [8192, 3072] on an H100
+/// (perf/bench_cuda_ops memory). Two blocks per SM (ptxas, sm_90, bf16: 128
+/// registers, no spills); three (80 registers and ~230 bytes of spills) are
+/// slower (0.49 of copy), and 16 rows in flight per thread take 220
+/// registers (one block per SM). A thread issues the next 8 rows' loads before adding the current
+/// 8 (128 registers, against 117 without): bf16 [8192, 3072] 0.78 of copy
+/// against 0.77, 0.80 against 0.78 replayed from a graph (H100,
+/// perf/bench_cuda_ops memory).
 template <class T, bool kFused, class G>
 __global__ void __launch_bounds__(kColTile * kRowLanes, 2)
     column_partials_packed_kernel(const T* __restrict__ x, kindex N, kindex C,

@@ -267,15 +267,15 @@ __device__ __forceinline__ void cp_async_wait() {
 // blocks have called allow_dependent_launch() or exited) and wait in
 // wait_for_prior_grid() until it has finished and its writes are visible.
 // The launch gap and the ramp-up of the second grid then overlap the first
-// one's tail: 0.03-0.07 of the copy bandwidth per row of bench_cuda_ops
-// memory at 12-100 MB (H100, perf/RESULTS.md, session 17). Such a kernel
+// one's tail: +0.03-0.07 of the copy bandwidth per row of
+// perf/bench_cuda_ops memory at 12-100 MB (H100). Such a kernel
 // begins with start_after_prior_grid() (wait, then allow the next), and
 // every kernel waits before it allows the next, so when a kernel starts,
 // every kernel before the previous one has finished. Hence:
 // - before its wait a kernel writes no global memory (the previous kernel
 //   may still read it) and reads only what the previous kernel cannot have
-//   written (the layernorm backward's x and gamma, session 24; the
-//   layernorm forward's gamma and beta, session 55);
+//   written (the layernorm backward's x and gamma; the layernorm
+//   forward's gamma and beta);
 // - a kernel that only finishes what the one before it wrote (the sum of a
 //   backward kernel's per-block partial rows) may start even earlier: the
 //   primary allows it at its own start.
@@ -312,12 +312,12 @@ __device__ __forceinline__ void start_after_prior_grid() {
 /// them through L2, __ldcg: L1 is not coherent). One fence per block, by
 /// thread 0 between barriers, as cooperative groups' grid sync does (fences
 /// are cumulative: they order the writes the barrier made precede them),
-/// instead of one per thread: bias_backward bf16 [8192, 3072] 0.76 -> 0.77
-/// of copy (H100, perf/RESULTS.md, session 29). The ticket is one
+/// instead of one per thread: bias_backward bf16 [8192, 3072] 0.77 of copy
+/// against 0.76 (H100, perf/bench_cuda_ops memory). The ticket is one
 /// acquire-release atomic (release: the partials before the ticket that
 /// counts them; acquire: the other blocks' partials after their tickets),
-/// where two __threadfence() (fence.sc: sequentially consistent, which
-/// nothing here needs: no block stores then loads another's data) bracketed
+/// not two __threadfence() (fence.sc: sequentially consistent, which
+/// nothing here needs: no block stores then loads another's data) around
 /// a relaxed atomicAdd; the same message passing as CUTLASS's
 /// GenericBarrier (a release by one thread after the block's barrier). It
 /// is on the critical path of every kernel that finishes this way: the last
@@ -376,10 +376,11 @@ struct alignas(16) Pack {
 /// 32-bit word at a time (widen_pair): a bf16 value costs one shift or one
 /// mask, where to_f on the upper half of a word compiles to an extract and
 /// a shift (PRMT + SHF in the sm_90 code of the layernorm backward). On an
-/// H200 (perf/RESULTS.md, session 38): bf16 dropout forward 0.72 -> 0.83 of
-/// the copy, dropout_add 0.90 -> 0.96, layernorm backward +0.01-0.03; not
-/// taken where it measured no better: map3 (gelu_backward 0.81 -> 0.78),
-/// the layernorm forward, the embedding backward, the bias column sums.
+/// H200 (perf/bench_cuda_ops memory), against to_f per value: bf16 dropout
+/// forward 0.83 of the copy against 0.72, dropout_add 0.96 against 0.90,
+/// layernorm backward +0.01-0.03; not used where it measures no better:
+/// map3 (gelu_backward 0.78 against 0.81), the layernorm forward, the
+/// embedding backward, the bias column sums.
 template <class T>
 struct Widened {
   float v[kPack<T>];

@@ -186,8 +186,9 @@ __global__ void row_stats_kernel(const T* __restrict__ logits,
     if (count == G) {
       // A whole group (all but a row's last): no per-column bounds checks,
       // one -inf check per group, exp2 in one instruction, the max as a tree
-      // (max is exact in any order). Instruction-bound before: bf16 read at
-      // ~2.6 TB/s on both an H100 and an H200 (perf/RESULTS.md, session 36).
+      // (max is exact in any order). Per column with the checks, the kernel
+      // is instruction-bound: bf16 read at ~2.6 TB/s on both an H100 and an
+      // H200 (perf/bench_cuda_ops memory).
       float pair_max[G];
 #pragma unroll
       for (int j = 0; j < G; ++j) pair_max[j] = x[j];

@@ -56,9 +56,9 @@ constexpr int kBiasAddRows = 4;
 
 /// bias_add on packs: column pack cp = grid x, rounds of kBiasAddRows rows
 /// grid-strided on y. The grid is what fits on the GPU at once (one block
-/// per row made 8192 x 3 blocks of one 16-byte pack per thread at [8192,
-/// 3072] bf16, whose scheduling, not DRAM, set the pace: 0.76 of the copy on
-/// an H200, perf/RESULTS.md, session 36).
+/// per row makes 8192 x 3 blocks of one 16-byte pack per thread at [8192,
+/// 3072] bf16, whose scheduling, not DRAM, sets the pace: 0.76 of the copy on
+/// an H200, perf/bench_cuda_ops memory).
 template <class T>
 __global__ void bias_add_packed_kernel(T* __restrict__ y, const T* __restrict__ bias, kindex N,
                                        kindex packs_per_row) {

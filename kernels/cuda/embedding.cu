@@ -17,7 +17,7 @@
 //                  sorts a range of keys, see there); more tokens with
 //                  cub::DeviceRadixSort over the key's low bits (scratch from
 //                  the caching allocator, no host synchronisation), whose
-//                  five launches took 33 of the backward's 53 us at 8192
+//                  five launches would take 33 of the backward's 53 us at 8192
 //                  tokens on an H100, its two digit passes on a single block;
 //               3. one thread per (sorted position, feature); the thread at
 //                  the start of a run (the sort writes runs[j] = (row,
@@ -154,13 +154,13 @@ __global__ void __launch_bounds__(kRangeThreads)
                                  uint2* __restrict__ runs, std::int32_t* __restrict__ tokens) {
   // Steps 1-3 read only ids and shared memory, so they run before the wait
   // for the previous kernel (the last call's accumulation, when calls come
-  // back to back, which now lets this kernel start once it has waited
-  // itself): it cannot have written ids, which the forward read after their
-  // writer (common.cuh). The writes of steps 4-5 (runs and tokens may be
-  // scratch the previous kernel still reads) come after the wait. H200,
-  // embedding_backward bf16 [8192, 768] 0.82-0.83 -> 0.87 of the copy, fp32
-  // 768 0.77-0.78 -> 0.81, 1280 0.76-0.78 -> 0.78-0.79 (perf/RESULTS.md,
-  // session 50, call C).
+  // back to back, which lets this kernel start once it has waited itself):
+  // it cannot have written ids, which the forward read after their writer
+  // (common.cuh). The writes of steps 4-5 (runs and tokens may be scratch
+  // the previous kernel still reads) come after the wait. H200,
+  // embedding_backward bf16 [8192, 768] 0.87 of the copy against 0.82-0.83
+  // with steps 1-3 after the wait, fp32 768 0.81 against 0.77-0.78, 1280
+  // 0.78-0.79 against 0.76-0.78 (perf/bench_cuda_ops memory).
   __shared__ std::uint32_t list[kRangeSortTokens];  // (key - first) << 16 | token, token order
   __shared__ int warp_listed[kRangeWarps], warp_below[kRangeWarps];
   __shared__ typename cub::BlockScan<int, kRangeThreads>::TempStorage scan_scratch;
@@ -171,11 +171,10 @@ __global__ void __launch_bounds__(kRangeThreads)
   const int range = V + 1 - first < rows_per_block ? V + 1 - first : rows_per_block;
   for (int c = threadIdx.x; c < range; c += kRangeThreads) cursor[c] = 0;
   // 1. This warp's ids: which are in the range (local key), how many are
-  //    below it. All loads first, then the ballots. (The first version ran
-  //    256 threads of 32 rounds each, one load behind each round's ballot:
-  //    12.8-15.7 us for 8192 ids on an H100, Nsight Compute, session 16,
-  //    a chain of ~1900 dependent instructions per warp with 3 warps per
-  //    scheduler to hide them.)
+  //    below it. All loads first, then the ballots. (256 threads of 32
+  //    rounds each, one load behind each round's ballot, take 12.8-15.7 us
+  //    for 8192 ids on an H100, Nsight Compute: a chain of ~1900 dependent
+  //    instructions per warp with 3 warps per scheduler to hide them.)
   std::int32_t id[kRangeRounds];
 #pragma unroll
   for (int r = 0; r < kRangeRounds; ++r) {
@@ -250,11 +249,12 @@ __global__ void __launch_bounds__(kRangeThreads)
   __syncthreads();
   // 5. Run lengths at run starts (the cursors now hold each key's end, the
   //    next key's start); key V (outside the shard) keeps length 0. By all
-  //    threads, after step 4's barrier (by warp 0 alone it took ~12 rounds
+  //    threads, after step 4's barrier (by warp 0 alone it takes ~12 rounds
   //    at GPT-2's 381 keys per block): with the accumulation's early first
-  //    token, embedding_backward bf16 [8192, 768] 0.87 -> 0.93 of an H200's
-  //    copy, bf16 1280 0.79 -> 0.82, fp32 768 0.81 -> 0.84, fp32 1280 0.78
-  //    -> 0.80 (perf/RESULTS.md, session 52).
+  //    token, embedding_backward bf16 [8192, 768] 0.93 of an H200's copy
+  //    against 0.87 by warp 0, bf16 1280 0.82 against 0.79, fp32 768 0.84
+  //    against 0.81, fp32 1280 0.80 against 0.78 (perf/bench_cuda_ops
+  //    memory).
   for (int c = threadIdx.x; c < range && first + c < V; c += kRangeThreads) {
     const int begin = c > 0 ? cursor[c - 1] : 0, length = cursor[c] - begin;
     if (length > 0) runs[start + begin] = make_uint2(std::uint32_t(first + c), std::uint32_t(length));
@@ -306,9 +306,10 @@ __global__ void embedding_runs_packed_kernel(const uint2* __restrict__ runs,
   // 16-bit rows load a run's first token beside the run itself, not after
   // it (where the compiler sinks a plain load, below the branch): the first
   // dout load then waits for one L2 round trip, not two. Not fp32's: its
-  // kernel took 43 registers with it instead of 32, 4 blocks of 320 threads
-  // per SM instead of 6 (fp32 [8192, 1280] 0.78 -> 0.70 of the copy), and
-  // capped at 32 it spilled (0.59; perf/RESULTS.md, session 52).
+  // kernel takes 43 registers with it instead of 32, 4 blocks of 320 threads
+  // per SM instead of 6 (fp32 [8192, 1280] 0.70 of the copy against 0.78
+  // without), and capped at 32 it spills (0.59; perf/bench_cuda_ops
+  // memory).
   constexpr bool kEarlyToken = sizeof(T) < 4;
   // The sort (when launched as its dependent); then the next call's sort
   // may start its reads of ids while this kernel runs.
@@ -440,9 +441,9 @@ constexpr kindex kMaxRunRowThreads = 512;
 /// Block (x: packs of a row, y: sorted positions) of ~256 threads, or one
 /// row of up to kMaxRunRowThreads packs (wider rows: the fewest x blocks,
 /// split evenly); grid y capped at 65535 (the kernel grid-strides over
-/// positions). Launched as the sort's programmatic dependent. (Rows were cut
-/// into 256-thread x blocks: fp32 H = 1280, 320 packs, took two blocks per
-/// position with 192 of their 512 threads idle.)
+/// positions). Launched as the sort's programmatic dependent. (Rows cut
+/// into 256-thread x blocks would give fp32 H = 1280, 320 packs, two blocks
+/// per position with 192 of their 512 threads idle.)
 template <class T, class G>
 void launch_runs_packed(const SortedRuns& sorted, kindex N, const T* dout, kindex H, G* dtable) {
   const kindex row_packs = H / kPack<T>;

@@ -44,11 +44,12 @@
 // Backend choice (the token-major entry points, what the model calls): where
 // meshtron is built with cuDNN, cuDNN loads, and it plans the shape
 // (kernels/cuda/cudnn_attention.cu), its fused attention runs instead of
-// these kernels, unless MESHTRON_ATTENTION=own. The choice is made once per
-// (device, dtype, shape) and cached, so a shape's forward and backward use
-// the same backend; a shape whose forward cuDNN plans but whose backward it
-// has no deterministic engine for runs cuDNN forward + our backward (our
-// backward reads the same natural-log lse). A one-time stderr line (rank 0)
+// these kernels, unless training.fused_attention_kernels = own
+// (set_fused_attention_kernels). The choice is made once per (device, dtype,
+// shape) and cached, so a shape's forward and backward use the same backend;
+// a shape whose forward cuDNN plans but whose backward it has no
+// deterministic engine for runs cuDNN forward + our backward (our backward
+// reads the same natural-log lse). A one-time stderr line (rank 0)
 // names the choice. flash_attention_*_token_major always run these kernels,
 // and so does every call with attention dropout (cuDNN's dropout mask is
 // drawn from its own generator, not the unfused path's Philox bits), unless
@@ -301,21 +302,22 @@ __device__ __forceinline__ int elem_col(int lane, int nb, int e) {
 // element makes its own call. The forward draws an m-tile's calls of a key
 // block as one batch, the rounds outermost (philox4x32_10_batch): 4 (D =
 // 64) or 8 independent chains side by side, whose multiplies hide each
-// other's latency (H100, session 26, with 4 keys per call:
-// forward with dropout 0.193-0.198 -> 0.176-0.179 ms at D = 64, 0.374-0.378
-// -> 0.336 ms at D = 128; the 10 serial rounds, not issue slots or memory,
-// bounded it).
+// other's latency (H100, perf/bench_cuda_ops attention, with 4 keys per
+// call: forward with dropout 0.176-0.179 ms at D = 64 against 0.193-0.198
+// one chain at a time, 0.336 ms against 0.374-0.378 at D = 128; the 10
+// serial rounds, not issue slots or memory, bound it).
 //
 // Where the caller gives a keep_bits buffer (the model does), the mask is
 // drawn once per step and all three passes read it (kReadMask): for S % 8
 // == 0 by its own kernel ahead of the forward (draw_attention_mask_kernel:
 // the Philox calls at full occupancy instead of between the forward's
-// GEMMs; H100, session 27: forward with dropout 0.177-0.181 -> 0.166-0.167
-// ms at D = 64, 0.329-0.332 -> 0.293-0.294 at D = 128), otherwise by the
-// forward, which stores its decisions. At D = 64 the drawing forward and
-// the reading dQ use one m-tile per warp (FwdDropoutTiling, DqDropoutTiling):
-// fewer registers, so more warps hide the Philox rounds (perf/RESULTS.md,
-// session 25).
+// GEMMs; H100, perf/bench_cuda_ops attention: forward with dropout
+// 0.166-0.167 ms at D = 64 against 0.177-0.181 drawing in the forward,
+// 0.293-0.294 against 0.329-0.332 at D = 128), otherwise by the forward,
+// which stores its decisions. At D = 64 the drawing forward and the reading
+// dQ use one m-tile per warp (FwdDropoutTiling, DqDropoutTiling): fewer
+// registers, so more warps hide the Philox rounds (perf/bench_cuda_ops
+// attention).
 
 /// The kernels' dropout modes (their kDrop template argument).
 constexpr int kNoDropout = 0;  // no attention dropout: the kernels as without it
@@ -540,7 +542,7 @@ __device__ __forceinline__ unsigned row_tile_bits(const std::uint32_t (&w)[M][2]
 /// for each of the block's Br queries, [Br][Bc / 32], zeros past S. Read
 /// from shared memory, a tile's bits cost two loads at fixed offsets instead
 /// of two bounds-checked global loads with their address arithmetic
-/// (H100, session 27).
+/// (H100, perf/bench_cuda_ops attention).
 template <int Br, int Bc, int kThreads>
 __device__ __forceinline__ void load_key_block_words(std::uint32_t* sMask, const EntryDropout& d,
                                                      kindex q0, kindex k0) {
@@ -742,15 +744,15 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 /// registers allow; here nothing else holds registers, so the SMs fill with
 /// warps and the draws run at the integer units' throughput. One thread per
 /// word (keys 32w .. 32w + 31 of query row i; its four group calls as one
-/// batch), the words w <= i / 32 of row i: those holding its visible keys
-/// (key <= i). A pass that reads a word past them (its key block reaches
-/// beyond the diagonal) applies it only to P = 0, so what those words hold
-/// does not matter. The words of an entry are numbered in one range so that
-/// every thread has the same work, a thread's (row, word) found by a square
-/// root (ops/attention_mask_layout.hpp; H100, session 28, 124M shape: 34.5
-/// us, against 45.5 us drawing through the end of each 128-row block and
-/// 62.5 us finding 32-row blocks by a loop). Grouped entries only (S % 8 ==
-/// 0); the bits of keep_bits_query_rows.
+/// batch), the words w <= i / 32 of row i: those holding its visible keys (key
+/// <= i). A pass that reads a word past them (its key block reaches beyond the
+/// diagonal) applies it only to P = 0, so what those words hold does not
+/// matter. The words of an entry are numbered in one range so that every thread
+/// has the same work, a thread's (row, word) found by a square root
+/// (ops/attention_mask_layout.hpp; H100, perf/bench_cuda_ops attention, 124M
+/// shape: 34.5 us, against 45.5 us drawing through the end of each 128-row
+/// block and 62.5 us finding 32-row blocks by a loop). Grouped entries only (S
+/// % 8 == 0); the bits of keep_bits_query_rows.
 __global__ void __launch_bounds__(256)
     draw_attention_mask_kernel(FlashDropout drop, kindex S, std::uint32_t entry_words) {
   const std::uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: cheap divisions
@@ -1121,7 +1123,8 @@ template <int D>
 using FwdDropoutTiling =
     std::conditional_t<D == 64, FwdTiles<64, 4, 1, 64, true, 3>, FwdTiling<D>>;
 // Reading the mask drawn ahead at D = 64: one m-tile per warp (164
-// registers; two spill 48 bytes and were no faster, H100 session 27).
+// registers; two spill 48 bytes and are no faster on an H100,
+// perf/bench_cuda_ops attention).
 template <int D>
 using FwdReadMaskTiling =
     std::conditional_t<D == 64, FwdTiles<64, 4, 1, 64, true>, FwdTiling<D>>;
@@ -1377,12 +1380,17 @@ struct Backends {
   }
 };
 
-bool own_forced() {
-  static const bool own = [] {
-    const char* e = std::getenv("MESHTRON_ATTENTION");
-    return e != nullptr && std::string(e) == "own";
-  }();
-  return own;
+/// The backends chosen per (device, dtype, shape), and whether cuDNN may be
+/// chosen at all (set_fused_attention_kernels).
+struct BackendChoices {
+  std::mutex mutex;
+  FusedAttentionKernels kernels = FusedAttentionKernels::Auto;
+  std::map<std::tuple<int, DType, index_t, index_t, index_t, index_t>, Backends> chosen;
+};
+
+BackendChoices& backend_choices() {
+  static BackendChoices choices;
+  return choices;
 }
 
 /// One stderr line (rank 0) per distinct choice: "meshtron: attention: ...".
@@ -1397,17 +1405,16 @@ void announce(const std::string& line, const std::string& why) {
 
 /// The backends of one (device, dtype, shape), decided on first use.
 Backends backends_for(DType t, index_t s, index_t b, index_t heads, index_t D) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, DType, index_t, index_t, index_t, index_t>, Backends> chosen;
+  BackendChoices& choices = backend_choices();
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(choices.mutex);
   const auto key = std::make_tuple(device, t, s, b, heads, D);
-  if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+  if (auto it = choices.chosen.find(key); it != choices.chosen.end()) return it->second;
   Backends use;
   std::string library, why;
-  if (own_forced()) {
-    why = "MESHTRON_ATTENTION=own";
+  if (choices.kernels == FusedAttentionKernels::Own) {
+    why = "training.fused_attention_kernels = own";
   } else {
     const CudnnAttentionSupport cudnn = cudnn_attention_support(t, s, b, heads, D);
     use.cudnn_forward = cudnn.forward;
@@ -1416,7 +1423,7 @@ Backends backends_for(DType t, index_t s, index_t b, index_t heads, index_t D) {
     why = cudnn.why_not;
   }
   announce(use.describe(library), why);
-  return chosen.emplace(key, use).first->second;
+  return choices.chosen.emplace(key, use).first->second;
 }
 
 /// The seed of one call's cuDNN-drawn attention dropout (the offset stays
@@ -1467,6 +1474,13 @@ class CudnnDropoutCall {
 };
 
 }  // namespace
+
+void set_fused_attention_kernels(FusedAttentionKernels kernels) {
+  BackendChoices& choices = backend_choices();
+  std::lock_guard<std::mutex> lock(choices.mutex);
+  choices.kernels = kernels;
+  choices.chosen.clear();
+}
 
 std::string attention_backend(DType t, index_t s, index_t b, index_t heads, index_t D) {
   const Backends use = backends_for(t, s, b, heads, D);

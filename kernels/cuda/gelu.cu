@@ -16,9 +16,9 @@ namespace {
 constexpr float kSqrt2OverPi = 0.79788456080286535588f, kCubic = 0.044715f;
 
 /// x sigmoid(2u) with exp(-2u) as ex2.approx of one product and the fast
-/// division (x / inf = -0 where exp overflows, as before): expf and an IEEE
-/// division made the bf16 forward instruction-bound (0.74 of the copy on
-/// an H200, perf/RESULTS.md, session 36). A few fp32 ulp from expf and /.
+/// division (x / inf = -0 where exp overflows, as with expf): expf and an
+/// IEEE division make the bf16 forward instruction-bound (0.74 of the copy
+/// on an H200, perf/bench_cuda_ops memory). A few fp32 ulp from expf and /.
 __device__ __forceinline__ float gelu(float v) {
   constexpr float kMinus2Log2e = -2.f * kLog2e;
   const float u = kSqrt2OverPi * (v + kCubic * v * v * v);

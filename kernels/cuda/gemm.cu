@@ -44,7 +44,7 @@
 // cached: after the first call of a shape, a GEMM is descriptor setup plus
 // one launch.
 //
-// Autotuning (MESHTRON_GEMM_AUTOTUNE=1, or set_gemm_autotune): the first call
+// Autotuning (run.gemm_autotune, through set_gemm_autotune): the first call
 // of a problem times the heuristic's first eight candidates on scratch
 // outputs and keeps the fastest. Off by default: the choice then depends on
 // timings, so two runs (a run and its restart, or two decompositions) may
@@ -78,8 +78,8 @@ namespace {
                         __FILE__, __LINE__);                                          \
   } while (0)
 
-// cuBLASLt's advice for Hopper. Measured (774M, H100, session 14): 4 MiB the
-// same, none 8 % slower (the algorithms without workspace).
+// cuBLASLt's advice for Hopper. On a GPT-2 774M training step (H100) 4 MiB
+// is as fast, none 8 % slower (the algorithms without workspace).
 constexpr std::size_t kWorkspaceBytes = 32u << 20;
 
 cudaDataType_t cuda_type(DType t) {
@@ -254,8 +254,6 @@ class GemmEngine {
     if (handle_) return;
     CUBLAS_CHECK(cublasLtCreate(&handle_));
     workspace_ = device::allocate(kWorkspaceBytes);  // kept for the process's life
-    const char* tune = std::getenv("MESHTRON_GEMM_AUTOTUNE");
-    autotune_ = tune != nullptr && std::string(tune) == "1";
   }
 
   /// The operation and layout descriptors of a call (epilogue pointers included).
@@ -347,10 +345,9 @@ class GemmEngine {
   }
 
   /// The heuristic's first algorithm (for an out-of-place C, its first that
-  /// writes out of place), or with MESHTRON_GEMM_AUTOTUNE=1 the fastest of
-  /// its first kCandidates (fastest()), cached per key; nullopt (also
-  /// cached) only for a call with extras (has_extras) and no algorithm.
-  /// Otherwise none is fatal.
+  /// writes out of place), or with autotuning on the fastest of its first
+  /// kCandidates (fastest()), cached per key; nullopt (also cached) only for a
+  /// call with extras (has_extras) and no algorithm. Otherwise none is fatal.
   std::optional<cublasLtMatmulAlgo_t> choose(const ProblemKey& key, const Descriptors& d,
                                              const GemmArgs& g) {
     auto it = algos_.find(key);
@@ -393,7 +390,7 @@ class GemmEngine {
 
   std::mutex mutex_;
   cudaStream_t side_stream_ = nullptr;  ///< timing_stream() during a capture; kept for the process
-  bool autotune_ = false;  ///< MESHTRON_GEMM_AUTOTUNE=1 (read once) or run.gemm_autotune
+  bool autotune_ = false;  ///< set_autotune (run.gemm_autotune)
   std::uint64_t autotuned_ = 0, autotune_changed_ = 0;
   cublasLtHandle_t handle_ = nullptr;  ///< Owned; never destroyed (see allocator).
   void* workspace_ = nullptr;          ///< Owned, from the caching allocator.

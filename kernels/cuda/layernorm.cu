@@ -43,10 +43,10 @@ constexpr int kWarpsPerBlock = 8;
 /// A forward output wider than its rows (ldy > H: the ones column of
 /// ops::layernorm_forward, kOnesColumnWidth elements): y[row, H] = 1 and
 /// y[row, H + 1 .. ldy) = 0, element H + t by thread t of the row's owners.
-/// With the ones column the packed bf16 [8192, 768] forward moved its bytes
-/// at 0.72 of the copy, 0.80 without; neither 16-byte-pack stores (session
-/// 57) nor a 16-wide column (32-byte rows, session 58) moved it: the cost was
-/// occupancy (layernorm_forward_packed_kernel_4_blocks).
+/// With the ones column the packed bf16 [8192, 768] forward moves its bytes
+/// at 0.72 of the copy, 0.80 without (perf/bench_cuda_ops memory); neither
+/// 16-byte-pack stores nor a 16-wide column (32-byte rows) change that: the
+/// cost is occupancy (layernorm_forward_packed_kernel_4_blocks).
 template <class T>
 __device__ __forceinline__ void store_ones_column(T* y_row, kindex H, kindex ldy, int t) {
   if (t < ldy - H) store_f(y_row, H + t, t == 0 ? 1.f : 0.f);
@@ -136,16 +136,16 @@ struct LayerNormParamTerms {
 
 constexpr int kMaxPacksPerLane = 8, kMaxBackwardPacksPerLane = 10;
 /// The forward takes fp32 rows up to K = 10 as well (H <= 1280: 120
-/// registers, two blocks per SM): fp32 [8192, 1280] 0.68 -> 0.81-0.82 of an
-/// H200's copy against the column-owner kernel (perf/RESULTS.md, session 37).
+/// registers, two blocks per SM): fp32 [8192, 1280] at 0.81-0.82 of an
+/// H200's copy, the column-owner kernel 0.68 (perf/bench_cuda_ops memory).
 template <class T>
 constexpr int kMaxForwardPacksPerLane =
     sizeof(T) == 4 ? kMaxBackwardPacksPerLane : kMaxPacksPerLane;
 // The backward takes fp32 rows up to K = 10 (H <= 1280, in 4-row tiles: see
 // kSplitRows); 16-bit backward rows stop at K = 6 (H <= 1536): wider ones
 // have not been measured against the column-owner kernel. K = 5 is GPT-2
-// 774M's H = 1280 exactly (`4210b80`: forward 0.74 -> 0.76 of copy against
-// K = 6, whose sixth load per lane idled).
+// 774M's H = 1280 exactly (forward at 0.76 of the copy, against 0.74 with
+// K = 6, whose sixth load per lane idles: perf/bench_cuda_ops memory).
 /// Blocks of the packed backward: one per SM of an H100 / H200 (its ring
 /// holds most of an SM's shared memory), so also its partial rows.
 constexpr kindex kBackwardBlocks = 132;
@@ -199,13 +199,13 @@ __device__ void stage_row_fp32(const T* __restrict__ v, int P, float4* out) {
 /// block into shared memory (lane-consecutive float4s, no bank conflicts)
 /// instead of loaded and converted for every row, and the row's sum and sum
 /// of squares each add into two partial sums (even and odd packs) to halve
-/// the dependent chains: bf16 [8192, 1280] 0.75-0.76 -> 0.79-0.81 of copy,
-/// fp32 [8192, 768] 0.77-0.81 -> 0.89-0.90 (H100, perf/RESULTS.md, session
-/// 15). Per
-/// element the same expressions as the scalar kernel. kOnes: y has the ones
-/// column (rows ldy apart); otherwise ldy is H, known to be (a run-time ldy
-/// there took bf16 [8192, 768] without the ones column from 0.80 to 0.73 of
-/// the copy: an H200, perf/RESULTS.md, session 57).
+/// the dependent chains: bf16 [8192, 1280] 0.79-0.81 of the copy against
+/// 0.75-0.76 without these, fp32 [8192, 768] 0.89-0.90 against 0.77-0.81
+/// (H100, perf/bench_cuda_ops memory). Per element the same expressions as
+/// the scalar kernel. kOnes: y has the ones column (rows ldy apart);
+/// otherwise ldy is H, known to be (a run-time ldy there takes bf16
+/// [8192, 768] without the ones column from 0.80 to 0.73 of an H200's copy,
+/// perf/bench_cuda_ops memory).
 template <class T, int K, bool kOnes>
 __device__ __forceinline__ void layernorm_forward_packed_rows(
     const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta, kindex N,
@@ -214,15 +214,16 @@ __device__ __forceinline__ void layernorm_forward_packed_rows(
   constexpr int V = kPack<T>, Q = V / 4;
   const kindex ldy = kOnes ? y_ld : H;
   const int lane = threadIdx.x & 31, P = int(H / V);
-  // gamma and beta are staged before the wait for the previous kernel, while
-  // it ends: bf16 [8192, 768] 0.78 -> 0.82-0.83 of the copy back to back,
-  // 0.83 -> 0.91 from a graph; fp32 [8192, 768] 0.84 -> 0.91 (H200,
-  // perf/RESULTS.md, session 55). Safe because the kernel queued just
-  // before a layernorm forward never writes them (ops::layernorm_forward's
-  // contract): parameters are written by the optimizer, by collectives the
-  // stream waits on by event, or by uploads, and a model's forward runs its
-  // embedding (or receives its input by event) before any layernorm. x may
-  // be the previous kernel's output: after the wait.
+  // gamma and beta are staged before the wait for the previous kernel, while it
+  // ends: bf16 [8192, 768] 0.82-0.83 of the copy back to back against 0.78
+  // staged after the wait, 0.91 against 0.83 from a graph; fp32 [8192, 768]
+  // 0.91 against 0.84 (H200, perf/bench_cuda_ops memory). Safe because the
+  // kernel queued just before a layernorm forward never writes them
+  // (ops::layernorm_forward's contract): parameters are written by the
+  // optimizer, by collectives the stream waits on by event, or by uploads, and
+  // a model's forward runs its embedding (or receives its input by event)
+  // before any layernorm. x may be the previous kernel's output: after the
+  // wait.
   extern __shared__ float4 affine[];  // gamma, then beta (stage_row_fp32)
   stage_row_fp32<T, K>(gamma, P, affine);
   stage_row_fp32<T, K>(beta, P, affine + 32 * K * Q);
@@ -275,8 +276,8 @@ __device__ __forceinline__ void layernorm_forward_packed_rows(
       rstd[row] = rs;
     }
   }
-  // The ones columns after the row loop: stored inside it they kept 5-10
-  // more registers live in most instantiations (ptxas -v, session 58).
+  // The ones columns after the row loop: stored inside it they keep 5-10
+  // more registers live in most instantiations (ptxas -v).
   if constexpr (kOnes)
     for (row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); row < N; row += warps)
       store_ones_column(y + row * ldy, H, ldy, lane);
@@ -296,8 +297,8 @@ __global__ void layernorm_forward_packed_kernel(MESHTRON_LN_FORWARD_PACKED_PARAM
 /// blocks an SM; the ones column's row stride took 71 (66 with its stores
 /// after the row loop), 3 blocks: bf16 [8192, 768] at 0.72 of the copy
 /// against the plain rows' 0.80; held to 64 registers (no spills) 0.75-0.76,
-/// 0.83 from a graph (Nsight Compute and the memory table, an H200,
-/// perf/RESULTS.md, session 58). Only there: `__launch_bounds__` changes
+/// 0.83 from a graph (Nsight Compute and perf/bench_cuda_ops memory, an
+/// H200). Only there: `__launch_bounds__` changes
 /// ptxas's allocation of every kernel it is put on.
 template <class T, int K, bool kOnes>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
@@ -322,11 +323,11 @@ constexpr std::size_t forward_shared_bytes() {
 }
 
 /// Grid of the packed forward: one block per kWarpsPerBlock rows, at most
-/// one full wave. bf16 H = 768 before: 48 registers, 5 blocks per SM, the
-/// 1024 one-row-per-warp blocks in 1.55 waves, the second wave's loads
-/// issued only as first-wave warps exited; now 64 registers, 4 blocks per
-/// SM (528 on an H200), about 2 rows per warp, the next row always in
-/// flight.
+/// one full wave. bf16 H = 768 with one block per 8 rows instead: 48
+/// registers, 5 blocks per SM, the 1024 one-row-per-warp blocks in 1.55
+/// waves, the second wave's loads issued only as first-wave warps exit;
+/// with the wave, 64 registers, 4 blocks per SM (528 on an H200), about 2
+/// rows per warp, the next row always in flight.
 /// Looked up once per kernel (one GPU per process).
 template <class T, int K, bool kOnes>
 kindex forward_blocks(kindex N) {
@@ -340,10 +341,10 @@ kindex forward_blocks(kindex N) {
 //
 // The backward of 16-byte-packable rows up to 32 K packs (16-bit H <= 1536,
 // fp32 H <= 1280). Its work is split between two kinds of warps of one block
-// so that neither holds the other's registers: before (one warp per row doing
-// both), each lane kept 2 K V dgamma/dbeta sums next to its row, 241
+// so that neither holds the other's registers: with one warp per row doing
+// both, each lane keeps 2 K V dgamma/dbeta sums next to its row, 241
 // registers at bf16 H = 1280, 8 warps per SM and ~32 instructions per element
-// (Nsight Compute, session 9), 0.55-0.60 of the copy's bandwidth.
+// (Nsight Compute), 0.55-0.60 of the copy's bandwidth.
 // - A block takes tiles of kSplitRows consecutive rows (tile b, b + grid,
 //   ...). All its threads copy a tile's dy, x (and residual) and statistics
 //   with cp.async into a ring of D shared-memory slots, D - 1 tiles ahead.
@@ -357,41 +358,42 @@ kindex forward_blocks(kindex N) {
 //   adds the blocks' rows into dgamma, dbeta; or, where the call is one of
 //   an ops::LayerNormGradChain, the chain's next call's split kernel adds
 //   them (add_partial_rows_slice, the same bits) before its first tile, and
-//   the call saves that kernel: bf16 [8192, 768] 0.72 -> 0.81-0.82 of an
-//   H200's copy chained as GPT-2 124M's backward, bf16 1280 0.71 -> 0.83-0.84
-//   as 774M's (perf/RESULTS.md, session 54).
-// One block barrier per tile. kSplitRows + K warps per SM (8 + K in session
-// 15) instead of 8, about as many instructions (Nsight, bf16 H = 1280:
-// 10.0 M against 10.45 M); bf16 [8192, 1280] 0.69 of copy (+ residual
-// 0.72), bf16 H = 768 0.68 (0.66), fp32 H = 768 0.74 (0.79), H100
-// (perf/RESULTS.md, session 15).
+//   the call saves that kernel: bf16 [8192, 768] 0.81-0.82 of an H200's
+//   copy chained as GPT-2 124M's backward against 0.72 unchained, bf16 1280
+//   0.83-0.84 against 0.71 as 774M's (perf/bench_cuda_ops memory).
+// One block barrier per tile. kSplitRows + K warps per SM instead of 8,
+// about as many instructions as one warp per row (Nsight, bf16 H = 1280:
+// 10.0 M against 10.45 M), and more of the copy's bandwidth than its
+// 0.55-0.60 (perf/bench_cuda_ops memory).
 // Column thread c adds its rows in order and its tiles in order, the grid is
 // a function of N only: deterministic, no atomics.
 // K = 10 (fp32 H <= 1280) takes tiles of 4 rows: three 8-row slots of
 // three fp32 tensors would be 368 KB, two 246 KB, past an SM's 227 KB.
 // kResidual (whether the residual branch's gradient is added into dx) is a
 // template parameter, and a thread's copies of a tile a fixed, unrolled
-// count: Nsight Compute (H200, bf16 H = 768, session 49) counted 45 % of the
-// kernel's instructions as integer, predicate and branch work (IMAD, LOP3,
-// ISETP, BRA, IADD3, LEA, BSSY/BSYNC), much of it the copy loop's strided
-// trip count and the per-element residual select. Against the runtime
-// residual and the strided loop: bf16 [8192, 768] 0.64-0.65 -> 0.68-0.69 of
-// the copy (+ residual 0.66 -> 0.72), + residual at 1280 0.72 -> 0.74, fp32
-// [8192, 1280] 0.77-0.78 -> 0.79 (perf/RESULTS.md, session 49, call C).
+// count: with a run-time residual flag and a strided copy loop, Nsight
+// Compute (H200, bf16 H = 768) counts 45 % of the kernel's instructions as
+// integer, predicate and branch work (IMAD, LOP3, ISETP, BRA, IADD3, LEA,
+// BSSY/BSYNC), much of it the loop's trip count and the per-element
+// residual select. Against that form: bf16 [8192, 768] 0.68-0.69 of the
+// copy against 0.64-0.65 (+ residual 0.72 against 0.66), + residual at 1280
+// 0.74 against 0.72, fp32 [8192, 1280] 0.79 against 0.77-0.78
+// (perf/bench_cuda_ops memory).
 // K = 5 (bf16 H = 1280, GPT-2 774M) takes tiles of 7 rows: 7 row warps + 5
 // column warps = 12 warps, 3 on each of an SM's 4 schedulers, whose register
 // file of 16384 then allows 168 registers a thread (151 used, no spills);
 // 8-row tiles made 13 warps, 4 on the busiest scheduler, a cap of 128 with
-// 4-8 bytes of spills. bf16 [8192, 1280] 0.64 -> 0.70 of an H200's copy,
-// + residual 0.74 -> 0.74-0.75 (perf/RESULTS.md, session 50, call B).
-// Other shapes measured there and dropped: 4- and 6-row tiles (0.07-0.15
+// 4-8 bytes of spills. bf16 [8192, 1280] 0.70 of an H200's copy against
+// 0.64 with 8-row tiles, + residual 0.74-0.75 against 0.74
+// (perf/bench_cuda_ops memory).
+// Other shapes measured and dropped: 4- and 6-row tiles (0.07-0.15
 // of the copy lost to the per-tile barrier and bookkeeping, with or without
 // a second block per SM), 16 rows at K = 3 (+0.01), two groups of column
 // warps (more warps: -0.06); perf/tried/s50_ln_backward_*.patch. Whole
 // rows per warp with each lane's column sums in registers (no column warps,
-// no per-tile barrier; session 51) ran 8-15 % fewer instructions but lost
-// the overlap of row and column work: bf16 768 0.68 -> 0.65, 1280 0.71 ->
-// 0.63 (perf/tried/s51_ln_backward_whole_rows_per_warp.patch).
+// no per-tile barrier) ran 8-15 % fewer instructions but lost the overlap
+// of row and column work: bf16 768 0.65 of the copy against 0.68, 1280 0.63
+// against 0.71 (perf/tried/s51_ln_backward_whole_rows_per_warp.patch).
 template <int K>
 inline constexpr int kSplitRows = K == 5 ? 7 : K <= 8 ? 8 : 4;
 
@@ -428,9 +430,9 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
   };
   // Tile indices in 32 bits (the launcher checks that they fit), the last
   // tile's rows computed once and the ring slot a rotating counter (below),
-  // where the per-tile bookkeeping was 64-bit arithmetic and a modulo: bf16
-  // [8192, 768] 0.68 -> 0.72-0.73 of an H200's copy, the other rows the
-  // same or +0.01 (perf/RESULTS.md, session 51, call B).
+  // rather than 64-bit arithmetic and a modulo per tile: bf16 [8192, 768]
+  // 0.72-0.73 of an H200's copy against 0.68, the other rows the same or
+  // +0.01 (perf/bench_cuda_ops memory).
   const int tiles = int((N + WR - 1) / WR), grid = int(gridDim.x);
   const int last_rows = int(N - kindex(tiles - 1) * WR);
   const auto rows_in = [&](int t) {  // tile t's rows: WR, fewer in the last
@@ -463,8 +465,8 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
   // Before the wait for the previous kernel: the x of the block's first D
   // tiles (one per ring slot; one cp.async group, older than every tile's)
   // and gamma, read while the previous kernel ends (in back-to-back calls,
-  // the last call's dgamma/dbeta finish): 0.03-0.04 of the copy at bf16
-  // (perf/RESULTS.md, session 24). Safe because the previous kernel cannot
+  // the last call's dgamma/dbeta finish): +0.03-0.04 of the copy at bf16
+  // (perf/bench_cuda_ops memory). Safe because the previous kernel cannot
   // have written them: the forward that made mean and rstd read x and gamma
   // after their writers, and every kernel before the previous one has
   // finished (common.cuh). dy, the residual and the statistics may be the
@@ -528,19 +530,19 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
         // sum g xhat = rs sum g (x - mu); dx = rs (g - mean(g) - (x - mu) c)
         // with c = rs^2 mean(g (x - mu)).
         // g and x - mu kept in registers between the passes where they fit:
-        // ptxas sm_90, bf16 K = 6 would spill; fp32 K = 10 did (128
+        // ptxas sm_90, bf16 K = 6 would spill; fp32 K = 10 does (128
         // registers, 16 bytes) and re-reads its slot instead (93-96
-        // registers): fp32 [8192, 1280] + residual 0.80-0.81 -> 0.83-0.84 of
-        // an H200's copy, plain 0.76 -> 0.77-0.78 (perf/RESULTS.md, session
-        // 49, with the fold below).
+        // registers): fp32 [8192, 1280] + residual 0.83-0.84 of an H200's
+        // copy against 0.80-0.81 kept, plain 0.77-0.78 against 0.76
+        // (perf/bench_cuda_ops memory, with the fold below).
         constexpr bool kKeep = K * V <= 40 && !(sizeof(T) == 4 && K == 10);
         // dx = rs g - rs mean(g) - rs c (x - mu) as two FMAs per element (an
         // add, an FMA and a multiply otherwise) and the row means by one
         // reciprocal of H instead of two IEEE divisions per row: bf16
-        // [8192, 768] 0.61-0.62 -> 0.64-0.65 of an H200's copy (session 49,
-        // with the re-read above). (At 16-bit K = 5 it spilled in 8-row
-        // tiles, 8-24 bytes at 128 registers, + residual 0.72 -> 0.69; the
-        // 7-row tiles have the registers.)
+        // [8192, 768] 0.64-0.65 of an H200's copy against 0.61-0.62
+        // (perf/bench_cuda_ops memory, with the re-read above). (At 16-bit
+        // K = 5 it spills in 8-row tiles, 8-24 bytes at 128 registers,
+        // + residual 0.69 against 0.72; the 7-row tiles have the registers.)
         constexpr int KK = kKeep ? K : 1;
         float g[KK][V], xm[KK][V];
         float sum_g = 0.f, sum_g_xm = 0.f;
@@ -594,8 +596,8 @@ __global__ void __launch_bounds__((kSplitRows<K> + K) * 32, 1)
           // Rounded to T a pair at a time (narrow: half the conversions);
           // with the residual, round(dx) + residual rounded again: the bits
           // of the per-value round_to and from_f. bf16 [8192, 768] +
-          // residual 0.71 -> 0.73-0.74 of an H200's copy, the other rows
-          // the same (perf/RESULTS.md, session 52).
+          // residual 0.73-0.74 of an H200's copy against 0.71 a value at a
+          // time, the other rows the same (perf/bench_cuda_ops memory).
           if constexpr (kResidual) {
             const Widened<T> rounded = widen(narrow<T>(out));
 #pragma unroll
@@ -653,7 +655,7 @@ struct BlockPartialTerms {
 
 // ------------------------------------------------- column-owner kernels ---
 //
-// Nsight Compute on the packed backward (session 9, bf16 H = 1280): 241
+// Nsight Compute on a one-warp-per-row packed backward (bf16 H = 1280): 241
 // registers per thread (the K x V dgamma and dbeta sums of every lane), so 8
 // warps per SM, and ~32 instructions per element; the SMs wait on their own
 // instruction latencies, not on DRAM (50 % busy). This layout turns the work
@@ -668,13 +670,13 @@ struct BlockPartialTerms {
 // order (the pack's V values, the warp's lanes by warp_sum, the group's warps
 // in order), and the block adds its groups in order into one partial row:
 // deterministic; rounds differently from the packed kernel (another order).
-// Used, with the forward below, for 16-byte-packable rows wider than the
-// packed kernels take (fp32 H > 1280 since session 37, H > 1024 for the
-// forward before; backward since session 18, 16-bit H > 1536: the scalar
-// kernels before, 0.38-0.45 of copy at fp32 [8192, 1280], now 0.64-0.82).
-// At the widths the packed kernels take they were slower on an H100
-// (bf16 H = 768: forward 0.55 vs 0.89 of copy, backward 0.43 vs 0.57), and
-// R = 4 rows per tile slower than R = 2 (perf/RESULTS.md, session 11).
+// Used, with the forward below, for 16-byte-packable rows wider than the packed
+// kernels take (kMaxForwardPacksPerLane, kMaxBackwardPacksPerLane packs a
+// lane), where they move 0.64-0.82 of the copy's bandwidth against the scalar
+// kernels' 0.38-0.45 (fp32 [8192, 1280]). At the widths the packed kernels take
+// they are slower on an H100 (bf16 H = 768: forward 0.55 vs 0.89 of copy,
+// backward 0.43 vs 0.57), and R = 4 rows per tile slower than R = 2
+// (perf/bench_cuda_ops memory).
 constexpr int kColumnsTileRows = 2;
 
 constexpr int kColumnsBlockThreads = 512;

@@ -9,9 +9,9 @@
 // rows are whole 16-byte packs (S % 8 == 0, aligned pointers: every model
 // shape) the forward moves a pack per lane and access, with 32-bit column
 // indices and exp(scale x - m) as one FMA in the log2 domain and
-// ex2.approx: column by column with expf it was instruction-bound (bf16
+// ex2.approx: column by column with expf it is instruction-bound (bf16
 // [96, 1024, 1024] at 2.66 TB/s on both an H100 and an H200, 0.63 of the
-// H200's copy, now 1.09; perf/RESULTS.md, session 36).
+// H200's copy, against 1.09 packed; perf/bench_cuda_ops memory).
 //
 // Backward: ds[j] = scale p[j] (dp[j] - sum_k dp[k] p[k]) for j <= i, else 0.
 #include "kernels/cuda/common.cuh"
@@ -115,8 +115,8 @@ void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_he
   if (rows == 0) return;
   with_storage_type(t, "scaled_causal_softmax_forward", [&](auto zero) {
     using T = decltype(zero);
-    // fp32 stays column by column: packed it read at 0.94 of the copy on an
-    // H200 against 1.05 (perf/RESULTS.md, session 36).
+    // fp32 stays column by column: packed it reads at 0.94 of the copy on an
+    // H200 against 1.05 (perf/bench_cuda_ops memory).
     if (sizeof(T) == 2 && S % kPack<T> == 0 && S < (kindex(1) << 30) && aligned16(scores) &&
         aligned16(probs)) {
       launch_dependent(softmax_forward_packed_kernel<T>,

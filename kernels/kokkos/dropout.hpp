@@ -30,8 +30,7 @@
 // generates their 8 decisions with one call instead of 8 (the generator,
 // not memory, bounds the attention mask's kernel). 16 bits per decision
 // quantise p to a multiple of 2^-16 (0.1 -> 6554 / 65536 = 0.1000061), as
-// FlashAttention's 8-bit decisions quantise it to 2^-8; until session 28
-// one call served 4 indices with 24 bits each (every mask changed then).
+// FlashAttention's 8-bit decisions quantise it to 2^-8.
 // The tensor is viewed as [A, B, C] placed at (a_off, b_off, c_off) inside a
 // global [*, B_global, C_global] tensor; the global index of local (a, b, c) is
 //   ((a + a_off) * B_global + (b + b_off)) * C_global + (c + c_off).

@@ -1,5 +1,5 @@
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 column_sums_block_ends.cu
-// Session 20 probe: where does the bf16 column-sum kernel's per-call time go?
+// Probe: where does the bf16 column-sum kernel's per-call time go?
 // Reads x [N, C] bf16 (N = 8192, C = 3072) like column_partials_packed_kernel (32 packs x 8 row
 // lanes per block, rows split among gridDim.y groups, 8 rows in flight + 8 next), records per block
 // start/end (globaltimer) and SM id. Variants: static (one wave, 2 blocks/SM), 4 waves (more, smaller

@@ -1,10 +1,10 @@
-// Session 20 probe (standalone; build: nvcc -O3 -arch=sm_90 -std=c++17 column_sums_shapes.cu).
+// Probe (standalone; build: nvcc -O3 -arch=sm_90 -std=c++17 column_sums_shapes.cu).
 // Read floors and finishes for bf16 column sums of [8192, 3072], each back to back 50 times.
 // cluster_kernel<12> sums 21 columns per rank, 252 of the block's 256 (timing only; only the
 // strips have their sums checked). The memcpy row's TB/s column divides 50 MB, not its 2 GiB: 2 GiB / 713.5 us
 // = 3.01 TB/s.
-// Session 21 added column strips (strip_kernel, strip24_kernel: a block owns whole columns, so no
-// finish at all), checked once against the ticket kernel's sums on a non-zero input.
+// Column strips (strip_kernel, strip24_kernel: a block owns whole columns, so no finish at all),
+// checked once against the ticket kernel's sums on a non-zero input.
 // The streaming loop is column_partials_packed_kernel's (8 rows in flight + 8 next per thread);
 // the block-end timing of the static / wave / dynamic shapes is column_sums_block_ends.cu.
 #include <cuda_bf16.h>

@@ -248,6 +248,9 @@ void DeckSchema::bind(RunConfig& c) {
   key("training.attention_dropout_rng", &t.attention_dropout_rng, "string",
       "meshtron | cudnn (attention dropout drawn inside cuDNN's fused attention: faster, "
       "other bits, not decomposition-invariant)");
+  key("training.fused_attention_kernels", &t.fused_attention_kernels, "string",
+      "cuda: auto | own (auto = cuDNN's fused attention where it plans the shape, else "
+      "meshtron's flash kernels; own = meshtron's always)");
   key("training.clip_grad", &t.clip_grad, "float", "clip global grad norm (0 = off)",
       kNonNegative);
   key("training.recompute", &t.recompute, "string", "none | selective | full");
@@ -633,6 +636,10 @@ void RunConfig::validate(int world_size) {
   require_one_of("training.attention_dropout_rng", t.attention_dropout_rng,
                  {"meshtron", "cudnn"});
   require_one_of("training.bias_in_weight_gemm", t.bias_in_weight_gemm, {"auto", "true", "false"});
+  require_one_of("training.fused_attention_kernels", t.fused_attention_kernels, {"auto", "own"});
+  MESH_REQUIRE(t.fused_attention_kernels == "auto" || run.device == "cuda",
+               "training.fused_attention_kernels = " << t.fused_attention_kernels
+                   << " needs run.device = cuda (it picks the GPU's fused attention)");
   if (t.attention_dropout_rng == "cudnn") {  // cuDNN's fused attention draws the mask
     const char* needs = "training.attention_dropout_rng = cudnn needs ";
     MESH_REQUIRE(run.device == "cuda",

@@ -74,11 +74,11 @@ struct ParallelSection {
   bool sequence_parallel_keep_gathered = false;
   /// Under SP: the row-parallel layers' backward GEMMs by token blocks, the
   /// own block overlapping the dy all-gather (GPT-2 774M, tp 2 on 2x H200:
-  /// 66.65 -> 65.65 ms per step).
+  /// 65.65 ms per step against 66.65 unsplit, perf/e2e_gpu.py).
   bool split_row_parallel_backward = true;
   /// Under SP: the column-parallel forward GEMMs (qkv, fc1) multiply this
   /// rank's own rows while the input all-gather brings the others', then
-  /// the others' (with NCCL measured slower at 774M tp 2, session 5: NCCL's
+  /// the others' (with NCCL slower at 774M tp 2, perf/e2e_gpu.py: NCCL's
   /// kernels take SMs from the GEMM; meant for parallel.tp_copy_engine).
   bool split_column_parallel_forward = false;
   /// The tp group's blocking all-gathers and reduce-scatters (the forward's
@@ -166,6 +166,13 @@ struct TrainingSection {
   /// layer, the sample offset and the first local head). Needs the GPU,
   /// cuDNN and the fused attention (bf16 / fp16, head dim 64 / 128).
   std::string attention_dropout_rng = "meshtron";
+  /// Whose fused attention the device path runs (model.attention_backend
+  /// auto or fused). "auto": cuDNN's where meshtron is built with cuDNN,
+  /// cuDNN loads and it plans the shape, else meshtron's flash kernels (the
+  /// choice is made once per shape and printed once). "own": meshtron's
+  /// flash kernels always. Attention dropout drawn by meshtron runs its own
+  /// kernels either way; training.attention_dropout_rng = cudnn runs cuDNN's.
+  std::string fused_attention_kernels = "auto";
   double clip_grad = 1.0;          ///< 0 disables clipping
   std::string recompute = "none";  ///< none | selective | full
   int recompute_num_layers = 0;

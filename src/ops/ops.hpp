@@ -67,18 +67,17 @@ inline constexpr index_t kOnesColumnWidth = 8;
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        double eps, Tensor& y, Tensor& mean, Tensor& rstd);
 
-/// The layernorm backwards of one model backward, one after another: each
-/// may leave the last adds of its dgamma and dbeta to the next. On the
-/// device a layernorm backward's kernel writes one partial row of dgamma
-/// and dbeta sums per block, and a second kernel adds the rows: 1.5-3 us of
-/// an H200 per call (at bf16 [8192, 768] the call moves its bytes at 0.72 of
-/// the copy's bandwidth, 0.84 without that kernel; chained as GPT-2 124M's
-/// backward, 25 calls a flush, 0.81-0.82: bench_cuda_ops memory
-/// layernorm_backward). A call given a chain leaves its rows here, and the
-/// next call given the same chain adds them inside its own kernel, in the
-/// second kernel's order (the same bits); flush()
-/// adds the last ones alone. So a gradient a call wrote is final only once
-/// the chain no longer holds() it. On the host every call adds its own
+/// The layernorm backwards of one model backward, one after another: each may
+/// leave the last adds of its dgamma and dbeta to the next. On the device a
+/// layernorm backward's kernel writes one partial row of dgamma and dbeta
+/// sums per block, and a second kernel adds the rows: 1.5-3 us of an H200 per
+/// call (at bf16 [8192, 768] the call moves its bytes at 0.72 of the copy's
+/// bandwidth, 0.84 without that kernel; chained as GPT-2 124M's backward, 25
+/// calls a flush, 0.81-0.82: perf/bench_cuda_ops memory). A call given a
+/// chain leaves its rows here, and the next call given the same chain adds
+/// them inside its own kernel, in the second kernel's order (the same bits);
+/// flush() adds the last ones alone. So a gradient a call wrote is final only
+/// once the chain no longer holds() it. On the host every call adds its own
 /// (nothing is ever held). The chain and the calls share the compute
 /// stream; the destructor flushes (it drops what is held when an exception
 /// unwinds past it).
@@ -198,8 +197,8 @@ struct AttentionDropout {
 /// rounded up to the kernels' widest key block, 128.
 inline index_t attention_keep_bits_words(index_t S) { return (S + 127) / 128 * 4; }
 /// AttentionDropout::keep_bits of B entries of S x S: [B, S, words], the
-/// words of a query row side by side. (Word-major, [B, words, S], made the
-/// head dim 64 backward slower on an H100: bench_cuda_ops attention fused.)
+/// words of a query row side by side. (Word-major, [B, words, S], makes the
+/// head dim 64 backward slower on an H100: perf/bench_cuda_ops attention.)
 inline Shape attention_keep_bits_shape(index_t B, index_t S) {
   return {B, S, attention_keep_bits_words(S)};
 }
@@ -271,9 +270,10 @@ void gemm_gelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b, Ten
 /// With `dbias` ([N]): then dbias += the column sums of dpre (bias_backward;
 /// the bias gradient of the layer that produced pre_gelu). cuBLASLt 12/13
 /// offers no bf16 DGELU_BGRAD algorithm on sm_90 (measured); the column
-/// sums here cost less than cuBLASLt's BGRADA epilogue in that layer's
-/// weight-gradient GEMM (38-45 against 50 us at GPT-2 774M's fc on an H100,
-/// bench_cuda_ops).
+/// sums here cost less than cuBLASLt's BGRADA in that layer's
+/// weight-gradient GEMM (38-45 against 50 us at GPT-2 774M's fc on an
+/// H100, perf/bench_cuda_ops: "proj dgrad: gemm_dgelu vs + fc dbias
+/// colsum").
 void gemm_dgelu(const Tensor& A, bool trans_a, const Tensor& B, bool trans_b,
                 const Tensor& pre_gelu, Tensor& dpre, Tensor* dbias = nullptr,
                 GradStore bias_store = GradStore::Accumulate);
@@ -293,8 +293,9 @@ void bias_backward(const Tensor& dy, Tensor& dbias, GradStore store = GradStore:
 /// gemm() then bias_backward() on the host and on the device. (cuBLASLt's
 /// BGRADA epilogue, which Megatron/TransformerEngine use, runs as a kernel of
 /// its own after the GEMM, plus an add into dbias: 12-22 us per call at
-/// 774M's shapes on an H200 against meshtron's one column-sum kernel;
-/// without it 124M / 774M steps 0.8 / 0.6 % faster, perf/e2e_gpu.py.)
+/// 774M's shapes on an H200 against meshtron's one column-sum kernel
+/// (perf/bench_cuda_ops, the BGRADA rows); without it 124M / 774M steps are
+/// 0.8 / 0.6 % faster (perf/e2e_gpu.py).)
 /// `weight_store`, `bias_store`: Overwrite writes that gradient instead.
 void linear_weight_grads(const Tensor& x, const Tensor& dy, Tensor& dweight, Tensor& dbias,
                          GradStore weight_store = GradStore::Accumulate,

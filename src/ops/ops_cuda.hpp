@@ -58,8 +58,8 @@ struct GemmArgs {
 };
 void gemm(const GemmArgs& args);
 /// GEMM algorithm choice: the heuristic's first (default) or, with
-/// autotuning on (also MESHTRON_GEMM_AUTOTUNE=1), the fastest of its first
-/// eight, timed once per problem (gemm.cu). Setting it forgets the cache.
+/// autotuning on (run.gemm_autotune), the fastest of its first eight, timed
+/// once per problem (gemm.cu). Setting it forgets the cache.
 void set_gemm_autotune(bool on);
 /// Problems whose algorithm was chosen by timing, and of those, how many
 /// took another than the heuristic's first.
@@ -179,8 +179,8 @@ void fused_attention_backward_token_major(DType t, const void* dcontext, const v
                                           const AttentionDropoutSite& dropout = {});
 /// The two implementations behind the token-major entry points above, which
 /// pick one per shape (cuDNN when built, loaded and able to plan the shape,
-/// unless MESHTRON_ATTENTION=own; see flash_attention.cu), except that
-/// attention dropout runs ours (cuDNN's dropout draws other bits) unless
+/// unless set_fused_attention_kernels(Own); see flash_attention.cu), except
+/// that attention dropout runs ours (cuDNN's dropout draws other bits) unless
 /// the site asks for cuDNN's generator (cudnn_rng).
 /// Ours (kernels/cuda/flash_attention.cu), whatever the choice:
 void flash_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
@@ -236,6 +236,13 @@ void cudnn_attention_backward_token_major(DType t, const void* dcontext, const v
 /// current device ("cudnn", "own", or "cudnn forward, own backward"), deciding
 /// it now if no call has yet.
 std::string attention_backend(DType t, index_t s, index_t b, index_t heads, index_t D);
+/// training.fused_attention_kernels: Auto lets the token-major entry points
+/// take cuDNN's fused attention where it plans the shape, Own keeps
+/// meshtron's flash kernels. The choices are cached per shape for the
+/// process (as the GEMM algorithms are), so this is set once, by the trainer
+/// before its first step; setting it forgets the choices made so far.
+enum class FusedAttentionKernels { Auto, Own };
+void set_fused_attention_kernels(FusedAttentionKernels kernels);
 
 // ------------------------------------------------------ GeLU and biases ---
 void gelu_forward(DType t, const void* x, index_t n, void* y);

@@ -206,7 +206,7 @@ TraceEvent event_of(const CUpti_Activity* record) {
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY2: {
       // Copies between two GPUs arrive as their own kind (with MEMCPY
-      // enabled); read as a memset before, they showed up as 10 MB "memsets".
+      // enabled); read as a memset, they would show as 10 MB "memsets".
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(record);
       e.name = "memcpy PtoP";
       e.kind = TraceEvent::Kind::Communication;

@@ -145,6 +145,9 @@ Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& 
   if (run.parallel.tp_interleave_streams == 2)
     if (auto* nccl = dynamic_cast<NcclCommunicator*>(&rt.tp)) nccl->separate_interleaved_jobs();
   if (run.run.gemm_autotune) cuda::set_gemm_autotune(true);  // the deck check: run.device = cuda
+  cuda::set_fused_attention_kernels(run.training.fused_attention_kernels == "own"
+                                        ? cuda::FusedAttentionKernels::Own
+                                        : cuda::FusedAttentionKernels::Auto);
 #endif
   base_ctx_.seed = run.run.seed;
   base_ctx_.seq_length = model.seq_length;
@@ -376,10 +379,10 @@ namespace {
 /// {step, sample offset low, sample offset high, 0}, in one tensor so that
 /// one host -> device copy serves the step. That copy is queued on the
 /// compute stream (queued_in_space): a blocking copy (Tensor::to_space) from
-/// pageable memory first waits for the stream, so the host sat idle until
-/// the previous step's update had finished and the GPU then waited ~0.15 ms
-/// for the host to launch the copies and the graph (124M on an H100,
-/// perf/RESULTS.md, session 30).
+/// pageable memory first waits for the stream, so the host would sit idle
+/// until the previous step's update had finished and the GPU then wait
+/// ~0.15 ms for the host to launch the copies and the graph (124M on an
+/// H100, a traced step of perf/e2e_gpu.py).
 Tensor dropout_words(const std::vector<MicroBatch>& batch, long step, MemorySpace space) {
   Tensor words_host = Tensor::empty({index_t(4 * batch.size())}, DType::I32);
   auto* words = static_cast<std::uint32_t*>(words_host.raw());

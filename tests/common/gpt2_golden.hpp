@@ -160,7 +160,7 @@ TEST_P(Gpt2Golden, ParametersAfterThreeAdamWStepsMatchTorch) {
   // Intel Xeon (OpenBLAS's AVX-512 kernels) one element of layers.0.mlp.fc.bias
   // (step-1 gradient 1.5e-3 of the tensor's largest) differs by 5.7e-7, 20x
   // its neighbours, for 2.5e-5 over the tensor, while every other tensor
-  // stays below 6.4e-6; on the AMD EPYC machines 1e-5 held (session 36).
+  // stays below 6.4e-6; on AMD EPYC machines 1e-5 holds.
   // A wrong gradient or update shows as lr-sized differences, far above it.
   const double max_step = 3 * *std::max_element(lrs.begin(), lrs.end());
   for (Parameter* p : model->parameters()) {

@@ -76,6 +76,27 @@ TEST(Config, ResolvedTextEchoesEverySection) {
   EXPECT_NE(RunConfig::schema_help().find("model.hidden_size"), std::string::npos);
 }
 
+// The tunables of the CUDA kernels are deck keys (their refusals are
+// ValidationCases): defaults, the values they take, and --help-deck's lines.
+TEST(Config, KernelTunablesAreDeckKeys) {
+  RunConfig defaults = parse();
+  defaults.validate(8);
+  EXPECT_FALSE(defaults.run.gemm_autotune);
+  EXPECT_EQ(defaults.training.fused_attention_kernels, "auto");
+  RunConfig c = parse({"run.device=cuda", "run.gemm_autotune=true",
+                       "training.fused_attention_kernels=own"});
+  c.validate(8);
+  EXPECT_TRUE(c.run.gemm_autotune);
+  EXPECT_EQ(c.training.fused_attention_kernels, "own");
+  EXPECT_NE(c.resolved_text().find("fused_attention_kernels        = own"), std::string::npos)
+      << c.resolved_text();
+  const std::string help = RunConfig::schema_help();
+  for (const char* line : {"run.gemm_autotune                        bool    default false ",
+                           "training.fused_attention_kernels         string  default auto "})
+    EXPECT_NE(help.find(line), std::string::npos) << line << " in\n" << help;
+  EXPECT_THROW(parse({"run.gemm_autotune=1x"}), UserError);
+}
+
 // The deck that training.cuda_graphs accepts (its refusals are ValidationCases).
 TEST(Config, CudaGraphsOnOneGpuIsValid) {
   RunConfig c = parse({"training.cuda_graphs=true", "run.device=cuda",
@@ -239,6 +260,10 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{{"parallel.tp_interleave_streams=3"}, 8, "must be 1 or 2"},
         ValidationCase{{"run.gemm_autotune=true"}, 8,
                        "gemm_autotune = true needs run.device = cuda"},
+        ValidationCase{{"training.fused_attention_kernels=cudnn", "run.device=cuda"}, 8,
+                       "training.fused_attention_kernels = 'cudnn' is not one of auto | own"},
+        ValidationCase{{"training.fused_attention_kernels=own"}, 8,
+                       "fused_attention_kernels = own needs run.device = cuda"},
         ValidationCase{{"training.cuda_graphs=true"}, 8, "cuda_graphs = true needs run.device"},
         ValidationCase{{"training.cuda_graphs=true", "run.device=cuda"}, 8,
                        "parallel.pipeline_parallel = 1 (got 2)"},
@@ -328,7 +353,8 @@ TEST(Config, NamedUnevenPipelineSplit) {
 
 TEST(Config, BalancedPipelineSplitCountsTheHeadOnTheLastStage) {
   // GPT-2 774M (36 layers, head worth 2.89 layers) on 2 stages: 19,17, the
-  // split measured fastest on 2 H100s (perf/RESULTS.md, session 23).
+  // split measured fastest on 2 H100s (perf/e2e_gpu.py --pp-split; perf/RESULTS.md,
+  // "pp 2 at 774M").
   EXPECT_EQ(balanced_stage_layers(36, 2, 2.89), (std::vector<int>{19, 17}));
   // No head: uniform where the layers divide, the earlier stages first where not.
   EXPECT_EQ(balanced_stage_layers(8, 4, 0.0), (std::vector<int>{2, 2, 2, 2}));

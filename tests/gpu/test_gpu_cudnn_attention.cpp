@@ -14,8 +14,9 @@
 //  * cuDNN forward + our backward (the mixed choice, when cuDNN has no
 //    deterministic backward for a shape) against the same reference.
 //  * the dispatching entry points (ops::fused_attention_*_token_major) give
-//    exactly the bits of the backend cuda::attention_backend() names
-//    (MESHTRON_ATTENTION=own forces ours).
+//    exactly the bits of the backend cuda::attention_backend() names, and
+//    ours under set_fused_attention_kernels(Own)
+//    (training.fused_attention_kernels = own).
 //  * with cuDNN built in and loaded, GPT-2 124M's shape (bf16, s 1024, b 8,
 //    12 heads, d 64) must plan both directions.
 //  * attention dropout from cuDNN's own generator (CudnnDropout): against
@@ -234,10 +235,14 @@ void check_case(const Case& c, std::uint64_t seed) {
                          cudnn_backward),
                      cudnn, c.name() + " cudnn second run");
   }
-  // The dispatcher runs exactly the backend it reports.
+  // The dispatcher runs exactly the backend it reports; with
+  // training.fused_attention_kernels = own it is ours.
+  cuda::set_fused_attention_kernels(cuda::FusedAttentionKernels::Own);
+  EXPECT_EQ(cuda::attention_backend(c.dt, c.s, c.b, c.heads, c.d), "own") << c.name();
+  expect_same_bits(run_dispatch(in), own, c.name() + " dispatch (kernels own)");
+  cuda::set_fused_attention_kernels(cuda::FusedAttentionKernels::Auto);
   const std::string backend = cuda::attention_backend(c.dt, c.s, c.b, c.heads, c.d);
-  const char* env = std::getenv("MESHTRON_ATTENTION");
-  if (env && std::string(env) == "own") EXPECT_EQ(backend, "own") << c.name();
+  if (support.forward) EXPECT_NE(backend, "own") << c.name() << ": auto ignored cuDNN";
   Result expected = own;
   if (backend == "cudnn")
     expected = run(in, cudnn_forward,
