@@ -52,17 +52,18 @@ nan_weights)
 sigterm_resume)
   # SIGTERM to one rank mid-run: every rank stops after the same step, saves,
   # exits 0; resuming gives the uninterrupted run's losses and weights.
+  split_name="sigterm_split_$$"  # pgrep finds this run's ranks, no other test's
   common=(--set parallel.data_parallel=2 --set training.train_iters=150 --set checkpoint.save_interval=1000)
   "${mpiexec[@]}" -np 2 "$meshtron" train "$here/tiny.deck" --set run.output_dir="$work/runs" \
       --set run.name=whole --set checkpoint.save_dir=whole "${common[@]}" > whole.txt
   "${mpiexec[@]}" -np 2 "$meshtron" train "$here/tiny.deck" --set run.output_dir="$work/runs" \
-      --set run.name=split --set checkpoint.save_dir=split "${common[@]}" > split.txt &
+      --set run.name="$split_name" --set checkpoint.save_dir=split "${common[@]}" > split.txt &
   launcher=$!
   for _ in $(seq 600); do  # until step 10 is logged
-    [[ -f runs/split/metrics.jsonl ]] && (( $(wc -l < runs/split/metrics.jsonl) >= 10 )) && break
+    [[ -f runs/$split_name/metrics.jsonl ]] && (( $(wc -l < runs/$split_name/metrics.jsonl) >= 10 )) && break
     sleep 0.1
   done
-  rank_pid=$(pgrep -f "run.name=split" | while read -r p; do
+  rank_pid=$(pgrep -f "run.name=$split_name" | while read -r p; do
                [[ $(ps -o comm= -p "$p") == meshtron ]] && echo "$p"; done | tail -n 1)
   [[ -n "$rank_pid" ]] || fail "no rank process found"
   kill -TERM "$rank_pid"
@@ -72,9 +73,9 @@ sigterm_resume)
   (( stopped < 150 )) || fail "the run was not interrupted"
   [[ $(latest split) == $(printf 'iter_%07d.h5' "$stopped") ]] || fail "latest is $(latest split)"
   "${mpiexec[@]}" -np 2 "$meshtron" train "$here/tiny.deck" --set run.output_dir="$work/runs" \
-      --set run.name=split --set checkpoint.save_dir=split --set checkpoint.load=auto \
+      --set run.name="$split_name" --set checkpoint.save_dir=split --set checkpoint.load=auto \
       "${common[@]}" > resumed.txt
-  python3 "$here/compare_losses.py" runs/whole/metrics.jsonl runs/split/metrics.jsonl 1 150 0
+  python3 "$here/compare_losses.py" runs/whole/metrics.jsonl "runs/$split_name/metrics.jsonl" 1 150 0
   h5diff whole/iter_0000150.h5 split/iter_0000150.h5 /model /model
   ;;
 disk_full)
