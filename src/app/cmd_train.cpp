@@ -5,7 +5,7 @@
 //   3. resume from a checkpoint when checkpoint.load asks for one
 //   4. train: step lines every log_interval, evaluation every eval_interval,
 //      checkpoints every save_interval, JSON lines in the run folder
-//   5. final summary
+//   5. final summary, and the loss on the test split when data.split has one
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -18,6 +18,7 @@
 #include "common/error.hpp"
 #include "data/gpt2_tokenizer.hpp"
 #include "io/checkpoint.hpp"
+#include "train/evaluation.hpp"
 #include "train/gpu_trace.hpp"
 #include "train/metrics.hpp"
 #include "train/trainer.hpp"
@@ -28,16 +29,6 @@ namespace meshtron::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-/// Dtype of the parameter values and activations: fp32, or bf16 / fp16
-/// mixed precision on the GPU (fp32 master weights, moments and gradients
-/// live in the optimizer and Parameter::grad; see train/optimizer.hpp; fp16
-/// adds dynamic loss scaling, train/loss_scaler.hpp).
-DType compute_dtype(const RunConfig& c) {
-  if (c.training.precision == "bf16") return DType::BF16;
-  if (c.training.precision == "fp16") return DType::F16;
-  return DType::F32;
-}
 
 std::unique_ptr<DataSource> make_data(const RunConfig& c, const ParallelRuntime& rt, int vocab) {
   DataLayout layout{c.model.seq_length,
@@ -111,6 +102,7 @@ class TrainRun {
         start < c_.training.train_iters)
       save(c_.training.train_iters);
     summary(std::chrono::duration<double>(Clock::now() - run_start).count(), start);
+    evaluate_test_split(c_, trainer_, vocab_);
     return 0;
   }
 
