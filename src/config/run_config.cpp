@@ -228,8 +228,8 @@ void DeckSchema::bind(RunConfig& c) {
       "samples per micro-batch of meshtron evaluate (0 = training.micro_batch_size; the test "
       "split after training uses training's)");
   key("evaluate.global_batch_size", &e.global_batch_size, "int",
-      "samples per evaluation batch over all dp ranks (0 = as many micro-batches per dp rank "
-      "as a training step)");
+      "samples per batch of meshtron evaluate over all dp ranks (0 = as many micro-batches "
+      "per dp rank as a training step; the test split after training uses training's)");
 }
 
 std::string read_file_or_throw(const std::string& path) {
