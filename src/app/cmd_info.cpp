@@ -22,6 +22,12 @@ int resolve_vocab(const RunConfig& c) {
   return kGpt2VocabSize;
 }
 
+DType compute_dtype(const RunConfig& c) {
+  if (c.training.precision == "bf16") return DType::BF16;
+  if (c.training.precision == "fp16") return DType::F16;
+  return DType::F32;
+}
+
 std::string pipeline_split_line(const RunConfig& c, const GptConfig& model) {
   if (c.parallel.model_chunks() < 2) return "";
   const double head = head_cost_in_layers(model);

@@ -11,7 +11,7 @@
 //      checkpoints every save_interval and at the last step, JSON lines in
 //      the run folder; a stop signal or run.exit_duration_mins saves and
 //      ends the run after the current step
-//   5. final summary
+//   5. final summary, and the loss on the test split when data.split has one
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -25,6 +25,7 @@
 #include "data/gpt2_tokenizer.hpp"
 #include "io/checkpoint.hpp"
 #include "io/save_dir.hpp"
+#include "train/evaluation.hpp"
 #include "train/gpu_trace.hpp"
 #include "train/metrics.hpp"
 #include "train/stop_request.hpp"
@@ -36,16 +37,6 @@ namespace meshtron::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-/// Dtype of the parameter values and activations: fp32, or bf16 / fp16
-/// mixed precision on the GPU (fp32 master weights, moments and gradients
-/// live in the optimizer and Parameter::grad; see train/optimizer.hpp; fp16
-/// adds dynamic loss scaling, train/loss_scaler.hpp).
-DType compute_dtype(const RunConfig& c) {
-  if (c.training.precision == "bf16") return DType::BF16;
-  if (c.training.precision == "fp16") return DType::F16;
-  return DType::F32;
-}
 
 std::unique_ptr<DataSource> make_data(const RunConfig& c, const ParallelRuntime& rt, int vocab) {
   DataLayout layout{c.model.seq_length,
@@ -126,6 +117,7 @@ class TrainRun {
     }
     save_final();
     summary(std::chrono::duration<double>(Clock::now() - run_start).count(), start);
+    evaluate_test_split(c_, trainer_, vocab_);
     return 0;
   }
 

@@ -8,6 +8,7 @@
 
 #include "config/run_config.hpp"
 #include "model/gpt_config.hpp"
+#include "tensor/types.hpp"
 
 namespace meshtron::app {
 
@@ -28,6 +29,11 @@ RunConfig read_decks(const DeckArgs& args, const std::string& command);
 inline constexpr int kGpt2VocabSize = 50257;
 /// Vocabulary size: the deck's, else the tokenizer's, else GPT-2's.
 int resolve_vocab(const RunConfig& c);
+/// Dtype of the parameter values and activations: fp32, or bf16 / fp16
+/// mixed precision on the GPU (fp32 master weights, moments and gradients
+/// live in the optimizer and Parameter::grad; see train/optimizer.hpp; fp16
+/// adds dynamic loss scaling, train/loss_scaler.hpp).
+DType compute_dtype(const RunConfig& c);
 /// " > layers per pipeline chunk: 19,17 (balanced; ...)\n" for a validated
 /// deck with more than one model chunk (pp x virtual_stages), else "" (info,
 /// train's banner): the split the trainer makes of `model`.
@@ -42,6 +48,7 @@ void require_same_model(const RunConfig& deck, const std::string& checkpoint_dec
 
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
+int run_evaluate(const std::vector<std::string>& args);
 int run_preprocess(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
 int run_convert(const std::vector<std::string>& args);

@@ -3,6 +3,7 @@
 //   mpirun -np 8 meshtron info  input_decks/gpt-tiny.deck --set parallel.tensor_parallel=2
 //   mpirun -np 4 meshtron train input_decks/gpt-tiny.deck
 //   mpirun -np 4 meshtron train input_decks/gpt-tiny.deck my-run.deck --set training.train_iters=50
+//   mpirun -np 4 meshtron evaluate input_decks/gpt-tiny.deck --set checkpoint.load=auto
 //
 // Errors in user input are detected identically on every rank; they are
 // printed once (rank 0) as one line and every rank exits with status 1.
@@ -28,20 +29,23 @@ void print_usage() {
       "        print the resolved deck and the rank map\n"
       "  train DECK... [--set section.key=value ...]\n"
       "        train the model the deck describes\n"
-      "DECK...: one or more decks; a key takes the value of the last deck that\n"
-      "sets it, and --set overrides every deck.\n"
+      "  evaluate DECK... [--set section.key=value ...]\n"
+      "        loss and perplexity of checkpoint.load on evaluate.split or evaluate.inputs\n"
       "  preprocess --input FILE... --output-prefix P --tokenizer gpt2 ...\n"
       "        tokenize text into an indexed dataset (preprocess --help)\n"
       "  inspect CKPT.h5\n"
       "        print a checkpoint's state, tensors and checksum status\n"
       "  convert --from hf DIR --to CKPT_DIR | --from CKPT.h5 --to hf DIR\n"
       "        Hugging Face GPT-2 <-> meshtron checkpoint (one rank)\n"
+      "DECK...: one or more decks; a key takes the value of the last deck that\n"
+      "sets it, and --set overrides every deck.\n"
       "Launch through MPI: mpirun -np N meshtron ... or srun meshtron ...");
 }
 
 int dispatch(const std::string& command, const std::vector<std::string>& args) {
   if (command == "info") return meshtron::app::run_info(args);
   if (command == "train") return meshtron::app::run_train(args);
+  if (command == "evaluate") return meshtron::app::run_evaluate(args);
   if (command == "preprocess") return meshtron::app::run_preprocess(args);
   if (command == "inspect") return meshtron::app::run_inspect(args);
   if (command == "convert") return meshtron::app::run_convert(args);

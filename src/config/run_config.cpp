@@ -307,6 +307,19 @@ void DeckSchema::bind(RunConfig& c) {
       "trace the GPU kernels (CUPTI) of steps [profile_step_start, profile_step_end)");
   key("logging.profile_step_start", &g.profile_step_start, "int", "first traced step");
   key("logging.profile_step_end", &g.profile_step_end, "int", "step after the last traced one");
+
+  auto& e = c.evaluate;
+  key("evaluate.split", &e.split, "string",
+      "meshtron evaluate: valid | test | all documents of data.path (split by data.split)");
+  key("evaluate.output", &e.output, "string", "JSON file of the evaluation result (\"\" = none)");
+  key("evaluate.inputs", &e.inputs, "string",
+      "JSONL of {\"ids\": [...]} rows (2 to seq_length + 1 ids) scored instead of a split");
+  key("evaluate.micro_batch_size", &e.micro_batch_size, "int",
+      "samples per micro-batch of meshtron evaluate (0 = training.micro_batch_size; the test "
+      "split after training uses training's)");
+  key("evaluate.global_batch_size", &e.global_batch_size, "int",
+      "samples per batch of meshtron evaluate over all dp ranks (0 = as many micro-batches "
+      "per dp rank as a training step; the test split after training uses training's)");
 }
 
 /// One deck: where it comes from (messages) and its text.
@@ -534,6 +547,25 @@ void require_tp_interleave(const RunConfig& c) {
                                     << c.parallel.data_parallel << ")");
 }
 
+/// [evaluate]: the split's name and the batch shape, defaults resolved
+/// from [training] (after its global batch is).
+void validate_evaluate(RunConfig& c) {
+  auto& e = c.evaluate;
+  require_one_of("evaluate.split", e.split, {"valid", "test", "all"});
+  MESH_REQUIRE(e.micro_batch_size >= 0 && e.global_batch_size >= 0,
+               "evaluate.micro_batch_size (" << e.micro_batch_size << ") and global_batch_size ("
+                   << e.global_batch_size << ") must be >= 0 (0 = from [training])");
+  const int dp = c.parallel.data_parallel;
+  if (e.micro_batch_size == 0) e.micro_batch_size = c.training.micro_batch_size;
+  if (e.global_batch_size == 0)
+    e.global_batch_size = e.micro_batch_size * c.training.global_batch_size /
+                          c.training.micro_batch_size;
+  MESH_REQUIRE(e.global_batch_size % (e.micro_batch_size * dp) == 0,
+               "evaluate.global_batch_size (" << e.global_batch_size
+                   << ") is not divisible by evaluate.micro_batch_size (" << e.micro_batch_size
+                   << ") x data_parallel (" << dp << ")");
+}
+
 }  // namespace
 
 void RunConfig::validate(int world_size) {
@@ -677,6 +709,7 @@ void RunConfig::validate(int world_size) {
   require_one_of("data.tokenizer", data.tokenizer, {"gpt2"});
   MESH_REQUIRE(checkpoint.keep_last >= 1,
                "checkpoint.keep_last = " << checkpoint.keep_last << " must be at least 1");
+  validate_evaluate(*this);
   require_positive("logging.log_interval", logging.log_interval);
   require_one_of("logging.progress", logging.progress, {"auto", "on", "off"});
   MESH_REQUIRE(!logging.profile || run.device == "cuda",

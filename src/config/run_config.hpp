@@ -2,7 +2,7 @@
 //
 // A deck is an INI file whose sections mirror meshtron's modules:
 //   [run] [model] [parallel] [training] [optimizer] [lr_schedule] [data]
-//   [checkpoint] [logging]
+//   [checkpoint] [logging] [evaluate]
 // Every key is typed, defaulted and documented (`meshtron info --help-deck`
 // prints them all, with the range of each float key); unknown keys are
 // errors. Several decks may be given: they are read in order, sections merge,
@@ -236,6 +236,18 @@ struct LoggingSection {
   int profile_step_end = 5;
 };
 
+/// `meshtron evaluate` (and the test split at the end of `train`): loss and
+/// perplexity of checkpoint.load on a split of data.path, or on explicit rows.
+struct EvaluateSection {
+  std::string split = "valid";  ///< valid | test | all (documents by data.split)
+  std::string output;           ///< JSON file of the result ("" = none)
+  std::string inputs;           ///< JSONL of {"ids": [...]} rows instead of a split
+  int micro_batch_size = 0;     ///< 0 = training.micro_batch_size (resolved by validate)
+  /// Samples per forward-only batch over all dp ranks; 0 = as many
+  /// micro-batches per dp rank as a training step has (resolved by validate).
+  int global_batch_size = 0;
+};
+
 struct RunConfig {
   RunSection run;
   ModelSection model;
@@ -246,6 +258,7 @@ struct RunConfig {
   DataSection data;
   CheckpointSection checkpoint;
   LoggingSection logging;
+  EvaluateSection evaluate;
 
   /// The deck files, in order, joined by spaces.
   std::string deck_path;

@@ -225,6 +225,8 @@ const char* split_name(Split split) {
   return "unknown";
 }
 
+std::vector<double> split_weights(const std::string& split) { return parse_split_weights(split); }
+
 std::array<std::int64_t, 4> split_boundaries(const std::string& split,
                                              std::int64_t num_documents) {
   const std::vector<double> weights = parse_split_weights(split);

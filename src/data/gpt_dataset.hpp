@@ -65,6 +65,10 @@ struct GptDatasetConfig {
 std::array<std::int64_t, 4> split_boundaries(const std::string& split,
                                              std::int64_t num_documents);
 
+/// The (train, valid, test) weights of a split string like "969,30,1",
+/// normalised to sum 1. Throws UserError on a bad string.
+std::vector<double> split_weights(const std::string& split);
+
 /// One micro-batch for the model: inputs and next-token labels.
 struct GptMicroBatch {
   Tensor tokens;  ///< [micro_batch, seq_length] int32: sample tokens [0, s)

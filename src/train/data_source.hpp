@@ -20,6 +20,10 @@ struct MicroBatch {
   Tensor ids;      ///< int32 [s * b]
   Tensor targets;  ///< int32 [s * b]
   index_t sample_offset = 0;  ///< index of its first sample within the step
+  /// Evaluation only: host float32 [s * b], 1 where the target counts, 0 for
+  /// padding (rows shorter than s + 1, samples past the end of a split);
+  /// undefined = every target counts.
+  Tensor loss_mask;
 };
 
 /// tokens [b, s+1] (sample-major, as read) -> ids / targets in [s, b] order.

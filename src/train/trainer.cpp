@@ -530,14 +530,46 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   return r;
 }
 
-double Trainer::evaluate(const std::vector<MicroBatch>& batch) {
+std::vector<Tensor> Trainer::forward_only(const std::vector<MicroBatch>& batch) {
   std::vector<PipelineTask> tasks;
   for (int m = 0; m < int(batch.size()); ++m)
     for (int c = 0; c < virtual_stages_; ++c) tasks.push_back({PipelineTask::Forward, m, c});
   // Chunks must run in dependency order per micro-batch: forward of chunk c
   // before c + 1, which the loop above gives.
-  const double local = sum_of_losses(run_schedule(tasks, batch, 0, /*training=*/false));
+  return run_schedule(tasks, batch, 0, /*training=*/false);
+}
+
+double Trainer::evaluate(const std::vector<MicroBatch>& batch) {
+  const double local = sum_of_losses(forward_only(batch));
   return reduce_loss(local, base_ctx_.seq_length * run_.training.global_batch_size);
+}
+
+LossSum Trainer::evaluate_sum(const std::vector<MicroBatch>& batch) {
+  // The masks apply to the per-token losses once read on the host, so the
+  // loss kernels (host and CUDA) stay as they are: a padded target is a
+  // valid id whose loss is computed and dropped, never added (even if it
+  // were not finite).
+  const std::vector<Tensor> losses = forward_only(batch);
+  LossSum local;
+  for (std::size_t m = 0; m < losses.size(); ++m) {
+    if (!losses[m].defined()) continue;
+    const std::vector<double> values = losses[m].to_doubles();
+    const Tensor& mask = batch[m].loss_mask;
+    MESH_VERIFY(!mask.defined() || mask.numel() == index_t(values.size()),
+                "loss mask of " << mask.numel() << " for " << values.size() << " losses");
+    const float* keep = mask.defined() ? mask.data<float>() : nullptr;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (keep && keep[i] == 0.0f) continue;
+      local.sum += values[i];
+      local.tokens += 1;
+    }
+  }
+  // As reduce_loss: the last stage's tp ranks hold the same values; sum
+  // over the pipeline (the other stages add zeros), then over dp.
+  LossSum total;
+  total.sum = rt_.dp.all_reduce_scalar(rt_.pp.all_reduce_scalar(local.sum));
+  total.tokens = rt_.dp.all_reduce_scalar(rt_.pp.all_reduce_scalar(local.tokens));
+  return total;
 }
 
 }  // namespace meshtron

@@ -19,6 +19,12 @@
 
 namespace meshtron {
 
+/// Per-token losses added over the tokens that count, and their number.
+struct LossSum {
+  double sum = 0;
+  double tokens = 0;
+};
+
 struct StepReport {
   long step = 0;
   double loss = 0;       ///< mean over the global batch's tokens
@@ -46,6 +52,11 @@ class Trainer {
   StepReport train_step(long step, const std::vector<MicroBatch>& batch);
   /// Mean loss of `batch` without dropout or update.
   double evaluate(const std::vector<MicroBatch>& batch);
+  /// `batch` without dropout or update: the per-token losses its loss masks
+  /// keep (MicroBatch::loss_mask), added, and their count, each summed over
+  /// the pipeline and dp (everyone's copy). Any number of micro-batches, the
+  /// same on every dp rank.
+  LossSum evaluate_sum(const std::vector<MicroBatch>& batch);
 
   /// This rank's parameters over all its model chunks, with their updated
   /// values (completes an overlapped parameter all-gather still in flight).
@@ -94,6 +105,8 @@ class Trainer {
   int global_chunk(int chunk) const { return chunk * rt_.topo.pp() + rt_.topo.pp_rank(); }
   /// Sum over the pipeline and dp of a last-stage quantity: everyone's copy.
   double reduce_loss(double local_sum, index_t tokens);
+  /// The per-token losses of `batch`, forward only (none off the last stage).
+  std::vector<Tensor> forward_only(const std::vector<MicroBatch>& batch);
 
   const RunConfig& run_;
   GptConfig model_config_;

@@ -1,0 +1,127 @@
+// meshtron evaluate DECK [--set k=v ...]: the loss and perplexity of a
+// checkpoint (Megatron's evaluation), on any layout and device.
+//
+//   mpirun -np 8 meshtron evaluate DECK --set checkpoint.load=auto --set evaluate.split=test
+//   meshtron evaluate DECK --set checkpoint.load=ckpt/iter_0000000.h5
+//       --set evaluate.inputs=rows.jsonl --set evaluate.output=result.json
+//
+//   1. read and validate the deck; resolve checkpoint.load (a file, or auto)
+//   2. read the rows: evaluate.inputs, or the samples of evaluate.split
+//   3. build the model under the deck's layout at the evaluation
+//      micro-batch size and load the checkpoint's weights
+//   4. score every row once (train/evaluation.hpp); rank 0 prints the
+//      result line and writes evaluate.output
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "app/commands.hpp"
+#include "common/error.hpp"
+#include "io/checkpoint.hpp"
+#include "train/evaluation.hpp"
+#include "train/trainer.hpp"
+#include "train/trainer_checkpoint.hpp"
+
+namespace meshtron::app {
+
+namespace {
+
+/// The checkpoint file checkpoint.load names (auto: the latest in save_dir).
+std::string checkpoint_to_evaluate(const RunConfig& c) {
+  const std::string& load = c.checkpoint.load;
+  MESH_REQUIRE(!load.empty(), "evaluate needs checkpoint.load (a checkpoint .h5 file, or auto = "
+                              "the latest in checkpoint.save_dir)");
+  std::string path = load;
+  MESH_REQUIRE(load != "auto" || io::find_latest(c.checkpoint.save_dir, path),
+               "checkpoint.load = auto: no checkpoint in checkpoint.save_dir '"
+                   << c.checkpoint.save_dir << "'");
+  MESH_REQUIRE(std::filesystem::is_regular_file(path),
+               "checkpoint.load: no checkpoint file '" << path << "'");
+  return path;
+}
+
+/// The deck with [training]'s batch shape replaced by [evaluate]'s (resolved
+/// by validate): the trainer's micro-batch is the evaluation's.
+RunConfig with_evaluation_batch(RunConfig c) {
+  c.training.micro_batch_size = c.evaluate.micro_batch_size;
+  c.training.global_batch_size = c.evaluate.global_batch_size;
+  return c;
+}
+
+std::unique_ptr<EvalRows> rows_to_score(const RunConfig& c, int vocab) {
+  if (!c.evaluate.inputs.empty()) return jsonl_rows(c.evaluate.inputs, c.model.seq_length, vocab);
+  MESH_REQUIRE(!c.data.path.empty(), "evaluate.split = " << c.evaluate.split
+                                         << " needs data.path (or evaluate.inputs)");
+  auto rows = split_rows(c, c.evaluate.split, vocab);
+  MESH_REQUIRE(rows->size() > 0, "evaluate.split = " << c.evaluate.split << ": data.split "
+                                     << c.data.split << " gives it no sample of model.seq_length"
+                                     << " + 1 = " << c.model.seq_length + 1 << " tokens of "
+                                     << c.data.path);
+  return rows;
+}
+
+class EvaluateRun {
+ public:
+  explicit EvaluateRun(RunConfig config)
+      : c_(with_evaluation_batch(std::move(config))),
+        checkpoint_(checkpoint_to_evaluate(c_)),
+        vocab_(resolve_vocab(c_)),
+        rows_(rows_to_score(c_, vocab_)),
+        rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
+            c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
+        model_(GptConfig::from_run(c_, vocab_, rt_.topo.tp())),
+        trainer_(c_, model_, rt_, compute_dtype(c_)),
+        rank0_(rt_.topo.world_rank() == 0) {}
+
+  int run() {
+    const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
+    const std::string what = c_.evaluate.inputs.empty() ? c_.evaluate.split : "inputs";
+    if (rank0_)
+      std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
+                << " (iteration " << state.iteration << ")\n > " << rows_->size() << " rows of "
+                << (c_.evaluate.inputs.empty() ? "the " + what + " split of " + c_.data.path
+                                               : c_.evaluate.inputs)
+                << ", " << c_.training.global_batch_size << " per batch ("
+                << c_.training.micro_batch_size << " per micro-batch) on tp "
+                << rt_.topo.tp() << " x pp " << rt_.topo.pp() << " x dp " << rt_.topo.dp()
+                << std::endl;
+    const Topology& topo = rt_.topo;
+    const DataLayout layout{c_.model.seq_length, c_.training.micro_batch_size,
+                            c_.training.global_batch_size, topo.dp_rank(), topo.dp(),
+                            0, 0, c_.run.seed};
+    const EvalResult r = evaluate_rows(trainer_, *rows_, layout);
+    if (!rank0_) return 0;
+    std::cout << r.line() << std::endl;
+    if (!c_.evaluate.output.empty()) {
+      std::ofstream out(c_.evaluate.output);
+      out << r.json(what, checkpoint_) << "\n";
+      MESH_VERIFY(out.good(), "cannot write evaluate.output '" << c_.evaluate.output << "'");
+    }
+    return 0;
+  }
+
+ private:
+  RunConfig c_;  ///< the trainer keeps a reference: declared first
+  std::string checkpoint_;
+  int vocab_;
+  std::unique_ptr<EvalRows> rows_;
+  ParallelRuntime rt_;
+  GptConfig model_;
+  Trainer trainer_;
+  bool rank0_;
+};
+
+}  // namespace
+
+int run_evaluate(const std::vector<std::string>& args) {
+  const DeckArgs parsed = parse_deck_args(args);
+  RunConfig config = read_decks(parsed, "evaluate");
+  MESH_REQUIRE(parsed.rest.empty(), "evaluate: unknown argument '" << parsed.rest.front() << "'");
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  config.validate(world);
+  EvaluateRun run(std::move(config));
+  return run.run();
+}
+
+}  // namespace meshtron::app
