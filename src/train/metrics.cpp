@@ -11,18 +11,18 @@ namespace meshtron {
 
 /// Forward FLOPs per token / 2 of one transformer layer: 4h^2 (qkv, proj),
 /// 2hf (the MLP), 2sh (scores and their product with v).
-static double layer_flops_half(const GptConfig& c) {
-  const double h = c.hidden_size, f = c.ffn_hidden_size, s = c.seq_length;
+static double layer_flops_half(const ModelSpec& c) {
+  const double h = c.hidden_size, f = c.ffn_hidden_size(), s = c.seq_length;
   return 4 * h * h + 2 * h * f + 2 * s * h;
 }
 
-double model_flops_per_token(const GptConfig& c) {
+double model_flops_per_token(const ModelSpec& c) {
   const double forward =
       c.num_layers * layer_flops_half(c) + double(c.hidden_size) * c.padded_vocab_size;
   return 3.0 * 2.0 * forward;
 }
 
-double head_cost_in_layers(const GptConfig& c) {
+double head_cost_in_layers(const ModelSpec& c) {
   return double(c.hidden_size) * c.padded_vocab_size / layer_flops_half(c);
 }
 

@@ -37,7 +37,7 @@ struct StepReport {
 class Trainer {
  public:
   /// `dtype` F16 adds a dynamic loss scaler (`scaler`'s settings).
-  Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype,
+  Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& rt, DType dtype,
           const LossScalerConfig& scaler = {});
   ~Trainer();
 
@@ -96,7 +96,7 @@ class Trainer {
   double reduce_loss(double local_sum, index_t tokens);
 
   const RunConfig& run_;
-  GptConfig model_config_;
+  ModelSpec model_spec_;
   ParallelRuntime& rt_;
   LayerContext base_ctx_;
   int virtual_stages_ = 1;
