@@ -15,6 +15,8 @@
 
 namespace meshtron {
 
+/// Training FLOPs per token of the model `c` (forward and backward of the
+/// GEMMs, Megatron-LM's count; src/train/metrics.cpp lists the terms).
 double model_flops_per_token(const ModelSpec& c);
 /// The LM head's FLOPs (the logits GEMM, forward and backward: hV of F's
 /// bracket) in units of one transformer layer's: GPT-2 774M 2.89, 124M 3.97.
