@@ -22,6 +22,7 @@
 #include <Kokkos_Core.hpp>
 #include <random>
 
+#include "config/model_spec_from_deck.hpp"
 #include "config/run_config.hpp"
 #include "model/gpt_model.hpp"
 #include "parallel/communicator.hpp"
@@ -65,7 +66,7 @@ struct SingleRank {
 
 void BM_gpt_tiny_step(benchmark::State& state) {
   const RunConfig run = RunConfig::from_file(kTinyDeck);
-  GptConfig config = GptConfig::from_run(run, 50257, 1);
+  ModelSpec config = model_spec_from_deck(run, 50257, 1);
   config.hidden_dropout = config.attention_dropout = 0.0;
   const index_t micro_batch = 4, seq = config.seq_length;  // 64 in the deck
   SingleRank rank(seq, micro_batch);
@@ -98,10 +99,10 @@ BENCHMARK(BM_gpt_tiny_step)
     ->UseRealTime();
 
 void BM_gpt2_124m_layer(benchmark::State& state) {
-  GptConfig config;
+  ModelSpec config;
   config.hidden_size = 768;
-  config.num_heads = 12;
-  config.ffn_hidden_size = 3072;
+  config.block.attention = AttentionSpec::multi_head(768, 12);
+  config.block.mlp.ffn_hidden_size = 3072;
   config.seq_length = config.max_positions = 1024;
   const index_t seq = 1024, micro_batch = 1, tokens = seq * micro_batch, h = 768;
   SingleRank rank(seq, micro_batch);

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "config/model_spec_from_deck.hpp"
 #include "config/run_config.hpp"
 #include "train/trainer.hpp"
 
@@ -53,7 +54,7 @@ warmup_iters = 0
 void measure(const std::string& schedule, int pp, int m, int steps, int rank) {
   const RunConfig c = bench_config(pp, schedule, m);
   ParallelRuntime rt(MPI_COMM_WORLD, c.parallel.degrees());
-  Trainer trainer(c, GptConfig::from_run(c, 1000, 1), rt, DType::F32);
+  Trainer trainer(c, model_spec_from_deck(c, 1000, 1), rt, DType::F32);
   DataLayout layout{64, 1, m, 0, 1, 100, 1, 1};
   auto data = make_synthetic_data(layout, 1000);
   trainer.train_step(1, data->train_step(1));  // warm-up

@@ -19,9 +19,10 @@
 
 #include "app/commands.hpp"
 #include "common/error.hpp"
+#include "config/model_spec_from_deck.hpp"
 #include "io/checkpoint.hpp"
-#include "io/hf_config.hpp"
-#include "io/hf_gpt2.hpp"
+#include "io/hf/gpt2_config.hpp"
+#include "io/hf/gpt2.hpp"
 #include "io/safetensors.hpp"
 #include "model/gpt_model.hpp"
 
@@ -57,21 +58,13 @@ ConvertArgs parse_convert_args(const std::vector<std::string>& args) {
 }
 
 /// A deck that describes `c` (stored in the checkpoint, read back on export).
-std::string deck_for(const GptConfig& c) {
-  return MESH_MSG("# written by meshtron convert\n[model]\nnum_layers = "
-                  << c.num_layers << "\nhidden_size = " << c.hidden_size
-                  << "\nnum_attention_heads = " << c.num_heads
-                  << "\nffn_hidden_size = " << c.ffn_hidden_size
-                  << "\nseq_length = " << c.seq_length
-                  << "\nmax_position_embeddings = " << c.max_positions
-                  << "\nvocab_size = " << c.vocab_size
-                  << "\nlayernorm_epsilon = " << c.layernorm_epsilon
-                  << "\ninit_method_std = " << c.init_std << "\n");
+std::string deck_for(const ModelSpec& c) {
+  return "# written by meshtron convert\n" + model_deck_section(c);
 }
 
 /// A 1-rank model (tp = pp = dp = 1) of shape `c`, on the host.
 struct SingleRankModel {
-  explicit SingleRankModel(const GptConfig& c)
+  explicit SingleRankModel(const ModelSpec& c)
       : self(MPI_COMM_SELF), tp{self}, ctx{tp},
         model(c, StagePlacement::whole_model(c.num_layers), ctx, DType::F32, 0) {}
   MpiCommunicator self;
@@ -82,7 +75,7 @@ struct SingleRankModel {
 
 int hf_to_checkpoint(const ConvertArgs& a) {
   const io::HfGpt2Config hf = io::read_hf_gpt2_config(a.from);
-  const GptConfig c = GptConfig::from_hf(hf, int(hf.n_positions), 1, 1);
+  const ModelSpec c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
   SingleRankModel m(c);
   io::import_hf_gpt2(a.from, m.model.parameters(), 0, 1);
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
@@ -102,7 +95,7 @@ int hf_to_checkpoint(const ConvertArgs& a) {
 }
 
 /// The model shape from the checkpoint's tensors and its deck.
-GptConfig config_of_checkpoint(const io::CheckpointInfo& info) {
+ModelSpec config_of_checkpoint(const io::CheckpointInfo& info) {
   RunConfig deck = RunConfig::from_text(info.state.deck_text, {}, info.path + " (deck)");
   std::map<std::string, Shape> shapes;
   std::set<int> layers;
@@ -114,24 +107,24 @@ GptConfig config_of_checkpoint(const io::CheckpointInfo& info) {
   }
   MESH_REQUIRE(shapes.count("model/embedding.word.weight") && !layers.empty(),
                info.path << ": not a GPT checkpoint (no word embedding or layers)");
-  GptConfig c;
+  // The architecture from the deck, the sizes from the tensors; the
+  // vocabulary unpadded (one rank, the stored rows only).
+  ModelSpec c = model_spec_from_deck(deck, /*vocab_size=*/0, /*tp=*/1);
   c.num_layers = int(layers.size());
   c.vocab_size = int(shapes["model/embedding.word.weight"][0]);
   c.padded_vocab_size = c.vocab_size;
   c.hidden_size = int(shapes["model/embedding.word.weight"][1]);
   c.max_positions = int(shapes["model/embedding.position.weight"][0]);
   c.seq_length = c.max_positions;
-  c.ffn_hidden_size = int(shapes["model/layers.0.mlp.fc.weight"][1]);
-  c.num_heads = deck.model.num_attention_heads;
-  c.layernorm_epsilon = deck.model.layernorm_epsilon;
-  c.init_std = deck.model.init_method_std;
+  c.block.mlp.ffn_hidden_size = int(shapes["model/layers.0.mlp.fc.weight"][1]);
+  c.hidden_dropout = c.attention_dropout = 0;
   return c;
 }
 
 int checkpoint_to_hf(const ConvertArgs& a) {
   const io::CheckpointInfo info = io::inspect_checkpoint(a.from);
   MESH_REQUIRE(info.checksums_ok(), a.from << ": checksum failure (run meshtron inspect)");
-  const GptConfig c = config_of_checkpoint(info);
+  const ModelSpec c = config_of_checkpoint(info);
   SingleRankModel m(c);
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
@@ -143,16 +136,7 @@ int checkpoint_to_hf(const ConvertArgs& a) {
   for (Parameter* p : m.model.parameters()) out.push_back({io::hf_name_of(p->name), p->value});
   std::filesystem::create_directories(a.to);
   io::write_safetensors(a.to + "/model.safetensors", out, {{"format", "pt"}});
-  io::HfGpt2Config hf;
-  hf.vocab_size = c.vocab_size;
-  hf.n_positions = c.max_positions;
-  hf.n_embd = c.hidden_size;
-  hf.n_layer = c.num_layers;
-  hf.n_head = c.num_heads;
-  hf.n_inner = c.ffn_hidden_size;
-  hf.layer_norm_epsilon = c.layernorm_epsilon;
-  hf.initializer_range = c.init_std;
-  io::write_hf_gpt2_config(a.to + "/config.json", hf);
+  io::write_hf_gpt2_config(a.to + "/config.json", io::hf_gpt2_config_from_spec(c));
   std::cout << "converted " << a.from << " (iteration " << info.state.iteration << ") -> "
             << a.to << " (" << out.size() << " tensors)\n";
   return 0;

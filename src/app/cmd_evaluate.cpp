@@ -16,6 +16,7 @@
 #include <iostream>
 
 #include "app/commands.hpp"
+#include "config/model_spec_from_deck.hpp"
 #include "common/error.hpp"
 #include "io/checkpoint.hpp"
 #include "train/evaluation.hpp"
@@ -69,7 +70,7 @@ class EvaluateRun {
         rows_(rows_to_score(c_, vocab_)),
         rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
             c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
-        model_(GptConfig::from_run(c_, vocab_, rt_.topo.tp())),
+        model_(model_spec_from_deck(c_, vocab_, rt_.topo.tp())),
         trainer_(c_, model_, rt_, compute_dtype(c_)),
         rank0_(rt_.topo.world_rank() == 0) {}
 
@@ -106,7 +107,7 @@ class EvaluateRun {
   int vocab_;
   std::unique_ptr<EvalRows> rows_;
   ParallelRuntime rt_;
-  GptConfig model_;
+  ModelSpec model_;
   Trainer trainer_;
   bool rank0_;
 };

@@ -9,7 +9,7 @@
 #include "app/commands.hpp"
 #include "common/error.hpp"
 #include "data/gpt2_tokenizer.hpp"
-#include "model/gpt_config.hpp"
+#include "config/model_spec_from_deck.hpp"
 #include "parallel/topology.hpp"
 #include "train/metrics.hpp"
 
@@ -28,7 +28,7 @@ DType compute_dtype(const RunConfig& c) {
   return DType::F32;
 }
 
-std::string pipeline_split_line(const RunConfig& c, const GptConfig& model) {
+std::string pipeline_split_line(const RunConfig& c, const ModelSpec& model) {
   if (c.parallel.model_chunks() < 2) return "";
   const double head = head_cost_in_layers(model);
   const std::vector<int> layers = c.parallel.chunk_layers(model.num_layers, head);
@@ -92,7 +92,7 @@ int run_info(const std::vector<std::string>& args) {
     const int vocab =
         config.model.vocab_size > 0 || tokenizer_here ? resolve_vocab(config) : kGpt2VocabSize;
     split = pipeline_split_line(
-        config, GptConfig::from_run(config, vocab, config.parallel.tensor_parallel));
+        config, model_spec_from_deck(config, vocab, config.parallel.tensor_parallel));
   }
   if (rank == 0) {
     std::cout << "deck " << config.deck_path << " (resolved):\n"

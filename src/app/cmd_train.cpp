@@ -22,6 +22,7 @@
 
 #include "app/commands.hpp"
 #include "common/error.hpp"
+#include "config/model_spec_from_deck.hpp"
 #include "data/gpt2_tokenizer.hpp"
 #include "io/checkpoint.hpp"
 #include "io/save_dir.hpp"
@@ -74,7 +75,7 @@ class TrainRun {
         rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
             c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
         vocab_(resolve_vocab(c_)),
-        model_(GptConfig::from_run(c_, vocab_, rt_.topo.tp())),
+        model_(model_spec_from_deck(c_, vocab_, rt_.topo.tp())),
         trainer_(c_, model_, rt_, compute_dtype(c_)),
         data_(make_data(c_, rt_, vocab_)),
         rank0_(rt_.topo.world_rank() == 0),
@@ -341,7 +342,7 @@ class TrainRun {
   RunConfig c_;
   ParallelRuntime rt_;
   int vocab_;
-  GptConfig model_;
+  ModelSpec model_;
   Trainer trainer_;
   std::unique_ptr<DataSource> data_;
   bool rank0_;

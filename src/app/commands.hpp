@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "config/run_config.hpp"
-#include "model/gpt_config.hpp"
+#include "model/model_spec.hpp"
 #include "tensor/types.hpp"
 
 namespace meshtron::app {
@@ -37,7 +37,7 @@ DType compute_dtype(const RunConfig& c);
 /// " > layers per pipeline chunk: 19,17 (balanced; ...)\n" for a validated
 /// deck with more than one model chunk (pp x virtual_stages), else "" (info,
 /// train's banner): the split the trainer makes of `model`.
-std::string pipeline_split_line(const RunConfig& c, const GptConfig& model);
+std::string pipeline_split_line(const RunConfig& c, const ModelSpec& model);
 
 /// A one-line UserError naming the first architecture key (layers, sizes,
 /// heads, positions, vocabulary, norm epsilon) where `deck` differs from the

@@ -36,7 +36,19 @@ std::vector<ModelKey> architecture(const ModelSection& d, const ModelSection& k)
       {"model.num_attention_heads", text(d.num_attention_heads), text(k.num_attention_heads)},
       {"model.ffn_hidden_size", text(d.ffn()), text(k.ffn())},
       {"model.max_position_embeddings", text(d.max_positions()), text(k.max_positions())},
-      {"model.layernorm_epsilon", text(d.layernorm_epsilon), text(k.layernorm_epsilon)}};
+      {"model.layernorm_epsilon", text(d.layernorm_epsilon), text(k.layernorm_epsilon)},
+      {"model.normalization", d.normalization, k.normalization},
+      {"model.position_embedding_type", d.position_embedding_type, k.position_embedding_type},
+      {"model.num_query_groups", text(d.query_groups()), text(k.query_groups())},
+      {"model.kv_channels", text(d.head_dim()), text(k.head_dim())},
+      {"model.rotary_percent", text(d.rotary_percent), text(k.rotary_percent)},
+      {"model.rotary_base", text(d.rotary_base), text(k.rotary_base)},
+      {"model.rotary_interleaved", text(d.rotary_interleaved), text(k.rotary_interleaved)},
+      {"model.activation", d.activation, k.activation},
+      {"model.add_bias_linear", text(d.add_bias_linear), text(k.add_bias_linear)},
+      {"model.untie_embeddings_and_output_weights",
+       text(d.untie_embeddings_and_output_weights), text(k.untie_embeddings_and_output_weights)},
+      {"model.parallel_residual", text(d.parallel_residual), text(k.parallel_residual)}};
   if (d.vocab_size > 0 && k.vocab_size > 0)
     keys.push_back({"model.vocab_size", text(d.vocab_size), text(k.vocab_size)});
   return keys;

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "common/error.hpp"
+#include "model/model_spec.hpp"
 
 namespace po = boost::program_options;
 
@@ -189,6 +190,31 @@ void DeckSchema::bind(RunConfig& c) {
       "auto | fused | unfused attention core (auto = fused where supported)");
   key("model.layernorm_epsilon", &m.layernorm_epsilon, "float", "layernorm epsilon", kPositive);
   key("model.init_method_std", &m.init_method_std, "float", "stddev of weight init", kPositive);
+  const auto unbuilt = [](const std::string& values) {
+    return "; " + values + " not yet built: rejected at model construction";
+  };
+  key("model.normalization", &m.normalization, "string",
+      "LayerNorm | RMSNorm" + unbuilt("RMSNorm"));
+  key("model.position_embedding_type", &m.position_embedding_type, "string",
+      "learned_absolute | rope | alibi | none" + unbuilt("rope, alibi, none"));
+  key("model.num_query_groups", &m.num_query_groups, "int",
+      "key/value heads, 0 = num_attention_heads" + unbuilt("fewer"));
+  key("model.kv_channels", &m.kv_channels, "int",
+      "head dim, 0 = hidden_size / num_attention_heads" + unbuilt("another"));
+  key("model.rotary_percent", &m.rotary_percent, "float", "share of the head dim rotated by rope",
+      FloatRange{0, 1, true, false});
+  key("model.rotary_base", &m.rotary_base, "float", "rope's base period", kPositive);
+  key("model.rotary_interleaved", &m.rotary_interleaved, "bool",
+      "rope rotates interleaved pairs rather than halves");
+  key("model.activation", &m.activation, "string",
+      "MLP activation: gelu (erf) | gelu_tanh (GPT-2's) | relu | swiglu | geglu" +
+          unbuilt("all but gelu_tanh"));
+  key("model.add_bias_linear", &m.add_bias_linear, "bool",
+      "biases on the linear layers" + unbuilt("false"));
+  key("model.untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights,
+      "bool", "LM head with its own weights" + unbuilt("true"));
+  key("model.parallel_residual", &m.parallel_residual, "bool",
+      "attention and MLP on the same normed input, one residual add" + unbuilt("true"));
 
   auto& p = c.parallel;
   key("parallel.tensor_parallel", &p.tensor_parallel, "int", "tensor-parallel degree tp");
@@ -509,6 +535,20 @@ void require_counts_non_negative(const RunConfig& c) {
     MESH_REQUIRE(v >= 0, key << " = " << v << " is negative");
 }
 
+/// The architecture keys: names the spec knows, head counts that divide.
+void require_architecture(const ModelSection& m) {
+  parse_norm_kind(m.normalization, "model.normalization");
+  parse_position_embedding(m.position_embedding_type, "model.position_embedding_type");
+  parse_activation(m.activation, "model.activation");
+  MESH_REQUIRE(m.num_query_groups >= 0,
+               "model.num_query_groups = " << m.num_query_groups << " is negative");
+  MESH_REQUIRE(m.kv_channels >= 0, "model.kv_channels = " << m.kv_channels << " is negative");
+  MESH_REQUIRE(m.num_attention_heads % m.query_groups() == 0,
+               "model.num_query_groups (" << m.query_groups()
+                   << ") does not divide model.num_attention_heads (" << m.num_attention_heads
+                   << ")");
+}
+
 /// training.cuda_graphs: what a replayed forward + backward cannot do
 /// (train/cuda_graph.hpp): the pipeline's host-side message logic, the copy
 /// engines' host-side sequence numbers (baked into a graph), hooks into the
@@ -585,10 +625,11 @@ void RunConfig::validate(int world_size) {
   require_positive("model.seq_length", m.seq_length);
   require_positive("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
   MESH_REQUIRE(m.vocab_size >= 0, "model.vocab_size = " << m.vocab_size << " is negative");
-  MESH_REQUIRE(m.hidden_size % m.num_attention_heads == 0,
+  MESH_REQUIRE(m.kv_channels > 0 || m.hidden_size % m.num_attention_heads == 0,
                "model.hidden_size (" << m.hidden_size
                                      << ") is not divisible by model.num_attention_heads ("
                                      << m.num_attention_heads << ")");
+  require_architecture(m);
   MESH_REQUIRE(m.seq_length <= m.max_positions(),
                "model.seq_length (" << m.seq_length << ") exceeds model.max_position_embeddings ("
                                     << m.max_positions() << ")");
@@ -599,6 +640,9 @@ void RunConfig::validate(int world_size) {
                "parallel.tensor_parallel (" << p.tensor_parallel
                    << ") does not divide model.num_attention_heads ("
                    << m.num_attention_heads << ")");
+  MESH_REQUIRE(m.query_groups() % p.tensor_parallel == 0,
+               "parallel.tensor_parallel (" << p.tensor_parallel
+                   << ") does not divide model.num_query_groups (" << m.query_groups() << ")");
   MESH_REQUIRE(m.ffn() % p.tensor_parallel == 0,
                "parallel.tensor_parallel (" << p.tensor_parallel
                    << ") does not divide the MLP size (" << m.ffn() << ")");

@@ -54,11 +54,27 @@ struct ModelSection {
   std::string attention_backend = "auto";
   double layernorm_epsilon = 1e-5;
   double init_method_std = 0.02;
+  // The architecture, named after Megatron-LM's flags; the defaults are
+  // GPT-2's. Other values pass validation and are rejected, one line, when
+  // the model is built, until its layers compute them.
+  std::string normalization = "LayerNorm";                ///< LayerNorm | RMSNorm
+  std::string position_embedding_type = "learned_absolute";  ///< learned_absolute | rope | alibi | none
+  int num_query_groups = 0;  ///< key/value heads (0 = num_attention_heads)
+  int kv_channels = 0;       ///< head dim (0 = hidden_size / num_attention_heads)
+  double rotary_percent = 1.0;
+  double rotary_base = 10000;
+  bool rotary_interleaved = false;
+  std::string activation = "gelu_tanh";  ///< gelu | gelu_tanh | relu | swiglu | geglu
+  bool add_bias_linear = true;
+  bool untie_embeddings_and_output_weights = false;
+  bool parallel_residual = false;
 
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int max_positions() const {
     return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
   }
+  int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
 };
 
 struct ParallelSection {

@@ -2,20 +2,41 @@
 
 #include <cmath>
 
+#include "common/error.hpp"
 #include "ops/head_layout.hpp"
 
 namespace meshtron {
 
-Attention::Attention(const std::string& name, int layer, index_t hidden, int heads,
-                     double dropout, const LayerContext& ctx, DType dtype,
-                     AttentionBackend backend)
+namespace {
+void reject_unbuilt(const AttentionSpec& a, index_t hidden) {
+  const auto reject_unless = [](bool built, const std::string& setting) {
+    require_built(built, "Attention", setting);
+  };
+  reject_unless(a.num_query_groups == a.num_heads,
+                MESH_MSG("num_query_groups = " << a.num_query_groups << " (not num_heads = "
+                                               << a.num_heads << ")"));
+  reject_unless(index_t(a.context_width()) == hidden,
+                MESH_MSG("kv_channels = " << a.head_dim << " (not hidden_size / num_heads = "
+                                          << hidden / a.num_heads << ")"));
+  reject_unless(a.mask == AttentionMask::Causal, "attention mask " + to_string(a.mask));
+  reject_unless(a.position != PositionEmbedding::Rope && a.position != PositionEmbedding::Alibi,
+                "position_embedding_type = " + to_string(a.position));
+  reject_unless(a.bias, "add_bias_linear = false");
+}
+}  // namespace
+
+Attention::Attention(const std::string& name, int layer, index_t hidden,
+                     const AttentionSpec& spec, double dropout, const LayerContext& ctx,
+                     DType dtype)
     : qkv(name + ".qkv", hidden, 3 * hidden, /*fused_parts=*/3, ctx, dtype),
       proj(name + ".proj", hidden, hidden, ctx, dtype, /*epilogue_rank=*/layer),
       layer_(layer),
-      heads_local_(heads / ctx.tp.size()),
-      head_dim_(hidden / heads),
+      heads_local_(spec.num_heads / ctx.tp.size()),
+      head_dim_(spec.head_dim),
       dropout_(dropout),
-      backend_(backend) {}
+      backend_(attention_backend_from_string(spec.backend)) {
+  reject_unbuilt(spec, hidden);
+}
 
 bool Attention::use_fused(DType activations, MemorySpace space) const {
   if (backend_ == AttentionBackend::Unfused) return false;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "model/linear.hpp"
+#include "model/model_spec.hpp"
 
 namespace meshtron {
 
@@ -50,9 +51,10 @@ class Attention {
     /// so that the backward passes read the mask instead of drawing it again.
     Tensor keep_bits;
   };
-  Attention(const std::string& name, int layer, index_t hidden, int heads,
-            double dropout, const LayerContext& ctx, DType dtype,
-            AttentionBackend backend = AttentionBackend::Auto);
+  /// Rejects a spec other than causal multi-head attention over the whole
+  /// hidden size, with biases and without rotary or ALiBi positions.
+  Attention(const std::string& name, int layer, index_t hidden, const AttentionSpec& spec,
+            double dropout, const LayerContext& ctx, DType dtype);
   /// forward() + residual, the add riding in proj's GEMM where it can
   /// (RowParallelLinear::forward_residual); the backward is backward().
   Tensor forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,

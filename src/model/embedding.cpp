@@ -8,11 +8,11 @@
 
 namespace meshtron {
 
-index_t vocab_begin(const GptConfig& c, const TensorParallelGroup& tp) {
+index_t vocab_begin(const ModelSpec& c, const TensorParallelGroup& tp) {
   return index_t(c.padded_vocab_size / tp.size()) * tp.rank();
 }
 
-Parameter make_word_embedding(const GptConfig& c, const LayerContext& ctx, DType dtype) {
+Parameter make_word_embedding(const ModelSpec& c, const LayerContext& ctx, DType dtype) {
   const index_t rows = c.padded_vocab_size / ctx.tp.size();
   Parameter p;
   p.name = "embedding.word.weight";
@@ -25,8 +25,10 @@ Parameter make_word_embedding(const GptConfig& c, const LayerContext& ctx, DType
   return p;
 }
 
-Embedding::Embedding(const GptConfig& c, const LayerContext& ctx, DType dtype)
+Embedding::Embedding(const ModelSpec& c, const LayerContext& ctx, DType dtype)
     : word(make_word_embedding(c, ctx, dtype)), config_(c) {
+  require_built(c.block.attention.position == PositionEmbedding::LearnedAbsolute, "Embedding",
+                "position_embedding_type = " + to_string(c.block.attention.position));
   position.name = "embedding.position.weight";
   position.global_shape = {c.max_positions, c.hidden_size};
   position.value = Tensor::zeros(position.global_shape, dtype, ctx.space);
@@ -77,7 +79,7 @@ void Embedding::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   ops::embedding_backward(c.ids, dpartial, vocab_begin(config_, ctx.tp), word.grad);
 }
 
-LmHeadLoss::LmHeadLoss(const GptConfig& c, Parameter& w) : word(&w), config_(c) {}
+LmHeadLoss::LmHeadLoss(const ModelSpec& c, Parameter& w) : word(&w), config_(c) {}
 
 Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext& ctx,
                            Cache& c) const {

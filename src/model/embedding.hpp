@@ -7,7 +7,7 @@
 // parallelism the sum is scattered to sequence shards before dropout.
 #pragma once
 
-#include "model/gpt_config.hpp"
+#include "model/model_spec.hpp"
 #include "model/layer_context.hpp"
 #include "model/parameter.hpp"
 
@@ -15,15 +15,16 @@ namespace meshtron {
 
 /// The word-embedding parameter of a vocab-parallel table (shared by the
 /// embedding and, tied, by the LM head).
-Parameter make_word_embedding(const GptConfig& c, const LayerContext& ctx, DType dtype);
-index_t vocab_begin(const GptConfig& c, const TensorParallelGroup& tp);
+Parameter make_word_embedding(const ModelSpec& c, const LayerContext& ctx, DType dtype);
+index_t vocab_begin(const ModelSpec& c, const TensorParallelGroup& tp);
 
 class Embedding {
  public:
   struct Cache {
     Tensor ids, positions;  ///< int32 [s*b], rows in [s, b] order
   };
-  Embedding(const GptConfig& config, const LayerContext& ctx, DType dtype);
+  /// Rejects positions other than learned absolute ones.
+  Embedding(const ModelSpec& config, const LayerContext& ctx, DType dtype);
   /// ids int32 [s*b] in [s, b] order -> hidden [s/sp * b, h].
   Tensor forward(const Tensor& ids, LayerContext& ctx, Cache& cache) const;
   void backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
@@ -33,7 +34,7 @@ class Embedding {
   Parameter position;  ///< [max_positions, h], replicated
 
  private:
-  GptConfig config_;
+  ModelSpec config_;
   /// The [s, b] position ids where the tables live, built on the first
   /// forward: uploading them every micro-batch (a pageable copy) made the
   /// host wait for the device in the middle of each step.
@@ -49,7 +50,7 @@ class LmHeadLoss {
   struct Cache {
     Tensor x_full, logits, targets, row_max, sum_exp;
   };
-  LmHeadLoss(const GptConfig& config, Parameter& word);
+  LmHeadLoss(const ModelSpec& config, Parameter& word);
   /// x [s/sp * b, h] -> per-token loss [s*b] (same on every tp rank).
   Tensor forward(const Tensor& x, const Tensor& targets, LayerContext& ctx,
                  Cache& cache) const;
@@ -59,7 +60,7 @@ class LmHeadLoss {
   Parameter* word;  ///< Not owned (the tied embedding table).
 
  private:
-  GptConfig config_;
+  ModelSpec config_;
 };
 
 }  // namespace meshtron

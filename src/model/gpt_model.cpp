@@ -4,16 +4,18 @@
 
 namespace meshtron {
 
-GptModel::GptModel(const GptConfig& c, const StagePlacement& placement, LayerContext& ctx,
+GptModel::GptModel(const ModelSpec& c, const StagePlacement& placement, LayerContext& ctx,
                    DType dtype, std::uint64_t seed)
     : config_(c), placement_(placement) {
+  require_built(c.tie_word_embeddings, "GptModel", "untie_embeddings_and_output_weights = true");
+  require_built(!c.embedding_norm, "GptModel", "embedding_norm = true");
   if (placement.has_embedding) embedding_.emplace(c, ctx, dtype);
   layers_.reserve(std::size_t(placement.num_layers));
   for (int i = 0; i < placement.num_layers; ++i)
     layers_.emplace_back(placement.first_layer + i, c, ctx, dtype);
   if (placement.has_head) {
-    final_norm_.emplace("final_norm", c.hidden_size, c.layernorm_epsilon, dtype,
-                        ctx.sequence_parallel, ctx.space);
+    final_norm_.emplace("final_norm", c.hidden_size, c.block.norm, dtype, ctx.sequence_parallel,
+                        ctx.space);
     Parameter* word = nullptr;
     if (embedding_) {
       word = &embedding_->word;

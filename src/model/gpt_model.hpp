@@ -1,4 +1,5 @@
-// GptModel: the part of a GPT-2 model one pipeline stage holds.
+// GptModel: the part of a decoder-only model (its ModelSpec) one pipeline
+// stage holds; GPT-2 is what its layers build today.
 //
 //   first stage:  token + position embedding
 //   every stage:  its contiguous block of transformer layers
@@ -38,7 +39,9 @@ class GptModel {
     LmHeadLoss::Cache head;
   };
 
-  GptModel(const GptConfig& config, const StagePlacement& placement, LayerContext& ctx,
+  /// Rejects an untied head and a norm after the embedding; its layers
+  /// reject what they do not build.
+  GptModel(const ModelSpec& config, const StagePlacement& placement, LayerContext& ctx,
            DType dtype, std::uint64_t seed);
 
   /// First stage: `input` is token ids int32 [s*b] in [s, b] order; other
@@ -63,7 +66,7 @@ class GptModel {
 
   /// All parameters of this stage (the tied head weight once).
   ParameterList parameters();
-  const GptConfig& config() const { return config_; }
+  const ModelSpec& config() const { return config_; }
   const StagePlacement& placement() const { return placement_; }
   /// The word-embedding table the head uses (this stage's copy), or null.
   Parameter* head_word_weight() { return head_ ? head_->word : nullptr; }
@@ -72,7 +75,7 @@ class GptModel {
  private:
   void initialise(LayerContext& ctx, std::uint64_t seed);
 
-  GptConfig config_;
+  ModelSpec config_;
   StagePlacement placement_;
   std::optional<Embedding> embedding_;
   std::vector<TransformerLayer> layers_;

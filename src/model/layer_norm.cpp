@@ -19,11 +19,15 @@ Parameter vector_param(const std::string& name, index_t n, DType dtype, double v
 }
 }  // namespace
 
-LayerNorm::LayerNorm(const std::string& name, index_t hidden, double eps, DType dtype,
-                     bool sp, MemorySpace space)
+LayerNorm::LayerNorm(const std::string& name, index_t hidden, const NormSpec& spec,
+                     DType dtype, bool sp, MemorySpace space)
     : weight(vector_param(name + ".weight", hidden, dtype, 1.0, sp, space)),
       bias(vector_param(name + ".bias", hidden, dtype, 0.0, sp, space)),
-      eps_(eps) {}
+      eps_(spec.epsilon) {
+  require_built(spec.kind == NormKind::LayerNorm, "LayerNorm",
+                "normalization = " + to_string(spec.kind));
+  require_built(spec.bias, "LayerNorm", "a norm without bias");
+}
 
 Tensor LayerNorm::forward(const Tensor& x, Cache& cache, bool ones_column) const {
   const index_t n = x.dim(0);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "model/layer_context.hpp"
+#include "model/model_spec.hpp"
 #include "model/parameter.hpp"
 
 namespace meshtron {
@@ -14,8 +15,9 @@ class LayerNorm {
   struct Cache {
     Tensor x, mean, rstd;
   };
-  /// Parameters in `space` (weight 1, bias 0).
-  LayerNorm(const std::string& name, index_t hidden, double eps, DType dtype,
+  /// Parameters in `space` (weight 1, bias 0). Rejects a spec other than
+  /// LayerNorm with a bias (the placement is the block's).
+  LayerNorm(const std::string& name, index_t hidden, const NormSpec& spec, DType dtype,
             bool sequence_parallel, MemorySpace space = MemorySpace::Host);
   /// `ones_column`: y is [rows, H + kOnesColumnWidth], the ones column
   /// after each row (ops::layernorm_forward) for a ColumnParallelLinear that

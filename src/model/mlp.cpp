@@ -7,10 +7,14 @@ namespace meshtron {
 // the even layers' attention and the odd layers' MLP, rank 1 in the others.
 // (The MLP's fused add costs more than the attention's: its GEMM, K = ffn /
 // tp, takes a slower out-of-place algorithm.)
-Mlp::Mlp(const std::string& name, int layer, index_t hidden, index_t ffn,
+Mlp::Mlp(const std::string& name, int layer, index_t hidden, const MlpSpec& spec,
          const LayerContext& ctx, DType dtype)
-    : fc(name + ".fc", hidden, ffn, 1, ctx, dtype),
-      proj(name + ".proj", ffn, hidden, ctx, dtype, /*epilogue_rank=*/layer + 1) {}
+    : fc(name + ".fc", hidden, spec.ffn_hidden_size, 1, ctx, dtype),
+      proj(name + ".proj", spec.ffn_hidden_size, hidden, ctx, dtype, /*epilogue_rank=*/layer + 1) {
+  require_built(spec.activation == Activation::GeluTanh, "Mlp",
+                "activation = " + to_string(spec.activation));
+  require_built(spec.bias, "Mlp", "add_bias_linear = false");
+}
 
 // The GeLU rides in the GEMMs next to it (cuBLASLt epilogues on the device;
 // on the host the same ops run one after the other, as before): fc's

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "model/linear.hpp"
+#include "model/model_spec.hpp"
 
 namespace meshtron {
 
@@ -14,8 +15,9 @@ class Mlp {
     Tensor pre_gelu;
   };
   /// `layer`: the transformer layer's index (it picks proj's epilogue rank).
-  Mlp(const std::string& name, int layer, index_t hidden, index_t ffn, const LayerContext& ctx,
-      DType dtype);
+  /// Rejects a spec other than the tanh GeLU with biases.
+  Mlp(const std::string& name, int layer, index_t hidden, const MlpSpec& spec,
+      const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// residual + forward(x), the add riding in proj's GEMM where it can
   /// (RowParallelLinear::forward_residual); the backward is backward().

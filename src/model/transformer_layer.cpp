@@ -2,19 +2,22 @@
 
 namespace meshtron {
 
-TransformerLayer::TransformerLayer(int index, const GptConfig& c, const LayerContext& ctx,
+TransformerLayer::TransformerLayer(int index, const ModelSpec& c, const LayerContext& ctx,
                                    DType dtype)
-    : ln_1("layers." + std::to_string(index) + ".ln_1", c.hidden_size, c.layernorm_epsilon,
-           dtype, ctx.sequence_parallel, ctx.space),
+    : ln_1("layers." + std::to_string(index) + ".ln_1", c.hidden_size, c.block.norm, dtype,
+           ctx.sequence_parallel, ctx.space),
       attention("layers." + std::to_string(index) + ".attention", index, c.hidden_size,
-                c.num_heads, c.attention_dropout, ctx, dtype,
-                attention_backend_from_string(c.attention_backend)),
-      ln_2("layers." + std::to_string(index) + ".ln_2", c.hidden_size, c.layernorm_epsilon,
-           dtype, ctx.sequence_parallel, ctx.space),
-      mlp("layers." + std::to_string(index) + ".mlp", index, c.hidden_size, c.ffn_hidden_size,
-          ctx, dtype),
+                c.block.attention, c.attention_dropout, ctx, dtype),
+      ln_2("layers." + std::to_string(index) + ".ln_2", c.hidden_size, c.block.norm, dtype,
+           ctx.sequence_parallel, ctx.space),
+      mlp("layers." + std::to_string(index) + ".mlp", index, c.hidden_size, c.block.mlp, ctx,
+          dtype),
       index_(index),
-      hidden_dropout_(c.hidden_dropout) {}
+      hidden_dropout_(c.hidden_dropout) {
+  require_built(c.block.norm.placement == NormPlacement::Pre, "TransformerLayer",
+                "norm placement " + to_string(c.block.norm.placement));
+  require_built(!c.parallel_residual, "TransformerLayer", "parallel_residual = true");
+}
 
 void TransformerLayer::collect(ParameterList& out) {
   ln_1.collect(out);

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "model/attention.hpp"
-#include "model/gpt_config.hpp"
+#include "model/model_spec.hpp"
 #include "model/layer_norm.hpp"
 #include "model/mlp.hpp"
 
@@ -22,7 +22,9 @@ class TransformerLayer {
     bool checkpointed = false;
   };
   /// `index` is the global layer number (names, dropout streams, init).
-  TransformerLayer(int index, const GptConfig& config, const LayerContext& ctx, DType dtype);
+  /// Rejects post-norm and parallel residual blocks (and, through its parts,
+  /// what they reject).
+  TransformerLayer(int index, const ModelSpec& config, const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// Full recompute: the same output as forward(), keeping only x in `cache`.
   Tensor forward_checkpointed(const Tensor& x, LayerContext& ctx, Cache& cache) const;

@@ -9,20 +9,30 @@
 
 namespace meshtron {
 
-/// Forward FLOPs per token / 2 of one transformer layer: 4h^2 (qkv, proj),
-/// 2hf (the MLP), 2sh (scores and their product with v).
-static double layer_flops_half(const GptConfig& c) {
-  const double h = c.hidden_size, f = c.ffn_hidden_size, s = c.seq_length;
-  return 4 * h * h + 2 * h * f + 2 * s * h;
+/// Forward FLOPs per token / 2 (multiply-adds) of one transformer layer:
+///   qkv and proj  h (n + 2g) d + n d h   (n heads, g kv groups, head dim d)
+///   the core      2 s n d                (scores and their product with v)
+///   the MLP       2 h f, or 3 h f gated  (gate, value and output matrices)
+/// For GPT-2 (g = n, n d = h): 4h^2 + 2hf + 2sh, Megatron-LM's count. Norms,
+/// biases and activations are left out, as there.
+static double layer_flops_half(const ModelSpec& c) {
+  const auto& a = c.block.attention;
+  const double h = c.hidden_size, f = c.ffn_hidden_size(), s = c.seq_length;
+  const double n = a.num_heads, g = a.num_query_groups, d = a.head_dim;
+  const double mlp_matrices = is_gated(c.block.mlp.activation) ? 3 : 2;
+  return h * (n + 2 * g) * d + n * d * h + 2 * s * n * d + mlp_matrices * h * f;
 }
 
-double model_flops_per_token(const GptConfig& c) {
+/// The layers plus the LM head's logits GEMM (hV per token, tied to the word
+/// embedding or not: tying shares the table, not the work), x 3 for the
+/// backward's two GEMMs per forward one, x 2 FLOPs per multiply-add.
+double model_flops_per_token(const ModelSpec& c) {
   const double forward =
       c.num_layers * layer_flops_half(c) + double(c.hidden_size) * c.padded_vocab_size;
   return 3.0 * 2.0 * forward;
 }
 
-double head_cost_in_layers(const GptConfig& c) {
+double head_cost_in_layers(const ModelSpec& c) {
   return double(c.hidden_size) * c.padded_vocab_size / layer_flops_half(c);
 }
 

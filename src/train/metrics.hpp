@@ -11,16 +11,18 @@
 #include <cstdio>
 #include <string>
 
-#include "model/gpt_config.hpp"
+#include "model/model_spec.hpp"
 
 namespace meshtron {
 
-double model_flops_per_token(const GptConfig& c);
+/// Training FLOPs per token of the model `c` (forward and backward of the
+/// GEMMs, Megatron-LM's count; src/train/metrics.cpp lists the terms).
+double model_flops_per_token(const ModelSpec& c);
 /// The LM head's FLOPs (the logits GEMM, forward and backward: hV of F's
 /// bracket) in units of one transformer layer's: GPT-2 774M 2.89, 124M 3.97.
 /// What the last pipeline stage runs on top of its layers
 /// (parallel.pipeline_layers = balanced).
-double head_cost_in_layers(const GptConfig& c);
+double head_cost_in_layers(const ModelSpec& c);
 /// Peak resident memory of this process in MiB (getrusage).
 double peak_rss_mib();
 

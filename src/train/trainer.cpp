@@ -131,9 +131,9 @@ struct Trainer::GraphedMicroBatch {
 
 Trainer::~Trainer() = default;
 
-Trainer::Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype,
+Trainer::Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& rt, DType dtype,
                  const LossScalerConfig& scaler)
-    : run_(run), model_config_(model), rt_(rt), base_ctx_{rt.tp_group} {
+    : run_(run), model_spec_(model), rt_(rt), base_ctx_{rt.tp_group} {
   if (dtype == DType::F16) scaler_.emplace(scaler);
   base_ctx_.sequence_parallel = run.parallel.sequence_parallel;
   base_ctx_.keep_gathered_input = run.parallel.sequence_parallel_keep_gathered;
@@ -273,7 +273,7 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
     const int g = global_chunk(t.chunk);
     const MicroBatch& mb = batch[std::size_t(t.micro_batch)];
     LayerContext ctx = context_for(mb, step, training);
-    const Shape hidden{ctx.local_tokens(), model_config_.hidden_size};
+    const Shape hidden{ctx.local_tokens(), model_spec_.hidden_size};
     GptModel::Cache& cache = caches[{t.micro_batch, t.chunk}];
     if (t.kind == PipelineTask::Forward) {
       Tensor input = mb.ids;

@@ -43,7 +43,7 @@ struct StepReport {
 class Trainer {
  public:
   /// `dtype` F16 adds a dynamic loss scaler (`scaler`'s settings).
-  Trainer(const RunConfig& run, const GptConfig& model, ParallelRuntime& rt, DType dtype,
+  Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& rt, DType dtype,
           const LossScalerConfig& scaler = {});
   ~Trainer();
 
@@ -109,7 +109,7 @@ class Trainer {
   std::vector<Tensor> forward_only(const std::vector<MicroBatch>& batch);
 
   const RunConfig& run_;
-  GptConfig model_config_;
+  ModelSpec model_spec_;
   ParallelRuntime& rt_;
   LayerContext base_ctx_;
   int virtual_stages_ = 1;

@@ -14,8 +14,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include "io/hf_config.hpp"
-#include "io/hf_gpt2.hpp"
+#include "io/hf/gpt2_config.hpp"
+#include "io/hf/gpt2.hpp"
 #include "io/safetensors.hpp"
 #include "model/gpt_model.hpp"
 #include "tensor/device_allocator.hpp"
@@ -59,7 +59,7 @@ class Gpt2Golden : public ::testing::TestWithParam<MemorySpace> {
       GTEST_SKIP() << "golden files absent: run validation/make_gpt2_golden.py";
     golden = std::make_unique<io::SafetensorsFile>(kDir + "/golden.safetensors");
     const auto hf = io::read_hf_gpt2_config(kDir);
-    config = GptConfig::from_hf(hf, kSeq, /*divisible_by=*/128, /*tp=*/1);
+    config = io::model_spec_from_hf(hf, kSeq, /*divisible_by=*/128, /*tp=*/1);
     ctx.seq_length = kSeq;
     ctx.micro_batch = kBatch;
     ctx.global_batch = kBatch;
@@ -90,7 +90,7 @@ class Gpt2Golden : public ::testing::TestWithParam<MemorySpace> {
   MpiCommunicator self{MPI_COMM_SELF};
   TensorParallelGroup tp{self};
   LayerContext ctx{tp};
-  GptConfig config;
+  ModelSpec config;
   std::unique_ptr<GptModel> model;
   std::unique_ptr<io::SafetensorsFile> golden;
 };

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "app/commands.hpp"
-#include "io/hf_config.hpp"
+#include "io/hf/gpt2_config.hpp"
 #include "io/safetensors.hpp"
 
 namespace meshtron {

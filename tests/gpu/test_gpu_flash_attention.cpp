@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "model/gpt_config.hpp"
+#include "config/model_spec_from_deck.hpp"
 #include "ops/head_layout.hpp"
 #include "ops/ops.hpp"
 #include "ops/ops_cuda.hpp"
@@ -307,7 +307,7 @@ ModelRun train_gpt(const std::string& backend, const std::string& precision, DTy
                    const std::vector<std::string>& extra = {}) {
   const RunConfig config = tiny_gpt_deck(backend, precision, steps, attention_dropout, extra);
   ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), MemorySpace::Cuda);
-  const GptConfig model = GptConfig::from_run(config, 100, 1);
+  const ModelSpec model = model_spec_from_deck(config, 100, 1);
   device::synchronize();
   device::reset_peak();
   ModelRun run;
@@ -489,7 +489,7 @@ struct NamedGradients {
 };
 NamedGradients gpt_gradients(const std::string& backend, double p, std::uint32_t step) {
   const RunConfig run = tiny_gpt_deck(backend, "bf16", 1, p);
-  const GptConfig config = GptConfig::from_run(run, 100, 1);
+  const ModelSpec config = model_spec_from_deck(run, 100, 1);
   MpiCommunicator self(MPI_COMM_SELF);
   TensorParallelGroup tp{self};
   LayerContext ctx{tp};

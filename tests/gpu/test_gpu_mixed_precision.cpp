@@ -46,8 +46,9 @@
 #include <map>
 #include <memory>
 
-#include "io/hf_config.hpp"
-#include "io/hf_gpt2.hpp"
+#include "config/model_spec_from_deck.hpp"
+#include "io/hf/gpt2_config.hpp"
+#include "io/hf/gpt2.hpp"
 #include "io/safetensors.hpp"
 #include "model/gpt_model.hpp"
 #include "parallel/decomposition.hpp"
@@ -84,8 +85,8 @@ void check_golden_in(DType dtype, bool logits_in_compute_dtype = false) {
   ctx.global_batch = kBatch;
   ctx.space = MemorySpace::Cuda;
   ctx.logits_in_compute_dtype = logits_in_compute_dtype;
-  const GptConfig config =
-      GptConfig::from_hf(io::read_hf_gpt2_config(kGolden), kSeq, /*divisible_by=*/128, 1);
+  const ModelSpec config =
+      io::model_spec_from_hf(io::read_hf_gpt2_config(kGolden), kSeq, /*divisible_by=*/128, 1);
   GptModel model(config, StagePlacement::whole_model(config.num_layers), ctx, dtype, 1);
   io::import_hf_gpt2(kGolden, model.parameters(), 0, 1);
 
@@ -142,7 +143,7 @@ TEST(GpuBf16, BackwardReportsEveryGradientOnceItIsFinal) {
   MpiCommunicator self(MPI_COMM_SELF);
   TensorParallelGroup tp{self};
   LayerContext ctx{tp};
-  GptConfig config;
+  ModelSpec config;
   config.num_layers = 3;
   config.seq_length = config.max_positions = 64;
   ctx.seq_length = config.seq_length;
@@ -352,7 +353,7 @@ TEST(GpuBf16, NanLossIsSkippedByTheUpdateKernel) {
                       "training.check_for_nan=true"};
   const RunConfig config = testing::tiny_config(layout, 1, MemorySpace::Cuda);
   ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), MemorySpace::Cuda);
-  const GptConfig model = GptConfig::from_run(config, 100, 1);
+  const ModelSpec model = model_spec_from_deck(config, 100, 1);
   Trainer trainer(config, model, rt, DType::BF16);
   const DataLayout data{model.seq_length, config.training.micro_batch_size,
                         config.training.global_batch_size, 0, 1, 3, 1, config.run.seed};
@@ -502,7 +503,7 @@ ResumeRun resume_run(DType dtype, const std::string& precision, bool distributed
                       "training.train_iters=" + std::to_string(steps)};
   RunConfig config = testing::tiny_config(layout, 1);
   ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), MemorySpace::Cuda);
-  const GptConfig model = GptConfig::from_run(config, 100, 1);
+  const ModelSpec model = model_spec_from_deck(config, 100, 1);
   DataLayout data{model.seq_length, config.training.micro_batch_size,
                   config.training.global_batch_size, 0, 1, steps, 1, config.run.seed};
   auto source = make_synthetic_data(data, 100);

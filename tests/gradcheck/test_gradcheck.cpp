@@ -41,6 +41,8 @@ constexpr double kTolerance = 1e-6;  ///< on the per-tensor metric above
 constexpr index_t kSeq = 6, kBatch = 2, kTokens = kSeq * kBatch;
 constexpr index_t kHidden = 16, kFfn = 64;
 constexpr int kHeads = 2, kVocab = 50;
+const AttentionSpec kAttention = AttentionSpec::multi_head(int(kHidden), kHeads);
+const MlpSpec kMlp{.ffn_hidden_size = int(kFfn)};
 
 double dot(const Tensor& a, const Tensor& b) {
   const double* pa = a.data<double>();
@@ -168,12 +170,12 @@ class GradCheck : public ::testing::Test {
     return ids;
   }
 
-  GptConfig small_config(double dropout) const {
-    GptConfig c;
+  ModelSpec small_config(double dropout) const {
+    ModelSpec c;
     c.num_layers = 2;
     c.hidden_size = int(kHidden);
-    c.num_heads = kHeads;
-    c.ffn_hidden_size = int(kFfn);
+    c.block.attention = AttentionSpec::multi_head(c.hidden_size, kHeads);
+    c.block.mlp.ffn_hidden_size = int(kFfn);
     c.seq_length = int(kSeq);
     c.max_positions = int(kSeq);
     c.vocab_size = kVocab;
@@ -215,7 +217,7 @@ class GradCheck : public ::testing::Test {
 };
 
 TEST_F(GradCheck, LayerNorm) {
-  LayerNorm norm("ln_1", kHidden, 1e-5, DType::F64, false);
+  LayerNorm norm("ln_1", kHidden, NormSpec{}, DType::F64, false);
   Tensor x = random({kTokens, kHidden}, 0.5, 2.0);
   Subject s;
   s.input = x;
@@ -248,14 +250,14 @@ TEST_F(GradCheck, RowParallelLinear) {
 }
 
 TEST_F(GradCheck, Attention) {
-  Attention attention("attention", 0, kHidden, kHeads, 0.0, ctx, DType::F64);
+  Attention attention("attention", 0, kHidden, kAttention, 0.0, ctx, DType::F64);
   Subject s = layer_subject(attention, ctx, random({kTokens, kHidden}));
   randomize(s.params);
   expect_gradients_match("Attention", s, random({kTokens, kHidden}));
 }
 
 TEST_F(GradCheck, AttentionWithDropout) {
-  Attention attention("attention", 0, kHidden, kHeads, 0.3, ctx, DType::F64);
+  Attention attention("attention", 0, kHidden, kAttention, 0.3, ctx, DType::F64);
   Subject s = layer_subject(attention, ctx, random({kTokens, kHidden}));
   randomize(s.params);
   expect_dropout_active(s);
@@ -263,7 +265,7 @@ TEST_F(GradCheck, AttentionWithDropout) {
 }
 
 TEST_F(GradCheck, Mlp) {
-  Mlp mlp("mlp", /*layer=*/0, kHidden, kFfn, ctx, DType::F64);
+  Mlp mlp("mlp", /*layer=*/0, kHidden, kMlp, ctx, DType::F64);
   Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
   randomize(s.params);
   expect_gradients_match("Mlp", s, random({kTokens, kHidden}));
@@ -278,7 +280,7 @@ TEST_F(GradCheck, TransformerLayerWithDropout) {
 }
 
 TEST_F(GradCheck, EmbeddingWeights) {
-  GptConfig config = small_config(0.2);
+  ModelSpec config = small_config(0.2);
   config.max_positions = int(kSeq) + 2;  // two position rows no token uses
   Embedding embedding(config, ctx, DType::F64);
   const Tensor ids = random_ids(kVocab);
@@ -300,7 +302,7 @@ TEST_F(GradCheck, EmbeddingWeights) {
 }
 
 TEST_F(GradCheck, InitLeavesPaddedVocabularyRowsAtZero) {
-  const GptConfig config = small_config(0.0);
+  const ModelSpec config = small_config(0.0);
   Parameter word = make_word_embedding(config, ctx, DType::F64);
   ASSERT_EQ(word.padded_rows, 14);
   init_normal(word, 99, 0.02, 0, 1);
@@ -314,7 +316,7 @@ TEST_F(GradCheck, InitLeavesPaddedVocabularyRowsAtZero) {
 }
 
 TEST_F(GradCheck, LmHeadLoss) {
-  const GptConfig config = small_config(0.0);
+  const ModelSpec config = small_config(0.0);
   Parameter word = make_word_embedding(config, ctx, DType::F64);
   ASSERT_EQ(word.padded_rows, 14);
   LmHeadLoss head(config, word);
@@ -389,7 +391,7 @@ TEST_F(GptModelGradCheck, BackwardAccumulatesIntoGrad) {
 /// gradients in three ways a buggy backward would: a small error in one
 /// element, dx off by a relative 1e-5, and a dropped term (bias gradient).
 TEST_F(GradCheck, RejectsWrongGradients) {
-  Mlp mlp("mlp", /*layer=*/0, kHidden, kFfn, ctx, DType::F64);
+  Mlp mlp("mlp", /*layer=*/0, kHidden, kMlp, ctx, DType::F64);
   Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
   randomize(s.params);
   const Tensor w = random({kTokens, kHidden});
@@ -424,7 +426,7 @@ TEST_F(GradCheck, RejectsWrongGradients) {
 /// whose backward recomputes its dropout mask for another step than the
 /// forward used (a mask mismatch, the classic dropout bug).
 TEST_F(GradCheck, RejectsDropoutMaskMismatch) {
-  Attention attention("attention", 0, kHidden, kHeads, 0.3, ctx, DType::F64);
+  Attention attention("attention", 0, kHidden, kAttention, 0.3, ctx, DType::F64);
   Subject s = layer_subject(attention, ctx, random({kTokens, kHidden}));
   randomize(s.params);
   const Tensor x = s.input;

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "io/hf_config.hpp"
+#include "io/hf/gpt2_config.hpp"
 #include "io/safetensors.hpp"
 
 namespace fs = std::filesystem;

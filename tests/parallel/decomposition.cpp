@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model/gpt_config.hpp"
+#include "config/model_spec_from_deck.hpp"
 
 namespace meshtron::testing {
 
@@ -94,7 +94,7 @@ std::vector<std::pair<std::string, Shape>> all_parameters(const RunConfig& confi
   MpiCommunicator self(MPI_COMM_SELF);
   TensorParallelGroup tp{self};
   LayerContext ctx{tp};
-  const GptConfig model = GptConfig::from_run(config, 100, 1);
+  const ModelSpec model = model_spec_from_deck(config, 100, 1);
   GptModel full(model, StagePlacement::whole_model(model.num_layers), ctx, DType::F32, 0);
   std::vector<std::pair<std::string, Shape>> out;
   for (Parameter* p : full.parameters()) out.push_back({p->name, p->global_shape});
@@ -109,7 +109,7 @@ RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int ste
   MPI_Comm_size(comm, &world);
   RunConfig config = tiny_config(layout, world, space);
   ParallelRuntime rt(comm, config.parallel.degrees(), space);
-  const GptConfig model = GptConfig::from_run(config, 100, rt.topo.tp());
+  const ModelSpec model = model_spec_from_deck(config, 100, rt.topo.tp());
   Trainer trainer(config, model, rt, dtype);
   DataLayout data{model.seq_length, config.training.micro_batch_size,
                   config.training.global_batch_size, rt.topo.dp_rank(), rt.topo.dp(),
@@ -157,7 +157,7 @@ MemorisedRun memorise(const std::vector<std::string>& overrides, DType dtype, in
   RunConfig config = tiny_config(layout, 1);
   const MemorySpace space = config.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host;
   ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), space);
-  const GptConfig model = GptConfig::from_run(config, 100, 1);
+  const ModelSpec model = model_spec_from_deck(config, 100, 1);
   Trainer trainer(config, model, rt, dtype, scaler);
   DataLayout data{model.seq_length, config.training.micro_batch_size,
                   config.training.global_batch_size, 0, 1, steps, 1, config.run.seed};

@@ -20,7 +20,7 @@
 #include <cmath>
 
 #include "decomposition_expect.hpp"
-#include "model/gpt_config.hpp"
+#include "config/model_spec_from_deck.hpp"
 #include "train/metrics.hpp"
 
 namespace meshtron::testing {
@@ -124,7 +124,7 @@ TEST(Decomposition, BalancedPipelineSplitsMatchSingleRankRun) {
     balanced.overrides = vocab;
     balanced.overrides.push_back("parallel.pipeline_layers=balanced");
     const RunConfig config = tiny_config(balanced, world);
-    const GptConfig model = GptConfig::from_run(config, 1000, 1);
+    const ModelSpec model = model_spec_from_deck(config, 1000, 1);
     EXPECT_EQ(config.parallel.chunk_layers(model.num_layers, head_cost_in_layers(model)), want);
     expect_same_run(train_layout(MPI_COMM_WORLD, balanced, DType::F64), one_rank, 1e-10, 1e-10);
   }

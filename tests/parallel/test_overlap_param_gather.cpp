@@ -27,7 +27,7 @@
 #include "common/mpi_test_util.hpp"
 #include "decomposition_expect.hpp"
 #include "io/checkpoint.hpp"
-#include "model/gpt_config.hpp"
+#include "config/model_spec_from_deck.hpp"
 #include "train/data_source.hpp"
 #include "train/optimizer.hpp"
 #include "train/trainer_checkpoint.hpp"
@@ -88,14 +88,14 @@ TEST_P(OverlapParamGather, BitwiseEqualToTheBlockingAllGather) {
 struct SteppedRun {
   RunConfig config;
   std::unique_ptr<ParallelRuntime> rt;
-  GptConfig model;
+  ModelSpec model;
   std::unique_ptr<DataSource> data;
   std::unique_ptr<Trainer> trainer;
 
   explicit SteppedRun(const Layout& layout) : config(tiny_config(layout, world_size())) {
     rt = std::make_unique<ParallelRuntime>(MPI_COMM_WORLD, config.parallel.degrees(),
                                            MemorySpace::Host);
-    model = GptConfig::from_run(config, 100, rt->topo.tp());
+    model = model_spec_from_deck(config, 100, rt->topo.tp());
     DataLayout d{model.seq_length, config.training.micro_batch_size,
                  config.training.global_batch_size, rt->topo.dp_rank(), rt->topo.dp(),
                  config.training.train_iters, 1, config.run.seed};

@@ -6,6 +6,7 @@
 #include "common/mpi_test_util.hpp"
 #include <mpi.h>
 
+#include "config/model_spec_from_deck.hpp"
 #include "decomposition.hpp"
 #include "model/transformer_layer.hpp"
 
@@ -49,10 +50,10 @@ LayerRun run_layer(int tp, bool sp, bool keep_gathered = false) {
     ctx.seq_length = 16;
     ctx.micro_batch = 2;
     ctx.global_batch = 2;
-    GptConfig c;
+    ModelSpec c;
     c.hidden_size = 32;
-    c.num_heads = 4;
-    c.ffn_hidden_size = 128;
+    c.block.attention = AttentionSpec::multi_head(32, 4);
+    c.block.mlp.ffn_hidden_size = 128;
     TransformerLayer layer(0, c, ctx, DType::F32);
     Tensor x = Tensor::empty({ctx.local_tokens(), 32});
     for (index_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(i % 7) * 0.1f;
@@ -153,9 +154,9 @@ TEST(PipelineSchedule, OneFOneBBoundsInFlightAndInterleavedMakesMoreSmallerStage
     Layout one{1, 4, 1, "1f1b"};
     const RunConfig c1 = tiny_config(one, 4);
     ParallelRuntime rt(MPI_COMM_WORLD, c1.parallel.degrees());
-    Trainer t1(c1, GptConfig::from_run(c1, 100, 1), rt, DType::F32);
+    Trainer t1(c1, model_spec_from_deck(c1, 100, 1), rt, DType::F32);
     const RunConfig c2 = tiny_config({1, 4, 1, "interleaved"}, 4);
-    Trainer t2(c2, GptConfig::from_run(c2, 100, 1), rt, DType::F32);
+    Trainer t2(c2, model_spec_from_deck(c2, 100, 1), rt, DType::F32);
     EXPECT_EQ(t1.chunks().size(), 1u);
     EXPECT_EQ(t2.chunks().size(), 2u);
     EXPECT_EQ(t1.layers_per_chunk(), 2);

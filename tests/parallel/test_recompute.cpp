@@ -98,10 +98,10 @@ std::size_t layer_cache_bytes(Recompute mode) {
   ctx.micro_batch = 2;
   ctx.global_batch = 2;
   ctx.recompute = mode;
-  GptConfig c;
+  ModelSpec c;
   c.hidden_size = 32;
-  c.num_heads = 4;
-  c.ffn_hidden_size = 128;
+  c.block.attention = AttentionSpec::multi_head(32, 4);
+  c.block.mlp.ffn_hidden_size = 128;
   c.attention_dropout = 0.1;
   c.hidden_dropout = 0.1;
   TransformerLayer layer(0, c, ctx, DType::F32);

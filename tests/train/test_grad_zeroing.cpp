@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "config/model_spec_from_deck.hpp"
 #include "train/tiny_train_config.hpp"
 #include "train/trainer.hpp"
 
@@ -19,8 +20,8 @@ TEST_P(GradZeroingTest, DeferredZeroingTrainsBitForBitAsTheMemset) {
   const int micro_batches = GetParam();
   const RunConfig c = testing::tiny_train_config(2 * micro_batches);
   ParallelRuntime rt(MPI_COMM_SELF, c.parallel.degrees());
-  Trainer deferred(c, GptConfig::from_run(c, 50, 1), rt, DType::F32);
-  Trainer memset(c, GptConfig::from_run(c, 50, 1), rt, DType::F32);
+  Trainer deferred(c, model_spec_from_deck(c, 50, 1), rt, DType::F32);
+  Trainer memset(c, model_spec_from_deck(c, 50, 1), rt, DType::F32);
   ASSERT_EQ(deferred.optimizer().grad_zeroing(), GradZeroing::Deferred) << "the trainer's default";
   memset.optimizer().set_grad_zeroing(GradZeroing::Memset);
   DataLayout layout{8, 2, 2 * micro_batches, 0, 1, 10, 1, 1};

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "config/model_spec_from_deck.hpp"
 #include "train/tiny_train_config.hpp"
 #include "train/trainer.hpp"
 
@@ -14,7 +15,7 @@ namespace {
 TEST(NanGuard, NonFiniteLossSkipsTheStepAndTrainingContinues) {
   const RunConfig c = testing::tiny_train_config();
   ParallelRuntime rt(MPI_COMM_SELF, c.parallel.degrees());
-  Trainer trainer(c, GptConfig::from_run(c, 50, 1), rt, DType::F32);
+  Trainer trainer(c, model_spec_from_deck(c, 50, 1), rt, DType::F32);
   DataLayout layout{8, 2, 4, 0, 1, 10, 1, 1};
   auto data = make_synthetic_data(layout, 50);
 

@@ -1,4 +1,4 @@
-#include "io/hf_gpt2.hpp"
+#include "io/hf/gpt2.hpp"
 
 #include <regex>
 

@@ -1,4 +1,5 @@
-// Hugging Face GPT-2 config.json, read into a plain struct and written back.
+// Hugging Face GPT-2 config.json, read into a plain struct and written back,
+// and its mapping to and from a ModelSpec.
 //
 // Only the keys that fix the architecture and its initialisation are kept;
 // a missing key takes transformers' GPT2Config default (listed below), and
@@ -7,6 +8,7 @@
 
 #include <string>
 
+#include "model/model_spec.hpp"
 #include "tensor/types.hpp"
 
 namespace meshtron::io {
@@ -36,5 +38,14 @@ HfGpt2Config read_hf_gpt2_config(const std::string& path);
 /// Write `config` as a config.json that transformers' GPT2LMHeadModel
 /// loads (architectures, model_type and every field above).
 void write_hf_gpt2_config(const std::string& path, const HfGpt2Config& config);
+
+/// The spec of `hf` for sequences of `seq_length`, the vocabulary padded to
+/// a multiple of divisible_by x tp. An activation_function with no
+/// meshtron name is a UserError; one that meshtron names but does not build
+/// is left for the layers to reject.
+ModelSpec model_spec_from_hf(const HfGpt2Config& hf, int seq_length, int divisible_by, int tp);
+/// The config.json of `spec`; a UserError names the first part of it that
+/// GPT-2's config cannot state.
+HfGpt2Config hf_gpt2_config_from_spec(const ModelSpec& spec);
 
 }  // namespace meshtron::io

@@ -1,4 +1,4 @@
-#include "io/hf_config.hpp"
+#include "io/hf/gpt2_config.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -68,6 +68,15 @@ class Fields {
   std::string file_;
 };
 
+/// transformers' ACT2FN names of the activations meshtron names.
+Activation activation_of(const std::string& hf_name) {
+  if (hf_name == "gelu_new" || hf_name == "gelu_pytorch_tanh") return Activation::GeluTanh;
+  if (hf_name == "gelu") return Activation::Gelu;
+  if (hf_name == "relu") return Activation::Relu;
+  throw UserError("Hugging Face config: activation_function '" + hf_name +
+                  "' is not one of gelu_new | gelu_pytorch_tanh | gelu | relu");
+}
+
 }  // namespace
 
 HfGpt2Config read_hf_gpt2_config(const std::string& path) {
@@ -117,6 +126,54 @@ void write_hf_gpt2_config(const std::string& path, const HfGpt2Config& c) {
   out << j.dump(2) << '\n';
   out.close();
   MESH_REQUIRE(out, "writing Hugging Face config '" << path << "' failed");
+}
+
+ModelSpec model_spec_from_hf(const HfGpt2Config& hf, int seq_length, int divisible_by, int tp) {
+  ModelSpec c;
+  c.num_layers = int(hf.n_layer);
+  c.hidden_size = int(hf.n_embd);
+  c.seq_length = seq_length;
+  c.max_positions = int(hf.n_positions);
+  c.vocab_size = int(hf.vocab_size);
+  c.padded_vocab_size = padded_vocab_size(c.vocab_size, divisible_by, tp);
+  c.tie_word_embeddings = hf.tie_word_embeddings;
+  c.init_std = hf.initializer_range;
+  c.block.norm.epsilon = hf.layer_norm_epsilon;
+  c.block.attention = AttentionSpec::multi_head(c.hidden_size, int(hf.n_head));
+  c.block.mlp.ffn_hidden_size = int(hf.mlp_width());
+  c.block.mlp.activation = activation_of(hf.activation_function);
+  return c;
+}
+
+HfGpt2Config hf_gpt2_config_from_spec(const ModelSpec& c) {
+  // What GPT2LMHeadModel fixes and its config.json does not state.
+  const ModelSpec gpt2;
+  const auto& a = c.block.attention;
+  const std::pair<bool, const char*> fixed[] = {
+      {c.block.norm.kind == gpt2.block.norm.kind && c.block.norm.bias &&
+           c.block.norm.placement == gpt2.block.norm.placement,
+       "its norms (pre-LayerNorm with bias)"},
+      {a.num_query_groups == a.num_heads && a.context_width() == c.hidden_size,
+       "multi-head attention over the hidden size"},
+      {a.mask == gpt2.block.attention.mask && a.position == gpt2.block.attention.position,
+       "causal attention with learned absolute positions"},
+      {a.bias && c.block.mlp.bias, "biases on every linear layer"},
+      {c.block.mlp.activation == Activation::GeluTanh, "the tanh GeLU"},
+      {!c.parallel_residual && !c.embedding_norm, "sequential residuals, no embedding norm"},
+  };
+  for (const auto& [ok, what] : fixed)
+    MESH_REQUIRE(ok, "Hugging Face GPT-2 config: the model differs from GPT-2 in " << what);
+  HfGpt2Config hf;
+  hf.vocab_size = c.vocab_size;
+  hf.n_positions = c.max_positions;
+  hf.n_embd = c.hidden_size;
+  hf.n_layer = c.num_layers;
+  hf.n_head = a.num_heads;
+  hf.n_inner = c.block.mlp.ffn_hidden_size;
+  hf.layer_norm_epsilon = c.block.norm.epsilon;
+  hf.tie_word_embeddings = c.tie_word_embeddings;
+  hf.initializer_range = c.init_std;
+  return hf;
 }
 
 }  // namespace meshtron::io

@@ -1,0 +1,180 @@
+// ModelSpec: GPT-2 by default from the deck and from Hugging Face, the
+// architecture keys into the spec and back, every value the layers do not
+// build rejected at construction in one line, and the FLOP count of
+// grouped-query attention and a gated MLP.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "common/error.hpp"
+#include "config/model_spec_from_deck.hpp"
+#include "io/hf/gpt2_config.hpp"
+#include "model/gpt_model.hpp"
+#include "parallel/communicator.hpp"
+#include "train/metrics.hpp"
+
+using namespace meshtron;
+
+namespace {
+
+/// `fn` throws a UserError of one line containing each of `needles`.
+void expect_user_error(const std::function<void()>& fn, std::initializer_list<const char*> needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "no UserError";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    for (const char* needle : needles) EXPECT_NE(what.find(needle), std::string::npos) << what;
+  }
+}
+
+ModelSpec spec_of_deck(const std::string& model_keys, int tp = 1) {
+  RunConfig c = RunConfig::from_text("[model]\nnum_layers = 2\nhidden_size = 64\n"
+                                     "num_attention_heads = 8\n" + model_keys,
+                                     {"parallel.tensor_parallel=" + std::to_string(tp)});
+  c.validate(tp);
+  return model_spec_from_deck(c, 100, tp);
+}
+
+/// Builds the whole model of `spec` on one rank.
+void build(const ModelSpec& spec) {
+  MpiCommunicator self(MPI_COMM_SELF);
+  TensorParallelGroup tp{self};
+  LayerContext ctx{tp};
+  GptModel model(spec, StagePlacement::whole_model(spec.num_layers), ctx, DType::F32, 1);
+}
+
+}  // namespace
+
+TEST(ModelSpec, NamesRoundTripAndUnknownNamesListTheKnownOnes) {
+  for (Activation a : {Activation::Gelu, Activation::GeluTanh, Activation::Relu,
+                       Activation::Swiglu, Activation::Geglu})
+    EXPECT_EQ(parse_activation(to_string(a), "x"), a);
+  for (PositionEmbedding p : {PositionEmbedding::LearnedAbsolute, PositionEmbedding::Rope,
+                              PositionEmbedding::Alibi, PositionEmbedding::None})
+    EXPECT_EQ(parse_position_embedding(to_string(p), "x"), p);
+  EXPECT_EQ(parse_norm_kind("RMSNorm", "x"), NormKind::RMSNorm);
+  EXPECT_EQ(parse_attention_mask("padding", "x"), AttentionMask::Padding);
+  EXPECT_EQ(parse_norm_placement("post", "x"), NormPlacement::Post);
+  expect_user_error([] { parse_norm_kind("rmsnorm", "model.normalization"); },
+                    {"model.normalization = 'rmsnorm'", "LayerNorm | RMSNorm"});
+}
+
+TEST(ModelSpec, DeckDefaultsAreGpt2) {
+  const ModelSpec s = spec_of_deck("");
+  const ModelSpec gpt2;
+  EXPECT_EQ(s.block.norm.kind, NormKind::LayerNorm);
+  EXPECT_EQ(s.block.norm.placement, NormPlacement::Pre);
+  EXPECT_EQ(s.block.attention.num_query_groups, 8);
+  EXPECT_EQ(s.block.attention.head_dim, 8);
+  EXPECT_EQ(s.block.attention.position, PositionEmbedding::LearnedAbsolute);
+  EXPECT_EQ(s.block.attention.mask, AttentionMask::Causal);
+  EXPECT_EQ(s.block.mlp.activation, Activation::GeluTanh);
+  EXPECT_EQ(s.block.mlp.ffn_hidden_size, 256);
+  EXPECT_TRUE(s.block.attention.bias && s.block.mlp.bias && s.tie_word_embeddings);
+  EXPECT_FALSE(s.parallel_residual || s.embedding_norm);
+  EXPECT_EQ(s.block.mlp.activation, gpt2.block.mlp.activation);
+}
+
+TEST(ModelSpec, HuggingFaceGpt2IsTheDefaultSpec) {
+  io::HfGpt2Config hf;
+  const ModelSpec s = io::model_spec_from_hf(hf, 1024, 128, 1);
+  EXPECT_EQ(s.block.mlp.activation, Activation::GeluTanh);
+  EXPECT_EQ(s.block.attention.num_query_groups, 12);
+  EXPECT_EQ(s.block.attention.head_dim, 64);
+  EXPECT_EQ(s.padded_vocab_size, 50304);
+  hf.activation_function = "gelu";  // the erf GeLU: named, not built
+  EXPECT_EQ(io::model_spec_from_hf(hf, 1024, 128, 1).block.mlp.activation, Activation::Gelu);
+  hf.activation_function = "silu";
+  expect_user_error([&] { io::model_spec_from_hf(hf, 1024, 128, 1); }, {"'silu'"});
+}
+
+TEST(ModelSpec, ArchitectureKeysParseAndWriteBack) {
+  const ModelSpec s = spec_of_deck(
+      "normalization = RMSNorm\nposition_embedding_type = rope\nnum_query_groups = 2\n"
+      "kv_channels = 16\nrotary_percent = 0.5\nrotary_base = 500000\nrotary_interleaved = true\n"
+      "activation = swiglu\nadd_bias_linear = false\n"
+      "untie_embeddings_and_output_weights = true\nparallel_residual = true\n", 2);
+  const auto& a = s.block.attention;
+  EXPECT_EQ(s.block.norm.kind, NormKind::RMSNorm);
+  EXPECT_EQ(a.position, PositionEmbedding::Rope);
+  EXPECT_EQ(a.num_query_groups, 2);
+  EXPECT_EQ(a.head_dim, 16);
+  EXPECT_EQ(a.rotary_percent, 0.5);
+  EXPECT_EQ(a.rotary_base, 500000);
+  EXPECT_TRUE(a.rotary_interleaved);
+  EXPECT_EQ(s.block.mlp.activation, Activation::Swiglu);
+  EXPECT_FALSE(a.bias || s.block.mlp.bias || s.tie_word_embeddings);
+  EXPECT_TRUE(s.parallel_residual);
+
+  RunConfig back = RunConfig::from_text(model_deck_section(s), {"parallel.tensor_parallel=2"});
+  back.validate(2);
+  const ModelSpec r = model_spec_from_deck(back, 100, 2);
+  EXPECT_EQ(r.block.norm.kind, NormKind::RMSNorm);
+  EXPECT_EQ(r.block.attention.num_query_groups, 2);
+  EXPECT_EQ(r.block.attention.head_dim, 16);
+  EXPECT_EQ(r.block.attention.rotary_base, 500000);
+  EXPECT_TRUE(r.block.attention.rotary_interleaved);
+  EXPECT_EQ(r.block.mlp.activation, Activation::Swiglu);
+  EXPECT_FALSE(r.block.mlp.bias || r.tie_word_embeddings);
+  EXPECT_TRUE(r.parallel_residual);
+}
+
+TEST(ModelSpec, DeckRejectsBadArchitectureValues) {
+  expect_user_error([] { spec_of_deck("normalization = BatchNorm\n"); }, {"model.normalization"});
+  expect_user_error([] { spec_of_deck("position_embedding_type = sinusoidal\n"); },
+                    {"model.position_embedding_type"});
+  expect_user_error([] { spec_of_deck("activation = silu\n"); }, {"model.activation"});
+  expect_user_error([] { spec_of_deck("num_query_groups = 3\n"); }, {"model.num_query_groups"});
+  expect_user_error([] { spec_of_deck("num_query_groups = 2\n", 4); },
+                    {"parallel.tensor_parallel", "model.num_query_groups (2)"});
+  expect_user_error([] { spec_of_deck("rotary_percent = 0\n"); }, {"model.rotary_percent"});
+  expect_user_error([] { spec_of_deck("rotary_base = -1\n"); }, {"model.rotary_base"});
+  expect_user_error([] { spec_of_deck("kv_channels = -4\n"); }, {"model.kv_channels"});
+}
+
+TEST(ModelSpec, LayersRejectWhatTheyDoNotBuild) {
+  build(spec_of_deck(""));  // GPT-2 builds
+  const std::pair<const char*, const char*> unbuilt[] = {
+      {"normalization = RMSNorm\n", "LayerNorm: normalization = RMSNorm"},
+      {"position_embedding_type = rope\n", "position_embedding_type = rope"},
+      {"position_embedding_type = alibi\n", "position_embedding_type = alibi"},
+      {"position_embedding_type = none\n", "Embedding: position_embedding_type = none"},
+      {"num_query_groups = 2\n", "Attention: num_query_groups = 2"},
+      {"kv_channels = 16\n", "Attention: kv_channels = 16"},
+      {"activation = swiglu\n", "Mlp: activation = swiglu"},
+      {"activation = gelu\n", "Mlp: activation = gelu"},
+      {"add_bias_linear = false\n", "add_bias_linear = false"},
+      {"untie_embeddings_and_output_weights = true\n",
+       "GptModel: untie_embeddings_and_output_weights = true"},
+      {"parallel_residual = true\n", "TransformerLayer: parallel_residual = true"},
+  };
+  for (const auto& [keys, message] : unbuilt)
+    expect_user_error([&] { build(spec_of_deck(keys)); }, {message, "is not built yet"});
+  ModelSpec post = spec_of_deck("");
+  post.block.norm.placement = NormPlacement::Post;
+  expect_user_error([&] { build(post); }, {"TransformerLayer: norm placement post"});
+  ModelSpec padding = spec_of_deck("");
+  padding.block.attention.mask = AttentionMask::Padding;
+  expect_user_error([&] { build(padding); }, {"Attention: attention mask padding"});
+  ModelSpec embedding_norm = spec_of_deck("");
+  embedding_norm.embedding_norm = true;
+  expect_user_error([&] { build(embedding_norm); }, {"GptModel: embedding_norm = true"});
+}
+
+TEST(ModelSpec, FlopsCountKvGroupsAndGatedMlp) {
+  // GPT-2 124M: Megatron-LM's count, 3 x 2 x (L (4h^2 + 2hf + 2sh) + hV).
+  io::HfGpt2Config hf;
+  const ModelSpec gpt2 = io::model_spec_from_hf(hf, 1024, 128, 1);
+  const double h = 768, f = 3072, s = 1024, L = 12, V = 50304;
+  EXPECT_EQ(model_flops_per_token(gpt2), 6 * (L * (4 * h * h + 2 * h * f + 2 * s * h) + h * V));
+
+  // 8 heads of 16 over h = 64, 2 kv groups, swiglu of width 96, untied:
+  // qkv 64 x (8 + 4) x 16, proj 128 x 64, core 2 x 16 x 128, MLP 3 x 64 x 96.
+  ModelSpec gqa = spec_of_deck("num_query_groups = 2\nkv_channels = 16\nactivation = swiglu\n"
+                               "ffn_hidden_size = 96\nseq_length = 16\n"
+                               "untie_embeddings_and_output_weights = true\n");
+  const double layer = 64 * 12 * 16 + 128 * 64 + 2 * 16 * 128 + 3 * 64 * 96;
+  EXPECT_EQ(model_flops_per_token(gqa), 6 * (2 * layer + 64.0 * gqa.padded_vocab_size));
+}
