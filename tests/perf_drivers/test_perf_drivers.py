@@ -133,7 +133,7 @@ class PerfDrivers(unittest.TestCase):
         self.assertAlmostEqual(e2e_gpu.speedup(800.0, 65536, 440.0, 65536), 800 / 440)
 
     def test_pipeline_bound(self):
-        # 1F1B, pp 2: p / (1 + (p - 1) / m) at 8 / 16 micro-batches
+        # 1F1B, pp 2: 8 / 16 micro-batches (perf/RESULTS.md, "Two GPUs: pipeline parallelism")
         self.assertAlmostEqual(e2e_gpu.pipeline_bound(2, 1, 8), 2 / (1 + 1 / 8))
         self.assertAlmostEqual(e2e_gpu.pipeline_bound(2, 1, 16), 32 / 17)
         # interleaving with 2 chunks per stage halves the bubble
@@ -210,7 +210,7 @@ class PerfDrivers(unittest.TestCase):
         tokens_per_s = 8 * e2e_gpu.SEQ / 0.2
         self.assertEqual(row["tokens_per_s_per_gpu"], round(tokens_per_s))
         self.assertAlmostEqual(row["mfu"], tokens_per_s * e2e_gpu.flops_per_token("1.5b") / 989e12, places=4)
-        # GPT-2 1.5B: F = 1.0274e10, as meshtron logs it for input_decks' 1.5B deck
+        # GPT-2 1.5B: F = 1.0274e10, as meshtron logs it for the deck (perf/RESULTS.md, "GPT-2 1.5B on one GPU")
         self.assertAlmostEqual(e2e_gpu.flops_per_token("1.5b") / 1.0274e10, 1.0, places=4)
 
     def test_machine_line(self):
@@ -220,10 +220,11 @@ class PerfDrivers(unittest.TestCase):
         self.assertTrue(line["command"].startswith("python3 "), line)
 
     def test_compare_memory_on_recorded_h200_tables(self):
-        # Two recorded H200 tables: a baseline's, and two runs of a candidate
-        # tree appended to one log.
-        base = compare_memory.tables(os.path.join(ROOT, "perf/bench_memory_h200_2026-11-28_s36_a.txt"))
-        runs = compare_memory.tables(os.path.join(ROOT, "perf/bench_memory_h200_2026-11-28_s36_f.txt"))
+        # Two recorded `bench_cuda_ops memory` outputs of one H200: a base
+        # table, and two runs of a changed tree appended to one log.
+        here = os.path.dirname(os.path.abspath(__file__))
+        base = compare_memory.tables(os.path.join(here, "memory_table_h200_base.txt"))
+        runs = compare_memory.tables(os.path.join(here, "memory_table_h200_two_runs.txt"))
         self.assertEqual((len(base), len(runs)), (1, 2))
         rows, before, after = compare_memory.compare(base[0], runs)
         self.assertEqual((len(rows), before, after), (59, 35, 40))
