@@ -10,6 +10,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <type_traits>
 
 namespace meshtron::kernels {
 
@@ -36,6 +37,24 @@ Vector<T, ExecSpace> as_vector(T* data, kindex n) {
 template <class ExecSpace, class T>
 Matrix<T, ExecSpace> as_matrix(T* data, kindex rows, kindex cols) {
   return Matrix<T, ExecSpace>(data, std::size_t(rows), std::size_t(cols));
+}
+
+/// Storage in the kernels that compute in accum_t and round once (RMSNorm,
+/// rotary, gated activations): float and double, or a 16-bit storage type
+/// (meshtron's bf16, fp16) that converts explicitly to and from float.
+template <class T>
+KOKKOS_INLINE_FUNCTION accum_t widen(T v) {
+  if constexpr (std::is_floating_point_v<T>)
+    return accum_t(v);
+  else
+    return accum_t(float(v));
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION T narrow(accum_t v) {
+  if constexpr (std::is_floating_point_v<T>)
+    return T(v);
+  else
+    return T(float(v));
 }
 
 template <class ExecSpace>

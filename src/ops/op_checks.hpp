@@ -9,7 +9,8 @@
 // built". The shape checks are the same for both.
 //
 // Dtypes: all tensors of one call are in one memory space. Host: every
-// floating tensor shares one dtype, fp32 or fp64. Device: the activations
+// floating tensor shares one dtype, fp32 or fp64 (or bf16 or fp16, for the
+// ops that compute in fp32 there: require_storage_args). Device: the activations
 // and weights ("storage") share fp32, bf16 or fp16; per-row statistics (mean,
 // rstd, row_max, sum_exp, target_logit, loss, dloss) are fp32; accumulated
 // parameter gradients (dgamma, dbeta, dbias, dtable) are fp32 or the
@@ -87,23 +88,50 @@ inline bool require_float_args(const char* op, std::initializer_list<Arg> args) 
   return device;
 }
 
-/// Per-row statistics: the storage dtype on the host, fp32 on the device.
+inline bool is_half(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+/// Storage tensors of the ops that take bf16 and fp16 on the host as well
+/// (they compute in fp32 or wider there: RMSNorm, rotary, gated
+/// activations): fp32, bf16 or fp16 in either space, or fp64 on the host,
+/// sharing one dtype. Returns whether they are on the device.
+inline bool require_storage_args(const char* op, std::initializer_list<Arg> args) {
+  const bool device = on_device(op, args);
+  const Arg& first = *args.begin();
+  const DType t = first.t.dtype();
+  MESH_VERIFY(t == DType::F32 || is_half(t) || (!device && t == DType::F64),
+              op << ": takes fp32, bf16 or fp16" << (device ? "" : " (or fp64 on the host)")
+                 << ", got " << describe(first));
+  for (const Arg& a : args)
+    MESH_VERIFY(a.t.dtype() == t,
+                op << ": dtypes differ: " << describe(first) << " but " << describe(a));
+  return device;
+}
+
+/// The device branch of an op whose CUDA kernel is not written yet.
+[[noreturn]] inline void not_yet_on_gpu(const char* op) {
+  throw UserError(MESH_MSG(op << ": not yet on the GPU"));
+}
+
+/// Per-row statistics: the storage dtype on the host, fp32 on the device
+/// and for bf16/fp16 storage.
 inline void require_stat_args(const char* op, bool device, const Arg& storage,
                               std::initializer_list<Arg> args) {
-  const DType want = device ? DType::F32 : storage.t.dtype();
+  const DType want = device || is_half(storage.t.dtype()) ? DType::F32 : storage.t.dtype();
   for (const Arg& a : args)
     MESH_VERIFY(a.t.dtype() == want, op << ": " << describe(a) << " must be " << dtype_name(want)
                                         << " (per-row statistics of " << describe(storage)
                                         << ")");
 }
 
-/// Accumulated parameter gradients: the storage dtype, or fp32 on the device.
+/// Accumulated parameter gradients: the storage dtype, or fp32 on the device
+/// and for bf16/fp16 storage.
 inline void require_grad_args(const char* op, bool device, const Arg& storage,
                               std::initializer_list<Arg> args) {
+  const bool fp32_too = device || is_half(storage.t.dtype());
   for (const Arg& a : args)
-    MESH_VERIFY(a.t.dtype() == storage.t.dtype() || (device && a.t.dtype() == DType::F32),
+    MESH_VERIFY(a.t.dtype() == storage.t.dtype() || (fp32_too && a.t.dtype() == DType::F32),
                 op << ": " << describe(a) << " must be " << dtype_name(storage.t.dtype())
-                   << (device ? " or fp32" : "") << " like " << describe(storage));
+                   << (fp32_too ? " or fp32" : "") << " like " << describe(storage));
 }
 
 /// int32 index tensor (token ids, targets).
@@ -142,6 +170,18 @@ void with_float_type(DType dtype, F&& f) {
     f(float{});
   else
     f(double{});
+}
+
+/// Calls f(T{}) with T = float, double, bf16 or fp16 for the (already
+/// checked) storage dtype (require_storage_args).
+template <class F>
+void with_storage_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F64: f(double{}); return;
+    case DType::BF16: f(bf16{}); return;
+    case DType::F16: f(fp16{}); return;
+    default: f(float{}); return;
+  }
 }
 
 /// The device branch of an op: the call when the CUDA path is built. Where

@@ -13,9 +13,10 @@
 // Each section below is implemented by one file of src/ops/, their shared
 // argument checks and dispatch helpers in op_checks.hpp: GEMM and the GEMMs
 // with fused epilogues (gemm_bias_gelu, gemm_gelu, gemm_dgelu,
-// gemm_bias_residual, linear_weight_grads) ops_gemm.cpp; LayerNorm
-// ops_norm.cpp; Softmax and Fused attention ops_attention.cpp; Dropout
-// ops_dropout.cpp; the rest of GeLU and biases ops_elementwise.cpp;
+// gemm_bias_residual, linear_weight_grads) ops_gemm.cpp; LayerNorm and
+// RMSNorm ops_norm.cpp; Rotary position embedding ops_rotary.cpp;
+// Softmax and Fused attention ops_attention.cpp; Dropout ops_dropout.cpp;
+// the rest of GeLU and biases, and Gated activations, ops_elementwise.cpp;
 // Embedding ops_embedding.cpp; Cross-entropy ops_cross_entropy.cpp; AdamW
 // ops_optimizer.cpp; Reductions ops_reductions.cpp.
 #pragma once
@@ -111,6 +112,83 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                         Tensor& dgamma, Tensor& dbeta, const Tensor* residual_grad = nullptr,
                         GradStore store = GradStore::Accumulate,
                         LayerNormGradChain* chain = nullptr);
+
+// --------------------------------------------------------------- RMSNorm ---
+// RMSNorm, rotary embedding and the gated activations take fp32, bf16 or
+// fp16 on the host as well as on the device (and fp64 on the host, for the
+// gradient checks); they compute in fp32 or wider (fp64 on the host) and
+// round once to the storage dtype, except where stated.
+
+/// y = round(round(x * rstd) * gamma), rstd = 1 / sqrt(mean_h(x^2) + eps),
+/// over the last dim of x [N, H]; gamma [H]; y x's shape. No mean
+/// subtraction, no bias (Llama, Megatron's RMSNorm). The order of
+/// transformers' LlamaRMSNorm: the normalised x is rounded to x's dtype
+/// before the multiplication by the weight (the inner round is exact in
+/// fp32 and fp64). Saves rstd [N] for the backward: fp64 for fp64 x, fp32
+/// otherwise.
+void rmsnorm_forward(const Tensor& x, const Tensor& gamma, double eps, Tensor& y, Tensor& rstd);
+/// With xhat = x * rstd and g = dy * gamma:
+///   dx = rstd * (g - xhat * mean_h(g * xhat))   (overwrite)
+///   dgamma += sum_n dy * xhat                   (or = with `store` Overwrite)
+/// dgamma has x's dtype, or fp32 (the fp32 grad of bf16/fp16 weights).
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                      Tensor& dx, Tensor& dgamma, GradStore store = GradStore::Accumulate);
+
+// ---------------------------------------------- Rotary position embedding ---
+/// Which dims of a head form the rotated pairs (i, j), i < rotary_dim / 2.
+enum class RotaryLayout {
+  HalfSplit,    ///< (i, i + rotary_dim / 2): GPT-NeoX, Llama (transformers' rotate_half)
+  Interleaved,  ///< (2i, 2i + 1): GPT-J (rotate_every_two)
+};
+
+struct RotarySpec {
+  /// Leading dims of each head that rotate (even, <= head_dim); the rest
+  /// pass through unchanged (partial rotary: GPT-NeoX's rotary_pct).
+  index_t rotary_dim = 0;
+  double base = 10000.0;  ///< theta
+  RotaryLayout layout = RotaryLayout::HalfSplit;
+};
+
+/// rotary_dim for a fraction of head_dim: int(head_dim * percent), as
+/// transformers' GPT-NeoX (rotary_ndims) and Megatron (rotary_percent).
+index_t rotary_dim_for(index_t head_dim, double percent);
+
+/// Rotates pair (i, j) of head h of token t by angle positions[t] *
+/// inv_freq[i]:  y_i = x_i cos - x_j sin,  y_j = x_j cos + x_i sin, with
+/// inv_freq[i] = 1 / base^(2i / rotary_dim) and the angle computed in fp32,
+/// as transformers computes them (fp32 pow and product); cos and sin in the
+/// compute precision (not rounded to x's dtype as transformers' unfused bf16
+/// path does).
+/// x, y [tokens, heads, head_dim]; positions int32 [tokens] (the absolute
+/// position of each token: start offset + index in its sequence, so that
+/// decoding after a prefix works). Only heads [0, rotated_heads) rotate
+/// (-1: all), the others are copied: the fused q|k|v projection output
+/// [s*b, 3*heads*d] viewed as [s*b, 3*heads, d] has q and k rotated in
+/// place with rotated_heads = 2*heads (heads + kv_heads with grouped keys).
+/// y may alias x.
+void rotary_forward(const Tensor& x, const Tensor& positions, const RotarySpec& rope, Tensor& y,
+                    index_t rotated_heads = -1);
+/// dx = the rotation by -angle of dy (the transpose of the forward's),
+/// overwrite; the other dims and heads copied. dx may alias dy.
+void rotary_backward(const Tensor& dy, const Tensor& positions, const RotarySpec& rope,
+                     Tensor& dx, index_t rotated_heads = -1);
+
+// ----------------------------------------------------- Gated activations ---
+/// The activation of a gated MLP's gate half.
+enum class GatedActivation {
+  SiLU,      ///< SwiGLU: silu(a) = a * sigmoid(a)
+  GeLUTanh,  ///< GeGLU with transformers' gelu_pytorch_tanh (gelu_forward's formula)
+  GeLUErf,   ///< GeGLU with transformers' gelu: 0.5 a (1 + erf(a / sqrt 2))
+};
+
+/// y[n, c] = act(x[n, c]) * x[n, F + c] for x [N, 2F] (gate | up, the fused
+/// first linear layer's output as Megatron's --swiglu: torch.chunk(x, 2,
+/// -1)), y [N, F].
+void gated_activation_forward(const Tensor& x, GatedActivation act, Tensor& y);
+/// dx [N, 2F] (overwrite) from dy [N, F]:
+///   dx[n, c] = dy * act'(a) * b,  dx[n, F + c] = dy * act(a),  a | b = x[n].
+void gated_activation_backward(const Tensor& dy, const Tensor& x, GatedActivation act,
+                               Tensor& dx);
 
 // --------------------------------------------------------------- Softmax ---
 /// Scale, causal mask and softmax over the last dim of scores [B, S, S]

@@ -1,6 +1,7 @@
-// The elementwise ops (ops.hpp: GeLU and biases): GeLU, the bias add and
-// its gradient, add, axpy, scale.
+// The elementwise ops (ops.hpp: GeLU and biases, Gated activations): GeLU,
+// the bias add and its gradient, add, axpy, scale; SwiGLU and GeGLU.
 #include "kernels/kokkos/elementwise.hpp"
+#include "kernels/kokkos/gated_activation.hpp"
 #include "kernels/kokkos/gelu.hpp"
 #include "ops/op_checks.hpp"
 #include "ops/ops.hpp"
@@ -120,6 +121,64 @@ void scale(Tensor& x, double alpha) {
   with_float_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::scale<Host>(x.data<T>(), x.numel(), alpha);
+  });
+}
+
+// ----------------------------------------------------- Gated activations ---
+
+namespace {
+
+kernels::GateKind gate_kind(GatedActivation act) {
+  switch (act) {
+    case GatedActivation::SiLU: return kernels::GateKind::SiLU;
+    case GatedActivation::GeLUTanh: return kernels::GateKind::GeLUTanh;
+    case GatedActivation::GeLUErf: return kernels::GateKind::GeLUErf;
+  }
+  MESH_VERIFY(false, "gated activation: unknown kind " << int(act));
+  return kernels::GateKind::SiLU;
+}
+
+/// F, half the last dim of the gate | up tensor, which must be [N, 2F] for
+/// the output-shaped `half` [N, F].
+index_t gated_width(const char* op, const Arg& both, const Arg& half) {
+  const index_t F = half.t.rank() == 2 ? half.t.dim(1) : 0;
+  MESH_VERIFY(F > 0 && both.t.rank() == 2 && both.t.dim(0) == half.t.dim(0) &&
+                  both.t.dim(1) == 2 * F,
+              op << ": " << describe(both) << " must be [N, 2F] (gate | up) for "
+                 << describe(half) << " [N, F]");
+  return F;
+}
+
+}  // namespace
+
+void gated_activation_forward(const Tensor& x, GatedActivation act, Tensor& y) {
+  const char* op = "gated_activation_forward";
+  const Arg ax{"x", x}, ay{"y", y};
+  const bool device = require_storage_args(op, {ax, ay});
+  const index_t F = gated_width(op, ax, ay), N = y.dim(0);
+  MESH_VERIFY(!overlaps(x, y), op << ": " << describe(ay) << " must not overlap " << describe(ax));
+  if (device) not_yet_on_gpu(op);
+  with_storage_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::gated_activation_forward<Host>(x.data<T>(), N, F, gate_kind(act), y.data<T>());
+  });
+}
+
+void gated_activation_backward(const Tensor& dy, const Tensor& x, GatedActivation act,
+                               Tensor& dx) {
+  const char* op = "gated_activation_backward";
+  const Arg ady{"dy", dy}, ax{"x", x}, adx{"dx", dx};
+  const bool device = require_storage_args(op, {ax, ady, adx});
+  const index_t F = gated_width(op, ax, ady), N = dy.dim(0);
+  MESH_VERIFY(dx.shape() == x.shape(), op << ": " << describe(adx) << " must match "
+                                          << describe(ax));
+  MESH_VERIFY(!overlaps(dx, dy), op << ": " << describe(adx) << " must not overlap "
+                                    << describe(ady));
+  if (device) not_yet_on_gpu(op);
+  with_storage_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::gated_activation_backward<Host>(dy.data<T>(), x.data<T>(), N, F, gate_kind(act),
+                                             dx.data<T>());
   });
 }
 

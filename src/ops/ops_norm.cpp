@@ -1,9 +1,11 @@
-// The LayerNorm ops (ops.hpp: LayerNorm) and LayerNormGradChain.
+// The LayerNorm ops (ops.hpp: LayerNorm) and LayerNormGradChain; the RMSNorm ops.
 #include <algorithm>
 #include <exception>
 #include <memory>
+#include <type_traits>
 
 #include "kernels/kokkos/layernorm.hpp"
+#include "kernels/kokkos/rmsnorm.hpp"
 #include "ops/op_checks.hpp"
 #include "ops/ops.hpp"
 
@@ -143,6 +145,80 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
                                       dbeta.data<T>());
   });
   if (residual_grad) add(dx, *residual_grad, dx);
+}
+
+// --------------------------------------------------------------- RMSNorm ---
+
+namespace {
+
+/// Calls f(T{}, S{}): the storage type and that of rstd (fp64 for fp64
+/// storage, fp32 otherwise).
+template <class F>
+void with_rmsnorm_types(DType storage, F&& f) {
+  with_storage_type(storage, [&](auto zero) {
+    using T = decltype(zero);
+    using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    f(T{}, S{});
+  });
+}
+
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x, const Tensor& gamma, double eps, Tensor& y, Tensor& rstd) {
+  const char* op = "rmsnorm_forward";
+  const Arg ax{"x", x}, ag{"gamma", gamma}, ay{"y", y}, ar{"rstd", rstd};
+  on_device(op, {ax, ag, ay, ar});
+  const bool device = require_storage_args(op, {ax, ag, ay});
+  require_stat_args(op, device, ax, {ar});
+  const index_t N = rows_of(op, ax), H = x.dim(-1);
+  MESH_VERIFY(gamma.numel() == H,
+              op << ": " << describe(ag) << " must hold " << H << " elements, the last dim of "
+                 << describe(ax));
+  MESH_VERIFY(y.shape() == x.shape(), op << ": " << describe(ay) << " must match " << describe(ax));
+  require_per_row(op, ar, N, ax);
+  MESH_VERIFY(eps > 0, op << ": eps must be positive, got " << eps);
+  if (device) not_yet_on_gpu(op);
+  with_rmsnorm_types(x.dtype(), [&](auto t, auto s) {
+    using T = decltype(t);
+    using S = decltype(s);
+    kernels::rmsnorm_forward<Host>(x.data<T>(), gamma.data<T>(), N, H, eps, y.data<T>(),
+                                   rstd.data<S>());
+  });
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                      Tensor& dx, Tensor& dgamma, GradStore store) {
+  const char* op = "rmsnorm_backward";
+  const Arg ady{"dy", dy}, ax{"x", x}, ag{"gamma", gamma}, ar{"rstd", rstd}, adx{"dx", dx},
+      adg{"dgamma", dgamma};
+  on_device(op, {ax, ady, ag, ar, adx, adg});
+  const bool device = require_storage_args(op, {ax, ady, ag, adx});
+  require_stat_args(op, device, ax, {ar});
+  require_grad_args(op, device, ax, {adg});
+  const index_t N = rows_of(op, ax), H = x.dim(-1);
+  MESH_VERIFY(
+      dy.shape() == x.shape() && dx.shape() == x.shape(),
+      op << ": " << describe(ady) << " and " << describe(adx) << " must match " << describe(ax));
+  for (const Arg& a : {ag, adg})
+    MESH_VERIFY(a.t.numel() == H, op << ": " << describe(a) << " must hold " << H
+                                     << " elements, the last dim of " << describe(ax));
+  require_per_row(op, ar, N, ax);
+  MESH_VERIFY(!overlaps(dx, dy) && !overlaps(dx, x),
+              op << ": " << describe(adx) << " must not overlap dy or x");
+  if (device) not_yet_on_gpu(op);
+  if (store == GradStore::Overwrite) dgamma.fill(0.0);  // the host kernel adds
+  with_rmsnorm_types(x.dtype(), [&](auto t, auto s) {
+    using T = decltype(t);
+    using S = decltype(s);
+    const auto run = [&](auto* dgamma_data) {
+      kernels::rmsnorm_backward<Host>(dy.data<T>(), x.data<T>(), gamma.data<T>(), rstd.data<S>(),
+                                      N, H, dx.data<T>(), dgamma_data);
+    };
+    if (dgamma.dtype() == x.dtype())
+      run(dgamma.data<T>());
+    else
+      run(dgamma.data<float>());
+  });
 }
 
 }  // namespace meshtron::ops
