@@ -83,6 +83,16 @@ __device__ __forceinline__ float round_to(float v) {
   return to_f(from_f<T>(v));
 }
 
+/// dx as stored by a norm backward (layernorm.cu, rmsnorm.cu): the norm's
+/// gradient rounded to T, plus the residual branch's gradient at element i
+/// when there is one (the rounding add() does). __fadd_rn keeps the compiler
+/// from contracting the last product of dx and this sum into one FMA, which
+/// would round differently.
+template <class T>
+__device__ __forceinline__ float with_residual(float dx, const T* residual, kindex i) {
+  return residual ? __fadd_rn(round_to<T>(dx), load_f(residual, i)) : dx;
+}
+
 // --------------------------------------------------------------- launches ---
 
 /// Blocks for n items at `threads` per block, capped for grid-stride loops.
