@@ -15,9 +15,6 @@
 // Elementwise: rows of F values whose pointers are 16-byte aligned, F a
 // multiple of the pack width, move in 16-byte packs; other shapes element
 // by element.
-#include <initializer_list>
-#include <type_traits>
-
 #include "kernels/cuda/gelu.cuh"
 #include "ops/ops_cuda.hpp"
 
@@ -41,12 +38,6 @@ struct GeluErf {
   __device__ static float cdf(float v) { return 0.5f * (1.f + erff(v * kInvSqrt2)); }
   __device__ static float value(float v) { return v * cdf(v); }
   __device__ static float grad(float v) { return cdf(v) + v * kInvSqrt2Pi * expf(-0.5f * v * v); }
-};
-
-/// W consecutive values of T (one element, or a 16-byte pack).
-template <class T, int W>
-struct alignas(sizeof(T) * W) Values {
-  T v[W];
 };
 
 /// Unit k of the [N, F / W] output in units of W values: its row, and its
@@ -111,18 +102,6 @@ void with_activation(GluActivation act, F&& f) {
 
 constexpr int kThreads = 256;
 
-/// Calls launch(W) with W = the pack width where F and every pointer allow
-/// 16-byte packs, else W = 1.
-template <class T, class Launch>
-void with_width(kindex F, std::initializer_list<const void*> pointers, Launch&& launch) {
-  bool packed = F % kPack<T> == 0;
-  for (const void* p : pointers) packed = packed && aligned16(p);
-  if (packed)
-    launch(std::integral_constant<int, kPack<T>>{});
-  else
-    launch(std::integral_constant<int, 1>{});
-}
-
 }  // namespace
 
 void glu_forward(DType t, GluActivation act, const void* x, index_t N, index_t F, void* y) {
@@ -131,7 +110,7 @@ void glu_forward(DType t, GluActivation act, const void* x, index_t N, index_t F
     using T = decltype(zero);
     with_activation(act, [&](auto a) {
       using Act = decltype(a);
-      with_width<T>(F, {x, y}, [&](auto w) {
+      with_pack_width<T>(F, {x, y}, [&](auto w) {
         constexpr int W = decltype(w)::value;
         launch_dependent(glu_forward_kernel<Act, T, W>, grid_for(N * F / W, kThreads), kThreads,
                          0, compute_stream(), static_cast<const T*>(x), N, F, static_cast<T*>(y));
@@ -147,7 +126,7 @@ void glu_backward(DType t, GluActivation act, const void* dy, const void* x, ind
     using T = decltype(zero);
     with_activation(act, [&](auto a) {
       using Act = decltype(a);
-      with_width<T>(F, {dy, x, dx}, [&](auto w) {
+      with_pack_width<T>(F, {dy, x, dx}, [&](auto w) {
         constexpr int W = decltype(w)::value;
         launch_dependent(glu_backward_kernel<Act, T, W>, grid_for(N * F / W, kThreads), kThreads,
                          0, compute_stream(), static_cast<const T*>(dy), static_cast<const T*>(x),

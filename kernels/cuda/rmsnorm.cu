@@ -15,6 +15,8 @@
 //
 // One warp per row (as layernorm.cu's scalar kernels): the warp reduces with
 // shuffles alone, and the second pass over the row re-reads it from L1/L2.
+// Rows of whole 16-byte packs with aligned pointers (Llama's H = 4096 ...)
+// move in 16-byte loads and stores, others element by element.
 #include "kernels/cuda/column_sums.cuh"
 #include "ops/ops_cuda.hpp"
 
@@ -23,48 +25,75 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-template <class T>
+/// Row `row` of x as W-wide units (W divides H; 16-byte aligned rows when
+/// W > 1).
+template <class T, int W>
+__device__ __forceinline__ const Values<T, W>* units_of(const T* x, kindex row, kindex H) {
+  return reinterpret_cast<const Values<T, W>*>(x + row * H);
+}
+
+template <class T, int W>
 __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma,
                                        kindex N, kindex H, float eps, T* __restrict__ y,
                                        float* __restrict__ rstd) {
+  using U = Values<T, W>;
   start_after_prior_grid();
   const kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
-  const T* xr = x + row * H;
+  const kindex units = H / W;
+  const U* xr = units_of<T, W>(x, row, H);
   float sq = 0.f;
-  for (kindex h = lane; h < H; h += 32) {
-    const float v = load_f(xr, h);
-    sq += v * v;
+  for (kindex u = lane; u < units; u += 32) {
+    const U v = xr[u];
+#pragma unroll
+    for (int j = 0; j < W; ++j) sq += to_f(v.v[j]) * to_f(v.v[j]);
   }
   const float rs = rsqrtf(warp_sum(sq) / float(H) + eps);
-  T* yr = y + row * H;
-  for (kindex h = lane; h < H; h += 32)
-    store_f(yr, h, load_f(gamma, h) * round_to<T>(load_f(xr, h) * rs));
+  const U* gu = units_of<T, W>(gamma, 0, H);
+  U* yr = reinterpret_cast<U*>(y + row * H);
+  for (kindex u = lane; u < units; u += 32) {
+    const U v = xr[u], g = gu[u];
+    U out;
+#pragma unroll
+    for (int j = 0; j < W; ++j) out.v[j] = from_f<T>(to_f(g.v[j]) * round_to<T>(to_f(v.v[j]) * rs));
+    yr[u] = out;
+  }
   if (rstd && lane == 0) rstd[row] = rs;
 }
 
-template <class T>
+template <class T, int W>
 __global__ void rmsnorm_backward_dx_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                            const T* __restrict__ gamma,
                                            const float* __restrict__ rstd, kindex N, kindex H,
                                            T* __restrict__ dx, const T* __restrict__ residual) {
+  using U = Values<T, W>;
   start_after_prior_grid();
   const kindex row = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
-  const T* dyr = dy + row * H;
-  const T* xr = x + row * H;
+  const kindex units = H / W;
+  const U *dyr = units_of<T, W>(dy, row, H), *xr = units_of<T, W>(x, row, H),
+          *gu = units_of<T, W>(gamma, 0, H);
   const float rs = rstd[row];
   float sum_g_n = 0.f;
-  for (kindex h = lane; h < H; h += 32)
-    sum_g_n += load_f(dyr, h) * load_f(gamma, h) * load_f(xr, h) * rs;
+  for (kindex u = lane; u < units; u += 32) {
+    const U d = dyr[u], v = xr[u], g = gu[u];
+#pragma unroll
+    for (int j = 0; j < W; ++j) sum_g_n += to_f(d.v[j]) * to_f(g.v[j]) * to_f(v.v[j]) * rs;
+  }
   const float mean_g_n = warp_sum(sum_g_n) / float(H);
-  T* dxr = dx + row * H;
-  for (kindex h = lane; h < H; h += 32) {
-    const float g = load_f(dyr, h) * load_f(gamma, h);
-    const float n = load_f(xr, h) * rs;
-    store_f(dxr, h, with_residual<T>(rs * (g - n * mean_g_n), residual, row * H + h));
+  U* dxr = reinterpret_cast<U*>(dx + row * H);
+  for (kindex u = lane; u < units; u += 32) {
+    const U d = dyr[u], v = xr[u], g = gu[u];
+    U out;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float n = to_f(v.v[j]) * rs;
+      const float value = rs * (to_f(d.v[j]) * to_f(g.v[j]) - n * mean_g_n);
+      out.v[j] = from_f<T>(with_residual<T>(value, residual, row * H + u * W + j));
+    }
+    dxr[u] = out;
   }
 }
 
@@ -89,9 +118,12 @@ void rmsnorm_forward(DType t, const void* x, const void* gamma, index_t N, index
   if (N == 0 || H == 0) return;
   with_storage_type(t, "rmsnorm_forward", [&](auto zero) {
     using T = decltype(zero);
-    launch_dependent(rmsnorm_forward_kernel<T>, row_blocks(N), kWarpsPerBlock * 32, 0,
-                     compute_stream(), static_cast<const T*>(x), static_cast<const T*>(gamma), N,
-                     H, float(eps), static_cast<T*>(y), rstd);
+    with_pack_width<T>(H, {x, gamma, y}, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      launch_dependent(rmsnorm_forward_kernel<T, W>, row_blocks(N), kWarpsPerBlock * 32, 0,
+                       compute_stream(), static_cast<const T*>(x), static_cast<const T*>(gamma),
+                       N, H, float(eps), static_cast<T*>(y), rstd);
+    });
   });
 }
 
@@ -103,10 +135,13 @@ void rmsnorm_backward(DType t, DType g, const void* dy, const void* x, const voi
     using T = decltype(tz);
     using G = decltype(gz);
     if (N > 0)
-      launch_dependent(rmsnorm_backward_dx_kernel<T>, row_blocks(N), kWarpsPerBlock * 32, 0,
-                       compute_stream(), static_cast<const T*>(dy), static_cast<const T*>(x),
-                       static_cast<const T*>(gamma), rstd, N, H, static_cast<T*>(dx),
-                       static_cast<const T*>(residual_grad));
+      with_pack_width<T>(H, {dy, x, gamma, dx}, [&](auto w) {
+        constexpr int W = decltype(w)::value;
+        launch_dependent(rmsnorm_backward_dx_kernel<T, W>, row_blocks(N), kWarpsPerBlock * 32, 0,
+                         compute_stream(), static_cast<const T*>(dy), static_cast<const T*>(x),
+                         static_cast<const T*>(gamma), rstd, N, H, static_cast<T*>(dx),
+                         static_cast<const T*>(residual_grad));
+      });
     column_sums<1>(RmsNormGammaTerms<T>{static_cast<const T*>(dy), static_cast<const T*>(x),
                                         rstd, H},
                    N, H, accumulate, static_cast<G*>(dgamma));

@@ -264,11 +264,13 @@ void set_fused_attention_kernels(FusedAttentionKernels kernels);
 /// Interleaved pairs (2 i, 2 i + 1) (GPT-J: rotate_every_two).
 enum class RotaryLayout { HalfSplit, Interleaved };
 /// kernels/cuda/rotary.cu: `tokens` rows of `heads` heads of head_dim
-/// values, row r at x + r ldx (elements), head h at + h head_dim: the
-/// token-major qkv projection's output [s*b, parts*heads*head_dim] read in
-/// place (q at column 0, k at heads*head_dim: q|k rotate in one call with
-/// 2 heads; with kv groups, heads + kv_heads). Pair i of a head's first
-/// rotary_dim (even, <= head_dim) values rotates by positions[r] inv_freq[i],
+/// values, row r at x + r ldx (elements), head h at + h head_dim. Made for
+/// the token-major qkv projection's output [s*b, 3*heads*head_dim] (rows in
+/// [s, b] order, q at column 0, k at heads*head_dim), rotated in place
+/// before the attention core reads it: q and k are one call of 2*heads
+/// heads (with kv groups, heads + kv_heads), ldx = ldy = the qkv row, and
+/// positions[r] = offset + r / b. Pair i of a head's first rotary_dim
+/// (even, <= head_dim) values rotates by positions[r] inv_freq[i],
 /// inv_freq[i] = base^(-2i / rotary_dim), all in fp32 as transformers
 /// computes them; the values past rotary_dim pass through. y (rows ldy
 /// apart) may be x itself (in place: ldy == ldx; the values past rotary_dim

@@ -3,7 +3,7 @@
 //
 //  * RMSNorm (kernels/cuda/rmsnorm.cu): y, rstd, dx (with and without the
 //    residual branch's gradient), dgamma written and accumulated into fp32;
-//    H = 4096, 768, 100, 7, 1. The reference rounds n = x rstd to the
+//    H = 4096, 768, 100, 7, 2. The reference rounds n = x rstd to the
 //    dtype before the product with gamma, as LlamaRMSNorm does.
 //  * Rotary embedding (kernels/cuda/rotary.cu) on q|k rows inside wider
 //    token-major qkv rows: half-split and interleaved pairs, full and
@@ -130,8 +130,10 @@ TEST(GpuModelOps, RmsNormMatchesReference) {
     index_t N, H;
     double eps;
   };
+  // Not H = 1: there dx = rstd g (1 - n^2) with n^2 = 1 - O(eps), all
+  // cancellation, a test of fp32 rounding rather than of the kernel.
   const std::vector<Case> cases = {{9, 4096, 1e-6}, {33, 768, 1e-5}, {64, 100, 1e-6},
-                                   {3, 7, 1e-5},    {5, 1, 1e-6}};
+                                   {3, 7, 1e-5},    {5, 2, 1e-6}};
   std::uint64_t seed = 1;
   for (DType t : kDtypes)
     for (const Case& c : cases)
