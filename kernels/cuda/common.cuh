@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 
@@ -81,6 +82,16 @@ __device__ __forceinline__ float2 widen_pair(std::uint32_t w) {
 template <class T>
 __device__ __forceinline__ float round_to(float v) {
   return to_f(from_f<T>(v));
+}
+
+/// dx as stored by a norm backward (layernorm.cu, rmsnorm.cu): the norm's
+/// gradient rounded to T, plus the residual branch's gradient at element i
+/// when there is one (the rounding add() does). __fadd_rn keeps the compiler
+/// from contracting the last product of dx and this sum into one FMA, which
+/// would round differently.
+template <class T>
+__device__ __forceinline__ float with_residual(float dx, const T* residual, kindex i) {
+  return residual ? __fadd_rn(round_to<T>(dx), load_f(residual, i)) : dx;
 }
 
 // --------------------------------------------------------------- launches ---
@@ -367,10 +378,30 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::siz
 
 template <class T>
 inline constexpr int kPack = 16 / int(sizeof(T));
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 template <class T>
 struct alignas(16) Pack {
   T v[kPack<T>];
 };
+
+/// W consecutive values of T: one element (W = 1) or a 16-byte pack (W =
+/// kPack<T>), for kernels written once for either width (rmsnorm.cu, glu.cu).
+template <class T, int W>
+struct alignas(sizeof(T) * W) Values {
+  T v[W];
+};
+
+/// Calls f(std::integral_constant<int, W>) with W = kPack<T> when n is a
+/// multiple of it and every pointer is 16-byte aligned, else W = 1.
+template <class T, class F>
+void with_pack_width(kindex n, std::initializer_list<const void*> pointers, F&& f) {
+  bool packed = n % kPack<T> == 0;
+  for (const void* p : pointers) packed = packed && aligned16(p);
+  if (packed)
+    f(std::integral_constant<int, kPack<T>>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
 
 /// A pack's values as fp32, exactly to_f's. A 16-bit pack is widened a
 /// 32-bit word at a time (widen_pair): a bf16 value costs one shift or one
@@ -475,8 +506,6 @@ __global__ void map3_scalar_kernel(F f, const T* a, const T* b, const T* c, kind
   GRID_STRIDE(i, n)
   out[i] = from_f<T>(f(a ? to_f(a[i]) : 0.f, b ? to_f(b[i]) : 0.f, c ? to_f(c[i]) : 0.f));
 }
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 /// map3 on `stream` (the compute stream unless a caller says otherwise).
 template <class T, class F>

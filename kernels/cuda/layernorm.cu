@@ -80,15 +80,6 @@ __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __res
   }
 }
 
-/// dx as stored: the layernorm gradient rounded to T, plus the residual
-/// branch's gradient at element i when there is one (the rounding add()
-/// does). __fadd_rn keeps the compiler from contracting the last product of
-/// dx and this sum into one FMA, which would round differently.
-template <class T>
-__device__ __forceinline__ float with_residual(float dx, const T* residual, kindex i) {
-  return residual ? __fadd_rn(round_to<T>(dx), load_f(residual, i)) : dx;
-}
-
 template <class T>
 __global__ void layernorm_backward_dx_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                              const T* __restrict__ gamma,

@@ -102,6 +102,20 @@ void layernorm_add_pending(LayerNormPendingSums& pending);
 /// Empties pending without adding it (its gradients are left incomplete).
 void layernorm_drop_pending(LayerNormPendingSums& pending);
 
+// --------------------------------------------------------------- RMSNorm ---
+/// kernels/cuda/rmsnorm.cu: y = gamma (x rstd rounded to t), rstd = 1 /
+/// sqrt(mean(x^2) + eps) in fp32 per row (transformers' LlamaRMSNorm); x, y
+/// [N, H], gamma [H]. rstd [N] (fp32) is written when non-null (the
+/// backward's input).
+void rmsnorm_forward(DType t, const void* x, const void* gamma, index_t N, index_t H, double eps,
+                     void* y, float* rstd);
+/// dx [N, H] (plus residual_grad [N, H] when non-null, as layernorm_backward
+/// adds it); dgamma [H] (dtype g: fp32 or t) added to with `accumulate`,
+/// else written.
+void rmsnorm_backward(DType t, DType g, const void* dy, const void* x, const void* gamma,
+                      const float* rstd, index_t N, index_t H, void* dx, void* dgamma,
+                      const void* residual_grad, bool accumulate);
+
 // --------------------------------------------------------------- Softmax ---
 void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t S,
                                    double scale, void* probs);
@@ -244,6 +258,31 @@ std::string attention_backend(DType t, index_t s, index_t b, index_t heads, inde
 enum class FusedAttentionKernels { Auto, Own };
 void set_fused_attention_kernels(FusedAttentionKernels kernels);
 
+// ------------------------------------------------------ Rotary embedding ---
+/// Which values of a head's first rotary_dim rotate together: HalfSplit
+/// pairs (i, i + rotary_dim / 2) (Llama, GPT-NeoX: rotate_half),
+/// Interleaved pairs (2 i, 2 i + 1) (GPT-J: rotate_every_two).
+enum class RotaryLayout { HalfSplit, Interleaved };
+/// kernels/cuda/rotary.cu: `tokens` rows of `heads` heads of head_dim
+/// values, row r at x + r ldx (elements), head h at + h head_dim. Made for
+/// the token-major qkv projection's output [s*b, 3*heads*head_dim] (rows in
+/// [s, b] order, q at column 0, k at heads*head_dim), rotated in place
+/// before the attention core reads it: q and k are one call of 2*heads
+/// heads (with kv groups, heads + kv_heads), ldx = ldy = the qkv row, and
+/// positions[r] = offset + r / b. Pair i of a head's first rotary_dim
+/// (even, <= head_dim) values rotates by positions[r] inv_freq[i],
+/// inv_freq[i] = base^(-2i / rotary_dim), all in fp32 as transformers
+/// computes them; the values past rotary_dim pass through. y (rows ldy
+/// apart) may be x itself (in place: ldy == ldx; the values past rotary_dim
+/// are then left as they are) or other rows, which get them copied.
+void rotary_forward(DType t, const void* x, index_t ldx, void* y, index_t ldy,
+                    const std::int32_t* positions, index_t tokens, index_t heads,
+                    index_t head_dim, index_t rotary_dim, double base, RotaryLayout layout);
+/// The transpose: dx = dy rotated by -angle; dx may be dy (in place).
+void rotary_backward(DType t, const void* dy, index_t lddy, void* dx, index_t lddx,
+                     const std::int32_t* positions, index_t tokens, index_t heads,
+                     index_t head_dim, index_t rotary_dim, double base, RotaryLayout layout);
+
 // ------------------------------------------------------ GeLU and biases ---
 void gelu_forward(DType t, const void* x, index_t n, void* y);
 void gelu_backward(DType t, const void* dy, const void* x, index_t n, void* dx);
@@ -279,6 +318,16 @@ double sum_of_squares_many(int count, const DType* types, const void* const* xs,
 /// compute stream, without waiting for it.
 void sum_of_squares_many_to(int count, const DType* types, const void* const* xs,
                             const index_t* ns, double* total);
+
+// ---------------------------------------------------- Gated activations ---
+/// act of a gated MLP: SwiGLU (silu), GeGLU with tanh or erf GeLU.
+enum class GluActivation { Silu, GeluTanh, GeluErf };
+/// kernels/cuda/glu.cu: x [N, 2 F] = (gate | up) halves of each row
+/// (Megatron's --swiglu chunk), y [N, F] = act(gate) up.
+void glu_forward(DType t, GluActivation act, const void* x, index_t N, index_t F, void* y);
+/// dx [N, 2 F] = (dy up act'(gate) | dy act(gate)), written.
+void glu_backward(DType t, GluActivation act, const void* dy, const void* x, index_t N, index_t F,
+                  void* dx);
 
 // ------------------------------------------------------------- Embedding ---
 void embedding_forward(DType t, const std::int32_t* ids, index_t N, const void* table,
