@@ -107,11 +107,6 @@ inline bool require_storage_args(const char* op, std::initializer_list<Arg> args
   return device;
 }
 
-/// The device branch of an op whose CUDA kernel is not written yet.
-[[noreturn]] inline void not_yet_on_gpu(const char* op) {
-  throw UserError(MESH_MSG(op << ": not yet on the GPU"));
-}
-
 /// Per-row statistics: the storage dtype on the host, fp32 on the device
 /// and for bf16/fp16 storage.
 inline void require_stat_args(const char* op, bool device, const Arg& storage,

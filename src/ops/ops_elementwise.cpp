@@ -149,6 +149,17 @@ index_t gated_width(const char* op, const Arg& both, const Arg& half) {
   return F;
 }
 
+#ifdef MESHTRON_HAVE_CUDA
+cuda::GluActivation cuda_glu(GatedActivation act) {
+  switch (act) {
+    case GatedActivation::SiLU: return cuda::GluActivation::Silu;
+    case GatedActivation::GeLUTanh: return cuda::GluActivation::GeluTanh;
+    case GatedActivation::GeLUErf: return cuda::GluActivation::GeluErf;
+  }
+  return cuda::GluActivation::Silu;
+}
+#endif
+
 }  // namespace
 
 void gated_activation_forward(const Tensor& x, GatedActivation act, Tensor& y) {
@@ -157,7 +168,10 @@ void gated_activation_forward(const Tensor& x, GatedActivation act, Tensor& y) {
   const bool device = require_storage_args(op, {ax, ay});
   const index_t F = gated_width(op, ax, ay), N = y.dim(0);
   MESH_VERIFY(!overlaps(x, y), op << ": " << describe(ay) << " must not overlap " << describe(ax));
-  if (device) not_yet_on_gpu(op);
+  if (device) {
+    ON_CUDA(cuda::glu_forward(x.dtype(), cuda_glu(act), x.raw(), N, F, y.raw()));
+    return;
+  }
   with_storage_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::gated_activation_forward<Host>(x.data<T>(), N, F, gate_kind(act), y.data<T>());
@@ -174,7 +188,10 @@ void gated_activation_backward(const Tensor& dy, const Tensor& x, GatedActivatio
                                           << describe(ax));
   MESH_VERIFY(!overlaps(dx, dy), op << ": " << describe(adx) << " must not overlap "
                                     << describe(ady));
-  if (device) not_yet_on_gpu(op);
+  if (device) {
+    ON_CUDA(cuda::glu_backward(x.dtype(), cuda_glu(act), dy.raw(), x.raw(), N, F, dx.raw()));
+    return;
+  }
   with_storage_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::gated_activation_backward<Host>(dy.data<T>(), x.data<T>(), N, F, gate_kind(act),

@@ -177,7 +177,11 @@ void rmsnorm_forward(const Tensor& x, const Tensor& gamma, double eps, Tensor& y
   MESH_VERIFY(y.shape() == x.shape(), op << ": " << describe(ay) << " must match " << describe(ax));
   require_per_row(op, ar, N, ax);
   MESH_VERIFY(eps > 0, op << ": eps must be positive, got " << eps);
-  if (device) not_yet_on_gpu(op);
+  if (device) {
+    ON_CUDA(cuda::rmsnorm_forward(x.dtype(), x.raw(), gamma.raw(), N, H, eps, y.raw(),
+                                  rstd.data<float>()));
+    return;
+  }
   with_rmsnorm_types(x.dtype(), [&](auto t, auto s) {
     using T = decltype(t);
     using S = decltype(s);
@@ -205,7 +209,12 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, co
   require_per_row(op, ar, N, ax);
   MESH_VERIFY(!overlaps(dx, dy) && !overlaps(dx, x),
               op << ": " << describe(adx) << " must not overlap dy or x");
-  if (device) not_yet_on_gpu(op);
+  if (device) {
+    ON_CUDA(cuda::rmsnorm_backward(x.dtype(), dgamma.dtype(), dy.raw(), x.raw(), gamma.raw(),
+                                   rstd.data<float>(), N, H, dx.raw(), dgamma.raw(),
+                                   /*residual_grad=*/nullptr, store == GradStore::Accumulate));
+    return;
+  }
   if (store == GradStore::Overwrite) dgamma.fill(0.0);  // the host kernel adds
   with_rmsnorm_types(x.dtype(), [&](auto t, auto s) {
     using T = decltype(t);

@@ -45,6 +45,25 @@ kernels::RotaryGeometry rotary_geometry(const char* op, const Arg& ax, const Arg
           rotated_heads, rope.rotary_dim, rope.layout == RotaryLayout::Interleaved};
 }
 
+#ifdef MESHTRON_HAVE_CUDA
+/// The device kernel rotates the first g.rotated_heads heads of each row in
+/// place or into y; the heads it leaves are copied first when y is apart.
+void rotate_on_device(const Tensor& x, const Tensor& positions, const kernels::RotaryGeometry& g,
+                      const RotarySpec& rope, const Tensor& y, double sign) {
+  const Tensor* from = &x;
+  if (x.raw() != y.raw() && g.rotated_heads < g.heads) {
+    Tensor(y).copy_from(x);  // a handle: y's memory
+    from = &y;
+  }
+  const index_t row = g.heads * g.head_dim;
+  const auto layout = rope.layout == RotaryLayout::Interleaved ? cuda::RotaryLayout::Interleaved
+                                                               : cuda::RotaryLayout::HalfSplit;
+  const auto launch = sign > 0 ? cuda::rotary_forward : cuda::rotary_backward;
+  launch(x.dtype(), from->raw(), row, y.raw(), row, positions.data<std::int32_t>(), g.tokens,
+         g.rotated_heads, g.head_dim, g.rotary_dim, rope.base, layout);
+}
+#endif
+
 void rotate(const char* op, const Arg& ax, const Arg& ap, const RotarySpec& rope, const Arg& ay,
             index_t rotated_heads, double sign) {
   on_device(op, {ax, ap, ay});
@@ -52,7 +71,10 @@ void rotate(const char* op, const Arg& ax, const Arg& ap, const RotarySpec& rope
   const kernels::RotaryGeometry g = rotary_geometry(op, ax, ap, ay, rope, rotated_heads);
   MESH_VERIFY(ax.t.raw() == ay.t.raw() || !overlaps(ax.t, ay.t),
               op << ": " << describe(ay) << " must be " << ax.name << " itself or apart from it");
-  if (device) not_yet_on_gpu(op);
+  if (device) {
+    ON_CUDA(rotate_on_device(ax.t, ap.t, g, rope, ay.t, sign));
+    return;
+  }
   with_storage_type(ax.t.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::rotary<Host>(ax.t.data<T>(), ap.t.data<std::int32_t>(), g, rope.base, sign,

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "gpu_test_util.hpp"
+#include "ops/ops.hpp"
 #include "ops/ops_cuda.hpp"
 
 namespace meshtron {
@@ -434,6 +435,54 @@ TEST(GpuModelOps, GatedActivationsMatchReference) {
         expect_close((c.misaligned ? mdx.view : dx).to_doubles(), want_dx, tol,
                      what + " backward");
       }
+}
+
+}  // namespace
+}  // namespace meshtron
+
+// The op table sends device tensors to these kernels: ops:: on the device
+// equals ops:: on the host in fp32 (rotary: some heads rotated, out of place).
+namespace meshtron {
+namespace {
+
+Tensor device_copy(const Tensor& host) { return host.to_space(MemorySpace::Cuda); }
+
+double max_rel_diff(const Tensor& device, const Tensor& host) {
+  const Tensor a = device.to_host().to(DType::F64), b = host.to(DType::F64);
+  double diff = 0, scale = 1e-30;
+  for (index_t i = 0; i < a.numel(); ++i) {
+    diff = std::max(diff, std::abs(a.data<double>()[i] - b.data<double>()[i]));
+    scale = std::max(scale, std::abs(b.data<double>()[i]));
+  }
+  return diff / scale;
+}
+
+TEST(GpuModelOps, OpTableDispatchesToTheKernels) {
+  REQUIRE_GPU();
+  const Tensor x = gpu_test::random_rounded({6, 4, 32}, DType::F32, 11, -2, 2).to(DType::F32);
+  const Tensor x2 = x.reshape({24, 32});
+  const Tensor gamma = gpu_test::random_rounded({32}, DType::F32, 12, 0.5, 1.5).to(DType::F32);
+  Tensor y = Tensor::empty({24, 32}), rstd = Tensor::empty({24});
+  ops::rmsnorm_forward(x2, gamma, 1e-5, y, rstd);
+  Tensor yd = Tensor::empty({24, 32}, DType::F32, MemorySpace::Cuda);
+  Tensor rd = Tensor::empty({24}, DType::F32, MemorySpace::Cuda);
+  ops::rmsnorm_forward(device_copy(x2), device_copy(gamma), 1e-5, yd, rd);
+  EXPECT_LT(max_rel_diff(yd, y), 1e-6);
+
+  Tensor positions = Tensor::empty({6}, DType::I32);
+  for (int t = 0; t < 6; ++t) positions.data<std::int32_t>()[t] = 100 + t;
+  const ops::RotarySpec rope{16, 10000.0, ops::RotaryLayout::HalfSplit};
+  Tensor r = Tensor::empty({6, 4, 32});
+  ops::rotary_forward(x, positions, rope, r, /*rotated_heads=*/3);
+  Tensor rdev = gpu_test::poisoned({6, 4, 32}, DType::F32);
+  ops::rotary_forward(device_copy(x), device_copy(positions), rope, rdev, 3);
+  EXPECT_LT(max_rel_diff(rdev, r), 1e-6);
+
+  Tensor g = Tensor::empty({24, 16});
+  ops::gated_activation_forward(x2, ops::GatedActivation::SiLU, g);
+  Tensor gd = Tensor::empty({24, 16}, DType::F32, MemorySpace::Cuda);
+  ops::gated_activation_forward(device_copy(x2), ops::GatedActivation::SiLU, gd);
+  EXPECT_LT(max_rel_diff(gd, g), 1e-6);
 }
 
 }  // namespace
