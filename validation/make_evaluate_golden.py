@@ -11,11 +11,8 @@ make_gpt2_golden.py). Runs on CPU in a second; no GPU is used.
     cd validation
     python3 make_evaluate_golden.py --out evaluate-golden
 
-From a meshtron session without torch locally, run it on the GPU node with the
-device tool, then copy the file back:
-
-    run: cd validation && PYTHONUNBUFFERED=1 python3 make_evaluate_golden.py --out $OUT
-    then: cp <files_at>/golden.json validation/evaluate-golden/
+Where the build machine has no torch, run it on any machine that has, and
+copy evaluate-golden/golden.json back into validation/.
 
 What it computes
 ----------------

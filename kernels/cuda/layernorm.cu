@@ -380,11 +380,11 @@ kindex forward_blocks(kindex N) {
 // Other shapes measured and dropped: 4- and 6-row tiles (0.07-0.15
 // of the copy lost to the per-tile barrier and bookkeeping, with or without
 // a second block per SM), 16 rows at K = 3 (+0.01), two groups of column
-// warps (more warps: -0.06); perf/tried/s50_ln_backward_*.patch. Whole
+// warps (more warps: -0.06); docs/performance-notes.md. Whole
 // rows per warp with each lane's column sums in registers (no column warps,
 // no per-tile barrier) ran 8-15 % fewer instructions but lost the overlap
 // of row and column work: bf16 768 0.65 of the copy against 0.68, 1280 0.63
-// against 0.71 (perf/tried/s51_ln_backward_whole_rows_per_warp.patch).
+// against 0.71 (docs/performance-notes.md).
 template <int K>
 inline constexpr int kSplitRows = K == 5 ? 7 : K <= 8 ? 8 : 4;
 
