@@ -205,7 +205,7 @@ class TrainRun {
     state.consumed_samples = std::int64_t(step) * c_.training.global_batch_size;
     state.seed = c_.run.seed;
     state.skipped_steps = skipped_;
-    state.deck_text = c_.deck_text;
+    state.deck_text = c_.text_with_overrides();
     save_trainer_checkpoint(trainer_, c_.checkpoint.save_dir, state, c_.checkpoint.keep_last);
     last_saved_ = step;
     if (rank0_) std::cout << " > saved checkpoint " << c_.checkpoint.save_dir << "/"
