@@ -389,7 +389,7 @@ namespace {
 
 // What a checkpoint stores reads back to the configuration the run built,
 // --set overrides included (they win over the decks, as on the command line).
-TEST(DeckFiles, TextWithOverridesReadsBackToTheSameValues) {
+TEST(Config, TextWithOverridesReadsBackToTheSameValues) {
   const RunConfig c = RunConfig::from_text("[model]\nnum_layers = 4\nhidden_size = 64\n",
                                            {"model.num_layers=2", "optimizer.lr=0.5"});
   const RunConfig back = RunConfig::from_text(c.text_with_overrides());
