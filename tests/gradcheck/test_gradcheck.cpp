@@ -339,11 +339,13 @@ TEST_F(GradCheck, LmHeadLoss) {
 }
 
 /// The whole model: 2 layers, h 16, 2 heads, vocab 50 padded to 64, s 6,
-/// b 2, all dropouts on; objective = the mean per-token loss.
+/// b 2, all dropouts on, the head tied or untied; objective = the mean
+/// per-token loss.
 class GptModelGradCheck : public GradCheck {
  protected:
-  GptModelGradCheck()
-      : model(small_config(0.1), StagePlacement::whole_model(2), ctx, DType::F64, 7),
+  explicit GptModelGradCheck(bool tied = true)
+      : model(tied_or_not(small_config(0.1), tied), StagePlacement::whole_model(2), ctx,
+              DType::F64, 7),
         ids(random_ids(kVocab)),
         targets(random_ids(kVocab)) {
     s.params = model.parameters();
@@ -361,9 +363,19 @@ class GptModelGradCheck : public GradCheck {
     mean_weights.fill(1.0 / double(kTokens));
   }
 
+  static ModelSpec tied_or_not(ModelSpec c, bool tied) {
+    c.tie_word_embeddings = tied;
+    return c;
+  }
+
   GptModel model;
   Tensor ids, targets, mean_weights;
   Subject s;
+};
+
+class UntiedGptModelGradCheck : public GptModelGradCheck {
+ protected:
+  UntiedGptModelGradCheck() : GptModelGradCheck(/*tied=*/false) {}
 };
 
 TEST_F(GptModelGradCheck, EveryParameter) {
@@ -371,6 +383,14 @@ TEST_F(GptModelGradCheck, EveryParameter) {
   expect_dropout_active(s);
   const auto errors = expect_gradients_match("GptModel(p=0.1)", s, mean_weights);
   EXPECT_EQ(errors.size(), 2 + 2 * 12 + 2u);  // embedding, 2 layers, final norm
+}
+
+TEST_F(UntiedGptModelGradCheck, EveryParameterWithItsOwnOutputWeight) {
+  ASSERT_EQ(model.head_word_weight(), nullptr);
+  const auto errors = expect_gradients_match("GptModel(untied)", s, mean_weights);
+  ASSERT_EQ(errors.size(), 2 + 2 * 12 + 2 + 1u);  // embedding, 2 layers, final norm, head
+  EXPECT_EQ(errors.back().name, "output_layer.weight");
+  EXPECT_GT(errors.back().checked, 0);
 }
 
 TEST_F(GptModelGradCheck, BackwardAccumulatesIntoGrad) {

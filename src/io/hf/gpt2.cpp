@@ -20,6 +20,7 @@ std::string hf_name_of(const std::string& name) {
       {std::regex(R"(^layers\.(\d+)\.mlp\.proj\.(weight|bias)$)"),
        "transformer.h.$1.mlp.c_proj.$2"},
       {std::regex(R"(^final_norm\.(weight|bias)$)"), "transformer.ln_f.$1"},
+      {std::regex(R"(^output_layer\.weight$)"), "lm_head.weight"},
   };
   for (const auto& [pattern, replacement] : rules)
     if (std::regex_match(name, pattern)) return std::regex_replace(name, pattern, replacement);

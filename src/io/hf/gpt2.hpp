@@ -11,7 +11,8 @@
 //   transformer.h.{i}.mlp.c_fc.*      layers.{i}.mlp.fc.*
 //   transformer.h.{i}.mlp.c_proj.*    layers.{i}.mlp.proj.*
 //   transformer.ln_f.*                final_norm.*
-// lm_head.weight is tied to wte and not stored.
+//   lm_head.weight                    output_layer.weight     (untied only; rows split over tp)
+// A tied lm_head.weight is wte and not stored.
 #pragma once
 
 #include <string>
