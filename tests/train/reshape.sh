@@ -3,6 +3,7 @@
 # optimizer after 3 steps; load at other layouts without it; the next 2 steps
 # match the uninterrupted (2, 2, 2) run.
 #   reshape.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
+# RESHAPE_SETS (optional): further "section.key=value" overrides of every run.
 set -euo pipefail
 meshtron=$1 work=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,8 +14,10 @@ run() {
     --set lr_schedule.decay_iters=5 --set parallel.tensor_parallel="$tp" \
     --set parallel.pipeline_parallel="$pp" --set parallel.distributed_optimizer="$distopt" \
     --set run.name="$name" --set run.output_dir="$work/runs" \
-    --set checkpoint.save_dir="$work/$name" --set checkpoint.load="$load"
+    --set checkpoint.save_dir="$work/$name" --set checkpoint.load="$load" "${extra[@]}"
 }
+extra=()
+for kv in ${RESHAPE_SETS:-}; do extra+=(--set "$kv"); done
 run 8 whole 2 2 true 5 "" "$@"
 run 8 first 2 2 true 3 "" "$@"
 for layout in "8 1 1" "8 4 2" "8 1 4" "1 1 1"; do
