@@ -24,10 +24,6 @@ namespace meshtron::io {
 /// HF tensor name of a meshtron parameter name (throws UserError if none).
 std::string hf_name_of(const std::string& meshtron_name);
 
-/// Copy this rank's shard of `global` (the unsharded, unpadded logical tensor)
-/// into p.value; padded vocabulary rows become zero.
-void load_shard(Parameter& p, const Tensor& global, int tp_rank, int tp_size);
-
 /// Load every parameter of `params` from a Hugging Face model folder
 /// (config.json + model.safetensors), converting dtypes as needed.
 void import_hf_gpt2(const std::string& model_dir, const ParameterList& params, int tp_rank,

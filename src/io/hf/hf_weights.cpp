@@ -25,6 +25,21 @@ std::string shard_name(std::size_t k, std::size_t n) {
 
 }  // namespace
 
+void load_shard(Parameter& p, const Tensor& global, int tp_rank, int tp_size) {
+  MESH_REQUIRE(global.shape() == p.global_shape,
+               "tensor for '" << p.name << "' has shape " << shape_string(global.shape())
+                              << ", the model expects " << shape_string(p.global_shape));
+  const Tensor src = global.is_host() ? global : global.to_host();
+  const index_t n = src.numel();
+  // Gather the shard on the host in the parameter's dtype; one copy to a
+  // device parameter.
+  Tensor shard = p.value.is_host() ? p.value : Tensor::empty(p.value.shape(), p.value.dtype());
+  for_each_global_index(p, tp_rank, tp_size, [&](index_t local, index_t g) {
+    set_element_from_double(shard, local, g < n ? element_as_double(src, g) : 0.0);
+  });
+  if (!p.value.is_host()) p.value.copy_from(shard);
+}
+
 HfWeights::HfWeights(const std::string& model_dir) : dir_(model_dir) {
   const fs::path index = fs::path(model_dir) / kIndexFile;
   if (!fs::exists(index)) {

@@ -1,7 +1,8 @@
 // The weights of a Hugging Face model folder, read and written as
 // transformers' save_pretrained lays them out: one model.safetensors, or
 // shards model-0000k-of-0000n.safetensors with model.safetensors.index.json
-// ({"metadata": {"total_size": bytes}, "weight_map": {tensor: shard}}).
+// ({"metadata": {"total_size": bytes}, "weight_map": {tensor: shard}}),
+// and the shard of a global tensor a rank loads from them (every family).
 #pragma once
 
 #include <cstdint>
@@ -12,11 +13,16 @@
 #include <vector>
 
 #include "io/safetensors.hpp"
+#include "model/parameter.hpp"
 
 namespace meshtron::io {
 
 /// transformers' default max_shard_size ("5GB", decimal).
 inline constexpr std::uint64_t kHfMaxShardBytes = 5'000'000'000;
+
+/// Copy this rank's shard of `global` (the unsharded, unpadded logical tensor)
+/// into p.value; padded vocabulary rows become zero.
+void load_shard(Parameter& p, const Tensor& global, int tp_rank, int tp_size);
 
 class HfWeights {
  public:

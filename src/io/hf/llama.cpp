@@ -4,7 +4,6 @@
 #include <regex>
 
 #include "common/error.hpp"
-#include "io/hf/gpt2.hpp"
 #include "io/hf/hf_weights.hpp"
 
 namespace meshtron::io {
