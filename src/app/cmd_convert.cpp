@@ -1,13 +1,17 @@
-// meshtron convert: Hugging Face GPT2LMHeadModel <-> meshtron checkpoint.
+// meshtron convert: Hugging Face GPT2LMHeadModel, LlamaForCausalLM or
+// MistralForCausalLM <-> meshtron checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
-//       config.json + model.safetensors -> CKPT_DIR/iter_0000000.h5 (+ latest)
+//       config.json + model.safetensors (or its shards and
+//       model.safetensors.index.json) -> CKPT_DIR/iter_0000000.h5 (+ latest)
 //       and CKPT_DIR/model.deck, the [model] section of the converted model
 //       (also stored in the checkpoint), so that
 //       `meshtron train CKPT_DIR/model.deck my-run.deck` fine-tunes it
 //       (checkpoint.load = CKPT_DIR/iter_0000000.h5).
 //   meshtron convert --from CKPT.h5 --to hf MODEL_DIR
-//       -> config.json + model.safetensors that transformers loads unchanged
+//       -> config.json + model.safetensors (shards + index above 5 GB) that
+//       transformers loads unchanged; the family (GPT-2 or Llama) is the
+//       one the checkpoint's model is of (io::is_llama_family).
 //
 // Runs on one rank: the whole model is assembled on it (a checkpoint written
 // by any decomposition loads into one rank like into any other).
@@ -23,6 +27,10 @@
 #include "io/checkpoint.hpp"
 #include "io/hf/gpt2_config.hpp"
 #include "io/hf/gpt2.hpp"
+#include "io/hf/hf_json.hpp"
+#include "io/hf/hf_weights.hpp"
+#include "io/hf/llama.hpp"
+#include "io/hf/llama_config.hpp"
 #include "io/safetensors.hpp"
 #include "model/gpt_model.hpp"
 
@@ -73,11 +81,40 @@ struct SingleRankModel {
   GptModel model;
 };
 
+/// Whether the model folder's config.json names a Llama-family model (by
+/// model_type, else its first architecture) rather than GPT-2; a UserError
+/// names any other family.
+bool is_llama_folder(const std::string& dir) {
+  const std::string file = io::config_file_of(dir);
+  const nlohmann::json j = io::parse_json_file(file);
+  std::string type, arch;
+  io::Fields(j, file).text("model_type", type);
+  if (j.contains("architectures") && j["architectures"].is_array() &&
+      !j["architectures"].empty() && j["architectures"][0].is_string())
+    arch = j["architectures"][0].get<std::string>();
+  if (type == "llama" || type == "mistral" ||
+      (type.empty() && (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM")))
+    return true;
+  MESH_REQUIRE(type == "gpt2" || (type.empty() && (arch.empty() || arch == "GPT2LMHeadModel")),
+               "Hugging Face config '" << file << "': model_type '" << type << "' ("
+                   << (arch.empty() ? "no architectures" : arch)
+                   << ") is not gpt2, llama or mistral");
+  return false;
+}
+
 int hf_to_checkpoint(const ConvertArgs& a) {
-  const io::HfGpt2Config hf = io::read_hf_gpt2_config(a.from);
-  const ModelSpec c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
+  const bool llama = is_llama_folder(a.from);
+  ModelSpec c;
+  if (llama) {
+    const io::HfLlamaConfig hf = io::read_hf_llama_config(a.from);
+    c = io::model_spec_from_hf(hf, int(hf.max_position_embeddings), 1, 1);
+  } else {
+    const io::HfGpt2Config hf = io::read_hf_gpt2_config(a.from);
+    c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
+  }
   SingleRankModel m(c);
-  io::import_hf_gpt2(a.from, m.model.parameters(), 0, 1);
+  if (llama) io::import_hf_llama(a.from, c, m.model.parameters(), 0, 1);
+  else io::import_hf_gpt2(a.from, m.model.parameters(), 0, 1);
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
   for (Parameter* p : m.model.parameters()) tensors.push_back({p, nullptr, nullptr});
@@ -114,9 +151,13 @@ ModelSpec config_of_checkpoint(const io::CheckpointInfo& info) {
   c.vocab_size = int(shapes["model/embedding.word.weight"][0]);
   c.padded_vocab_size = c.vocab_size;
   c.hidden_size = int(shapes["model/embedding.word.weight"][1]);
-  c.max_positions = int(shapes["model/embedding.position.weight"][0]);
+  // Without a learned position table (rotary) the deck's context stands.
+  if (shapes.count("model/embedding.position.weight"))
+    c.max_positions = int(shapes["model/embedding.position.weight"][0]);
   c.seq_length = c.max_positions;
-  c.block.mlp.ffn_hidden_size = int(shapes["model/layers.0.mlp.fc.weight"][1]);
+  // A gated MLP's fc holds the gate and the value side by side.
+  c.block.mlp.ffn_hidden_size = int(shapes["model/layers.0.mlp.fc.weight"][1]) /
+                                (is_gated(c.block.mlp.activation) ? 2 : 1);
   c.hidden_dropout = c.attention_dropout = 0;
   return c;
 }
@@ -133,10 +174,15 @@ int checkpoint_to_hf(const ConvertArgs& a) {
   io::load_checkpoint(a.from, topo, tensors, state, /*load_optimizer=*/false);
 
   std::vector<std::pair<std::string, Tensor>> out;
-  for (Parameter* p : m.model.parameters()) out.push_back({io::hf_name_of(p->name), p->value});
-  std::filesystem::create_directories(a.to);
-  io::write_safetensors(a.to + "/model.safetensors", out, {{"format", "pt"}});
-  io::write_hf_gpt2_config(a.to + "/config.json", io::hf_gpt2_config_from_spec(c));
+  const bool llama = io::is_llama_family(c);
+  if (llama) {
+    out = io::hf_llama_tensors(c, m.model.parameters());
+  } else {
+    for (Parameter* p : m.model.parameters()) out.push_back({io::hf_name_of(p->name), p->value});
+  }
+  io::write_hf_weights(a.to, out);
+  if (llama) io::write_hf_llama_config(a.to + "/config.json", io::hf_llama_config_from_spec(c));
+  else io::write_hf_gpt2_config(a.to + "/config.json", io::hf_gpt2_config_from_spec(c));
   std::cout << "converted " << a.from << " (iteration " << info.state.iteration << ") -> "
             << a.to << " (" << out.size() << " tensors)\n";
   return 0;

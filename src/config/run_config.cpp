@@ -212,7 +212,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.add_bias_linear", &m.add_bias_linear, "bool",
       "biases on the linear layers" + unbuilt("false"));
   key("model.untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights,
-      "bool", "LM head with its own weights" + unbuilt("true"));
+      "bool", "LM head with its own weights (output_layer.weight) instead of the word table");
   key("model.parallel_residual", &m.parallel_residual, "bool",
       "attention and MLP on the same normed input, one residual add" + unbuilt("true"));
 

@@ -57,7 +57,7 @@ class LmHeadLoss {
   /// dloss [s*b] -> dx [s/sp * b, h]; accumulates into the word gradient.
   Tensor backward(const Tensor& dloss, LayerContext& ctx, const Cache& cache);
 
-  Parameter* word;  ///< Not owned (the tied embedding table).
+  Parameter* word;  ///< Not owned (the tied word table or the untied output weight).
 
  private:
   ModelSpec config_;

@@ -7,7 +7,6 @@ namespace meshtron {
 GptModel::GptModel(const ModelSpec& c, const StagePlacement& placement, LayerContext& ctx,
                    DType dtype, std::uint64_t seed)
     : config_(c), placement_(placement) {
-  require_built(c.tie_word_embeddings, "GptModel", "untie_embeddings_and_output_weights = true");
   require_built(!c.embedding_norm, "GptModel", "embedding_norm = true");
   if (placement.has_embedding) embedding_.emplace(c, ctx, dtype);
   layers_.reserve(std::size_t(placement.num_layers));
@@ -16,16 +15,20 @@ GptModel::GptModel(const ModelSpec& c, const StagePlacement& placement, LayerCon
   if (placement.has_head) {
     final_norm_.emplace("final_norm", c.hidden_size, c.block.norm, dtype, ctx.sequence_parallel,
                         ctx.space);
-    Parameter* word = nullptr;
-    if (embedding_) {
-      word = &embedding_->word;
-    } else {
-      head_copy_.emplace(make_word_embedding(c, ctx, dtype));
-      word = &*head_copy_;
-    }
-    head_.emplace(c, *word);
+    head_.emplace(c, head_weight(ctx, dtype));
   }
   initialise(ctx, seed);
+}
+
+Parameter& GptModel::head_weight(const LayerContext& ctx, DType dtype) {
+  if (!config_.tie_word_embeddings) {
+    output_weight_.emplace(make_word_embedding(config_, ctx, dtype));
+    output_weight_->name = "output_layer.weight";
+    return *output_weight_;
+  }
+  if (embedding_) return embedding_->word;
+  head_copy_.emplace(make_word_embedding(config_, ctx, dtype));
+  return *head_copy_;
 }
 
 void GptModel::initialise(LayerContext& ctx, std::uint64_t seed) {
@@ -40,6 +43,7 @@ void GptModel::initialise(LayerContext& ctx, std::uint64_t seed) {
     init_normal(embedding_->position, seed, config_.init_std, r, p);
   }
   if (head_copy_) init_normal(*head_copy_, seed, config_.init_std, r, p);
+  if (output_weight_) init_normal(*output_weight_, seed, config_.init_std, r, p);
   for (auto& layer : layers_) {
     init_normal(layer.attention.qkv.weight, seed, config_.init_std, r, p);
     init_normal(layer.attention.proj.weight, seed, out_std, r, p);
@@ -61,8 +65,13 @@ ParameterList GptModel::parameters() {
   if (embedding_) embedding_->collect(out);
   for (auto& layer : layers_) layer.collect(out);
   if (final_norm_) final_norm_->collect(out);
-  if (head_copy_) out.push_back(&*head_copy_);
+  collect_head(out);
   return out;
+}
+
+void GptModel::collect_head(ParameterList& out) {
+  if (head_copy_) out.push_back(&*head_copy_);
+  if (output_weight_) out.push_back(&*output_weight_);
 }
 
 Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContext& ctx,
@@ -88,7 +97,7 @@ Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContex
   if (!head_) return x;
   gathered([&](ParameterList& out) {
     self.final_norm_->collect(out);
-    if (self.head_copy_) out.push_back(&*self.head_copy_);
+    self.collect_head(out);
   });
   Tensor normed = final_norm_->forward(x, cache.final_norm);
   return head_->forward(normed, targets, ctx, cache.head);
@@ -122,11 +131,12 @@ Tensor GptModel::backward(const Tensor& dout, LayerContext& ctx, const Cache& ca
   if (head_) {
     dx = final_norm_->backward(head_->backward(dout, ctx, cache.head), cache.final_norm, nullptr,
                                &chain);
-    // The head's word table is final here only as the last stage's copy;
-    // with pp = 1 it is the embedding's table, reported with the embedding.
+    // The head's weight is final here when it is the head's own (untied,
+    // or the last stage's copy); with pp = 1 a tied head uses the
+    // embedding's table, reported with the embedding.
     report([&](ParameterList& out) {
       final_norm_->collect(out);
-      if (head_copy_) out.push_back(&*head_copy_);
+      collect_head(out);
     });
   }
   for (std::size_t i = layers_.size(); i-- > 0;) {

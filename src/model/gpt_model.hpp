@@ -3,12 +3,15 @@
 //
 //   first stage:  token + position embedding
 //   every stage:  its contiguous block of transformer layers
-//   last stage:   final LayerNorm, LM head tied to the word embedding, loss
+//   last stage:   final norm, LM head, loss
 //
-// With pp = 1 the head uses the embedding's own table. With pp > 1 the last
-// stage keeps a copy initialised identically, and the two gradients are
-// summed over the embedding group before the optimizer (Megatron's
-// word_embeddings_for_head), so the copies stay equal.
+// A tied head (tie_word_embeddings) uses the word embedding: with pp = 1 the
+// embedding's own table; with pp > 1 the last stage keeps a copy
+// initialised identically, and the two gradients are summed over the
+// embedding group before the optimizer (Megatron's
+// word_embeddings_for_head), so the copies stay equal. An untied head owns
+// its vocab-parallel weight `output_layer.weight` [V_pad/tp, h] (Megatron's
+// untie_embeddings_and_output_weights): nothing to copy or keep in sync.
 #pragma once
 
 #include <functional>
@@ -39,8 +42,8 @@ class GptModel {
     LmHeadLoss::Cache head;
   };
 
-  /// Rejects an untied head and a norm after the embedding; its layers
-  /// reject what they do not build.
+  /// Rejects a norm after the embedding; its layers reject what they do
+  /// not build.
   GptModel(const ModelSpec& config, const StagePlacement& placement, LayerContext& ctx,
            DType dtype, std::uint64_t seed);
 
@@ -64,15 +67,23 @@ class GptModel {
   /// on `stream`.
   void draw_attention_masks_ahead(const LayerContext& ctx, void* stream);
 
-  /// All parameters of this stage (the tied head weight once).
+  /// All parameters of this stage (a tied head weight once).
   ParameterList parameters();
   const ModelSpec& config() const { return config_; }
   const StagePlacement& placement() const { return placement_; }
-  /// The word-embedding table the head uses (this stage's copy), or null.
-  Parameter* head_word_weight() { return head_ ? head_->word : nullptr; }
+  /// The word-embedding table a tied head uses (this stage's copy), or
+  /// null (no head, or an untied one).
+  Parameter* head_word_weight() {
+    return head_ && config_.tie_word_embeddings ? head_->word : nullptr;
+  }
   Embedding* embedding() { return embedding_ ? &*embedding_ : nullptr; }
 
  private:
+  /// The weight the head multiplies by, made here unless it is the
+  /// embedding's own table.
+  Parameter& head_weight(const LayerContext& ctx, DType dtype);
+  /// The head's parameters that no other part collects.
+  void collect_head(ParameterList& out);
   void initialise(LayerContext& ctx, std::uint64_t seed);
 
   ModelSpec config_;
@@ -80,7 +91,8 @@ class GptModel {
   std::optional<Embedding> embedding_;
   std::vector<TransformerLayer> layers_;
   std::optional<LayerNorm> final_norm_;
-  std::optional<Parameter> head_copy_;  ///< word table copy on a last stage without embedding
+  std::optional<Parameter> head_copy_;  ///< tied: word table copy on a last stage without embedding
+  std::optional<Parameter> output_weight_;  ///< untied: the head's own weight
   std::optional<LmHeadLoss> head_;
 };
 

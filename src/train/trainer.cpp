@@ -207,6 +207,12 @@ Trainer::Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& 
                    run.lr_schedule.decay_iters, run.lr_schedule.decay_style};
 }
 
+OptimizerGroups Trainer::optimizer_groups() {
+  OptimizerGroups groups = rt_.optimizer_groups();
+  if (!model_spec_.tie_word_embeddings) groups.embedding = nullptr;
+  return groups;
+}
+
 ParameterList Trainer::parameters() {
   // Callers read the values (checkpoints, exports, tests): under
   // overlap_param_gather the last step's gathers may still be in flight.
@@ -272,7 +278,7 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
   // reports them to the optimizer, which may start reducing them
   // (parallel.overlap_grad_reduce; earlier micro-batches only accumulate).
   const std::vector<bool> final_backward = last_backward_per_chunk(tasks);
-  OptimizerGroups groups = rt_.optimizer_groups();
+  OptimizerGroups groups = optimizer_groups();
   auto grads_done = [&](const ParameterList& done) {
     optimizer_->grads_ready(done, groups);
     rt_.dp.progress();  // Open MPI advances the started buckets only inside MPI calls
@@ -518,7 +524,7 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   r.lr = lr_.at(step);
   r.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const bool guard = run_.training.check_for_nan;
-  OptimizerGroups groups = rt_.optimizer_groups();
+  OptimizerGroups groups = optimizer_groups();
   // The update is queued before the loss is read, so that the device never
   // waits for the host inside the step. check_for_nan still skips a step
   // whose loss is not finite: such a loss comes from non-finite logits, whose

@@ -67,6 +67,9 @@ class Trainer {
   /// The fp16 loss scaler; null under fp32 and bf16 (scale 1).
   DynamicLossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
   ParallelRuntime& runtime() { return rt_; }
+  /// The runtime's groups for the optimizer, without the embedding group
+  /// when the head is untied (no word table copy to keep in sync).
+  OptimizerGroups optimizer_groups();
 
   /// Layers of this rank's first model chunk (interleaving makes more,
   /// smaller chunks; parallel.pipeline_layers may make stages unequal).

@@ -13,7 +13,7 @@ struct FullState {
 
 FullState gather_state(Trainer& trainer) {
   FullState s;
-  OptimizerGroups groups = trainer.runtime().optimizer_groups();
+  OptimizerGroups groups = trainer.optimizer_groups();
   trainer.optimizer().full_state(s.exp_avg, s.exp_avg_sq, s.master, groups);
   return s;
 }

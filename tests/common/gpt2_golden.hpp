@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/golden_tokens.hpp"
 #include "io/hf/gpt2_config.hpp"
 #include "io/hf/gpt2.hpp"
 #include "io/safetensors.hpp"
@@ -26,29 +27,6 @@ namespace meshtron::golden {
 namespace {
 
 const std::string kDir = std::string(MESHTRON_SOURCE_DIR) + "/validation/gpt2-golden";
-constexpr int kBatch = 2, kSeq = 16;
-
-/// max |a - b| / max(|b|_inf, tiny): one relative error per tensor.
-double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(a[i] - b[i]));
-    scale = std::max(scale, std::fabs(b[i]));
-  }
-  return diff / std::max(scale, 1e-30);
-}
-
-/// Golden tokens of step k as [s, b]-ordered ids and targets.
-void step_tokens(const Tensor& tokens, int k, Tensor& ids, Tensor& targets) {
-  ids = Tensor::empty({kSeq * kBatch}, DType::I32);
-  targets = Tensor::empty({kSeq * kBatch}, DType::I32);
-  const auto* t = tokens.data<std::int32_t>() + k * kBatch * (kSeq + 1);
-  for (int b = 0; b < kBatch; ++b)
-    for (int s = 0; s < kSeq; ++s) {
-      ids.data<std::int32_t>()[s * kBatch + b] = t[b * (kSeq + 1) + s];
-      targets.data<std::int32_t>()[s * kBatch + b] = t[b * (kSeq + 1) + s + 1];
-    }
-}
 
 class Gpt2Golden : public ::testing::TestWithParam<MemorySpace> {
  protected:

@@ -506,7 +506,8 @@ TEST_F(GradCheck, TransformerLayerWithRmsNormAndSwiglu) {
 }
 
 /// The whole model: 2 layers, h 16, 2 heads, vocab 50 padded to 64, s 6,
-/// b 2, all dropouts on; objective = the mean per-token loss.
+/// b 2, all dropouts on, the head tied or untied; objective = the mean
+/// per-token loss.
 class GptModelGradCheck : public GradCheck {
  protected:
   GptModelGradCheck() : GptModelGradCheck(small_config(0.1)) {}
@@ -529,9 +530,19 @@ class GptModelGradCheck : public GradCheck {
     mean_weights.fill(1.0 / double(kTokens));
   }
 
+  static ModelSpec tied_or_not(ModelSpec c, bool tied) {
+    c.tie_word_embeddings = tied;
+    return c;
+  }
+
   GptModel model;
   Tensor ids, targets, mean_weights;
   Subject s;
+};
+
+class UntiedGptModelGradCheck : public GptModelGradCheck {
+ protected:
+  UntiedGptModelGradCheck() : GptModelGradCheck(tied_or_not(small_config(0.1), false)) {}
 };
 
 TEST_F(GptModelGradCheck, EveryParameter) {
@@ -552,6 +563,14 @@ TEST_F(LlamaNormMlpModelGradCheck, EveryParameter) {
   const auto errors = expect_gradients_match("GptModel(rmsnorm,swiglu)", s, mean_weights);
   EXPECT_EQ(errors.size(), 2 + 2 * 8 + 1u);  // embedding, 2 layers, final norm: no biases
                                               // but the attention's
+}
+
+TEST_F(UntiedGptModelGradCheck, EveryParameterWithItsOwnOutputWeight) {
+  ASSERT_EQ(model.head_word_weight(), nullptr);
+  const auto errors = expect_gradients_match("GptModel(untied)", s, mean_weights);
+  ASSERT_EQ(errors.size(), 2 + 2 * 12 + 2 + 1u);  // embedding, 2 layers, final norm, head
+  EXPECT_EQ(errors.back().name, "output_layer.weight");
+  EXPECT_GT(errors.back().checked, 0);
 }
 
 TEST_F(GptModelGradCheck, BackwardAccumulatesIntoGrad) {

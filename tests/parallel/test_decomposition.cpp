@@ -107,6 +107,25 @@ TEST(Decomposition, NamedUnevenPipelineSplitMatchesSingleRankRun) {
                   single_rank_reference(DType::F64), 1e-10, 1e-10);
 }
 
+// model.untie_embeddings_and_output_weights: the head's own
+// output_layer.weight (vocabulary rows split over tp, on the last stage only,
+// no embedding-group reduction) on tp 2 x pp 2, with and without the
+// distributed optimizer, against one rank of the same untied model.
+TEST(Decomposition, UntiedOutputWeightsMatchSingleRankRun) {
+  const int world = world_size();
+  if (world % 4) GTEST_SKIP() << "needs a world divisible by 4";
+  const std::vector<std::string> untied{"model.untie_embeddings_and_output_weights=true"};
+  const RunResult one_rank = train_layout(MPI_COMM_SELF, Layout{.overrides = untied}, DType::F64);
+  ASSERT_TRUE(one_rank.params.count("output_layer.weight"));
+  EXPECT_NE(one_rank.params.at("output_layer.weight"), one_rank.params.at("embedding.word.weight"));
+  for (bool distopt : {false, true}) {
+    Layout layout{2, 2, world / 4, "1f1b", distopt, true};
+    layout.overrides = untied;
+    SCOPED_TRACE(layout.name());
+    expect_same_run(train_layout(MPI_COMM_WORLD, layout, DType::F64), one_rank, 1e-10, 1e-10);
+  }
+}
+
 // "balanced" through the trainer, 1f1b and interleaved (uneven model chunks,
 // which no named split makes). With a vocabulary of 1000 the head is worth
 // 2.5 of this model's layers (32 x 1000 / 12800), so the split is uneven:

@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "common/error.hpp"
+#include "io/hf/hf_weights.hpp"
 #include "io/safetensors.hpp"
 
 namespace meshtron::io {
@@ -20,25 +21,11 @@ std::string hf_name_of(const std::string& name) {
       {std::regex(R"(^layers\.(\d+)\.mlp\.proj\.(weight|bias)$)"),
        "transformer.h.$1.mlp.c_proj.$2"},
       {std::regex(R"(^final_norm\.(weight|bias)$)"), "transformer.ln_f.$1"},
+      {std::regex(R"(^output_layer\.weight$)"), "lm_head.weight"},
   };
   for (const auto& [pattern, replacement] : rules)
     if (std::regex_match(name, pattern)) return std::regex_replace(name, pattern, replacement);
   throw UserError("no Hugging Face GPT-2 tensor corresponds to parameter '" + name + "'");
-}
-
-void load_shard(Parameter& p, const Tensor& global, int tp_rank, int tp_size) {
-  MESH_REQUIRE(global.shape() == p.global_shape,
-               "tensor for '" << p.name << "' has shape " << shape_string(global.shape())
-                              << ", the model expects " << shape_string(p.global_shape));
-  const Tensor src = global.is_host() ? global : global.to_host();
-  const index_t n = src.numel();
-  // Gather the shard on the host in the parameter's dtype; one copy to a
-  // device parameter.
-  Tensor shard = p.value.is_host() ? p.value : Tensor::empty(p.value.shape(), p.value.dtype());
-  for_each_global_index(p, tp_rank, tp_size, [&](index_t local, index_t g) {
-    set_element_from_double(shard, local, g < n ? element_as_double(src, g) : 0.0);
-  });
-  if (!p.value.is_host()) p.value.copy_from(shard);
 }
 
 void import_hf_gpt2(const std::string& model_dir, const ParameterList& params, int tp_rank,

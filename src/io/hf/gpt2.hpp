@@ -11,7 +11,8 @@
 //   transformer.h.{i}.mlp.c_fc.*      layers.{i}.mlp.fc.*
 //   transformer.h.{i}.mlp.c_proj.*    layers.{i}.mlp.proj.*
 //   transformer.ln_f.*                final_norm.*
-// lm_head.weight is tied to wte and not stored.
+//   lm_head.weight                    output_layer.weight     (untied only; rows split over tp)
+// A tied lm_head.weight is wte and not stored.
 #pragma once
 
 #include <string>
@@ -22,10 +23,6 @@ namespace meshtron::io {
 
 /// HF tensor name of a meshtron parameter name (throws UserError if none).
 std::string hf_name_of(const std::string& meshtron_name);
-
-/// Copy this rank's shard of `global` (the unsharded, unpadded logical tensor)
-/// into p.value; padded vocabulary rows become zero.
-void load_shard(Parameter& p, const Tensor& global, int tp_rank, int tp_size);
 
 /// Load every parameter of `params` from a Hugging Face model folder
 /// (config.json + model.safetensors), converting dtypes as needed.

@@ -1,0 +1,39 @@
+// What the golden-model checks (tests/common/gpt2_golden.hpp,
+// tests/validation/test_llama_golden.cpp) share: the batch of the
+// validation/make_*_golden.py scripts, their tokens in meshtron's [s, b]
+// order, and one relative error per tensor.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "tensor/tensor.hpp"
+
+namespace meshtron::golden {
+constexpr int kBatch = 2, kSeq = 16;
+
+/// max |a - b| / max(|b|_inf, tiny): one relative error per tensor.
+inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+/// Golden tokens of step k as [s, b]-ordered ids and targets.
+inline void step_tokens(const Tensor& tokens, int k, Tensor& ids, Tensor& targets) {
+  ids = Tensor::empty({kSeq * kBatch}, DType::I32);
+  targets = Tensor::empty({kSeq * kBatch}, DType::I32);
+  const auto* t = tokens.data<std::int32_t>() + k * kBatch * (kSeq + 1);
+  for (int b = 0; b < kBatch; ++b)
+    for (int s = 0; s < kSeq; ++s) {
+      ids.data<std::int32_t>()[s * kBatch + b] = t[b * (kSeq + 1) + s];
+      targets.data<std::int32_t>()[s * kBatch + b] = t[b * (kSeq + 1) + s + 1];
+    }
+}
+
+}  // namespace meshtron::golden
