@@ -194,7 +194,7 @@ void DeckSchema::bind(RunConfig& c) {
     return "; " + values + " not yet built: rejected at model construction";
   };
   key("model.normalization", &m.normalization, "string",
-      "LayerNorm | RMSNorm" + unbuilt("RMSNorm"));
+      "LayerNorm | RMSNorm");
   key("model.position_embedding_type", &m.position_embedding_type, "string",
       "learned_absolute | rope | alibi | none" + unbuilt("rope, alibi, none"));
   key("model.num_query_groups", &m.num_query_groups, "int",
@@ -208,7 +208,7 @@ void DeckSchema::bind(RunConfig& c) {
       "rope rotates interleaved pairs rather than halves");
   key("model.activation", &m.activation, "string",
       "MLP activation: gelu (erf) | gelu_tanh (GPT-2's) | relu | swiglu | geglu" +
-          unbuilt("all but gelu_tanh"));
+          unbuilt("gelu, relu"));
   key("model.add_bias_linear", &m.add_bias_linear, "bool",
       "biases on the linear layers" + unbuilt("false"));
   key("model.untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights,

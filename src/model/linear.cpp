@@ -30,10 +30,24 @@ Parameter make_param(const std::string& name, Shape global, Shape local, ShardSp
   return p;
 }
 
-/// dW += X^T dY and db += colsum(dY).
-void accumulate_weight_grads(const Tensor& x, const Tensor& dy, Parameter& w,
-                             Parameter& b) {
-  ops::linear_weight_grads(x, dy, w.grad, b.grad, w.take_grad_store(), b.take_grad_store());
+/// A linear's bias: make_param's, or without one an empty Parameter (its
+/// name only) that no list and no op sees.
+Parameter bias_param(bool present, const std::string& name, Shape global, Shape local,
+                     ShardSpec shard, DType dtype, MemorySpace space) {
+  if (present)
+    return make_param(name, std::move(global), std::move(local), shard, false, dtype, space);
+  Parameter absent;
+  absent.name = name;
+  return absent;
+}
+
+/// dW += X^T dY and, with a bias, db += colsum(dY).
+void accumulate_weight_grads(const Tensor& x, const Tensor& dy, Parameter& w, Parameter* b) {
+  if (!b) {
+    ops::gemm(x, true, dy, false, w.grad, 1.0, ops::gemm_beta(w.take_grad_store()));
+    return;
+  }
+  ops::linear_weight_grads(x, dy, w.grad, b->grad, w.take_grad_store(), b->take_grad_store());
 }
 
 /// Rows of the GEMM input: x's, times tp under SP (the all-gathered tokens).
@@ -45,12 +59,13 @@ index_t gathered_rows(const Tensor& x, const LayerContext& ctx) {
 
 ColumnParallelLinear::ColumnParallelLinear(const std::string& name, index_t in, index_t out,
                                            int fused_parts, const LayerContext& ctx,
-                                           DType dtype)
+                                           DType dtype, bool bias)
     : weight(make_param(name + ".weight", {in, out}, {in, out / ctx.tp.size()},
                         {1, fused_parts, false}, true, dtype, ctx.space)),
-      bias(make_param(name + ".bias", {out}, {out / ctx.tp.size()}, {0, fused_parts, false},
-                      false, dtype, ctx.space)),
-      ones_column_(ctx.bias_in_weight_gemm) {
+      bias(bias_param(bias, name + ".bias", {out}, {out / ctx.tp.size()},
+                      {0, fused_parts, false}, dtype, ctx.space)),
+      has_bias_(bias),
+      ones_column_(ctx.bias_in_weight_gemm && bias) {
   if (ones_column_) place_in_blocks(dtype, ctx.space);
 }
 
@@ -117,8 +132,10 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LayerContext& ctx,
     Tensor out = y.slice_rows(begin, end);
     if (ones_column_)
       ops::gemm(rows, false, block, false, out);
-    else
+    else if (has_bias_)
       ops::gemm_bias(rows, false, weight.value, false, bias.value, out);
+    else
+      ops::gemm(rows, false, weight.value, false, out);
   });
   return y;
 }
@@ -134,8 +151,10 @@ Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, LayerContext& ctx, Ca
     Tensor pre = pre_gelu.slice_rows(begin, end), act = activated.slice_rows(begin, end);
     if (ones_column_)
       ops::gemm_gelu(rows, false, block, false, pre, act);
-    else
+    else if (has_bias_)
       ops::gemm_bias_gelu(rows, false, weight.value, false, bias.value, pre, act);
+    else
+      ops::gemm_gelu(rows, false, weight.value, false, pre, act);
   });
   return activated;
 }
@@ -149,10 +168,8 @@ void ColumnParallelLinear::accumulate_grads(const Tensor& x, const Tensor& dy,
     ops::gemm(x, true, dy, false, grads, 1.0, ops::gemm_beta(take_grad_store(weight, bias)));
     return;
   }
-  if (bias_grad_accumulated)
-    ops::gemm(x, true, dy, false, weight.grad, 1.0, ops::gemm_beta(weight.take_grad_store()));
-  else
-    accumulate_weight_grads(x, dy, weight, bias);
+  const bool bias_grad_here = has_bias_ && !bias_grad_accumulated;
+  accumulate_weight_grads(x, dy, weight, bias_grad_here ? &bias : nullptr);
 }
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, LayerContext& ctx, const Cache& cache,
@@ -196,11 +213,13 @@ Tensor ColumnParallelLinear::backward_overlapped(const Tensor& dy, LayerContext&
 }
 
 RowParallelLinear::RowParallelLinear(const std::string& name, index_t in, index_t out,
-                                     const LayerContext& ctx, DType dtype, int epilogue_rank)
+                                     const LayerContext& ctx, DType dtype, int epilogue_rank,
+                                     bool bias)
     : weight(make_param(name + ".weight", {in, out}, {in / ctx.tp.size(), out},
                         {0, 1, false}, true, dtype, ctx.space)),
-      bias(make_param(name + ".bias", {out}, {out}, {-1, 1, ctx.sequence_parallel}, false,
+      bias(bias_param(bias, name + ".bias", {out}, {out}, {-1, 1, ctx.sequence_parallel},
                       dtype, ctx.space)),
+      has_bias_(bias),
       epilogue_rank_(epilogue_rank % ctx.tp.size()) {}
 
 Tensor RowParallelLinear::forward(const Tensor& x, LayerContext& ctx, Cache& cache) const {
@@ -215,6 +234,7 @@ Tensor RowParallelLinear::forward_residual(const Tensor& x, const Tensor& residu
 Tensor RowParallelLinear::project(const Tensor& x, const Tensor* residual, LayerContext& ctx,
                                   Cache& cache) const {
   cache.x = x;
+  if (!has_bias_) return project_without_bias(x, residual, ctx);
   if (ctx.sequence_parallel && ctx.tp.size() > 1) {
     // The residual is this rank's row shard: bias and residual follow the
     // reduce-scatter, in its own sum kernel where it has one (the copy
@@ -253,16 +273,28 @@ Tensor RowParallelLinear::project(const Tensor& x, const Tensor* residual, Layer
   return mapping::reduce_from_tp(ctx.tp, std::move(y));
 }
 
+// The sum first, then the residual: one add kernel after the reduction, on
+// every decomposition the same order (the reduction's adding kernels and the
+// GEMM epilogues of the biased path expect a bias).
+Tensor RowParallelLinear::project_without_bias(const Tensor& x, const Tensor* residual,
+                                               LayerContext& ctx) const {
+  Tensor partial = matmul(x, weight.value);
+  Tensor y = ctx.sequence_sharded() ? mapping::reduce_scatter_to_sp(ctx.tp, partial)
+                                    : mapping::reduce_from_tp(ctx.tp, std::move(partial));
+  if (residual) ops::add(*residual, y, y);
+  return y;
+}
+
 Tensor RowParallelLinear::accumulate_grads(const Tensor& dy, LayerContext& ctx,
                                            const Cache& cache) {
   if (!ctx.sequence_parallel) {  // dy_full is dy: one GEMM gives both gradients
     Tensor dy_full = mapping::reduce_from_tp_backward(ctx.tp, dy);
-    accumulate_weight_grads(cache.x, dy_full, weight, bias);
+    accumulate_weight_grads(cache.x, dy_full, weight, has_bias_ ? &bias : nullptr);
     return dy_full;
   }
   // Under SP the bias gradient is this rank's shard's (summed over tp later),
   // the weight gradient the gathered dy's.
-  ops::bias_backward(dy, bias.grad, bias.take_grad_store());
+  if (has_bias_) ops::bias_backward(dy, bias.grad, bias.take_grad_store());
   Tensor dy_full = mapping::reduce_scatter_to_sp_backward(ctx.tp, dy);
   ops::gemm(cache.x, true, dy_full, false, weight.grad, 1.0,
             ops::gemm_beta(weight.take_grad_store()));
@@ -275,7 +307,7 @@ Tensor RowParallelLinear::accumulate_grads(const Tensor& dy, LayerContext& ctx,
 // this rank's own block runs while the all-gather brings the others'.
 void RowParallelLinear::backward_by_blocks(const Tensor& dy, LayerContext& ctx,
                                            const Cache& cache, const RowGradient& dgrad_rows) {
-  ops::bias_backward(dy, bias.grad, bias.take_grad_store());
+  if (has_bias_) ops::bias_backward(dy, bias.grad, bias.take_grad_store());
   const index_t rows = dy.dim(0), me = ctx.tp.rank(), ranks = ctx.tp.size();
   Tensor dy_full = Tensor::empty({rows * ranks, dy.dim(1)}, dy.dtype(), dy.space());
   const std::vector<std::size_t> counts(std::size_t(ranks), std::size_t(dy.numel()));

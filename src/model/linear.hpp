@@ -15,6 +15,8 @@ namespace meshtron {
 /// parallelism) brings it, and the backward all-reduces (or reduce-scatters)
 /// dX = sum_i dY_i A_i^T. The output stays sharded by columns.
 /// `fused_parts` > 1 splits each of that many column blocks (fused q|k|v).
+/// Without a bias (`bias` false: Megatron's add_bias_linear = false) Y_i =
+/// X A_i; `bias` is then an empty Parameter that collect() leaves out.
 ///
 /// The ones column (ctx.bias_in_weight_gemm on the device): the bias rides
 /// in the GEMMs as a row of the weight. A and b live in one block
@@ -38,7 +40,7 @@ class ColumnParallelLinear {
     Tensor x;
   };
   ColumnParallelLinear(const std::string& name, index_t in, index_t out, int fused_parts,
-                       const LayerContext& ctx, DType dtype);
+                       const LayerContext& ctx, DType dtype, bool bias = true);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// forward() followed by GPT-2's GeLU, which rides in the GEMM's epilogue
   /// on the device (ops::gemm_bias_gelu): returns gelu(Y_i) and keeps Y_i
@@ -49,10 +51,15 @@ class ColumnParallelLinear {
   /// dA and dX are computed here.
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache,
                   bool bias_grad_accumulated = false);
-  void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
+  void collect(ParameterList& out) {
+    out.push_back(&weight);
+    if (has_bias_) out.push_back(&bias);
+  }
   /// Whether forward() takes X' (the ones column) instead of X; then the
   /// backward always computes db itself (bias_grad_accumulated is false).
+  /// Never without a bias (a ones column would multiply nothing).
   bool takes_ones_column() const { return ones_column_; }
+  bool has_bias() const { return has_bias_; }
 
   Parameter weight, bias;
 
@@ -65,6 +72,7 @@ class ColumnParallelLinear {
   Tensor block_of(Tensor Parameter::*field) const;
   /// dX's shape for an input (X or X') of `rows` rows.
   Shape input_grad_shape(index_t rows) const { return {rows, weight.value.dim(0)}; }
+  bool has_bias_ = true;
   bool ones_column_ = false;
 
   /// The full X this rank multiplies (gathered or copied); fills the cache.
@@ -90,7 +98,8 @@ class ColumnParallelLinear {
 ///   A = [A_1; ...; A_p],  X = [X_1, ..., X_p],  Y = sum_i X_i A_i + b.
 /// The sum is reduce_from_tp (or reduce_scatter_to_sp under sequence
 /// parallelism); b is replicated and added after the reduction under SP,
-/// before it (by one tp rank, epilogue_rank) without SP.
+/// before it (by one tp rank, epilogue_rank) without SP. Without a bias
+/// (`bias` false) Y = sum_i X_i A_i, and a residual is added after the sum.
 class RowParallelLinear {
  public:
   struct Cache {
@@ -101,7 +110,7 @@ class RowParallelLinear {
   /// spread it over the tp ranks (Attention, Mlp), so that no rank does all
   /// of these adds while the others wait for it at the reductions.
   RowParallelLinear(const std::string& name, index_t in, index_t out,
-                    const LayerContext& ctx, DType dtype, int epilogue_rank);
+                    const LayerContext& ctx, DType dtype, int epilogue_rank, bool bias = true);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// residual + forward(x), for the residual add after a projection
   /// (residual [rows of Y, out]); its backward is backward() (the add's is
@@ -118,7 +127,11 @@ class RowParallelLinear {
   /// goes into its gradient here (ops::gemm_dgelu).
   Tensor backward_through_gelu(const Tensor& dy, LayerContext& ctx, const Cache& cache,
                                const Tensor& pre_gelu, Parameter* pre_gelu_bias = nullptr);
-  void collect(ParameterList& out) { out.push_back(&weight); out.push_back(&bias); }
+  void collect(ParameterList& out) {
+    out.push_back(&weight);
+    if (has_bias_) out.push_back(&bias);
+  }
+  bool has_bias() const { return has_bias_; }
 
   Parameter weight, bias;
 
@@ -126,6 +139,9 @@ class RowParallelLinear {
   /// forward() with an optional residual (forward_residual()).
   Tensor project(const Tensor& x, const Tensor* residual, LayerContext& ctx,
                  Cache& cache) const;
+  /// forward() of a linear without a bias.
+  Tensor project_without_bias(const Tensor& x, const Tensor* residual,
+                              LayerContext& ctx) const;
   /// Accumulates dA and db; returns the dY this rank's dgrad GEMM takes.
   Tensor accumulate_grads(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   /// Writes the input gradient's rows [begin, end) from dy's rows there.
@@ -138,6 +154,7 @@ class RowParallelLinear {
   void dgelu_into(const Tensor& dy_rows, const Tensor& pre_gelu, Tensor& dpre,
                   Parameter* pre_gelu_bias) const;
 
+  bool has_bias_ = true;
   int epilogue_rank_;  ///< in [0, tp)
 };
 

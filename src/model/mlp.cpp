@@ -2,6 +2,15 @@
 
 namespace meshtron {
 
+namespace {
+int fc_width(const MlpSpec& spec) {
+  return is_gated(spec.activation) ? 2 * spec.ffn_hidden_size : spec.ffn_hidden_size;
+}
+ops::GatedActivation gate_of(Activation a) {
+  return a == Activation::Geglu ? ops::GatedActivation::GeLUErf : ops::GatedActivation::SiLU;
+}
+}  // namespace
+
 // The projection's adds take the tp rank after the attention's (Attention:
 // layer), so every rank has its share of both kinds: at tp 2 rank 0 adds in
 // the even layers' attention and the odd layers' MLP, rank 1 in the others.
@@ -9,26 +18,37 @@ namespace meshtron {
 // tp, takes a slower out-of-place algorithm.)
 Mlp::Mlp(const std::string& name, int layer, index_t hidden, const MlpSpec& spec,
          const LayerContext& ctx, DType dtype)
-    : fc(name + ".fc", hidden, spec.ffn_hidden_size, 1, ctx, dtype),
-      proj(name + ".proj", spec.ffn_hidden_size, hidden, ctx, dtype, /*epilogue_rank=*/layer + 1) {
-  require_built(spec.activation == Activation::GeluTanh, "Mlp",
+    : fc(name + ".fc", hidden, fc_width(spec), /*fused_parts=*/is_gated(spec.activation) ? 2 : 1,
+         ctx, dtype, spec.bias),
+      proj(name + ".proj", spec.ffn_hidden_size, hidden, ctx, dtype, /*epilogue_rank=*/layer + 1,
+           spec.bias),
+      gated_(is_gated(spec.activation)),
+      gate_(gate_of(spec.activation)) {
+  require_built(spec.activation == Activation::GeluTanh || gated_, "Mlp",
                 "activation = " + to_string(spec.activation));
-  require_built(spec.bias, "Mlp", "add_bias_linear = false");
+}
+
+Tensor Mlp::activated(const Tensor& x, LayerContext& ctx, Cache& c) const {
+  if (!gated_) return fc.forward_gelu(x, ctx, c.fc, c.pre_activation);
+  c.pre_activation = fc.forward(x, ctx, c.fc);
+  const Tensor& pre = c.pre_activation;
+  Tensor out = Tensor::empty({pre.dim(0), pre.dim(1) / 2}, pre.dtype(), pre.space());
+  ops::gated_activation_forward(pre, gate_, out);
+  return out;
 }
 
 // The GeLU rides in the GEMMs next to it (cuBLASLt epilogues on the device;
 // on the host the same ops run one after the other, as before): fc's
 // forward writes both pre_gelu and gelu(pre_gelu), and proj's dgrad GEMM
-// applies gelu'(pre_gelu), so d(activated) is never stored.
+// applies gelu'(pre_gelu), so d(activated) is never stored. The gated
+// activations run as a kernel of their own between the GEMMs.
 Tensor Mlp::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
-  const Tensor activated = fc.forward_gelu(x, ctx, c.fc, c.pre_gelu);
-  return proj.forward(activated, ctx, c.proj);
+  return proj.forward(activated(x, ctx, c), ctx, c.proj);
 }
 
 Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerContext& ctx,
                             Cache& c) const {
-  const Tensor activated = fc.forward_gelu(x, ctx, c.fc, c.pre_gelu);
-  return proj.forward_residual(activated, residual, ctx, c.proj);
+  return proj.forward_residual(activated(x, ctx, c), residual, ctx, c.proj);
 }
 
 // fc's bias gradient (the column sums of dpre) is taken right after proj's
@@ -40,10 +60,19 @@ Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerConte
 // off the path to the next layer. With the ones column fc's weight-gradient
 // GEMM computes it (ColumnParallelLinear).
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  const bool bias_grad_after_dgelu = !ctx.sequence_sharded() && !fc.takes_ones_column();
-  const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_gelu,
+  if (gated_) return backward_gated(dy, ctx, c);
+  const bool bias_grad_after_dgelu =
+      fc.has_bias() && !ctx.sequence_sharded() && !fc.takes_ones_column();
+  const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_activation,
                                                  bias_grad_after_dgelu ? &fc.bias : nullptr);
   return fc.backward(dpre, ctx, c.fc, /*bias_grad_accumulated=*/bias_grad_after_dgelu);
+}
+
+Tensor Mlp::backward_gated(const Tensor& dy, LayerContext& ctx, const Cache& c) {
+  const Tensor dactivated = proj.backward(dy, ctx, c.proj);
+  Tensor dpre = Tensor::empty(c.pre_activation.shape(), dy.dtype(), dy.space());
+  ops::gated_activation_backward(dactivated, c.pre_activation, gate_, dpre);
+  return fc.backward(dpre, ctx, c.fc);
 }
 
 }  // namespace meshtron

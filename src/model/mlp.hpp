@@ -1,5 +1,13 @@
-// MLP h -> ffn -> h: a ColumnParallelLinear (ffn split over tp), GPT-2's tanh
-// GeLU on the local columns, and a RowParallelLinear back to h.
+// MLP h -> ffn -> h: a ColumnParallelLinear (ffn split over tp), the
+// activation on the local columns, and a RowParallelLinear back to h.
+//
+// Gated activations (swiglu, geglu; Megatron's gated_linear_unit): fc is
+// h -> 2 ffn, its weight stored [h, 2 ffn] as two logical halves, the gate
+// then the up projection (Megatron's fused fc1; transformers' gate_proj and
+// up_proj, transposed, side by side), with fused_parts = 2: each tp rank
+// holds [gate_r | up_r], its ffn / tp columns of each half, so the
+// activation act(gate_r) * up_r is local and proj takes the ffn / tp
+// columns it pairs with (Megatron chunks fc1's local output the same way).
 #pragma once
 
 #include "model/linear.hpp"
@@ -12,10 +20,13 @@ class Mlp {
   struct Cache {
     ColumnParallelLinear::Cache fc;
     RowParallelLinear::Cache proj;
-    Tensor pre_gelu;
+    /// fc's output, the activation's input: [rows, ffn / tp], or [rows, 2
+    /// ffn / tp] (gate_r | up_r) when gated.
+    Tensor pre_activation;
   };
   /// `layer`: the transformer layer's index (it picks proj's epilogue rank).
-  /// Rejects a spec other than the tanh GeLU with biases.
+  /// Builds the tanh GeLU, swiglu and geglu (erf GeLU gate, Megatron's
+  /// F.gelu), with or without biases; rejects the others.
   Mlp(const std::string& name, int layer, index_t hidden, const MlpSpec& spec,
       const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
@@ -28,6 +39,13 @@ class Mlp {
 
   ColumnParallelLinear fc;
   RowParallelLinear proj;
+
+ private:
+  /// act(fc(x)) on this rank's columns, fc's output kept in the cache.
+  Tensor activated(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  Tensor backward_gated(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  bool gated_;
+  ops::GatedActivation gate_;  ///< when gated_
 };
 
 }  // namespace meshtron

@@ -2,16 +2,29 @@
 
 namespace meshtron {
 
+namespace {
+/// `ctx` for the block's linears: the ones column only where the norm before
+/// them writes it (a LayerNorm with a bias; an RMSNorm's linears take the
+/// plain path).
+LayerContext linear_context(const LayerContext& ctx, const NormSpec& norm) {
+  LayerContext out = ctx;
+  out.bias_in_weight_gemm =
+      ctx.bias_in_weight_gemm && norm.kind == NormKind::LayerNorm && norm.bias;
+  return out;
+}
+}  // namespace
+
 TransformerLayer::TransformerLayer(int index, const ModelSpec& c, const LayerContext& ctx,
                                    DType dtype)
     : ln_1("layers." + std::to_string(index) + ".ln_1", c.hidden_size, c.block.norm, dtype,
            ctx.sequence_parallel, ctx.space),
       attention("layers." + std::to_string(index) + ".attention", index, c.hidden_size,
-                c.block.attention, c.attention_dropout, ctx, dtype),
+                c.block.attention, c.attention_dropout, linear_context(ctx, c.block.norm),
+                dtype),
       ln_2("layers." + std::to_string(index) + ".ln_2", c.hidden_size, c.block.norm, dtype,
            ctx.sequence_parallel, ctx.space),
-      mlp("layers." + std::to_string(index) + ".mlp", index, c.hidden_size, c.block.mlp, ctx,
-          dtype),
+      mlp("layers." + std::to_string(index) + ".mlp", index, c.hidden_size, c.block.mlp,
+          linear_context(ctx, c.block.norm), dtype),
       index_(index),
       hidden_dropout_(c.hidden_dropout) {
   require_built(c.block.norm.placement == NormPlacement::Pre, "TransformerLayer",

@@ -23,6 +23,14 @@ AdamWConfig adam_config(const RunConfig& run) {
   return {o.beta1, o.beta2, o.eps, o.weight_decay, run.training.clip_grad};
 }
 
+/// Whether the block's column-parallel linears can take their bias through a
+/// ones column (LayerContext::bias_in_weight_gemm): the norm before them
+/// writes it (a LayerNorm with a bias) and they have a bias to put there.
+bool takes_ones_column(const ModelSpec& m) {
+  const NormSpec& n = m.block.norm;
+  return n.kind == NormKind::LayerNorm && n.bias && (m.block.attention.bias || m.block.mlp.bias);
+}
+
 /// Per task: is it the last backward of its model chunk?
 std::vector<bool> last_backward_per_chunk(const std::vector<PipelineTask>& tasks) {
   std::vector<bool> last(tasks.size(), false);
@@ -158,9 +166,13 @@ Trainer::Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& 
   base_ctx_.recompute_num_layers = run.training.recompute_num_layers;
   base_ctx_.logits_in_compute_dtype = run.training.logits_dtype == "compute";
   base_ctx_.attention_dropout_cudnn = run.training.attention_dropout_rng == "cudnn";
+  const std::string& ones_column = run.training.bias_in_weight_gemm;
+  MESH_REQUIRE(ones_column != "true" || takes_ones_column(model),
+               "training.bias_in_weight_gemm = true needs a LayerNorm with a bias before "
+               "linears with biases (normalization = LayerNorm, add_bias_linear = true)");
   base_ctx_.bias_in_weight_gemm =
-      run.training.bias_in_weight_gemm == "true" ||
-      (run.training.bias_in_weight_gemm == "auto" && base_ctx_.space == MemorySpace::Cuda);
+      ones_column == "true" || (ones_column == "auto" && base_ctx_.space == MemorySpace::Cuda &&
+                                takes_ones_column(model));
 
   const int pp = rt.topo.pp();
   if (pp > 1) rt.pp.connect_ring_p2p(kPipelineLanes);  // collective; once per runtime

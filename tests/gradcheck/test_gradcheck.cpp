@@ -6,7 +6,7 @@
 // gradient is the layer's own backward with dy = w; the numerical one is the
 // central difference (L(v + h) - L(v - h)) / 2h, h = 1e-6, taken for every
 // element of the input and of every parameter (the largest tensor here has
-// 1,024 elements, so nothing is sampled; padded vocabulary rows and unused
+// 2,048 elements, so nothing is sampled; padded vocabulary rows and unused
 // position rows are therefore always among them).
 //
 // Metric, one number per tensor:
@@ -170,7 +170,7 @@ class GradCheck : public ::testing::Test {
     return ids;
   }
 
-  ModelSpec small_config(double dropout) const {
+  static ModelSpec small_config(double dropout) {
     ModelSpec c;
     c.num_layers = 2;
     c.hidden_size = int(kHidden);
@@ -461,12 +461,180 @@ TEST_F(GradCheck, LmHeadLoss) {
   expect_gradients_match("LmHeadLoss", s, random({kTokens}));
 }
 
+/// Llama's norm and MLP: RMSNorm, SwiGLU, no MLP biases.
+ModelSpec with_llama_norm_and_mlp(ModelSpec c) {
+  c.block.norm.kind = NormKind::RMSNorm;
+  c.block.norm.epsilon = 1e-5;
+  c.block.mlp.activation = Activation::Swiglu;
+  c.block.mlp.bias = false;
+  return c;
+}
+
+/// Element (r, c) of a 2-D fp64 tensor.
+double at(const Tensor& t, index_t r, index_t c) { return t.data<double>()[r * t.dim(1) + c]; }
+
+void expect_near_all(const Tensor& got, const std::vector<double>& want, const char* what) {
+  const std::vector<double> g = got.to_doubles();
+  ASSERT_EQ(g.size(), want.size()) << what;
+  for (std::size_t i = 0; i < g.size(); ++i)
+    ASSERT_NEAR(g[i], want[i], 1e-12 * (1 + std::fabs(want[i]))) << what << "[" << i << "]";
+}
+
+TEST_F(GradCheck, RmsNormMatchesItsFormula) {
+  const NormSpec spec{.kind = NormKind::RMSNorm, .epsilon = 1e-5};
+  LayerNorm norm("ln_1", kHidden, spec, DType::F64, false);
+  ParameterList params;
+  norm.collect(params);
+  ASSERT_EQ(params.size(), 1u);  // weight only: ln_1.weight
+  EXPECT_EQ(params[0]->name, "ln_1.weight");
+  randomize(params);
+  const Tensor x = random({kTokens, kHidden}, 0.5, 2.0);
+  LayerNorm::Cache cache;
+  const Tensor y = norm.forward(x, cache);
+  std::vector<double> want;
+  for (index_t r = 0; r < kTokens; ++r) {
+    double sq = 0;
+    for (index_t c = 0; c < kHidden; ++c) sq += at(x, r, c) * at(x, r, c);
+    const double rstd = 1 / std::sqrt(sq / double(kHidden) + 1e-5);
+    for (index_t c = 0; c < kHidden; ++c)
+      want.push_back(at(x, r, c) * rstd * norm.weight.value.data<double>()[c]);
+  }
+  expect_near_all(y, want, "rmsnorm");
+}
+
+TEST_F(GradCheck, RmsNorm) {
+  LayerNorm norm("ln_1", kHidden, NormSpec{.kind = NormKind::RMSNorm}, DType::F64, false);
+  Tensor x = random({kTokens, kHidden}, 0.5, 2.0);
+  const Tensor residual_grad = random({kTokens, kHidden});
+  Subject s;
+  s.input = x;
+  norm.collect(s.params);
+  randomize(s.params);
+  s.forward = [&] {
+    LayerNorm::Cache cache;
+    return norm.forward(x, cache);
+  };
+  s.forward_backward = [&](const Tensor& dy) {
+    LayerNorm::Cache cache;
+    norm.forward(x, cache);
+    return norm.backward(dy, cache);
+  };
+  expect_gradients_match("RMSNorm", s, random({kTokens, kHidden}));
+  // The residual gradient is added to dx.
+  LayerNorm::Cache cache;
+  norm.forward(x, cache);
+  const Tensor dy = random({kTokens, kHidden});
+  const Tensor plain = norm.backward(dy, cache);
+  const Tensor summed = norm.backward(dy, cache, &residual_grad);
+  std::vector<double> want = plain.to_doubles();
+  const std::vector<double> r = residual_grad.to_doubles();
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] += r[i];
+  expect_near_all(summed, want, "rmsnorm dx + residual");
+}
+
+TEST_F(GradCheck, LayerNormWithoutBias) {
+  LayerNorm norm("ln_1", kHidden, NormSpec{.bias = false}, DType::F64, false);
+  Tensor x = random({kTokens, kHidden}, 0.5, 2.0);
+  Subject s;
+  s.input = x;
+  norm.collect(s.params);
+  ASSERT_EQ(s.params.size(), 1u);
+  randomize(s.params);
+  s.forward = [&] {
+    LayerNorm::Cache cache;
+    return norm.forward(x, cache);
+  };
+  s.forward_backward = [&](const Tensor& dy) {
+    LayerNorm::Cache cache;
+    norm.forward(x, cache);
+    return norm.backward(dy, cache);
+  };
+  expect_gradients_match("LayerNorm(no bias)", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, LinearsWithoutBias) {
+  ColumnParallelLinear column("column", kHidden, 2 * kFfn, 2, ctx, DType::F64, /*bias=*/false);
+  Subject c = layer_subject(column, ctx, random({kTokens, kHidden}));
+  ASSERT_EQ(c.params.size(), 1u);
+  randomize(c.params);
+  expect_gradients_match("ColumnParallel(no bias)", c, random({kTokens, 2 * kFfn}));
+  RowParallelLinear row("row", kFfn, kHidden, ctx, DType::F64, 0, /*bias=*/false);
+  Subject r = layer_subject(row, ctx, random({kTokens, kFfn}));
+  ASSERT_EQ(r.params.size(), 1u);
+  randomize(r.params);
+  expect_gradients_match("RowParallel(no bias)", r, random({kTokens, kHidden}));
+}
+
+/// The SwiGLU MLP's output against fc = [gate | up] computed here:
+/// (silu(x G) * (x U)) D.
+TEST_F(GradCheck, SwigluMlpMatchesItsFormula) {
+  const MlpSpec spec{.ffn_hidden_size = int(kFfn), .activation = Activation::Swiglu,
+                     .bias = false};
+  Mlp mlp("mlp", 0, kHidden, spec, ctx, DType::F64);
+  ParameterList params;
+  mlp.collect(params);
+  ASSERT_EQ(params.size(), 2u);
+  EXPECT_EQ(mlp.fc.weight.global_shape, (Shape{kHidden, 2 * kFfn}));
+  EXPECT_EQ(mlp.fc.weight.shard.fused_parts, 2);
+  randomize(params);
+  const Tensor x = random({kTokens, kHidden});
+  Mlp::Cache cache;
+  const Tensor y = mlp.forward(x, ctx, cache);
+  const Tensor& fc = mlp.fc.weight.value;
+  const Tensor& down = mlp.proj.weight.value;
+  std::vector<double> want;
+  for (index_t r = 0; r < kTokens; ++r) {
+    std::vector<double> act(static_cast<std::size_t>(kFfn));
+    for (index_t f = 0; f < kFfn; ++f) {
+      double gate = 0, up = 0;
+      for (index_t k = 0; k < kHidden; ++k) {
+        gate += at(x, r, k) * at(fc, k, f);
+        up += at(x, r, k) * at(fc, k, kFfn + f);
+      }
+      act[std::size_t(f)] = gate / (1 + std::exp(-gate)) * up;
+    }
+    for (index_t c = 0; c < kHidden; ++c) {
+      double sum = 0;
+      for (index_t f = 0; f < kFfn; ++f) sum += act[std::size_t(f)] * at(down, f, c);
+      want.push_back(sum);
+    }
+  }
+  expect_near_all(y, want, "swiglu mlp");
+}
+
+TEST_F(GradCheck, SwigluMlp) {
+  const MlpSpec spec{.ffn_hidden_size = int(kFfn), .activation = Activation::Swiglu,
+                     .bias = false};
+  Mlp mlp("mlp", /*layer=*/0, kHidden, spec, ctx, DType::F64);
+  Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  expect_gradients_match("Mlp(swiglu)", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, GegluMlpWithBias) {
+  const MlpSpec spec{.ffn_hidden_size = int(kFfn), .activation = Activation::Geglu};
+  Mlp mlp("mlp", /*layer=*/0, kHidden, spec, ctx, DType::F64);
+  Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
+  ASSERT_EQ(s.params.size(), 4u);
+  randomize(s.params);
+  expect_gradients_match("Mlp(geglu)", s, random({kTokens, kHidden}));
+}
+
+TEST_F(GradCheck, TransformerLayerWithRmsNormAndSwiglu) {
+  TransformerLayer layer(1, with_llama_norm_and_mlp(small_config(0.2)), ctx, DType::F64);
+  Subject s = layer_subject(layer, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  expect_dropout_active(s);
+  expect_gradients_match("Layer(rmsnorm,swiglu)", s, random({kTokens, kHidden}));
+}
+
 /// The whole model: 2 layers, h 16, 2 heads, vocab 50 padded to 64, s 6,
 /// b 2, all dropouts on; objective = the mean per-token loss.
 class GptModelGradCheck : public GradCheck {
  protected:
-  GptModelGradCheck()
-      : model(small_config(0.1), StagePlacement::whole_model(2), ctx, DType::F64, 7),
+  GptModelGradCheck() : GptModelGradCheck(small_config(0.1)) {}
+  explicit GptModelGradCheck(const ModelSpec& spec)
+      : model(spec, StagePlacement::whole_model(2), ctx, DType::F64, 7),
         ids(random_ids(kVocab)),
         targets(random_ids(kVocab)) {
     s.params = model.parameters();
@@ -494,6 +662,19 @@ TEST_F(GptModelGradCheck, EveryParameter) {
   expect_dropout_active(s);
   const auto errors = expect_gradients_match("GptModel(p=0.1)", s, mean_weights);
   EXPECT_EQ(errors.size(), 2 + 2 * 12 + 2u);  // embedding, 2 layers, final norm
+}
+
+/// RMSNorm (the final norm too), SwiGLU, no MLP biases; attention as GPT-2's.
+class LlamaNormMlpModelGradCheck : public GptModelGradCheck {
+ protected:
+  LlamaNormMlpModelGradCheck() : GptModelGradCheck(with_llama_norm_and_mlp(small_config(0.1))) {}
+};
+
+TEST_F(LlamaNormMlpModelGradCheck, EveryParameter) {
+  expect_dropout_active(s);
+  const auto errors = expect_gradients_match("GptModel(rmsnorm,swiglu)", s, mean_weights);
+  EXPECT_EQ(errors.size(), 2 + 2 * 8 + 1u);  // embedding, 2 layers, final norm: no biases
+                                              // but the attention's
 }
 
 TEST_F(GptModelGradCheck, BackwardAccumulatesIntoGrad) {

@@ -48,5 +48,19 @@ TEST(BiasInWeightGemm, DistributedOptimizerWithOverlapMatchesSingleRankRun) {
        "parallel.grad_bucket_size=3000"}));
 }
 
+// The ones column needs a LayerNorm with a bias to write it and biases to
+// carry: `true` with an RMSNorm is a user error (`auto` turns itself off).
+TEST(BiasInWeightGemm, TrueNeedsALayerNormBeforeBiasedLinears) {
+  Layout rmsnorm = with_ones_column({}, {"model.normalization=RMSNorm"});
+  try {
+    train_layout(MPI_COMM_SELF, rmsnorm, DType::F32, 1);
+    ADD_FAILURE() << "training.bias_in_weight_gemm = true with an RMSNorm was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("training.bias_in_weight_gemm = true needs"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace meshtron::testing

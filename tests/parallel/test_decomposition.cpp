@@ -147,6 +147,34 @@ TEST(Decomposition, FusedAttentionWithDropoutMatchesSingleRankRun) {
   }
 }
 
+// Llama's norm and MLP (RMSNorm, the final norm too; SwiGLU with fc = [gate
+// | up], each half sharded over tp) on tp 2 with SP, pp 2, and tp 2 x pp 2 x
+// dp 2 with the distributed optimizer, against one rank of the same model.
+TEST(Decomposition, RmsNormAndSwigluMatchSingleRankRun) {
+  const int world = world_size();
+  if (world % 2) GTEST_SKIP() << "needs an even world";
+  const std::vector<std::string> llama{"model.normalization=RMSNorm", "model.activation=swiglu"};
+  std::vector<Layout> layouts = {Layout{2, 1, world / 2, "1f1b", false, true},
+                                 Layout{1, 2, world / 2, "1f1b"}};
+  if (world % 4 == 0) layouts.push_back(Layout{2, 2, world / 4, "1f1b", true, true});
+  const RunResult one_rank_fp32 = train_layout(MPI_COMM_SELF, Layout{.overrides = llama},
+                                               DType::F32);
+  const RunResult one_rank_fp64 = train_layout(MPI_COMM_SELF, Layout{.overrides = llama},
+                                               DType::F64);
+  // Not GPT-2's run: the settings reached the model.
+  EXPECT_GT(std::fabs(one_rank_fp32.losses.back() -
+                      single_rank_reference(DType::F32).losses.back()),
+            1e-4);
+  EXPECT_EQ(one_rank_fp32.params.count("layers.0.ln_1.bias"), 0u);
+  for (Layout layout : layouts) {
+    layout.overrides = llama;
+    SCOPED_TRACE(layout.name());
+    expect_same_run(train_layout(MPI_COMM_WORLD, layout, DType::F32), one_rank_fp32, 1e-5, 1e-4);
+    expect_same_run(train_layout(MPI_COMM_WORLD, layout, DType::F64), one_rank_fp64, 1e-10,
+                    1e-10);
+  }
+}
+
 // The one-rank memorisation run the GPU tests build on (testing::memorise):
 // on the host path too the loss of a fixed batch falls, every step updates.
 // Rotary positions and grouped queries (4 heads, 2 kv groups: each tp rank

@@ -21,7 +21,7 @@ std::size_t cache_bytes(const TransformerLayer::Cache& c) {
   for (const Tensor* t : {&c.ln_1.x, &c.ln_1.mean, &c.ln_1.rstd, &c.ln_2.x, &c.ln_2.mean,
                           &c.ln_2.rstd, &c.attention.qkv.x, &c.attention.proj.x,
                           &c.attention.q, &c.attention.k, &c.attention.v, &c.attention.qkv_out, &c.attention.probs,
-                          &c.mlp.fc.x, &c.mlp.proj.x, &c.mlp.pre_gelu})
+                          &c.mlp.fc.x, &c.mlp.proj.x, &c.mlp.pre_activation})
     n += t->bytes();
   if (c.attention.probs_kept.raw() != c.attention.probs.raw()) n += c.attention.probs_kept.bytes();
   return n;

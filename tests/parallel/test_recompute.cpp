@@ -41,7 +41,7 @@ std::size_t cache_bytes(const TransformerLayer::Cache& c) {
                           &c.ln_2.rstd, &c.attention.qkv.x, &c.attention.proj.x,
                           &c.attention.q, &c.attention.k, &c.attention.v, &c.attention.qkv_out, &c.attention.probs,
                           &c.attention.probs_kept, &c.mlp.fc.x, &c.mlp.proj.x,
-                          &c.mlp.pre_gelu, &c.input})
+                          &c.mlp.pre_activation, &c.input})
     if (t->defined() && seen.insert(t->raw()).second) n += t->bytes();
   return n;
 }
