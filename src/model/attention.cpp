@@ -15,7 +15,6 @@ void reject_unbuilt(const AttentionSpec& a) {
   reject_unless(a.mask == AttentionMask::Causal, "attention mask " + to_string(a.mask));
   reject_unless(a.position != PositionEmbedding::Alibi,
                 "position_embedding_type = " + to_string(a.position));
-  reject_unless(a.bias, "add_bias_linear = false");
 }
 
 ops::RotarySpec rotary_spec(const AttentionSpec& a) {
@@ -31,8 +30,9 @@ ops::RotarySpec rotary_spec(const AttentionSpec& a) {
 
 Attention::Attention(const std::string& name, int layer, index_t hidden, const AttentionSpec& spec,
                      double dropout, const LayerContext& ctx, DType dtype)
-    : qkv(name + ".qkv", hidden, spec.qkv_width(), /*fused_parts=*/3, ctx, dtype),
-      proj(name + ".proj", spec.context_width(), hidden, ctx, dtype, /*epilogue_rank=*/layer),
+    : qkv(name + ".qkv", hidden, spec.qkv_width(), /*fused_parts=*/3, ctx, dtype, spec.bias),
+      proj(name + ".proj", spec.context_width(), hidden, ctx, dtype, /*epilogue_rank=*/layer,
+           spec.bias),
       layer_(layer),
       heads_local_(spec.num_heads / ctx.tp.size()),
       groups_local_(spec.num_query_groups / ctx.tp.size()),

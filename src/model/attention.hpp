@@ -67,8 +67,7 @@ class Attention {
     /// so that the backward passes read the mask instead of drawing it again.
     Tensor keep_bits;
   };
-  /// Rejects a spec other than causal attention with biases and without
-  /// ALiBi positions.
+  /// Rejects a spec other than causal attention without ALiBi positions.
   Attention(const std::string& name, int layer, index_t hidden, const AttentionSpec& spec,
             double dropout, const LayerContext& ctx, DType dtype);
   /// forward() + residual, the add riding in proj's GEMM where it can

@@ -274,11 +274,11 @@ Tensor reference_attention(const Tensor& x, const Attention& layer, const Attent
   const index_t H = a.num_heads, G = a.num_query_groups, d = a.head_dim, rows = x.dim(0);
   const index_t hidden = x.dim(1), width = (H + 2 * G) * d, per_group = H / G;
   const double* wq = layer.qkv.weight.value.data<double>();
-  const double* bq = layer.qkv.bias.value.data<double>();
+  const double* bq = a.bias ? layer.qkv.bias.value.data<double>() : nullptr;
   std::vector<double> qkv(std::size_t(rows * width));
   for (index_t t = 0; t < rows; ++t)
     for (index_t c = 0; c < width; ++c) {
-      double sum = bq[c];
+      double sum = bq ? bq[c] : 0.0;
       for (index_t i = 0; i < hidden; ++i)
         sum += x.data<double>()[t * hidden + i] * wq[i * width + c];
       qkv[std::size_t(t * width + c)] = sum;
@@ -326,10 +326,10 @@ Tensor reference_attention(const Tensor& x, const Attention& layer, const Attent
     }
   Tensor out = Tensor::empty({rows, hidden}, DType::F64);
   const double* wp = layer.proj.weight.value.data<double>();
-  const double* bp = layer.proj.bias.value.data<double>();
+  const double* bp = a.bias ? layer.proj.bias.value.data<double>() : nullptr;
   for (index_t t = 0; t < rows; ++t)
     for (index_t c = 0; c < hidden; ++c) {
-      double sum = bp[c];
+      double sum = bp ? bp[c] : 0.0;
       for (index_t k = 0; k < H * d; ++k)
         sum += context[std::size_t(t * H * d + k)] * wp[k * hidden + c];
       out.data<double>()[t * hidden + c] = sum;
@@ -380,6 +380,11 @@ TEST_F(GradCheckRotaryGrouped, TwoGroupsHalfSplitPartial) {
 }
 TEST_F(GradCheckRotaryGrouped, MultiQueryInterleaved) {
   check("rope interleaved G=1", spec(1, 4, 1.0, true));
+}
+TEST_F(GradCheckRotaryGrouped, TwoGroupsWithoutBiases) {
+  AttentionSpec a = spec(2, 4, 1.0, false);
+  a.bias = false;  // Llama's linears
+  check("rope G=2 no bias", a);
 }
 TEST_F(GradCheckRotaryGrouped, TwoGroupsLearnedPositions) {
   AttentionSpec a = spec(2, 4, 1.0, false);

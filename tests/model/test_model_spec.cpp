@@ -142,7 +142,6 @@ TEST(ModelSpec, LayersRejectWhatTheyDoNotBuild) {
       {"position_embedding_type = alibi\n", "position_embedding_type = alibi"},
       {"activation = gelu\n", "Mlp: activation = gelu"},
       {"activation = relu\n", "Mlp: activation = relu"},
-      {"add_bias_linear = false\n", "add_bias_linear = false"},
       {"untie_embeddings_and_output_weights = true\n",
        "GptModel: untie_embeddings_and_output_weights = true"},
       {"parallel_residual = true\n", "TransformerLayer: parallel_residual = true"},
