@@ -99,22 +99,12 @@ void Attention::split_qkv(const Tensor& qkv_out, index_t s, index_t b, Tensor (&
     ops::split_heads(qkv_out, s, b, heads_local_, 3, parts);
     return;
   }
-  // Every head of a row apart ([b * row_heads, s, d]), then each sample's
-  // q, k and v heads, which lie together there, into their own tensors.
-  const index_t row_heads = heads_local_ + 2 * groups_local_, matrix = s * head_dim_;
-  const index_t first[3] = {0, heads_local_, heads_local_ + groups_local_};
-  const index_t count[3] = {heads_local_, groups_local_, groups_local_};
   Tensor all;
-  ops::split_heads(qkv_out, s, b, row_heads, 1, &all);
-  const Tensor rows = all.reshape({b * row_heads, matrix});
-  for (int p = 0; p < 3; ++p) {
+  ops::split_heads(qkv_out, s, b, heads_local_ + 2 * groups_local_, 1, &all);
+  const index_t count[3] = {heads_local_, groups_local_, groups_local_};
+  for (int p = 0; p < 3; ++p)
     parts[p] = Tensor::empty({b * count[p], s, head_dim_}, qkv_out.dtype(), qkv_out.space());
-    const Tensor out = parts[p].reshape({b * count[p], matrix});
-    for (index_t bi = 0; bi < b; ++bi)
-      out.slice_rows(bi * count[p], (bi + 1) * count[p])
-          .copy_from(
-              rows.slice_rows(bi * row_heads + first[p], bi * row_heads + first[p] + count[p]));
-  }
+  move_qkv_heads(all, parts, b, /*into_parts=*/true);
 }
 
 Tensor Attention::merge_qkv(const Tensor (&parts)[3], index_t s, index_t b) const {
@@ -123,19 +113,30 @@ Tensor Attention::merge_qkv(const Tensor (&parts)[3], index_t s, index_t b) cons
     ops::merge_heads(parts, 3, s, b, heads_local_, merged);
     return merged;
   }
-  const index_t row_heads = heads_local_ + 2 * groups_local_, matrix = s * head_dim_;
-  const index_t first[3] = {0, heads_local_, heads_local_ + groups_local_};
-  const index_t count[3] = {heads_local_, groups_local_, groups_local_};
+  const index_t row_heads = heads_local_ + 2 * groups_local_;
   Tensor all = Tensor::empty({b * row_heads, s, head_dim_}, parts[0].dtype(), parts[0].space());
-  const Tensor rows = all.reshape({b * row_heads, matrix});
-  for (int p = 0; p < 3; ++p) {
-    const Tensor in = parts[p].reshape({b * count[p], matrix});
-    for (index_t bi = 0; bi < b; ++bi)
-      rows.slice_rows(bi * row_heads + first[p], bi * row_heads + first[p] + count[p])
-          .copy_from(in.slice_rows(bi * count[p], (bi + 1) * count[p]));
-  }
+  move_qkv_heads(all, parts, b, /*into_parts=*/false);
   ops::merge_heads(&all, 1, s, b, row_heads, merged);
   return merged;
+}
+
+void Attention::move_qkv_heads(const Tensor& all, const Tensor (&parts)[3], index_t b,
+                               bool into_parts) const {
+  // A sample's heads lie together in `all`: q (heads_local), k, v (groups_local).
+  const index_t row_heads = heads_local_ + 2 * groups_local_, matrix = all.numel() / all.dim(0);
+  const index_t first[3] = {0, heads_local_, heads_local_ + groups_local_};
+  const index_t count[3] = {heads_local_, groups_local_, groups_local_};
+  const Tensor rows = all.reshape({all.dim(0), matrix});
+  for (int p = 0; p < 3; ++p) {
+    const Tensor part = parts[p].reshape({b * count[p], matrix});
+    for (index_t bi = 0; bi < b; ++bi) {
+      const index_t begin = bi * row_heads + first[p];
+      Tensor in_all = rows.slice_rows(begin, begin + count[p]);
+      Tensor in_part = part.slice_rows(bi * count[p], (bi + 1) * count[p]);
+      if (into_parts) in_part.copy_from(in_all);
+      else in_all.copy_from(in_part);
+    }
+  }
 }
 
 Tensor Attention::by_group(const Tensor& per_head) const {

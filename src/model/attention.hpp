@@ -119,6 +119,12 @@ class Attention {
   /// projection output, and the inverse for their gradients.
   void split_qkv(const Tensor& qkv_out, index_t s, index_t b, Tensor (&parts)[3]) const;
   Tensor merge_qkv(const Tensor (&parts)[3], index_t s, index_t b) const;
+  /// With grouped queries: each sample's q, k and v heads between `all`
+  /// [b * (heads_local + 2 groups_local), s, d] (every head of a row apart,
+  /// split_heads' layout) and parts [b * heads (or groups), s, d], either way.
+  /// (Writes through views: the handles stay const.)
+  void move_qkv_heads(const Tensor& all, const Tensor (&parts)[3], index_t b,
+                      bool into_parts) const;
   /// q's heads_local/groups_local heads of each group as one matrix:
   /// [b * groups_local, heads per group * s, d] (a view).
   Tensor by_group(const Tensor& per_head) const;
