@@ -91,6 +91,7 @@ class TrainRun {
     open_metrics();
     ProgressBar bar(c_.logging.progress, c_.training.train_iters);
     const auto run_start = Clock::now();
+    bool stopped_early = false;
     for (long step = start + 1; step <= c_.training.train_iters; ++step) {
       if (tracer_ && step == c_.logging.profile_step_start) tracer_->start();
       train_one(step);
@@ -113,12 +114,14 @@ class TrainRun {
       if (const std::string why = stop_.agree(rt_.topo.world_comm()); !why.empty()) {
         if (rank0_) bar.clear();
         stop_early(step, why);
+        stopped_early = true;
         break;
       }
     }
     save_final();
     summary(std::chrono::duration<double>(Clock::now() - run_start).count(), start);
-    evaluate_test_split(c_, trainer_, vocab_);
+    // A run stopped early (a walltime ahead) leaves the test split to the run that finishes.
+    if (!stopped_early) evaluate_test_split(c_, trainer_, vocab_);
     return 0;
   }
 
@@ -202,7 +205,7 @@ class TrainRun {
     state.consumed_samples = std::int64_t(step) * c_.training.global_batch_size;
     state.seed = c_.run.seed;
     state.skipped_steps = skipped_;
-    state.deck_text = c_.deck_text;
+    state.deck_text = c_.text_with_overrides();
     save_trainer_checkpoint(trainer_, c_.checkpoint.save_dir, state, c_.checkpoint.keep_last);
     last_saved_ = step;
     if (rank0_) std::cout << " > saved checkpoint " << c_.checkpoint.save_dir << "/"

@@ -470,6 +470,15 @@ RunConfig RunConfig::from_text(const std::string& text,
   return c;
 }
 
+std::string RunConfig::text_with_overrides() const {
+  if (overrides.empty()) return deck_text;
+  std::string text = deck_text;
+  if (!text.empty() && text.back() != '\n') text += "\n";
+  text += kDeckHeader + std::string("--set ---\n");
+  for (const auto& o : overrides) text += override_line(o);
+  return text;
+}
+
 RunConfig RunConfig::from_files(const std::vector<std::string>& paths,
                                 const std::vector<std::string>& overrides) {
   MESH_REQUIRE(!paths.empty(), "no input deck given");

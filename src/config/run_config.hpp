@@ -307,6 +307,11 @@ struct RunConfig {
   /// data_parallel and the derived defaults (global batch, decay iters).
   void validate(int world_size);
 
+  /// The decks and then the --set overrides as one more deck, as
+  /// from_text reads them back to this configuration: what a checkpoint
+  /// stores, so a resumed run compares its model with the one really built.
+  std::string text_with_overrides() const;
+
   /// The resolved deck, one "section.key = value" per line, grouped.
   std::string resolved_text() const;
   /// Documentation of every key: name, type, default, meaning.

@@ -35,12 +35,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int comm_rank(MPI_Comm comm) {
-  int r = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &r));
-  return r;
-}
-
 void broadcast_string(MPI_Comm comm, std::string& s) {
   std::uint64_t n = s.size();
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, comm));

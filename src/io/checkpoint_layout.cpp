@@ -189,6 +189,12 @@ std::vector<hsize_t> chunk_dims(const Shape& shape, index_t budget, int split_di
   return chunk;
 }
 
+int comm_rank(MPI_Comm comm) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  return rank;
+}
+
 void raise_if_any(MPI_Comm comm, const std::string& local_error) {
   int me = 0;
   MPI_CHECK(MPI_Comm_rank(comm, &me));

@@ -84,4 +84,7 @@ std::vector<hsize_t> chunk_dims(const Shape& shape, index_t budget, int split_di
 /// rank throws UserError with the message of the lowest such rank.
 void raise_if_any(MPI_Comm comm, const std::string& local_error);
 
+/// This process's rank in `comm`.
+int comm_rank(MPI_Comm comm);
+
 }  // namespace meshtron::io

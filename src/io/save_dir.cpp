@@ -20,12 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_rank0(MPI_Comm comm) {
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  return rank == 0;
-}
-
 std::string host_name() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
@@ -92,7 +86,7 @@ std::string take_lock(const std::string& path) {
 
 void require_writable_dir(MPI_Comm comm, const std::string& dir, const std::string& what) {
   std::string error;
-  if (is_rank0(comm)) {
+  if (comm_rank(comm) == 0) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     const std::string probe = dir + "/.meshtron_write_test." + std::to_string(getpid());
@@ -109,7 +103,7 @@ void require_writable_dir(MPI_Comm comm, const std::string& dir, const std::stri
 SaveDirLock::SaveDirLock(MPI_Comm comm, const std::string& dir) {
   require_writable_dir(comm, dir, "checkpoint.save_dir");
   std::string error;
-  if (is_rank0(comm)) {
+  if (comm_rank(comm) == 0) {
     error = take_lock(dir + "/.lock");
     if (error.empty()) path_ = dir + "/.lock";
   }

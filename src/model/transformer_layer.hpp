@@ -1,4 +1,5 @@
-// One pre-LN GPT-2 block on the residual stream x ([s/sp * b, h] rows):
+// One pre-norm block (GPT-2's LayerNorm, Llama's RMSNorm) on the residual
+// stream x ([s/sp * b, h] rows):
 //   x = x + dropout(attention(ln_1(x)))
 //   x = x + dropout(mlp(ln_2(x)))
 #pragma once

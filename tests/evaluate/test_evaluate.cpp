@@ -2,8 +2,8 @@
 // `meshtron convert`), on one rank and on tp 2 x pp 2 x dp 2 (8 ranks):
 //  * explicit rows (evaluate.inputs) of different lengths against the loss
 //    transformers' golden logits give them;
-//  * the ordered samples of a dataset of fixed documents against
-//    validation/evaluate-golden (made by make_evaluate_golden.py);
+//  * the ordered samples of a dataset of golden rows, split by documents,
+//    against the loss transformers' golden logits give them;
 //  * a split's samples against the same windows given as explicit rows;
 //  * the test-split line at the end of `meshtron train` against
 //    `meshtron evaluate` of the checkpoint it saved, on another layout.
@@ -130,28 +130,44 @@ std::vector<Ids> fixed_documents(const std::vector<int>& lengths) {
 
 double relative(double a, double b) { return std::fabs(a - b) / std::fabs(b); }
 
-TEST(Evaluate, ExplicitRowsOfDifferentLengthsMatchTransformers) {
-  // Causal attention: the logits of a row's prefix are the full row's, so
-  // prefixes of the golden rows have their losses in the step-0 logits.
-  io::SafetensorsFile golden(kSource + "/validation/gpt2-golden/golden.safetensors");
-  const Tensor tokens = golden.load("tokens");  // int32 [3, 2, 17]; step 0 is [0]
-  const std::vector<double> logits = golden.load("logits", DType::F32).to_doubles();  // [2, 16, V]
-  constexpr int V = 1000;
-  const std::pair<int, int> rows[] = {{0, 17}, {1, 9}, {0, 5}, {1, 2}, {1, 16}};  // (row, length)
-  std::vector<Ids> jsonl;
-  double sum = 0;
-  std::int64_t count = 0;
-  for (const auto& [r, length] : rows) {
+/// transformers' step-0 logits of the golden rows (tokens[0, r, :16]) and
+/// the losses of their prefixes. Causal attention: a prefix's logits are the
+/// full row's, so any prefix of a golden row has its loss here.
+struct GoldenRows {
+  static constexpr int V = 1000;
+  io::SafetensorsFile golden{kSource + "/validation/gpt2-golden/golden.safetensors"};
+  Tensor tokens = golden.load("tokens");  // int32 [3, 2, 17]; step 0 is [0]
+  std::vector<double> logits = golden.load("logits", DType::F32).to_doubles();  // [2, 16, V]
+
+  Ids prefix(int r, int length) const {
     const std::int32_t* ids = tokens.data<std::int32_t>() + r * (kSeq + 1);
-    jsonl.emplace_back(ids, ids + length);
+    return Ids(ids, ids + length);
+  }
+  /// Sum of the cross-entropies of positions [0, length - 1) of row r.
+  double loss_sum(int r, int length) const {
+    const Ids ids = prefix(r, length);
+    double sum = 0;
     for (int t = 0; t + 1 < length; ++t) {
       const double* z = logits.data() + (r * kSeq + t) * V;
       const double max = *std::max_element(z, z + V);
       double sum_exp = 0;
       for (int v = 0; v < V; ++v) sum_exp += std::exp(z[v] - max);
-      sum += max + std::log(sum_exp) - z[ids[t + 1]];
-      ++count;
+      sum += max + std::log(sum_exp) - z[ids[std::size_t(t) + 1]];
     }
+    return sum;
+  }
+};
+
+TEST(Evaluate, ExplicitRowsOfDifferentLengthsMatchTransformers) {
+  const GoldenRows golden;
+  const std::pair<int, int> rows[] = {{0, 17}, {1, 9}, {0, 5}, {1, 2}, {1, 16}};  // (row, length)
+  std::vector<Ids> jsonl;
+  double sum = 0;
+  std::int64_t count = 0;
+  for (const auto& [r, length] : rows) {
+    jsonl.push_back(golden.prefix(r, length));
+    sum += golden.loss_sum(r, length);
+    count += length - 1;
   }
   const std::string path = work_path("rows") + ".jsonl";
   write_on_rank0(path, jsonl_of(jsonl));
@@ -164,34 +180,23 @@ TEST(Evaluate, ExplicitRowsOfDifferentLengthsMatchTransformers) {
 }
 
 TEST(Evaluate, DatasetSamplesMatchTransformers) {
-  const std::string path = kSource + "/validation/evaluate-golden/golden.json";
-  ASSERT_TRUE(std::filesystem::exists(path))
-      << path << " is missing: generate it with `cd validation && python3 "
-      << "make_evaluate_golden.py --out evaluate-golden` (torch + transformers) and commit it";
-  std::ifstream in(path);
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  ASSERT_EQ(golden.at("seq_length").get<int>(), kSeq);
-  ASSERT_EQ(golden.at("split").get<std::string>(), "all");
-  const auto documents = golden.at("documents").get<std::vector<Ids>>();
+  // Three documents split "1,1,1": train row 1, valid row 0, test row 1. A
+  // split's first window starts its own stream, so each split's one sample
+  // is a whole golden row (17 tokens = kSeq + 1), whose loss transformers'
+  // logits give. On dp 2 one rank's batch is empty: padding only.
+  const GoldenRows golden;
   const std::string prefix = work_path("golden_documents");
-  write_dataset(prefix, documents);
-
-  // The samples meshtron builds are the script's windows.
-  const auto samples = golden.at("samples");
-  data::OrderedGptSamples ours(std::make_shared<data::IndexedDataset>(prefix), 0,
-                               std::int64_t(documents.size()), kSeq);
-  ASSERT_EQ(ours.size(), std::int64_t(samples.size()));
-  for (std::int64_t i = 0; i < ours.size(); ++i) {
-    Ids window(kSeq + 1);
-    ours.sample(i, window.data());
-    EXPECT_EQ(window, samples[std::size_t(i)].at("ids").get<Ids>()) << "sample " << i;
+  write_dataset(prefix, {golden.prefix(1, kSeq + 1), golden.prefix(0, kSeq + 1),
+                         golden.prefix(1, kSeq + 1)});
+  for (const auto& [split, row] : {std::pair<std::string, int>{"valid", 0}, {"test", 1}}) {
+    SCOPED_TRACE(split);
+    const Scored s = evaluate("dataset_" + split, {"data.path=" + prefix, "data.split=1,1,1",
+                                                   "evaluate.split=" + split});
+    EXPECT_EQ(s.samples, 1);
+    EXPECT_EQ(s.tokens, kSeq);
+    const double expected = golden.loss_sum(row, kSeq + 1) / kSeq;
+    EXPECT_LE(relative(s.lm_loss, expected), 1e-5) << s.lm_loss << " vs transformers " << expected;
   }
-  const Scored s = evaluate("dataset", {"data.path=" + prefix, "evaluate.split=all",
-                                        "evaluate.micro_batch_size=3"});
-  EXPECT_EQ(s.samples, std::int64_t(samples.size()));
-  EXPECT_EQ(s.tokens, golden.at("tokens").get<std::int64_t>());
-  const double expected = golden.at("lm_loss").get<double>();
-  EXPECT_LE(relative(s.lm_loss, expected), 1e-5) << s.lm_loss << " vs transformers " << expected;
 }
 
 // Split "2,2,2" of 6 documents: train 0-1, valid 2-3, test 4-5.

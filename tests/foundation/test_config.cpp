@@ -383,3 +383,22 @@ TEST(Config, BalancedPipelineSplitCountsTheHeadOnTheLastStage) {
 
 }  // namespace
 }  // namespace meshtron
+
+namespace meshtron {
+namespace {
+
+// What a checkpoint stores reads back to the configuration the run built,
+// --set overrides included (they win over the decks, as on the command line).
+TEST(Config, TextWithOverridesReadsBackToTheSameValues) {
+  const RunConfig c = RunConfig::from_text("[model]\nnum_layers = 4\nhidden_size = 64\n",
+                                           {"model.num_layers=2", "optimizer.lr=0.5"});
+  const RunConfig back = RunConfig::from_text(c.text_with_overrides());
+  EXPECT_EQ(back.model.num_layers, 2);
+  EXPECT_EQ(back.model.hidden_size, 64);
+  EXPECT_EQ(back.optimizer.lr, 0.5);
+  const RunConfig plain = RunConfig::from_text("[model]\nnum_layers = 4\n");
+  EXPECT_EQ(plain.text_with_overrides(), plain.deck_text);
+}
+
+}  // namespace
+}  // namespace meshtron
