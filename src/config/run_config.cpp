@@ -196,11 +196,11 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.normalization", &m.normalization, "string",
       "LayerNorm | RMSNorm");
   key("model.position_embedding_type", &m.position_embedding_type, "string",
-      "learned_absolute | rope | alibi | none" + unbuilt("rope, alibi, none"));
+      "learned_absolute | rope | alibi | none" + unbuilt("alibi"));
   key("model.num_query_groups", &m.num_query_groups, "int",
-      "key/value heads, 0 = num_attention_heads" + unbuilt("fewer"));
+      "key/value heads (grouped-query attention), 0 = num_attention_heads");
   key("model.kv_channels", &m.kv_channels, "int",
-      "head dim, 0 = hidden_size / num_attention_heads" + unbuilt("another"));
+      "head dim, 0 = hidden_size / num_attention_heads");
   key("model.rotary_percent", &m.rotary_percent, "float", "share of the head dim rotated by rope",
       FloatRange{0, 1, true, false});
   key("model.rotary_base", &m.rotary_base, "float", "rope's base period", kPositive);
@@ -210,7 +210,7 @@ void DeckSchema::bind(RunConfig& c) {
       "MLP activation: gelu (erf) | gelu_tanh (GPT-2's) | relu | swiglu | geglu" +
           unbuilt("gelu, relu"));
   key("model.add_bias_linear", &m.add_bias_linear, "bool",
-      "biases on the linear layers" + unbuilt("false"));
+      "biases on the linear layers");
   key("model.untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights,
       "bool", "LM head with its own weights (output_layer.weight) instead of the word table");
   key("model.parallel_residual", &m.parallel_residual, "bool",

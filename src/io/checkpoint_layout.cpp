@@ -19,7 +19,7 @@ std::string serialize_tensors(const std::vector<CheckpointTensor>& tensors, int 
     const Parameter& p = *t.param;
     MESH_VERIFY(!p.name.empty() && p.name.find_first_of("/\n") == std::string::npos,
                 "parameter name '" << p.name << "' cannot name a checkpoint dataset");
-    const int parts = p.tp_replicated() ? 1 : p.shard.fused_parts;
+    const int parts = p.tp_replicated() ? 1 : p.fused_units();
     out << stage << ' ' << p.shard.split_dim << ' ' << parts << ' ' << p.global_shape.size();
     for (index_t d : p.global_shape) out << ' ' << d;
     out << ' ' << p.name << '\n';
@@ -122,17 +122,21 @@ ShardSelection shard_selection(const Parameter& p, int tp_rank, int tp_size) {
     sel.pieces.push_back(piece);
     return sel;
   }
-  MESH_VERIFY(global_d == local_d * tp_size && local_d % parts == 0,
-              "fused parameter '" << p.name << "': local extent " << local_d << " x tp "
-                                  << tp_size << " != global " << global_d << " or not "
-                                  << parts << " equal parts");
-  const hsize_t part_local = hsize_t(local_d / parts), part_global = hsize_t(global_d / parts);
+  const int units = p.fused_units();
+  MESH_VERIFY(global_d == local_d * tp_size && local_d % units == 0,
+              "fused parameter '" << p.name << "': local extent " << local_d << " x tp " << tp_size
+                                  << " != global " << global_d << " or not " << units
+                                  << " equal units");
+  const hsize_t unit_local = hsize_t(local_d / units), unit_global = hsize_t(global_d / units);
+  hsize_t first = 0;  // the part's first unit
   for (int part = 0; part < parts; ++part) {
+    const hsize_t width = hsize_t(p.units_of_part(part)) * unit_local;
     Piece piece{whole(sel.local_dims), whole(sel.local_dims)};
-    piece.file.start[d] = part * part_global + hsize_t(tp_rank) * part_local;
-    piece.memory.start[d] = part * part_local;
-    piece.file.count[d] = piece.memory.count[d] = part_local;
+    piece.file.start[d] = first * unit_global + hsize_t(tp_rank) * width;
+    piece.memory.start[d] = first * unit_local;
+    piece.file.count[d] = piece.memory.count[d] = width;
     sel.pieces.push_back(piece);
+    first += hsize_t(p.units_of_part(part));
   }
   return sel;
 }

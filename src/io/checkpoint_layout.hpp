@@ -9,7 +9,9 @@
 //   fused_parts = P  the dimension is P blocks of G_d / P (q | k | v), each
 //                    split over T; rank t holds block p's
 //                    [p G_d/P + t L_d/P, p G_d/P + (t+1) L_d/P) for every p,
-//                    stored locally as [q_t | k_t | v_t];
+//                    stored locally as [q_t | k_t | v_t]; parts of unequal
+//                    widths (Parameter::part_units: q | k | v with grouped keys) are
+//                    cut the same way, each in its own width;
 //   padded rows      the last `padded_rows` local rows of a dim-0 split lie
 //                    beyond the real vocabulary and are not in the file.
 // Each fused block p is its own piece: a box in the file matched by an
@@ -37,7 +39,7 @@ struct GlobalTensor {
   Shape shape;            ///< global, unpadded
   int first_stage = 0;    ///< lowest pipeline stage holding it (the writer)
   int split_dim = -1;     ///< as the parameter's ShardSpec
-  int parts = 1;          ///< fused blocks along split_dim (pieces per rank)
+  int parts = 1;          ///< fused units along split_dim (Parameter::fused_units)
 };
 
 /// Union of every rank's tensors, sorted by name (collective over the world;

@@ -8,46 +8,141 @@
 namespace meshtron {
 
 namespace {
-void reject_unbuilt(const AttentionSpec& a, index_t hidden) {
+void reject_unbuilt(const AttentionSpec& a) {
   const auto reject_unless = [](bool built, const std::string& setting) {
     require_built(built, "Attention", setting);
   };
-  reject_unless(a.num_query_groups == a.num_heads,
-                MESH_MSG("num_query_groups = " << a.num_query_groups << " (not num_heads = "
-                                               << a.num_heads << ")"));
-  reject_unless(index_t(a.context_width()) == hidden,
-                MESH_MSG("kv_channels = " << a.head_dim << " (not hidden_size / num_heads = "
-                                          << hidden / a.num_heads << ")"));
   reject_unless(a.mask == AttentionMask::Causal, "attention mask " + to_string(a.mask));
-  reject_unless(a.position != PositionEmbedding::Rope && a.position != PositionEmbedding::Alibi,
+  reject_unless(a.position != PositionEmbedding::Alibi,
                 "position_embedding_type = " + to_string(a.position));
-  reject_unless(a.bias, "add_bias_linear = false");
+}
+
+ops::RotarySpec rotary_spec(const AttentionSpec& a) {
+  ops::RotarySpec rope;
+  if (a.position != PositionEmbedding::Rope) return rope;
+  rope.rotary_dim = ops::rotary_dim_for(a.head_dim, a.rotary_percent);
+  rope.base = a.rotary_base;
+  rope.layout =
+      a.rotary_interleaved ? ops::RotaryLayout::Interleaved : ops::RotaryLayout::HalfSplit;
+  return rope;
 }
 }  // namespace
 
-Attention::Attention(const std::string& name, int layer, index_t hidden,
-                     const AttentionSpec& spec, double dropout, const LayerContext& ctx,
-                     DType dtype)
-    : qkv(name + ".qkv", hidden, 3 * hidden, /*fused_parts=*/3, ctx, dtype),
-      proj(name + ".proj", hidden, hidden, ctx, dtype, /*epilogue_rank=*/layer),
+Attention::Attention(const std::string& name, int layer, index_t hidden, const AttentionSpec& spec,
+                     double dropout, const LayerContext& ctx, DType dtype)
+    : qkv(name + ".qkv", hidden, spec.qkv_width(), /*fused_parts=*/3, ctx, dtype, spec.bias),
+      proj(name + ".proj", spec.context_width(), hidden, ctx, dtype, /*epilogue_rank=*/layer,
+           spec.bias),
       layer_(layer),
       heads_local_(spec.num_heads / ctx.tp.size()),
+      groups_local_(spec.num_query_groups / ctx.tp.size()),
       head_dim_(spec.head_dim),
+      rotary_(spec.position == PositionEmbedding::Rope),
+      rope_(rotary_spec(spec)),
       dropout_(dropout),
       backend_(attention_backend_from_string(spec.backend)) {
-  reject_unbuilt(spec, hidden);
+  reject_unbuilt(spec);
+  MESH_REQUIRE(spec.num_query_groups > 0 && spec.num_heads % spec.num_query_groups == 0 &&
+                   spec.num_query_groups % ctx.tp.size() == 0,
+               "Attention: num_query_groups = " << spec.num_query_groups
+                                                << " must divide num_heads = " << spec.num_heads
+                                                << " and be a multiple of tp = " << ctx.tp.size());
+  if (groups_local_ != heads_local_) {
+    const std::vector<int> units{spec.num_heads / spec.num_query_groups, 1, 1};
+    qkv.weight.part_units = qkv.bias.part_units = units;
+  }
 }
 
 bool Attention::use_fused(DType activations, MemorySpace space) const {
   if (backend_ == AttentionBackend::Unfused) return false;
   const bool host = space == MemorySpace::Host;
-  const bool supported = ops::fused_attention_supported(activations, space, head_dim_);
+  // The fused kernels take as many kv heads as q heads: grouped queries
+  // run the unfused core, which needs no per-head copies of k and v.
+  const bool grouped = groups_local_ != heads_local_;
+  const bool supported = ops::fused_attention_supported(activations, space, head_dim_) && !grouped;
   if (backend_ == AttentionBackend::Auto) return supported && !host;
-  MESH_REQUIRE(supported, "model.attention_backend = fused needs, on the GPU, bf16 or fp16 with "
-                          "head dim 64 or 128; got "
-                              << dtype_name(activations) << " on the "
-                              << (host ? "host" : "GPU") << ", head dim " << head_dim_);
+  MESH_REQUIRE(supported,
+               "model.attention_backend = fused needs, on the GPU, bf16 or fp16 with "
+               "head dim 64 or 128 and num_query_groups = num_heads; got "
+                   << dtype_name(activations) << " on the " << (host ? "host" : "GPU")
+                   << ", head dim " << head_dim_ << (grouped ? ", grouped queries" : ""));
   return true;
+}
+
+const Tensor& Attention::rotary_positions(const LayerContext& ctx) const {
+  const index_t s = ctx.seq_length, b = ctx.micro_batch;
+  if (positions_.defined() && positions_.numel() == s * b && positions_.space() == ctx.space &&
+      positions_b_ == b && positions_offset_ == position_offset)
+    return positions_;
+  Tensor host = Tensor::empty({s * b}, DType::I32);
+  auto* pos = host.data<std::int32_t>();
+  for (index_t row = 0; row < s * b; ++row)
+    pos[row] = std::int32_t(position_offset + row / b);  // rows in [s, b] order
+  positions_ = ctx.space == MemorySpace::Host ? host : host.to_space(ctx.space);
+  positions_b_ = b;
+  positions_offset_ = position_offset;
+  return positions_;
+}
+
+void Attention::rotate_qk(Tensor& qkv_rows, const LayerContext& ctx, double sign) const {
+  Tensor heads =
+      qkv_rows.reshape({qkv_rows.dim(0), index_t(heads_local_ + 2 * groups_local_), head_dim_});
+  const index_t rotated = heads_local_ + groups_local_;  // q and k
+  if (sign > 0)
+    ops::rotary_forward(heads, rotary_positions(ctx), rope_, heads, rotated);
+  else
+    ops::rotary_backward(heads, rotary_positions(ctx), rope_, heads, rotated);
+}
+
+void Attention::split_qkv(const Tensor& qkv_out, index_t s, index_t b, Tensor (&parts)[3]) const {
+  if (groups_local_ == heads_local_) {
+    ops::split_heads(qkv_out, s, b, heads_local_, 3, parts);
+    return;
+  }
+  Tensor all;
+  ops::split_heads(qkv_out, s, b, heads_local_ + 2 * groups_local_, 1, &all);
+  const index_t count[3] = {heads_local_, groups_local_, groups_local_};
+  for (int p = 0; p < 3; ++p)
+    parts[p] = Tensor::empty({b * count[p], s, head_dim_}, qkv_out.dtype(), qkv_out.space());
+  move_qkv_heads(all, parts, b, /*into_parts=*/true);
+}
+
+Tensor Attention::merge_qkv(const Tensor (&parts)[3], index_t s, index_t b) const {
+  Tensor merged;
+  if (groups_local_ == heads_local_) {
+    ops::merge_heads(parts, 3, s, b, heads_local_, merged);
+    return merged;
+  }
+  const index_t row_heads = heads_local_ + 2 * groups_local_;
+  Tensor all = Tensor::empty({b * row_heads, s, head_dim_}, parts[0].dtype(), parts[0].space());
+  move_qkv_heads(all, parts, b, /*into_parts=*/false);
+  ops::merge_heads(&all, 1, s, b, row_heads, merged);
+  return merged;
+}
+
+void Attention::move_qkv_heads(const Tensor& all, const Tensor (&parts)[3], index_t b,
+                               bool into_parts) const {
+  // A sample's heads lie together in `all`: q (heads_local), k, v (groups_local).
+  const index_t row_heads = heads_local_ + 2 * groups_local_, matrix = all.numel() / all.dim(0);
+  const index_t first[3] = {0, heads_local_, heads_local_ + groups_local_};
+  const index_t count[3] = {heads_local_, groups_local_, groups_local_};
+  const Tensor rows = all.reshape({all.dim(0), matrix});
+  for (int p = 0; p < 3; ++p) {
+    const Tensor part = parts[p].reshape({b * count[p], matrix});
+    for (index_t bi = 0; bi < b; ++bi) {
+      const index_t begin = bi * row_heads + first[p];
+      Tensor in_all = rows.slice_rows(begin, begin + count[p]);
+      Tensor in_part = part.slice_rows(bi * count[p], (bi + 1) * count[p]);
+      if (into_parts) in_part.copy_from(in_all);
+      else in_all.copy_from(in_part);
+    }
+  }
+}
+
+Tensor Attention::by_group(const Tensor& per_head) const {
+  const index_t per_group = heads_local_ / groups_local_;
+  return per_head.reshape(
+      {per_head.dim(0) / per_group, per_group * per_head.dim(1), per_head.dim(2)});
 }
 
 ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
@@ -101,8 +196,12 @@ ops::AttentionDropout Attention::fused_dropout(const LayerContext& ctx) const {
 void Attention::attention_probs(const Tensor& q, const Tensor& k, const LayerContext& ctx,
                                 Tensor& probs, Tensor& probs_kept) const {
   const index_t s = ctx.seq_length;
-  Tensor scores = Tensor::empty({q.dim(0), s, s}, q.dtype(), q.space());
-  ops::gemm_batched(q, false, k, true, scores);
+  // Scores of a group's query heads at once: [b*groups, heads/groups * s, s]
+  // is [b*heads, s, s] in memory.
+  const Tensor q_groups = by_group(q);
+  Tensor scores = Tensor::empty({q_groups.dim(0), q_groups.dim(1), s}, q.dtype(), q.space());
+  ops::gemm_batched(q_groups, false, k, true, scores);
+  scores = scores.reshape({q.dim(0), s, s});
   probs = Tensor::empty(scores.shape(), q.dtype(), q.space());
   ops::scaled_causal_softmax_forward(scores, scale(), probs);
   probs_kept = probs;
@@ -118,7 +217,8 @@ Tensor Attention::core_forward_unfused(const LayerContext& ctx, Cache& c) const 
   Tensor probs, probs_kept;
   attention_probs(c.q, c.k, ctx, probs, probs_kept);
   Tensor context = Tensor::empty(c.q.shape(), c.q.dtype(), c.q.space());
-  ops::gemm_batched(probs_kept, false, c.v, false, context);
+  Tensor context_groups = by_group(context);
+  ops::gemm_batched(by_group(probs_kept), false, c.v, false, context_groups);
   // Selective recompute keeps q, k, v only; the s x s tensors die here.
   const bool keep = ctx.recompute != Recompute::Selective;
   c.probs = keep ? probs : Tensor();
@@ -140,6 +240,7 @@ Tensor Attention::forward_residual(const Tensor& x, const Tensor& residual, Laye
 Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   const index_t s = ctx.seq_length, b = ctx.micro_batch;
   Tensor qkv_out = qkv.forward(x, ctx, c.qkv);
+  if (rotary_) rotate_qk(qkv_out, ctx, +1.0);
   Tensor merged;
   if (use_fused(qkv_out.dtype(), qkv_out.space())) {
     // The fused core reads q, k, v from the projection's output and writes
@@ -170,7 +271,7 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
                  "this layer runs the unfused core on the "
                      << (x.is_host() ? "host" : "GPU"));
     Tensor parts[3];
-    ops::split_heads(qkv_out, s, b, heads_local_, 3, parts);
+    split_qkv(qkv_out, s, b, parts);
     c.q = parts[0];
     c.k = parts[1];
     c.v = parts[2];
@@ -195,8 +296,9 @@ Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) 
     Tensor dcontext, dparts[3];
     ops::split_heads(dmerged, s, b, heads_local_, 1, &dcontext);
     core_backward_unfused(dcontext, ctx, c, dparts);
-    ops::merge_heads(dparts, 3, s, b, heads_local_, dqkv);
+    dqkv = merge_qkv(dparts, s, b);
   }
+  if (rotary_) rotate_qk(dqkv, ctx, -1.0);
   return qkv.backward(dqkv, ctx, c.qkv);
 }
 
@@ -206,20 +308,26 @@ void Attention::core_backward_unfused(const Tensor& dcontext, const LayerContext
                                       const Cache& c, Tensor (&dparts)[3]) const {
   Tensor probs = c.probs, probs_kept = c.probs_kept;
   if (!probs.defined()) attention_probs(c.q, c.k, ctx, probs, probs_kept);
+  // Per group: the query heads' rows [heads/groups * s] against the
+  // group's s keys, so dV and dK sum over the group's heads in the GEMMs.
+  const Tensor dcontext_g = by_group(dcontext), q_g = by_group(c.q);
   Tensor dprobs = Tensor::empty(probs.shape(), dcontext.dtype(), dcontext.space());
-  ops::gemm_batched(dcontext, false, c.v, true, dprobs);   // dP = dC V^T
+  Tensor dprobs_g = by_group(dprobs);
+  ops::gemm_batched(dcontext_g, false, c.v, true, dprobs_g);  // dP = dC V^T
   dparts[2] = Tensor::empty(c.v.shape(), dcontext.dtype(), dcontext.space());
-  ops::gemm_batched(probs_kept, true, dcontext, false, dparts[2]);  // dV = P^T dC
+  ops::gemm_batched(by_group(probs_kept), true, dcontext_g, false, dparts[2]);  // dV = P^T dC
   if (ctx.training && dropout_ > 0)
     ops::dropout_backward(dprobs, dropout_, probs_site(ctx), dprobs);
 
   Tensor dscores = Tensor::empty(probs.shape(), dcontext.dtype(), dcontext.space());
   ops::scaled_causal_softmax_backward(dprobs, probs, scale(),
                                       dscores);
+  const Tensor dscores_g = by_group(dscores);
   dparts[0] = Tensor::empty(c.q.shape(), dcontext.dtype(), dcontext.space());
   dparts[1] = Tensor::empty(c.k.shape(), dcontext.dtype(), dcontext.space());
-  ops::gemm_batched(dscores, false, c.k, false, dparts[0]);  // dQ = dS K
-  ops::gemm_batched(dscores, true, c.q, false, dparts[1]);   // dK = dS^T Q
+  Tensor dq_g = by_group(dparts[0]);
+  ops::gemm_batched(dscores_g, false, c.k, false, dq_g);      // dQ = dS K
+  ops::gemm_batched(dscores_g, true, q_g, false, dparts[1]);  // dK = dS^T Q
 }
 
 }  // namespace meshtron

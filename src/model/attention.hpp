@@ -4,6 +4,22 @@
 // sums the heads' contributions. One all-reduce forward and one backward
 // (reduce-scatter / all-gather pairs under sequence parallelism).
 //
+// Grouped-query attention (num_query_groups G < num_heads H, Ainslie et
+// al., 2023; G = 1: multi-query): the projection has (H + 2G) x head_dim
+// columns, global layout [q (H heads) | k (G) | v (G)] (Parameter::
+// part_units {H/G, 1, 1}), and rank t holds q heads [t H/tp, (t+1) H/tp)
+// and kv groups [t G/tp, (t+1) G/tp), locally [q_t | k_t | v_t]. Query head
+// h reads kv group h / (H/G) (transformers' repeat_kv), so a rank's q heads
+// read only its own groups. The core never copies k and v per head: the H/G
+// query heads of a group are one [H/G * s, d] matrix against the group's
+// k and v, and the backward's GEMMs over it sum their gradients.
+//
+// Rotary positions (Su et al., 2021): q and k are rotated in place in the
+// projection's output by the position of each token in its sequence (plus
+// position_offset); the backward rotates dq and dk back. The rows are the
+// whole sequence on every tp rank (the column-parallel linear gathers the
+// sequence shards first), so every rank uses the same positions.
+//
 // The core runs either unfused (scores GEMM, scaled causal softmax, dropout,
 // probs @ V, keeping the [b*heads, s, s] probabilities for the backward) or
 // fused (ops::fused_attention_*: FlashAttention-2 on the GPU, keeping only
@@ -51,8 +67,7 @@ class Attention {
     /// so that the backward passes read the mask instead of drawing it again.
     Tensor keep_bits;
   };
-  /// Rejects a spec other than causal multi-head attention over the whole
-  /// hidden size, with biases and without rotary or ALiBi positions.
+  /// Rejects a spec other than causal attention without ALiBi positions.
   Attention(const std::string& name, int layer, index_t hidden, const AttentionSpec& spec,
             double dropout, const LayerContext& ctx, DType dtype);
   /// forward() + residual, the add riding in proj's GEMM where it can
@@ -74,6 +89,9 @@ class Attention {
 
   ColumnParallelLinear qkv;
   RowParallelLinear proj;
+  /// Position of the first token of each sequence under rotary positions
+  /// (decoding after a prefix); 0 in training.
+  index_t position_offset = 0;
 
  private:
   Tensor core_forward(const Tensor& x, LayerContext& ctx, Cache& c) const;
@@ -91,12 +109,36 @@ class Attention {
   /// dtype, space, head dim);
   /// "fused" where the fused op cannot run is a UserError.
   bool use_fused(DType activations, MemorySpace space) const;
+  /// The rotary positions of the [s, b] rows of ctx's micro-batch, made once
+  /// per shape and offset where the activations live.
+  const Tensor& rotary_positions(const LayerContext& ctx) const;
+  /// Rotates q and k of the projection's output [s*b, (heads + 2 groups) d]
+  /// in place by rotary_positions (sign +1), or back (-1, the backward's).
+  void rotate_qk(Tensor& qkv_rows, const LayerContext& ctx, double sign) const;
+  /// q [b*heads_local, s, d], k and v [b*groups_local, s, d] from the local
+  /// projection output, and the inverse for their gradients.
+  void split_qkv(const Tensor& qkv_out, index_t s, index_t b, Tensor (&parts)[3]) const;
+  Tensor merge_qkv(const Tensor (&parts)[3], index_t s, index_t b) const;
+  /// With grouped queries: each sample's q, k and v heads between `all`
+  /// [b * (heads_local + 2 groups_local), s, d] (every head of a row apart,
+  /// split_heads' layout) and parts [b * heads (or groups), s, d], either way.
+  /// (Writes through views: the handles stay const.)
+  void move_qkv_heads(const Tensor& all, const Tensor (&parts)[3], index_t b,
+                      bool into_parts) const;
+  /// q's heads_local/groups_local heads of each group as one matrix:
+  /// [b * groups_local, heads per group * s, d] (a view).
+  Tensor by_group(const Tensor& per_head) const;
   Tensor core_forward_unfused(const LayerContext& ctx, Cache& c) const;
   void core_backward_unfused(const Tensor& dcontext, const LayerContext& ctx, const Cache& c,
                              Tensor (&dparts)[3]) const;
   int layer_;
   int heads_local_;
+  int groups_local_;  ///< kv heads of this rank
   index_t head_dim_;
+  bool rotary_ = false;
+  ops::RotarySpec rope_;
+  mutable Tensor positions_;  ///< rotary_positions' cache
+  mutable index_t positions_b_ = 0, positions_offset_ = 0;
   double dropout_;
   AttentionBackend backend_;
   /// [b * heads_local, s, words] decisions drawn by draw_mask_ahead.

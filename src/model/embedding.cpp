@@ -27,8 +27,9 @@ Parameter make_word_embedding(const ModelSpec& c, const LayerContext& ctx, DType
 
 Embedding::Embedding(const ModelSpec& c, const LayerContext& ctx, DType dtype)
     : word(make_word_embedding(c, ctx, dtype)), config_(c) {
-  require_built(c.block.attention.position == PositionEmbedding::LearnedAbsolute, "Embedding",
+  require_built(c.block.attention.position != PositionEmbedding::Alibi, "Embedding",
                 "position_embedding_type = " + to_string(c.block.attention.position));
+  if (!has_position_table()) return;  // rotary positions live in the attention
   position.name = "embedding.position.weight";
   position.global_shape = {c.max_positions, c.hidden_size};
   position.value = Tensor::zeros(position.global_shape, dtype, ctx.space);
@@ -39,8 +40,9 @@ Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const 
   const index_t n = ids.numel();
   c.ids = in_space(ids, ctx.space);
   // Position ids are built on the host once and kept where the tables live.
-  if (!positions_.defined() || positions_.numel() != n || positions_.space() != ctx.space ||
-      positions_micro_batch_ != ctx.micro_batch) {
+  if (has_position_table() &&
+      (!positions_.defined() || positions_.numel() != n || positions_.space() != ctx.space ||
+       positions_micro_batch_ != ctx.micro_batch)) {
     Tensor positions_host = Tensor::empty({n}, DType::I32);
     auto* pos = positions_host.data<std::int32_t>();
     for (index_t t = 0; t < n; ++t) pos[t] = std::int32_t(t / ctx.micro_batch);  // [s, b] rows
@@ -53,9 +55,11 @@ Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const 
       Tensor::empty({n, config_.hidden_size}, word.value.dtype(), word.value.space());
   ops::embedding_forward(c.ids, word.value, vocab_begin(config_, ctx.tp), partial);
   Tensor full = mapping::reduce_from_tp(ctx.tp, std::move(partial));
-  Tensor positions = Tensor::empty(full.shape(), full.dtype(), full.space());
-  ops::embedding_forward(c.positions, position.value, 0, positions);
-  ops::add(full, positions, full);
+  if (has_position_table()) {
+    Tensor positions = Tensor::empty(full.shape(), full.dtype(), full.space());
+    ops::embedding_forward(c.positions, position.value, 0, positions);
+    ops::add(full, positions, full);
+  }
   Tensor x = ctx.sequence_parallel ? mapping::scatter_to_sp(ctx.tp, full) : full;
   if (!ctx.training || config_.hidden_dropout == 0) return x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
@@ -72,8 +76,10 @@ void Embedding::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
                           ctx.hidden_site(kStreamEmbedding, config_.hidden_size), dx);
   }
   Tensor dfull = ctx.sequence_parallel ? mapping::scatter_to_sp_backward(ctx.tp, dx) : dx;
-  position.zero_stale_grad();  // the scatters add
-  ops::embedding_backward(c.positions, dfull, 0, position.grad);
+  if (has_position_table()) {
+    position.zero_stale_grad();  // the scatters add
+    ops::embedding_backward(c.positions, dfull, 0, position.grad);
+  }
   Tensor dpartial = mapping::reduce_from_tp_backward(ctx.tp, dfull);
   word.zero_stale_grad();  // (a tied table's head GEMM, when it ran first, wrote it)
   ops::embedding_backward(c.ids, dpartial, vocab_begin(config_, ctx.tp), word.grad);

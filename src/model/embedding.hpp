@@ -23,15 +23,23 @@ class Embedding {
   struct Cache {
     Tensor ids, positions;  ///< int32 [s*b], rows in [s, b] order
   };
-  /// Rejects positions other than learned absolute ones.
+  /// Learned absolute positions add a table; rotary and none add nothing
+  /// here (ALiBi is rejected).
   Embedding(const ModelSpec& config, const LayerContext& ctx, DType dtype);
   /// ids int32 [s*b] in [s, b] order -> hidden [s/sp * b, h].
   Tensor forward(const Tensor& ids, LayerContext& ctx, Cache& cache) const;
   void backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
-  void collect(ParameterList& out) { out.push_back(&word); out.push_back(&position); }
+  void collect(ParameterList& out) {
+    out.push_back(&word);
+    if (has_position_table()) out.push_back(&position);
+  }
+  bool has_position_table() const {
+    return config_.block.attention.position == PositionEmbedding::LearnedAbsolute;
+  }
 
   Parameter word;      ///< [V_pad/tp, h], split by rows
-  Parameter position;  ///< [max_positions, h], replicated
+  /// [max_positions, h], replicated; without values unless has_position_table()
+  Parameter position;
 
  private:
   ModelSpec config_;

@@ -26,8 +26,15 @@ void zero_padded_rows(const Parameter& p, Tensor& host) {
 
 }  // namespace
 
+int Parameter::fused_units() const {
+  int units = 0;
+  for (int u : part_units) units += u;
+  return part_units.empty() ? shard.fused_parts : units;
+}
+
 void init_normal(Parameter& p, std::uint64_t seed, double stddev, int tp_rank,
                  int tp_size) {
+  if (!p.value.defined()) return;  // a parameter the model does not have (no position table)
   const std::uint64_t key = splitmix64(seed ^ fnv1a(p.name));
   // Values are generated on the host; a device parameter gets them by one copy.
   Tensor host = p.value.is_host() ? p.value : Tensor::empty(p.value.shape(), p.value.dtype());

@@ -42,6 +42,15 @@ struct Parameter {
   /// writes it overwrites them (take_grad_store).
   bool grad_stale = false;
   ShardSpec shard;
+  /// Relative widths of the shard.fused_parts parts when they differ, one
+  /// per part: {heads / groups, 1, 1} for q | k | v with grouped keys and
+  /// values. Empty: equal parts. Each part is split over tp alike.
+  std::vector<int> part_units;
+  /// Units the split dimension is cut into: the sum of part_units, or
+  /// fused_parts (every part, local or global, is a whole number of units).
+  int fused_units() const;
+  /// Units of part p.
+  int units_of_part(int p) const { return part_units.empty() ? 1 : part_units[std::size_t(p)]; }
   bool weight_decay = true;  ///< false for biases and norm parameters
   /// Vocabulary rows beyond the real vocabulary (padding), present only in
   /// the local shard of a vocab-parallel weight: excluded when saving.

@@ -17,15 +17,22 @@ void for_each_global_index(const Parameter& p, int tp_rank, int tp_size, F&& f) 
   for (std::size_t k = d + 1; k < local.size(); ++k) inner *= local[k];
   const index_t local_d = local[d];
   const index_t global_d = local_d * tp_size;
+  // Part k spans units [first_k, first_k + units_k) of the dimension,
+  // locally and globally; this rank holds the tp_rank-th slice of each.
   const int parts = p.shard.fused_parts;
-  const index_t part_local = local_d / parts, part_global = global_d / parts;
+  const index_t unit_local = local_d / p.fused_units(), unit_global = unit_local * tp_size;
   index_t li = 0;
-  for (index_t o = 0; o < outer; ++o)
-    for (index_t j = 0; j < local_d; ++j) {
-      const index_t part = j / part_local, within = j % part_local;
-      const index_t gj = part * part_global + tp_rank * part_local + within;
-      for (index_t i = 0; i < inner; ++i, ++li) f(li, (o * global_d + gj) * inner + i);
+  for (index_t o = 0; o < outer; ++o) {
+    index_t first = 0;
+    for (int part = 0; part < parts; ++part) {
+      const index_t units = p.units_of_part(part), width = units * unit_local;
+      for (index_t within = 0; within < width; ++within) {
+        const index_t gj = first * unit_global + tp_rank * width + within;
+        for (index_t i = 0; i < inner; ++i, ++li) f(li, (o * global_d + gj) * inner + i);
+      }
+      first += units;
     }
+  }
 }
 
 }  // namespace meshtron

@@ -8,6 +8,7 @@
 //   layers.i.ln_1.weight/bias    [h]     replicated
 //   layers.i.attention.qkv.weight [h, 3h] fused q|k|v, split dim 1
 //   layers.i.attention.qkv.bias   [3h]    fused q|k|v, split dim 0
+//                                 (grouped keys: (heads + 2 groups) x h/heads)
 //   layers.i.attention.proj.weight [h, h] split dim 0;  .bias [h] replicated
 //   layers.i.ln_2.weight/bias    [h]     replicated
 //   layers.i.mlp.fc.weight       [h, f]  split dim 1;  .bias [f] split dim 0
@@ -35,7 +36,12 @@ namespace meshtron::testing_ckpt {
 struct FakeModelSpec {
   index_t vocab = 37, hidden = 8, positions = 16, layers = 4, ffn = 32;
   index_t vocab_divisible_by = 8;
+  /// Grouped keys and values (0: none): qkv is q | k | v of heads, kv_groups
+  /// and kv_groups heads of hidden / heads, parts of unequal widths.
+  index_t heads = 4, kv_groups = 0;
 };
+
+
 
 struct FakeModel {
   int tp_rank = 0, tp = 1;
@@ -75,6 +81,17 @@ inline Parameter make_word_table(const FakeModelSpec& s, int tp_rank, int tp) {
   return p;
 }
 
+/// The fused qkv weight ([h, width], split dim 1) or bias ([width], dim 0).
+inline Parameter make_qkv(const FakeModelSpec& s, const std::string& name, bool weight,
+                          int tp_rank, int tp) {
+  const index_t h = s.hidden, groups = s.kv_groups;
+  const index_t width = groups > 0 ? (s.heads + 2 * groups) * (h / s.heads) : 3 * h;
+  Parameter p = make_param(name, weight ? Shape{h, width} : Shape{width}, weight ? 1 : 0, 3,
+                           tp_rank, tp);
+  if (groups > 0) p.part_units = {int(s.heads / groups), 1, 1};
+  return p;
+}
+
 inline FakeModel make_fake_model(const FakeModelSpec& s, int tp_rank, int tp, int pp_rank,
                                  int pp) {
   FakeModel m;
@@ -91,8 +108,8 @@ inline FakeModel make_fake_model(const FakeModelSpec& s, int tp_rank, int tp, in
     const std::string l = "layers." + std::to_string(i) + ".";
     add(make_param(l + "ln_1.weight", {h}, -1, 1, tp_rank, tp));
     add(make_param(l + "ln_1.bias", {h}, -1, 1, tp_rank, tp));
-    add(make_param(l + "attention.qkv.weight", {h, 3 * h}, 1, 3, tp_rank, tp));
-    add(make_param(l + "attention.qkv.bias", {3 * h}, 0, 3, tp_rank, tp));
+    add(make_qkv(s, l + "attention.qkv.weight", true, tp_rank, tp));
+    add(make_qkv(s, l + "attention.qkv.bias", false, tp_rank, tp));
     add(make_param(l + "attention.proj.weight", {h, h}, 0, 1, tp_rank, tp));
     add(make_param(l + "attention.proj.bias", {h}, -1, 1, tp_rank, tp));
     add(make_param(l + "ln_2.weight", {h}, -1, 1, tp_rank, tp));

@@ -50,6 +50,28 @@ TEST_F(CheckpointTest, LoadsUnderEveryDecompositionOfTheWorld) {
   }
 }
 
+// q | k | v of unequal widths (4 heads, 2 kv groups): the file holds each
+// part in its global place, and every tp that divides the groups loads it.
+TEST_F(CheckpointTest, GroupedQkvLoadsUnderEveryTensorParallelDividingTheGroups) {
+  FakeModelSpec spec;
+  spec.kv_groups = 2;
+  const io::TrainState state = sample_state(7);
+  const ParallelDegrees layout = save_layout(world_size());
+  const std::string path = save_fake(dir_, layout, spec, true, state, 0, kSmallChunks);
+  if (world_rank() == 0) {
+    SerialFileCheck check(path);
+    const FakeModel whole = make_fake_model(spec, 0, 1, 0, 1);
+    for (int kind = 0; kind < 3; ++kind) check.expect_group_matches(kind, whole);
+  }
+  for (const ParallelDegrees& d : factorisations(world_size())) {
+    if (spec.kv_groups % d.tensor_parallel) continue;
+    SCOPED_TRACE(::testing::Message() << "load with tp=" << d.tensor_parallel
+                                      << " pp=" << d.pipeline_parallel);
+    expect_loads(path, MPI_COMM_WORLD, d, spec, true, state);
+  }
+  expect_loads(path, MPI_COMM_SELF, {1, 1, 1}, spec, true, state);
+}
+
 TEST_F(CheckpointTest, EachRankAloneLoadsTheWholeModel) {
   const FakeModelSpec spec;
   const io::TrainState state = sample_state(5);

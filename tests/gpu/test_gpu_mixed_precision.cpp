@@ -427,6 +427,46 @@ std::vector<std::string> differing_params(const testing::RunResult& a,
   return out;
 }
 
+/// Llama's attention (rope, 4 heads in 2 kv groups) and block (RMSNorm,
+/// SwiGLU, no biases) on the tiny deck.
+const std::vector<std::string> kLlamaKeys = {
+    "model.num_attention_heads=4", "model.num_query_groups=2",
+    "model.position_embedding_type=rope", "model.normalization=RMSNorm",
+    "model.activation=swiglu", "model.add_bias_linear=false"};
+
+// The device path (rotary kernel, grouped split of q | k | v, unfused core)
+// trains as the host does, in fp32.
+TEST(GpuLlama, RotaryGroupedQueriesTrainAsOnTheHost) {
+  REQUIRE_GPU();
+  testing::Layout host{.overrides = kLlamaKeys}, gpu = host;
+  gpu.overrides.push_back("run.device=cuda");
+  const auto on_host = testing::train_layout(MPI_COMM_SELF, host, DType::F32, 3);
+  const auto on_gpu =
+      testing::train_layout(MPI_COMM_SELF, gpu, DType::F32, 3, MemorySpace::Cuda);
+  for (std::size_t k = 0; k < on_host.losses.size(); ++k)
+    EXPECT_NEAR(on_gpu.losses[k], on_host.losses[k], 1e-4 * on_host.losses[k]) << k;
+  EXPECT_LE(worst_param_error(on_gpu, on_host), 1e-3);
+}
+
+// Multi-head attention with rope and head dim 64 in bf16: the fused core
+// (q and k rotated in the projection's output it reads) against the unfused.
+TEST(GpuLlama, RotaryFusedCoreTracksUnfusedInBf16) {
+  REQUIRE_GPU();
+  std::vector<std::string> keys = {"run.device=cuda", "training.precision=bf16",
+                                   "model.hidden_size=128", "model.num_attention_heads=2",
+                                   "model.position_embedding_type=rope"};
+  testing::Layout fused{.overrides = keys}, unfused = fused;
+  fused.overrides.push_back("model.attention_backend=fused");
+  unfused.overrides.push_back("model.attention_backend=unfused");
+  const auto a = testing::train_layout(MPI_COMM_SELF, fused, DType::BF16, 3, MemorySpace::Cuda);
+  const auto b =
+      testing::train_layout(MPI_COMM_SELF, unfused, DType::BF16, 3, MemorySpace::Cuda);
+  for (std::size_t k = 0; k < a.losses.size(); ++k) {
+    EXPECT_TRUE(std::isfinite(a.losses[k])) << k;
+    EXPECT_NEAR(a.losses[k], b.losses[k], 2e-2 * b.losses[k]) << k;
+  }
+}
+
 TEST(GpuRecompute, BitwiseSameAsNoneAndPeakMemoryFalls) {
   REQUIRE_GPU();
   const RecomputeRun none = run_recompute("none");

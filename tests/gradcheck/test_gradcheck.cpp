@@ -264,6 +264,134 @@ TEST_F(GradCheck, AttentionWithDropout) {
   expect_gradients_match("Attention(p=0.3)", s, random({kTokens, kHidden}));
 }
 
+/// The attention layer written out from its formula in double precision,
+/// for x [s*b, hidden] with rows in [s, b] order: qkv = x Wqkv + bqkv split
+/// into q (H heads) | k (G) | v (G), q and k rotated by the token's position
+/// in its sequence (the rotary angle in fp32 as transformers and the op),
+/// query head h against kv group h / (H/G) (repeat_kv), causal softmax, and
+/// out = context Wproj + bproj.
+Tensor reference_attention(const Tensor& x, const Attention& layer, const AttentionSpec& a) {
+  const index_t H = a.num_heads, G = a.num_query_groups, d = a.head_dim, rows = x.dim(0);
+  const index_t hidden = x.dim(1), width = (H + 2 * G) * d, per_group = H / G;
+  const double* wq = layer.qkv.weight.value.data<double>();
+  const double* bq = a.bias ? layer.qkv.bias.value.data<double>() : nullptr;
+  std::vector<double> qkv(std::size_t(rows * width));
+  for (index_t t = 0; t < rows; ++t)
+    for (index_t c = 0; c < width; ++c) {
+      double sum = bq ? bq[c] : 0.0;
+      for (index_t i = 0; i < hidden; ++i)
+        sum += x.data<double>()[t * hidden + i] * wq[i * width + c];
+      qkv[std::size_t(t * width + c)] = sum;
+    }
+  const auto head = [&](index_t t, index_t column_head) {
+    return &qkv[std::size_t(t * width + column_head * d)];
+  };
+  if (a.position == PositionEmbedding::Rope) {
+    const index_t R = ops::rotary_dim_for(d, a.rotary_percent);
+    for (index_t t = 0; t < rows; ++t)
+      for (index_t hd = 0; hd < H + G; ++hd)  // q heads, then k heads
+        for (index_t i = 0; i < R / 2; ++i) {
+          const float inv_freq = 1.0f / std::pow(float(a.rotary_base), float(2 * i) / float(R));
+          const float angle = float(t / kBatch) * inv_freq;
+          const index_t lo = a.rotary_interleaved ? 2 * i : i;
+          const index_t hi = a.rotary_interleaved ? 2 * i + 1 : i + R / 2;
+          double* v = head(t, hd);
+          const double xl = v[lo], xh = v[hi], c = std::cos(double(angle)),
+                       sn = std::sin(double(angle));
+          v[lo] = xl * c - xh * sn;
+          v[hi] = xh * c + xl * sn;
+        }
+  }
+  const index_t s = rows / kBatch;
+  std::vector<double> context(std::size_t(rows * H * d), 0.0);
+  for (index_t bi = 0; bi < kBatch; ++bi)
+    for (index_t h = 0; h < H; ++h) {
+      const index_t g = h / per_group;
+      for (index_t i = 0; i < s; ++i) {
+        std::vector<double> p(std::size_t(i + 1));
+        double top = -1e300, total = 0;
+        for (index_t j = 0; j <= i; ++j) {
+          double dotp = 0;
+          for (index_t e = 0; e < d; ++e)
+            dotp += head(i * kBatch + bi, h)[e] * head(j * kBatch + bi, H + g)[e];
+          p[std::size_t(j)] = dotp / std::sqrt(double(d));
+          top = std::max(top, p[std::size_t(j)]);
+        }
+        for (double& v : p) total += (v = std::exp(v - top));
+        for (index_t j = 0; j <= i; ++j)
+          for (index_t e = 0; e < d; ++e)
+            context[std::size_t((i * kBatch + bi) * H * d + h * d + e)] +=
+                p[std::size_t(j)] / total * head(j * kBatch + bi, H + G + g)[e];
+      }
+    }
+  Tensor out = Tensor::empty({rows, hidden}, DType::F64);
+  const double* wp = layer.proj.weight.value.data<double>();
+  const double* bp = a.bias ? layer.proj.bias.value.data<double>() : nullptr;
+  for (index_t t = 0; t < rows; ++t)
+    for (index_t c = 0; c < hidden; ++c) {
+      double sum = bp ? bp[c] : 0.0;
+      for (index_t k = 0; k < H * d; ++k)
+        sum += context[std::size_t(t * H * d + k)] * wp[k * hidden + c];
+      out.data<double>()[t * hidden + c] = sum;
+    }
+  return out;
+}
+
+/// Rotary positions and grouped queries: the layer's forward equals the
+/// reference, and its backward the finite differences of the reference.
+class GradCheckRotaryGrouped : public GradCheck {
+ protected:
+  void check(const std::string& label, const AttentionSpec& spec) {
+    Attention attention("attention", 0, kHidden, spec, 0.0, ctx, DType::F64);
+    Tensor x = random({kTokens, kHidden});
+    Subject s = layer_subject(attention, ctx, x);
+    randomize(s.params);
+    const Tensor layer_out = s.forward();
+    const Tensor reference = reference_attention(x, attention, spec);
+    double diff = 0;
+    for (index_t i = 0; i < reference.numel(); ++i)
+      diff = std::max(diff,
+                      std::fabs(element_as_double(layer_out, i) - element_as_double(reference, i)));
+    EXPECT_LE(diff, 1e-12) << label << ": forward against the reference";
+    s.forward = [&] { return reference_attention(x, attention, spec); };
+    expect_gradients_match(label, s, random({kTokens, kHidden}));
+  }
+
+  static AttentionSpec spec(int groups, int head_dim, double rotary_percent, bool interleaved) {
+    AttentionSpec a = AttentionSpec::multi_head(int(kHidden), 4);
+    a.num_query_groups = groups;
+    a.head_dim = head_dim;
+    a.position = PositionEmbedding::Rope;
+    a.rotary_percent = rotary_percent;
+    a.rotary_interleaved = interleaved;
+    a.rotary_base = 500.0;  // angles of several turns over the 6 positions
+    return a;
+  }
+};
+
+TEST_F(GradCheckRotaryGrouped, MultiHeadHalfSplit) {
+  check("rope half-split G=4", spec(4, 4, 1.0, false));
+}
+TEST_F(GradCheckRotaryGrouped, TwoGroupsInterleavedPartial) {
+  check("rope interleaved 1/2 G=2", spec(2, 8, 0.5, true));
+}
+TEST_F(GradCheckRotaryGrouped, TwoGroupsHalfSplitPartial) {
+  check("rope half-split 1/2 G=2", spec(2, 8, 0.5, false));
+}
+TEST_F(GradCheckRotaryGrouped, MultiQueryInterleaved) {
+  check("rope interleaved G=1", spec(1, 4, 1.0, true));
+}
+TEST_F(GradCheckRotaryGrouped, TwoGroupsWithoutBiases) {
+  AttentionSpec a = spec(2, 4, 1.0, false);
+  a.bias = false;  // Llama's linears
+  check("rope G=2 no bias", a);
+}
+TEST_F(GradCheckRotaryGrouped, TwoGroupsLearnedPositions) {
+  AttentionSpec a = spec(2, 4, 1.0, false);
+  a.position = PositionEmbedding::LearnedAbsolute;  // the attention adds none
+  check("no rotation G=2", a);
+}
+
 TEST_F(GradCheck, Mlp) {
   Mlp mlp("mlp", /*layer=*/0, kHidden, kMlp, ctx, DType::F64);
   Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));

@@ -140,14 +140,9 @@ TEST(ModelSpec, LayersRejectWhatTheyDoNotBuild) {
   build(spec_of_deck("activation = geglu\n"));
   build(spec_of_deck("untie_embeddings_and_output_weights = true\n"));  // and untied
   const std::pair<const char*, const char*> unbuilt[] = {
-      {"position_embedding_type = rope\n", "position_embedding_type = rope"},
       {"position_embedding_type = alibi\n", "position_embedding_type = alibi"},
-      {"position_embedding_type = none\n", "Embedding: position_embedding_type = none"},
-      {"num_query_groups = 2\n", "Attention: num_query_groups = 2"},
-      {"kv_channels = 16\n", "Attention: kv_channels = 16"},
       {"activation = gelu\n", "Mlp: activation = gelu"},
       {"activation = relu\n", "Mlp: activation = relu"},
-      {"add_bias_linear = false\n", "add_bias_linear = false"},
       {"parallel_residual = true\n", "TransformerLayer: parallel_residual = true"},
   };
   for (const auto& [keys, message] : unbuilt)
@@ -161,6 +156,14 @@ TEST(ModelSpec, LayersRejectWhatTheyDoNotBuild) {
   ModelSpec embedding_norm = spec_of_deck("");
   embedding_norm.embedding_norm = true;
   expect_user_error([&] { build(embedding_norm); }, {"GptModel: embedding_norm = true"});
+}
+
+TEST(ModelSpec, LayersBuildRotaryGroupedQueriesAndOwnHeadDim) {
+  for (const char* keys : {"position_embedding_type = rope\n", "position_embedding_type = none\n",
+                           "num_query_groups = 2\n", "num_query_groups = 1\nkv_channels = 16\n",
+                           "position_embedding_type = rope\nrotary_percent = 0.5\n"
+                           "rotary_interleaved = true\nnum_query_groups = 2\n"})
+    EXPECT_NO_THROW(build(spec_of_deck(keys))) << keys;
 }
 
 TEST(ModelSpec, FlopsCountKvGroupsAndGatedMlp) {
