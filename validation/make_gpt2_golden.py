@@ -67,6 +67,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from golden_training import (BATCH, SEED, SEQ, STEPS, print_file_keys, recipe_metadata,
                               train_and_record)
 
+
 def build_model():
     config = GPT2Config(vocab_size=1000, n_positions=32, n_embd=64, n_layer=2,
                         n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
