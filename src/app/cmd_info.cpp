@@ -17,6 +17,8 @@ namespace meshtron::app {
 
 int resolve_vocab(const RunConfig& c) {
   if (c.model.vocab_size > 0) return c.model.vocab_size;
+  if (c.data.tokenizer == "hf")
+    return data::Gpt2Tokenizer::from_tokenizer_json(c.data.tokenizer_file).vocab_size();
   if (!c.data.vocab_file.empty() && !c.data.merge_file.empty())
     return data::Gpt2Tokenizer::from_openai(c.data.vocab_file, c.data.merge_file).vocab_size();
   return kGpt2VocabSize;
@@ -87,8 +89,11 @@ int run_info(const std::vector<std::string>& args) {
   // where its files are already there, else GPT-2's (info needs no data).
   std::string split;
   if (config.parallel.model_chunks() > 1) {
-    const bool tokenizer_here = std::filesystem::exists(config.data.vocab_file) &&
-                                std::filesystem::exists(config.data.merge_file);
+    const bool tokenizer_here =
+        config.data.tokenizer == "hf"
+            ? std::filesystem::exists(config.data.tokenizer_file)
+            : std::filesystem::exists(config.data.vocab_file) &&
+                  std::filesystem::exists(config.data.merge_file);
     const int vocab =
         config.model.vocab_size > 0 || tokenizer_here ? resolve_vocab(config) : kGpt2VocabSize;
     split = pipeline_split_line(

@@ -79,6 +79,7 @@ struct PreprocessOptions {
   std::string tokenizer;
   std::string vocab_file;
   std::string merge_file;
+  std::string tokenizer_file;
   std::string json_key = "text";
   bool append_eod = false;
   bool overwrite = false;
@@ -92,9 +93,11 @@ po::options_description option_table(PreprocessOptions& o) {
   d.add_options()
       ("input", po::value(&o.inputs)->multitoken(), "input files, read in this order")
       ("output-prefix", po::value(&o.output_prefix), "write PREFIX.bin and PREFIX.idx")
-      ("tokenizer", po::value(&o.tokenizer), "tokenizer type: gpt2 (alias GPT2BPETokenizer)")
+      ("tokenizer", po::value(&o.tokenizer),
+       "tokenizer type: gpt2 (alias GPT2BPETokenizer) or hf (a tokenizer.json)")
       ("vocab-file", po::value(&o.vocab_file), "encoder.json (or Hugging Face vocab.json)")
       ("merge-file", po::value(&o.merge_file), "vocab.bpe (or Hugging Face merges.txt)")
+      ("tokenizer-file", po::value(&o.tokenizer_file), "Hugging Face tokenizer.json (for hf)")
       ("json-key", po::value(&o.json_key)->default_value("text"), "key of the text in JSON lines")
       ("append-eod", po::bool_switch(&o.append_eod), "append <|endoftext|> to every non-empty document")
       ("workers-per-rank", po::value(&o.workers_per_rank)->default_value(1),
@@ -110,6 +113,7 @@ std::string usage_text(const po::options_description& table) {
   std::ostringstream out;
   out << "usage: meshtron preprocess --input FILE [FILE ...] --output-prefix P\n"
          "         --tokenizer gpt2 --vocab-file V --merge-file M [--json-key text]\n"
+         "         (or --tokenizer hf --tokenizer-file tokenizer.json)\n"
          "         [--append-eod] [--workers-per-rank 1] [--overwrite]\n\n"
       << table << "\n" << kInputFormatHelp;
   return out.str();
@@ -123,11 +127,15 @@ bool is_gpt2_tokenizer(const std::string& name) {
 void validate(const PreprocessOptions& o) {
   MESH_REQUIRE(!o.inputs.empty(), "preprocess: --input FILE [FILE ...] is required");
   MESH_REQUIRE(!o.output_prefix.empty(), "preprocess: --output-prefix is required");
-  MESH_REQUIRE(!o.tokenizer.empty(), "preprocess: --tokenizer is required (gpt2)");
-  MESH_REQUIRE(is_gpt2_tokenizer(o.tokenizer), "preprocess: unknown --tokenizer '"
-               << o.tokenizer << "' (supported: gpt2)");
-  MESH_REQUIRE(!o.vocab_file.empty(), "preprocess: --vocab-file is required for gpt2");
-  MESH_REQUIRE(!o.merge_file.empty(), "preprocess: --merge-file is required for gpt2");
+  MESH_REQUIRE(!o.tokenizer.empty(), "preprocess: --tokenizer is required (gpt2 or hf)");
+  MESH_REQUIRE(is_gpt2_tokenizer(o.tokenizer) || o.tokenizer == "hf",
+               "preprocess: unknown --tokenizer '" << o.tokenizer << "' (supported: gpt2, hf)");
+  if (o.tokenizer == "hf") {
+    MESH_REQUIRE(!o.tokenizer_file.empty(), "preprocess: --tokenizer-file is required for hf");
+  } else {
+    MESH_REQUIRE(!o.vocab_file.empty(), "preprocess: --vocab-file is required for gpt2");
+    MESH_REQUIRE(!o.merge_file.empty(), "preprocess: --merge-file is required for gpt2");
+  }
   MESH_REQUIRE(!o.json_key.empty(), "preprocess: --json-key must not be empty");
   MESH_REQUIRE(o.workers_per_rank >= 1 && o.workers_per_rank <= 1024,
                "preprocess: --workers-per-rank must be in [1, 1024], got "
@@ -477,14 +485,22 @@ EncodedDocument encode_document(const RawDocument& doc, bool json_lines,
 /// One tokenizer per worker thread (Gpt2Tokenizer is not thread-safe).
 /// The first is loaded on the calling thread so that a bad vocabulary file
 /// throws its UserError on every rank alike.
+data::Gpt2Tokenizer load_tokenizer(const PreprocessOptions& o) {
+  return o.tokenizer == "hf" ? data::Gpt2Tokenizer::from_tokenizer_json(o.tokenizer_file)
+                             : data::Gpt2Tokenizer::from_openai(o.vocab_file, o.merge_file);
+}
+
 std::vector<data::Gpt2Tokenizer> load_tokenizers(const PreprocessOptions& o) {
   std::vector<data::Gpt2Tokenizer> tokenizers;
-  tokenizers.push_back(data::Gpt2Tokenizer::from_openai(o.vocab_file, o.merge_file));
+  tokenizers.push_back(load_tokenizer(o));
+  MESH_REQUIRE(!o.append_eod || tokenizers.front().eod_id() >= 0,
+               "preprocess: --append-eod needs an end-of-document token, and '"
+                   << o.tokenizer_file << "' has none of <|endoftext|>, <|end_of_text|>, </s>, <eos>");
   std::vector<std::optional<data::Gpt2Tokenizer>> more(std::size_t(o.workers_per_rank - 1));
   std::vector<std::thread> threads;
   for (auto& slot : more)
     threads.emplace_back([&] {
-      slot.emplace(data::Gpt2Tokenizer::from_openai(o.vocab_file, o.merge_file));
+      slot.emplace(load_tokenizer(o));
     });
   for (auto& t : threads) t.join();
   for (auto& slot : more) tokenizers.push_back(std::move(*slot));

@@ -225,6 +225,7 @@ struct DataSection {
   std::string tokenizer = "gpt2";
   std::string vocab_file;
   std::string merge_file;
+  std::string tokenizer_file;  ///< tokenizer.json, for tokenizer = hf
 };
 
 struct CheckpointSection {

@@ -128,6 +128,8 @@ constexpr const char kGpt2Pattern[] =
     "|[" MESH_GPT2_SPACE "]+(?![^" MESH_GPT2_SPACE "])"
     "|[" MESH_GPT2_SPACE "]+";
 
+constexpr const char kEcmaScriptSpace[] = MESH_GPT2_SPACE;
+
 #undef MESH_GPT2_SPACE
 
 std::string pcre2_message(int code) {
@@ -138,17 +140,50 @@ std::string pcre2_message(int code) {
 
 }  // namespace
 
+std::string split_regex_to_pcre2(std::string_view pattern) {
+  // transformers.js spells Llama 3's case-insensitive contractions out.
+  constexpr std::string_view kCaseless = "(?i:'s|'t|'re|'ve|'m|'ll|'d)";
+  constexpr std::string_view kExplicit = "(?:'([sS]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD]))";
+  std::string out;
+  bool in_class = false;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (!in_class && pattern.substr(i).starts_with(kCaseless)) {
+      out += kExplicit;
+      i += kCaseless.size() - 1;
+    } else if (pattern[i] == '\\' && i + 1 < pattern.size()) {
+      const char next = pattern[++i];
+      MESH_REQUIRE(!(next == 'S' && in_class),
+                   "tokenizer.json Split regex: \\S inside [...] is not supported");
+      if (next == 's') {
+        out += in_class ? std::string(kEcmaScriptSpace)
+                        : "[" + std::string(kEcmaScriptSpace) + "]";
+      } else if (next == 'S') {
+        out += "[^" + std::string(kEcmaScriptSpace) + "]";
+      } else {
+        out += '\\';
+        out += next;
+      }
+    } else {
+      if (pattern[i] == '[') in_class = true;
+      if (pattern[i] == ']' && in_class) in_class = false;
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
 struct Gpt2Pretokenizer::Regex {
   pcre2_code* code = nullptr;              // Owned.
   pcre2_match_data* match_data = nullptr;  // Owned; reused by every match.
 
-  Regex() {
+  explicit Regex(const std::string& pattern) {
     int error = 0;
     PCRE2_SIZE offset = 0;
-    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
+    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
                          PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
-    MESH_VERIFY(code != nullptr, "cannot compile the GPT-2 pre-tokenizer regex at offset "
-                                     << offset << ": " << pcre2_message(error));
+    MESH_REQUIRE(code != nullptr, "cannot compile the pre-tokenizer regex '"
+                                      << pattern << "' at offset " << offset << ": "
+                                      << pcre2_message(error));
     // JIT is an optimisation only: without it (an unsupported CPU or a PCRE2
     // built without JIT) pcre2_match interprets the same pattern.
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -163,7 +198,9 @@ struct Gpt2Pretokenizer::Regex {
   Regex& operator=(const Regex&) = delete;
 };
 
-Gpt2Pretokenizer::Gpt2Pretokenizer() : regex_(std::make_unique<Regex>()) {}
+Gpt2Pretokenizer::Gpt2Pretokenizer() : Gpt2Pretokenizer(kGpt2Pattern) {}
+Gpt2Pretokenizer::Gpt2Pretokenizer(const std::string& pattern)
+    : regex_(std::make_unique<Regex>(pattern)) {}
 Gpt2Pretokenizer::~Gpt2Pretokenizer() = default;
 Gpt2Pretokenizer::Gpt2Pretokenizer(Gpt2Pretokenizer&&) noexcept = default;
 Gpt2Pretokenizer& Gpt2Pretokenizer::operator=(Gpt2Pretokenizer&&) noexcept = default;
@@ -264,16 +301,15 @@ bool token_to_bytes(std::string_view token, std::string& bytes) {
   return true;
 }
 
-/// Token id by token bytes.
-std::unordered_map<std::string, int32_t> index_by_bytes(const std::vector<std::string>& tokens) {
-  std::unordered_map<std::string, int32_t> id_of_bytes;
+}  // namespace
+
+Gpt2Tokenizer::IdOfBytes Gpt2Tokenizer::index_by_bytes(const std::vector<std::string>& tokens) {
+  IdOfBytes id_of_bytes;
   id_of_bytes.reserve(tokens.size());
   for (std::size_t id = 0; id < tokens.size(); ++id)
     id_of_bytes.emplace(tokens[id], static_cast<int32_t>(id));
   return id_of_bytes;
 }
-
-}  // namespace
 
 Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& vocab_path,
                                   const std::string& merges_path) {
@@ -293,20 +329,29 @@ void Gpt2Tokenizer::load_vocab(const std::string& path) {
   }
   MESH_REQUIRE(vocab.is_object() && !vocab.empty(),
                "GPT-2 vocabulary file '" << path << "' is not a JSON object of token -> id");
-  const std::size_t size = vocab.size();
+  set_vocab(vocab, vocab.size(), "GPT-2 vocabulary file '" + path + "'");
+  const IdOfBytes id_of_bytes = index_by_bytes(id_to_bytes_);
+  const auto eod = id_of_bytes.find("<|endoftext|>");
+  MESH_REQUIRE(eod != id_of_bytes.end(),
+               "GPT-2 vocabulary file '" << path << "' has no <|endoftext|> token");
+  eod_id_ = eod->second;
+}
+
+void Gpt2Tokenizer::set_vocab(const nlohmann::json& vocab, std::size_t size,
+                              const std::string& where) {
   id_to_bytes_.assign(size, std::string());
   std::vector<bool> seen(size, false);
   std::string bytes;
   for (const auto& [token, id_json] : vocab.items()) {
     MESH_REQUIRE(id_json.is_number_integer() && id_json.get<int64_t>() >= 0 &&
                      id_json.get<int64_t>() < static_cast<int64_t>(size),
-                 "GPT-2 vocabulary file '" << path << "': token '" << token << "' has id "
+                 where << ": token '" << token << "' has id "
                                            << id_json.dump() << ", expected 0.." << size - 1);
     const auto id = id_json.get<int32_t>();
-    MESH_REQUIRE(!seen[id], "GPT-2 vocabulary file '" << path << "': id " << id
+    MESH_REQUIRE(!seen[id], where << ": id " << id
                                                       << " is used twice");
     MESH_REQUIRE(token_to_bytes(token, bytes),
-                 "GPT-2 vocabulary file '" << path << "': token '" << token
+                 where << ": token '" << token
                                            << "' is not in GPT-2's byte alphabet");
     seen[id] = true;
     id_to_bytes_[id] = bytes;
@@ -314,26 +359,31 @@ void Gpt2Tokenizer::load_vocab(const std::string& path) {
   const auto id_of_bytes = index_by_bytes(id_to_bytes_);
   for (int b = 0; b < 256; ++b) {
     const auto it = id_of_bytes.find(std::string(1, static_cast<char>(b)));
-    MESH_REQUIRE(it != id_of_bytes.end(), "GPT-2 vocabulary file '"
-                                              << path << "' has no token for byte " << b);
+    MESH_REQUIRE(it != id_of_bytes.end(), where << " has no token for byte " << b);
     byte_to_id_[b] = it->second;
   }
-  const auto eod = id_of_bytes.find("<|endoftext|>");
-  MESH_REQUIRE(eod != id_of_bytes.end(),
-               "GPT-2 vocabulary file '" << path << "' has no <|endoftext|> token");
-  eod_id_ = eod->second;
 }
 
-void Gpt2Tokenizer::load_merges(const std::string& path) {
-  const auto id_of_bytes = index_by_bytes(id_to_bytes_);
+bool Gpt2Tokenizer::add_merge(std::string_view left, std::string_view right,
+                              const IdOfBytes& id_of_bytes) {
   const auto id_of = [&](const std::string& bytes) {
     const auto it = id_of_bytes.find(bytes);
     return it == id_of_bytes.end() ? -1 : it->second;
   };
+  std::string left_bytes, right_bytes;
+  const bool in_alphabet = token_to_bytes(left, left_bytes) && token_to_bytes(right, right_bytes);
+  const int32_t left_id = id_of(left_bytes), right_id = id_of(right_bytes);
+  const int32_t merged_id = id_of(left_bytes + right_bytes);
+  if (!in_alphabet || left_id < 0 || right_id < 0 || merged_id < 0) return false;
+  // A repeated pair takes its later rank, as dict(zip(merges, ranks)) does.
+  merges_->by_pair[MergeTable::key(left_id, right_id)] = {merge_count_++, merged_id};
+  return true;
+}
 
+void Gpt2Tokenizer::load_merges(const std::string& path) {
+  const IdOfBytes id_of_bytes = index_by_bytes(id_to_bytes_);
   std::istringstream lines(read_file(path, "merges"));
-  std::string line, left, right, extra, left_bytes, right_bytes;
-  int32_t rank = 0;
+  std::string line, left, right, extra;
   for (int line_number = 1; std::getline(lines, line); ++line_number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || (line_number == 1 && line.starts_with("#version"))) continue;
@@ -342,16 +392,11 @@ void Gpt2Tokenizer::load_merges(const std::string& path) {
     MESH_REQUIRE(two_fields, "GPT-2 merges file '" << path << "' line " << line_number
                                                    << ": expected two tokens, got '" << line
                                                    << "'");
-    const bool in_alphabet = token_to_bytes(left, left_bytes) && token_to_bytes(right, right_bytes);
-    const int32_t left_id = id_of(left_bytes), right_id = id_of(right_bytes);
-    const int32_t merged_id = id_of(left_bytes + right_bytes);
-    MESH_REQUIRE(in_alphabet && left_id >= 0 && right_id >= 0 && merged_id >= 0,
+    MESH_REQUIRE(add_merge(left, right, id_of_bytes),
                  "GPT-2 merges file '" << path << "' line " << line_number << ": merge '" << line
                                        << "' uses a token that is not in the vocabulary");
-    // A repeated pair takes its later rank, as dict(zip(merges, ranks)) does.
-    merges_->by_pair[MergeTable::key(left_id, right_id)] = {rank++, merged_id};
   }
-  MESH_REQUIRE(rank > 0, "GPT-2 merges file '" << path << "' has no merges");
+  MESH_REQUIRE(merge_count_ > 0, "GPT-2 merges file '" << path << "' has no merges");
 }
 
 std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) {
@@ -367,10 +412,48 @@ void Gpt2Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& i
     replaced = replace_invalid_utf8(text);
     text = replaced;
   }
+  std::size_t piece_start = 0;
+  for (std::size_t i = 0; i < text.size() && !added_tokens_.empty(); ++i) {
+    const auto found = std::find_if(added_tokens_.begin(), added_tokens_.end(),
+                                    [&](const AddedToken& t) {
+                                      return text.substr(i).starts_with(t.content);
+                                    });
+    if (found == added_tokens_.end()) continue;
+    encode_piece(text.substr(piece_start, i - piece_start), ids);
+    ids.push_back(found->id);
+    i += found->content.size() - 1;
+    piece_start = i + 1;
+  }
+  encode_piece(text.substr(piece_start), ids);
+}
+
+void Gpt2Tokenizer::keep_whole_words(const IdOfBytes& id_of_bytes) {
+  whole_words_ = std::make_unique<WordCache>();
+  for (const auto& [bytes, id] : id_of_bytes)
+    if (!bytes.empty()) whole_words_->ids_of_word.emplace(bytes, std::vector<int32_t>{id});
+}
+
+void Gpt2Tokenizer::encode_piece(std::string_view text, std::vector<int32_t>& ids) {
+  if (text.empty()) return;
+  std::string prefixed;
+  if (add_prefix_space_ && text.front() != ' ') {
+    prefixed.reserve(text.size() + 1);
+    prefixed.push_back(' ');
+    prefixed.append(text);
+    text = prefixed;
+  }
+  if (!split_words_) return encode_word(text, ids);
   pretokenizer_.for_each_word(text, [&](std::string_view word) { encode_word(word, ids); });
 }
 
 void Gpt2Tokenizer::encode_word(std::string_view word, std::vector<int32_t>& ids) {
+  if (whole_words_) {
+    const auto& vocab = whole_words_->ids_of_word;
+    if (const auto hit = vocab.find(word); hit != vocab.end()) {
+      ids.push_back(hit->second.front());
+      return;
+    }
+  }
   if (word.size() == 1) {
     ids.push_back(byte_to_id_[static_cast<unsigned char>(word[0])]);
     return;

@@ -39,6 +39,22 @@
 // strings of up to 5 characters from  " , ' [ ] } ) .  and space agree with
 // the reference); the exact rule is pinned by a test on a small vocabulary.
 //
+// Hugging Face tokenizer.json (from_tokenizer_json, GPT-NeoX, Llama 3 and
+// StarCoder style) uses the same byte alphabet, merge ranks and PCRE2 split,
+// with these additions, each as the `tokenizers` library and transformers.js
+// apply them:
+//  - added_tokens are matched literally (leftmost, longest first) before
+//    anything else and emitted as their ids; the text between them is
+//    encoded as above, each piece on its own;
+//  - pre_tokenizer ByteLevel: GPT-2's regex (use_regex) or the whole piece
+//    as one word, after a leading space when add_prefix_space is set and the
+//    piece does not start with one; or Sequence [Split(Regex, Isolated),
+//    ByteLevel(use_regex = false)]: the Split regex instead of GPT-2's, the
+//    text between its matches kept as words too;
+//  - model.ignore_merges: a word that is itself in the vocabulary is one id.
+// Anything else (a normalizer, another model or pre-tokenizer, byte
+// fallback, dropout...) is rejected with a UserError naming the field.
+//
 // Not thread-safe: encode() reuses a regex match buffer and fills a cache of
 // word -> ids. Use one Gpt2Tokenizer per thread.
 #pragma once
@@ -50,7 +66,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace meshtron::data {
 
@@ -68,9 +87,21 @@ std::string replace_invalid_utf8(std::string_view text);
 bool is_valid_utf8(std::string_view text);
 
 /// GPT-2's pre-tokenizer regex, compiled once (JIT where PCRE2 has it).
+/// `pattern` (a tokenizer.json Split regex, written for JavaScript /
+/// Oniguruma) in PCRE2 syntax: \\s and \\S become the ECMAScript white-space
+/// set used by GPT-2's regex, and Llama 3's (?i:'s|'t|...) its explicit
+/// [sS] spelling, as transformers.js rewrites it (so that no Unicode case
+/// folding such as U+017F -> 's' applies). Throws UserError on \\S inside [].
+std::string split_regex_to_pcre2(std::string_view pattern);
+
+/// A pre-tokenizer regex (GPT-2's by default) compiled once (JIT where PCRE2
+/// has it). Text between matches is a word too (HF Split "Isolated"); GPT-2's
+/// regex matches every character, so it leaves no such text.
 class Gpt2Pretokenizer {
  public:
   Gpt2Pretokenizer();
+  /// A PCRE2 pattern (UTF + UCP); throws UserError if it does not compile.
+  explicit Gpt2Pretokenizer(const std::string& pattern);
   ~Gpt2Pretokenizer();
   Gpt2Pretokenizer(Gpt2Pretokenizer&&) noexcept;
   Gpt2Pretokenizer& operator=(Gpt2Pretokenizer&&) noexcept;
@@ -105,6 +136,10 @@ class Gpt2Tokenizer {
   /// Hugging Face layout: vocab.json and merges.txt (same contents).
   static Gpt2Tokenizer from_huggingface(const std::string& vocab_json_path,
                                         const std::string& merges_txt_path);
+  /// Hugging Face tokenizer.json of a byte-level BPE model (see the top of
+  /// this file). eod_id() is the first of the added tokens <|endoftext|>,
+  /// <|end_of_text|>, </s>, <eos>, or -1 when there is none of them.
+  static Gpt2Tokenizer from_tokenizer_json(const std::string& path);
 
   ~Gpt2Tokenizer();
   Gpt2Tokenizer(Gpt2Tokenizer&&) noexcept;
@@ -124,7 +159,8 @@ class Gpt2Tokenizer {
 
   /// Number of ids (50257 for GPT-2), before any padding for tensor parallelism.
   int32_t vocab_size() const { return static_cast<int32_t>(id_to_bytes_.size()); }
-  /// Id of "<|endoftext|>" (50256 for GPT-2), the document separator.
+  /// Id of "<|endoftext|>" (50256 for GPT-2), the document separator; -1
+  /// for a tokenizer.json without one.
   int32_t eod_id() const { return eod_id_; }
 
   /// Words currently cached. The cache (word -> ids, words up to 256 bytes)
@@ -143,6 +179,23 @@ class Gpt2Tokenizer {
                             const std::string& merges_path);
   void load_vocab(const std::string& path);
   void load_merges(const std::string& path);
+  /// Token ids from a JSON object of token (byte alphabet) -> id in [0, size);
+  /// `where` names the source in errors.
+  void set_vocab(const nlohmann::json& vocab, std::size_t size, const std::string& where);
+  using IdOfBytes = std::unordered_map<std::string, int32_t>;
+  /// Token id by token bytes (the first id of bytes that occur twice).
+  static IdOfBytes index_by_bytes(const std::vector<std::string>& tokens);
+  /// Registers merge `left right` with the next rank; false if one of the
+  /// three tokens is not in `id_of_bytes`.
+  bool add_merge(std::string_view left, std::string_view right, const IdOfBytes& id_of_bytes);
+  // tokenizer.json sections (gpt2_tokenizer_json.cpp).
+  void set_json_model(const nlohmann::json& model, std::size_t size, const std::string& where);
+  void set_json_pre_tokenizer(const nlohmann::json& pre, const std::string& where);
+  void set_json_added_tokens(const nlohmann::json& added, const std::string& where);
+  /// Sets ignore_merges: a word that is a token of `id_of_bytes` is one id.
+  void keep_whole_words(const IdOfBytes& id_of_bytes);
+  /// Encodes text that holds no added token (one piece between them).
+  void encode_piece(std::string_view text, std::vector<int32_t>& ids);
   /// Appends the BPE ids of one pre-token (its UTF-8 bytes).
   void encode_word(std::string_view word, std::vector<int32_t>& ids);
   void bpe(std::string_view word, std::vector<int32_t>& ids);
@@ -154,6 +207,18 @@ class Gpt2Tokenizer {
   std::unique_ptr<WordCache> cache_;    // Owned.
   std::size_t cache_limit_ = std::size_t{1} << 20;
   Gpt2Pretokenizer pretokenizer_;
+  int32_t merge_count_ = 0;
+
+  // tokenizer.json options; the defaults are GPT-2's behaviour.
+  struct AddedToken {
+    std::string content;
+    int32_t id;
+  };
+  std::vector<AddedToken> added_tokens_;  // longest first
+  bool split_words_ = true;               // false: ByteLevel(use_regex = false) alone
+  bool add_prefix_space_ = false;
+  /// Word bytes -> id of every vocabulary token, when ignore_merges is set.
+  std::unique_ptr<WordCache> whole_words_;  // Owned; null unless ignore_merges.
 
   // Scratch buffers of bpe(), kept to avoid an allocation per word.
   struct Symbol {
@@ -183,9 +248,11 @@ template <class OnWord>
 void Gpt2Pretokenizer::for_each_word(std::string_view utf8, OnWord&& on_word) {
   std::size_t pos = 0, begin = 0, end = 0;
   while (pos < utf8.size() && next_match(utf8, pos, begin, end)) {
+    if (begin > pos) on_word(utf8.substr(pos, begin - pos));
     on_word(utf8.substr(begin, end - begin));
     pos = end;
   }
+  if (pos < utf8.size()) on_word(utf8.substr(pos));
 }
 
 }  // namespace meshtron::data

@@ -30,39 +30,7 @@ const fs::path kSourceDir = MESHTRON_SOURCE_DIR;
 
 using meshtron::data::testing_data::data_dir;
 
-std::string read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  return std::move(contents).str();
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string quoted = "'";
-  for (char c : s) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-/// One line of ids per document, as reference_encode.js writes them.
-std::vector<Ids> read_id_lines(const fs::path& path) {
-  std::vector<Ids> documents;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream fields(line);
-    Ids ids;
-    for (int32_t id; fields >> id;) ids.push_back(id);
-    documents.push_back(std::move(ids));
-  }
-  return documents;
-}
-
-std::vector<std::string> jsonl_texts(const fs::path& path) {
-  std::vector<std::string> texts;
-  std::ifstream in(path, std::ios::binary);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) texts.push_back(nlohmann::json::parse(line).at("text").get<std::string>());
-  return texts;
-}
+using namespace meshtron::data::testing_data;
 
 class ReferenceEncoder : public ::testing::Test {
  protected:
