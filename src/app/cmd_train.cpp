@@ -163,14 +163,19 @@ class TrainRun {
   long resume() {
     std::string path = c_.checkpoint.load;
     if (path.empty()) return 0;
+    bool finetune = c_.checkpoint.finetune;
     if (path == "auto" && !io::find_latest(c_.checkpoint.save_dir, path)) {
-      if (rank0_) std::cout << " > no checkpoint in " << c_.checkpoint.save_dir
-                            << ": starting from scratch\n";
-      return 0;
+      if (c_.checkpoint.pretrained.empty()) {
+        if (rank0_) std::cout << " > no checkpoint in " << c_.checkpoint.save_dir
+                              << ": starting from scratch\n";
+        return 0;
+      }
+      path = c_.checkpoint.pretrained;
+      finetune = true;
     }
     const io::CheckpointHeader header = io::read_checkpoint_header(path, rt_.topo.world_comm());
     require_same_model(c_, header.state.deck_text, path);
-    if (c_.checkpoint.finetune || !header.has_optimizer_state) {
+    if (finetune || !header.has_optimizer_state) {
       load_trainer_weights(trainer_, path);
       if (rank0_) std::cout << " > fine-tuning from " << path << " (iteration "
                             << header.state.iteration << "): its weights, a fresh optimizer, "

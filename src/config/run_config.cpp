@@ -323,6 +323,8 @@ void DeckSchema::bind(RunConfig& c) {
   key("checkpoint.keep_last", &k.keep_last, "int", "checkpoints kept");
   key("checkpoint.finetune", &k.finetune, "bool",
       "load only the weights of checkpoint.load: fresh optimizer, iteration 0, fresh data order");
+  key("checkpoint.pretrained", &k.pretrained, "string",
+      "with load = auto: fine-tune from this checkpoint while save_dir has none of its own");
 
   auto& g = c.logging;
   key("logging.log_interval", &g.log_interval, "int", "print a step line every N steps");
@@ -763,6 +765,9 @@ void RunConfig::validate(int world_size) {
   require_one_of("data.tokenizer", data.tokenizer, {"gpt2", "hf"});
   MESH_REQUIRE(data.tokenizer != "hf" || !data.tokenizer_file.empty(),
                "data.tokenizer = hf needs data.tokenizer_file (a tokenizer.json)");
+  MESH_REQUIRE(checkpoint.pretrained.empty() || checkpoint.load == "auto",
+               "checkpoint.pretrained = " << checkpoint.pretrained
+                   << " needs checkpoint.load = auto (it is the fallback of auto)");
   MESH_REQUIRE(checkpoint.keep_last >= 1,
                "checkpoint.keep_last = " << checkpoint.keep_last << " must be at least 1");
   validate_evaluate(*this);

@@ -237,6 +237,10 @@ struct CheckpointSection {
   /// optimizer, iteration 0, a fresh data order. A checkpoint without
   /// optimizer state (as `convert` writes) is always loaded this way.
   bool finetune = false;
+  /// With load = auto: the checkpoint to fine-tune from while save_dir has
+  /// none of its own (Megatron's --pretrained-checkpoint), so a requeued
+  /// fine-tuning job resumes from its own saves.
+  std::string pretrained;
 };
 
 struct LoggingSection {

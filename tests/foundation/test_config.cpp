@@ -389,6 +389,14 @@ namespace {
 
 // What a checkpoint stores reads back to the configuration the run built,
 // --set overrides included (they win over the decks, as on the command line).
+TEST(Config, PretrainedIsTheFallbackOfLoadAuto) {
+  EXPECT_EQ(error_of({"checkpoint.load=auto", "checkpoint.pretrained=base/iter_0000000.h5"}), "");
+  EXPECT_EQ(error_of({"checkpoint.load=run/iter_0000010.h5",
+                      "checkpoint.pretrained=base/iter_0000000.h5"}),
+            "checkpoint.pretrained = base/iter_0000000.h5 needs checkpoint.load = auto (it is the "
+            "fallback of auto)");
+}
+
 TEST(Config, TextWithOverridesReadsBackToTheSameValues) {
   const RunConfig c = RunConfig::from_text("[model]\nnum_layers = 4\nhidden_size = 64\n",
                                            {"model.num_layers=2", "optimizer.lr=0.5"});

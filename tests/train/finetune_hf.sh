@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Fine-tuning from Hugging Face and back: the golden GPT-2 converted, trained
 # from its weights (fresh optimizer, iteration 0) on 1 rank, tp 2 x dp 2 and
-# pp 2 x dp 2 with the same losses, exported to Hugging Face and converted
-# back bit for bit; a deck whose model differs from the checkpoint's is one
-# line naming the key.
+# pp 2 x dp 2 with the same losses, and as a requeued job (pretrained, then
+# its own save); exported to Hugging Face and converted back bit for bit; a
+# deck whose model differs from the checkpoint's is one line naming the key.
 #   finetune_hf.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
 meshtron=$1 work=$2; shift 2
@@ -44,6 +44,20 @@ finetune pp2_dp2 4 --set parallel.pipeline_parallel=2
 for layout in tp2_dp2 pp2_dp2; do
   python3 "$here/compare_losses.py" runs/one/metrics.jsonl "runs/$layout/metrics.jsonl" 1 4 1e-5
 done
+
+# A requeued fine-tuning job (checkpoint.load = auto with checkpoint.pretrained):
+# the first part starts from the pretrained weights, the second resumes from
+# its own save, and together they repeat the uninterrupted run.
+requeued() {
+  "$meshtron" train pretrained/model.deck finetune.deck --set run.name=requeued \
+      --set checkpoint.save_dir=requeued --set checkpoint.load=auto \
+      --set checkpoint.pretrained=pretrained/iter_0000000.h5 --set lr_schedule.decay_iters=4 "$@"
+}
+requeued --set training.train_iters=2 > requeued_1.txt
+grep -q "fine-tuning from pretrained/iter_0000000.h5" requeued_1.txt || fail "no fine-tuning start"
+requeued > requeued_2.txt
+grep -q "resumed from requeued/iter_0000002.h5 at iteration 2" requeued_2.txt || fail "no resume"
+python3 "$here/compare_losses.py" runs/one/metrics.jsonl runs/requeued/metrics.jsonl 1 4 1e-12
 
 "$meshtron" convert --from tp2_dp2/iter_0000004.h5 --to hf exported
 "$meshtron" convert --from hf exported --to reimported
