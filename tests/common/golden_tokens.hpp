@@ -36,4 +36,17 @@ inline void step_tokens(const Tensor& tokens, int k, Tensor& ids, Tensor& target
     }
 }
 
+/// Our logits [s*b, V_pad] in [s, b] order as transformers' [b, s, V]
+/// (padded vocabulary columns dropped).
+inline std::vector<double> logits_in_hf_order(const Tensor& logits, index_t vocab,
+                                              index_t padded_vocab) {
+  const std::vector<double> all = logits.to_doubles();
+  std::vector<double> out;
+  out.reserve(std::size_t(kBatch * kSeq * vocab));
+  for (int b = 0; b < kBatch; ++b)
+    for (int s = 0; s < kSeq; ++s)
+      for (index_t v = 0; v < vocab; ++v) out.push_back(all[(s * kBatch + b) * padded_vocab + v]);
+  return out;
+}
+
 }  // namespace meshtron::golden

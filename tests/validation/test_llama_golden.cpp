@@ -85,16 +85,9 @@ TEST_F(LlamaGolden, LogitsAndLossMatchTransformers) {
   EXPECT_LE(std::fabs(loss - expected_loss) / expected_loss, 1e-5)
       << loss << " vs " << expected_loss;
 
-  // Our logits are [s*b, V_pad] in [s, b] order; HF's are [b, s, V].
-  const Tensor hf = golden_tensor("logits");
-  const index_t V = config.vocab_size, Vp = config.padded_vocab_size;
-  std::vector<double> ours, theirs = hf.to_doubles();
-  ours.reserve(theirs.size());
-  const auto all = cache.head.logits.to_doubles();
-  for (int b = 0; b < kBatch; ++b)
-    for (int s = 0; s < kSeq; ++s)
-      for (index_t v = 0; v < V; ++v) ours.push_back(all[(s * kBatch + b) * Vp + v]);
-  EXPECT_LE(rel_error(ours, theirs), 1e-5);
+  const std::vector<double> ours =
+      golden::logits_in_hf_order(cache.head.logits, config.vocab_size, config.padded_vocab_size);
+  EXPECT_LE(rel_error(ours, golden_tensor("logits").to_doubles()), 1e-5);
 }
 
 TEST_F(LlamaGolden, EveryGradientMatchesTransformers) {
