@@ -1,5 +1,5 @@
-// meshtron convert: Hugging Face GPT2LMHeadModel, LlamaForCausalLM or
-// MistralForCausalLM <-> meshtron checkpoint.
+// meshtron convert: Hugging Face GPT2LMHeadModel, GPTBigCodeForCausalLM,
+// LlamaForCausalLM or MistralForCausalLM <-> meshtron checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
 //       config.json + model.safetensors (or its shards and
@@ -10,8 +10,10 @@
 //       (checkpoint.load = CKPT_DIR/iter_0000000.h5).
 //   meshtron convert --from CKPT.h5 --to hf MODEL_DIR
 //       -> config.json + model.safetensors (shards + index above 5 GB) that
-//       transformers loads unchanged; the family (GPT-2 or Llama) is the
-//       one the checkpoint's model is of (io::is_llama_family).
+//       transformers loads unchanged; the family is the one the
+//       checkpoint's model is of: Llama (io::is_llama_family), GPTBigCode
+//       (GPT-2's block with multi-query attention,
+//       io::is_gpt_bigcode_family), else GPT-2.
 //
 // Runs on one rank: the whole model is assembled on it (a checkpoint written
 // by any decomposition loads into one rank like into any other).
@@ -27,6 +29,8 @@
 #include "io/checkpoint.hpp"
 #include "io/hf/gpt2_config.hpp"
 #include "io/hf/gpt2.hpp"
+#include "io/hf/gpt_bigcode.hpp"
+#include "io/hf/gpt_bigcode_config.hpp"
 #include "io/hf/hf_json.hpp"
 #include "io/hf/hf_weights.hpp"
 #include "io/hf/llama.hpp"
@@ -81,10 +85,11 @@ struct SingleRankModel {
   GptModel model;
 };
 
-/// Whether the model folder's config.json names a Llama-family model (by
-/// model_type, else its first architecture) rather than GPT-2; a UserError
-/// names any other family.
-bool is_llama_folder(const std::string& dir) {
+enum class HfFamily { Gpt2, GptBigCode, Llama };
+
+/// The family the model folder's config.json names (by model_type, else its
+/// first architecture); a UserError names any other.
+HfFamily family_of_folder(const std::string& dir) {
   const std::string file = io::config_file_of(dir);
   const nlohmann::json j = io::parse_json_file(file);
   std::string type, arch;
@@ -94,26 +99,33 @@ bool is_llama_folder(const std::string& dir) {
     arch = j["architectures"][0].get<std::string>();
   if (type == "llama" || type == "mistral" ||
       (type.empty() && (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM")))
-    return true;
+    return HfFamily::Llama;
+  if (type == "gpt_bigcode" || (type.empty() && arch == "GPTBigCodeForCausalLM"))
+    return HfFamily::GptBigCode;
   MESH_REQUIRE(type == "gpt2" || (type.empty() && (arch.empty() || arch == "GPT2LMHeadModel")),
                "Hugging Face config '" << file << "': model_type '" << type << "' ("
                    << (arch.empty() ? "no architectures" : arch)
-                   << ") is not gpt2, llama or mistral");
-  return false;
+                   << ") is not gpt2, gpt_bigcode, llama or mistral");
+  return HfFamily::Gpt2;
 }
 
 int hf_to_checkpoint(const ConvertArgs& a) {
-  const bool llama = is_llama_folder(a.from);
+  const HfFamily family = family_of_folder(a.from);
   ModelSpec c;
-  if (llama) {
+  if (family == HfFamily::Llama) {
     const io::HfLlamaConfig hf = io::read_hf_llama_config(a.from);
     c = io::model_spec_from_hf(hf, int(hf.max_position_embeddings), 1, 1);
+  } else if (family == HfFamily::GptBigCode) {
+    const io::HfGptBigCodeConfig hf = io::read_hf_gpt_bigcode_config(a.from);
+    c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
   } else {
     const io::HfGpt2Config hf = io::read_hf_gpt2_config(a.from);
     c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
   }
   SingleRankModel m(c);
-  if (llama) io::import_hf_llama(a.from, c, m.model.parameters(), 0, 1);
+  if (family == HfFamily::Llama) io::import_hf_llama(a.from, c, m.model.parameters(), 0, 1);
+  else if (family == HfFamily::GptBigCode)
+    io::import_hf_gpt_bigcode(a.from, m.model.parameters(), 0, 1);
   else io::import_hf_gpt2(a.from, m.model.parameters(), 0, 1);
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
@@ -174,15 +186,20 @@ int checkpoint_to_hf(const ConvertArgs& a) {
   io::load_checkpoint(a.from, topo, tensors, state, /*load_optimizer=*/false);
 
   std::vector<std::pair<std::string, Tensor>> out;
-  const bool llama = io::is_llama_family(c);
-  if (llama) {
+  if (io::is_llama_family(c)) {
     out = io::hf_llama_tensors(c, m.model.parameters());
+    io::write_hf_weights(a.to, out);
+    io::write_hf_llama_config(a.to + "/config.json", io::hf_llama_config_from_spec(c));
+  } else if (io::is_gpt_bigcode_family(c)) {
+    out = io::hf_gpt_bigcode_tensors(m.model.parameters());
+    io::write_hf_weights(a.to, out);
+    io::write_hf_gpt_bigcode_config(a.to + "/config.json",
+                                    io::hf_gpt_bigcode_config_from_spec(c));
   } else {
     for (Parameter* p : m.model.parameters()) out.push_back({io::hf_name_of(p->name), p->value});
+    io::write_hf_weights(a.to, out);
+    io::write_hf_gpt2_config(a.to + "/config.json", io::hf_gpt2_config_from_spec(c));
   }
-  io::write_hf_weights(a.to, out);
-  if (llama) io::write_hf_llama_config(a.to + "/config.json", io::hf_llama_config_from_spec(c));
-  else io::write_hf_gpt2_config(a.to + "/config.json", io::hf_gpt2_config_from_spec(c));
   std::cout << "converted " << a.from << " (iteration " << info.state.iteration << ") -> "
             << a.to << " (" << out.size() << " tensors)\n";
   return 0;

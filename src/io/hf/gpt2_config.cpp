@@ -82,7 +82,7 @@ ModelSpec model_spec_from_hf(const HfGpt2Config& hf, int seq_length, int divisib
   return c;
 }
 
-HfGpt2Config hf_gpt2_config_from_spec(const ModelSpec& c) {
+void require_gpt2_block(const ModelSpec& c, const std::string& family) {
   // What GPT2LMHeadModel fixes and its config.json does not state.
   const ModelSpec gpt2;
   const auto& a = c.block.attention;
@@ -90,8 +90,7 @@ HfGpt2Config hf_gpt2_config_from_spec(const ModelSpec& c) {
       {c.block.norm.kind == gpt2.block.norm.kind && c.block.norm.bias &&
            c.block.norm.placement == gpt2.block.norm.placement,
        "its norms (pre-LayerNorm with bias)"},
-      {a.num_query_groups == a.num_heads && a.context_width() == c.hidden_size,
-       "multi-head attention over the hidden size"},
+      {a.context_width() == c.hidden_size, "attention over the hidden size"},
       {a.mask == gpt2.block.attention.mask && a.position == gpt2.block.attention.position,
        "causal attention with learned absolute positions"},
       {a.bias && c.block.mlp.bias, "biases on every linear layer"},
@@ -99,7 +98,17 @@ HfGpt2Config hf_gpt2_config_from_spec(const ModelSpec& c) {
       {!c.parallel_residual && !c.embedding_norm, "sequential residuals, no embedding norm"},
   };
   for (const auto& [ok, what] : fixed)
-    MESH_REQUIRE(ok, "Hugging Face GPT-2 config: the model differs from GPT-2 in " << what);
+    MESH_REQUIRE(ok, "Hugging Face " << family << " config: the model differs from GPT-2 in "
+                                     << what);
+}
+
+HfGpt2Config hf_gpt2_config_from_spec(const ModelSpec& c) {
+  require_gpt2_block(c, "GPT-2");
+  const auto& a = c.block.attention;
+  MESH_REQUIRE(a.num_query_groups == a.num_heads,
+               "Hugging Face GPT-2 config: the model differs from GPT-2 in multi-head attention "
+               "(num_query_groups " << a.num_query_groups << ", num_attention_heads "
+                                    << a.num_heads << ")");
   HfGpt2Config hf;
   hf.vocab_size = c.vocab_size;
   hf.n_positions = c.max_positions;

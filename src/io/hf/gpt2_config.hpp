@@ -48,4 +48,10 @@ ModelSpec model_spec_from_hf(const HfGpt2Config& hf, int seq_length, int divisib
 /// GPT-2's config cannot state.
 HfGpt2Config hf_gpt2_config_from_spec(const ModelSpec& spec);
 
+/// UserError "Hugging Face <family> config: ..." naming the first part of
+/// `spec` other than GPT-2's block (pre-LayerNorm with bias, learned
+/// positions, biases, tanh GeLU, sequential residuals); the grouping of its
+/// attention heads is the caller's to check.
+void require_gpt2_block(const ModelSpec& spec, const std::string& family);
+
 }  // namespace meshtron::io

@@ -1,6 +1,7 @@
 #include "io/hf/hf_weights.hpp"
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -113,6 +114,20 @@ void write_hf_weights(const std::string& model_dir,
   }
   write_json_file((fs::path(model_dir) / kIndexFile).string(),
                   {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+}
+
+Tensor transposed(const Tensor& t) {
+  MESH_VERIFY(t.rank() == 2 && t.is_host(), "transposed: a host matrix, got "
+                                                << shape_string(t.shape()));
+  const index_t r = t.dim(0), c = t.dim(1);
+  const std::size_t size = dtype_size(t.dtype());
+  Tensor out = Tensor::empty({c, r}, t.dtype());
+  const auto* src = static_cast<const char*>(t.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  for (index_t i = 0; i < r; ++i)
+    for (index_t j = 0; j < c; ++j)
+      std::memcpy(dst + std::size_t(j * r + i) * size, src + std::size_t(i * c + j) * size, size);
+  return out;
 }
 
 }  // namespace meshtron::io

@@ -44,6 +44,10 @@ class HfWeights {
   std::map<std::string, const SafetensorsFile*> where_;
 };
 
+/// [r, c] -> [c, r] of a host matrix, element bytes moved as they are:
+/// nn.Linear's [out, in] <-> meshtron's [in, out].
+Tensor transposed(const Tensor& t);
+
 /// Writes `tensors` (host) into `model_dir` as save_pretrained does: one
 /// model.safetensors when they fit in `max_shard_bytes`, else shards filled
 /// in order up to that size (a larger tensor alone in its shard) and the

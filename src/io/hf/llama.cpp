@@ -40,21 +40,6 @@ const std::vector<LlamaRule>& llama_tensor_rules() {
   return rules;
 }
 
-/// [r, c] -> [c, r] of a host tensor, element bytes moved as they are.
-Tensor transposed(const Tensor& t) {
-  MESH_VERIFY(t.rank() == 2 && t.is_host(), "transposed: a host matrix, got "
-                                                << shape_string(t.shape()));
-  const index_t r = t.dim(0), c = t.dim(1);
-  const std::size_t size = dtype_size(t.dtype());
-  Tensor out = Tensor::empty({c, r}, t.dtype());
-  const auto* src = static_cast<const char*>(t.raw());
-  auto* dst = static_cast<char*>(out.raw());
-  for (index_t i = 0; i < r; ++i)
-    for (index_t j = 0; j < c; ++j)
-      std::memcpy(dst + std::size_t(j * r + i) * size, src + std::size_t(i * c + j) * size, size);
-  return out;
-}
-
 /// The parts stacked along dimension 0 (one dtype, equal trailing shapes).
 Tensor stacked_rows(const std::vector<Tensor>& parts) {
   index_t rows = 0;
