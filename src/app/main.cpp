@@ -36,7 +36,7 @@ void print_usage() {
       "  inspect CKPT.h5\n"
       "        print a checkpoint's state, tensors and checksum status\n"
       "  convert --from hf DIR --to CKPT_DIR | --from CKPT.h5 --to hf DIR\n"
-      "        Hugging Face GPT-2 / Llama / Mistral <-> meshtron checkpoint and model.deck (one rank)\n"
+      "        Hugging Face GPT-2 / Llama / Mistral / GPTBigCode <-> meshtron checkpoint and model.deck (one rank)\n"
       "DECK...: one or more decks; a key takes the value of the last deck that\n"
       "sets it, and --set overrides every deck.\n"
       "Launch through MPI: mpirun -np N meshtron ... or srun meshtron ...");
