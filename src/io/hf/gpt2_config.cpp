@@ -30,6 +30,11 @@ HfGpt2Config read_hf_gpt2_config(const std::string& path) {
                                      << model_type << "' is not gpt2");
 
   HfGpt2Config c;
+  read_gpt2_keys(f, file, c);
+  return c;
+}
+
+void read_gpt2_keys(Fields& f, const std::string& file, HfGpt2Config& c) {
   f.size("vocab_size", c.vocab_size);
   f.size("n_positions", c.n_positions);
   f.size("n_embd", c.n_embd);
@@ -44,13 +49,10 @@ HfGpt2Config read_hf_gpt2_config(const std::string& path) {
   MESH_REQUIRE(c.n_embd % c.n_head == 0, "Hugging Face config '" << file << "': n_embd "
                                          << c.n_embd << " is not divisible by n_head "
                                          << c.n_head);
-  return c;
 }
 
-void write_hf_gpt2_config(const std::string& path, const HfGpt2Config& c) {
-  const json j = {
-      {"architectures", json::array({"GPT2LMHeadModel"})},
-      {"model_type", "gpt2"},
+json gpt2_keys_json(const HfGpt2Config& c) {
+  return {
       {"vocab_size", c.vocab_size},
       {"n_positions", c.n_positions},
       {"n_embd", c.n_embd},
@@ -62,6 +64,12 @@ void write_hf_gpt2_config(const std::string& path, const HfGpt2Config& c) {
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"initializer_range", c.initializer_range},
   };
+}
+
+void write_hf_gpt2_config(const std::string& path, const HfGpt2Config& c) {
+  json j = gpt2_keys_json(c);
+  j["architectures"] = json::array({"GPT2LMHeadModel"});
+  j["model_type"] = "gpt2";
   write_json_file(path, j);
 }
 
@@ -110,16 +118,20 @@ HfGpt2Config hf_gpt2_config_from_spec(const ModelSpec& c) {
                "(num_query_groups " << a.num_query_groups << ", num_attention_heads "
                                     << a.num_heads << ")");
   HfGpt2Config hf;
+  set_gpt2_keys(c, hf);
+  return hf;
+}
+
+void set_gpt2_keys(const ModelSpec& c, HfGpt2Config& hf) {
   hf.vocab_size = c.vocab_size;
   hf.n_positions = c.max_positions;
   hf.n_embd = c.hidden_size;
   hf.n_layer = c.num_layers;
-  hf.n_head = a.num_heads;
+  hf.n_head = c.block.attention.num_heads;
   hf.n_inner = c.block.mlp.ffn_hidden_size;
   hf.layer_norm_epsilon = c.block.norm.epsilon;
   hf.tie_word_embeddings = c.tie_word_embeddings;
   hf.initializer_range = c.init_std;
-  return hf;
 }
 
 }  // namespace meshtron::io

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "io/hf/hf_json.hpp"
 #include "model/model_spec.hpp"
 #include "tensor/types.hpp"
 
@@ -28,6 +29,15 @@ struct HfGpt2Config {
   /// n_inner with the 0 → 4 * n_embd rule applied.
   index_t mlp_width() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
 };
+
+/// GPT-2's keys, which GPTBigCode's config.json shares: read through `f`
+/// into `c` (n_inner resolved; n_embd must be divisible by n_head), and
+/// written as JSON.
+void read_gpt2_keys(Fields& f, const std::string& file, HfGpt2Config& c);
+nlohmann::json gpt2_keys_json(const HfGpt2Config& c);
+/// The keys of `spec` into `hf`, its activation name left as it is (no
+/// check of what GPT-2's config can state).
+void set_gpt2_keys(const ModelSpec& spec, HfGpt2Config& hf);
 
 /// Read `path` (a config.json, or a model folder holding one). Throws
 /// UserError naming the file and key for a missing file, bad JSON, a

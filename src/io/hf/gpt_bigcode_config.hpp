@@ -12,25 +12,15 @@
 
 #include <string>
 
+#include "io/hf/gpt2_config.hpp"
 #include "model/model_spec.hpp"
-#include "tensor/types.hpp"
 
 namespace meshtron::io {
 
-struct HfGptBigCodeConfig {
-  index_t vocab_size = 50257;
-  index_t n_positions = 1024;  ///< context length (learned position table)
-  index_t n_embd = 768;
-  index_t n_layer = 12;
-  index_t n_head = 12;
-  index_t n_inner = 0;  ///< MLP width; 0 in a file (null) means 4 * n_embd
-  double layer_norm_epsilon = 1e-5;
-  std::string activation_function = "gelu_pytorch_tanh";
-  bool tie_word_embeddings = true;  ///< lm_head.weight shares wte
-  double initializer_range = 0.02;
-
-  index_t mlp_width() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
-  index_t head_dim() const { return n_embd / n_head; }
+/// GPT-2's keys (its defaults but the activation's), written with
+/// multi_query = true and scale_attn_weights = true.
+struct HfGptBigCodeConfig : HfGpt2Config {
+  HfGptBigCodeConfig() { activation_function = "gelu_pytorch_tanh"; }
 };
 
 /// Read `path` (a config.json, or a model folder holding one). Throws a
