@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "common/expect_user_error.hpp"
 #include "app/commands.hpp"
 #include "common/error.hpp"
 #include "io/hf/gpt_bigcode.hpp"
@@ -22,17 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <class F>
-void expect_user_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no UserError thrown";
-  } catch (const UserError& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << msg;
-  }
-}
+using testing_util::expect_user_error;
 
 /// n_embd 8, 2 heads of 4 sharing one k and one v head, n_inner 12,
 /// vocab 10, 16 positions, one layer, untied.

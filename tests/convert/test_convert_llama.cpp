@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/expect_user_error.hpp"
 #include "app/commands.hpp"
 #include "common/error.hpp"
 #include "io/hf/hf_weights.hpp"
@@ -21,17 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <class F>
-void expect_user_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no UserError thrown";
-  } catch (const UserError& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << msg;
-  }
-}
+using testing_util::expect_user_error;
 
 class LlamaIo : public ::testing::Test {
  protected:

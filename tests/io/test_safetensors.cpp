@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/expect_user_error.hpp"
 #include "io/hf/gpt2_config.hpp"
 #include "io/safetensors.hpp"
 
@@ -206,17 +207,7 @@ TEST_F(IoTest, WriteRejectsDuplicateAndReservedNames) {
 
 namespace {
 /// Expect UserError whose message names every string in `needles`.
-template <class F>
-void expect_user_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no UserError thrown";
-  } catch (const UserError& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << msg;
-  }
-}
+using testing_util::expect_user_error;
 const std::string kGoodEntry = R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
 }  // namespace
 

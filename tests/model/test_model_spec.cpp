@@ -6,6 +6,7 @@
 
 #include <functional>
 
+#include "common/expect_user_error.hpp"
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
 #include "io/hf/gpt2_config.hpp"
@@ -17,17 +18,7 @@ using namespace meshtron;
 
 namespace {
 
-/// `fn` throws a UserError of one line containing each of `needles`.
-void expect_user_error(const std::function<void()>& fn, std::initializer_list<const char*> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "no UserError";
-  } catch (const UserError& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-    for (const char* needle : needles) EXPECT_NE(what.find(needle), std::string::npos) << what;
-  }
-}
+using testing_util::expect_user_error;
 
 ModelSpec spec_of_deck(const std::string& model_keys, int tp = 1) {
   RunConfig c = RunConfig::from_text("[model]\nnum_layers = 2\nhidden_size = 64\n"
