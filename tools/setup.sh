@@ -11,6 +11,11 @@ packages=(
   libtrilinos-kokkos-dev                # portable host kernels
   libopenblas-dev                       # CBLAS GEMMs on the host
   nlohmann-json3-dev libpcre2-dev       # safetensors headers, GPT-2 regex
+  libsentencepiece-dev                  # SentencePiece tokenizers (Llama 2, Mistral, T5)
+  libcpp-httplib-dev                    # meshtron serve
+  libutf8proc-dev                       # Unicode tables (BERT's basic tokenizer)
+  gnuplot-nox                           # meshtron scaling-report plots
+  slurm-wlm                             # the tests under a real Slurm
   libgtest-dev libgmock-dev libbenchmark-dev
   python3                               # the perf_drivers test, plotting helpers
 )
