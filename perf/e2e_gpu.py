@@ -48,12 +48,21 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PEAK = 989e12
-SEQ = 1024  # every model's sequence length (the decks' seq_length), for every framework
+SEQ = 1024  # the GPT-2 decks' seq_length, for every framework (SEQS: the others)
 DECKS = {"124m": "input_decks/gpt2-124m.deck", "350m": "input_decks/gpt2-350m.deck",
-         "774m": "input_decks/gpt2-774m.deck", "1.5b": "input_decks/gpt2-1.5b.deck"}
+         "774m": "input_decks/gpt2-774m.deck", "1.5b": "input_decks/gpt2-1.5b.deck",
+         "llama-1b": "input_decks/llama-1b.deck"}
 # (layers, hidden, heads) of each model, for every framework's run.
 SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20),
-          "1.5b": (48, 1600, 25)}
+          "1.5b": (48, 1600, 25), "llama-1b": (22, 2048, 32)}
+# Llama shapes: (kv groups, SwiGLU ffn size) and their own sequence length
+# (TinyLlama-1.1B's 2048); both frameworks train the GPT-2 vocabulary.
+LLAMA = {"llama-1b": (4, 5632)}
+SEQS = {"llama-1b": 2048}
+
+
+def seq_of(name):
+    return SEQS.get(name, SEQ)
 # The 2-GPU layouts: label -> (tp, dp, pp, their own deck settings). The
 # pipeline needs several micro-batches per step (--accumulate) to fill; CUDA
 # graphs do not take it (parallel.pipeline_parallel = 1 only). tp2 is
@@ -70,9 +79,17 @@ LAYOUTS = {"dp2": (1, 2, 1, {}), "tp2": (2, 1, 1, {}), "tp2i": (2, 1, 1, TP_INTE
            "pp2i": (1, 1, 2, {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2})}
 
 
-def flops_per_token(name, seq=SEQ, vocab=50304):
-    layers, hidden, _ = SHAPES[name]
-    return 6.0 * (layers * (4 * hidden * hidden + 2 * hidden * 4 * hidden + 2 * seq * hidden) + hidden * vocab)
+def flops_per_token(name, seq=None, vocab=50304):
+    """6 x (the matmul parameters + the attention scores' 2 s h per layer), as meshtron counts."""
+    layers, hidden, heads = SHAPES[name]
+    seq = seq or seq_of(name)
+    if name in LLAMA:
+        groups, ffn = LLAMA[name]
+        kv = 2 * groups * (hidden // heads)
+        per_layer = hidden * (hidden + kv) + hidden * hidden + 3 * hidden * ffn
+    else:
+        per_layer = 4 * hidden * hidden + 2 * hidden * 4 * hidden
+    return 6.0 * (layers * (per_layer + 2 * seq * hidden) + hidden * vocab)
 
 
 def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute="none", extra=(),
@@ -130,7 +147,7 @@ def machine():
 
 
 def report(name, framework, micro_batch, gpus, ms, extra=None, accumulate=1, echo=True):
-    tps_gpu = accumulate * micro_batch * SEQ / (ms / 1e3)
+    tps_gpu = accumulate * micro_batch * seq_of(name) / (ms / 1e3)
     row = {"model": name, "framework": framework, "gpus": gpus, "micro_batch": micro_batch,
            "micro_batches_per_step": accumulate,
            "ms_per_step": round(ms, 2), "tokens_per_s_per_gpu": round(tps_gpu),
@@ -301,8 +318,8 @@ def main():
                                                       "variant": variant_name,
                                                       "error": "run failed"})), flush=True)
                         continue
-                    tokens = two_mb * SEQ * dp * two_acc
-                    gain = speedup(one[tag]["ms_per_step"], mb * SEQ * acc, two["ms_per_step"], tokens)
+                    tokens = two_mb * seq_of(name) * dp * two_acc
+                    gain = speedup(one[tag]["ms_per_step"], mb * seq_of(name) * acc, two["ms_per_step"], tokens)
                     row = {"model": name, "layout": label, "variant": variant_name,
                            "micro_batch": two_mb, "micro_batches_per_step": two_acc,
                            "ms_per_step": round(two["ms_per_step"], 2),

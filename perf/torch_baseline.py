@@ -1,7 +1,7 @@
 """PyTorch baseline for meshtron's end-to-end throughput (issue 9).
 
 Trains Hugging Face GPT2LMHeadModel (GPT-2 124M / 350M / 774M / 1.5B shapes,
-seq 1024) on synthetic tokens the way a strong PyTorch user would: bf16
+seq 1024) and LlamaForCausalLM (llama-1b: TinyLlama-1.1B's shape, seq 2048) on synthetic tokens the way a strong PyTorch user would: bf16
 autocast, SDPA attention, fused AdamW, torch.compile. Prints one JSON line
 per model with tokens/s/GPU, ms/step, TFLOP/s/GPU and MFU, through
 perf/e2e_gpu.py's report (the model-FLOPs formula meshtron prints, peak
@@ -20,7 +20,26 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_gpu import SEQ, SHAPES, report  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
+from e2e_gpu import LLAMA, SHAPES, report, seq_of  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
+
+
+def make_model(name, dropout):
+    """GPT2LMHeadModel, or LlamaForCausalLM for the llama shapes (RMSNorm,
+    rotary, grouped queries, SwiGLU, no biases, untied head), with SDPA."""
+    layers, hidden, heads = SHAPES[name]
+    if name in LLAMA:
+        groups, ffn = LLAMA[name]
+        config = transformers.LlamaConfig(
+            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+            num_key_value_heads=groups, intermediate_size=ffn, max_position_embeddings=seq_of(name),
+            vocab_size=50304, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+            attention_dropout=dropout, attn_implementation="sdpa")
+        return transformers.LlamaForCausalLM(config)
+    config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq_of(name),
+                                     vocab_size=50304, resid_pdrop=dropout, embd_pdrop=dropout,
+                                     attn_pdrop=dropout,
+                                     attn_implementation="sdpa")
+    return transformers.GPT2LMHeadModel(config)
 
 
 def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False, dropout=0.0):
@@ -37,15 +56,11 @@ def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False, dropou
             torch.cuda.tunable.write_file_on_exit(False)
         else:  # older ones write the tuned results on exit: keep them out of the tree
             torch.cuda.tunable.set_filename(f"/tmp/tunableop_results_{os.getpid()}.csv")
-    layers, hidden, heads = SHAPES[name]
-    config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=SEQ,
-                                     vocab_size=50304, resid_pdrop=dropout, embd_pdrop=dropout,
-                                     attn_pdrop=dropout,
-                                     attn_implementation="sdpa")
-    model = transformers.GPT2LMHeadModel(config).cuda().train()  # dropout active when asked for
+    model = make_model(name, dropout).cuda().train()  # dropout active when asked for
+    seq = seq_of(name)
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_fn = torch.compile(model)
-    tokens = torch.randint(0, 50257, (steps + warmup, accumulate, micro_batch, SEQ + 1), device="cuda")
+    tokens = torch.randint(0, 50257, (steps + warmup, accumulate, micro_batch, seq + 1), device="cuda")
 
     def train_step(k):
         for a in range(accumulate):
