@@ -196,30 +196,36 @@ TEST(Decomposition, RmsNormAndSwigluMatchSingleRankRun) {
 
 // The one-rank memorisation run the GPU tests build on (testing::memorise):
 // on the host path too the loss of a fixed batch falls, every step updates.
-// Rotary positions and grouped queries (4 heads, 2 kv groups: each tp rank
-// of tp 2 holds 2 q heads and 1 group) on tp 2 with SP, pp 2 and the rest
-// dp, alone and in Llama's block (RMSNorm, SwiGLU, no biases).
+// Rotary positions and grouped queries (8 heads, 4 kv groups: each rank of
+// tp 2 holds 4 q heads and 2 groups, of tp 4 2 and 1) on tp 2 x pp 2 with SP
+// and the distributed optimizer, tp 4 with SP, and interleaved pp 4 (pp 2 on
+// 4 ranks), alone and in Llama's block (RMSNorm, SwiGLU, no biases).
 TEST(Decomposition, RotaryGroupedQueriesMatchSingleRankRun) {
   const int world = world_size();
   if (world % 4) GTEST_SKIP() << "needs a world of a multiple of 4";
-  const std::vector<std::string> attention = {"model.num_attention_heads=4",
-                                              "model.num_query_groups=2",
+  const std::vector<std::string> attention = {"model.num_attention_heads=8",
+                                              "model.num_query_groups=4",
                                               "model.position_embedding_type=rope"};
   std::vector<std::string> llama = attention;
   llama.insert(llama.end(), {"model.normalization=RMSNorm", "model.activation=swiglu",
                              "model.add_bias_linear=false"});
+  const std::vector<Layout> layouts = {Layout{2, 2, world / 4, "1f1b", true, true},
+                                       Layout{4, 1, world / 4, "1f1b", false, true},
+                                       Layout{1, world / 2, 2, "interleaved", true, false}};
   for (const auto& keys : {attention, llama}) {
-    Layout layout{2, 2, world / 4, "1f1b", true, true};
-    layout.overrides = keys;
     for (DType dtype : {DType::F32, DType::F64}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ", " << keys.size() << " keys");
       const RunResult one_rank = train_layout(MPI_COMM_SELF, Layout{.overrides = keys}, dtype);
-      // q | k | v of 4 + 2 + 2 heads of 8 over hidden 32, and no position table.
+      // q | k | v of 8 + 4 + 4 heads of 4 over hidden 32, and no position table.
       EXPECT_EQ(one_rank.params.at("layers.0.attention.qkv.weight").size(), 32u * 64u);
       EXPECT_EQ(one_rank.params.count("embedding.position.weight"), 0u);
       const bool fp64 = dtype == DType::F64;
-      expect_same_run(train_layout(MPI_COMM_WORLD, layout, dtype), one_rank,
-                      fp64 ? 1e-10 : 1e-5, fp64 ? 1e-10 : 1e-4);
+      for (Layout layout : layouts) {
+        layout.overrides = keys;
+        SCOPED_TRACE(::testing::Message() << layout.name() << ", " << dtype_name(dtype) << ", "
+                                          << keys.size() << " keys");
+        expect_same_run(train_layout(MPI_COMM_WORLD, layout, dtype), one_rank,
+                        fp64 ? 1e-10 : 1e-5, fp64 ? 1e-10 : 1e-4);
+      }
     }
   }
 }

@@ -3,7 +3,7 @@
 # optimizer after 3 steps; load at other layouts without it; the next 2 steps
 # match the uninterrupted (2, 2, 2) run.
 #   reshape.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
-# RESHAPE_DECK (optional): a further deck every run reads after tiny.deck (a
+# EXTRA_DECK (optional): a further deck every run reads after tiny.deck (a
 # deck, not --set: the checkpoint keeps the decks' text, which a load
 # compares the model with).
 set -euo pipefail
@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work"
 run() {
   local np=$1 name=$2 tp=$3 pp=$4 distopt=$5 iters=$6 load=$7; shift 7
-  "$@" -np "$np" "$meshtron" train "$here/tiny.deck" ${RESHAPE_DECK:+"$RESHAPE_DECK"} \
+  "$@" -np "$np" "$meshtron" train "$here/tiny.deck" ${EXTRA_DECK:+"$EXTRA_DECK"} \
     --set training.train_iters="$iters" \
     --set lr_schedule.decay_iters=5 --set parallel.tensor_parallel="$tp" \
     --set parallel.pipeline_parallel="$pp" --set parallel.distributed_optimizer="$distopt" \

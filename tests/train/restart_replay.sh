@@ -3,11 +3,12 @@
 # save, restart from the checkpoint, 3 more steps (losses, grad norms and the
 # final parameters, dropout and data order included).
 #   restart_replay.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
+# EXTRA_DECK (optional): a further deck every run reads after tiny.deck.
 set -euo pipefail
 meshtron=$1 work=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work"
-run() { "$@" "$meshtron" train "$here/tiny.deck" --set parallel.tensor_parallel=2 \
+run() { "$@" "$meshtron" train "$here/tiny.deck" ${EXTRA_DECK:+"$EXTRA_DECK"} --set parallel.tensor_parallel=2 \
           --set run.output_dir="$work/runs" "${extra[@]}"; }
 extra=(--set run.name=whole --set checkpoint.save_dir="$work/whole")
 run "$@" -np 4
