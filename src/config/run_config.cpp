@@ -171,7 +171,10 @@ void DeckSchema::bind(RunConfig& c) {
       "(not bitwise reproducible across runs)");
 
   auto& m = c.model;
-  key("model.arch", &m.arch, "string", "model family: gpt");
+  key("model.arch", &m.arch, "string",
+      "model family, the defaults of the architecture keys: gpt (GPT-2) | llama (RMSNorm, rope, "
+      "swiglu, no biases, untied head) | gpt_bigcode (num_query_groups = 1); a key set in a deck "
+      "or --set wins");
   key("model.num_layers", &m.num_layers, "int", "transformer layers");
   key("model.hidden_size", &m.hidden_size, "int", "hidden size h");
   key("model.num_attention_heads", &m.num_attention_heads, "int", "attention heads");
@@ -426,6 +429,41 @@ int parse_data_parallel(const std::string& text) {
                            << "' is neither a positive integer nor auto"));
 }
 
+/// model.arch: each family's architecture keys, applied as defaults after the
+/// decks and --set are read, so a key given anywhere wins over its family's
+/// value (`model.arch = llama` with `model.add_bias_linear = true` is Llama
+/// with biases). "gpt" keeps every key's own default: GPT-2.
+struct ArchPreset {
+  const char* arch;
+  const char* model_keys;  ///< "key = value" lines of [model]
+};
+constexpr ArchPreset kArchPresets[] = {
+    {"gpt", ""},
+    // Llama 2/3, Mistral: the kv groups stay num_attention_heads unless set.
+    {"llama",
+     "normalization = RMSNorm\nposition_embedding_type = rope\nactivation = swiglu\n"
+     "add_bias_linear = false\nuntie_embeddings_and_output_weights = true\n"},
+    // StarCoder / SantaCoder: GPT-2 with one key/value head.
+    {"gpt_bigcode", "num_query_groups = 1\n"},
+};
+
+std::vector<std::string> arch_names() {
+  std::vector<std::string> names;
+  for (const ArchPreset& p : kArchPresets) names.push_back(p.arch);
+  return names;
+}
+
+/// Store model.arch's family keys where no deck or override gave one (an
+/// unknown arch is left for validate() to name).
+void store_arch_preset(po::variables_map& vm, const po::options_description& options) {
+  const std::string arch = vm.count("model.arch") ? vm["model.arch"].as<std::string>() : "gpt";
+  for (const ArchPreset& p : kArchPresets) {
+    if (arch != p.arch) continue;
+    std::istringstream keys(std::string("[model]\n") + p.model_keys);
+    po::store(po::parse_config_file(keys, options, false), vm);  // replaces defaulted values only
+  }
+}
+
 /// The values of `decks` (a key's last value wins; each deck is parsed on
 /// its own, so a key repeated within one deck stays an error) under
 /// `overrides`.
@@ -452,6 +490,7 @@ RunConfig parse_decks(const std::vector<Deck>& decks, const std::vector<std::str
       throw UserError(MESH_MSG(d->origin << ": " << e.what()));
     }
   }
+  store_arch_preset(vm, schema.options());
   try {
     po::notify(vm);
   } catch (const po::error& e) {
@@ -515,11 +554,11 @@ std::string RunConfig::schema_help() {
 namespace {
 
 void require_one_of(const std::string& key, const std::string& value,
-                    std::initializer_list<const char*> allowed) {
+                    const std::vector<std::string>& allowed) {
   std::string list;
-  for (const char* a : allowed) {
+  for (const std::string& a : allowed) {
     if (value == a) return;
-    list += (list.empty() ? "" : " | ") + std::string(a);
+    list += (list.empty() ? "" : " | ") + a;
   }
   throw UserError(MESH_MSG(key << " = '" << value << "' is not one of " << list));
 }
@@ -629,7 +668,7 @@ void RunConfig::validate(int world_size) {
   require_one_of("run.device", run.device, {"cpu", "cuda"});
   MESH_REQUIRE(!run.gemm_autotune || run.device == "cuda",
                "run.gemm_autotune = true needs run.device = cuda (it tunes cuBLASLt)");
-  require_one_of("model.arch", m.arch, {"gpt"});
+  require_one_of("model.arch", m.arch, arch_names());
   require_one_of("model.attention_backend", m.attention_backend, {"auto", "fused", "unfused"});
   require_positive("model.num_layers", m.num_layers);
   require_positive("model.hidden_size", m.hidden_size);

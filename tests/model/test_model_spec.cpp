@@ -112,6 +112,25 @@ TEST(ModelSpec, ArchitectureKeysParseAndWriteBack) {
   EXPECT_TRUE(r.parallel_residual);
 }
 
+// model.arch sets its family's keys as defaults; a key in the deck wins.
+TEST(ModelSpec, ArchPresetsAreDefaultsThatDeckKeysOverride) {
+  const ModelSpec llama = spec_of_deck("arch = llama\n");
+  EXPECT_EQ(llama.block.norm.kind, NormKind::RMSNorm);
+  EXPECT_EQ(llama.block.attention.position, PositionEmbedding::Rope);
+  EXPECT_EQ(llama.block.mlp.activation, Activation::Swiglu);
+  EXPECT_FALSE(llama.block.attention.bias || llama.block.mlp.bias || llama.tie_word_embeddings);
+  EXPECT_EQ(llama.block.attention.num_query_groups, 8);
+  const ModelSpec biased = spec_of_deck("arch = llama\nadd_bias_linear = true\n");
+  EXPECT_TRUE(biased.block.attention.bias && biased.block.mlp.bias);
+  EXPECT_EQ(biased.block.norm.kind, NormKind::RMSNorm);
+  EXPECT_EQ(spec_of_deck("arch = gpt_bigcode\n").block.attention.num_query_groups, 1);
+  EXPECT_EQ(spec_of_deck("arch = gpt_bigcode\nnum_query_groups = 2\n")
+                .block.attention.num_query_groups, 2);
+  EXPECT_EQ(spec_of_deck("arch = gpt\n").block.norm.kind, NormKind::LayerNorm);
+  expect_user_error([] { spec_of_deck("arch = llama2\n"); },
+                    {"model.arch = 'llama2' is not one of gpt | llama"});
+}
+
 TEST(ModelSpec, DeckRejectsBadArchitectureValues) {
   expect_user_error([] { spec_of_deck("normalization = BatchNorm\n"); }, {"model.normalization"});
   expect_user_error([] { spec_of_deck("position_embedding_type = sinusoidal\n"); },
