@@ -10,10 +10,8 @@
 //       (checkpoint.load = CKPT_DIR/iter_0000000.h5).
 //   meshtron convert --from CKPT.h5 --to hf MODEL_DIR
 //       -> config.json + model.safetensors (shards + index above 5 GB) that
-//       transformers loads unchanged; the family is the one the
-//       checkpoint's model is of: Llama (io::is_llama_family), GPTBigCode
-//       (GPT-2's block with multi-query attention,
-//       io::is_gpt_bigcode_family), else GPT-2.
+//       transformers loads unchanged; the family is the first of
+//       io::hf_families() that owns the checkpoint's model spec.
 //
 // Runs on one rank: the whole model is assembled on it (a checkpoint written
 // by any decomposition loads into one rank like into any other).
@@ -27,15 +25,7 @@
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
 #include "io/checkpoint.hpp"
-#include "io/hf/gpt2_config.hpp"
-#include "io/hf/gpt2.hpp"
-#include "io/hf/gpt_bigcode.hpp"
-#include "io/hf/gpt_bigcode_config.hpp"
-#include "io/hf/hf_json.hpp"
-#include "io/hf/hf_weights.hpp"
-#include "io/hf/llama.hpp"
-#include "io/hf/llama_config.hpp"
-#include "io/safetensors.hpp"
+#include "io/hf/hf_family.hpp"
 #include "model/gpt_model.hpp"
 
 namespace meshtron::app {
@@ -85,48 +75,11 @@ struct SingleRankModel {
   GptModel model;
 };
 
-enum class HfFamily { Gpt2, GptBigCode, Llama };
-
-/// The family the model folder's config.json names (by model_type, else its
-/// first architecture); a UserError names any other.
-HfFamily family_of_folder(const std::string& dir) {
-  const std::string file = io::config_file_of(dir);
-  const nlohmann::json j = io::parse_json_file(file);
-  std::string type, arch;
-  io::Fields(j, file).text("model_type", type);
-  if (j.contains("architectures") && j["architectures"].is_array() &&
-      !j["architectures"].empty() && j["architectures"][0].is_string())
-    arch = j["architectures"][0].get<std::string>();
-  if (type == "llama" || type == "mistral" ||
-      (type.empty() && (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM")))
-    return HfFamily::Llama;
-  if (type == "gpt_bigcode" || (type.empty() && arch == "GPTBigCodeForCausalLM"))
-    return HfFamily::GptBigCode;
-  MESH_REQUIRE(type == "gpt2" || (type.empty() && (arch.empty() || arch == "GPT2LMHeadModel")),
-               "Hugging Face config '" << file << "': model_type '" << type << "' ("
-                   << (arch.empty() ? "no architectures" : arch)
-                   << ") is not gpt2, gpt_bigcode, llama or mistral");
-  return HfFamily::Gpt2;
-}
-
 int hf_to_checkpoint(const ConvertArgs& a) {
-  const HfFamily family = family_of_folder(a.from);
-  ModelSpec c;
-  if (family == HfFamily::Llama) {
-    const io::HfLlamaConfig hf = io::read_hf_llama_config(a.from);
-    c = io::model_spec_from_hf(hf, int(hf.max_position_embeddings), 1, 1);
-  } else if (family == HfFamily::GptBigCode) {
-    const io::HfGptBigCodeConfig hf = io::read_hf_gpt_bigcode_config(a.from);
-    c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
-  } else {
-    const io::HfGpt2Config hf = io::read_hf_gpt2_config(a.from);
-    c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
-  }
+  const io::HfFamily& family = io::hf_family_of_folder(a.from);
+  const ModelSpec c = family.read_spec(a.from);
   SingleRankModel m(c);
-  if (family == HfFamily::Llama) io::import_hf_llama(a.from, c, m.model.parameters(), 0, 1);
-  else if (family == HfFamily::GptBigCode)
-    io::import_hf_gpt_bigcode(a.from, m.model.parameters(), 0, 1);
-  else io::import_hf_gpt2(a.from, m.model.parameters(), 0, 1);
+  family.import_weights(a.from, c, m.model.parameters());
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
   for (Parameter* p : m.model.parameters()) tensors.push_back({p, nullptr, nullptr});
@@ -185,23 +138,10 @@ int checkpoint_to_hf(const ConvertArgs& a) {
   io::TrainState state;
   io::load_checkpoint(a.from, topo, tensors, state, /*load_optimizer=*/false);
 
-  std::vector<std::pair<std::string, Tensor>> out;
-  if (io::is_llama_family(c)) {
-    out = io::hf_llama_tensors(c, m.model.parameters());
-    io::write_hf_weights(a.to, out);
-    io::write_hf_llama_config(a.to + "/config.json", io::hf_llama_config_from_spec(c));
-  } else if (io::is_gpt_bigcode_family(c)) {
-    out = io::hf_gpt_bigcode_tensors(m.model.parameters());
-    io::write_hf_weights(a.to, out);
-    io::write_hf_gpt_bigcode_config(a.to + "/config.json",
-                                    io::hf_gpt_bigcode_config_from_spec(c));
-  } else {
-    for (Parameter* p : m.model.parameters()) out.push_back({io::hf_name_of(p->name), p->value});
-    io::write_hf_weights(a.to, out);
-    io::write_hf_gpt2_config(a.to + "/config.json", io::hf_gpt2_config_from_spec(c));
-  }
+  const io::HfFamily& family = io::hf_family_of_spec(c);
+  const std::size_t written = family.export_model(a.to, c, m.model.parameters());
   std::cout << "converted " << a.from << " (iteration " << info.state.iteration << ") -> "
-            << a.to << " (" << out.size() << " tensors)\n";
+            << a.to << " (" << family.name << ", " << written << " tensors)\n";
   return 0;
 }
 

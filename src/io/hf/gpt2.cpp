@@ -6,6 +6,9 @@
 #include "io/hf/hf_weights.hpp"
 #include "io/safetensors.hpp"
 
+#include "io/hf/gpt2_config.hpp"
+#include "io/hf/hf_family.hpp"
+
 namespace meshtron::io {
 
 std::string hf_name_of(const std::string& name) {
@@ -37,6 +40,30 @@ void import_hf_gpt2(const std::string& model_dir, const ParameterList& params, i
                                                 << p->name);
     load_shard(*p, file.load(hf), tp_rank, tp_size);
   }
+}
+
+HfFamily hf_family_gpt2() {
+  HfFamily f;
+  f.name = "gpt2";
+  f.model_types = {"gpt2"};
+  f.architectures = {"GPT2LMHeadModel"};
+  f.read_spec = [](const std::string& dir) {
+    const HfGpt2Config hf = read_hf_gpt2_config(dir);
+    return model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
+  };
+  f.import_weights = [](const std::string& dir, const ModelSpec&, const ParameterList& params) {
+    import_hf_gpt2(dir, params, 0, 1);
+  };
+  f.owns = [](const ModelSpec&) { return true; };  // the last family: hf_gpt2_config_from_spec checks
+  f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (Parameter* p : params) tensors.push_back({hf_name_of(p->name), p->value});
+    const HfGpt2Config config = hf_gpt2_config_from_spec(spec);  // rejects a spec GPT-2 cannot hold
+    write_hf_weights(dir, tensors);
+    write_hf_gpt2_config(dir + "/config.json", config);
+    return tensors.size();
+  };
+  return f;
 }
 
 }  // namespace meshtron::io

@@ -6,6 +6,9 @@
 #include "io/hf/gpt2.hpp"
 #include "io/hf/hf_weights.hpp"
 
+#include "io/hf/gpt_bigcode_config.hpp"
+#include "io/hf/hf_family.hpp"
+
 namespace meshtron::io {
 
 bool gpt_bigcode_transposed(const std::string& name) {
@@ -40,6 +43,28 @@ std::vector<std::pair<std::string, Tensor>> hf_gpt_bigcode_tensors(const Paramet
                                                                          : value});
   }
   return out;
+}
+
+HfFamily hf_family_gpt_bigcode() {
+  HfFamily f;
+  f.name = "gpt_bigcode";
+  f.model_types = {"gpt_bigcode"};
+  f.architectures = {"GPTBigCodeForCausalLM"};
+  f.read_spec = [](const std::string& dir) {
+    const HfGptBigCodeConfig hf = read_hf_gpt_bigcode_config(dir);
+    return model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
+  };
+  f.import_weights = [](const std::string& dir, const ModelSpec&, const ParameterList& params) {
+    import_hf_gpt_bigcode(dir, params, 0, 1);
+  };
+  f.owns = is_gpt_bigcode_family;
+  f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {
+    const auto tensors = hf_gpt_bigcode_tensors(params);
+    write_hf_weights(dir, tensors);
+    write_hf_gpt_bigcode_config(dir + "/config.json", hf_gpt_bigcode_config_from_spec(spec));
+    return tensors.size();
+  };
+  return f;
 }
 
 }  // namespace meshtron::io

@@ -6,6 +6,9 @@
 #include "common/error.hpp"
 #include "io/hf/hf_weights.hpp"
 
+#include "io/hf/hf_family.hpp"
+#include "io/hf/llama_config.hpp"
+
 namespace meshtron::io {
 
 namespace {
@@ -124,6 +127,27 @@ std::vector<std::pair<std::string, Tensor>> hf_llama_tensors(const ModelSpec& sp
     }
   }
   return out;
+}
+
+HfFamily hf_family_llama() {
+  HfFamily f;
+  f.name = "llama";
+  f.model_types = {"llama", "mistral"};
+  f.architectures = {"LlamaForCausalLM", "MistralForCausalLM"};
+  f.read_spec = [](const std::string& dir) {
+    const HfLlamaConfig hf = read_hf_llama_config(dir);
+    return model_spec_from_hf(hf, int(hf.max_position_embeddings), 1, 1);
+  };
+  f.import_weights = [](const std::string& dir, const ModelSpec& spec,
+                        const ParameterList& params) { import_hf_llama(dir, spec, params, 0, 1); };
+  f.owns = is_llama_family;
+  f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {
+    const auto tensors = hf_llama_tensors(spec, params);
+    write_hf_weights(dir, tensors);
+    write_hf_llama_config(dir + "/config.json", hf_llama_config_from_spec(spec));
+    return tensors.size();
+  };
+  return f;
 }
 
 }  // namespace meshtron::io
