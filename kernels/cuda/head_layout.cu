@@ -86,4 +86,77 @@ void merge_heads_part(const void* in, std::size_t element_size, index_t s, index
   launch<false>(in, element_size, s, b, heads, d, parts, p, x);
 }
 
+namespace {
+
+/// Column of the grouped row [q | k groups | v groups] that feeds column c of
+/// the expanded row [q | k | v] (as ops::grouped_column on the host).
+__device__ __forceinline__ kindex grouped_column(kindex c, kindex heads, kindex groups,
+                                                 kindex d) {
+  const kindex part = c / (heads * d), h = (c / d) % heads, di = c % d;
+  if (part == 0) return c;
+  return heads * d + (part - 1) * groups * d + (h / (heads / groups)) * d + di;
+}
+
+template <class W>
+__global__ void expand_kv_groups_kernel(const W* __restrict__ qkv, kindex tokens, kindex heads,
+                                        kindex groups, kindex d, W* __restrict__ out) {
+  const kindex full = 3 * heads * d, grouped = (heads + 2 * groups) * d;
+  GRID_STRIDE(i, tokens * full) {
+    const kindex t = i / full, c = i % full;
+    out[i] = qkv[t * grouped + grouped_column(c, heads, groups, d)];
+  }
+}
+
+/// One thread per element of dqkv: dq copied, dk/dv summed over the group's heads in fp32.
+template <class T>
+__global__ void reduce_kv_groups_kernel(const T* __restrict__ dout, kindex tokens, kindex heads,
+                                        kindex groups, kindex d, T* __restrict__ dqkv) {
+  const kindex full = 3 * heads * d, grouped = (heads + 2 * groups) * d;
+  const kindex per_group = heads / groups;
+  GRID_STRIDE(i, tokens * grouped) {
+    const kindex t = i / grouped, c = i % grouped;
+    const T* row = dout + t * full;
+    if (c < heads * d) {
+      dqkv[i] = row[c];
+      continue;
+    }
+    const kindex part = c < (heads + groups) * d ? 1 : 2;
+    const kindex in_part = c - heads * d - (part - 1) * groups * d;
+    const kindex group = in_part / d, di = in_part % d;
+    float sum = 0.f;
+    for (kindex h = group * per_group; h < (group + 1) * per_group; ++h)
+      sum += to_f(row[part * heads * d + h * d + di]);
+    dqkv[i] = from_f<T>(sum);
+  }
+}
+
+}  // namespace
+
+void expand_kv_groups(const void* qkv, std::size_t element_size, index_t tokens, index_t heads,
+                      index_t groups, index_t d, void* out) {
+  const kindex n = kindex(tokens) * 3 * heads * d;
+  if (n == 0) return;
+  auto go = [&](auto word) {
+    using W = decltype(word);
+    expand_kv_groups_kernel<W><<<grid_for(n, 256), 256, 0, compute_stream()>>>(
+        static_cast<const W*>(qkv), tokens, heads, groups, d, static_cast<W*>(out));
+  };
+  if (element_size == 2) go(std::uint16_t{});
+  else if (element_size == 4) go(std::uint32_t{});
+  else go(std::uint64_t{});
+  MESH_CUDA_LAUNCHED();
+}
+
+void reduce_kv_groups(DType t, const void* dout, index_t tokens, index_t heads, index_t groups,
+                      index_t d, void* dqkv) {
+  const kindex n = kindex(tokens) * (heads + 2 * groups) * d;
+  if (n == 0) return;
+  with_storage_type(t, "reduce_kv_groups", [&](auto type) {
+    using T = decltype(type);
+    reduce_kv_groups_kernel<T><<<grid_for(n, 256), 256, 0, compute_stream()>>>(
+        static_cast<const T*>(dout), tokens, heads, groups, d, static_cast<T*>(dqkv));
+  });
+  MESH_CUDA_LAUNCHED();
+}
+
 }  // namespace meshtron::cuda

@@ -56,16 +56,17 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, const A
 bool Attention::use_fused(DType activations, MemorySpace space) const {
   if (backend_ == AttentionBackend::Unfused) return false;
   const bool host = space == MemorySpace::Host;
-  // The fused kernels take as many kv heads as q heads: grouped queries
-  // run the unfused core, which needs no per-head copies of k and v.
-  const bool grouped = groups_local_ != heads_local_;
-  const bool supported = ops::fused_attention_supported(activations, space, head_dim_) && !grouped;
+  // Grouped queries run the fused kernels too, on k and v repeated per
+  // query head (expand_kv_groups): (heads - groups) x 2 head vectors more
+  // per token than the unfused core reads, against its b x heads x s x s
+  // scores (1 GB a layer for llama-1b's micro-batch).
+  const bool supported = ops::fused_attention_supported(activations, space, head_dim_);
   if (backend_ == AttentionBackend::Auto) return supported && !host;
   MESH_REQUIRE(supported,
                "model.attention_backend = fused needs, on the GPU, bf16 or fp16 with "
-               "head dim 64 or 128 and num_query_groups = num_heads; got "
+               "head dim 64 or 128; got "
                    << dtype_name(activations) << " on the " << (host ? "host" : "GPU")
-                   << ", head dim " << head_dim_ << (grouped ? ", grouped queries" : ""));
+                   << ", head dim " << head_dim_);
   return true;
 }
 
@@ -262,6 +263,10 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
           Tensor::empty(ops::attention_keep_bits_shape(b * heads_local_, s), DType::I32, x.space());
     }
     c.keep_bits = dropout.keep_bits;
+    if (groups_local_ != heads_local_) {
+      ops::expand_kv_groups(qkv_out, heads_local_, groups_local_, c.qkv_out);
+      qkv_out = c.qkv_out;
+    }
     ops::fused_attention_forward_token_major(qkv_out, s, b, heads_local_, scale(), merged, c.lse,
                                              dropout);
   } else {
@@ -292,6 +297,10 @@ Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) 
     dropout.keep_bits = c.keep_bits;
     ops::fused_attention_backward_token_major(dmerged, c.qkv_out, c.proj.x, c.lse, s, b,
                                               heads_local_, scale(), dqkv, dropout);
+    if (groups_local_ != heads_local_) {  // c.qkv_out holds k and v per query head
+      Tensor dexpanded = dqkv;
+      ops::reduce_kv_groups(dexpanded, heads_local_, groups_local_, dqkv);
+    }
   } else {
     Tensor dcontext, dparts[3];
     ops::split_heads(dmerged, s, b, heads_local_, 1, &dcontext);

@@ -52,7 +52,8 @@ class Attention {
     RowParallelLinear::Cache proj;
     Tensor q, k, v;    ///< [b * heads_local, s, d] (unfused core only)
     /// Fused core only: the qkv projection's output [s*b, 3 * heads_local * d],
-    /// read in place by the fused kernels.
+    /// read in place by the fused kernels (with grouped queries, its copy
+    /// with k and v repeated per query head: ops::expand_kv_groups).
     Tensor qkv_out;
     /// softmax output before dropout; undefined under selective recompute
     /// (rebuilt from q and k in the backward)

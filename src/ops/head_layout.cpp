@@ -1,6 +1,8 @@
 #include "ops/head_layout.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "common/error.hpp"
 #ifdef MESHTRON_HAVE_CUDA
@@ -72,6 +74,88 @@ void merge_heads(const Tensor* in, int parts, index_t s, index_t b, index_t head
   for_each_head_vector(s, b, heads, d, parts, [&](int p, index_t tok, index_t mat) {
     std::memcpy(dst + tok * es, static_cast<const char*>(in[p].raw()) + mat * es, bytes);
   });
+}
+
+namespace {
+
+/// heads, groups and the head dim of an expansion's two sides.
+index_t check_kv_groups(const char* op, const Tensor& grouped, const Tensor& full, index_t heads,
+                        index_t groups) {
+  MESH_VERIFY(groups > 0 && heads % groups == 0 && grouped.rank() == 2 && full.rank() == 2 &&
+                  grouped.dim(0) == full.dim(0) && grouped.dtype() == full.dtype() &&
+                  grouped.space() == full.space() && grouped.dim(1) % (heads + 2 * groups) == 0 &&
+                  full.dim(1) * (heads + 2 * groups) == grouped.dim(1) * 3 * heads,
+              op << ": " << shape_string(grouped.shape()) << " with " << heads << " heads in "
+                 << groups << " groups vs " << shape_string(full.shape()));
+  return grouped.dim(1) / (heads + 2 * groups);
+}
+
+/// Column of the grouped row that feeds column c of the full row.
+inline index_t grouped_column(index_t c, index_t heads, index_t groups, index_t d) {
+  const index_t part = c / (heads * d), h = (c / d) % heads, di = c % d;
+  if (part == 0) return c;
+  const index_t group = h / (heads / groups);
+  return heads * d + (part - 1) * groups * d + group * d + di;
+}
+
+template <class T>
+void reduce_kv_groups_host(const T* dout, index_t tokens, index_t heads, index_t groups,
+                           index_t d, T* dqkv) {
+  const index_t full = 3 * heads * d, grouped = (heads + 2 * groups) * d;
+  std::vector<T> row(grouped);
+  for (index_t t = 0; t < tokens; ++t) {
+    std::fill(row.begin(), row.end(), T(0));
+    for (index_t c = 0; c < full; ++c) {
+      const index_t g = grouped_column(c, heads, groups, d);
+      row[g] = c < heads * d ? dout[t * full + c] : row[g] + dout[t * full + c];
+    }
+    std::copy(row.begin(), row.end(), dqkv + t * grouped);
+  }
+}
+
+}  // namespace
+
+void expand_kv_groups(const Tensor& qkv, index_t heads, index_t groups, Tensor& out) {
+  const index_t tokens = qkv.dim(0), d = qkv.dim(1) / (heads + 2 * groups);
+  out = Tensor::empty({tokens, 3 * heads * d}, qkv.dtype(), qkv.space());
+  check_kv_groups("expand_kv_groups", qkv, out, heads, groups);
+  const std::size_t es = dtype_size(qkv.dtype());
+  if (!qkv.is_host()) {
+#ifdef MESHTRON_HAVE_CUDA
+    cuda::expand_kv_groups(qkv.raw(), es, tokens, heads, groups, d, out.raw());
+    return;
+#else
+    MESH_VERIFY(false, "expand_kv_groups: a device tensor, but the CUDA path is not built");
+#endif
+  }
+  const char* src = static_cast<const char*>(qkv.raw());
+  char* dst = static_cast<char*>(out.raw());
+  const index_t full = 3 * heads * d, grouped = (heads + 2 * groups) * d;
+  for (index_t t = 0; t < tokens; ++t)
+    for (index_t c = 0; c < full; c += d)  // one head vector at a time
+      std::memcpy(dst + (t * full + c) * es, src + (t * grouped + grouped_column(c, heads, groups, d)) * es,
+                  std::size_t(d) * es);
+}
+
+void reduce_kv_groups(const Tensor& dout, index_t heads, index_t groups, Tensor& dqkv) {
+  const index_t tokens = dout.dim(0), d = dout.dim(1) / (3 * heads);
+  dqkv = Tensor::empty({tokens, (heads + 2 * groups) * d}, dout.dtype(), dout.space());
+  check_kv_groups("reduce_kv_groups", dqkv, dout, heads, groups);
+  if (!dout.is_host()) {
+#ifdef MESHTRON_HAVE_CUDA
+    cuda::reduce_kv_groups(dout.dtype(), dout.raw(), tokens, heads, groups, d, dqkv.raw());
+    return;
+#else
+    MESH_VERIFY(false, "reduce_kv_groups: a device tensor, but the CUDA path is not built");
+#endif
+  }
+  if (dout.dtype() == DType::F64)
+    reduce_kv_groups_host(dout.data<double>(), tokens, heads, groups, d, dqkv.data<double>());
+  else if (dout.dtype() == DType::F32)
+    reduce_kv_groups_host(dout.data<float>(), tokens, heads, groups, d, dqkv.data<float>());
+  else
+    MESH_VERIFY(false, "reduce_kv_groups: the host path takes fp32 or fp64, got "
+                           << dtype_name(dout.dtype()));
 }
 
 }  // namespace meshtron::ops

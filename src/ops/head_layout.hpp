@@ -16,4 +16,15 @@ void split_heads(const Tensor& x, index_t s, index_t b, index_t heads, int parts
 void merge_heads(const Tensor* in, int parts, index_t s, index_t b, index_t heads,
                  Tensor& x);
 
+/// Grouped-query attention through the multi-head fused kernels: the
+/// projection's rows qkv [tokens, (heads + 2 groups) d] (q | k | v, the kv
+/// groups in order) -> out [tokens, 3 heads d] (q | k | v of `heads` each),
+/// key and value head h being group h / (heads / groups), as Megatron-LM's
+/// and transformers' repeat_kv lay them out.
+void expand_kv_groups(const Tensor& qkv, index_t heads, index_t groups, Tensor& out);
+/// Its backward: dqkv [tokens, (heads + 2 groups) d] from dout [tokens, 3
+/// heads d]: dq copied, each group's dk and dv the sum over its heads
+/// (accumulated in fp32 for bf16/fp16, in the dtype otherwise).
+void reduce_kv_groups(const Tensor& dout, index_t heads, index_t groups, Tensor& dqkv);
+
 }  // namespace meshtron::ops

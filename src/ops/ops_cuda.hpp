@@ -418,5 +418,10 @@ void split_heads_part(const void* x, std::size_t element_size, index_t s, index_
                       index_t heads, index_t d, int parts, int p, void* out);
 void merge_heads_part(const void* in, std::size_t element_size, index_t s, index_t b,
                       index_t heads, index_t d, int parts, int p, void* x);
+/// ops::expand_kv_groups / reduce_kv_groups on the device (rows of `tokens`).
+void expand_kv_groups(const void* qkv, std::size_t element_size, index_t tokens, index_t heads,
+                      index_t groups, index_t d, void* out);
+void reduce_kv_groups(DType t, const void* dout, index_t tokens, index_t heads, index_t groups,
+                      index_t d, void* dqkv);
 
 }  // namespace meshtron::cuda

@@ -230,6 +230,25 @@ TEST(Decomposition, RotaryGroupedQueriesMatchSingleRankRun) {
   }
 }
 
+// Grouped queries through the fused core (k and v repeated per query head,
+// their gradients summed back over the group) equal the unfused core's
+// grouped GEMMs on one rank, and on tp 2 x pp 2 with SP, dropout on.
+TEST(Decomposition, GroupedQueriesFusedCoreMatchesUnfused) {
+  const int world = world_size();
+  if (world % 4) GTEST_SKIP() << "needs a world of a multiple of 4";
+  const std::vector<std::string> grouped = {"model.num_attention_heads=8",
+                                            "model.num_query_groups=2",
+                                            "model.position_embedding_type=rope"};
+  std::vector<std::string> fused = grouped;
+  fused.push_back("model.attention_backend=fused");
+  const RunResult unfused_run = train_layout(MPI_COMM_SELF, Layout{.overrides = grouped}, DType::F64);
+  expect_same_run(train_layout(MPI_COMM_SELF, Layout{.overrides = fused}, DType::F64), unfused_run,
+                  1e-10, 1e-10);
+  Layout layout{2, 2, world / 4, "1f1b", true, true};
+  layout.overrides = fused;
+  expect_same_run(train_layout(MPI_COMM_WORLD, layout, DType::F64), unfused_run, 1e-10, 1e-10);
+}
+
 TEST(Reference, MemorisingOneBatchLowersItsLoss) {
   const MemorisedRun run = memorise({"optimizer.lr=1e-2", "optimizer.min_lr=1e-3"}, DType::F32, 6);
   ASSERT_EQ(run.steps.size(), 6u);
