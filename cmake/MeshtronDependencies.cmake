@@ -77,6 +77,14 @@ target_include_directories(meshtron::pcre2 INTERFACE ${PCRE2_INCLUDE_DIR})
 target_link_libraries(meshtron::pcre2 INTERFACE ${PCRE2_LIBRARY})
 target_compile_definitions(meshtron::pcre2 INTERFACE PCRE2_CODE_UNIT_WIDTH=8)
 
+# --- SentencePiece (data.tokenizer = sentencepiece) ------------------------
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+  pkg_check_modules(SENTENCEPIECE QUIET IMPORTED_TARGET sentencepiece)
+endif()
+meshtron_require(SENTENCEPIECE_FOUND "SentencePiece (found by pkg-config)"
+                 "libsentencepiece-dev pkg-config")
+
 # --- GoogleTest, Google Benchmark -------------------------------------------
 if(MESHTRON_BUILD_TESTS)
   find_package(GTest)

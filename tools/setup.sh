@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev                       # CBLAS GEMMs on the host
   nlohmann-json3-dev libpcre2-dev       # safetensors headers, GPT-2 regex
   libsentencepiece-dev                  # SentencePiece tokenizers (Llama 2, Mistral, T5)
+  sentencepiece                         # spm_train, spm_encode: the tokenizer tests' reference
   libcpp-httplib-dev                    # meshtron serve
   libutf8proc-dev                       # Unicode tables (BERT's basic tokenizer)
   gnuplot-nox                           # meshtron scaling-report plots

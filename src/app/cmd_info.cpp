@@ -1,27 +1,36 @@
 // meshtron info DECK... [--set k=v ...]: resolve and validate the decks,
 // build the topology, and print both on rank 0.
 #include <cstdio>
-#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
 #include "app/commands.hpp"
 #include "common/error.hpp"
-#include "data/gpt2_tokenizer.hpp"
 #include "config/model_spec_from_deck.hpp"
 #include "parallel/topology.hpp"
 #include "train/metrics.hpp"
 
 namespace meshtron::app {
 
+data::TokenizerFiles tokenizer_files(const DataSection& d) {
+  return {.type = d.tokenizer,
+          .vocab_file = d.vocab_file,
+          .merge_file = d.merge_file,
+          .tokenizer_file = d.tokenizer_file,
+          .tokenizer_model = d.tokenizer_model};
+}
+
+std::unique_ptr<data::Tokenizer> load_tokenizer(const DataSection& d) {
+  return data::load_tokenizer(tokenizer_files(d));
+}
+
 int resolve_vocab(const RunConfig& c) {
   if (c.model.vocab_size > 0) return c.model.vocab_size;
-  if (c.data.tokenizer == "hf")
-    return data::Gpt2Tokenizer::from_tokenizer_json(c.data.tokenizer_file).vocab_size();
-  if (!c.data.vocab_file.empty() && !c.data.merge_file.empty())
-    return data::Gpt2Tokenizer::from_openai(c.data.vocab_file, c.data.merge_file).vocab_size();
-  return kGpt2VocabSize;
+  // GPT-2 named without its files (synthetic data): its published size.
+  if (c.data.tokenizer == "gpt2" && (c.data.vocab_file.empty() || c.data.merge_file.empty()))
+    return kGpt2VocabSize;
+  return load_tokenizer(c.data)->vocab_size();
 }
 
 DType compute_dtype(const RunConfig& c) {
@@ -89,11 +98,7 @@ int run_info(const std::vector<std::string>& args) {
   // where its files are already there, else GPT-2's (info needs no data).
   std::string split;
   if (config.parallel.model_chunks() > 1) {
-    const bool tokenizer_here =
-        config.data.tokenizer == "hf"
-            ? std::filesystem::exists(config.data.tokenizer_file)
-            : std::filesystem::exists(config.data.vocab_file) &&
-                  std::filesystem::exists(config.data.merge_file);
+    const bool tokenizer_here = data::tokenizer_files_exist(tokenizer_files(config.data));
     const int vocab =
         config.model.vocab_size > 0 || tokenizer_here ? resolve_vocab(config) : kGpt2VocabSize;
     split = pipeline_split_line(

@@ -26,7 +26,9 @@
 //
 // Documents are written as Megatron-LM's tools/preprocess_data.py writes them
 // (one sequence per document; an empty text gives an empty document with no
-// EOD), so its files and ours agree byte for byte.
+// EOD), so its files and ours agree byte for byte. With a tokenizer that
+// starts documents with BOS (sentencepiece, as Megatron's Llama2Tokenizer)
+// every document, even an empty one, is BOS + its ids [+ EOD].
 #include <mpi.h>
 #include <unistd.h>
 
@@ -39,6 +41,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -51,6 +54,7 @@
 #include "data/gpt2_tokenizer.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/json_line.hpp"
+#include "data/tokenizer.hpp"
 
 namespace meshtron::app {
 namespace {
@@ -80,6 +84,7 @@ struct PreprocessOptions {
   std::string vocab_file;
   std::string merge_file;
   std::string tokenizer_file;
+  std::string tokenizer_model;
   std::string json_key = "text";
   bool append_eod = false;
   bool overwrite = false;
@@ -94,12 +99,16 @@ po::options_description option_table(PreprocessOptions& o) {
       ("input", po::value(&o.inputs)->multitoken(), "input files, read in this order")
       ("output-prefix", po::value(&o.output_prefix), "write PREFIX.bin and PREFIX.idx")
       ("tokenizer", po::value(&o.tokenizer),
-       "tokenizer type: gpt2 (alias GPT2BPETokenizer) or hf (a tokenizer.json)")
+       "tokenizer type: gpt2 (alias GPT2BPETokenizer), hf (a tokenizer.json) or "
+       "sentencepiece (alias Llama2Tokenizer)")
       ("vocab-file", po::value(&o.vocab_file), "encoder.json (or Hugging Face vocab.json)")
       ("merge-file", po::value(&o.merge_file), "vocab.bpe (or Hugging Face merges.txt)")
       ("tokenizer-file", po::value(&o.tokenizer_file), "Hugging Face tokenizer.json (for hf)")
+      ("tokenizer-model", po::value(&o.tokenizer_model),
+       "SentencePiece tokenizer.model (for sentencepiece)")
       ("json-key", po::value(&o.json_key)->default_value("text"), "key of the text in JSON lines")
-      ("append-eod", po::bool_switch(&o.append_eod), "append <|endoftext|> to every non-empty document")
+      ("append-eod", po::bool_switch(&o.append_eod),
+       "append the end-of-document token (<|endoftext|>, </s>) to every non-empty document")
       ("workers-per-rank", po::value(&o.workers_per_rank)->default_value(1),
        "tokenizer threads per MPI rank")
       ("overwrite", po::bool_switch(&o.overwrite), "replace an existing PREFIX.bin/.idx")
@@ -113,26 +122,37 @@ std::string usage_text(const po::options_description& table) {
   std::ostringstream out;
   out << "usage: meshtron preprocess --input FILE [FILE ...] --output-prefix P\n"
          "         --tokenizer gpt2 --vocab-file V --merge-file M [--json-key text]\n"
-         "         (or --tokenizer hf --tokenizer-file tokenizer.json)\n"
+         "         (or --tokenizer hf --tokenizer-file tokenizer.json,\n"
+         "          or --tokenizer sentencepiece --tokenizer-model tokenizer.model)\n"
          "         [--append-eod] [--workers-per-rank 1] [--overwrite]\n\n"
       << table << "\n" << kInputFormatHelp;
   return out.str();
 }
 
-bool is_gpt2_tokenizer(const std::string& name) {
-  return name == "gpt2" || name == "GPT2" || name == "GPT2BPETokenizer";
+data::TokenizerFiles tokenizer_files(const PreprocessOptions& o) {
+  return {.type = o.tokenizer,
+          .vocab_file = o.vocab_file,
+          .merge_file = o.merge_file,
+          .tokenizer_file = o.tokenizer_file,
+          .tokenizer_model = o.tokenizer_model};
 }
 
 /// Checks every option; the messages are identical on every rank.
 void validate(const PreprocessOptions& o) {
   MESH_REQUIRE(!o.inputs.empty(), "preprocess: --input FILE [FILE ...] is required");
   MESH_REQUIRE(!o.output_prefix.empty(), "preprocess: --output-prefix is required");
-  MESH_REQUIRE(!o.tokenizer.empty(), "preprocess: --tokenizer is required (gpt2 or hf)");
-  MESH_REQUIRE(is_gpt2_tokenizer(o.tokenizer) || o.tokenizer == "hf",
-               "preprocess: unknown --tokenizer '" << o.tokenizer << "' (supported: gpt2, hf)");
-  if (o.tokenizer == "hf") {
+  MESH_REQUIRE(!o.tokenizer.empty(),
+               "preprocess: --tokenizer is required (gpt2, hf or sentencepiece)");
+  const std::string type = data::canonical_tokenizer_type(o.tokenizer);
+  MESH_REQUIRE(!type.empty() || o.tokenizer == "SentencePieceTokenizer",
+               "preprocess: unknown --tokenizer '" << o.tokenizer
+                                                   << "' (supported: gpt2, hf, sentencepiece)");
+  if (type == "hf") {
     MESH_REQUIRE(!o.tokenizer_file.empty(), "preprocess: --tokenizer-file is required for hf");
-  } else {
+  } else if (type == "sentencepiece") {
+    MESH_REQUIRE(!o.tokenizer_model.empty(),
+                 "preprocess: --tokenizer-model is required for sentencepiece");
+  } else if (type == "gpt2") {
     MESH_REQUIRE(!o.vocab_file.empty(), "preprocess: --vocab-file is required for gpt2");
     MESH_REQUIRE(!o.merge_file.empty(), "preprocess: --merge-file is required for gpt2");
   }
@@ -459,7 +479,7 @@ std::optional<std::string> text_of_json_line(std::string_view line, const std::s
 }
 
 EncodedDocument encode_document(const RawDocument& doc, bool json_lines,
-                                const PreprocessOptions& o, data::Gpt2Tokenizer& tokenizer) {
+                                const PreprocessOptions& o, data::Tokenizer& tokenizer) {
   EncodedDocument out;
   if (!data::is_valid_utf8(doc.bytes)) {
     out.error = InputError{doc.file, first_invalid_utf8_line(doc), "invalid UTF-8"};
@@ -476,8 +496,9 @@ EncodedDocument encode_document(const RawDocument& doc, bool json_lines,
     json_text = std::move(*value);
     text = json_text;
   }
+  if (tokenizer.bos_id() >= 0) out.tokens.push_back(tokenizer.bos_id());
   tokenizer.encode_append(text, out.tokens);
-  // As Megatron: an empty document gets no EOD and stays empty.
+  // As Megatron: a document without ids (an empty text, no BOS) gets no EOD.
   if (o.append_eod && !out.tokens.empty()) out.tokens.push_back(tokenizer.eod_id());
   return out;
 }
@@ -485,25 +506,18 @@ EncodedDocument encode_document(const RawDocument& doc, bool json_lines,
 /// One tokenizer per worker thread (Gpt2Tokenizer is not thread-safe).
 /// The first is loaded on the calling thread so that a bad vocabulary file
 /// throws its UserError on every rank alike.
-data::Gpt2Tokenizer load_tokenizer(const PreprocessOptions& o) {
-  return o.tokenizer == "hf" ? data::Gpt2Tokenizer::from_tokenizer_json(o.tokenizer_file)
-                             : data::Gpt2Tokenizer::from_openai(o.vocab_file, o.merge_file);
-}
-
-std::vector<data::Gpt2Tokenizer> load_tokenizers(const PreprocessOptions& o) {
-  std::vector<data::Gpt2Tokenizer> tokenizers;
-  tokenizers.push_back(load_tokenizer(o));
-  MESH_REQUIRE(!o.append_eod || tokenizers.front().eod_id() >= 0,
+std::vector<std::unique_ptr<data::Tokenizer>> load_tokenizers(const PreprocessOptions& o) {
+  std::vector<std::unique_ptr<data::Tokenizer>> tokenizers;
+  tokenizers.push_back(data::load_tokenizer(tokenizer_files(o)));
+  MESH_REQUIRE(!o.append_eod || tokenizers.front()->eod_id() >= 0,
                "preprocess: --append-eod needs an end-of-document token, and '"
-                   << o.tokenizer_file << "' has none of <|endoftext|>, <|end_of_text|>, </s>, <eos>");
-  std::vector<std::optional<data::Gpt2Tokenizer>> more(std::size_t(o.workers_per_rank - 1));
+                   << (o.tokenizer_model.empty() ? o.tokenizer_file : o.tokenizer_model)
+                   << "' has none (<|endoftext|>, <|end_of_text|>, </s>, <eos>)");
+  tokenizers.resize(std::size_t(o.workers_per_rank));
   std::vector<std::thread> threads;
-  for (auto& slot : more)
-    threads.emplace_back([&] {
-      slot.emplace(load_tokenizer(o));
-    });
+  for (std::size_t w = 1; w < tokenizers.size(); ++w)
+    threads.emplace_back([&, w] { tokenizers[w] = data::load_tokenizer(tokenizer_files(o)); });
   for (auto& t : threads) t.join();
-  for (auto& slot : more) tokenizers.push_back(std::move(*slot));
   return tokenizers;
 }
 
@@ -511,21 +525,23 @@ std::vector<data::Gpt2Tokenizer> load_tokenizers(const PreprocessOptions& o) {
 /// workers; documents are independent, so the result does not depend on
 /// which worker took which.
 void encode_batch(const std::vector<RawDocument>& batch, const std::vector<InputFile>& files,
-                  const PreprocessOptions& o, std::vector<data::Gpt2Tokenizer>& tokenizers,
+                  const PreprocessOptions& o,
+                  std::vector<std::unique_ptr<data::Tokenizer>>& tokenizers,
                   std::vector<EncodedDocument>& out) {
   out.assign(batch.size(), {});
   std::atomic<std::size_t> next{0};
-  auto work = [&](data::Gpt2Tokenizer& tokenizer) {
+  auto work = [&](data::Tokenizer& tokenizer) {
     for (std::size_t i = next++; i < batch.size(); i = next++)
       out[i] = encode_document(batch[i], files[batch[i].file].json_lines, o, tokenizer);
   };
   if (tokenizers.size() == 1 || batch.size() == 1) {
-    work(tokenizers.front());
+    work(*tokenizers.front());
     return;
   }
   std::vector<std::thread> threads;
-  for (std::size_t w = 1; w < tokenizers.size(); ++w) threads.emplace_back(work, std::ref(tokenizers[w]));
-  work(tokenizers.front());
+  for (std::size_t w = 1; w < tokenizers.size(); ++w)
+    threads.emplace_back(work, std::ref(*tokenizers[w]));
+  work(*tokenizers.front());
   for (auto& t : threads) t.join();
 }
 
@@ -591,7 +607,7 @@ struct RankResult {
 /// at the first bad one.
 RankResult encode_share(const std::vector<InputFile>& files, std::uint64_t begin,
                         std::uint64_t end, const PreprocessOptions& o,
-                        std::vector<data::Gpt2Tokenizer>& tokenizers,
+                        std::vector<std::unique_ptr<data::Tokenizer>>& tokenizers,
                         data::IndexedDatasetWriter& writer) {
   // Batches of about 1 MB per worker keep threads busy and memory small.
   const std::size_t batch_bytes = std::size_t(1) << 20;
@@ -714,9 +730,9 @@ int run_preprocess(const std::vector<std::string>& args) {
   // 1. Inputs, output check and tokenizers: the same on every rank.
   check_output_is_free(o);
   const std::vector<InputFile> files = map_inputs(o.inputs);
-  std::vector<data::Gpt2Tokenizer> tokenizers = load_tokenizers(o);
+  std::vector<std::unique_ptr<data::Tokenizer>> tokenizers = load_tokenizers(o);
   const double load_s = max_over_ranks(seconds_since(start));
-  const data::TokenDType dtype = data::optimal_token_dtype(tokenizers.front().vocab_size());
+  const data::TokenDType dtype = data::optimal_token_dtype(tokenizers.front()->vocab_size());
 
   // 2-3. This rank's byte range, tokenized into its shard (or, alone, the output).
   const std::uint64_t bytes = total_bytes(files);

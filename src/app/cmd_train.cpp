@@ -23,7 +23,6 @@
 #include "app/commands.hpp"
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
-#include "data/gpt2_tokenizer.hpp"
 #include "io/checkpoint.hpp"
 #include "io/save_dir.hpp"
 #include "train/evaluation.hpp"

@@ -3,10 +3,12 @@
 // meshtron::UserError on every rank alike.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "config/run_config.hpp"
+#include "data/tokenizer.hpp"
 #include "model/model_spec.hpp"
 #include "tensor/types.hpp"
 
@@ -29,6 +31,10 @@ RunConfig read_decks(const DeckArgs& args, const std::string& command);
 inline constexpr int kGpt2VocabSize = 50257;
 /// Vocabulary size: the deck's, else the tokenizer's, else GPT-2's.
 int resolve_vocab(const RunConfig& c);
+/// The type and files of the deck's tokenizer (data.tokenizer, ...).
+data::TokenizerFiles tokenizer_files(const DataSection& d);
+/// The deck's tokenizer: the one place the subcommands get it.
+std::unique_ptr<data::Tokenizer> load_tokenizer(const DataSection& d);
 /// Dtype of the parameter values and activations: fp32, or bf16 / fp16
 /// mixed precision on the GPU (fp32 master weights, moments and gradients
 /// live in the optimizer and Parameter::grad; see train/optimizer.hpp; fp16

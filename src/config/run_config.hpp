@@ -225,7 +225,8 @@ struct DataSection {
   std::string tokenizer = "gpt2";
   std::string vocab_file;
   std::string merge_file;
-  std::string tokenizer_file;  ///< tokenizer.json, for tokenizer = hf
+  std::string tokenizer_file;   ///< tokenizer.json, for tokenizer = hf
+  std::string tokenizer_model;  ///< tokenizer.model, for tokenizer = sentencepiece
 };
 
 struct CheckpointSection {

@@ -399,13 +399,6 @@ void Gpt2Tokenizer::load_merges(const std::string& path) {
   MESH_REQUIRE(merge_count_ > 0, "GPT-2 merges file '" << path << "' has no merges");
 }
 
-std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) {
-  std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3);
-  encode_append(text, ids);
-  return ids;
-}
-
 void Gpt2Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& ids) {
   std::string replaced;
   if (!is_valid_utf8(text)) {

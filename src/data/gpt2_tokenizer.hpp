@@ -71,6 +71,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "data/tokenizer.hpp"
+
 namespace meshtron::data {
 
 /// GPT-2's bytes_to_unicode(): the printable code point that stands for each
@@ -126,7 +128,7 @@ class Gpt2Pretokenizer {
   std::unique_ptr<Regex> regex_;  // Owned.
 };
 
-class Gpt2Tokenizer {
+class Gpt2Tokenizer final : public Tokenizer {
  public:
   /// OpenAI layout: encoder.json (token -> id) and vocab.bpe (merges, with a
   /// "#version" first line). Throws UserError naming the file if it is
@@ -141,27 +143,29 @@ class Gpt2Tokenizer {
   /// <|end_of_text|>, </s>, <eos>, or -1 when there is none of them.
   static Gpt2Tokenizer from_tokenizer_json(const std::string& path);
 
-  ~Gpt2Tokenizer();
+  ~Gpt2Tokenizer() override;
   Gpt2Tokenizer(Gpt2Tokenizer&&) noexcept;
   Gpt2Tokenizer& operator=(Gpt2Tokenizer&&) noexcept;
 
-  /// Token ids of `text` (arbitrary bytes; invalid UTF-8 becomes U+FFFD).
-  std::vector<int32_t> encode(std::string_view text);
-  /// Appends the ids of `text` to `ids` (avoids a copy per document).
-  void encode_append(std::string_view text, std::vector<int32_t>& ids);
+  /// Appends the ids of `text` (arbitrary bytes; invalid UTF-8 becomes U+FFFD).
+  void encode_append(std::string_view text, std::vector<int32_t>& ids) override;
 
   /// Concatenated bytes of the tokens. Throws UserError on an id outside
   /// [0, vocab_size()). A slice of ids may end inside a UTF-8 character; the
   /// bytes are returned as they are.
-  std::string decode(std::span<const int32_t> ids) const;
+  std::string decode(std::span<const int32_t> ids) const override;
   /// The bytes of one token.
   const std::string& token_bytes(int32_t id) const;
 
   /// Number of ids (50257 for GPT-2), before any padding for tensor parallelism.
-  int32_t vocab_size() const { return static_cast<int32_t>(id_to_bytes_.size()); }
+  int32_t vocab_size() const override { return static_cast<int32_t>(id_to_bytes_.size()); }
   /// Id of "<|endoftext|>" (50256 for GPT-2), the document separator; -1
   /// for a tokenizer.json without one.
-  int32_t eod_id() const { return eod_id_; }
+  int32_t eod_id() const override { return eod_id_; }
+  /// GPT-2 starts documents with no token.
+  int32_t bos_id() const override { return -1; }
+  /// "gpt2" (encoder.json + vocab.bpe, or vocab.json + merges.txt) or "hf".
+  std::string name() const override { return name_; }
 
   /// Words currently cached. The cache (word -> ids, words up to 256 bytes)
   /// is emptied whenever it would grow past the limit (default 2^20 words,
@@ -203,6 +207,7 @@ class Gpt2Tokenizer {
   std::vector<std::string> id_to_bytes_;
   std::array<int32_t, 256> byte_to_id_{};
   int32_t eod_id_ = -1;
+  std::string name_ = "gpt2";
   std::unique_ptr<MergeTable> merges_;  // Owned.
   std::unique_ptr<WordCache> cache_;    // Owned.
   std::size_t cache_limit_ = std::size_t{1} << 20;

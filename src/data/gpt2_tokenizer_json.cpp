@@ -68,6 +68,7 @@ Gpt2Tokenizer Gpt2Tokenizer::from_tokenizer_json(const std::string& path) {
                where << ": model.vocab is not a JSON object of token -> id");
 
   Gpt2Tokenizer tokenizer;
+  tokenizer.name_ = "hf";
   tokenizer.set_json_model(model, id_count(vocab, added.is_null() ? nlohmann::json::array() : added),
                            where);
   tokenizer.set_json_pre_tokenizer(field_or_null(root, "pre_tokenizer"), where);

@@ -302,7 +302,7 @@ TEST_F(Preprocess, BadOptionsAreUserErrors) {
     *(std::find(b.begin(), b.end(), "--tokenizer") + 1) = name;
     return error_of(b);
   };
-  EXPECT_NE(tokenizer_named("sentencepiece").find("unknown --tokenizer 'sentencepiece'"),
+  EXPECT_NE(tokenizer_named("wordpiece").find("unknown --tokenizer 'wordpiece'"),
             std::string::npos);
   EXPECT_NE(with({"--workers-per-rank", "0"}).find("--workers-per-rank"), std::string::npos);
   EXPECT_NE(with({"--bogus"}).find("bogus"), std::string::npos);

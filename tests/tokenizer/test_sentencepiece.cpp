@@ -1,0 +1,208 @@
+// SentencePiece tokenizer (data.tokenizer = sentencepiece) on the Brown model
+// validation/sentencepiece-brown/tokenizer.model (tools/train-sentencepiece.sh):
+// ids equal those of the reference `spm_encode --output_format=id` on
+// tests/tokenizer/hard_strings.txt, decode gives every string back,
+// preprocess writes documents <s> ids </s> that decode to the input, and
+// missing or corrupt models and decks without a model are one-line errors.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "app/commands.hpp"
+#include "common/expect_user_error.hpp"
+#include "config/run_config.hpp"
+#include "data/indexed_dataset.hpp"
+#include "data/sentencepiece_tokenizer.hpp"
+#include "tokenizer_test_data.hpp"
+
+namespace fs = std::filesystem;
+using meshtron::data::SentencePieceTokenizer;
+using meshtron::testing_util::expect_user_error;
+using namespace meshtron::data::testing_data;
+using Ids = std::vector<int32_t>;
+
+namespace {
+
+const fs::path kSourceDir = MESHTRON_SOURCE_DIR;
+const std::string kModel = (kSourceDir / "validation/sentencepiece-brown/tokenizer.model").string();
+
+/// Non-empty lines of hard_strings.txt, split on '\n' only.
+std::vector<std::string> hard_strings() {
+  std::vector<std::string> lines;
+  std::istringstream in(read_bytes(kSourceDir / "tests/tokenizer/hard_strings.txt"));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
+/// A scratch folder removed at the end of the test.
+class Scratch {
+ public:
+  Scratch()
+      : path_(fs::temp_directory_path() /
+              ("meshtron_sentencepiece_" + std::to_string(::getpid()) + "_" +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name())) {
+    fs::create_directories(path_);
+  }
+  ~Scratch() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+TEST(SentencePiece, LoadsTheModelsVocabularyAndSpecialIds) {
+  SentencePieceTokenizer tok(kModel);
+  EXPECT_EQ(tok.vocab_size(), 3000);
+  EXPECT_EQ(tok.bos_id(), 1);  // <s>, as Llama 2
+  EXPECT_EQ(tok.eod_id(), 2);  // </s>
+  EXPECT_EQ(tok.name(), "sentencepiece");
+  EXPECT_EQ(tok.decode(Ids{tok.bos_id(), tok.eod_id()}), "");
+}
+
+TEST(SentencePiece, DecodeGivesEveryHardStringBack) {
+  SentencePieceTokenizer tok(kModel);
+  for (const std::string& text : hard_strings()) {
+    Ids ids{tok.bos_id()};
+    tok.encode_append(text, ids);
+    ids.push_back(tok.eod_id());
+    EXPECT_EQ(tok.decode(ids), text);
+  }
+  // All lines as one text: newlines and the pieces around them survive too.
+  const std::string all = read_bytes(kSourceDir / "tests/tokenizer/hard_strings.txt");
+  EXPECT_EQ(tok.decode(tok.encode(all)), all);
+}
+
+TEST(SentencePiece, UnknownCharactersFallBackToBytes) {
+  // U+1F916 (robot face) is not a piece of a Brown-corpus model: four bytes.
+  SentencePieceTokenizer tok(kModel);
+  const Ids ids = tok.encode("\xF0\x9F\xA4\x96");
+  ASSERT_GE(ids.size(), 4u);
+  EXPECT_EQ(tok.decode(ids), "\xF0\x9F\xA4\x96");
+}
+
+TEST(SentencePiece, IdsEqualThoseOfSpmEncode) {
+  Scratch scratch;
+  const std::vector<std::string> texts = hard_strings();
+  const fs::path input = scratch.path() / "input.txt", output = scratch.path() / "ids.txt";
+  {
+    std::ofstream out(input, std::ios::binary);
+    for (const std::string& text : texts) out << text << "\n";
+  }
+  const std::string command = shell_quote(MESHTRON_SPM_ENCODE) + " --model=" +
+                              shell_quote(kModel) + " --output_format=id --input=" +
+                              shell_quote(input.string()) + " --output=" +
+                              shell_quote(output.string());
+  ASSERT_EQ(std::system(command.c_str()), 0) << "failed: " << command;
+  const std::vector<Ids> reference = read_id_lines(output);
+  ASSERT_EQ(reference.size(), texts.size());
+  SentencePieceTokenizer tok(kModel);
+  for (std::size_t i = 0; i < texts.size(); ++i)
+    EXPECT_EQ(tok.encode(texts[i]), reference[i]) << "line " << i << ": " << texts[i];
+}
+
+TEST(SentencePiece, DecodeRejectsIdsOutsideTheVocabulary) {
+  SentencePieceTokenizer tok(kModel);
+  expect_user_error([&] { tok.decode(Ids{5, 3000}); }, {"3000", "outside the vocabulary"});
+  expect_user_error([&] { tok.decode(Ids{-1}); }, {"-1", "outside the vocabulary"});
+}
+
+TEST(SentencePiece, MissingOrCorruptModelIsOneLine) {
+  Scratch scratch;
+  const std::string missing = (scratch.path() / "nope.model").string();
+  expect_user_error([&] { SentencePieceTokenizer tok(missing); }, {"cannot open", missing});
+  const std::string corrupt = (scratch.path() / "corrupt.model").string();
+  std::ofstream(corrupt) << "not a protobuf\n\x01\x02";
+  expect_user_error([&] { SentencePieceTokenizer tok(corrupt); },
+                    {corrupt, "is not a SentencePiece model"});
+}
+
+TEST(TokenizerFactory, NamesAndMegatronAliases) {
+  using meshtron::data::canonical_tokenizer_type;
+  EXPECT_EQ(canonical_tokenizer_type("sentencepiece"), "sentencepiece");
+  EXPECT_EQ(canonical_tokenizer_type("Llama2Tokenizer"), "sentencepiece");
+  EXPECT_EQ(canonical_tokenizer_type("GPT2BPETokenizer"), "gpt2");
+  EXPECT_EQ(canonical_tokenizer_type("hf"), "hf");
+  EXPECT_EQ(canonical_tokenizer_type("SentencePieceTokenizer"), "");
+  const auto tok = meshtron::data::load_tokenizer({.type = "Llama2Tokenizer", .tokenizer_model = kModel});
+  EXPECT_EQ(tok->name(), "sentencepiece");
+  EXPECT_EQ(tok->vocab_size(), 3000);
+  expect_user_error(
+      [&] { meshtron::data::load_tokenizer({.type = "SentencePieceTokenizer", .tokenizer_model = kModel}); },
+      {"SentencePieceTokenizer", "not supported", "Llama2Tokenizer"});
+  expect_user_error([&] { meshtron::data::load_tokenizer({.type = "wordpiece"}); },
+                    {"unknown tokenizer 'wordpiece'"});
+}
+
+// ------------------------------------------------------------- the deck ---
+
+TEST(SentencePieceDeck, WithoutAModelIsOneLine) {
+  auto config = meshtron::RunConfig::from_text("[data]\ntokenizer = sentencepiece\n");
+  expect_user_error([&] { config.validate(1); },
+                    {"data.tokenizer = sentencepiece needs data.tokenizer_model"});
+}
+
+TEST(SentencePieceDeck, MissingModelFileIsOneLine) {
+  auto config = meshtron::RunConfig::from_text(
+      "[data]\ntokenizer = sentencepiece\ntokenizer_model = /nonexistent/tokenizer.model\n");
+  config.validate(1);
+  expect_user_error([&] { meshtron::app::resolve_vocab(config); },
+                    {"cannot open SentencePiece model '/nonexistent/tokenizer.model'"});
+}
+
+TEST(SentencePieceDeck, VocabularyIsTheModels) {
+  auto config = meshtron::RunConfig::from_text("[data]\ntokenizer = sentencepiece\ntokenizer_model = " +
+                                               kModel + "\n");
+  config.validate(1);
+  EXPECT_EQ(meshtron::app::resolve_vocab(config), 3000);
+  EXPECT_EQ(meshtron::app::load_tokenizer(config.data)->bos_id(), 1);
+}
+
+// ----------------------------------------------------------- preprocess ---
+
+TEST(SentencePiecePreprocess, DocumentsAreBosIdsEosAndDecodeToTheInput) {
+  Scratch scratch;
+  std::vector<std::string> texts = hard_strings();
+  texts.push_back("");  // an empty text: <s> </s>, as Megatron's Llama2Tokenizer
+  const fs::path input = scratch.path() / "input.jsonl";
+  {
+    std::ofstream out(input, std::ios::binary);
+    for (const std::string& text : texts) out << nlohmann::json{{"text", text}}.dump() << "\n";
+  }
+  const std::string prefix = (scratch.path() / "out").string();
+  ASSERT_EQ(meshtron::app::run_preprocess({"--input", input.string(), "--output-prefix", prefix,
+                                           "--tokenizer", "sentencepiece", "--tokenizer-model",
+                                           kModel, "--append-eod", "--workers-per-rank", "2"}),
+            0);
+  const meshtron::data::IndexedDataset dataset(prefix);
+  ASSERT_EQ(dataset.num_documents(), static_cast<int64_t>(texts.size()));
+  SentencePieceTokenizer tok(kModel);
+  for (std::size_t d = 0; d < texts.size(); ++d) {
+    const auto [first, end] = dataset.document_sequences(static_cast<int64_t>(d));
+    ASSERT_EQ(end - first, 1);
+    const Ids ids = dataset.get_int32(first);
+    Ids expected{1};
+    tok.encode_append(texts[d], expected);
+    expected.push_back(2);
+    EXPECT_EQ(ids, expected) << "document " << d;
+    EXPECT_EQ(tok.decode(ids), texts[d]) << "document " << d;
+  }
+}
+
+TEST(SentencePiecePreprocess, MissingModelOptionIsOneLine) {
+  expect_user_error(
+      [&] {
+        meshtron::app::run_preprocess({"--input", kModel, "--output-prefix", "/tmp/x",
+                                       "--tokenizer", "sentencepiece"});
+      },
+      {"--tokenizer-model is required for sentencepiece"});
+}
+
+}  // namespace
