@@ -136,7 +136,7 @@ JobSpec base_job(const JobscriptArgs& a, const RunConfig& deck) {
 /// Validates the decks with the job's overrides on its world (the errors
 /// name the keys) and takes what the script needs from them.
 void check_job(JobSpec& job, const DeckArgs& decks) {
-  RunConfig c = RunConfig::from_files(decks.decks, job.overrides);
+  RunConfig c = RunConfig::from_files(decks.decks, merge_overrides(job.overrides, {"checkpoint.load=auto"}));
   c.validate(job.world());
   MESH_REQUIRE(!c.checkpoint.save_dir.empty(),
                "jobscript: checkpoint.save_dir is empty: a requeued job would start over; "
@@ -196,7 +196,7 @@ int run_jobscript(const std::vector<std::string>& args) {
     point.nodes = p.nodes;
     point.ranks_per_node = p.ranks_per_node;
     point.job_name = job.job_name + "-" + p.suffix;
-    point.overrides.insert(point.overrides.end(), p.overrides.begin(), p.overrides.end());
+    point.overrides = merge_overrides(job.overrides, p.overrides);
     point.script_path = point_path(a.text("--output"), job.job_name, p.suffix);
     check_job(point, a.decks);
     jobs.push_back(std::move(point));

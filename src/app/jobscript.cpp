@@ -21,15 +21,17 @@ std::string shell_quote(const std::string& word) {
   return out + "'";
 }
 
-/// "meshtron train DECK... --set k=v ..." with the job's overrides last.
-std::string train_command(const JobSpec& job, const std::vector<std::string>& extra) {
+/// "meshtron train DECK... --set k=v ..." with the script's own overrides last.
+std::string train_command(const JobSpec& job, const std::vector<std::string>& own) {
   std::ostringstream os;
   os << shell_quote(job.meshtron) << " train";
   for (const auto& d : job.decks) os << " " << shell_quote(d);
-  for (const auto& o : job.overrides) os << " \\\n    --set " << shell_quote(o);
-  for (const auto& o : extra) os << " \\\n    --set " << shell_quote(o);
+  for (const auto& o : merge_overrides(job.overrides, own))
+    os << " \\\n    --set " << shell_quote(o);
   return os.str();
 }
+
+std::string override_key(const std::string& o) { return o.substr(0, o.find('=')); }
 
 std::string environment(const JobSpec& job) {
   std::ostringstream os;
@@ -99,6 +101,19 @@ std::string pbs_walltime(long seconds) {
 }
 
 }  // namespace
+
+std::vector<std::string> merge_overrides(const std::vector<std::string>& base,
+                                         const std::vector<std::string>& later) {
+  std::vector<std::string> out;
+  for (const auto& o : base) {
+    const bool replaced = std::any_of(later.begin(), later.end(), [&](const std::string& l) {
+      return override_key(l) == override_key(o);
+    });
+    if (!replaced) out.push_back(o);
+  }
+  out.insert(out.end(), later.begin(), later.end());
+  return out;
+}
 
 long walltime_seconds(const std::string& text, const std::string& flag) {
   static const std::regex form("(?:([0-9]+)-)?([0-9]+):([0-5][0-9]):([0-5][0-9])");

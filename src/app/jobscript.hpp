@@ -35,6 +35,11 @@ struct JobSpec {
   int world() const { return nodes * ranks_per_node; }
 };
 
+/// `base` then `later` ("section.key=value" each), an entry of `base`
+/// dropped where `later` sets the same key: --set takes a key once.
+std::vector<std::string> merge_overrides(const std::vector<std::string>& base,
+                                         const std::vector<std::string>& later);
+
 /// "[D-]HH:MM:SS" -> seconds; a UserError naming `flag` otherwise.
 long walltime_seconds(const std::string& text, const std::string& flag);
 /// Seconds ahead of the walltime at which the job asks the run to save:
