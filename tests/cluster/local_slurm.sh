@@ -6,10 +6,10 @@
 # 2. slurm.conf: free ports, state and spool in the folder, processes
 #    tracked by /proc (no cgroups), no task binding, one node "localhost"
 #    of 4 CPUs whatever the machine has (config_overrides), oversubscribed,
-#    jobs requeueable.
+#    jobs requeueable, the queue looked at every second (not 60).
 # 3. slurmctld and slurmd in the foreground (-D) of background jobs, then
 #    wait for the node to be idle.
-# local_slurm_stop (installed by start as an EXIT trap) stops the three
+# local_slurm_stop (installed by start as an EXIT trap, also run on INT/TERM) stops the three
 # jobs still in the queue, then the daemons it started (by pid), and waits
 # for them.
 
@@ -55,6 +55,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 JobRequeue=1
 ReturnToService=2
 SlurmdParameters=config_overrides
@@ -78,6 +79,8 @@ local_slurm_start() {  # DIR
   head -c 1024 /dev/urandom > "$dir/munge/munge.key"
   chmod 600 "$dir/munge/munge.key"
   trap local_slurm_stop EXIT
+  trap 'exit 130' INT  # so that EXIT runs on a signal too
+  trap 'exit 143' TERM
   # -f: the folder sits under /tmp or a build tree, whose permissions
   # munged would otherwise refuse.
   munged -F -f --socket="$dir/munge/munge.socket" --key-file="$dir/munge/munge.key" \
