@@ -9,7 +9,9 @@
 //       --ntasks-per-node 4 --sweep strong --points 2,4 --output sweep/tiny.sbatch
 //
 // Writes the batch script (jobscript.hpp) after validating the decks on the
-// job's world, so a bad layout fails here and not in the queue. A sweep
+// job's world, so a bad layout fails here and not in the queue. Paths stay
+// as given: submit the job from the folder this command ran in. The
+// executable is this one unless --meshtron names another. A sweep
 // writes one script per point, FILE's stem + "-strong-4" + its extension.
 // One rank does the work: the command is a tool, not an MPI job.
 #include <mpi.h>
@@ -114,7 +116,8 @@ std::string this_executable() {
   return ec ? std::string("meshtron") : self.string();
 }
 
-JobSpec base_job(const JobscriptArgs& a, const RunConfig& deck) {
+JobSpec base_job(const JobscriptArgs& a, const RunConfig& deck,
+                 const std::vector<std::string>& args) {
   JobSpec job;
   job.scheduler = a.text("--scheduler");
   job.gpu = deck.run.device == "cuda";
@@ -125,10 +128,10 @@ JobSpec base_job(const JobscriptArgs& a, const RunConfig& deck) {
   job.account = a.text("--account");
   job.partition = a.text("--partition");
   job.job_name = "meshtron-" + deck.run.name;
-  job.workdir = fs::current_path().string();
-  job.meshtron = a.has("--meshtron") ? fs::absolute(a.text("--meshtron")).string()
-                                     : this_executable();
-  for (const auto& d : a.decks.decks) job.decks.push_back(fs::absolute(d).lexically_normal().string());
+  job.meshtron = a.has("--meshtron") ? a.text("--meshtron") : this_executable();
+  job.decks = a.decks.decks;
+  job.command_line = "meshtron jobscript";
+  for (const auto& arg : args) job.command_line += " " + arg;
   job.overrides = a.decks.overrides;
   return job;
 }
@@ -166,8 +169,8 @@ void write_script(const JobSpec& job) {
 /// FILE's stem + "-" + suffix + FILE's extension; "<job name>-<suffix>.sh" without FILE.
 std::string point_path(const std::string& output, const std::string& job_name,
                        const std::string& suffix) {
-  if (output.empty()) return fs::absolute(job_name + "-" + suffix + ".sh").string();
-  const fs::path p = fs::absolute(output);
+  if (output.empty()) return job_name + "-" + suffix + ".sh";
+  const fs::path p(output);
   return (p.parent_path() / (p.stem().string() + "-" + suffix + p.extension().string()))
       .string();
 }
@@ -180,10 +183,10 @@ int run_jobscript(const std::vector<std::string>& args) {
   MESH_REQUIRE(world == 1, "jobscript runs on one rank (not under mpirun or srun)");
   const JobscriptArgs a = parse_args(args);
   const RunConfig deck = read_decks(a.decks, "jobscript");
-  JobSpec job = base_job(a, deck);
+  JobSpec job = base_job(a, deck, args);
   if (!a.has("--sweep")) {
     MESH_REQUIRE(!a.has("--points"), "jobscript: --points needs --sweep weak|strong");
-    if (a.has("--output")) job.script_path = fs::absolute(a.text("--output")).string();
+    job.script_path = a.text("--output");
     check_job(job, a.decks);
     write_script(job);
     return 0;

@@ -85,6 +85,11 @@ std::string deck_list(const JobSpec& job) {
   return out;
 }
 
+/// "# written by: meshtron jobscript ...\n", or "" without a command line.
+std::string written_by(const JobSpec& job) {
+  return job.command_line.empty() ? "" : "# written by: " + job.command_line + "\n";
+}
+
 std::string layout_line(const JobSpec& job) {
   std::ostringstream os;
   os << job.nodes << " node(s) x " << job.ranks_per_node
@@ -136,7 +141,9 @@ std::string slurm_script(const JobSpec& job) {
   std::ostringstream os;
   os << "#!/bin/bash\n"
      << "# meshtron train " << deck_list(job) << "\n"
-     << "# on " << layout_line(job) << ".   sbatch THIS_FILE\n"
+     << "# on " << layout_line(job) << ".   sbatch THIS_FILE (from the folder\n"
+     << "# that the relative paths below start from)\n"
+     << written_by(job)
      << "# " << lead << " s before the time limit Slurm sends SIGUSR1 to this script\n"
      << "# (--signal=B:USR1@" << lead << "); it passes it to srun, which passes it to\n"
      << "# every rank: they finish the step, save a checkpoint and exit 0. While the\n"
@@ -154,8 +161,7 @@ std::string slurm_script(const JobSpec& job) {
      << "#SBATCH --requeue\n"
      << "#SBATCH --open-mode=append\n"
      << "#SBATCH --output=" << job.job_name << "-%j.out\n"
-     << "set -euo pipefail\n"
-     << "cd " << shell_quote(job.workdir) << "\n"
+     << "set -euo pipefail  # in the folder sbatch ran in: relative paths resolve from it\n"
      << environment(job) << unfinished_function(job);
   // --mpi=pmix: Open MPI 4/5 and MPICH 4 take their rank and world from
   // PMIx. GPU ranks see every GPU of the node (--gpu-bind=none) and meshtron
@@ -184,7 +190,9 @@ std::string pbs_script(const JobSpec& job) {
   std::ostringstream os;
   os << "#!/bin/bash\n"
      << "# meshtron train " << deck_list(job) << "\n"
-     << "# on " << layout_line(job) << ".   qsub THIS_FILE\n"
+     << "# on " << layout_line(job) << ".   qsub THIS_FILE (from the folder\n"
+     << "# that the relative paths below start from)\n"
+     << written_by(job)
      << "# PBS sends no signal ahead of the walltime, so the run stops itself:\n"
      << "# run.exit_duration_mins = " << exit_mins << " saves a checkpoint and exits 0.\n"
      << "# A preemption's SIGTERM reaches the ranks as SIGUSR1 (mpirun forwards it),\n"
@@ -201,7 +209,7 @@ std::string pbs_script(const JobSpec& job) {
   os << "#PBS -r y\n"
      << "#PBS -j oe\n"
      << "set -euo pipefail\n"
-     << "cd " << shell_quote(job.workdir) << "\n"
+     << "cd \"$PBS_O_WORKDIR\"  # where qsub ran: relative paths resolve from it\n"
      << environment(job) << unfinished_function(job);
   std::ostringstream mpirun;
   mpirun << "mpirun -np " << job.world() << " --map-by ppr:" << job.ranks_per_node

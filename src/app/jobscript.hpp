@@ -24,13 +24,15 @@ struct JobSpec {
   std::string time = "01:00:00";  ///< walltime, [D-]HH:MM:SS
   std::string account, partition; ///< "" = the site's default
   std::string job_name;
-  std::string workdir;            ///< the job runs here (relative deck paths resolve from it)
-  std::string meshtron;           ///< the executable, absolute
-  std::vector<std::string> decks; ///< absolute
+  std::string meshtron;           ///< the executable
+  /// Relative paths here, in the overrides and in the decks resolve from
+  /// the folder the job is submitted from, as when run by hand there.
+  std::vector<std::string> decks;
   std::vector<std::string> overrides;  ///< "section.key=value", the job's own appended
   std::string save_dir;           ///< checkpoint.save_dir, for the "finished?" test
   long train_iters = 0;
   std::string script_path;        ///< where the script is written ("" = stdout): PBS resubmits it
+  std::string command_line;       ///< the jobscript command that wrote it, for its header
 
   int world() const { return nodes * ranks_per_node; }
 };

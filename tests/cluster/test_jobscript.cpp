@@ -34,7 +34,6 @@ JobSpec gpu_job(const std::string& scheduler) {
   j.account = "proj42";
   j.partition = "gpu";
   j.job_name = "meshtron-gpt2";
-  j.workdir = "/scratch/me";
   j.meshtron = "/opt/meshtron/bin/meshtron";
   j.decks = {"/scratch/me/gpt2 124m.deck"};
   j.overrides = {"training.train_iters=1000"};
@@ -72,7 +71,7 @@ TEST(Jobscript, SlurmGpuJobBindsOneRankPerGpuSavesAndRequeues) {
         "#SBATCH --cpus-per-task=8\n", "#SBATCH --time=1-00:00:00\n",
         "#SBATCH --account=proj42\n", "#SBATCH --partition=gpu\n",
         "#SBATCH --signal=B:USR1@600\n", "#SBATCH --requeue\n", "#SBATCH --open-mode=append\n",
-        "cd /scratch/me\n", "export OMP_NUM_THREADS=8 OPENBLAS_NUM_THREADS=8\n",
+"export OMP_NUM_THREADS=8 OPENBLAS_NUM_THREADS=8\n",
         "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}\n",
         "srun --mpi=pmix --cpu-bind=cores --gpu-bind=none /opt/meshtron/bin/meshtron train "
         "'/scratch/me/gpt2 124m.deck'",
@@ -102,7 +101,7 @@ TEST(Jobscript, PbsStopsItselfFromTheWalltimeAndResubmits) {
   const std::string s = job_script(gpu_job("pbs"));
   for (const char* line :
        {"#PBS -l select=2:ncpus=32:ngpus=4:mpiprocs=4\n", "#PBS -l walltime=24:00:00\n",
-        "#PBS -A proj42\n", "#PBS -q gpu\n", "#PBS -r y\n",
+        "#PBS -A proj42\n", "#PBS -q gpu\n", "#PBS -r y\n", "cd \"$PBS_O_WORKDIR\"",
         "mpirun -np 8 --map-by ppr:4:node:PE=8 --bind-to core",
         // 24 h less two leads of 600 s: start-up and the save
         "--set run.exit_duration_mins=1420", "--set checkpoint.load=auto",
