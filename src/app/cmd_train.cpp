@@ -228,6 +228,8 @@ class TrainRun {
     std::filesystem::create_directories(dir);
     metrics_.open(dir / c_.logging.metrics_file, std::ios::app);
     MESH_VERIFY(metrics_.good(), "cannot write " << (dir / c_.logging.metrics_file).string());
+    // The layout and sizes behind the metrics, for scaling-report.
+    write_text((dir / kResolvedDeckFile).string(), c_.resolved_text());
   }
 
   void train_one(long step) {

@@ -58,5 +58,7 @@ int run_evaluate(const std::vector<std::string>& args);
 int run_preprocess(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
 int run_convert(const std::vector<std::string>& args);
+int run_jobscript(const std::vector<std::string>& args);
+int run_scaling_report(const std::vector<std::string>& args);
 
 }  // namespace meshtron::app

@@ -37,7 +37,11 @@ void print_usage() {
       "        print a checkpoint's state, tensors and checksum status\n"
       "  convert --from hf DIR --to CKPT_DIR | --from CKPT.h5 --to hf DIR\n"
       "        Hugging Face GPT-2 / Llama / Mistral / GPTBigCode <-> meshtron checkpoint and model.deck (one rank)\n"
-      "DECK...: one or more decks; a key takes the value of the last deck that\n"
+      "  jobscript DECK... --scheduler slurm|pbs --nodes N --gpus-per-node G | --ntasks-per-node T\n"
+      "        [--time HH:MM:SS] [--account A] [--partition P] [--output FILE] [--sweep weak|strong --points 1,2,4]\n"
+      "        write a batch script that trains the deck, saves ahead of the walltime and resumes (one rank)\n"
+      "  scaling-report RUN_DIR... [--output DIR]\n"
+      "        table (markdown, CSV) and gnuplot plots of a scaling sweep's runs (one rank)\n"      "DECK...: one or more decks; a key takes the value of the last deck that\n"
       "sets it, and --set overrides every deck.\n"
       "Launch through MPI: mpirun -np N meshtron ... or srun meshtron ...");
 }
@@ -49,6 +53,8 @@ int dispatch(const std::string& command, const std::vector<std::string>& args) {
   if (command == "preprocess") return meshtron::app::run_preprocess(args);
   if (command == "inspect") return meshtron::app::run_inspect(args);
   if (command == "convert") return meshtron::app::run_convert(args);
+  if (command == "jobscript") return meshtron::app::run_jobscript(args);
+  if (command == "scaling-report") return meshtron::app::run_scaling_report(args);
   throw meshtron::UserError("unknown command '" + command +
                             "' (run meshtron --help for the list)");
 }

@@ -26,6 +26,11 @@ double head_cost_in_layers(const ModelSpec& c);
 /// Peak resident memory of this process in MiB (getrusage).
 double peak_rss_mib();
 
+/// The run folder (run.output_dir/run.name) holds logging.metrics_file and
+/// this file: the resolved deck of the run (section.key = value, readable by
+/// RunConfig::from_text), so the metrics can be read with their layout.
+inline constexpr const char* kResolvedDeckFile = "resolved.deck";
+
 struct StepLine {
   long iteration = 0, train_iters = 0;
   long consumed_samples = 0;
