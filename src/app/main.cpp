@@ -37,6 +37,10 @@ void print_usage() {
       "        print a checkpoint's state, tensors and checksum status\n"
       "  convert --from hf DIR --to CKPT_DIR | --from CKPT.h5 --to hf DIR\n"
       "        Hugging Face GPT-2 / Llama / Mistral / GPTBigCode <-> meshtron checkpoint and model.deck (one rank)\n"
+      "  plan DECK... [--set ...] [--gpus N] [--gpu-memory GiB] [--nodes N] [--search] [--rates FILE]\n"
+      "        memory per rank, communication, bubble and step time; --search ranks layouts\n"
+      "  plan --calibrate [DECK...] [--rates FILE]\n"
+      "        measure GEMM, attention, memory and all-reduce rates into a rates file\n"
       "DECK...: one or more decks; a key takes the value of the last deck that\n"
       "sets it, and --set overrides every deck.\n"
       "Launch through MPI: mpirun -np N meshtron ... or srun meshtron ...");
@@ -49,6 +53,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args) {
   if (command == "preprocess") return meshtron::app::run_preprocess(args);
   if (command == "inspect") return meshtron::app::run_inspect(args);
   if (command == "convert") return meshtron::app::run_convert(args);
+  if (command == "plan") return meshtron::app::run_plan(args);
   throw meshtron::UserError("unknown command '" + command +
                             "' (run meshtron --help for the list)");
 }
