@@ -15,6 +15,8 @@
 #include <iostream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "app/commands.hpp"
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
@@ -22,6 +24,7 @@
 #include "parallel/communicator.hpp"
 #include "plan/search.hpp"
 #include "tensor/device_allocator.hpp"
+#include "train/runtime.hpp"
 
 namespace meshtron::app {
 
@@ -71,25 +74,27 @@ std::string default_rates_path(const RunConfig& c) {
 constexpr double kMiB = 1024.0 * 1024.0;
 
 void print_memory(const std::vector<plan::RankMemory>& ranks, double budget) {
-  std::cout << std::fixed << std::setprecision(2)
-            << "memory per rank (MiB; every tp and dp rank of a stage alike):\n"
-            << "  pp  layers  params  grads  master  moments  opt-buf  activ (in flight)  logits"
-               "  workspace  setup  peak\n";
-  for (const auto& r : ranks) {
-    std::cout << "  " << std::setw(2) << r.pp_rank << std::setw(8) << r.layers
-              << (r.embedding ? "e" : " ") << (r.head ? "h" : " ") << std::setw(7)
-              << r.parameters / kMiB << std::setw(7) << r.gradients / kMiB << std::setw(8)
-              << r.master / kMiB << std::setw(9) << r.moments / kMiB << std::setw(9)
-              << r.optimizer_buffers / kMiB << std::setw(9) << r.activations / kMiB << " ("
-              << r.in_flight << ")" << std::setw(10) << r.logits / kMiB << std::setw(11)
-              << r.workspace / kMiB << std::setw(7) << r.setup_peak / kMiB << std::setw(8)
-              << r.peak() / kMiB << (budget > 0 && r.peak() > budget ? "  DOES NOT FIT" : "")
-              << "\n";
-  }
+  std::cout << "memory per rank, MiB (every tp and dp rank of a stage alike):\n"
+            << "  pp layers    params     grads    master   moments   opt-buf  activat. in-flight"
+               "    logits workspace     setup      peak\n"
+            << std::fixed << std::setprecision(1);
   double peak = 0;
-  for (const auto& r : ranks) peak = std::max(peak, r.peak());
-  std::cout << "  (e: embedding, h: LM head; activations at the schedule's peak, logits per "
-               "micro-batch included)\n"
+  for (const auto& r : ranks) {
+    const std::string where = std::string(r.embedding ? "e" : "") + (r.head ? "h" : "");
+    std::cout << "  " << std::setw(2) << r.pp_rank << std::setw(5) << r.layers << std::setw(2)
+              << where;
+    for (double v : {r.parameters, r.gradients, r.master, r.moments, r.optimizer_buffers,
+                     r.activations})
+      std::cout << std::setw(10) << v / kMiB;
+    std::cout << std::setw(10) << r.in_flight;
+    for (double v : {r.logits, r.workspace, r.setup_peak, r.peak()})
+      std::cout << std::setw(10) << v / kMiB;
+    std::cout << (budget > 0 && r.peak() > budget ? "  DOES NOT FIT" : "") << "\n";
+    peak = std::max(peak, r.peak());
+  }
+  std::cout << "  (e: embedding, h: LM head; activations at the schedule's peak with the "
+               "(micro-batch, chunk) pairs in flight there; logits: one micro-batch's, "
+               "included in activations; setup: while the optimizer builds its buffers)\n"
             << "peak tensor memory (max over ranks): " << std::setprecision(4) << peak / kMiB
             << " MiB\n";
 }
@@ -101,8 +106,8 @@ void print_step(const plan::StepEstimate& s, const plan::Rates& rates) {
             << "pipeline bubble (pp - 1) / (m v): " << std::setprecision(1) << 100 * s.bubble
             << " %\n"
             << "step time (rates: " << rates.name << "): " << std::setprecision(2)
-            << 1e3 * s.step_s << " ms = compute " << 1e3 * s.compute_s << " + tp "
-            << 1e3 * s.tp_s << " (in compute) + pp " << 1e3 * s.pp_s << " + dp " << 1e3 * s.dp_s
+            << 1e3 * s.step_s << " ms = compute and tp " << 1e3 * s.compute_s << " (tp "
+            << 1e3 * s.tp_s << " of it) + pp " << 1e3 * s.pp_s << " + dp " << 1e3 * s.dp_s
             << " + optimizer " << 1e3 * s.optimizer_s << ", bubble included\n"
             << "  " << std::setprecision(0) << s.tokens_per_s_per_gpu << " tokens/s/GPU, "
             << std::setprecision(1) << s.model_tflops_per_gpu << " TFLOP/s/GPU, MFU "
@@ -149,6 +154,20 @@ double best_seconds(F f, MPI_Comm comm, bool device) {
   return worst;
 }
 
+/// The host's physical memory shared by the ranks of this node.
+double host_memory_gib_per_rank() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int ranks = 1;
+  MPI_Comm_size(node, &ranks);
+  MPI_Comm_free(&node);
+  const double bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  return bytes / ranks / (1024.0 * 1024 * 1024);
+}
+
+/// This rank's GPU memory (what the allocator may fill).
+double device_memory_gib() { return device::device_memory_bytes() / (1024.0 * 1024 * 1024); }
+
 plan::Rates calibrate(const RunConfig& c) {
   const bool cuda = c.run.device == "cuda";
   const MemorySpace space = cuda ? MemorySpace::Cuda : MemorySpace::Host;
@@ -171,18 +190,23 @@ plan::Rates calibrate(const RunConfig& c) {
   Tensor x = Tensor::zeros({big}, DType::F32, space), y = Tensor::zeros({big}, DType::F32, space);
   r.memory_bandwidth = 2.0 * 4 * big / best_seconds([&] { y.copy_from(x); }, MPI_COMM_WORLD, cuda);
   r.peak_flops = r.gemm_flops;
-  r.memory_gib = c.run.device == "cuda" ? 80 : 16;
+  r.memory_gib = cuda ? device_memory_gib() : host_memory_gib_per_rank();
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   r.gpus_per_node = world;
-  MpiCommunicator comm(MPI_COMM_WORLD);
+  // All ranks in one group: NCCL on the GPU path, MPI on the host.
+  ParallelRuntime rt(MPI_COMM_WORLD, {world, 1, 1}, space);
   const std::size_t small = 1, large = std::size_t(1) << 24;
-  std::vector<float> buf(large);
-  const double t_small = best_seconds([&] { comm.all_reduce(buf.data(), small, DType::F32, ReduceOp::Sum); }, MPI_COMM_WORLD, false);
-  const double t_large = best_seconds([&] { comm.all_reduce(buf.data(), large, DType::F32, ReduceOp::Sum); }, MPI_COMM_WORLD, false);
+  Tensor buf = Tensor::zeros({index_t(large)}, DType::F32, space);
+  const auto all_reduce = [&](std::size_t count) {
+    return best_seconds([&] { rt.tp.all_reduce(buf.raw(), count, DType::F32, ReduceOp::Sum); },
+                        MPI_COMM_WORLD, cuda);
+  };
+  const double t_small = all_reduce(small), t_large = all_reduce(large);
   const double hops = 2.0 * std::max(world - 1, 1);
   r.intra_node.latency = t_small / hops;
-  r.intra_node.bandwidth = world > 1 ? 4.0 * large * hops / world / std::max(t_large - t_small, 1e-9) : 1e12;
+  r.intra_node.bandwidth =
+      world > 1 ? 4.0 * large * hops / world / std::max(t_large - t_small, 1e-9) : 1e12;
   r.inter_node = r.intra_node;
   return r;
 }

@@ -1,6 +1,7 @@
 #include "plan/search.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <sstream>
 
@@ -85,7 +86,10 @@ std::vector<Candidate> search_layouts(const RunConfig& base, int vocab_size, int
             }
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;
-    return a.step.step_s < b.step.step_s;
+    // Steps within 0.5 % of each other are a tie the smaller peak breaks.
+    if (std::abs(a.step.step_s - b.step.step_s) > 0.005 * b.step.step_s)
+      return a.step.step_s < b.step.step_s;
+    return a.peak_bytes < b.peak_bytes;
   });
   return out;
 }
@@ -97,8 +101,13 @@ std::string why_better(const Candidate& best, const Candidate& next) {
   if (best.fits && !next.fits)
     os << "   - it fits in memory (" << best.peak_bytes / (1 << 30) << " GiB); the next needs "
        << next.peak_bytes / (1 << 30) << " GiB\n";
-  os << "   - " << pct(best.step.step_s, next.step.step_s) << " % shorter step ("
-     << 1e3 * best.step.step_s << " ms against " << 1e3 * next.step.step_s << " ms)\n";
+  if (best.step.step_s < 0.995 * next.step.step_s)
+    os << "   - " << pct(best.step.step_s, next.step.step_s) << " % shorter step ("
+       << 1e3 * best.step.step_s << " ms against " << 1e3 * next.step.step_s << " ms)\n";
+  else
+    os << "   - the same step time within 0.5 % (" << 1e3 * best.step.step_s << " ms); peak "
+       << best.peak_bytes / (1 << 20) << " MiB against " << next.peak_bytes / (1 << 20)
+       << " MiB\n";
   if (best.step.bubble < next.step.bubble)
     os << "   - fewer pipeline bubbles: " << 100 * best.step.bubble << " % against "
        << 100 * next.step.bubble << " %\n";
