@@ -124,6 +124,8 @@ void print_search(const RunConfig& base, const PlanArgs& a, const plan::Rates& r
                                           gpus_per_node(a, gpus, rates));
   MESH_REQUIRE(!found.empty(), "plan --search: no layout of this deck is valid on " << gpus
                                    << " GPUs");
+  if (!found.front().fits)
+    std::cout << "no valid layout fits; the smallest peaks first\n";
   std::cout << found.size() << " valid layouts on " << gpus << " GPUs of "
             << std::setprecision(1) << std::fixed << budget / (1024 * kMiB) << " GiB; the best:\n";
   for (std::size_t i = 0; i < std::min<std::size_t>(5, found.size()); ++i) {

@@ -86,6 +86,7 @@ std::vector<Candidate> search_layouts(const RunConfig& base, int vocab_size, int
             }
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;
+    if (!a.fits) return a.peak_bytes < b.peak_bytes;  // none fits: the closest first
     // Steps within 0.5 % of each other are a tie the smaller peak breaks.
     if (std::abs(a.step.step_s - b.step.step_s) > 0.005 * b.step.step_s)
       return a.step.step_s < b.step.step_s;

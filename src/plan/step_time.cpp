@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "common/error.hpp"
 #include "io/hf/hf_json.hpp"
@@ -26,6 +27,8 @@ double require_rate(const nlohmann::json& j, const std::string& key, const std::
 }  // namespace
 
 Rates read_rates(const std::string& path) {
+  MESH_REQUIRE(std::filesystem::is_regular_file(path),
+               "plan: rates file '" << path << "' does not exist (plan --calibrate writes one)");
   const nlohmann::json j = io::parse_json_file(path);
   Rates r;
   r.name = j.value("name", path);
