@@ -255,7 +255,12 @@ int run_plan(const std::vector<std::string>& args) {
             << " optimizer\n";
   const double budget = a.gpu_memory_gib * 1024 * kMiB;
   print_memory(plan::plan_memory(c, model), budget);
-  print_step(plan::estimate_step(c, model, rates, gpus_per_node(a, gpus, rates)), rates);
+  const int per_node = gpus_per_node(a, gpus, rates);
+  print_step(plan::estimate_step(c, model, rates, per_node), rates);
+  if (c.parallel.tensor_parallel > per_node)
+    std::cout << "warning: the tp group (" << c.parallel.tensor_parallel << " ranks) spans nodes of "
+              << per_node << " GPUs: its per-layer collectives cross the inter-node link; keep tp "
+                 "within a node (NVLink) and put pp across nodes\n";
   return 0;
 }
 
