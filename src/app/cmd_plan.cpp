@@ -7,6 +7,7 @@
 // ranks every layout the trainer accepts on N GPUs (plan/search.hpp);
 // --calibrate measures this machine's rates and writes them (docs/plan.md).
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,8 +15,6 @@
 #include <iomanip>
 #include <iostream>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "app/commands.hpp"
 #include "common/error.hpp"
@@ -55,13 +54,20 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         throw UserError("plan: " + a + " = '" + v + "' is not a number");
       }
     };
-    if (a == "--gpus") p.gpus = int(number(value()));
-    else if (a == "--nodes") p.nodes = int(number(value()));
-    else if (a == "--gpu-memory") p.gpu_memory_gib = number(value());
-    else if (a == "--rates") p.rates = value();
-    else if (a == "--search") p.search = true;
-    else if (a == "--calibrate") p.calibrate = true;
-    else throw UserError("plan: unknown argument '" + a + "'");
+    if (a == "--gpus")
+      p.gpus = int(number(value()));
+    else if (a == "--nodes")
+      p.nodes = int(number(value()));
+    else if (a == "--gpu-memory")
+      p.gpu_memory_gib = number(value());
+    else if (a == "--rates")
+      p.rates = value();
+    else if (a == "--search")
+      p.search = true;
+    else if (a == "--calibrate")
+      p.calibrate = true;
+    else
+      throw UserError("plan: unknown argument '" + a + "'");
   }
   return p;
 }
@@ -83,8 +89,8 @@ void print_memory(const std::vector<plan::RankMemory>& ranks, double budget) {
     const std::string where = std::string(r.embedding ? "e" : "") + (r.head ? "h" : "");
     std::cout << "  " << std::setw(2) << r.pp_rank << std::setw(5) << r.layers << std::setw(2)
               << where;
-    for (double v : {r.parameters, r.gradients, r.master, r.moments, r.optimizer_buffers,
-                     r.activations})
+    for (double v :
+         {r.parameters, r.gradients, r.master, r.moments, r.optimizer_buffers, r.activations})
       std::cout << std::setw(10) << v / kMiB;
     std::cout << std::setw(10) << r.in_flight;
     for (double v : {r.logits, r.workspace, r.setup_peak, r.peak()})
@@ -105,10 +111,10 @@ void print_step(const plan::StepEstimate& s, const plan::Rates& rates) {
             << ", embedding " << s.bytes.embedding / kMiB << "\n"
             << "pipeline bubble (pp - 1) / (m v): " << std::setprecision(1) << 100 * s.bubble
             << " %\n"
-            << "step time (rates: " << rates.name << "): " << std::setprecision(2)
-            << 1e3 * s.step_s << " ms = compute and tp " << 1e3 * s.compute_s << " (tp "
-            << 1e3 * s.tp_s << " of it) + pp " << 1e3 * s.pp_s << " + dp " << 1e3 * s.dp_s
-            << " + optimizer " << 1e3 * s.optimizer_s << ", bubble included\n"
+            << "step time (rates: " << rates.name << "): " << std::setprecision(2) << 1e3 * s.step_s
+            << " ms = compute and tp " << 1e3 * s.compute_s << " (tp " << 1e3 * s.tp_s
+            << " of it) + pp " << 1e3 * s.pp_s << " + dp " << 1e3 * s.dp_s << " + optimizer "
+            << 1e3 * s.optimizer_s << ", bubble included\n"
             << "  " << std::setprecision(0) << s.tokens_per_s_per_gpu << " tokens/s/GPU, "
             << std::setprecision(1) << s.model_tflops_per_gpu << " TFLOP/s/GPU, MFU "
             << 100 * s.model_tflops_per_gpu * 1e12 / rates.peak_flops << " %\n";
@@ -122,12 +128,11 @@ void print_search(const RunConfig& base, const PlanArgs& a, const plan::Rates& r
   const double budget = (a.gpu_memory_gib > 0 ? a.gpu_memory_gib : rates.memory_gib) * 1024 * kMiB;
   const auto found = plan::search_layouts(base, resolve_vocab(base), gpus, budget, rates,
                                           gpus_per_node(a, gpus, rates));
-  MESH_REQUIRE(!found.empty(), "plan --search: no layout of this deck is valid on " << gpus
-                                   << " GPUs");
-  if (!found.front().fits)
-    std::cout << "no valid layout fits; the smallest peaks first\n";
-  std::cout << found.size() << " valid layouts on " << gpus << " GPUs of "
-            << std::setprecision(1) << std::fixed << budget / (1024 * kMiB) << " GiB; the best:\n";
+  MESH_REQUIRE(!found.empty(),
+               "plan --search: no layout of this deck is valid on " << gpus << " GPUs");
+  if (!found.front().fits) std::cout << "no valid layout fits; the smallest peaks first\n";
+  std::cout << found.size() << " valid layouts on " << gpus << " GPUs of " << std::setprecision(1)
+            << std::fixed << budget / (1024 * kMiB) << " GiB; the best:\n";
   for (std::size_t i = 0; i < std::min<std::size_t>(5, found.size()); ++i) {
     const auto& k = found[i];
     std::cout << "  " << i + 1 << ". " << plan::layout_name(k.config) << ": "
@@ -180,14 +185,15 @@ plan::Rates calibrate(const RunConfig& c) {
   plan::Rates r;
   r.name = "calibrated (" + c.run.device + ", " + c.training.precision + ")";
   r.source = "meshtron plan --calibrate";
-  r.gemm_flops = 2.0 * n * n * n / best_seconds([&] { ops::gemm(a, false, b, true, out); },
-                                                 MPI_COMM_WORLD, cuda);
+  r.gemm_flops = 2.0 * n * n * n /
+                 best_seconds([&] { ops::gemm(a, false, b, true, out); }, MPI_COMM_WORLD, cuda);
   // The attention core is batched GEMMs of head_dim depth: [s, d] x [d, s].
   const index_t s = 1024, d = 64, heads = cuda ? 32 : 4;
-  Tensor q = Tensor::zeros({heads, s, d}, dtype, space), scores = Tensor::zeros({heads, s, s}, dtype, space);
-  r.attention_flops = 2.0 * heads * s * s * d /
-                      best_seconds([&] { ops::gemm_batched(q, false, q, true, scores); },
-                                   MPI_COMM_WORLD, cuda);
+  Tensor q = Tensor::zeros({heads, s, d}, dtype, space),
+         scores = Tensor::zeros({heads, s, s}, dtype, space);
+  r.attention_flops =
+      2.0 * heads * s * s * d /
+      best_seconds([&] { ops::gemm_batched(q, false, q, true, scores); }, MPI_COMM_WORLD, cuda);
   const index_t big = cuda ? (index_t(1) << 28) : (index_t(1) << 24);
   Tensor x = Tensor::zeros({big}, DType::F32, space), y = Tensor::zeros({big}, DType::F32, space);
   r.memory_bandwidth = 2.0 * 4 * big / best_seconds([&] { y.copy_from(x); }, MPI_COMM_WORLD, cuda);
@@ -229,17 +235,18 @@ int run_plan(const std::vector<std::string>& args) {
       plan::write_rates(r, path);
       std::cout << std::scientific << std::setprecision(3) << "GEMM " << r.gemm_flops
                 << " FLOP/s, attention " << r.attention_flops << " FLOP/s, memory "
-                << r.memory_bandwidth << " B/s, all-reduce over " << world << " ranks: "
-                << r.intra_node.bandwidth << " B/s, " << r.intra_node.latency
+                << r.memory_bandwidth << " B/s, all-reduce over " << world
+                << " ranks: " << r.intra_node.bandwidth << " B/s, " << r.intra_node.latency
                 << " s per hop\nwrote " << path << "\n";
     }
     return 0;
   }
   RunConfig c = read_decks(a.deck, "plan");
-  const int gpus = a.gpus > 0 ? a.gpus
-                   : c.parallel.data_parallel > 0
-                       ? c.parallel.tensor_parallel * c.parallel.pipeline_parallel * c.parallel.data_parallel
-                       : c.parallel.tensor_parallel * c.parallel.pipeline_parallel;
+  const int gpus =
+      a.gpus > 0 ? a.gpus
+      : c.parallel.data_parallel > 0
+          ? c.parallel.tensor_parallel * c.parallel.pipeline_parallel * c.parallel.data_parallel
+          : c.parallel.tensor_parallel * c.parallel.pipeline_parallel;
   const plan::Rates rates = plan::read_rates(a.rates.empty() ? default_rates_path(c) : a.rates);
   if (a.search) {
     if (rank == 0) print_search(c, a, rates, gpus);
@@ -248,18 +255,18 @@ int run_plan(const std::vector<std::string>& args) {
   c.validate(gpus);
   const ModelSpec model = model_spec_from_deck(c, resolve_vocab(c), c.parallel.tensor_parallel);
   if (rank != 0) return 0;
-  std::cout << "plan of " << c.deck_path << " on " << gpus << " ranks: "
-            << plan::layout_name(c) << ", schedule " << c.parallel.schedule << ", "
-            << plan::micro_batches_per_step(c) << " micro-batches per step, "
-            << (c.parallel.distributed_optimizer ? "distributed" : "replicated")
-            << " optimizer\n";
+  std::cout << "plan of " << c.deck_path << " on " << gpus << " ranks: " << plan::layout_name(c)
+            << ", schedule " << c.parallel.schedule << ", " << plan::micro_batches_per_step(c)
+            << " micro-batches per step, "
+            << (c.parallel.distributed_optimizer ? "distributed" : "replicated") << " optimizer\n";
   const double budget = a.gpu_memory_gib * 1024 * kMiB;
   print_memory(plan::plan_memory(c, model), budget);
   const int per_node = gpus_per_node(a, gpus, rates);
   print_step(plan::estimate_step(c, model, rates, per_node), rates);
   if (c.parallel.tensor_parallel > per_node)
-    std::cout << "warning: the tp group (" << c.parallel.tensor_parallel << " ranks) spans nodes of "
-              << per_node << " GPUs: its per-layer collectives cross the inter-node link; keep tp "
+    std::cout << "warning: the tp group (" << c.parallel.tensor_parallel
+              << " ranks) spans nodes of " << per_node
+              << " GPUs: its per-layer collectives cross the inter-node link; keep tp "
                  "within a node (NVLink) and put pp across nodes\n";
   return 0;
 }

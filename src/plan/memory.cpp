@@ -5,6 +5,7 @@
 
 #include "app/commands.hpp"
 #include "common/error.hpp"
+#include "ops/ops.hpp"
 #include "train/metrics.hpp"
 #include "train/schedule.hpp"
 
@@ -13,7 +14,8 @@ namespace meshtron::plan {
 Recompute parse_recompute(const std::string& s) {
   if (s == "selective") return Recompute::Selective;
   if (s == "full") return Recompute::Full;
-  MESH_REQUIRE(s == "none", "training.recompute = '" << s << "' is not one of none | selective | full");
+  MESH_REQUIRE(s == "none",
+               "training.recompute = '" << s << "' is not one of none | selective | full");
   return Recompute::None;
 }
 
@@ -53,11 +55,10 @@ double layer_activation_bytes(const LayerShape& x, const ActivationBytes& w, Rec
   return norms + masks + attention + mlp + core;
 }
 
-double layer_backward_workspace_bytes(const LayerShape& x, const ActivationBytes& w,
-                                      Recompute r) {
+double layer_backward_workspace_bytes(const LayerShape& x, const ActivationBytes& w, Recompute r) {
   // Selective recompute rebuilds the core's [s, s] tensors, full the layer.
   const double stored = layer_activation_bytes(x, w, Recompute::None);
-  const double rebuilt = r == Recompute::None ? 0
+  const double rebuilt = r == Recompute::None   ? 0
                          : r == Recompute::Full ? stored
                                                 : stored - layer_activation_bytes(x, w, r);
   const double e = w.element, sb = x.s * x.b;
@@ -99,8 +100,8 @@ LayerShape layer_shape(const RunConfig& c, const ModelSpec& m) {
   // model.attention_backend = auto takes the fused core on the GPU in
   // bf16 / fp16 with head dim 64 or 128 (ops::fused_attention_supported).
   const std::string& backend = c.model.attention_backend;
-  const bool fusable = c.run.device == "cuda" && c.training.precision != "fp32" &&
-                       (x.d == 64 || x.d == 128);
+  const bool fusable =
+      c.run.device == "cuda" && c.training.precision != "fp32" && (x.d == 64 || x.d == 128);
   x.fused_core = backend == "fused" || (backend == "auto" && fusable);
   x.norms_stats = m.block.norm.kind == NormKind::LayerNorm ? 2 : 1;
   return x;
@@ -116,17 +117,19 @@ ParameterCount parameter_count(const RunConfig& c, const ModelSpec& m) {
   const auto& at = m.block.attention;
   const double h = m.hidden_size, f = m.ffn_hidden_size(), t = c.parallel.tensor_parallel;
   const double norm = h * (m.block.norm.kind == NormKind::LayerNorm && m.block.norm.bias ? 2 : 1);
-  const double qkv_out = double(at.qkv_width()) / t, fc_out = f * (is_gated(m.block.mlp.activation) ? 2 : 1) / t;
+  const double qkv_out = double(at.qkv_width()) / t,
+               fc_out = f * (is_gated(m.block.mlp.activation) ? 2 : 1) / t;
   // Column-parallel biases fed by a ones column carry (kOnesColumnWidth - 1)
   // x out padding in the flat buffers (model/linear.cpp).
-  const double ones = bias_in_weight_gemm(c) && norm == 2 * h ? 8 - 1 : 0;
+  const double ones = bias_in_weight_gemm(c) && norm == 2 * h ? ops::kOnesColumnWidth - 1 : 0;
   const double bias_a = at.bias ? qkv_out * (1 + ones) + h : 0;
   const double bias_m = m.block.mlp.bias ? fc_out * (1 + ones) + h : 0;
   ParameterCount p;
   p.layer = 2 * norm + h * qkv_out + at.context_width() / t * h + bias_a + h * fc_out + f / t * h +
             bias_m;
   const double word = double(m.padded_vocab_size) / t * h;
-  p.embedding = word + (at.position == PositionEmbedding::LearnedAbsolute ? m.max_positions * h : 0);
+  p.embedding =
+      word + (at.position == PositionEmbedding::LearnedAbsolute ? m.max_positions * h : 0);
   const bool head_copies_word = !m.tie_word_embeddings || c.parallel.pipeline_parallel > 1;
   p.head = norm + (head_copies_word ? word : 0);
   return p;
@@ -167,82 +170,109 @@ void add_static(const RunConfig& c, double n, RankMemory& r) {
   // and gradients, a packed fp32 copy of the values, master, moments and
   // shards, the flat gradient buffer; then the layers' gradients are
   // released and (fp32) the flat value buffer takes their values' place.
-  const double before = value * n + 4 * n + r.gradients + r.master + r.moments +
-                        r.optimizer_buffers + (mixed ? r.parameters : 0) + r.gradients;
+  const double packed = 4 * shard * dp;
+  const double before = value * n + 4 * n + packed + r.master + r.moments + r.optimizer_buffers +
+                        (mixed ? r.parameters : 0) + r.gradients;
   const double after = before - 4 * n + (mixed ? 0 : r.parameters);
   r.setup_peak = std::max(before, after);
 }
 
 }  // namespace
 
+namespace {
+
+/// One model chunk's stored activations per micro-batch and the most its
+/// backward allocates on top of them.
+struct ChunkCost {
+  double stored = 0, backward = 0;
+  double logits = 0;  ///< of `stored`: the head's logits and their statistics
+};
+
+ChunkCost chunk_cost(const RunConfig& c, const ModelSpec& m, int layers, bool first, bool last) {
+  const LayerShape x = layer_shape(c, m);
+  const ActivationBytes w = meshtron_bytes(c);
+  const Recompute r = parse_recompute(c.training.recompute);
+  // training.recompute_num_layers: the chunk's first N layers (0 = all).
+  const int n = c.training.recompute_num_layers;
+  const int full = r != Recompute::Full ? 0 : n == 0 ? layers : std::min(layers, n);
+  const Recompute rest = r == Recompute::Full ? Recompute::None : r;
+  ChunkCost out;
+  out.stored = full * layer_activation_bytes(x, w, Recompute::Full) +
+               (layers - full) * layer_activation_bytes(x, w, rest);
+  out.backward = layer_backward_workspace_bytes(x, w, full > 0 ? Recompute::Full : rest);
+  const double sb = x.s * x.b, shard = x.sequence_parallel ? x.t : 1;
+  if (first) out.stored += 8 * sb;  // token ids and positions (int32)
+  if (last) {
+    // The final norm's input, the head's gathered input, the logits in
+    // logits_dtype with their fp32 row max and sum and the int32 targets.
+    const double logits_bytes = c.training.logits_dtype == "fp32" ? 4 : w.element;
+    const double vocab = double(m.padded_vocab_size) / x.t;
+    const double head_in = w.element * sb * x.h * (1 + 1 / shard);
+    out.logits = sb * vocab * logits_bytes + 3 * 4 * sb;
+    out.stored += head_in + out.logits;
+    out.backward = std::max(out.backward, 4 * sb * vocab + head_in);  // d logits (fp32), d x
+  }
+  return out;
+}
+
+/// Walks pipeline rank `rank`'s task order (train/schedule.cpp): each
+/// forward adds its chunk's activations, each backward releases them after
+/// running with its temporaries. The trainer also keeps every tensor it
+/// sent to a neighbour stage until the end of the step (in_flight_sends),
+/// and each micro-batch's losses on the last chunk. Sets activations,
+/// in_flight and workspace of `r`.
+void walk_schedule(const RunConfig& c, const ModelSpec& m, const std::vector<ChunkCost>& chunks,
+                   RankMemory& r) {
+  const int pp = c.parallel.pipeline_parallel, v = c.parallel.virtual_stages;
+  const LayerShape x = layer_shape(c, m);
+  const double sb = x.s * x.b;
+  const double sent = meshtron_bytes(c).element * sb * x.h / (x.sequence_parallel ? x.t : 1);
+  double live = 0, peak = 0, peak_work = 0;
+  int alive = 0;
+  for (const auto& task :
+       schedule_tasks({c.parallel.schedule, pp, v, micro_batches_per_step(c)}, r.pp_rank)) {
+    const int g = task.chunk * pp + r.pp_rank;
+    const ChunkCost& cost = chunks[std::size_t(task.chunk)];
+    if (task.kind == PipelineTask::Forward) {
+      live += cost.stored + (g == pp * v - 1 ? 4 * sb : sent);
+      ++alive;
+      if (live > peak + peak_work) peak = live, peak_work = 0, r.in_flight = alive;
+    } else {
+      if (live + cost.backward > peak + peak_work)
+        peak = live, peak_work = cost.backward, r.in_flight = alive;
+      live -= cost.stored - (g == 0 ? 0 : sent);
+      --alive;
+    }
+  }
+  r.activations = peak;
+  // cuBLASLt's workspace on the GPU (kernels/cuda/gemm.cu: 32 MiB).
+  r.workspace = peak_work + (c.run.device == "cuda" ? 32.0 * 1024 * 1024 : 0);
+}
+
+}  // namespace
+
 std::vector<RankMemory> plan_memory(const RunConfig& c, const ModelSpec& m) {
   const int pp = c.parallel.pipeline_parallel, v = c.parallel.virtual_stages;
-  const std::vector<int> chunk_layers = c.parallel.chunk_layers(m.num_layers, head_cost_in_layers(m));
+  const std::vector<int> layers = c.parallel.chunk_layers(m.num_layers, head_cost_in_layers(m));
   const ParameterCount count = parameter_count(c, m);
-  const LayerShape shape = layer_shape(c, m);
-  const ActivationBytes w = meshtron_bytes(c);
-  const Recompute recompute = parse_recompute(c.training.recompute);
-  const int mbs = micro_batches_per_step(c);
-  const double sb = shape.s * shape.b;
-  const double logits_bytes = c.training.logits_dtype == "fp32" ? 4 : w.element;
-  const double logits = sb * m.padded_vocab_size / shape.t * logits_bytes + 3 * 4 * sb;  // + max, sum, targets
-  const double head_in = w.element * sb * shape.h * (1 + 1.0 / (shape.sequence_parallel ? shape.t : 1));
-
   std::vector<RankMemory> out;
   for (int rank = 0; rank < pp; ++rank) {
     RankMemory r;
     r.pp_rank = rank;
-    std::vector<double> chunk_bytes, chunk_work;
+    std::vector<ChunkCost> chunks;
     double n = 0;
-    for (int k = 0; k < v; ++k) {
-      const int g = k * pp + rank;
-      const int layers = chunk_layers[std::size_t(g)];
+    for (int k = 0; k < v; ++k) {  // global chunk k pp + rank (Trainer::global_chunk)
+      const int g = k * pp + rank, chunk = layers[std::size_t(g)];
       const bool first = g == 0, last = g == pp * v - 1;
-      r.layers += layers;
+      r.layers += chunk;
       r.embedding = r.embedding || first;
       r.head = r.head || last;
-      n += layers * count.layer + (first ? count.embedding : 0) + (last ? count.head : 0);
-      const int full = recompute != Recompute::Full ? 0
-                       : c.training.recompute_num_layers == 0 ? layers
-                       : std::min(layers, c.training.recompute_num_layers);
-      double bytes = full * layer_activation_bytes(shape, w, Recompute::Full) +
-                     (layers - full) * layer_activation_bytes(shape, w, recompute == Recompute::Full ? Recompute::None : recompute);
-      double work = layer_backward_workspace_bytes(shape, w, full > 0 ? Recompute::Full : recompute);
-      if (first) bytes += 8 * sb;  // token ids and positions
-      if (last) {
-        bytes += head_in + logits;  // final norm's input, the head's gathered input, logits
-        work = std::max(work, sb * m.padded_vocab_size / shape.t * 4 + head_in);  // d logits
-      }
-      chunk_bytes.push_back(bytes);
-      chunk_work.push_back(work);
+      n += chunk * count.layer + (first ? count.embedding : 0) + (last ? count.head : 0);
+      chunks.push_back(chunk_cost(c, m, chunk, first, last));
+      r.logits += chunks.back().logits;
     }
     add_static(c, n, r);
-    r.logits = r.head ? logits : 0;
-    // Walk this rank's task order (train/schedule.cpp) and keep the largest
-    // stored activations plus the running backward's temporaries. The
-    // trainer keeps every tensor it sent to a neighbour stage until the end
-    // of the step (in_flight_sends), and each micro-batch's losses.
-    const auto tasks = schedule_tasks({c.parallel.schedule, pp, v, mbs}, rank);
-    const double boundary = w.element * sb * shape.h / (shape.sequence_parallel ? shape.t : 1);
-    double live = 0, peak = 0, peak_work = 0;
-    int alive = 0;
-    for (const auto& task : tasks) {
-      const int g = task.chunk * pp + rank;
-      const double bytes = chunk_bytes[std::size_t(task.chunk)];
-      if (task.kind == PipelineTask::Forward) {
-        live += bytes + (g == pp * v - 1 ? 4 * sb : boundary);
-        ++alive;
-        if (live > peak + peak_work) peak = live, peak_work = 0, r.in_flight = alive;
-      } else {
-        const double work = chunk_work[std::size_t(task.chunk)];
-        if (live + work > peak + peak_work) peak = live, peak_work = work, r.in_flight = alive;
-        live -= bytes - (g == 0 ? 0 : boundary);
-        --alive;
-      }
-    }
-    r.activations = peak;
-    // cuBLASLt's workspace on the GPU (32 MiB per handle, ops_cuda).
-    r.workspace = peak_work + (c.run.device == "cuda" ? 32.0 * 1024 * 1024 : 0);
+    walk_schedule(c, m, chunks, r);
     out.push_back(r);
   }
   return out;

@@ -48,16 +48,15 @@ struct LayerShape {
   bool sequence_parallel = false;
   bool keep_gathered = false;  ///< SP: the column-parallel inputs kept whole
   bool attention_dropout = true, hidden_dropout = true;
-  bool fused_core = false;     ///< flash-style core: no [s, s] tensors, qkv + lse kept
-  double norms_stats = 2;      ///< statistics per token per norm (LayerNorm 2, RMSNorm 1)
+  bool fused_core = false;  ///< flash-style core: no [s, s] tensors, qkv + lse kept
+  double norms_stats = 2;   ///< statistics per token per norm (LayerNorm 2, RMSNorm 1)
 };
 
 /// Korthikanti Table 2's closed forms, bytes per layer: sbh(34 + 5as/h)
 /// without parallelism; sbh(10 + 24/t + 5as/(ht)) with tp; sbh/t(34 +
 /// 5as/h) with tp + SP; the 5as/h term dropped by selective recompute;
 /// 2sbh (2sbh/t with SP) under full recompute.
-double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp,
-                               Recompute r);
+double korthikanti_layer_bytes(double s, double b, double h, double a, int t, bool sp, Recompute r);
 /// The same terms for any shape and byte widths; equals the closed forms
 /// for GPT (g = a, a d = h, f = 4h, dropout on) at kKorthikantiBytes.
 double layer_activation_bytes(const LayerShape& x, const ActivationBytes& w, Recompute r);
@@ -65,8 +64,7 @@ double layer_activation_bytes(const LayerShape& x, const ActivationBytes& w, Rec
 /// activations: under full recompute the rebuilt activations, plus the
 /// gradients of the largest tensors alive at once (d scores and d probs of
 /// the unfused core, or d of the MLP's wide activations).
-double layer_backward_workspace_bytes(const LayerShape& x, const ActivationBytes& w,
-                                      Recompute r);
+double layer_backward_workspace_bytes(const LayerShape& x, const ActivationBytes& w, Recompute r);
 
 /// The layer shape a validated deck trains with (micro-batch, tp, SP, the
 /// attention core the device takes).
@@ -85,19 +83,19 @@ struct ParameterCount {
 /// Memory of one pipeline rank, bytes.
 struct RankMemory {
   int pp_rank = 0;
-  int layers = 0;             ///< transformer layers on this rank (all its chunks)
+  int layers = 0;  ///< transformer layers on this rank (all its chunks)
   bool embedding = false, head = false;
   double parameter_elements = 0;
-  double parameters = 0;      ///< values in the compute dtype
-  double gradients = 0;       ///< fp32 main_grad (the flat buffer)
-  double master = 0;          ///< fp32 copies under bf16 / fp16
-  double moments = 0;         ///< Adam m and v
+  double parameters = 0;         ///< values in the compute dtype
+  double gradients = 0;          ///< fp32 main_grad (the flat buffer)
+  double master = 0;             ///< fp32 copies under bf16 / fp16
+  double moments = 0;            ///< Adam m and v
   double optimizer_buffers = 0;  ///< distributed: gradient shard, 16-bit shard
-  double activations = 0;     ///< stored by the micro-batches in flight at the peak
-  int in_flight = 0;          ///< (micro-batch, chunk) pairs alive at the peak
-  double logits = 0;          ///< the LM head's kept logits and statistics, per micro-batch
-  double workspace = 0;       ///< backward temporaries at the peak, plus the GEMM workspace
-  double setup_peak = 0;      ///< while the optimizer builds its flat buffers
+  double activations = 0;        ///< stored by the micro-batches in flight at the peak
+  int in_flight = 0;             ///< (micro-batch, chunk) pairs alive at the peak
+  double logits = 0;             ///< the LM head's kept logits and statistics, per micro-batch
+  double workspace = 0;          ///< backward temporaries at the peak, plus the GEMM workspace
+  double setup_peak = 0;         ///< while the optimizer builds its flat buffers
   double static_bytes() const {
     return parameters + gradients + master + moments + optimizer_buffers;
   }

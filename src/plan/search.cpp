@@ -26,7 +26,8 @@ bool accepted(RunConfig& c, int gpus) {
   try {
     c.validate(gpus);
     const int mbs = micro_batches_per_step(c);
-    schedule_tasks({c.parallel.schedule, c.parallel.pipeline_parallel, c.parallel.virtual_stages, mbs}, 0);
+    schedule_tasks(
+        {c.parallel.schedule, c.parallel.pipeline_parallel, c.parallel.virtual_stages, mbs}, 0);
     return true;
   } catch (const UserError&) {
     return false;
@@ -52,9 +53,10 @@ std::string layout_name(const RunConfig& c) {
 
 std::vector<Candidate> search_layouts(const RunConfig& base, int vocab_size, int gpus,
                                       double memory_bytes, const Rates& rates, int gpus_per_node) {
-  const int global = base.training.global_batch_size > 0
-                         ? base.training.global_batch_size
-                         : base.training.micro_batch_size * std::max(base.parallel.data_parallel, 1);
+  const int global =
+      base.training.global_batch_size > 0
+          ? base.training.global_batch_size
+          : base.training.micro_batch_size * std::max(base.parallel.data_parallel, 1);
   std::vector<Candidate> out;
   for (int tp : divisors(gpus))
     for (int pp : divisors(gpus / tp))
@@ -68,9 +70,12 @@ std::vector<Candidate> search_layouts(const RunConfig& base, int vocab_size, int
               c.parallel.pipeline_parallel = pp;
               c.parallel.data_parallel = gpus / (tp * pp);
               c.parallel.virtual_stages = v;
-              c.parallel.schedule = v > 1 ? "interleaved" : pp > 1 ? "1f1b" : base.parallel.schedule;
+              c.parallel.schedule = v > 1    ? "interleaved"
+                                    : pp > 1 ? "1f1b"
+                                             : base.parallel.schedule;
               c.parallel.sequence_parallel = sp;
-              c.parallel.sequence_parallel_keep_gathered = sp && base.parallel.sequence_parallel_keep_gathered;
+              c.parallel.sequence_parallel_keep_gathered =
+                  sp && base.parallel.sequence_parallel_keep_gathered;
               c.parallel.pipeline_layers = "";
               c.training.micro_batch_size = mb;
               c.training.global_batch_size = global;
@@ -107,21 +112,20 @@ std::string why_better(const Candidate& best, const Candidate& next) {
        << 1e3 * best.step.step_s << " ms against " << 1e3 * next.step.step_s << " ms)\n";
   else
     os << "   - the same step time within 0.5 % (" << 1e3 * best.step.step_s << " ms); peak "
-       << best.peak_bytes / (1 << 20) << " MiB against " << next.peak_bytes / (1 << 20)
-       << " MiB\n";
+       << best.peak_bytes / (1 << 20) << " MiB against " << next.peak_bytes / (1 << 20) << " MiB\n";
   if (best.step.bubble < next.step.bubble)
     os << "   - fewer pipeline bubbles: " << 100 * best.step.bubble << " % against "
        << 100 * next.step.bubble << " %\n";
   if (best.step.tp_s < next.step.tp_s)
-    os << "   - less tp traffic: " << 1e3 * best.step.tp_s << " ms against "
-       << 1e3 * next.step.tp_s << " ms per step\n";
+    os << "   - less tp traffic: " << 1e3 * best.step.tp_s << " ms against " << 1e3 * next.step.tp_s
+       << " ms per step\n";
   if (best.step.dp_s < next.step.dp_s)
     os << "   - less exposed dp traffic: " << 1e3 * best.step.dp_s << " ms against "
        << 1e3 * next.step.dp_s << " ms\n";
   if (best.step.compute_s < next.step.compute_s)
-    os << "   - less compute per rank (recompute " << best.config.training.recompute
-       << " against " << next.config.training.recompute << "): " << 1e3 * best.step.compute_s
-       << " ms against " << 1e3 * next.step.compute_s << " ms\n";
+    os << "   - less compute per rank (recompute " << best.config.training.recompute << " against "
+       << next.config.training.recompute << "): " << 1e3 * best.step.compute_s << " ms against "
+       << 1e3 * next.step.compute_s << " ms\n";
   return os.str();
 }
 

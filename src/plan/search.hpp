@@ -17,7 +17,7 @@ namespace meshtron::plan {
 
 struct Candidate {
   RunConfig config;
-  ModelSpec model;  ///< padded for this layout's tp
+  ModelSpec model;        ///< padded for this layout's tp
   double peak_bytes = 0;  ///< the largest rank's
   bool fits = false;
   StepEstimate step;

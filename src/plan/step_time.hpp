@@ -50,10 +50,10 @@ struct CommVolume {
 
 struct StepEstimate {
   CommVolume bytes;
-  double compute_s = 0;   ///< per step, all micro-batches, no bubble
+  double compute_s = 0;                 ///< per step, all micro-batches, no bubble
   double tp_s = 0, pp_s = 0, dp_s = 0;  ///< exposed communication per step
   double optimizer_s = 0;
-  double bubble = 0;      ///< (pp - 1) / (m v)
+  double bubble = 0;  ///< (pp - 1) / (m v)
   double step_s = 0;
   double tokens_per_s_per_gpu = 0;
   double model_tflops_per_gpu = 0;  ///< train/metrics' FLOPs (no recompute) / step / GPUs

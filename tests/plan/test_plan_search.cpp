@@ -60,7 +60,8 @@ TEST(PlanSearch, KeepsOnlyLayoutsTheTrainerAccepts) {
     EXPECT_LE(c.parallel.tensor_parallel, 2) << layout_name(c);
     const int m = micro_batches_per_step(c);
     if (c.parallel.virtual_stages > 1) EXPECT_EQ(m % c.parallel.pipeline_parallel, 0);
-    EXPECT_EQ(c.parallel.tensor_parallel * c.parallel.pipeline_parallel * c.parallel.data_parallel, 8);
+    EXPECT_EQ(c.parallel.tensor_parallel * c.parallel.pipeline_parallel * c.parallel.data_parallel,
+              8);
   }
   EXPECT_EQ(tps, (std::set<int>{1, 2}));
   for (std::size_t i = 1; i < found.size(); ++i)  // fitting layouts ranked by step time
@@ -72,7 +73,8 @@ TEST(PlanSearch, ALayoutThatDoesNotFitRanksBelowOneThatDoes) {
   const Rates cpu = read_rates(std::string(MESHTRON_SOURCE_DIR) + "/plan/rates/cpu.json");
   const auto all = search_layouts(base, 100, 4, 1e12, cpu, 4);
   double smallest = 1e30, largest = 0;
-  for (const Candidate& k : all) smallest = std::min(smallest, k.peak_bytes), largest = std::max(largest, k.peak_bytes);
+  for (const Candidate& k : all)
+    smallest = std::min(smallest, k.peak_bytes), largest = std::max(largest, k.peak_bytes);
   const double budget = 0.5 * (smallest + largest);
   const auto found = search_layouts(base, 100, 4, budget, cpu, 4);
   EXPECT_TRUE(found.front().fits);
