@@ -161,33 +161,35 @@ double best_seconds(F f, MPI_Comm comm, bool device) {
   return worst;
 }
 
-/// The host's physical memory shared by the ranks of this node.
-double host_memory_gib_per_rank() {
+/// Ranks on this rank's node (MPI's shared-memory split).
+int ranks_on_node() {
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
   int ranks = 1;
   MPI_Comm_size(node, &ranks);
   MPI_Comm_free(&node);
-  const double bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  return bytes / ranks / (1024.0 * 1024 * 1024);
+  return ranks;
 }
 
-/// This rank's GPU memory (what the allocator may fill).
-double device_memory_gib() { return device::device_memory_bytes() / (1024.0 * 1024 * 1024); }
+/// This rank's share of the memory it trains in: the GPU's, or the node's
+/// physical memory over the ranks on the node.
+double memory_gib_per_rank(bool cuda) {
+  const double bytes =
+      cuda ? double(device::device_memory_bytes())
+           : double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / ranks_on_node();
+  return bytes / (1024.0 * 1024 * 1024);
+}
 
-plan::Rates calibrate(const RunConfig& c) {
+/// GEMM (a square one and the attention core's batched [s, d] x [d, s])
+/// through the ops layer, and memory bandwidth (a large copy).
+void measure_compute(const RunConfig& c, plan::Rates& r) {
   const bool cuda = c.run.device == "cuda";
   const MemorySpace space = cuda ? MemorySpace::Cuda : MemorySpace::Host;
   const DType dtype = compute_dtype(c);
   const index_t n = cuda ? 4096 : 512;
-  Tensor a = Tensor::zeros({n, n}, dtype, space), b = Tensor::zeros({n, n}, dtype, space);
-  Tensor out = Tensor::zeros({n, n}, dtype, space);
-  plan::Rates r;
-  r.name = "calibrated (" + c.run.device + ", " + c.training.precision + ")";
-  r.source = "meshtron plan --calibrate";
+  Tensor a = Tensor::zeros({n, n}, dtype, space), out = Tensor::zeros({n, n}, dtype, space);
   r.gemm_flops = 2.0 * n * n * n /
-                 best_seconds([&] { ops::gemm(a, false, b, true, out); }, MPI_COMM_WORLD, cuda);
-  // The attention core is batched GEMMs of head_dim depth: [s, d] x [d, s].
+                 best_seconds([&] { ops::gemm(a, false, a, true, out); }, MPI_COMM_WORLD, cuda);
   const index_t s = 1024, d = 64, heads = cuda ? 32 : 4;
   Tensor q = Tensor::zeros({heads, s, d}, dtype, space),
          scores = Tensor::zeros({heads, s, s}, dtype, space);
@@ -197,25 +199,40 @@ plan::Rates calibrate(const RunConfig& c) {
   const index_t big = cuda ? (index_t(1) << 28) : (index_t(1) << 24);
   Tensor x = Tensor::zeros({big}, DType::F32, space), y = Tensor::zeros({big}, DType::F32, space);
   r.memory_bandwidth = 2.0 * 4 * big / best_seconds([&] { y.copy_from(x); }, MPI_COMM_WORLD, cuda);
-  r.peak_flops = r.gemm_flops;
-  r.memory_gib = cuda ? device_memory_gib() : host_memory_gib_per_rank();
+}
+
+/// All-reduces of 4 bytes (latency per ring hop) and 64 MiB (bus bandwidth)
+/// over all ranks as one group: NCCL on the GPU path, MPI on the host.
+plan::Link measure_all_reduce(const RunConfig& c) {
+  const bool cuda = c.run.device == "cuda";
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  r.gpus_per_node = world;
-  // All ranks in one group: NCCL on the GPU path, MPI on the host.
-  ParallelRuntime rt(MPI_COMM_WORLD, {world, 1, 1}, space);
+  ParallelRuntime rt(MPI_COMM_WORLD, {world, 1, 1}, cuda ? MemorySpace::Cuda : MemorySpace::Host);
   const std::size_t small = 1, large = std::size_t(1) << 24;
-  Tensor buf = Tensor::zeros({index_t(large)}, DType::F32, space);
-  const auto all_reduce = [&](std::size_t count) {
+  Tensor buf = Tensor::zeros({index_t(large)}, DType::F32, rt.space());
+  const auto seconds = [&](std::size_t count) {
     return best_seconds([&] { rt.tp.all_reduce(buf.raw(), count, DType::F32, ReduceOp::Sum); },
                         MPI_COMM_WORLD, cuda);
   };
-  const double t_small = all_reduce(small), t_large = all_reduce(large);
+  const double t_small = seconds(small), t_large = seconds(large);
   const double hops = 2.0 * std::max(world - 1, 1);
-  r.intra_node.latency = t_small / hops;
-  r.intra_node.bandwidth =
+  plan::Link link;
+  link.latency = t_small / hops;
+  link.bandwidth =
       world > 1 ? 4.0 * large * hops / world / std::max(t_large - t_small, 1e-9) : 1e12;
-  r.inter_node = r.intra_node;
+  return link;
+}
+
+plan::Rates calibrate(const RunConfig& c) {
+  plan::Rates r;
+  r.name = "calibrated (" + c.run.device + ", " + c.training.precision + ")";
+  r.source = "meshtron plan --calibrate";
+  measure_compute(c, r);
+  // MFU's peak: logging.peak_tflops where the deck states it, else the GEMM's.
+  r.peak_flops = c.logging.peak_tflops > 0 ? c.logging.peak_tflops * 1e12 : r.gemm_flops;
+  r.memory_gib = memory_gib_per_rank(c.run.device == "cuda");
+  r.gpus_per_node = ranks_on_node();
+  r.intra_node = r.inter_node = measure_all_reduce(c);
   return r;
 }
 
