@@ -315,6 +315,8 @@ class TrainRun {
     line.skipped = skipped_;
     line.nan = nan_;
     line.memory_mib = rt_.world.all_reduce_scalar(peak_memory_mib(rt_.space()), ReduceOp::Max);
+    line.tensor_memory_mib =
+        rt_.world.all_reduce_scalar(peak_tensor_mib(rt_.space()), ReduceOp::Max);
     total_seconds_ += window_seconds_;
     window_seconds_ = 0;
     window_steps_ = 0;

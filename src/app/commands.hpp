@@ -60,5 +60,6 @@ int run_inspect(const std::vector<std::string>& args);
 int run_convert(const std::vector<std::string>& args);
 int run_jobscript(const std::vector<std::string>& args);
 int run_scaling_report(const std::vector<std::string>& args);
+int run_plan(const std::vector<std::string>& args);
 
 }  // namespace meshtron::app

@@ -41,7 +41,12 @@ void print_usage() {
       "        [--time HH:MM:SS] [--account A] [--partition P] [--output FILE] [--sweep weak|strong --points 1,2,4]\n"
       "        write a batch script that trains the deck, saves ahead of the walltime and resumes (one rank)\n"
       "  scaling-report RUN_DIR... [--output DIR]\n"
-      "        table (markdown, CSV) and gnuplot plots of a scaling sweep's runs (one rank)\n"      "DECK...: one or more decks; a key takes the value of the last deck that\n"
+      "        table (markdown, CSV) and gnuplot plots of a scaling sweep's runs (one rank)\n"
+      "  plan DECK... [--set ...] [--gpus N] [--gpu-memory GiB] [--nodes N] [--search] [--rates FILE]\n"
+      "        memory per rank, communication, bubble and step time; --search ranks layouts\n"
+      "  plan --calibrate [DECK...] [--rates FILE]\n"
+      "        measure GEMM, attention, memory and all-reduce rates into a rates file\n"
+      "DECK...: one or more decks; a key takes the value of the last deck that\n"
       "sets it, and --set overrides every deck.\n"
       "Launch through MPI: mpirun -np N meshtron ... or srun meshtron ...");
 }
@@ -55,6 +60,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args) {
   if (command == "convert") return meshtron::app::run_convert(args);
   if (command == "jobscript") return meshtron::app::run_jobscript(args);
   if (command == "scaling-report") return meshtron::app::run_scaling_report(args);
+  if (command == "plan") return meshtron::app::run_plan(args);
   throw meshtron::UserError("unknown command '" + command +
                             "' (run meshtron --help for the list)");
 }

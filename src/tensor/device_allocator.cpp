@@ -193,6 +193,12 @@ int cuda_device_count() {
   return count;
 }
 
+std::size_t device_memory_bytes() {
+  std::size_t free_bytes = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return total;
+}
+
 void* allocate(std::size_t bytes) { return allocator().allocate(bytes); }
 void deallocate(void* ptr) { allocator().deallocate(ptr); }
 void release_cached() { allocator().release_cached(); }
@@ -369,6 +375,7 @@ namespace {
 }  // namespace
 
 int cuda_device_count() { return 0; }
+std::size_t device_memory_bytes() { not_built("device::device_memory_bytes"); }
 void* allocate(std::size_t) { not_built("device::allocate"); }
 void deallocate(void*) { not_built("device::deallocate"); }
 void release_cached() {}

@@ -38,6 +38,9 @@ struct AllocatorStats {
 /// Number of CUDA devices, 0 when the CUDA path is not built or no GPU is present.
 int cuda_device_count();
 
+/// Total memory of the current device, bytes.
+std::size_t device_memory_bytes();
+
 /// A block of at least `bytes` on the current device (256-byte aligned).
 void* allocate(std::size_t bytes);
 /// Return a block from allocate() to its free list (never cudaFree).

@@ -1,5 +1,6 @@
 #include "tensor/tensor.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <sstream>
 
@@ -22,16 +23,36 @@ std::string shape_string(const Shape& shape) {
 }
 
 namespace {
+/// Bytes of live host tensors (rounded as allocated) and their peak: the
+/// host's counterpart of the device allocator's stats, which the process's
+/// resident set cannot give (it holds the binary, MPI and the libraries).
+std::atomic<std::size_t> host_current_bytes{0};
+std::atomic<std::size_t> host_peak_bytes{0};
+
+void count_host_allocation(std::size_t bytes) {
+  const std::size_t now = host_current_bytes.fetch_add(bytes) + bytes;
+  std::size_t peak = host_peak_bytes.load();
+  while (now > peak && !host_peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+}
+
 /// Host memory: 64-byte alignment for cache lines and AVX-512 loads in the
 /// host kernels. Device memory: the caching allocator (device_allocator.hpp).
 std::shared_ptr<void> allocate(std::size_t bytes, MemorySpace space) {
   if (space == MemorySpace::Cuda) return {device::allocate(bytes), device::deallocate};
   const std::size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  const std::size_t held = rounded == 0 ? 64 : rounded;
+  void* p = std::aligned_alloc(64, held);
   MESH_VERIFY(p != nullptr, "out of host memory allocating " << bytes << " bytes");
-  return {p, std::free};
+  count_host_allocation(held);
+  return {p, [held](void* q) {
+            host_current_bytes.fetch_sub(held);
+            std::free(q);
+          }};
 }
 }  // namespace
+
+HostTensorStats host_tensor_stats() { return {host_current_bytes.load(), host_peak_bytes.load()}; }
 
 Tensor Tensor::empty(Shape shape, DType dtype, MemorySpace space) {
   Tensor t;

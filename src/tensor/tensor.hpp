@@ -91,6 +91,14 @@ class Tensor {
   MemorySpace space_ = MemorySpace::Host;
 };
 
+/// Bytes of the host tensors' buffers (Tensor::empty in MemorySpace::Host,
+/// 64-byte rounded), as device::allocator_stats() counts the device's.
+struct HostTensorStats {
+  std::size_t current_bytes = 0;  ///< allocated and not yet freed
+  std::size_t peak_bytes = 0;     ///< highest current_bytes so far
+};
+HostTensorStats host_tensor_stats();
+
 /// Element i of a host tensor of any floating dtype, as double.
 double element_as_double(const Tensor& t, index_t i);
 void set_element_from_double(Tensor& t, index_t i, double v);

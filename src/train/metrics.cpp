@@ -64,7 +64,8 @@ std::string StepLine::json() const {
      << ", \"tflops_per_rank\": " << tflops_per_rank << ", \"mfu\": " << mfu
      << ", \"lr\": " << lr << ", \"loss\": " << loss << ", \"grad_norm\": " << grad_norm
      << ", \"loss_scale\": " << loss_scale << ", \"skipped\": " << skipped
-     << ", \"nan\": " << nan << ", \"memory_mib\": " << memory_mib << "}";
+     << ", \"nan\": " << nan << ", \"memory_mib\": " << memory_mib
+     << ", \"tensor_memory_mib\": " << tensor_memory_mib << "}";
   return os.str();
 }
 

@@ -38,6 +38,7 @@ struct StepLine {
   double lr = 0, loss = 0, grad_norm = 0, loss_scale = 1;
   long skipped = 0, nan = 0;
   double memory_mib = 0;
+  double tensor_memory_mib = 0;  ///< peak_tensor_mib, max over ranks (JSON only)
 
   std::string text() const;
   std::string json() const;

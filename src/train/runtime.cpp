@@ -55,4 +55,10 @@ double peak_memory_mib(MemorySpace space) {
   return peak_rss_mib();
 }
 
+double peak_tensor_mib(MemorySpace space) {
+  const std::size_t bytes = space == MemorySpace::Cuda ? device::allocator_stats().peak_bytes
+                                                       : host_tensor_stats().peak_bytes;
+  return double(bytes) / (1024.0 * 1024.0);
+}
+
 }  // namespace meshtron

@@ -59,5 +59,9 @@ class ParallelRuntime {
 /// allocator's peak bytes (device_allocator.hpp) on Cuda, the process's peak
 /// resident set (getrusage) on the host.
 double peak_memory_mib(MemorySpace space);
+/// Peak bytes of this rank's tensors in MiB: the device allocator's peak on
+/// Cuda, the host tensors' (host_tensor_stats) on the host; what `meshtron
+/// plan` estimates (the resident set adds the binary, MPI and libraries).
+double peak_tensor_mib(MemorySpace space);
 
 }  // namespace meshtron
