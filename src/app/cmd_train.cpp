@@ -12,6 +12,7 @@
 //      the run folder; a stop signal or run.exit_duration_mins saves and
 //      ends the run after the current step
 //   5. final summary, and the loss on the test split when data.split has one
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -73,7 +74,8 @@ class TrainRun {
   TrainRun(RunConfig config, int world)
       : c_(std::move(config)),
         rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
-            c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
+            c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host,
+            c_.parallel.watchdog()),
         vocab_(resolve_vocab(c_)),
         model_(model_spec_from_deck(c_, vocab_, rt_.topo.tp())),
         trainer_(c_, model_, rt_, compute_dtype(c_)),
@@ -314,12 +316,29 @@ class TrainRun {
     line.skipped = skipped_;
     line.nan = nan_;
     line.memory_mib = rt_.world.all_reduce_scalar(peak_memory_mib(rt_.space()), ReduceOp::Max);
+    const std::string spread = step_time_spread(line.ms_per_step);
     total_seconds_ += window_seconds_;
     window_seconds_ = 0;
     window_steps_ = 0;
     if (!rank0_) return;
     std::cout << line.text() << std::endl;
+    if (!spread.empty()) std::cout << spread << std::endl;
     metrics_ << line.json() << std::endl;
+  }
+
+  /// Stragglers: every rank's ms/step of the log window (one all-gather of
+  /// a double per log line), as rank 0 prints it; "" on one rank.
+  std::string step_time_spread(double ms_per_step) {
+    if (world_ == 1) return "";
+    std::vector<double> ms(static_cast<std::size_t>(world_));
+    rt_.world.all_gather(&ms_per_step, ms.data(), 1, DType::F64);
+    const auto [lo, hi] = std::minmax_element(ms.begin(), ms.end());
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << " > step time over " << world_
+       << " ranks: min " << *lo << " ms (rank " << lo - ms.begin() << "), max " << *hi
+       << " ms (rank " << hi - ms.begin() << ", the slowest), spread "
+       << 100.0 * (*hi - *lo) / *lo << " %";
+    return os.str();
   }
 
   void evaluate(long step) {
