@@ -198,12 +198,17 @@ void CollectiveWatchdog::stall(GroupKind group, long collective) {
   std::abort();
 }
 
+void CollectiveWatchdog::yield_core() { std::this_thread::yield(); }
+
 void CollectiveWatchdog::begin_wait(const WaitSite& site) {
   publish(mine_->group, int(site.group));
   publish(mine_->op, int(site.op));
 }
 
-void CollectiveWatchdog::end_wait() { publish(mine_->op, -1); }
+void CollectiveWatchdog::end_wait(double waited_s) {
+  publish(mine_->op, -1);
+  waited_s_ += waited_s;
+}
 
 void CollectiveWatchdog::wait(std::span<MPI_Request> requests, const WaitSite& site) {
   begin_wait(site);
@@ -213,8 +218,9 @@ void CollectiveWatchdog::wait(std::span<MPI_Request> requests, const WaitSite& s
     MPI_CHECK(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
     if (done) break;
     if (MPI_Wtime() - t0 > timeout_s_) expire(site, MPI_Wtime() - t0);
+    yield_core();
   }
-  end_wait();
+  end_wait(MPI_Wtime() - t0);
 }
 
 std::vector<RankState> CollectiveWatchdog::read_states(std::span<const int> world_ranks) {

@@ -128,9 +128,14 @@ class CollectiveWatchdog {
         on_expiry();
         expire(site, MPI_Wtime() - t0);
       }
+      yield_core();
     }
-    end_wait();
+    end_wait(MPI_Wtime() - t0);
   }
+
+  /// Seconds this rank has spent in watched waits so far (the stragglers'
+  /// line: a step's time less its waits is the rank's own work).
+  double waited_seconds() const { return waited_s_; }
 
   /// This rank's state (tests).
   const RankState& state() const { return *mine_; }
@@ -140,10 +145,13 @@ class CollectiveWatchdog {
 
  private:
   void begin_wait(const WaitSite& site);
-  void end_wait();
+  void end_wait(double waited_s);
   [[noreturn]] void expire(const WaitSite& site, double waited_s);
   [[noreturn]] void stall(GroupKind group, long collective);
   void publish(std::int64_t& word, std::int64_t value);
+  /// Between two polls: CPU ranks oversubscribing their cores (the tests)
+  /// would otherwise spin away the time of the peer they wait for.
+  static void yield_core();
 
   MPI_Comm world_ = MPI_COMM_NULL;  ///< Owned: a duplicate of the world given.
   MPI_Win win_ = MPI_WIN_NULL;
@@ -151,6 +159,7 @@ class CollectiveWatchdog {
   double timeout_s_;
   SkipHook skip_;
   bool skipped_ = false;
+  double waited_s_ = 0;
   int world_rank_ = 0;
 };
 

@@ -58,8 +58,11 @@ watched)
   paste <(losses plain) <(losses watched) | awk '
     { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "step " NR ": " $1 " vs " $2; bad = 1 } }
     END { exit bad }' || fail "the watched run's losses differ"
-  grep -Eq "^ > step time over 4 ranks: min [0-9.]+ ms \(rank [0-3]\), max [0-9.]+ ms \(rank [0-3], the slowest\)" out.txt ||
-    fail "no step time spread line"
+  spread="min [0-9.]+ ms \(rank [0-3]\), max [0-9.]+ ms \(rank [0-3], the slowest\), spread [0-9.]+ %"
+  grep -Eq "^ > step time over 4 ranks: $spread; less waits for peers: $spread$" out.txt ||
+    fail "no step time spread line with the ranks' own work"
+  grep -Eq "^ > step time over 4 ranks: $spread$" plain.txt ||
+    fail "no step time spread line in the unwatched run"
   ;;
 *) echo "unknown layout $layout"; exit 2 ;;
 esac
