@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iomanip>
+#include <new>
 #include <sstream>
 #include <thread>
 

@@ -91,5 +91,51 @@ TEST(Watchdog, PeersReadEachOthersPublishedState) {
   MPI_Barrier(MPI_COMM_WORLD);  // no rank frees the window while a peer reads it
 }
 
+TEST(Watchdog, WatchedOperationsGiveTheirResults) {
+  CollectiveWatchdog dog(MPI_COMM_WORLD, 60.0);
+  MpiCommunicator c(MPI_COMM_WORLD);
+  c.watch(dog, GroupKind::Dp);
+  const int n = c.size(), me = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  std::vector<double> v(un, double(me + 1)), out(un, 0.0);
+  c.all_reduce(v.data(), un, DType::F64, ReduceOp::Sum);
+  EXPECT_EQ(v[0], n * (n + 1) / 2.0);
+  std::vector<double> send(un, double(me + 1));
+  c.reduce_scatter(send.data(), out.data(), 1, DType::F64, ReduceOp::Max);
+  EXPECT_EQ(out[0], double(n));
+  const double mine = me;
+  c.all_gather(&mine, out.data(), 1, DType::F64);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(out[std::size_t(r)], r);
+  double root_value = me == 0 ? 7.0 : 0.0;
+  c.broadcast(&root_value, 1, DType::F64, 0);
+  EXPECT_EQ(root_value, 7.0);
+  const std::vector<std::size_t> ones(un, 1);
+  std::fill(out.begin(), out.end(), 0.0);
+  c.ireduce_scatter(send.data(), out.data(), ones, DType::F64, ReduceOp::Sum);
+  c.wait_collectives();
+  EXPECT_EQ(out[0], n * (n + 1) / 2.0);
+  const long ticket = c.iall_gather(&mine, out.data(), ones, DType::F64);
+  c.wait_collective(ticket);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(out[std::size_t(r)], r);
+  // Point-to-point around the ring: isend + recv, then send/recv as a batch.
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  double got = -1;
+  c.isend(&mine, 1, DType::F64, next, 3);
+  c.recv(&got, 1, DType::F64, prev, 3);
+  c.wait_sends();
+  EXPECT_EQ(got, prev);
+  got = -1;
+  const P2POp ops[] = {{P2POp::Send, const_cast<double*>(&mine), 1, DType::F64, next, 4},
+                       {P2POp::Recv, &got, 1, DType::F64, prev, 4}};
+  c.batch_p2p(ops);
+  EXPECT_EQ(got, prev);
+  c.barrier();
+  // all_reduce, reduce_scatter, all_gather, broadcast, ireduce_scatter,
+  // iall_gather, barrier: 7 collectives (none on a group of one rank).
+  EXPECT_EQ(dog.state().started[int(GroupKind::Dp)], n > 1 ? 7 : 0);
+  EXPECT_EQ(dog.state().op, -1);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 }  // namespace
 }  // namespace meshtron::testing
