@@ -12,6 +12,7 @@
 //      the run folder; a stop signal or run.exit_duration_mins saves and
 //      ends the run after the current step
 //   5. final summary, and the loss on the test split when data.split has one
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -72,7 +73,8 @@ class TrainRun {
   TrainRun(RunConfig config, int world)
       : c_(std::move(config)),
         rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
-            c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
+            c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host,
+            c_.parallel.watchdog()),
         vocab_(resolve_vocab(c_)),
         model_(model_spec_from_deck(c_, vocab_, rt_.topo.tp())),
         trainer_(c_, model_, rt_, compute_dtype(c_)),
@@ -234,8 +236,10 @@ class TrainRun {
 
   void train_one(long step) {
     const auto t0 = Clock::now();
+    const double waited0 = waited_so_far();
     const StepReport r = trainer_.train_step(step, data_->train_step(step));
     window_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    window_waited_s_ += waited_so_far() - waited0;
     ++window_steps_;
     last_ = r;
     if (r.skipped) {
@@ -317,12 +321,56 @@ class TrainRun {
     line.memory_mib = rt_.world.all_reduce_scalar(peak_memory_mib(rt_.space()), ReduceOp::Max);
     line.tensor_memory_mib =
         rt_.world.all_reduce_scalar(peak_tensor_mib(rt_.space()), ReduceOp::Max);
+    const std::string spread = step_time_spread(line.ms_per_step, waited_ms_per_step());
     total_seconds_ += window_seconds_;
     window_seconds_ = 0;
+    window_waited_s_ = 0;
     window_steps_ = 0;
     if (!rank0_) return;
     std::cout << line.text() << std::endl;
+    if (!spread.empty()) std::cout << spread << std::endl;
     metrics_ << line.json() << std::endl;
+  }
+
+  /// Under the watchdog: this rank's ms per step of the log window spent
+  /// waiting for its peers; NAN without it.
+  double waited_ms_per_step() {
+    if (!rt_.watchdog()) return NAN;
+    return 1e3 * window_waited_s_ / std::max(window_steps_, 1L);
+  }
+
+  /// The watchdog's waited seconds so far (0 without it).
+  double waited_so_far() { return rt_.watchdog() ? rt_.watchdog()->waited_seconds() : 0.0; }
+
+  /// Stragglers: every rank's ms/step of the log window and, under the
+  /// watchdog, the part of it not spent waiting for peers (one all-gather
+  /// of two doubles per log line), as rank 0 prints it; "" on one rank.
+  std::string step_time_spread(double ms_per_step, double waited_ms) {
+    if (world_ == 1) return "";
+    const double mine[2] = {ms_per_step, ms_per_step - waited_ms};
+    std::vector<double> all(2 * static_cast<std::size_t>(world_));
+    rt_.world.all_gather(mine, all.data(), 2, DType::F64);
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << " > step time over " << world_ << " ranks: "
+       << spread_text(all, 0);
+    if (!std::isnan(waited_ms)) os << "; less waits for peers: " << spread_text(all, 1);
+    return os.str();
+  }
+
+  /// "min 61.9 ms (rank 1), max 72.1 ms (rank 3, the slowest), spread 16.4 %"
+  /// of the values all[2 r + field].
+  std::string spread_text(const std::vector<double>& all, int field) const {
+    int lo = 0, hi = 0;
+    for (int r = 0; r < world_; ++r) {
+      if (all[std::size_t(2 * r + field)] < all[std::size_t(2 * lo + field)]) lo = r;
+      if (all[std::size_t(2 * r + field)] > all[std::size_t(2 * hi + field)]) hi = r;
+    }
+    const double min = all[std::size_t(2 * lo + field)], max = all[std::size_t(2 * hi + field)];
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << "min " << min << " ms (rank " << lo << "), max "
+       << max << " ms (rank " << hi << ", the slowest), spread " << 100.0 * (max - min) / min
+       << " %";
+    return os.str();
   }
 
   void evaluate(long step) {
@@ -362,6 +410,7 @@ class TrainRun {
   StepReport last_;
   long skipped_ = 0, nan_ = 0, overflows_ = 0, window_steps_ = 0;
   double window_seconds_ = 0, total_seconds_ = 0, last_eval_ = NAN;
+  double window_waited_s_ = 0;  ///< of window_seconds_, in the watchdog's waits
   std::unique_ptr<GpuTracer> tracer_;  ///< set while logging.profile has steps to trace
   StopRequest stop_;
   std::unique_ptr<io::SaveDirLock> save_dir_lock_;  ///< held while the run may save

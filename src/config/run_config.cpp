@@ -255,6 +255,13 @@ void DeckSchema::bind(RunConfig& c) {
       "all-gather updated parameter buckets during the next forward (distributed optimizer)");
   key("parallel.grad_bucket_size", &p.grad_bucket_size, "int",
       "elements per bucket (overlap_grad_reduce, overlap_param_gather)");
+  key("parallel.collective_timeout_s", &p.collective_timeout_s, "float",
+      "abort with a report naming the group and the ranks not arrived when a rank waits "
+      "longer than this in one collective or transfer (0 = off)",
+      kNonNegative);
+  key("parallel.debug_skip_collective", &p.debug_skip_collective, "string",
+      "test aid: RANK:STEP[:GROUP] makes that world rank never arrive at its first "
+      "collective (on GROUP) of step STEP (needs collective_timeout_s > 0)");
   key("parallel.pipeline_layers", &p.pipeline_layers, "string",
       "layers per pipeline stage, e.g. 5,7 (empty = uniform split; balanced = the last "
       "stage's LM head counted, e.g. 19,17 for GPT-2 774M on 2 stages; with virtual "
@@ -619,6 +626,18 @@ void require_capturable(const RunConfig& c) {
                needs << "parallel.overlap_grad_reduce = overlap_param_gather = false");
 }
 
+/// parallel.collective_timeout_s and its test hook.
+void require_watchdog_settings(const RunConfig& c, int world_size) {
+  const SkipHook skip = SkipHook::parse(c.parallel.debug_skip_collective);
+  if (skip.rank < 0) return;
+  MESH_REQUIRE(c.parallel.collective_timeout_s > 0,
+               "parallel.debug_skip_collective = " << c.parallel.debug_skip_collective
+                   << " needs parallel.collective_timeout_s > 0 (the job would hang)");
+  MESH_REQUIRE(skip.rank < world_size, "parallel.debug_skip_collective = "
+                                           << c.parallel.debug_skip_collective << ": rank "
+                                           << skip.rank << " of a world of " << world_size);
+}
+
 /// parallel.tp_interleave pairs the micro-batches of a step on one stage.
 void require_tp_interleave(const RunConfig& c) {
   MESH_REQUIRE(c.parallel.tp_interleave_streams == 1 || c.parallel.tp_interleave_streams == 2,
@@ -760,6 +779,7 @@ void RunConfig::validate(int world_size) {
                    << ") is not divisible by training.micro_batch_size ("
                    << t.micro_batch_size << ") x data_parallel (" << p.data_parallel << ")");
   require_tp_interleave(*this);
+  require_watchdog_settings(*this, world_size);
   require_one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
   require_one_of("training.logits_dtype", t.logits_dtype, {"fp32", "compute"});
   require_one_of("training.attention_dropout_rng", t.attention_dropout_rng,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "parallel/topology.hpp"
+#include "parallel/watchdog.hpp"
 
 namespace meshtron {
 
@@ -151,6 +152,19 @@ struct ParallelSection {
 
   ParallelDegrees degrees() const {
     return {tensor_parallel, pipeline_parallel, data_parallel};
+  }
+
+  /// Seconds a rank may wait in one collective, point-to-point transfer or
+  /// wait of a non-blocking collective before the watchdog names the group
+  /// and the ranks that have not arrived and aborts the job; 0 = off (the
+  /// blocking calls, no deadline). Off by default: the watched waits poll
+  /// (MPI_Test loop) and take MPI's non-blocking collective algorithms.
+  double collective_timeout_s = 0;
+  /// Test aid: "RANK:STEP[:GROUP]" makes world rank RANK never arrive at
+  /// its first collective (of GROUP) in step STEP; needs the watchdog on.
+  std::string debug_skip_collective;
+  WatchdogSettings watchdog() const {
+    return {collective_timeout_s, SkipHook::parse(debug_skip_collective)};
   }
 };
 

@@ -81,8 +81,16 @@ void MpiCommunicator::all_reduce(void* buf, std::size_t count, DType dtype, Redu
   yield_point();
   record(CollectiveKind::AllReduce, count * dtype_size(dtype));
   if (size_ == 1) return;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count), mpi_datatype(dtype),
-                          mpi_op(op, dtype), comm_));
+  if (!dog_) {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count), mpi_datatype(dtype),
+                            mpi_op(op, dtype), comm_));
+    return;
+  }
+  const long n = start_collective();
+  MPI_Request r;
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, checked_count(count), mpi_datatype(dtype),
+                           mpi_op(op, dtype), comm_, &r));
+  watched_wait({&r, 1}, WaitOp::AllReduce, n);
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
@@ -93,8 +101,16 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t r
     if (send != recv) std::memcpy(recv, send, recv_count * dtype_size(dtype));
     return;
   }
-  MPI_CHECK(MPI_Reduce_scatter_block(send, recv, checked_count(recv_count),
-                                     mpi_datatype(dtype), mpi_op(op, dtype), comm_));
+  if (!dog_) {
+    MPI_CHECK(MPI_Reduce_scatter_block(send, recv, checked_count(recv_count),
+                                       mpi_datatype(dtype), mpi_op(op, dtype), comm_));
+    return;
+  }
+  const long n = start_collective();
+  MPI_Request r;
+  MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, checked_count(recv_count),
+                                      mpi_datatype(dtype), mpi_op(op, dtype), comm_, &r));
+  watched_wait({&r, 1}, WaitOp::ReduceScatter, n);
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t send_count,
@@ -105,32 +121,66 @@ void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t send_
     if (send != recv) std::memcpy(recv, send, send_count * dtype_size(dtype));
     return;
   }
-  MPI_CHECK(MPI_Allgather(send, checked_count(send_count), mpi_datatype(dtype), recv,
-                          checked_count(send_count), mpi_datatype(dtype), comm_));
+  if (!dog_) {
+    MPI_CHECK(MPI_Allgather(send, checked_count(send_count), mpi_datatype(dtype), recv,
+                            checked_count(send_count), mpi_datatype(dtype), comm_));
+    return;
+  }
+  const long n = start_collective();
+  MPI_Request r;
+  MPI_CHECK(MPI_Iallgather(send, checked_count(send_count), mpi_datatype(dtype), recv,
+                           checked_count(send_count), mpi_datatype(dtype), comm_, &r));
+  watched_wait({&r, 1}, WaitOp::AllGather, n);
 }
 
 void MpiCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
   record(CollectiveKind::Broadcast, count * dtype_size(dtype));
   if (size_ == 1) return;
-  MPI_CHECK(MPI_Bcast(buf, checked_count(count), mpi_datatype(dtype), root, comm_));
+  if (!dog_) {
+    MPI_CHECK(MPI_Bcast(buf, checked_count(count), mpi_datatype(dtype), root, comm_));
+    return;
+  }
+  const long n = start_collective();
+  MPI_Request r;
+  MPI_CHECK(MPI_Ibcast(buf, checked_count(count), mpi_datatype(dtype), root, comm_, &r));
+  watched_wait({&r, 1}, WaitOp::Broadcast, n);
 }
 
 void MpiCommunicator::barrier() {
   record(CollectiveKind::Barrier, 0);
-  MPI_CHECK(MPI_Barrier(comm_));
+  if (!dog_ || size_ == 1) {
+    MPI_CHECK(MPI_Barrier(comm_));
+    return;
+  }
+  const long n = start_collective();
+  MPI_Request r;
+  MPI_CHECK(MPI_Ibarrier(comm_, &r));
+  watched_wait({&r, 1}, WaitOp::Barrier, n);
 }
 
 void MpiCommunicator::send(const void* buf, std::size_t count, DType dtype, int peer,
                            int tag, int /*lane: MPI matches by tag*/) {
   record(CollectiveKind::Send, count * dtype_size(dtype));
-  MPI_CHECK(MPI_Send(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_));
+  if (!dog_) {
+    MPI_CHECK(MPI_Send(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_));
+    return;
+  }
+  MPI_Request r;
+  MPI_CHECK(MPI_Isend(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_, &r));
+  watched_wait({&r, 1}, WaitOp::Send, 0, peer);
 }
 
 void MpiCommunicator::recv(void* buf, std::size_t count, DType dtype, int peer, int tag,
                            int /*lane*/) {
   record(CollectiveKind::Recv, count * dtype_size(dtype));
-  MPI_CHECK(MPI_Recv(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_,
-                     MPI_STATUS_IGNORE));
+  if (!dog_) {
+    MPI_CHECK(MPI_Recv(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_,
+                       MPI_STATUS_IGNORE));
+    return;
+  }
+  MPI_Request r;
+  MPI_CHECK(MPI_Irecv(buf, checked_count(count), mpi_datatype(dtype), peer, tag, comm_, &r));
+  watched_wait({&r, 1}, WaitOp::Recv, 0, peer);
 }
 
 void MpiCommunicator::batch_p2p(std::span<const P2POp> ops) {
@@ -147,7 +197,23 @@ void MpiCommunicator::batch_p2p(std::span<const P2POp> ops) {
                           op.peer, op.tag, comm_, &requests[i]));
   }
   record(CollectiveKind::BatchP2P, bytes);
-  MPI_CHECK(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  if (dog_)
+    watched_wait(requests, WaitOp::BatchP2P, 0);
+  else
+    MPI_CHECK(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+}
+
+void MpiCommunicator::watch(CollectiveWatchdog& dog, GroupKind kind) {
+  dog_ = &dog;
+  kind_ = kind;
+  members_ = world_ranks_of(comm_, dog.world());
+  MESH_VERIFY(pending_collectives_.empty(), "watch() with non-blocking collectives pending");
+}
+
+void MpiCommunicator::watched_wait(std::span<MPI_Request> requests, WaitOp op, long collective,
+                                   int peer) {
+  dog_->wait(requests, {kind_, op, collective, peer < 0 ? -1 : members_[std::size_t(peer)],
+                        members_, members_[std::size_t(rank_)]});
 }
 
 }  // namespace meshtron
@@ -198,6 +264,7 @@ void MpiCommunicator::ireduce_scatter(const void* send, void* recv,
     if (send != recv) std::memcpy(recv, send, total * dtype_size(dtype));
     return;
   }
+  if (dog_) pending_numbers_.push_back(start_collective());
   pending_collectives_.emplace_back();
   MPI_CHECK(MPI_Ireduce_scatter(send, recv, counts.data(), mpi_datatype(dtype),
                                 mpi_op(op, dtype), comm_, &pending_collectives_.back()));
@@ -206,10 +273,14 @@ void MpiCommunicator::ireduce_scatter(const void* send, void* recv,
 void MpiCommunicator::wait_collectives() {
   yield_point();
   if (pending_collectives_.empty()) return;
-  MPI_CHECK(MPI_Waitall(int(pending_collectives_.size()), pending_collectives_.data(),
-                        MPI_STATUSES_IGNORE));
+  if (dog_)
+    watched_wait(pending_collectives_, WaitOp::WaitCollectives, pending_numbers_.back());
+  else
+    MPI_CHECK(MPI_Waitall(int(pending_collectives_.size()), pending_collectives_.data(),
+                          MPI_STATUSES_IGNORE));
   first_ticket_ += long(pending_collectives_.size());
   pending_collectives_.clear();
+  pending_numbers_.clear();
 }
 
 long MpiCommunicator::iall_gather(const void* send, void* recv,
@@ -229,6 +300,7 @@ long MpiCommunicator::iall_gather(const void* send, void* recv,
     if (send != recv) std::memcpy(recv, send, std::size_t(total) * dtype_size(dtype));
     return first_ticket_ - 1;  // already complete
   }
+  if (dog_) pending_numbers_.push_back(start_collective());
   pending_collectives_.emplace_back();
   MPI_CHECK(MPI_Iallgatherv(send, block_counts[std::size_t(rank_)], mpi_datatype(dtype), recv,
                             block_counts.data(), displacements.data(), mpi_datatype(dtype),
@@ -240,6 +312,7 @@ long MpiCommunicator::iall_reduce(void* buf, std::size_t count, DType dtype, Red
   record(CollectiveKind::AllReduce, count * dtype_size(dtype));
   record_nonblocking_all_reduce();
   if (size_ == 1) return first_ticket_ - 1;  // already complete
+  if (dog_) pending_numbers_.push_back(start_collective());
   pending_collectives_.emplace_back();
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, checked_count(count), mpi_datatype(dtype),
                            mpi_op(op, dtype), comm_, &pending_collectives_.back()));
@@ -251,13 +324,20 @@ void MpiCommunicator::wait_collective(long ticket) {
   const long index = ticket - first_ticket_;
   if (index < 0 || index >= long(pending_collectives_.size())) return;  // completed
   // A completed request becomes MPI_REQUEST_NULL, which later waits skip.
-  MPI_CHECK(MPI_Wait(&pending_collectives_[std::size_t(index)], MPI_STATUS_IGNORE));
+  MPI_Request& r = pending_collectives_[std::size_t(index)];
+  if (dog_)
+    watched_wait({&r, 1}, WaitOp::WaitCollective, pending_numbers_[std::size_t(index)]);
+  else
+    MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
 }
 
 void MpiCommunicator::wait_sends() {
   if (pending_sends_.empty()) return;
-  MPI_CHECK(MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(),
-                        MPI_STATUSES_IGNORE));
+  if (dog_)
+    watched_wait(pending_sends_, WaitOp::WaitSends, 0);
+  else
+    MPI_CHECK(MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(),
+                          MPI_STATUSES_IGNORE));
   pending_sends_.clear();
 }
 

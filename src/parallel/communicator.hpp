@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "parallel/fiber_pair.hpp"
+#include "parallel/watchdog.hpp"
 #include "tensor/tensor.hpp"
 
 namespace meshtron {
@@ -208,6 +209,12 @@ class Communicator {
   void set_interleave(FiberPair* fibers) { fibers_ = fibers; }
   bool interleaving() const { return fibers_ != nullptr; }
 
+  /// parallel.collective_timeout_s: from now on every wait of this group
+  /// (blocking collective, point-to-point, wait of a non-blocking
+  /// collective) has `dog`'s deadline (not owned; outlives this), and a
+  /// report names the group `kind`. Never called: blocking calls as before.
+  virtual void watch(CollectiveWatchdog& dog, GroupKind kind) { (void)dog, (void)kind; }
+
   const CommStats& stats() const { return stats_; }
   void reset_stats() {
     stats_.reset();
@@ -271,10 +278,18 @@ class MpiCommunicator final : public Communicator {
                    DType dtype) override;
   void wait_collective(long ticket) override;
   long iall_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
+  void watch(CollectiveWatchdog& dog, GroupKind kind) override;
   using Communicator::all_reduce;
   using Communicator::broadcast;
 
  private:
+  /// Watched: the number of the collective about to start in this group.
+  long start_collective() { return dog_->start_collective(kind_); }
+  /// Watched: wait for `requests` with the watchdog's deadline (`peer`: rank
+  /// in this group of a point-to-point wait, -1 otherwise).
+  void watched_wait(std::span<MPI_Request> requests, WaitOp op, long collective,
+                    int peer = -1);
+
   MPI_Comm comm_;  ///< Not owned.
   int rank_ = 0, size_ = 1;
   std::vector<MPI_Request> pending_sends_;
@@ -282,6 +297,11 @@ class MpiCommunicator final : public Communicator {
   /// of pending_collectives_[i] is first_ticket_ + i.
   std::vector<MPI_Request> pending_collectives_;
   long first_ticket_ = 0;
+  CollectiveWatchdog* dog_ = nullptr;  ///< Not owned; null: not watched.
+  GroupKind kind_ = GroupKind::World;
+  std::vector<int> members_;  ///< world ranks of this group (watched only)
+  /// Watched: the collective number of pending_collectives_[i].
+  std::vector<long> pending_numbers_;
 };
 
 /// MPI datatype carrying one element of `dtype` (bf16/fp16 as 2-byte types).

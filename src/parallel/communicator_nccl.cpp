@@ -332,8 +332,37 @@ void NcclCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int 
 
 void NcclCommunicator::barrier() {
   record(CollectiveKind::Barrier, 0);
-  CUDA_CHECK(cudaStreamSynchronize(device::compute_stream()));
+  synchronize(device::compute_stream(), WaitOp::Barrier);
   host_.barrier();
+}
+
+void NcclCommunicator::watch(CollectiveWatchdog& dog, GroupKind kind) {
+  host_.watch(dog, kind);
+  dog_ = &dog;
+  kind_ = kind;
+  members_ = world_ranks_of(host_.comm(), dog.world());
+}
+
+void NcclCommunicator::synchronize(cudaStream_t stream, WaitOp op) {
+  if (!dog_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return;
+  }
+  auto done = [&] {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) CUDA_CHECK(e);
+    ncclResult_t async = ncclSuccess;
+    if (comm_) NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    NCCL_CHECK(async);
+    return false;
+  };
+  // Which peers lag is not known from the stream: the report lists every
+  // member's state (WaitSite with no collective number and no peer).
+  dog_->wait_until(done, {kind_, op, 0, -1, members_, members_[std::size_t(rank())]},
+                   [&] {
+                     if (comm_) ncclCommAbort(comm_);
+                   });
 }
 
 NcclCommunicator::P2PLink& NcclCommunicator::link(int peer, int lane, bool sending) {
@@ -642,7 +671,7 @@ void NcclCommunicator::batch_p2p(std::span<const P2POp> ops) {
       NCCL_CHECK(ncclRecv(op.buffer, op.count, nccl_type(op.dtype), op.peer, comm_, stream));
   }
   NCCL_CHECK(ncclGroupEnd());
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  synchronize(stream, WaitOp::BatchP2P);
 }
 
 }  // namespace meshtron

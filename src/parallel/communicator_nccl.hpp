@@ -206,6 +206,9 @@ class NcclCommunicator final : public Communicator {
   void recv(void* buf, std::size_t count, DType dtype, int peer, int tag = 0,
             int lane = 0) override;
   void batch_p2p(std::span<const P2POp> ops) override;
+  /// Host buffers' waits (host_) and this communicator's host waits for its
+  /// stream (barrier, batch_p2p) under the watchdog.
+  void watch(CollectiveWatchdog& dog, GroupKind kind) override;
   void isend(const void* buf, std::size_t count, DType dtype, int peer, int tag,
              int lane = 0) override;
   void wait_sends() override;
@@ -305,7 +308,15 @@ class NcclCommunicator final : public Communicator {
   void copy_engine_all_gather(CopyEngine& ce, const void* send, void* recv, std::size_t shard,
                               cudaStream_t stream);
 
+  /// cudaStreamSynchronize, or under the watchdog a poll of the stream and
+  /// of NCCL's asynchronous error with its deadline (NCCL kernels wait for
+  /// their peers forever): on expiry ncclCommAbort, the report, MPI_Abort.
+  void synchronize(cudaStream_t stream, WaitOp op);
+
   MpiCommunicator host_;        ///< Host buffers.
+  CollectiveWatchdog* dog_ = nullptr;  ///< Not owned; null: not watched.
+  GroupKind kind_ = GroupKind::World;
+  std::vector<int> members_;  ///< world ranks of the group (watched only)
   bool copy_engine_ = false;
   std::size_t copy_engine_min_bytes_ = kCopyEngineMinBytes;  ///< use_copy_engine's
   CopyEngine blocking_ce_, async_ce_;  ///< compute stream / comm_stream_

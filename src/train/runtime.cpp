@@ -10,8 +10,11 @@
 namespace meshtron {
 
 ParallelRuntime::ParallelRuntime(MPI_Comm world_comm, const ParallelDegrees& degrees,
-                                 MemorySpace space)
-    : space_(checked_space(space)),
+                                 MemorySpace space, const WatchdogSettings& watch)
+    : watchdog_(watch.timeout_s > 0 ? std::make_unique<CollectiveWatchdog>(
+                                          world_comm, watch.timeout_s, watch.skip)
+                                    : nullptr),
+      space_(checked_space(space)),
       topo(world_comm, degrees),
       world(topo.world_comm()),
       tp(make(topo.tp_comm())),
@@ -22,6 +25,16 @@ ParallelRuntime::ParallelRuntime(MPI_Comm world_comm, const ParallelDegrees& deg
   // The tied word table needs a reduction only when first and last stage
   // are different ranks.
   if (topo.pp() > 1 && topo.in_embedding_group()) embedding = &make(topo.embedding_comm());
+  if (watchdog_) watch_groups();
+}
+
+void ParallelRuntime::watch_groups() {
+  world.watch(*watchdog_, GroupKind::World);
+  tp.watch(*watchdog_, GroupKind::Tp);
+  dp.watch(*watchdog_, GroupKind::Dp);
+  pp.watch(*watchdog_, GroupKind::Pp);
+  model.watch(*watchdog_, GroupKind::Model);
+  if (embedding) embedding->watch(*watchdog_, GroupKind::Embedding);
 }
 
 MemorySpace ParallelRuntime::checked_space(MemorySpace space) {

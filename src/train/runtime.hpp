@@ -20,16 +20,20 @@
 namespace meshtron {
 
 class ParallelRuntime {
-  // Declared first: the references below point into it.
+  /// parallel.collective_timeout_s; null when off. Declared first: it
+  /// outlives the communicators, whose teardown may still wait.
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
+  // Declared before the references below, which point into it.
   std::vector<std::unique_ptr<Communicator>> owned_;  ///< Owned group communicators.
   MemorySpace space_;
   int gpu_ = -1;  ///< this rank's GPU, selected before the first NCCL communicator
 
  public:
   /// Collective over `world`. Cuda needs the CUDA path built (UserError
-  /// otherwise) and a GPU on every rank.
+  /// otherwise) and a GPU on every rank. A timeout in `watch` puts every
+  /// group, `world` included, under a CollectiveWatchdog.
   ParallelRuntime(MPI_Comm world, const ParallelDegrees& degrees,
-                  MemorySpace space = MemorySpace::Host);
+                  MemorySpace space = MemorySpace::Host, const WatchdogSettings& watch = {});
   ParallelRuntime(const ParallelRuntime&) = delete;
   ParallelRuntime& operator=(const ParallelRuntime&) = delete;
 
@@ -40,6 +44,9 @@ class ParallelRuntime {
   int gpu() const { return gpu_; }
   /// GPUs visible to this rank (0 on the host path), for the rank map.
   int num_gpus() const;
+  /// The collective watchdog, null when parallel.collective_timeout_s = 0:
+  /// the trainer tells it the step and micro-batch it is at.
+  CollectiveWatchdog* watchdog() { return watchdog_.get(); }
 
   Topology topo;
   MpiCommunicator world;
@@ -53,6 +60,8 @@ class ParallelRuntime {
   static MemorySpace checked_space(MemorySpace space);
   /// The communicator of one group in this runtime's space.
   Communicator& make(MPI_Comm comm);
+  /// Puts every group under watchdog_ (the world's named first).
+  void watch_groups();
 };
 
 /// Peak memory of this rank in MiB for the step line: the caching device

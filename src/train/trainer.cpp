@@ -290,6 +290,7 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
     GptModel& chunk = *chunks_[std::size_t(t.chunk)];
     const int g = global_chunk(t.chunk);
     const MicroBatch& mb = batch[std::size_t(t.micro_batch)];
+    if (training) tell_watchdog(step, t.micro_batch);
     LayerContext ctx = context_for(mb, step, training);
     const Shape hidden{ctx.local_tokens(), model_spec_.hidden_size};
     GptModel::Cache& cache = caches[{t.micro_batch, t.chunk}];
@@ -332,6 +333,7 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
     run_interleaved(tasks, run_task);
   else
     for (std::size_t k = 0; k < tasks.size(); ++k) run_task(k);
+  if (training) tell_watchdog(step, -1);
   const auto t0 = std::chrono::steady_clock::now();
   rt_.pp.wait_sends();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -497,6 +499,10 @@ void Trainer::receive(Tensor& t, int peer, int tag) {
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void Trainer::tell_watchdog(long step, int micro_batch) {
+  if (CollectiveWatchdog* dog = rt_.watchdog()) dog->set_position(step, micro_batch);
+}
+
 double Trainer::reduce_loss(double local_sum, index_t tokens) {
   // Only the last stage holds losses (identical on its tp ranks): sum over
   // the pipeline, then over dp.
@@ -509,6 +515,7 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
                       int(batch.size())};
   const auto tasks = schedule_tasks(shape, rt_.topo.pp_rank());
   wait_seconds_ = 0;
+  tell_watchdog(step, -1);
   const auto t0 = std::chrono::steady_clock::now();
   const long switches_before = fibers_ ? fibers_->switches() : 0;
   draw_masks_ahead(step, batch);

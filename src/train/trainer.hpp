@@ -106,6 +106,9 @@ class Trainer {
   /// masks_ahead_for_ where the layers drew them).
   void draw_masks_ahead(long step, const std::vector<MicroBatch>& batch);
   int global_chunk(int chunk) const { return chunk * rt_.topo.pp() + rt_.topo.pp_rank(); }
+  /// The position a watchdog report names (micro_batch -1: outside the
+  /// schedule); nothing when parallel.collective_timeout_s is off.
+  void tell_watchdog(long step, int micro_batch);
   /// Sum over the pipeline and dp of a last-stage quantity: everyone's copy.
   double reduce_loss(double local_sum, index_t tokens);
   /// The per-token losses of `batch`, forward only (none off the last stage).
