@@ -196,7 +196,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.normalization", &m.normalization, "string",
       "LayerNorm | RMSNorm");
   key("model.position_embedding_type", &m.position_embedding_type, "string",
-      "learned_absolute | rope | alibi | none" + unbuilt("alibi"));
+      "learned_absolute | rope | alibi | none");
   key("model.num_query_groups", &m.num_query_groups, "int",
       "key/value heads (grouped-query attention), 0 = num_attention_heads");
   key("model.kv_channels", &m.kv_channels, "int",
@@ -215,6 +215,8 @@ void DeckSchema::bind(RunConfig& c) {
       "bool", "LM head with its own weights (output_layer.weight) instead of the word table");
   key("model.parallel_residual", &m.parallel_residual, "bool",
       "attention and MLP on the same normed input, one residual add" + unbuilt("true"));
+  key("model.embedding_norm", &m.embedding_norm, "bool",
+      "the block's norm right after the word embedding (BLOOM)");
 
   auto& p = c.parallel;
   key("parallel.tensor_parallel", &p.tensor_parallel, "int", "tensor-parallel degree tp");
