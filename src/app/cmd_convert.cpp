@@ -1,5 +1,6 @@
 // meshtron convert: Hugging Face GPT2LMHeadModel, GPTBigCodeForCausalLM,
-// LlamaForCausalLM or MistralForCausalLM <-> meshtron checkpoint.
+// LlamaForCausalLM, MistralForCausalLM or BloomForCausalLM <-> meshtron
+// checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
 //       config.json + model.safetensors (or its shards and
@@ -11,7 +12,8 @@
 //   meshtron convert --from CKPT.h5 --to hf MODEL_DIR
 //       -> config.json + model.safetensors (shards + index above 5 GB) that
 //       transformers loads unchanged; the family is the one the
-//       checkpoint's model is of: Llama (io::is_llama_family), GPTBigCode
+//       checkpoint's model is of: Llama (io::is_llama_family), BLOOM
+//       (io::is_bloom_family), GPTBigCode
 //       (GPT-2's block with multi-query attention,
 //       io::is_gpt_bigcode_family), else GPT-2.
 //
@@ -26,6 +28,8 @@
 #include "app/commands.hpp"
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
+#include "io/hf/bloom.hpp"
+#include "io/hf/bloom_config.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hf/gpt2_config.hpp"
 #include "io/hf/gpt2.hpp"
@@ -85,7 +89,7 @@ struct SingleRankModel {
   GptModel model;
 };
 
-enum class HfFamily { Gpt2, GptBigCode, Llama };
+enum class HfFamily { Gpt2, GptBigCode, Llama, Bloom };
 
 /// The family the model folder's config.json names (by model_type, else its
 /// first architecture); a UserError names any other.
@@ -102,10 +106,11 @@ HfFamily family_of_folder(const std::string& dir) {
     return HfFamily::Llama;
   if (type == "gpt_bigcode" || (type.empty() && arch == "GPTBigCodeForCausalLM"))
     return HfFamily::GptBigCode;
+  if (type == "bloom" || (type.empty() && arch == "BloomForCausalLM")) return HfFamily::Bloom;
   MESH_REQUIRE(type == "gpt2" || (type.empty() && (arch.empty() || arch == "GPT2LMHeadModel")),
                "Hugging Face config '" << file << "': model_type '" << type << "' ("
                    << (arch.empty() ? "no architectures" : arch)
-                   << ") is not gpt2, gpt_bigcode, llama or mistral");
+                   << ") is not gpt2, gpt_bigcode, llama, mistral or bloom");
   return HfFamily::Gpt2;
 }
 
@@ -115,6 +120,9 @@ int hf_to_checkpoint(const ConvertArgs& a) {
   if (family == HfFamily::Llama) {
     const io::HfLlamaConfig hf = io::read_hf_llama_config(a.from);
     c = io::model_spec_from_hf(hf, int(hf.max_position_embeddings), 1, 1);
+  } else if (family == HfFamily::Bloom) {
+    const io::HfBloomConfig hf = io::read_hf_bloom_config(a.from);
+    c = io::model_spec_from_hf(hf, int(hf.seq_length), 1, 1);
   } else if (family == HfFamily::GptBigCode) {
     const io::HfGptBigCodeConfig hf = io::read_hf_gpt_bigcode_config(a.from);
     c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
@@ -124,6 +132,7 @@ int hf_to_checkpoint(const ConvertArgs& a) {
   }
   SingleRankModel m(c);
   if (family == HfFamily::Llama) io::import_hf_llama(a.from, c, m.model.parameters(), 0, 1);
+  else if (family == HfFamily::Bloom) io::import_hf_bloom(a.from, c, m.model.parameters(), 0, 1);
   else if (family == HfFamily::GptBigCode)
     io::import_hf_gpt_bigcode(a.from, m.model.parameters(), 0, 1);
   else io::import_hf_gpt2(a.from, m.model.parameters(), 0, 1);
@@ -190,6 +199,10 @@ int checkpoint_to_hf(const ConvertArgs& a) {
     out = io::hf_llama_tensors(c, m.model.parameters());
     io::write_hf_weights(a.to, out);
     io::write_hf_llama_config(a.to + "/config.json", io::hf_llama_config_from_spec(c));
+  } else if (io::is_bloom_family(c)) {
+    out = io::hf_bloom_tensors(c, m.model.parameters());
+    io::write_hf_weights(a.to, out);
+    io::write_hf_bloom_config(a.to + "/config.json", io::hf_bloom_config_from_spec(c));
   } else if (io::is_gpt_bigcode_family(c)) {
     out = io::hf_gpt_bigcode_tensors(m.model.parameters());
     io::write_hf_weights(a.to, out);
