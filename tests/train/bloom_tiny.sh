@@ -2,7 +2,7 @@
 # input_decks/bloom-tiny.deck end to end: 4 steps on 1 rank, tp 2 x dp 2 and
 # pp 2 x dp 2 give the same losses; the checkpoint goes to Hugging Face
 # (BloomForCausalLM) and back bit for bit.
-#   llama_tiny.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
+#   bloom_tiny.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
 meshtron=$1 work=$2; shift 2
 mpiexec=("$@")
