@@ -52,6 +52,9 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, const A
       dropout_(dropout),
       backend_(attention_backend_from_string(spec.backend)) {
   reject_unbuilt(spec);
+  MESH_REQUIRE(!(alibi_slopes_.defined() && backend_ == AttentionBackend::Fused),
+               "model.attention_backend = fused does not compute position_embedding_type = "
+               "alibi; use auto or unfused");
   MESH_REQUIRE(spec.num_query_groups > 0 && spec.num_heads % spec.num_query_groups == 0 &&
                    spec.num_query_groups % ctx.tp.size() == 0,
                "Attention: num_query_groups = " << spec.num_query_groups
@@ -65,12 +68,7 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, const A
 
 bool Attention::use_fused(DType activations, MemorySpace space) const {
   if (backend_ == AttentionBackend::Unfused) return false;
-  // The fused kernels take no position bias: ALiBi runs the unfused core.
-  const bool alibi = alibi_slopes_.defined();
-  MESH_REQUIRE(!(alibi && backend_ == AttentionBackend::Fused),
-               "model.attention_backend = fused does not compute position_embedding_type = "
-               "alibi; use auto or unfused");
-  if (alibi) return false;
+  if (alibi_slopes_.defined()) return false;  // the fused kernels take no position bias
   const bool host = space == MemorySpace::Host;
   // The fused kernels take as many kv heads as q heads: grouped queries
   // run the unfused core, which needs no per-head copies of k and v.

@@ -72,7 +72,8 @@ class Attention {
     /// so that the backward passes read the mask instead of drawing it again.
     Tensor keep_bits;
   };
-  /// Rejects a spec other than causal attention.
+  /// Rejects a spec other than causal attention, and ALiBi under the fused
+  /// backend.
   Attention(const std::string& name, int layer, index_t hidden, const AttentionSpec& spec,
             double dropout, const LayerContext& ctx, DType dtype);
   /// forward() + residual, the add riding in proj's GEMM where it can
