@@ -1,5 +1,5 @@
-"""The training recipe both golden generators record (make_gpt2_golden.py,
-make_llama_golden.py): the hyper-parameters, the learning-rate schedule,
+"""The training recipe the golden generators record (make_gpt2_golden.py,
+make_llama_golden.py, make_bloom_golden.py): the hyper-parameters, the learning-rate schedule,
 AdamW with decay on matrices only, and three recorded steps. Imported by
 the scripts beside it; needs torch and safetensors."""
 import math

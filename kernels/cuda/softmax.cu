@@ -13,7 +13,14 @@
 // [96, 1024, 1024] at 2.66 TB/s on both an H100 and an H200, 0.63 of the
 // H200's copy, against 1.09 packed; perf/bench_cuda_ops memory).
 //
-// Backward: ds[j] = scale p[j] (dp[j] - sum_k dp[k] p[k]) for j <= i, else 0.
+// ALiBi (slopes [H] in fp32, matrix b of B being head b mod H) adds
+// slope * (j - i) to each logit in fp32 inside the kernel, never to the
+// stored 16-bit scores: at bf16's 8 bits a bias of hundreds would round
+// away the score differences near the diagonal. It takes the column-by-
+// column kernel.
+//
+// Backward: ds[j] = scale p[j] (dp[j] - sum_k dp[k] p[k]) for j <= i, else 0
+// (the same with ALiBi: its bias is a constant).
 #include "kernels/cuda/common.cuh"
 #include "ops/ops_cuda.hpp"
 
@@ -22,24 +29,29 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+/// alibi_slopes: [heads] or null (then the bias is 0 and the logits are
+/// scale * s exactly: scale * s + 0 rounds as scale * s).
 template <class T>
 __global__ void softmax_forward_kernel(const T* __restrict__ scores, kindex rows, kindex S,
-                                       float scale, T* __restrict__ probs) {
+                                       float scale, T* __restrict__ probs,
+                                       const float* __restrict__ alibi_slopes, kindex heads) {
   start_after_prior_grid();
   const kindex r = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
   const kindex last = r % S;  // keys 0..last are visible
+  const float slope = alibi_slopes ? alibi_slopes[(r / S) % heads] : 0.f;
   const T* s = scores + r * S;
   T* p = probs + r * S;
+  const auto logit = [&](kindex j) { return scale * load_f(s, j) + slope * float(j - last); };
   float m = -INFINITY;
-  for (kindex j = lane; j <= last; j += 32) m = fmaxf(m, scale * load_f(s, j));
+  for (kindex j = lane; j <= last; j += 32) m = fmaxf(m, logit(j));
   m = warp_max(m);
   float sum = 0.f;
-  for (kindex j = lane; j <= last; j += 32) sum += expf(scale * load_f(s, j) - m);
+  for (kindex j = lane; j <= last; j += 32) sum += expf(logit(j) - m);
   const float inv_sum = 1.f / warp_sum(sum);
   for (kindex j = lane; j < S; j += 32)
-    store_f(p, j, j <= last ? expf(scale * load_f(s, j) - m) * inv_sum : 0.f);
+    store_f(p, j, j <= last ? expf(logit(j) - m) * inv_sum : 0.f);
 }
 
 /// softmax_forward_kernel on 16-byte packs (S % V == 0, 16-byte aligned rows).
@@ -110,14 +122,15 @@ __global__ void softmax_backward_kernel(const T* __restrict__ dprobs, const T* _
 }  // namespace
 
 void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t S,
-                                   double scale, void* probs) {
+                                   double scale, void* probs, const float* alibi_slopes,
+                                   index_t heads) {
   const kindex rows = batch_heads * S;
   if (rows == 0) return;
   with_storage_type(t, "scaled_causal_softmax_forward", [&](auto zero) {
     using T = decltype(zero);
     // fp32 stays column by column: packed it reads at 0.94 of the copy on an
     // H200 against 1.05 (perf/bench_cuda_ops memory).
-    if (sizeof(T) == 2 && S % kPack<T> == 0 && S < (kindex(1) << 30) && aligned16(scores) &&
+    if (!alibi_slopes && sizeof(T) == 2 && S % kPack<T> == 0 && S < (kindex(1) << 30) && aligned16(scores) &&
         aligned16(probs)) {
       launch_dependent(softmax_forward_packed_kernel<T>,
                        grid_for(rows, kWarpsPerBlock, 1LL << 31), kWarpsPerBlock * 32, 0,
@@ -127,7 +140,7 @@ void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_he
     }
     launch_dependent(softmax_forward_kernel<T>, grid_for(rows, kWarpsPerBlock, 1LL << 31),
                      kWarpsPerBlock * 32, 0, compute_stream(), static_cast<const T*>(scores), rows,
-                     S, float(scale), static_cast<T*>(probs));
+                     S, float(scale), static_cast<T*>(probs), alibi_slopes, kindex(heads));
   });
 }
 

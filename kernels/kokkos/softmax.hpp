@@ -9,8 +9,13 @@
 // The normaliser sums the stored (rounded) exponentials in double so that
 // each row sums to 1 to the output precision.
 //
+// With ALiBi slopes (Press et al., 2022; slopes fp32 [H], the matrix b of
+// the B being head b mod H) each logit scale * s[j] gains slope * (j - i):
+// at most 0, 0 on the diagonal, so the row max stays near the unbiased one.
+//
 // Backward (softmax Jacobian, then the chain rule through the scale):
 //   ds[j] = scale * p[j] * (dp[j] - sum_k dp[k] p[k]),  0 for j > i.
+// The ALiBi bias is a constant: the backward is the same with or without it.
 #pragma once
 
 #include "kernels/kokkos/common.hpp"
@@ -22,15 +27,24 @@ struct ScaledCausalSoftmaxForward {
   Matrix<const T, ExecSpace> scores;  // [B*S, S]
   T scale;
   Matrix<T, ExecSpace> probs;
+  const float* alibi_slopes = nullptr;  ///< [heads], or none
+  kindex heads = 1;
+
+  /// scale * s[r, j], plus the ALiBi bias of row r's head.
+  KOKKOS_INLINE_FUNCTION T logit(kindex r, kindex j, kindex last) const {
+    if (!alibi_slopes) return scale * scores(r, j);
+    const T slope = T(alibi_slopes[(r / scores.extent(1)) % heads]);
+    return scale * scores(r, j) + slope * T(j - last);
+  }
 
   KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
     const kindex S = scores.extent(1);
     const kindex last = r % S;  // query position: keys 0..last are visible
-    T row_max = scale * scores(r, 0);
-    for (kindex j = 1; j <= last; ++j) row_max = kmath::fmax(row_max, scale * scores(r, j));
+    T row_max = logit(r, 0, last);
+    for (kindex j = 1; j <= last; ++j) row_max = kmath::fmax(row_max, logit(r, j, last));
     accum_t sum = 0;
     for (kindex j = 0; j <= last; ++j) {
-      const T e = kmath::exp(scale * scores(r, j) - row_max);
+      const T e = kmath::exp(logit(r, j, last) - row_max);
       probs(r, j) = e;
       sum += e;
     }
@@ -59,13 +73,15 @@ struct ScaledCausalSoftmaxBackward {
 
 // ---------------------------------------------------------------- launchers
 
-/// scores, probs: [batch_heads, S, S].
+/// scores, probs: [batch_heads, S, S]; alibi_slopes [heads] or null.
 template <class ExecSpace, class T>
 void scaled_causal_softmax_forward(const T* scores, kindex batch_heads, kindex S, double scale,
-                                   T* probs) {
+                                   T* probs, const float* alibi_slopes = nullptr,
+                                   kindex heads = 1) {
   const kindex rows = batch_heads * S;
   ScaledCausalSoftmaxForward<ExecSpace, T> f{as_matrix<ExecSpace>(scores, rows, S), T(scale),
-                                             as_matrix<ExecSpace>(probs, rows, S)};
+                                             as_matrix<ExecSpace>(probs, rows, S), alibi_slopes,
+                                             heads};
   Kokkos::parallel_for("meshtron::softmax_forward", Range<ExecSpace>(0, rows), f);
 }
 

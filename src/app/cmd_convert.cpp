@@ -1,5 +1,6 @@
-// meshtron convert: Hugging Face GPT2LMHeadModel, GPTBigCodeForCausalLM,
-// LlamaForCausalLM or MistralForCausalLM <-> meshtron checkpoint.
+// meshtron convert: the Hugging Face causal LMs of io::hf_families()
+// (GPT2LMHeadModel, GPTBigCodeForCausalLM, LlamaForCausalLM,
+// MistralForCausalLM, BloomForCausalLM) <-> meshtron checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
 //       config.json + model.safetensors (or its shards and

@@ -48,7 +48,8 @@ std::vector<ModelKey> architecture(const ModelSection& d, const ModelSection& k)
       {"model.add_bias_linear", text(d.add_bias_linear), text(k.add_bias_linear)},
       {"model.untie_embeddings_and_output_weights",
        text(d.untie_embeddings_and_output_weights), text(k.untie_embeddings_and_output_weights)},
-      {"model.parallel_residual", text(d.parallel_residual), text(k.parallel_residual)}};
+      {"model.parallel_residual", text(d.parallel_residual), text(k.parallel_residual)},
+      {"model.embedding_norm", text(d.embedding_norm), text(k.embedding_norm)}};
   if (d.vocab_size > 0 && k.vocab_size > 0)
     keys.push_back({"model.vocab_size", text(d.vocab_size), text(k.vocab_size)});
   return keys;

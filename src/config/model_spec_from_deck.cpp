@@ -47,6 +47,7 @@ ModelSpec model_spec_from_deck(const RunConfig& run, int vocab_size, int tp) {
   c.attention_dropout = m.attention_dropout;
   c.block = block_spec_from_deck(m);
   c.parallel_residual = m.parallel_residual;
+  c.embedding_norm = m.embedding_norm;
   return c;
 }
 
@@ -56,10 +57,9 @@ namespace {
 void write_architecture(std::ostream& os, const ModelSpec& c) {
   const auto& n = c.block.norm;
   const auto& a = c.block.attention;
-  MESH_REQUIRE(n.placement == NormPlacement::Pre && n.bias && a.mask == AttentionMask::Causal &&
-                   !c.embedding_norm,
-               "no deck key states a post-norm, a norm without bias, an attention mask "
-               "other than causal or a norm after the embedding");
+  MESH_REQUIRE(n.placement == NormPlacement::Pre && n.bias && a.mask == AttentionMask::Causal,
+               "no deck key states a post-norm, a norm without bias or an attention mask "
+               "other than causal");
   if (n.kind != NormKind::LayerNorm) os << "normalization = " << to_string(n.kind) << "\n";
   if (a.position != PositionEmbedding::LearnedAbsolute)
     os << "position_embedding_type = " << to_string(a.position) << "\n";
@@ -75,6 +75,7 @@ void write_architecture(std::ostream& os, const ModelSpec& c) {
   if (!a.bias) os << "add_bias_linear = false\n";
   if (!c.tie_word_embeddings) os << "untie_embeddings_and_output_weights = true\n";
   if (c.parallel_residual) os << "parallel_residual = true\n";
+  if (c.embedding_norm) os << "embedding_norm = true\n";
 }
 
 }  // namespace

@@ -173,8 +173,8 @@ void DeckSchema::bind(RunConfig& c) {
   auto& m = c.model;
   key("model.arch", &m.arch, "string",
       "model family, the defaults of the architecture keys: gpt (GPT-2) | llama (RMSNorm, rope, "
-      "swiglu, no biases, untied head) | gpt_bigcode (num_query_groups = 1); a key set in a deck "
-      "or --set wins");
+      "swiglu, no biases, untied head) | gpt_bigcode (num_query_groups = 1) | bloom (alibi, "
+      "embedding_norm); a key set in a deck or --set wins");
   key("model.num_layers", &m.num_layers, "int", "transformer layers");
   key("model.hidden_size", &m.hidden_size, "int", "hidden size h");
   key("model.num_attention_heads", &m.num_attention_heads, "int", "attention heads");
@@ -199,7 +199,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.normalization", &m.normalization, "string",
       "LayerNorm | RMSNorm");
   key("model.position_embedding_type", &m.position_embedding_type, "string",
-      "learned_absolute | rope | alibi | none" + unbuilt("alibi"));
+      "learned_absolute | rope | alibi | none");
   key("model.num_query_groups", &m.num_query_groups, "int",
       "key/value heads (grouped-query attention), 0 = num_attention_heads");
   key("model.kv_channels", &m.kv_channels, "int",
@@ -218,6 +218,8 @@ void DeckSchema::bind(RunConfig& c) {
       "bool", "LM head with its own weights (output_layer.weight) instead of the word table");
   key("model.parallel_residual", &m.parallel_residual, "bool",
       "attention and MLP on the same normed input, one residual add" + unbuilt("true"));
+  key("model.embedding_norm", &m.embedding_norm, "bool",
+      "the block's norm right after the word embedding (BLOOM)");
 
   auto& p = c.parallel;
   key("parallel.tensor_parallel", &p.tensor_parallel, "int", "tensor-parallel degree tp");
@@ -454,6 +456,8 @@ constexpr ArchPreset kArchPresets[] = {
      "add_bias_linear = false\nuntie_embeddings_and_output_weights = true\n"},
     // StarCoder / SantaCoder: GPT-2 with one key/value head.
     {"gpt_bigcode", "num_query_groups = 1\n"},
+    // BLOOM: ALiBi instead of positions, a LayerNorm after the embedding.
+    {"bloom", "position_embedding_type = alibi\nembedding_norm = true\n"},
 };
 
 std::vector<std::string> arch_names() {

@@ -13,8 +13,17 @@ void reject_unbuilt(const AttentionSpec& a) {
     require_built(built, "Attention", setting);
   };
   reject_unless(a.mask == AttentionMask::Causal, "attention mask " + to_string(a.mask));
-  reject_unless(a.position != PositionEmbedding::Alibi,
-                "position_embedding_type = " + to_string(a.position));
+}
+
+/// The ALiBi slopes of this rank's heads (global heads [t H/tp, (t+1) H/tp)),
+/// fp32 where the activations live; none without ALiBi.
+Tensor alibi_slopes_of_rank(const AttentionSpec& a, const LayerContext& ctx) {
+  if (a.position != PositionEmbedding::Alibi) return Tensor();
+  const index_t local = a.num_heads / ctx.tp.size(), first = local * ctx.tp.rank();
+  const std::vector<double> all = ops::alibi_slopes(a.num_heads);
+  Tensor host = Tensor::empty({local}, DType::F32);
+  for (index_t h = 0; h < local; ++h) host.data<float>()[h] = float(all[std::size_t(first + h)]);
+  return ctx.space == MemorySpace::Host ? host : host.to_space(ctx.space);
 }
 
 ops::RotarySpec rotary_spec(const AttentionSpec& a) {
@@ -39,9 +48,13 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, const A
       head_dim_(spec.head_dim),
       rotary_(spec.position == PositionEmbedding::Rope),
       rope_(rotary_spec(spec)),
+      alibi_slopes_(alibi_slopes_of_rank(spec, ctx)),
       dropout_(dropout),
       backend_(attention_backend_from_string(spec.backend)) {
   reject_unbuilt(spec);
+  MESH_REQUIRE(!(alibi_slopes_.defined() && backend_ == AttentionBackend::Fused),
+               "model.attention_backend = fused does not compute position_embedding_type = "
+               "alibi; use auto or unfused");
   MESH_REQUIRE(spec.num_query_groups > 0 && spec.num_heads % spec.num_query_groups == 0 &&
                    spec.num_query_groups % ctx.tp.size() == 0,
                "Attention: num_query_groups = " << spec.num_query_groups
@@ -55,6 +68,7 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, const A
 
 bool Attention::use_fused(DType activations, MemorySpace space) const {
   if (backend_ == AttentionBackend::Unfused) return false;
+  if (alibi_slopes_.defined()) return false;  // the fused kernels take no position bias
   const bool host = space == MemorySpace::Host;
   // Grouped queries run the fused kernels too, on k and v repeated per
   // query head (expand_kv_groups): (heads - groups) x 2 head vectors more
@@ -204,7 +218,7 @@ void Attention::attention_probs(const Tensor& q, const Tensor& k, const LayerCon
   ops::gemm_batched(q_groups, false, k, true, scores);
   scores = scores.reshape({q.dim(0), s, s});
   probs = Tensor::empty(scores.shape(), q.dtype(), q.space());
-  ops::scaled_causal_softmax_forward(scores, scale(), probs);
+  ops::scaled_causal_softmax_forward(scores, scale(), probs, alibi_slopes_);
   probs_kept = probs;
   if (ctx.training && dropout_ > 0) {
     probs_kept = Tensor::empty(probs.shape(), q.dtype(), q.space());

@@ -20,6 +20,11 @@
 // whole sequence on every tp rank (the column-parallel linear gathers the
 // sequence shards first), so every rank uses the same positions.
 //
+// ALiBi (Press et al., 2022): the softmax adds -slope_h (i - j) to the
+// scaled scores of query i and key j (ops::scaled_causal_softmax_forward);
+// each rank holds the slopes of its global heads. The fused kernels take no
+// bias, so ALiBi runs the unfused core (auto) or is a UserError (fused).
+//
 // The core runs either unfused (scores GEMM, scaled causal softmax, dropout,
 // probs @ V, keeping the [b*heads, s, s] probabilities for the backward) or
 // fused (ops::fused_attention_*: FlashAttention-2 on the GPU, keeping only
@@ -68,7 +73,8 @@ class Attention {
     /// so that the backward passes read the mask instead of drawing it again.
     Tensor keep_bits;
   };
-  /// Rejects a spec other than causal attention without ALiBi positions.
+  /// Rejects a spec other than causal attention, and ALiBi under the fused
+  /// backend.
   Attention(const std::string& name, int layer, index_t hidden, const AttentionSpec& spec,
             double dropout, const LayerContext& ctx, DType dtype);
   /// forward() + residual, the add riding in proj's GEMM where it can
@@ -101,7 +107,7 @@ class Attention {
   /// The fused core's attention dropout: the unfused path's mask (probs_site)
   /// while training with p > 0, else none.
   ops::AttentionDropout fused_dropout(const LayerContext& ctx) const;
-  /// probs = softmax(q k^T / sqrt(d)) (causal) and probs_kept = dropout(probs)
+  /// probs = softmax(q k^T / sqrt(d) + ALiBi) (causal) and probs_kept = dropout(probs)
   /// (the same tensor when dropout is off): the part selective recompute
   /// runs twice. Deterministic, so the rebuilt tensors equal the first ones.
   void attention_probs(const Tensor& q, const Tensor& k, const LayerContext& ctx,
@@ -138,6 +144,7 @@ class Attention {
   index_t head_dim_;
   bool rotary_ = false;
   ops::RotarySpec rope_;
+  Tensor alibi_slopes_;  ///< fp32 [heads_local] of this rank's heads; undefined without ALiBi
   mutable Tensor positions_;  ///< rotary_positions' cache
   mutable index_t positions_b_ = 0, positions_offset_ = 0;
   double dropout_;

@@ -27,8 +27,9 @@ Parameter make_word_embedding(const ModelSpec& c, const LayerContext& ctx, DType
 
 Embedding::Embedding(const ModelSpec& c, const LayerContext& ctx, DType dtype)
     : word(make_word_embedding(c, ctx, dtype)), config_(c) {
-  require_built(c.block.attention.position != PositionEmbedding::Alibi, "Embedding",
-                "position_embedding_type = " + to_string(c.block.attention.position));
+  if (c.embedding_norm)
+    norm.emplace("embedding.norm", c.hidden_size, c.block.norm, dtype, ctx.sequence_parallel,
+                 ctx.space);
   if (!has_position_table()) return;  // rotary positions live in the attention
   position.name = "embedding.position.weight";
   position.global_shape = {c.max_positions, c.hidden_size};
@@ -61,6 +62,7 @@ Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const 
     ops::add(full, positions, full);
   }
   Tensor x = ctx.sequence_parallel ? mapping::scatter_to_sp(ctx.tp, full) : full;
+  if (norm) x = norm->forward(x, c.norm);
   if (!ctx.training || config_.hidden_dropout == 0) return x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
   ops::dropout_forward(x, config_.hidden_dropout,
@@ -75,6 +77,7 @@ void Embedding::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
     ops::dropout_backward(dy, config_.hidden_dropout,
                           ctx.hidden_site(kStreamEmbedding, config_.hidden_size), dx);
   }
+  if (norm) dx = norm->backward(dx, c.norm);
   Tensor dfull = ctx.sequence_parallel ? mapping::scatter_to_sp_backward(ctx.tp, dx) : dx;
   if (has_position_table()) {
     position.zero_stale_grad();  // the scatters add

@@ -5,8 +5,14 @@
 // the others) and reduce_from_tp sums the partial rows, so exactly one rank
 // contributes each token. Positions are replicated. Under sequence
 // parallelism the sum is scattered to sequence shards before dropout.
+// With ModelSpec::embedding_norm (BLOOM's word_embeddings_layernorm) the
+// block's norm runs on those rows (each rank its shard under sequence
+// parallelism) before the dropout.
 #pragma once
 
+#include <optional>
+
+#include "model/layer_norm.hpp"
 #include "model/model_spec.hpp"
 #include "model/layer_context.hpp"
 #include "model/parameter.hpp"
@@ -22,9 +28,10 @@ class Embedding {
  public:
   struct Cache {
     Tensor ids, positions;  ///< int32 [s*b], rows in [s, b] order
+    LayerNorm::Cache norm;  ///< embedding_norm only
   };
-  /// Learned absolute positions add a table; rotary and none add nothing
-  /// here (ALiBi is rejected).
+  /// Learned absolute positions add a table; rotary, ALiBi and none add
+  /// nothing here.
   Embedding(const ModelSpec& config, const LayerContext& ctx, DType dtype);
   /// ids int32 [s*b] in [s, b] order -> hidden [s/sp * b, h].
   Tensor forward(const Tensor& ids, LayerContext& ctx, Cache& cache) const;
@@ -32,6 +39,7 @@ class Embedding {
   void collect(ParameterList& out) {
     out.push_back(&word);
     if (has_position_table()) out.push_back(&position);
+    if (norm) norm->collect(out);
   }
   bool has_position_table() const {
     return config_.block.attention.position == PositionEmbedding::LearnedAbsolute;
@@ -40,6 +48,7 @@ class Embedding {
   Parameter word;      ///< [V_pad/tp, h], split by rows
   /// [max_positions, h], replicated; without values unless has_position_table()
   Parameter position;
+  std::optional<LayerNorm> norm;  ///< "embedding.norm" with ModelSpec::embedding_norm
 
  private:
   ModelSpec config_;

@@ -7,7 +7,6 @@ namespace meshtron {
 GptModel::GptModel(const ModelSpec& c, const StagePlacement& placement, LayerContext& ctx,
                    DType dtype, std::uint64_t seed)
     : config_(c), placement_(placement) {
-  require_built(!c.embedding_norm, "GptModel", "embedding_norm = true");
   if (placement.has_embedding) embedding_.emplace(c, ctx, dtype);
   layers_.reserve(std::size_t(placement.num_layers));
   for (int i = 0; i < placement.num_layers; ++i)

@@ -1,7 +1,7 @@
 // GptModel: the part of a decoder-only model (its ModelSpec) one pipeline
 // stage holds; GPT-2 is what its layers build today.
 //
-//   first stage:  token + position embedding
+//   first stage:  token + position embedding (+ its norm)
 //   every stage:  its contiguous block of transformer layers
 //   last stage:   final norm, LM head, loss
 //
@@ -42,8 +42,7 @@ class GptModel {
     LmHeadLoss::Cache head;
   };
 
-  /// Rejects a norm after the embedding; its layers reject what they do
-  /// not build.
+  /// Its layers reject what they do not build.
   GptModel(const ModelSpec& config, const StagePlacement& placement, LayerContext& ctx,
            DType dtype, std::uint64_t seed);
 

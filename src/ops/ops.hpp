@@ -194,7 +194,22 @@ void gated_activation_backward(const Tensor& dy, const Tensor& x, GatedActivatio
 /// Scale, causal mask and softmax over the last dim of scores [B, S, S]
 /// (B = batch x heads): probs[b,i,j] = softmax_j(scale * s[b,i,j]) for j <= i,
 /// and exactly 0 for j > i.
-void scaled_causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs);
+///
+/// With `alibi_slopes` (fp32 [H] where the scores live; the matrix b of the
+/// B is head b mod H, as [batch, heads] flattened), ALiBi's bias enters each
+/// logit in fp32: softmax_j(scale * s[b,i,j] - slope[b mod H] * (i - j)).
+/// transformers' BLOOM adds slope * j instead (build_alibi_tensor): the two
+/// differ by slope * i, a constant of each row, which the softmax cancels
+/// exactly (exp(x + c) / sum exp(x + c)); -slope (i - j) keeps the logits
+/// near the diagonal, the ones that carry the weight, small, so none of
+/// their bits go to a large offset.
+void scaled_causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs,
+                                   const Tensor& alibi_slopes = Tensor());
+/// ALiBi's head slopes, as transformers' build_alibi_tensor makes them:
+/// with n the largest power of two <= heads, 2^(-8k/n) for k = 1..n, and
+/// for the remaining heads 2^(-4k/n) for k = 1, 3, 5, ... (interpolated
+/// between the slopes of n and 2n heads).
+std::vector<double> alibi_slopes(index_t heads);
 /// dscores = scale * probs * (dprobs - sum_j(dprobs * probs)) (overwrite).
 void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs,
                                     double scale, Tensor& dscores);

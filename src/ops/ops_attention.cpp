@@ -1,6 +1,7 @@
 // The attention ops (ops.hpp: Softmax, Fused attention): the causal
 // softmax, the fused causal attention in the head-major and token-major
 // layouts, and its dropout.
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 
@@ -26,22 +27,42 @@ index_t softmax_batch(const char* op, const Arg& scores) {
 }
 }  // namespace
 
-void scaled_causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs) {
+void scaled_causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs,
+                                   const Tensor& alibi_slopes) {
   const char* op = "scaled_causal_softmax_forward";
   const Arg as{"scores", scores}, ap{"probs", probs};
   const bool device = require_float_args(op, {as, ap});
   const index_t B = softmax_batch(op, as), S = scores.dim(-1);
   MESH_VERIFY(probs.shape() == scores.shape(),
               op << ": " << describe(ap) << " must match " << describe(as));
+  const bool alibi = alibi_slopes.defined();
+  const index_t heads = alibi ? alibi_slopes.numel() : 1;
+  MESH_VERIFY(!alibi || (alibi_slopes.dtype() == DType::F32 && alibi_slopes.rank() == 1 &&
+                         heads > 0 && B % heads == 0 && alibi_slopes.space() == scores.space()),
+              op << ": alibi_slopes " << describe({"alibi_slopes", alibi_slopes})
+                 << " must be fp32 [heads] beside the scores, heads dividing " << B);
+  const float* slopes = alibi ? alibi_slopes.data<float>() : nullptr;
   if (device) {
     ON_CUDA(cuda::scaled_causal_softmax_forward(scores.dtype(), scores.raw(), B, S, scale,
-                                               probs.raw()));
+                                               probs.raw(), slopes, heads));
     return;
   }
   with_float_type(scores.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    kernels::scaled_causal_softmax_forward<Host>(scores.data<T>(), B, S, scale, probs.data<T>());
+    kernels::scaled_causal_softmax_forward<Host>(scores.data<T>(), B, S, scale, probs.data<T>(),
+                                                 slopes, heads);
   });
+}
+
+std::vector<double> alibi_slopes(index_t heads) {
+  MESH_VERIFY(heads > 0, "alibi_slopes: heads = " << heads << " must be positive");
+  index_t n = 1;  // the largest power of two <= heads
+  while (2 * n <= heads) n *= 2;
+  std::vector<double> slopes;
+  for (index_t k = 1; k <= n; ++k) slopes.push_back(std::exp2(-8.0 * double(k) / double(n)));
+  for (index_t k = 1; index_t(slopes.size()) < heads; k += 2)
+    slopes.push_back(std::exp2(-4.0 * double(k) / double(n)));
+  return slopes;
 }
 
 void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, double scale,

@@ -117,8 +117,10 @@ void rmsnorm_backward(DType t, DType g, const void* dy, const void* x, const voi
                       const void* residual_grad, bool accumulate);
 
 // --------------------------------------------------------------- Softmax ---
+/// alibi_slopes: fp32 [heads] on the device, or null (ops.hpp).
 void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t S,
-                                   double scale, void* probs);
+                                   double scale, void* probs, const float* alibi_slopes = nullptr,
+                                   index_t heads = 1);
 void scaled_causal_softmax_backward(DType t, const void* dprobs, const void* probs,
                                     index_t batch_heads, index_t S, double scale, void* dscores);
 

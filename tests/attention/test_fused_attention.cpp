@@ -31,6 +31,7 @@
 #include <random>
 #include <vector>
 
+#include "common/expect_user_error.hpp"
 #include "../parallel/decomposition.hpp"
 #include "ops/attention_mask_layout.hpp"
 #include "common/error.hpp"
@@ -296,6 +297,18 @@ TEST(FusedAttentionHost, TinyGptFusedBackendWithAttentionDropoutEqualsUnfused) {
   EXPECT_GT(std::fabs(plain.losses.back() - unfused.losses.back()), 1e-8);
 }
 
+
+TEST(FusedAttentionHost, AlibiRunsUnfusedUnderAutoAndRejectsFused) {
+  auto run = [](const std::string& backend) {
+    testing::Layout layout;
+    layout.overrides = {"model.position_embedding_type=alibi",
+                        "model.attention_backend=" + backend};
+    return testing::train_layout(MPI_COMM_SELF, layout, DType::F64, 2);
+  };
+  EXPECT_EQ(run("auto").losses, run("unfused").losses);
+  testing_util::expect_user_error([&] { run("fused"); },
+                                  {"model.attention_backend = fused", "alibi"});
+}
 
 // ------------------------------------------------ the CUDA mask numbering ---
 

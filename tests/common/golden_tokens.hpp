@@ -1,5 +1,5 @@
 // What the golden-model checks (tests/common/gpt2_golden.hpp,
-// tests/validation/test_llama_golden.cpp) share: the batch of the
+// tests/common/family_golden.hpp) share: the batch of the
 // validation/make_*_golden.py scripts, their tokens in meshtron's [s, b]
 // order, and one relative error per tensor.
 #pragma once

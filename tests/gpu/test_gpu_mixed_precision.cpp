@@ -467,6 +467,39 @@ TEST(GpuLlama, RotaryFusedCoreTracksUnfusedInBf16) {
   }
 }
 
+const std::vector<std::string> kBloomKeys = {"model.num_attention_heads=4",
+                                             "model.position_embedding_type=alibi",
+                                             "model.embedding_norm=true"};
+
+// The device path (the softmax kernel's ALiBi bias, the embedding norm)
+// trains as the host does in fp32.
+TEST(GpuBloom, AlibiEmbeddingNormTrainAsOnTheHost) {
+  REQUIRE_GPU();
+  testing::Layout host{.overrides = kBloomKeys}, gpu = host;
+  gpu.overrides.push_back("run.device=cuda");
+  const auto on_host = testing::train_layout(MPI_COMM_SELF, host, DType::F32, 3);
+  const auto on_gpu =
+      testing::train_layout(MPI_COMM_SELF, gpu, DType::F32, 3, MemorySpace::Cuda);
+  for (std::size_t k = 0; k < on_host.losses.size(); ++k)
+    EXPECT_NEAR(on_gpu.losses[k], on_host.losses[k], 1e-4 * on_host.losses[k]) << k;
+  EXPECT_LE(worst_param_error(on_gpu, on_host), 1e-3);
+}
+
+// Head dim 64 in bf16: auto declines the fused core for ALiBi, and the run
+// stays close to the host's fp32 one.
+TEST(GpuBloom, AlibiInBf16TracksTheHost) {
+  REQUIRE_GPU();
+  std::vector<std::string> keys = kBloomKeys;
+  keys.insert(keys.end(), {"model.hidden_size=128", "model.num_attention_heads=2"});
+  testing::Layout host{.overrides = keys}, bf16 = host;
+  bf16.overrides.insert(bf16.overrides.end(), {"run.device=cuda", "training.precision=bf16"});
+  const auto on_host = testing::train_layout(MPI_COMM_SELF, host, DType::F32, 3);
+  const auto in_bf16 =
+      testing::train_layout(MPI_COMM_SELF, bf16, DType::BF16, 3, MemorySpace::Cuda);
+  for (std::size_t k = 0; k < on_host.losses.size(); ++k)
+    EXPECT_NEAR(in_bf16.losses[k], on_host.losses[k], 2e-2 * on_host.losses[k]) << k;
+}
+
 TEST(GpuRecompute, BitwiseSameAsNoneAndPeakMemoryFalls) {
   REQUIRE_GPU();
   const RecomputeRun none = run_recompute("none");

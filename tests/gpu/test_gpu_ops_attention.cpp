@@ -40,6 +40,24 @@ TEST_F(GpuOps, ScaledCausalSoftmaxForwardAndBackwardMatchHost) {
     }
 }
 
+TEST_F(GpuOps, AlibiSoftmaxMatchesHost) {
+  // 6 heads (interpolated slopes) over B = 2 x 6; S = 64 would take the
+  // packed kernel without ALiBi.
+  for (DType dt : kDtypes)
+    for (index_t S : {index_t(17), index_t(64)}) {
+      const std::string what = "alibi softmax " + name(dt) + " S=" + std::to_string(S);
+      const index_t heads = 6, B = 2 * heads;
+      Tensor slopes = Tensor::empty({heads}, DType::F32);
+      const std::vector<double> all = alibi_slopes(heads);
+      for (index_t h = 0; h < heads; ++h) slopes.data<float>()[h] = float(all[std::size_t(h)]);
+      const Pair scores = input({B, S, S}, dt, -8.0, 8.0);
+      Pair probs = output({B, S, S}, dt);
+      scaled_causal_softmax_forward(scores.host, 0.25, probs.host, slopes);
+      scaled_causal_softmax_forward(scores.dev, 0.25, probs.dev, slopes.to_device());
+      expect_close(probs, dt, what);
+    }
+}
+
 // ========================================================== Head layout ==
 
 TEST_F(GpuOps, SplitAndMergeHeadsMatchHostExactly) {

@@ -86,7 +86,8 @@ TEST(ModelSpec, ArchitectureKeysParseAndWriteBack) {
       "normalization = RMSNorm\nposition_embedding_type = rope\nnum_query_groups = 2\n"
       "kv_channels = 16\nrotary_percent = 0.5\nrotary_base = 500000\nrotary_interleaved = true\n"
       "activation = swiglu\nadd_bias_linear = false\n"
-      "untie_embeddings_and_output_weights = true\nparallel_residual = true\n", 2);
+      "untie_embeddings_and_output_weights = true\nparallel_residual = true\n"
+      "embedding_norm = true\n", 2);
   const auto& a = s.block.attention;
   EXPECT_EQ(s.block.norm.kind, NormKind::RMSNorm);
   EXPECT_EQ(a.position, PositionEmbedding::Rope);
@@ -97,7 +98,7 @@ TEST(ModelSpec, ArchitectureKeysParseAndWriteBack) {
   EXPECT_TRUE(a.rotary_interleaved);
   EXPECT_EQ(s.block.mlp.activation, Activation::Swiglu);
   EXPECT_FALSE(a.bias || s.block.mlp.bias || s.tie_word_embeddings);
-  EXPECT_TRUE(s.parallel_residual);
+  EXPECT_TRUE(s.parallel_residual && s.embedding_norm);
 
   RunConfig back = RunConfig::from_text(model_deck_section(s), {"parallel.tensor_parallel=2"});
   back.validate(2);
@@ -109,7 +110,7 @@ TEST(ModelSpec, ArchitectureKeysParseAndWriteBack) {
   EXPECT_TRUE(r.block.attention.rotary_interleaved);
   EXPECT_EQ(r.block.mlp.activation, Activation::Swiglu);
   EXPECT_FALSE(r.block.mlp.bias || r.tie_word_embeddings);
-  EXPECT_TRUE(r.parallel_residual);
+  EXPECT_TRUE(r.parallel_residual && r.embedding_norm);
 }
 
 // model.arch sets its family's keys as defaults; a key in the deck wins.
@@ -150,7 +151,6 @@ TEST(ModelSpec, LayersRejectWhatTheyDoNotBuild) {
   build(spec_of_deck("activation = geglu\n"));
   build(spec_of_deck("untie_embeddings_and_output_weights = true\n"));  // and untied
   const std::pair<const char*, const char*> unbuilt[] = {
-      {"position_embedding_type = alibi\n", "position_embedding_type = alibi"},
       {"activation = gelu\n", "Mlp: activation = gelu"},
       {"activation = relu\n", "Mlp: activation = relu"},
       {"parallel_residual = true\n", "TransformerLayer: parallel_residual = true"},
@@ -163,16 +163,14 @@ TEST(ModelSpec, LayersRejectWhatTheyDoNotBuild) {
   ModelSpec padding = spec_of_deck("");
   padding.block.attention.mask = AttentionMask::Padding;
   expect_user_error([&] { build(padding); }, {"Attention: attention mask padding"});
-  ModelSpec embedding_norm = spec_of_deck("");
-  embedding_norm.embedding_norm = true;
-  expect_user_error([&] { build(embedding_norm); }, {"GptModel: embedding_norm = true"});
 }
 
 TEST(ModelSpec, LayersBuildRotaryGroupedQueriesAndOwnHeadDim) {
   for (const char* keys : {"position_embedding_type = rope\n", "position_embedding_type = none\n",
                            "num_query_groups = 2\n", "num_query_groups = 1\nkv_channels = 16\n",
                            "position_embedding_type = rope\nrotary_percent = 0.5\n"
-                           "rotary_interleaved = true\nnum_query_groups = 2\n"})
+                           "rotary_interleaved = true\nnum_query_groups = 2\n",
+                           "position_embedding_type = alibi\nembedding_norm = true\n"})
     EXPECT_NO_THROW(build(spec_of_deck(keys))) << keys;
 }
 

@@ -407,6 +407,56 @@ TYPED_TEST(OpsTyped, CausalSoftmaxBackwardMatchesNaiveWithExactZeros) {
     }
 }
 
+TEST(Alibi, SlopesAreBuildAlibiTensorsForPowersOfTwoAndBetween) {
+  // transformers' build_alibi_tensor: 2^(-8k/n) for n = 4, 8; 6 heads take
+  // n = 4's and then 2^(-4k/4), k = 1, 3.
+  EXPECT_EQ(alibi_slopes(4), (std::vector<double>{0.25, 0.0625, 0.015625, 0.00390625}));
+  EXPECT_EQ(alibi_slopes(8), (std::vector<double>{0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625,
+                                                  0.0078125, 0.00390625}));
+  EXPECT_EQ(alibi_slopes(6),
+            (std::vector<double>{0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125}));
+}
+
+/// transformers' BLOOM in long double: softmax_j(scale s[b,i,j] + slope_h j)
+/// over j <= i, h = b mod heads (its bias slope * j, not -slope (i - j)).
+Values naive_alibi_softmax(const Values& s, index_t B, index_t S, double scale,
+                           const std::vector<double>& slopes) {
+  Values p(s.size(), 0.0);
+  const index_t heads = index_t(slopes.size());
+  for (index_t r = 0; r < B * S; ++r) {
+    const index_t i = r % S;
+    const LD slope = slopes[std::size_t((r / S) % heads)];
+    auto logit = [&](index_t j) { return LD(scale) * s[r * S + j] + slope * LD(j); };
+    LD mx = -INFINITY, z = 0;
+    for (index_t j = 0; j <= i; ++j) mx = std::max(mx, logit(j));
+    for (index_t j = 0; j <= i; ++j) z += std::exp(logit(j) - mx);
+    for (index_t j = 0; j <= i; ++j) p[r * S + j] = double(std::exp(logit(j) - mx) / z);
+  }
+  return p;
+}
+
+TYPED_TEST(OpsTyped, AlibiSoftmaxMatchesTransformersBias) {
+  for (index_t heads : {4, 6, 8}) {
+    const index_t B = 2 * heads, S = 33;
+    const std::vector<double> slopes = alibi_slopes(heads);
+    Tensor slope_tensor = Tensor::empty({heads}, DType::F32);
+    for (index_t h = 0; h < heads; ++h) slope_tensor.data<float>()[h] = float(slopes[std::size_t(h)]);
+    Tensor scores = random_tensor({B, S, S}, this->dtype, this->rng, -6.0, 6.0);
+    Tensor probs = Tensor::empty({B, S, S}, this->dtype);
+    scaled_causal_softmax_forward(scores, 0.25, probs, slope_tensor);
+    const Values expected = naive_alibi_softmax(scores.to_doubles(), B, S, 0.25, slopes);
+    expect_close(probs.to_doubles(), expected, this->tol, where("alibi softmax", {B, S, S}));
+    expect_causal_zeros(probs, S, where("alibi softmax", {B, S, S}));
+    // The bias moves the probabilities: without it they differ.
+    Tensor plain = Tensor::empty({B, S, S}, this->dtype);
+    scaled_causal_softmax_forward(scores, 0.25, plain);
+    double moved = 0;
+    const Values a = plain.to_doubles(), b = probs.to_doubles();
+    for (std::size_t k = 0; k < a.size(); ++k) moved = std::max(moved, std::fabs(a[k] - b[k]));
+    EXPECT_GT(moved, 1e-2) << heads << " heads";
+  }
+}
+
 TEST(OpsFiniteDifferences, CausalSoftmaxBackward) {
   std::mt19937_64 rng(11);
   for (auto [B, S] : {std::pair<index_t, index_t>{1, 1}, {2, 5}, {1, 17}}) {

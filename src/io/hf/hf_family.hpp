@@ -46,5 +46,6 @@ const HfFamily& hf_family_of_spec(const ModelSpec& spec);
 HfFamily hf_family_gpt2();
 HfFamily hf_family_gpt_bigcode();
 HfFamily hf_family_llama();
+HfFamily hf_family_bloom();
 
 }  // namespace meshtron::io
