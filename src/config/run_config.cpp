@@ -207,8 +207,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.rotary_interleaved", &m.rotary_interleaved, "bool",
       "rope rotates interleaved pairs rather than halves");
   key("model.activation", &m.activation, "string",
-      "MLP activation: gelu (erf) | gelu_tanh (GPT-2's) | relu | swiglu | geglu" +
-          unbuilt("gelu, relu"));
+      "MLP activation: gelu (erf) | gelu_tanh (GPT-2's) | relu | swiglu | geglu");
   key("model.add_bias_linear", &m.add_bias_linear, "bool",
       "biases on the linear layers");
   key("model.untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights,

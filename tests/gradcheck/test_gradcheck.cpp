@@ -633,6 +633,16 @@ TEST_F(GradCheck, TransformerLayerWithRmsNormAndSwiglu) {
   expect_gradients_match("Layer(rmsnorm,swiglu)", s, random({kTokens, kHidden}));
 }
 
+TEST_F(GradCheck, ExactGeluAndReluMlps) {
+  for (Activation act : {Activation::Gelu, Activation::Relu}) {
+    const MlpSpec spec{.ffn_hidden_size = int(kFfn), .activation = act};
+    Mlp mlp("mlp", /*layer=*/0, kHidden, spec, ctx, DType::F64);
+    Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
+    randomize(s.params);
+    expect_gradients_match("Mlp(" + to_string(act) + ")", s, random({kTokens, kHidden}));
+  }
+}
+
 /// The whole model: 2 layers, h 16, 2 heads, vocab 50 padded to 64, s 6,
 /// b 2, all dropouts on, the head tied or untied; objective = the mean
 /// per-token loss.
