@@ -213,7 +213,8 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights,
       "bool", "LM head with its own weights (output_layer.weight) instead of the word table");
   key("model.parallel_residual", &m.parallel_residual, "bool",
-      "attention and MLP on the same normed input, one residual add" + unbuilt("true"));
+      "attention and MLP on their own norms of the same input, one residual add "
+      "(GPT-NeoX's use_parallel_residual)");
 
   auto& p = c.parallel;
   key("parallel.tensor_parallel", &p.tensor_parallel, "int", "tensor-parallel degree tp");

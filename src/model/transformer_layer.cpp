@@ -26,10 +26,10 @@ TransformerLayer::TransformerLayer(int index, const ModelSpec& c, const LayerCon
       mlp("layers." + std::to_string(index) + ".mlp", index, c.hidden_size, c.block.mlp,
           linear_context(ctx, c.block.norm), dtype),
       index_(index),
-      hidden_dropout_(c.hidden_dropout) {
+      hidden_dropout_(c.hidden_dropout),
+      parallel_residual_(c.parallel_residual) {
   require_built(c.block.norm.placement == NormPlacement::Pre, "TransformerLayer",
                 "norm placement " + to_string(c.block.norm.placement));
-  require_built(!c.parallel_residual, "TransformerLayer", "parallel_residual = true");
 }
 
 void TransformerLayer::collect(ParameterList& out) {
@@ -60,6 +60,7 @@ Tensor TransformerLayer::dropout_backward(const Tensor& dy, std::uint32_t site_i
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
+  if (parallel_residual_) return forward_parallel(x, ctx, c);
   // Without hidden dropout the residual adds ride in the attention's and the
   // MLP's last GEMMs (one cuBLASLt epilogue on one tp rank; the same numbers
   // on the host).
@@ -70,6 +71,20 @@ Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) c
                                  : dropout_add(attention.forward(attn_in, ctx, c.attention), x,
                                                kStreamAttentionOut, ctx);
   const Tensor mlp_in = ln_2.forward(h, c.ln_2, mlp.fc.takes_ones_column());
+  if (fuse_residual) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
+  return dropout_add(mlp.forward(mlp_in, ctx, c.mlp), h, kStreamMlpOut, ctx);
+}
+
+// x + attention(ln_1(x)) + mlp(ln_2(x)): the attention's output (with x
+// added) is the MLP's residual, so each add rides where the sequential
+// block's does (the GEMM epilogue, or the dropout kernel).
+Tensor TransformerLayer::forward_parallel(const Tensor& x, LayerContext& ctx, Cache& c) const {
+  const bool fuse_residual = !ctx.training || hidden_dropout_ == 0;
+  const Tensor attn_in = ln_1.forward(x, c.ln_1, attention.qkv.takes_ones_column());
+  const Tensor mlp_in = ln_2.forward(x, c.ln_2, mlp.fc.takes_ones_column());
+  const Tensor h = fuse_residual ? attention.forward_residual(attn_in, x, ctx, c.attention)
+                                 : dropout_add(attention.forward(attn_in, ctx, c.attention), x,
+                                               kStreamAttentionOut, ctx);
   if (fuse_residual) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
   return dropout_add(mlp.forward(mlp_in, ctx, c.mlp), h, kStreamMlpOut, ctx);
 }
@@ -94,6 +109,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, LayerContext& ctx, const Cac
 }
 
 Tensor TransformerLayer::backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& c) {
+  if (parallel_residual_) return backward_parallel(dy, ctx, c);
   // dh = dy + d(mlp branch); dx = dh + d(attention branch). The residual
   // sums happen inside the layernorm backwards (one pass fewer each).
   Tensor dh = ln_2.backward(mlp.backward(dropout_backward(dy, kStreamMlpOut, ctx), ctx, c.mlp),
@@ -101,6 +117,17 @@ Tensor TransformerLayer::backward_stored(const Tensor& dy, LayerContext& ctx, co
   return ln_1.backward(
       attention.backward(dropout_backward(dh, kStreamAttentionOut, ctx), ctx, c.attention),
       c.ln_1, &dh, ctx.layernorm_grads);
+}
+
+// dx = dy + d(mlp branch) + d(attention branch): both branches take dy,
+// and the two residual sums ride in the layernorm backwards as above.
+Tensor TransformerLayer::backward_parallel(const Tensor& dy, LayerContext& ctx, const Cache& c) {
+  const Tensor dx_mlp =
+      ln_2.backward(mlp.backward(dropout_backward(dy, kStreamMlpOut, ctx), ctx, c.mlp), c.ln_2,
+                    &dy, ctx.layernorm_grads);
+  return ln_1.backward(
+      attention.backward(dropout_backward(dy, kStreamAttentionOut, ctx), ctx, c.attention),
+      c.ln_1, &dx_mlp, ctx.layernorm_grads);
 }
 
 }  // namespace meshtron
