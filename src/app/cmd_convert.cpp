@@ -1,5 +1,6 @@
 // meshtron convert: Hugging Face GPT2LMHeadModel, GPTBigCodeForCausalLM,
-// LlamaForCausalLM or MistralForCausalLM <-> meshtron checkpoint.
+// GPTNeoXForCausalLM, LlamaForCausalLM or MistralForCausalLM <-> meshtron
+// checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
 //       config.json + model.safetensors (or its shards and
@@ -13,7 +14,8 @@
 //       transformers loads unchanged; the family is the one the
 //       checkpoint's model is of: Llama (io::is_llama_family), GPTBigCode
 //       (GPT-2's block with multi-query attention,
-//       io::is_gpt_bigcode_family), else GPT-2.
+//       io::is_gpt_bigcode_family), GPT-NeoX (io::is_gpt_neox_family), else
+//       GPT-2.
 //
 // Runs on one rank: the whole model is assembled on it (a checkpoint written
 // by any decomposition loads into one rank like into any other).
@@ -31,6 +33,8 @@
 #include "io/hf/gpt2.hpp"
 #include "io/hf/gpt_bigcode.hpp"
 #include "io/hf/gpt_bigcode_config.hpp"
+#include "io/hf/gpt_neox.hpp"
+#include "io/hf/gpt_neox_config.hpp"
 #include "io/hf/hf_json.hpp"
 #include "io/hf/hf_weights.hpp"
 #include "io/hf/llama.hpp"
@@ -85,7 +89,7 @@ struct SingleRankModel {
   GptModel model;
 };
 
-enum class HfFamily { Gpt2, GptBigCode, Llama };
+enum class HfFamily { Gpt2, GptBigCode, Llama, GptNeox };
 
 /// The family the model folder's config.json names (by model_type, else its
 /// first architecture); a UserError names any other.
@@ -102,10 +106,12 @@ HfFamily family_of_folder(const std::string& dir) {
     return HfFamily::Llama;
   if (type == "gpt_bigcode" || (type.empty() && arch == "GPTBigCodeForCausalLM"))
     return HfFamily::GptBigCode;
+  if (type == "gpt_neox" || (type.empty() && arch == "GPTNeoXForCausalLM"))
+    return HfFamily::GptNeox;
   MESH_REQUIRE(type == "gpt2" || (type.empty() && (arch.empty() || arch == "GPT2LMHeadModel")),
                "Hugging Face config '" << file << "': model_type '" << type << "' ("
                    << (arch.empty() ? "no architectures" : arch)
-                   << ") is not gpt2, gpt_bigcode, llama or mistral");
+                   << ") is not gpt2, gpt_bigcode, gpt_neox, llama or mistral");
   return HfFamily::Gpt2;
 }
 
@@ -118,6 +124,9 @@ int hf_to_checkpoint(const ConvertArgs& a) {
   } else if (family == HfFamily::GptBigCode) {
     const io::HfGptBigCodeConfig hf = io::read_hf_gpt_bigcode_config(a.from);
     c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
+  } else if (family == HfFamily::GptNeox) {
+    const io::HfGptNeoxConfig hf = io::read_hf_gpt_neox_config(a.from);
+    c = io::model_spec_from_hf(hf, int(hf.max_position_embeddings), 1, 1);
   } else {
     const io::HfGpt2Config hf = io::read_hf_gpt2_config(a.from);
     c = io::model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
@@ -126,6 +135,8 @@ int hf_to_checkpoint(const ConvertArgs& a) {
   if (family == HfFamily::Llama) io::import_hf_llama(a.from, c, m.model.parameters(), 0, 1);
   else if (family == HfFamily::GptBigCode)
     io::import_hf_gpt_bigcode(a.from, m.model.parameters(), 0, 1);
+  else if (family == HfFamily::GptNeox)
+    io::import_hf_gpt_neox(a.from, c, m.model.parameters(), 0, 1);
   else io::import_hf_gpt2(a.from, m.model.parameters(), 0, 1);
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
@@ -195,6 +206,10 @@ int checkpoint_to_hf(const ConvertArgs& a) {
     io::write_hf_weights(a.to, out);
     io::write_hf_gpt_bigcode_config(a.to + "/config.json",
                                     io::hf_gpt_bigcode_config_from_spec(c));
+  } else if (io::is_gpt_neox_family(c)) {
+    out = io::hf_gpt_neox_tensors(c, m.model.parameters());
+    io::write_hf_weights(a.to, out);
+    io::write_hf_gpt_neox_config(a.to + "/config.json", io::hf_gpt_neox_config_from_spec(c));
   } else {
     for (Parameter* p : m.model.parameters()) out.push_back({io::hf_name_of(p->name), p->value});
     io::write_hf_weights(a.to, out);

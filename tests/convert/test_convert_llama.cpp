@@ -294,7 +294,7 @@ TEST_F(LlamaIo, ConvertNamesAnUnknownFamily) {
   write("config.json", R"({"architectures": ["BertForMaskedLM"], "model_type": "bert"})");
   expect_user_error(
       [&] { app::run_convert({"--from", "hf", dir.string(), "--to", file("ckpt")}); },
-      {"bert", "not gpt2, gpt_bigcode, llama or mistral"});
+      {"bert", "not gpt2, gpt_bigcode, gpt_neox, llama or mistral"});
 }
 
 }  // namespace
