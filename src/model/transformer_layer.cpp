@@ -60,7 +60,6 @@ Tensor TransformerLayer::dropout_backward(const Tensor& dy, std::uint32_t site_i
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
-  if (parallel_residual_) return forward_parallel(x, ctx, c);
   // Without hidden dropout the residual adds ride in the attention's and the
   // MLP's last GEMMs (one cuBLASLt epilogue on one tp rank; the same numbers
   // on the host).
@@ -70,21 +69,10 @@ Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) c
   const Tensor h = fuse_residual ? attention.forward_residual(attn_in, x, ctx, c.attention)
                                  : dropout_add(attention.forward(attn_in, ctx, c.attention), x,
                                                kStreamAttentionOut, ctx);
-  const Tensor mlp_in = ln_2.forward(h, c.ln_2, mlp.fc.takes_ones_column());
-  if (fuse_residual) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
-  return dropout_add(mlp.forward(mlp_in, ctx, c.mlp), h, kStreamMlpOut, ctx);
-}
-
-// x + attention(ln_1(x)) + mlp(ln_2(x)): the attention's output (with x
-// added) is the MLP's residual, so each add rides where the sequential
-// block's does (the GEMM epilogue, or the dropout kernel).
-Tensor TransformerLayer::forward_parallel(const Tensor& x, LayerContext& ctx, Cache& c) const {
-  const bool fuse_residual = !ctx.training || hidden_dropout_ == 0;
-  const Tensor attn_in = ln_1.forward(x, c.ln_1, attention.qkv.takes_ones_column());
-  const Tensor mlp_in = ln_2.forward(x, c.ln_2, mlp.fc.takes_ones_column());
-  const Tensor h = fuse_residual ? attention.forward_residual(attn_in, x, ctx, c.attention)
-                                 : dropout_add(attention.forward(attn_in, ctx, c.attention), x,
-                                               kStreamAttentionOut, ctx);
+  // A parallel residual's MLP reads the block's input, through its own norm;
+  // h = x + attention is then the MLP's residual all the same.
+  const Tensor mlp_in =
+      ln_2.forward(parallel_residual_ ? x : h, c.ln_2, mlp.fc.takes_ones_column());
   if (fuse_residual) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
   return dropout_add(mlp.forward(mlp_in, ctx, c.mlp), h, kStreamMlpOut, ctx);
 }
@@ -109,25 +97,17 @@ Tensor TransformerLayer::backward(const Tensor& dy, LayerContext& ctx, const Cac
 }
 
 Tensor TransformerLayer::backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  if (parallel_residual_) return backward_parallel(dy, ctx, c);
   // dh = dy + d(mlp branch); dx = dh + d(attention branch). The residual
-  // sums happen inside the layernorm backwards (one pass fewer each).
+  // sums happen inside the layernorm backwards (one pass fewer each). With
+  // a parallel residual the attention's output gradient is dy itself (and
+  // dh, the MLP branch's share of dx, still joins it at ln_1).
   Tensor dh = ln_2.backward(mlp.backward(dropout_backward(dy, kStreamMlpOut, ctx), ctx, c.mlp),
                             c.ln_2, &dy, ctx.layernorm_grads);
+  const Tensor& d_attention_out = parallel_residual_ ? dy : dh;
   return ln_1.backward(
-      attention.backward(dropout_backward(dh, kStreamAttentionOut, ctx), ctx, c.attention),
+      attention.backward(dropout_backward(d_attention_out, kStreamAttentionOut, ctx), ctx,
+                         c.attention),
       c.ln_1, &dh, ctx.layernorm_grads);
-}
-
-// dx = dy + d(mlp branch) + d(attention branch): both branches take dy,
-// and the two residual sums ride in the layernorm backwards as above.
-Tensor TransformerLayer::backward_parallel(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  const Tensor dx_mlp =
-      ln_2.backward(mlp.backward(dropout_backward(dy, kStreamMlpOut, ctx), ctx, c.mlp), c.ln_2,
-                    &dy, ctx.layernorm_grads);
-  return ln_1.backward(
-      attention.backward(dropout_backward(dy, kStreamAttentionOut, ctx), ctx, c.attention),
-      c.ln_1, &dx_mlp, ctx.layernorm_grads);
 }
 
 }  // namespace meshtron

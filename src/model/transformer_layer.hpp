@@ -50,9 +50,6 @@ class TransformerLayer {
                      const LayerContext& ctx) const;
   Tensor dropout_backward(const Tensor& dy, std::uint32_t site, const LayerContext& ctx) const;
   Tensor backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& cache);
-  /// The sum of the branches (x + attention + mlp) and its backward.
-  Tensor forward_parallel(const Tensor& x, LayerContext& ctx, Cache& cache) const;
-  Tensor backward_parallel(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   int index_;
   double hidden_dropout_;
   bool parallel_residual_;
