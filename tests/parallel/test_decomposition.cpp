@@ -196,10 +196,11 @@ TEST(Decomposition, RmsNormAndSwigluMatchSingleRankRun) {
 
 // GPT-NeoX's block: a parallel residual (x + attention(ln_1 x) + mlp(ln_2 x),
 // each branch reduce-scattered on its own under SP), partial rotary (half of
-// each head's 8 dims), the exact GeLU, untied head; on tp 2 with SP, pp 2,
-// and tp 2 x pp 2 x dp with the distributed optimizer, with dropout (the
-// adds in the dropout kernels) and without it (the adds in the GEMMs), and
-// with full recompute, against one rank of the same model.
+// each head's 8 dims), the exact GeLU, untied head; on tp 2 with SP, pp 2
+// (gpipe, interleaved), and tp 2 x pp 2 x dp with the distributed optimizer,
+// with dropout (the adds in the dropout kernels) and without it (the adds in
+// the GEMMs), with selective and full recompute, against one rank of the
+// same model.
 TEST(Decomposition, GptNeoxParallelResidualMatchesSingleRankRun) {
   const int world = world_size();
   if (world % 2) GTEST_SKIP() << "needs an even world";
@@ -212,7 +213,8 @@ TEST(Decomposition, GptNeoxParallelResidualMatchesSingleRankRun) {
   };
   const std::vector<std::string> neox = neox_keys(true);
   std::vector<Layout> layouts = {Layout{2, 1, world / 2, "1f1b", false, true},
-                                 Layout{1, 2, world / 2, "gpipe"}};
+                                 Layout{1, 2, world / 2, "gpipe"},
+                                 Layout{1, 2, world / 2, "interleaved"}};
   if (world % 4 == 0) layouts.push_back(Layout{2, 2, world / 4, "1f1b", true, true});
   // Not the sequential block's run: the parallel residual reached the layers.
   const std::vector<std::string> sequential = neox_keys(false);
@@ -223,6 +225,7 @@ TEST(Decomposition, GptNeoxParallelResidualMatchesSingleRankRun) {
             1e-4);
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{}, std::vector<std::string>{"model.hidden_dropout=0"},
+        std::vector<std::string>{"training.recompute=selective"},
         std::vector<std::string>{"training.recompute=full"}}) {
     std::vector<std::string> keys = neox;
     keys.insert(keys.end(), extra.begin(), extra.end());
