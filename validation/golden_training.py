@@ -1,7 +1,8 @@
 """The training recipe the golden generators record (make_gpt2_golden.py,
-make_llama_golden.py, make_bloom_golden.py): the hyper-parameters, the learning-rate schedule,
-AdamW with decay on matrices only, and three recorded steps. Imported by
-the scripts beside it; needs torch and safetensors."""
+make_llama_golden.py, make_bloom_golden.py, make_gpt_neox_golden.py): the
+hyper-parameters, the learning-rate schedule, AdamW with decay on matrices
+only, and three recorded steps. Imported by the scripts beside it; needs
+torch and safetensors."""
 import math
 
 import numpy as np

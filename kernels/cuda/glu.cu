@@ -1,6 +1,8 @@
-// ========================================================= SwiGLU, GeGLU ==
+// ======================================= MLP activations: GeLU, ReLU, GLUs ==
 //
-// Gated MLP activations on the fused up-projection's output x [N, 2 F]:
+// A plain MLP's activation (the erf GeLU, ReLU) elementwise through map3:
+//   y = act(x),  dx = dy act'(x)
+// and the gated MLP activations on the fused up-projection's output x [N, 2 F]:
 // gate = x[:, :F], up = x[:, F:] (Megatron's --swiglu: chunk(x, 2, -1)),
 //   y [N, F] = act(gate) up
 //   backward dgate = dy up act'(gate), dup = dy act(gate)   (dx [N, 2 F])
@@ -9,6 +11,7 @@
 //      tanh GeLU (GeGLU)    gelu.cuh's gelu, gelu_grad
 //      erf GeLU (GeGLU)     v Phi(v), Phi(v) = (1 + erf(v / sqrt 2)) / 2,
 //                           gelu'(v) = Phi(v) + v exp(-v^2 / 2) / sqrt(2 pi)
+//      ReLU (ReGLU)         max(v, 0), relu'(v) = 1 for v > 0, else 0
 // fp32 arithmetic on the stored values, each output rounded to T once
 // (PyTorch on a 16-bit x rounds act(gate) to it before the product).
 //
@@ -38,6 +41,19 @@ struct GeluErf {
   __device__ static float cdf(float v) { return 0.5f * (1.f + erff(v * kInvSqrt2)); }
   __device__ static float value(float v) { return v * cdf(v); }
   __device__ static float grad(float v) { return cdf(v) + v * kInvSqrt2Pi * expf(-0.5f * v * v); }
+};
+struct Relu {
+  __device__ static float value(float v) { return v > 0.f ? v : 0.f; }
+  __device__ static float grad(float v) { return v > 0.f ? 1.f : 0.f; }
+};
+
+template <class Act>
+struct ActForward {
+  __device__ float operator()(float x, float, float) const { return Act::value(x); }
+};
+template <class Act>
+struct ActBackward {
+  __device__ float operator()(float dy, float x, float) const { return dy * Act::grad(x); }
 };
 
 /// Unit k of the [N, F / W] output in units of W values: its row, and its
@@ -96,6 +112,7 @@ void with_activation(GluActivation act, F&& f) {
     case GluActivation::Silu: f(Silu{}); return;
     case GluActivation::GeluTanh: f(GeluTanh{}); return;
     case GluActivation::GeluErf: f(GeluErf{}); return;
+    case GluActivation::Relu: f(Relu{}); return;
   }
   MESH_VERIFY(false, "glu: unknown activation " << int(act));
 }
@@ -103,6 +120,29 @@ void with_activation(GluActivation act, F&& f) {
 constexpr int kThreads = 256;
 
 }  // namespace
+
+void activation_forward(DType t, GluActivation act, const void* x, index_t n, void* y) {
+  if (n == 0) return;
+  with_storage_type(t, "activation_forward", [&](auto zero) {
+    using T = decltype(zero);
+    with_activation(act, [&](auto a) {
+      map3(ActForward<decltype(a)>{}, static_cast<const T*>(x), static_cast<const T*>(nullptr),
+           static_cast<const T*>(nullptr), n, static_cast<T*>(y));
+    });
+  });
+}
+
+void activation_backward(DType t, GluActivation act, const void* dy, const void* x, index_t n,
+                         void* dx) {
+  if (n == 0) return;
+  with_storage_type(t, "activation_backward", [&](auto zero) {
+    using T = decltype(zero);
+    with_activation(act, [&](auto a) {
+      map3(ActBackward<decltype(a)>{}, static_cast<const T*>(dy), static_cast<const T*>(x),
+           static_cast<const T*>(nullptr), n, static_cast<T*>(dx));
+    });
+  });
+}
 
 void glu_forward(DType t, GluActivation act, const void* x, index_t N, index_t F, void* y) {
   if (N * F == 0) return;

@@ -1,4 +1,8 @@
-// ======================================================= Gated activations ==
+// ========================================================= MLP activations ==
+//
+// The plain MLP's activation, elementwise on fc's output x [n]:
+//   y = act(x),   dx = dy act'(x)
+// and the gated MLP's:
 //
 // x [N, 2F] holds (gate a | up b) per row, Megatron's fused first linear
 // layer of a gated MLP (--swiglu: torch.chunk(x, 2, dim=-1)):
@@ -13,6 +17,8 @@
 //   GeLU erf:  act = a Phi(a),      act' = Phi(a) + a exp(-a^2 / 2) / sqrt(2 pi)
 //              Phi(a) = erfc(-a / sqrt 2) / 2 (no cancellation for a < 0;
 //              transformers' gelu, torch's exact GeLU)
+//   ReLU:      act = max(a, 0),     act' = 1 for a > 0, else 0 (torch's
+//                                    relu backward: threshold_backward)
 // Computed in accum_t, rounded once to T; one work item per output element.
 #pragma once
 
@@ -21,7 +27,7 @@
 
 namespace meshtron::kernels {
 
-enum class GateKind { SiLU, GeLUTanh, GeLUErf };
+enum class GateKind { SiLU, GeLUTanh, GeLUErf, ReLU };
 
 /// act(a) and act'(a) of the gate.
 struct GateValue {
@@ -38,6 +44,7 @@ KOKKOS_INLINE_FUNCTION GateValue gate(GateKind kind, accum_t a) {
     const accum_t s = 1.0 / (1.0 + kmath::exp(-2.0 * c * (a + k * a * a * a)));
     return {a * s, s + 2.0 * a * s * (1.0 - s) * c * (1.0 + 3.0 * k * a * a)};
   }
+  if (kind == GateKind::ReLU) return a > 0 ? GateValue{a, 1.0} : GateValue{0.0, 0.0};
   constexpr accum_t inv_sqrt_2 = 0.70710678118654752440, inv_sqrt_2pi = 0.39894228040143267794;
   const accum_t phi = 0.5 * kmath::erfc(-a * inv_sqrt_2);
   return {a * phi, phi + a * kmath::exp(-0.5 * a * a) * inv_sqrt_2pi};
@@ -71,7 +78,44 @@ struct GatedActivationBackward {
   }
 };
 
+template <class ExecSpace, class T>
+struct ActivationForward {
+  Vector<const T, ExecSpace> x;
+  GateKind kind;
+  Vector<T, ExecSpace> y;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex i) const {
+    y(i) = narrow<T>(gate(kind, widen(x(i))).act);
+  }
+};
+
+template <class ExecSpace, class T>
+struct ActivationBackward {
+  Vector<const T, ExecSpace> dy, x;
+  GateKind kind;
+  Vector<T, ExecSpace> dx;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex i) const {
+    dx(i) = narrow<T>(widen(dy(i)) * gate(kind, widen(x(i))).slope);
+  }
+};
+
 // ---------------------------------------------------------------- launchers
+
+template <class ExecSpace, class T>
+void activation_forward(const T* x, kindex n, GateKind kind, T* y) {
+  Kokkos::parallel_for("meshtron::activation_forward", Range<ExecSpace>(0, n),
+                       ActivationForward<ExecSpace, T>{as_vector<ExecSpace>(x, n), kind,
+                                                       as_vector<ExecSpace>(y, n)});
+}
+
+template <class ExecSpace, class T>
+void activation_backward(const T* dy, const T* x, kindex n, GateKind kind, T* dx) {
+  Kokkos::parallel_for("meshtron::activation_backward", Range<ExecSpace>(0, n),
+                       ActivationBackward<ExecSpace, T>{as_vector<ExecSpace>(dy, n),
+                                                        as_vector<ExecSpace>(x, n), kind,
+                                                        as_vector<ExecSpace>(dx, n)});
+}
 
 template <class ExecSpace, class T>
 void gated_activation_forward(const T* x, kindex N, kindex F, GateKind kind, T* y) {

@@ -1,6 +1,7 @@
 // meshtron convert: the Hugging Face causal LMs of io::hf_families()
 // (GPT2LMHeadModel, GPTBigCodeForCausalLM, LlamaForCausalLM,
-// MistralForCausalLM, BloomForCausalLM) <-> meshtron checkpoint.
+// MistralForCausalLM, BloomForCausalLM, GPTNeoXForCausalLM) <-> meshtron
+// checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
 //       config.json + model.safetensors (or its shards and

@@ -173,8 +173,9 @@ void DeckSchema::bind(RunConfig& c) {
   auto& m = c.model;
   key("model.arch", &m.arch, "string",
       "model family, the defaults of the architecture keys: gpt (GPT-2) | llama (RMSNorm, rope, "
-      "swiglu, no biases, untied head) | gpt_bigcode (num_query_groups = 1) | bloom (alibi, "
-      "embedding_norm); a key set in a deck or --set wins");
+      "swiglu, no biases, untied head) | gpt_bigcode (num_query_groups = 1) | gpt_neox (rope "
+      "on 25 %, parallel_residual, gelu, untied head) | bloom (alibi, embedding_norm); a key set "
+      "in a deck or --set wins");
   key("model.num_layers", &m.num_layers, "int", "transformer layers");
   key("model.hidden_size", &m.hidden_size, "int", "hidden size h");
   key("model.num_attention_heads", &m.num_attention_heads, "int", "attention heads");
@@ -210,14 +211,14 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.rotary_interleaved", &m.rotary_interleaved, "bool",
       "rope rotates interleaved pairs rather than halves");
   key("model.activation", &m.activation, "string",
-      "MLP activation: gelu (erf) | gelu_tanh (GPT-2's) | relu | swiglu | geglu" +
-          unbuilt("gelu, relu"));
+      "MLP activation: gelu (erf) | gelu_tanh (GPT-2's) | relu | swiglu | geglu");
   key("model.add_bias_linear", &m.add_bias_linear, "bool",
       "biases on the linear layers");
   key("model.untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights,
       "bool", "LM head with its own weights (output_layer.weight) instead of the word table");
   key("model.parallel_residual", &m.parallel_residual, "bool",
-      "attention and MLP on the same normed input, one residual add" + unbuilt("true"));
+      "attention and MLP on their own norms of the same input, one residual add "
+      "(GPT-NeoX's use_parallel_residual)");
   key("model.embedding_norm", &m.embedding_norm, "bool",
       "the block's norm right after the word embedding (BLOOM)");
 
@@ -456,6 +457,11 @@ constexpr ArchPreset kArchPresets[] = {
      "add_bias_linear = false\nuntie_embeddings_and_output_weights = true\n"},
     // StarCoder / SantaCoder: GPT-2 with one key/value head.
     {"gpt_bigcode", "num_query_groups = 1\n"},
+    // GPT-NeoX / Pythia: rope on a quarter of each head, the attention and
+    // the MLP side by side on their own norms, the exact GeLU, untied head.
+    {"gpt_neox",
+     "position_embedding_type = rope\nrotary_percent = 0.25\nparallel_residual = true\n"
+     "activation = gelu\nuntie_embeddings_and_output_weights = true\n"},
     // BLOOM: ALiBi instead of positions, a LayerNorm after the embedding.
     {"bloom", "position_embedding_type = alibi\nembedding_norm = true\n"},
 };

@@ -6,8 +6,15 @@ namespace {
 int fc_width(const MlpSpec& spec) {
   return is_gated(spec.activation) ? 2 * spec.ffn_hidden_size : spec.ffn_hidden_size;
 }
-ops::GatedActivation gate_of(Activation a) {
-  return a == Activation::Geglu ? ops::GatedActivation::GeLUErf : ops::GatedActivation::SiLU;
+ops::GatedActivation kernel_activation(Activation a) {
+  switch (a) {
+    case Activation::Swiglu: return ops::GatedActivation::SiLU;
+    case Activation::Relu: return ops::GatedActivation::ReLU;
+    case Activation::GeluTanh: return ops::GatedActivation::GeLUTanh;
+    case Activation::Gelu:
+    case Activation::Geglu: return ops::GatedActivation::GeLUErf;
+  }
+  return ops::GatedActivation::GeLUErf;
 }
 }  // namespace
 
@@ -23,24 +30,24 @@ Mlp::Mlp(const std::string& name, int layer, index_t hidden, const MlpSpec& spec
       proj(name + ".proj", spec.ffn_hidden_size, hidden, ctx, dtype, /*epilogue_rank=*/layer + 1,
            spec.bias),
       gated_(is_gated(spec.activation)),
-      gate_(gate_of(spec.activation)) {
-  require_built(spec.activation == Activation::GeluTanh || gated_, "Mlp",
-                "activation = " + to_string(spec.activation));
-}
+      gelu_in_gemm_(spec.activation == Activation::GeluTanh),
+      act_(kernel_activation(spec.activation)) {}
 
 Tensor Mlp::activated(const Tensor& x, LayerContext& ctx, Cache& c) const {
-  if (!gated_) return fc.forward_gelu(x, ctx, c.fc, c.pre_activation);
+  if (gelu_in_gemm_) return fc.forward_gelu(x, ctx, c.fc, c.pre_activation);
   c.pre_activation = fc.forward(x, ctx, c.fc);
   const Tensor& pre = c.pre_activation;
-  Tensor out = Tensor::empty({pre.dim(0), pre.dim(1) / 2}, pre.dtype(), pre.space());
-  ops::gated_activation_forward(pre, gate_, out);
+  Tensor out = Tensor::empty({pre.dim(0), pre.dim(1) / (gated_ ? 2 : 1)}, pre.dtype(),
+                             pre.space());
+  if (gated_) ops::gated_activation_forward(pre, act_, out);
+  else ops::activation_forward(pre, act_, out);
   return out;
 }
 
 // The GeLU rides in the GEMMs next to it (cuBLASLt epilogues on the device;
 // on the host the same ops run one after the other, as before): fc's
 // forward writes both pre_gelu and gelu(pre_gelu), and proj's dgrad GEMM
-// applies gelu'(pre_gelu), so d(activated) is never stored. The gated
+// applies gelu'(pre_gelu), so d(activated) is never stored. The other
 // activations run as a kernel of their own between the GEMMs.
 Tensor Mlp::forward(const Tensor& x, LayerContext& ctx, Cache& c) const {
   return proj.forward(activated(x, ctx, c), ctx, c.proj);
@@ -60,7 +67,7 @@ Tensor Mlp::forward_residual(const Tensor& x, const Tensor& residual, LayerConte
 // off the path to the next layer. With the ones column fc's weight-gradient
 // GEMM computes it (ColumnParallelLinear).
 Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  if (gated_) return backward_gated(dy, ctx, c);
+  if (!gelu_in_gemm_) return backward_unfused(dy, ctx, c);
   const bool bias_grad_after_dgelu =
       fc.has_bias() && !ctx.sequence_sharded() && !fc.takes_ones_column();
   const Tensor dpre = proj.backward_through_gelu(dy, ctx, c.proj, c.pre_activation,
@@ -68,10 +75,11 @@ Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   return fc.backward(dpre, ctx, c.fc, /*bias_grad_accumulated=*/bias_grad_after_dgelu);
 }
 
-Tensor Mlp::backward_gated(const Tensor& dy, LayerContext& ctx, const Cache& c) {
+Tensor Mlp::backward_unfused(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   const Tensor dactivated = proj.backward(dy, ctx, c.proj);
   Tensor dpre = Tensor::empty(c.pre_activation.shape(), dy.dtype(), dy.space());
-  ops::gated_activation_backward(dactivated, c.pre_activation, gate_, dpre);
+  if (gated_) ops::gated_activation_backward(dactivated, c.pre_activation, act_, dpre);
+  else ops::activation_backward(dactivated, c.pre_activation, act_, dpre);
   return fc.backward(dpre, ctx, c.fc);
 }
 

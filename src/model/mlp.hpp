@@ -8,6 +8,11 @@
 // holds [gate_r | up_r], its ffn / tp columns of each half, so the
 // activation act(gate_r) * up_r is local and proj takes the ffn / tp
 // columns it pairs with (Megatron chunks fc1's local output the same way).
+//
+// The tanh GeLU rides in fc's GEMM epilogue (ColumnParallelLinear::
+// forward_gelu); the exact GeLU (GPT-NeoX's hidden_act "gelu") and ReLU
+// run as a kernel of their own between the GEMMs (cuBLASLt's GeLU epilogue
+// is the tanh form), like the gated activations.
 #pragma once
 
 #include "model/linear.hpp"
@@ -25,8 +30,8 @@ class Mlp {
     Tensor pre_activation;
   };
   /// `layer`: the transformer layer's index (it picks proj's epilogue rank).
-  /// Builds the tanh GeLU, swiglu and geglu (erf GeLU gate, Megatron's
-  /// F.gelu), with or without biases; rejects the others.
+  /// Builds every Activation (geglu's gate is the erf GeLU, Megatron's
+  /// F.gelu), with or without biases.
   Mlp(const std::string& name, int layer, index_t hidden, const MlpSpec& spec,
       const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
@@ -43,9 +48,11 @@ class Mlp {
  private:
   /// act(fc(x)) on this rank's columns, fc's output kept in the cache.
   Tensor activated(const Tensor& x, LayerContext& ctx, Cache& cache) const;
-  Tensor backward_gated(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  /// backward() of the activations that run as a kernel of their own.
+  Tensor backward_unfused(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   bool gated_;
-  ops::GatedActivation gate_;  ///< when gated_
+  bool gelu_in_gemm_;          ///< the tanh GeLU, in fc's and proj's GEMMs
+  ops::GatedActivation act_;   ///< the kernel's activation, unless gelu_in_gemm_
 };
 
 }  // namespace meshtron

@@ -26,10 +26,10 @@ TransformerLayer::TransformerLayer(int index, const ModelSpec& c, const LayerCon
       mlp("layers." + std::to_string(index) + ".mlp", index, c.hidden_size, c.block.mlp,
           linear_context(ctx, c.block.norm), dtype),
       index_(index),
-      hidden_dropout_(c.hidden_dropout) {
+      hidden_dropout_(c.hidden_dropout),
+      parallel_residual_(c.parallel_residual) {
   require_built(c.block.norm.placement == NormPlacement::Pre, "TransformerLayer",
                 "norm placement " + to_string(c.block.norm.placement));
-  require_built(!c.parallel_residual, "TransformerLayer", "parallel_residual = true");
 }
 
 void TransformerLayer::collect(ParameterList& out) {
@@ -69,7 +69,10 @@ Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) c
   const Tensor h = fuse_residual ? attention.forward_residual(attn_in, x, ctx, c.attention)
                                  : dropout_add(attention.forward(attn_in, ctx, c.attention), x,
                                                kStreamAttentionOut, ctx);
-  const Tensor mlp_in = ln_2.forward(h, c.ln_2, mlp.fc.takes_ones_column());
+  // A parallel residual's MLP reads the block's input, through its own norm;
+  // h = x + attention is then the MLP's residual all the same.
+  const Tensor mlp_in =
+      ln_2.forward(parallel_residual_ ? x : h, c.ln_2, mlp.fc.takes_ones_column());
   if (fuse_residual) return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
   return dropout_add(mlp.forward(mlp_in, ctx, c.mlp), h, kStreamMlpOut, ctx);
 }
@@ -95,11 +98,15 @@ Tensor TransformerLayer::backward(const Tensor& dy, LayerContext& ctx, const Cac
 
 Tensor TransformerLayer::backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   // dh = dy + d(mlp branch); dx = dh + d(attention branch). The residual
-  // sums happen inside the layernorm backwards (one pass fewer each).
+  // sums happen inside the layernorm backwards (one pass fewer each). With
+  // a parallel residual the attention's output gradient is dy itself (and
+  // dh, the MLP branch's share of dx, still joins it at ln_1).
   Tensor dh = ln_2.backward(mlp.backward(dropout_backward(dy, kStreamMlpOut, ctx), ctx, c.mlp),
                             c.ln_2, &dy, ctx.layernorm_grads);
+  const Tensor& d_attention_out = parallel_residual_ ? dy : dh;
   return ln_1.backward(
-      attention.backward(dropout_backward(dh, kStreamAttentionOut, ctx), ctx, c.attention),
+      attention.backward(dropout_backward(d_attention_out, kStreamAttentionOut, ctx), ctx,
+                         c.attention),
       c.ln_1, &dh, ctx.layernorm_grads);
 }
 

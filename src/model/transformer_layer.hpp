@@ -2,6 +2,10 @@
 // stream x ([s/sp * b, h] rows):
 //   x = x + dropout(attention(ln_1(x)))
 //   x = x + dropout(mlp(ln_2(x)))
+// or, with a parallel residual (GPT-NeoX's use_parallel_residual, GPT-J),
+// both branches reading the block's input through their own norm:
+//   x = x + dropout(attention(ln_1(x))) + dropout(mlp(ln_2(x)))
+// Under sequence parallelism each branch reduce-scatters its own output.
 #pragma once
 
 #include "model/attention.hpp"
@@ -23,8 +27,7 @@ class TransformerLayer {
     bool checkpointed = false;
   };
   /// `index` is the global layer number (names, dropout streams, init).
-  /// Rejects post-norm and parallel residual blocks (and, through its parts,
-  /// what they reject).
+  /// Rejects post-norm blocks (and, through its parts, what they reject).
   TransformerLayer(int index, const ModelSpec& config, const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// Full recompute: the same output as forward(), keeping only x in `cache`.
@@ -49,6 +52,7 @@ class TransformerLayer {
   Tensor backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   int index_;
   double hidden_dropout_;
+  bool parallel_residual_;
 };
 
 }  // namespace meshtron

@@ -16,7 +16,7 @@
 // gemm_bias_residual, linear_weight_grads) ops_gemm.cpp; LayerNorm and
 // RMSNorm ops_norm.cpp; Rotary position embedding ops_rotary.cpp;
 // Softmax and Fused attention ops_attention.cpp; Dropout ops_dropout.cpp;
-// the rest of GeLU and biases, and Gated activations, ops_elementwise.cpp;
+// the rest of GeLU and biases, and MLP activations, ops_elementwise.cpp;
 // Embedding ops_embedding.cpp; Cross-entropy ops_cross_entropy.cpp; AdamW
 // ops_optimizer.cpp; Reductions ops_reductions.cpp.
 #pragma once
@@ -173,13 +173,23 @@ void rotary_forward(const Tensor& x, const Tensor& positions, const RotarySpec& 
 void rotary_backward(const Tensor& dy, const Tensor& positions, const RotarySpec& rope,
                      Tensor& dx, index_t rotated_heads = -1);
 
-// ----------------------------------------------------- Gated activations ---
-/// The activation of a gated MLP's gate half.
+// ------------------------------------------------------- MLP activations ---
+/// The activation of a gated MLP's gate half, or of a plain MLP's fc output
+/// (activation_forward; the tanh GeLU there rides in fc's GEMM instead,
+/// gemm_bias_gelu).
 enum class GatedActivation {
   SiLU,      ///< SwiGLU: silu(a) = a * sigmoid(a)
   GeLUTanh,  ///< GeGLU with transformers' gelu_pytorch_tanh (gelu_forward's formula)
   GeLUErf,   ///< GeGLU with transformers' gelu: 0.5 a (1 + erf(a / sqrt 2))
+  ReLU,      ///< max(a, 0), derivative 0 at a = 0 (torch's)
 };
+
+/// y = act(x) elementwise (same shapes; y may be x), computed in fp64 on
+/// the host and fp32 on the device, rounded once: the plain MLP's exact
+/// GeLU (GPT-NeoX's hidden_act "gelu") or ReLU.
+void activation_forward(const Tensor& x, GatedActivation act, Tensor& y);
+/// dx = dy * act'(x) (overwrite; dx may be dy).
+void activation_backward(const Tensor& dy, const Tensor& x, GatedActivation act, Tensor& dx);
 
 /// y[n, c] = act(x[n, c]) * x[n, F + c] for x [N, 2F] (gate | up, the fused
 /// first linear layer's output as Megatron's --swiglu: torch.chunk(x, 2,

@@ -321,9 +321,15 @@ double sum_of_squares_many(int count, const DType* types, const void* const* xs,
 void sum_of_squares_many_to(int count, const DType* types, const void* const* xs,
                             const index_t* ns, double* total);
 
-// ---------------------------------------------------- Gated activations ---
-/// act of a gated MLP: SwiGLU (silu), GeGLU with tanh or erf GeLU.
-enum class GluActivation { Silu, GeluTanh, GeluErf };
+// ------------------------------------------------------ MLP activations ---
+/// act of a gated MLP: SwiGLU (silu), GeGLU with tanh or erf GeLU, ReGLU;
+/// of a plain MLP (activation_forward): the erf GeLU or ReLU.
+enum class GluActivation { Silu, GeluTanh, GeluErf, Relu };
+/// kernels/cuda/glu.cu: y[i] = act(x[i]) over n values (y may be x).
+void activation_forward(DType t, GluActivation act, const void* x, index_t n, void* y);
+/// dx[i] = dy[i] act'(x[i]) (dx may be dy).
+void activation_backward(DType t, GluActivation act, const void* dy, const void* x, index_t n,
+                         void* dx);
 /// kernels/cuda/glu.cu: x [N, 2 F] = (gate | up) halves of each row
 /// (Megatron's --swiglu chunk), y [N, F] = act(gate) up.
 void glu_forward(DType t, GluActivation act, const void* x, index_t N, index_t F, void* y);

@@ -1,5 +1,6 @@
-// The elementwise ops (ops.hpp: GeLU and biases, Gated activations): GeLU,
-// the bias add and its gradient, add, axpy, scale; SwiGLU and GeGLU.
+// The elementwise ops (ops.hpp: GeLU and biases, MLP activations): GeLU,
+// the bias add and its gradient, add, axpy, scale; the exact GeLU and ReLU;
+// SwiGLU and GeGLU.
 #include "kernels/kokkos/elementwise.hpp"
 #include "kernels/kokkos/gated_activation.hpp"
 #include "kernels/kokkos/gelu.hpp"
@@ -124,7 +125,7 @@ void scale(Tensor& x, double alpha) {
   });
 }
 
-// ----------------------------------------------------- Gated activations ---
+// ------------------------------------------------------- MLP activations ---
 
 namespace {
 
@@ -133,6 +134,7 @@ kernels::GateKind gate_kind(GatedActivation act) {
     case GatedActivation::SiLU: return kernels::GateKind::SiLU;
     case GatedActivation::GeLUTanh: return kernels::GateKind::GeLUTanh;
     case GatedActivation::GeLUErf: return kernels::GateKind::GeLUErf;
+    case GatedActivation::ReLU: return kernels::GateKind::ReLU;
   }
   MESH_VERIFY(false, "gated activation: unknown kind " << int(act));
   return kernels::GateKind::SiLU;
@@ -155,12 +157,47 @@ cuda::GluActivation cuda_glu(GatedActivation act) {
     case GatedActivation::SiLU: return cuda::GluActivation::Silu;
     case GatedActivation::GeLUTanh: return cuda::GluActivation::GeluTanh;
     case GatedActivation::GeLUErf: return cuda::GluActivation::GeluErf;
+    case GatedActivation::ReLU: return cuda::GluActivation::Relu;
   }
   return cuda::GluActivation::Silu;
 }
 #endif
 
 }  // namespace
+
+void activation_forward(const Tensor& x, GatedActivation act, Tensor& y) {
+  const char* op = "activation_forward";
+  const Arg ax{"x", x}, ay{"y", y};
+  const bool device = require_storage_args(op, {ax, ay});
+  MESH_VERIFY(x.shape() == y.shape(), op << ": " << describe(ay) << " must match " << describe(ax));
+  if (device) {
+    ON_CUDA(cuda::activation_forward(x.dtype(), cuda_glu(act), x.raw(), x.numel(), y.raw()));
+    return;
+  }
+  with_storage_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::activation_forward<Host>(x.data<T>(), x.numel(), gate_kind(act), y.data<T>());
+  });
+}
+
+void activation_backward(const Tensor& dy, const Tensor& x, GatedActivation act, Tensor& dx) {
+  const char* op = "activation_backward";
+  const Arg ady{"dy", dy}, ax{"x", x}, adx{"dx", dx};
+  const bool device = require_storage_args(op, {ax, ady, adx});
+  MESH_VERIFY(dy.shape() == x.shape() && dx.shape() == x.shape(),
+              op << ": " << describe(ady) << " and " << describe(adx) << " must match "
+                 << describe(ax));
+  if (device) {
+    ON_CUDA(cuda::activation_backward(x.dtype(), cuda_glu(act), dy.raw(), x.raw(), x.numel(),
+                                      dx.raw()));
+    return;
+  }
+  with_storage_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::activation_backward<Host>(dy.data<T>(), x.data<T>(), x.numel(), gate_kind(act),
+                                       dx.data<T>());
+  });
+}
 
 void gated_activation_forward(const Tensor& x, GatedActivation act, Tensor& y) {
   const char* op = "gated_activation_forward";

@@ -11,9 +11,11 @@
 //    in place (the values past rotary_dim and the v columns must keep their
 //    bits) and out of place (they must be copied); forward and backward,
 //    and (fp32) backward(forward(x)) = x.
-//  * SwiGLU and GeGLU (tanh, erf) (kernels/cuda/glu.cu), forward and
+//  * SwiGLU, GeGLU (tanh, erf) and ReGLU (kernels/cuda/glu.cu), forward and
 //    backward, on packed and element-by-element shapes (F = 768, 4096, 100,
 //    11, and a misaligned view).
+//  * The plain MLP's exact GeLU (GPT-NeoX) and ReLU (kernels/cuda/glu.cu's
+//    activation_forward / activation_backward), the same shapes.
 //
 // Every dtype (fp32, bf16, fp16); inputs are rounded to the dtype first, so
 // the reference sees the device's values. Outputs start as NaN (an unwritten
@@ -362,10 +364,14 @@ double gelu_erf_grad(double v) {
          v * std::exp(-0.5 * v * v) / kSqrt2Pi;
 }
 
+double relu(double v) { return v > 0 ? v : 0.0; }
+double relu_grad(double v) { return v > 0 ? 1.0 : 0.0; }
+
 const std::vector<Activation> kActivations = {
     {cuda::GluActivation::Silu, "swiglu", silu, silu_grad},
     {cuda::GluActivation::GeluTanh, "geglu tanh", gelu_tanh, gelu_tanh_grad},
     {cuda::GluActivation::GeluErf, "geglu erf", gelu_erf, gelu_erf_grad},
+    {cuda::GluActivation::Relu, "reglu", relu, relu_grad},
 };
 
 /// y [N, F] and dx [N, 2 F] of the gated activation in fp64.
@@ -437,6 +443,51 @@ TEST(GpuModelOps, GatedActivationsMatchReference) {
       }
 }
 
+// The plain MLP's activation elementwise over [N, F]: y = act(x), dx = dy act'(x).
+TEST(GpuModelOps, PlainActivationsMatchReference) {
+  REQUIRE_GPU();
+  struct Case {
+    index_t N, F;
+    bool misaligned;
+  };
+  const std::vector<Case> cases = {
+      {33, 768, false}, {3, 4096, false}, {5, 100, false}, {7, 11, false}, {9, 768, true}};
+  const std::vector<Activation> plain = {kActivations[2], kActivations[3]};  // erf GeLU, ReLU
+  std::uint64_t seed = 7000;
+  for (DType t : kDtypes)
+    for (const Activation& act : plain)
+      for (const Case& c : cases) {
+        const std::string what = std::string(act.name) + " plain " + shape_name(t, c.N, c.F) +
+                                 (c.misaligned ? " misaligned" : "");
+        const index_t N = c.N, F = c.F;
+        const Operand x = operand({N, F}, t, ++seed, -6.0, 6.0);
+        const Operand dy = operand({N, F}, t, ++seed, -1.0, 1.0);
+        Tensor y = poisoned({N, F}, t), dx = poisoned({N, F}, t);
+        Misaligned mx, my, mdx;
+        const void* x_in = x.dev.raw();
+        void *y_out = y.raw(), *dx_out = dx.raw();
+        if (c.misaligned) {
+          mx = misaligned_copy(x.dev);
+          my = misaligned_copy(y);
+          mdx = misaligned_copy(dx);
+          x_in = mx.view.raw();
+          y_out = my.view.raw();
+          dx_out = mdx.view.raw();
+        }
+        cuda::activation_forward(t, act.kind, x_in, N * F, y_out);
+        cuda::activation_backward(t, act.kind, dy.dev.raw(), x_in, N * F, dx_out);
+        std::vector<double> want_y(std::size_t(N * F)), want_dx(std::size_t(N * F));
+        for (std::size_t i = 0; i < want_y.size(); ++i) {
+          want_y[i] = act.value(x.values[i]);
+          want_dx[i] = dy.values[i] * act.grad(x.values[i]);
+        }
+        const double tol = tolerance(t, 2e-6);
+        expect_close((c.misaligned ? my.view : y).to_doubles(), want_y, tol, what + " forward");
+        expect_close((c.misaligned ? mdx.view : dx).to_doubles(), want_dx, tol,
+                     what + " backward");
+      }
+}
+
 }  // namespace
 }  // namespace meshtron
 
@@ -483,6 +534,19 @@ TEST(GpuModelOps, OpTableDispatchesToTheKernels) {
   Tensor gd = Tensor::empty({24, 16}, DType::F32, MemorySpace::Cuda);
   ops::gated_activation_forward(device_copy(x2), ops::GatedActivation::SiLU, gd);
   EXPECT_LT(max_rel_diff(gd, g), 1e-6);
+
+  for (ops::GatedActivation act : {ops::GatedActivation::GeLUErf, ops::GatedActivation::ReLU}) {
+    Tensor a = Tensor::empty({24, 32}), da = Tensor::empty({24, 32});
+    ops::activation_forward(x2, act, a);
+    ops::activation_backward(x2, x2, act, da);
+    Tensor ad = Tensor::empty({24, 32}, DType::F32, MemorySpace::Cuda);
+    Tensor dad = Tensor::empty({24, 32}, DType::F32, MemorySpace::Cuda);
+    const Tensor x2d = device_copy(x2);
+    ops::activation_forward(x2d, act, ad);
+    ops::activation_backward(x2d, x2d, act, dad);
+    EXPECT_LT(max_rel_diff(ad, a), 1e-6) << int(act);
+    EXPECT_LT(max_rel_diff(dad, da), 1e-6) << int(act);
+  }
 }
 
 }  // namespace

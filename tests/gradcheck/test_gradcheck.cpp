@@ -633,6 +633,52 @@ TEST_F(GradCheck, TransformerLayerWithRmsNormAndSwiglu) {
   expect_gradients_match("Layer(rmsnorm,swiglu)", s, random({kTokens, kHidden}));
 }
 
+/// GPT-NeoX's block: parallel residual, the exact GeLU MLP.
+ModelSpec with_neox_block(ModelSpec c) {
+  c.parallel_residual = true;
+  c.block.mlp.activation = Activation::Gelu;
+  return c;
+}
+
+TEST_F(GradCheck, ExactGeluAndReluMlps) {
+  for (Activation act : {Activation::Gelu, Activation::Relu}) {
+    const MlpSpec spec{.ffn_hidden_size = int(kFfn), .activation = act};
+    Mlp mlp("mlp", /*layer=*/0, kHidden, spec, ctx, DType::F64);
+    Subject s = layer_subject(mlp, ctx, random({kTokens, kHidden}));
+    randomize(s.params);
+    expect_gradients_match("Mlp(" + to_string(act) + ")", s, random({kTokens, kHidden}));
+  }
+}
+
+// Without dropout the block's output is x + attention(ln_1 x) + mlp(ln_2 x),
+// each branch run here on its own.
+TEST_F(GradCheck, ParallelResidualLayerIsTheSumOfItsBranches) {
+  TransformerLayer layer(1, with_neox_block(small_config(0.0)), ctx, DType::F64);
+  ParameterList params;
+  layer.collect(params);
+  randomize(params);
+  const Tensor x = random({kTokens, kHidden});
+  TransformerLayer::Cache cache;
+  const Tensor y = layer.forward(x, ctx, cache);
+  LayerNorm::Cache c1, c2;
+  Attention::Cache ca;
+  Mlp::Cache cm;
+  const Tensor a = layer.attention.forward(layer.ln_1.forward(x, c1), ctx, ca);
+  const Tensor m = layer.mlp.forward(layer.ln_2.forward(x, c2), ctx, cm);
+  std::vector<double> want = x.to_doubles();
+  const std::vector<double> av = a.to_doubles(), mv = m.to_doubles();
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] += av[i] + mv[i];
+  expect_near_all(y, want, "parallel residual");
+}
+
+TEST_F(GradCheck, ParallelResidualLayerWithDropout) {
+  TransformerLayer layer(1, with_neox_block(small_config(0.2)), ctx, DType::F64);
+  Subject s = layer_subject(layer, ctx, random({kTokens, kHidden}));
+  randomize(s.params);
+  expect_dropout_active(s);
+  expect_gradients_match("Layer(parallel,gelu)", s, random({kTokens, kHidden}));
+}
+
 /// The whole model: 2 layers, h 16, 2 heads, vocab 50 padded to 64, s 6,
 /// b 2, all dropouts on, the head tied or untied; objective = the mean
 /// per-token loss.

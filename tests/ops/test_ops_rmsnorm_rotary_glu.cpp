@@ -1,5 +1,6 @@
-// Tests of the host RMSNorm, rotary position embedding and gated activation
-// ops (src/ops/ops.hpp) in fp32, fp64, bf16 and fp16.
+// Tests of the host RMSNorm, rotary position embedding and MLP activation
+// ops (gated, and the plain erf GeLU and ReLU; src/ops/ops.hpp) in fp32,
+// fp64, bf16 and fp16.
 //
 // Each op is compared with a reference written here in long double on the
 // same (rounded) inputs: tolerance 1e-6 in fp32, 1e-12 in fp64, 1e-2 in
@@ -345,24 +346,31 @@ TEST(Rotary, RotaryDimForRejectsOddOrEmptyDims) {
 // ====================================================== Gated activations ==
 
 const std::vector<GatedActivation> kGates = {GatedActivation::SiLU, GatedActivation::GeLUTanh,
-                                             GatedActivation::GeLUErf};
+                                             GatedActivation::GeLUErf, GatedActivation::ReLU};
 
 const char* gate_name(GatedActivation act) {
   return act == GatedActivation::SiLU       ? "SwiGLU"
          : act == GatedActivation::GeLUTanh ? "GeGLU tanh"
+         : act == GatedActivation::ReLU     ? "ReGLU"
                                             : "GeGLU erf";
 }
 
 LD reference_gate(GatedActivation act, LD a) {
   if (act == GatedActivation::SiLU) return a / (1 + std::exp(-a));
+  if (act == GatedActivation::ReLU) return a > 0 ? a : 0;
   if (act == GatedActivation::GeLUErf) return 0.5L * a * (1 + std::erf(a / std::sqrt(2.0L)));
   const LD c = std::sqrt(2.0L / 3.14159265358979323846264338327950288L);
   return 0.5L * a * (1 + std::tanh(c * (a + 0.044715L * a * a * a)));
 }
 
-/// The derivative by central differences in long double (step 1e-6: error
-/// ~1e-12 relative).
+/// The derivative: analytic for the erf GeLU (Phi(a) + a phi(a)) and ReLU,
+/// else by central differences in long double (step 1e-6: error ~1e-12
+/// relative).
 LD reference_gate_slope(GatedActivation act, LD a) {
+  if (act == GatedActivation::ReLU) return a > 0 ? 1 : 0;
+  if (act == GatedActivation::GeLUErf)
+    return 0.5L * (1 + std::erf(a / std::sqrt(2.0L))) +
+           a * std::exp(-a * a / 2) / std::sqrt(2 * 3.14159265358979323846264338327950288L);
   const LD h = 1e-6L;
   return (reference_gate(act, a + h) - reference_gate(act, a - h)) / (2 * h);
 }
@@ -420,6 +428,72 @@ TEST(OpsFiniteDifferences, GatedActivationBackward) {
     expect_close(dx.to_doubles(), numeric_gradient(x, loss), kFiniteDiffTol,
                  std::string(gate_name(act)) + " dx vs finite differences");
   }
+}
+
+// ===================================================== Plain activations ==
+
+const std::vector<GatedActivation> kPlain = {GatedActivation::GeLUErf, GatedActivation::ReLU};
+
+TYPED_TEST(HostStorage, PlainActivationsMatchReference) {
+  for (auto [N, F] : kShapes)
+    for (GatedActivation act : kPlain) {
+      const Tensor x = random_tensor({N, F}, this->dtype, this->rng, -6, 6);
+      const Tensor dy = random_tensor({N, F}, this->dtype, this->rng);
+      Tensor y = Tensor::empty({N, F}, this->dtype), dx = Tensor::empty({N, F}, this->dtype);
+      activation_forward(x, act, y);
+      activation_backward(dy, x, act, dx);
+      const Values xs = x.to_doubles(), dys = dy.to_doubles();
+      Values want_y(xs.size()), want_dx(xs.size());
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        want_y[i] = double(reference_gate(act, xs[i]));
+        want_dx[i] = double(dys[i] * reference_gate_slope(act, xs[i]));
+      }
+      const std::string what = act == GatedActivation::ReLU ? "ReLU" : "GeLU erf";
+      expect_close(y.to_doubles(), want_y, this->tol, where(what.c_str(), {N, F}));
+      expect_close(dx.to_doubles(), want_dx, this->tol, where(what.c_str(), {N, F}));
+    }
+}
+
+TEST(PlainActivations, ValuesAsTorch) {
+  // torch.nn.functional.gelu (exact) at -3, -1, 0, 1: -0.0040496941,
+  // -0.1586552539, 0, 0.8413447461; relu at the same: 0, 0, 0, 1 and its
+  // slope 0 at 0 (threshold_backward).
+  const double xs[] = {-3, -1, 0, 1};
+  const double gelu[] = {-0.0040496941, -0.1586552539, 0, 0.8413447461};
+  Tensor x = Tensor::empty({4}, DType::F64), y = Tensor::empty({4}, DType::F64);
+  Tensor dx = Tensor::empty({4}, DType::F64), ones = Tensor::empty({4}, DType::F64);
+  for (int i = 0; i < 4; ++i) x.data<double>()[i] = xs[i], ones.data<double>()[i] = 1;
+  activation_forward(x, GatedActivation::GeLUErf, y);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y.data<double>()[i], gelu[i], 1e-9) << xs[i];
+  activation_forward(x, GatedActivation::ReLU, y);
+  activation_backward(ones, x, GatedActivation::ReLU, dx);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(y.data<double>()[i], std::max(xs[i], 0.0)) << xs[i];
+    EXPECT_EQ(dx.data<double>()[i], xs[i] > 0 ? 1.0 : 0.0) << xs[i];
+  }
+}
+
+TEST(OpsFiniteDifferences, PlainActivationBackward) {
+  std::mt19937_64 rng(17);
+  Tensor x = random_tensor({3, 7}, DType::F64, rng, -4, 4);
+  const Tensor w = random_tensor({3, 7}, DType::F64, rng);
+  for (GatedActivation act : kPlain) {
+    Tensor y = Tensor::empty({3, 7}, DType::F64), dx = Tensor::empty({3, 7}, DType::F64);
+    const auto loss = [&] {
+      activation_forward(x, act, y);
+      return weighted_sum(w, y);
+    };
+    activation_backward(w, x, act, dx);
+    expect_close(dx.to_doubles(), numeric_gradient(x, loss), kFiniteDiffTol,
+                 std::string(gate_name(act)) + " plain dx vs finite differences");
+  }
+}
+
+TEST(PlainActivationsDeathTest, RejectMismatchedShapes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // MPI's helper threads: re-execute, not fork
+  const Tensor x = Tensor::zeros({2, 3}, DType::F32);
+  Tensor y = Tensor::empty({3, 2}, DType::F32);
+  EXPECT_DEATH(activation_forward(x, GatedActivation::GeLUErf, y), "must match");
 }
 
 }  // namespace

@@ -194,6 +194,57 @@ TEST(Decomposition, RmsNormAndSwigluMatchSingleRankRun) {
   }
 }
 
+// GPT-NeoX's block: a parallel residual (x + attention(ln_1 x) + mlp(ln_2 x),
+// each branch reduce-scattered on its own under SP), partial rotary (half of
+// each head's 8 dims), the exact GeLU, untied head; on tp 2 with SP, pp 2
+// (gpipe, interleaved), and tp 2 x pp 2 x dp with the distributed optimizer,
+// with dropout (the adds in the dropout kernels) and without it (the adds in
+// the GEMMs), with selective and full recompute, against one rank of the
+// same model.
+TEST(Decomposition, GptNeoxParallelResidualMatchesSingleRankRun) {
+  const int world = world_size();
+  if (world % 2) GTEST_SKIP() << "needs an even world";
+  const auto neox_keys = [](bool parallel_residual) {
+    return std::vector<std::string>{
+        "model.num_attention_heads=4", "model.position_embedding_type=rope",
+        "model.rotary_percent=0.5", "model.activation=gelu",
+        "model.untie_embeddings_and_output_weights=true",
+        std::string("model.parallel_residual=") + (parallel_residual ? "true" : "false")};
+  };
+  const std::vector<std::string> neox = neox_keys(true);
+  std::vector<Layout> layouts = {Layout{2, 1, world / 2, "1f1b", false, true},
+                                 Layout{1, 2, world / 2, "gpipe"},
+                                 Layout{1, 2, world / 2, "interleaved"}};
+  if (world % 4 == 0) layouts.push_back(Layout{2, 2, world / 4, "1f1b", true, true});
+  // Not the sequential block's run: the parallel residual reached the layers.
+  const std::vector<std::string> sequential = neox_keys(false);
+  EXPECT_GT(std::fabs(train_layout(MPI_COMM_SELF, Layout{.overrides = neox}, DType::F32)
+                          .losses.back() -
+                      train_layout(MPI_COMM_SELF, Layout{.overrides = sequential}, DType::F32)
+                          .losses.back()),
+            1e-4);
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{}, std::vector<std::string>{"model.hidden_dropout=0"},
+        std::vector<std::string>{"training.recompute=selective"},
+        std::vector<std::string>{"training.recompute=full"}}) {
+    std::vector<std::string> keys = neox;
+    keys.insert(keys.end(), extra.begin(), extra.end());
+    for (DType dtype : {DType::F32, DType::F64}) {
+      const RunResult one_rank = train_layout(MPI_COMM_SELF, Layout{.overrides = keys}, dtype);
+      EXPECT_EQ(one_rank.params.count("embedding.position.weight"), 0u);
+      EXPECT_EQ(one_rank.params.count("output_layer.weight"), 1u);
+      const bool fp64 = dtype == DType::F64;
+      for (Layout layout : layouts) {
+        layout.overrides = keys;
+        SCOPED_TRACE(::testing::Message() << layout.name() << " " << dtype_name(dtype) << " "
+                                          << (extra.empty() ? "" : extra[0]));
+        expect_same_run(train_layout(MPI_COMM_WORLD, layout, dtype), one_rank,
+                        fp64 ? 1e-10 : 1e-5, fp64 ? 1e-10 : 1e-4);
+      }
+    }
+  }
+}
+
 // The one-rank memorisation run the GPU tests build on (testing::memorise):
 // on the host path too the loss of a fixed batch falls, every step updates.
 // Rotary positions and grouped queries (8 heads, 4 kv groups: each rank of

@@ -47,5 +47,6 @@ HfFamily hf_family_gpt2();
 HfFamily hf_family_gpt_bigcode();
 HfFamily hf_family_llama();
 HfFamily hf_family_bloom();
+HfFamily hf_family_gpt_neox();
 
 }  // namespace meshtron::io

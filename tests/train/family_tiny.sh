@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# input_decks/bloom-tiny.deck end to end: 4 steps on 1 rank, tp 2 x dp 2 and
-# pp 2 x dp 2 give the same losses; the checkpoint goes to Hugging Face
-# (BloomForCausalLM) and back bit for bit.
-#   bloom_tiny.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
+# A model family's tiny deck end to end: 4 steps on 1 rank, tp 2 x dp 2 and
+# pp 2 x dp 2 give the same losses; the checkpoint goes to Hugging Face (as
+# ARCHITECTURE, e.g. LlamaForCausalLM) and back bit for bit.
+#   family_tiny.sh MESHTRON WORKDIR DECK ARCHITECTURE MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
-meshtron=$1 work=$2; shift 2
+meshtron=$1 work=$2 deck=$(cd "$(dirname "$3")" && pwd)/$(basename "$3") architecture=$4
+shift 4
 mpiexec=("$@")
 here=$(cd "$(dirname "$0")" && pwd)
-deck="$here/../../input_decks/bloom-tiny.deck"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 small=(--set data.source=synthetic --set model.vocab_size=512 --set model.seq_length=32
        --set training.train_iters=4 --set lr_schedule.warmup_iters=1 --set training.eval_interval=0
@@ -24,7 +24,7 @@ for layout in tp2_dp2 pp2_dp2; do
   python3 "$here/compare_losses.py" runs/one/metrics.jsonl "runs/$layout/metrics.jsonl" 1 4 1e-5
 done
 "$meshtron" convert --from tp2_dp2/iter_0000004.h5 --to hf hf
-grep -q '"architectures": \[ *"BloomForCausalLM"' <(tr -d '\n' < hf/config.json)
+grep -q "\"architectures\": \[ *\"$architecture\"" <(tr -d '\n' < hf/config.json)
 "$meshtron" convert --from hf hf --to back
 h5diff tp2_dp2/iter_0000004.h5 back/iter_0000000.h5 /model /model
-echo "bloom-tiny: ok"
+echo "$(basename "$deck" .deck): ok"
