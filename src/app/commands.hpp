@@ -46,9 +46,15 @@ std::string pipeline_split_line(const RunConfig& c, const ModelSpec& model);
 void require_same_model(const RunConfig& deck, const std::string& checkpoint_deck_text,
                         const std::string& checkpoint_path);
 
+/// The checkpoint file checkpoint.load names (auto: the latest in
+/// checkpoint.save_dir); a UserError "`command` needs checkpoint.load ..."
+/// when there is none.
+std::string checkpoint_to_load(const RunConfig& c, const std::string& command);
+
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_evaluate(const std::vector<std::string>& args);
+int run_generate(const std::vector<std::string>& args);
 int run_preprocess(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
 int run_convert(const std::vector<std::string>& args);
