@@ -64,6 +64,33 @@ Tensor Generator::forward(const Tensor& ids, const CachedRows& rows, std::vector
   return last_stage() ? x : Tensor();
 }
 
+Tensor ids_tensor(const std::vector<std::int32_t>& ids) {
+  Tensor t = Tensor::empty({index_t(ids.size())}, DType::I32);
+  std::copy(ids.begin(), ids.end(), t.data<std::int32_t>());
+  return t;
+}
+
+void Generator::share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n) {
+  if (rt_.topo.pp() == 1) return;
+  const std::size_t width = 1 + 3 * std::size_t(n);
+  std::vector<double> buf(groups.size() * width, 0.0);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    buf[g * width] = double(groups[g].size());
+    for (std::size_t c = 0; c < groups[g].size(); ++c) {
+      buf[g * width + 1 + 3 * c] = groups[g][c].score;
+      buf[g * width + 2 + 3 * c] = groups[g][c].beam;
+      buf[g * width + 3 + 3 * c] = groups[g][c].id;
+    }
+  }
+  rt_.pp.broadcast(buf.data(), buf.size(), DType::F64, rt_.topo.pp() - 1);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    groups[g].resize(std::size_t(buf[g * width]));
+    for (std::size_t c = 0; c < groups[g].size(); ++c)
+      groups[g][c] = {buf[g * width + 1 + 3 * c], int(buf[g * width + 2 + 3 * c]),
+                      std::int32_t(buf[g * width + 3 + 3 * c])};
+  }
+}
+
 void Generator::share_choices(std::vector<TokenChoice>& choices) {
   if (rt_.topo.pp() == 1) return;
   std::vector<double> buf(2 * choices.size());
@@ -92,12 +119,6 @@ std::vector<Result> Generator::generate(const std::vector<Request>& batch,
 }
 
 namespace {
-
-Tensor ids_tensor(const std::vector<std::int32_t>& ids) {
-  Tensor t = Tensor::empty({index_t(ids.size())}, DType::I32);
-  std::copy(ids.begin(), ids.end(), t.data<std::int32_t>());
-  return t;
-}
 
 /// Every prompt token of the batch, prompt i in slot i * slots_per_prompt.
 struct Prefill {
@@ -180,15 +201,6 @@ std::vector<Result> Generator::generate_sampled(const std::vector<Request>& batc
     logits = forward(ids_tensor(ids), CachedRows::make(std::move(slot), std::move(position)), kv);
   }
   return out;
-}
-
-std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
-                                             const GenerateParams& p,
-                                             const TokenCallback& on_token) {
-  (void)batch;
-  (void)on_token;
-  MESH_REQUIRE(p.decoding != Decoding::Beam, "generate.decoding = beam is not built yet");
-  return {};
 }
 
 }  // namespace meshtron::generate

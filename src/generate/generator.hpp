@@ -66,6 +66,9 @@ struct Result {
 /// Called on every rank of the replica as each token is chosen.
 using TokenCallback = std::function<void(std::int64_t index, std::int32_t id, double logprob)>;
 
+/// int32 [ids.size()] on the host.
+Tensor ids_tensor(const std::vector<std::int32_t>& ids);
+
 class Generator {
  public:
   /// `chunks`: this rank's model chunks (Trainer::chunks order: chunk c is
@@ -89,6 +92,8 @@ class Generator {
   bool last_stage() const;
   /// Broadcasts `choices` from the last stage to every pp rank.
   void share_choices(std::vector<TokenChoice>& choices);
+  /// Broadcasts up to `n` candidates of each group likewise.
+  void share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n);
   index_t vocab_begin() const;
   Communicator& tp() { return rt_.tp; }
 

@@ -140,6 +140,35 @@ std::vector<Scored> best_over_tp(const std::vector<Scored>& local, Communicator&
 
 }  // namespace
 
+std::vector<std::vector<BeamCandidate>> beam_candidates(
+    const Tensor& logits, index_t vocab_begin, index_t vocab,
+    const std::vector<std::vector<index_t>>& groups,
+    const std::vector<std::vector<double>>& beam_scores, int n, Communicator& tp) {
+  const auto logprobs = log_softmax_rows(logits, vocab_begin, vocab, tp);
+  // A pair travels as (score, beam * vocab + id): one order for both ties.
+  std::vector<std::vector<Scored>> mine(groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (std::size_t k = 0; k < groups[g].size(); ++k) {
+      const auto& row = logprobs[std::size_t(groups[g][k])];
+      for (std::size_t c = 0; c < row.size(); ++c)
+        if (row[c] > kNegInf)
+          mine[g].push_back({beam_scores[g][k] + row[c],
+                             double(index_t(k) * vocab + vocab_begin + index_t(c))});
+    }
+    const std::size_t keep = std::min(mine[g].size(), std::size_t(n));
+    std::partial_sort(mine[g].begin(), mine[g].begin() + long(keep), mine[g].end(), before);
+    mine[g].resize(keep);
+  }
+  const auto all = gather_lists(mine, tp);
+  std::vector<std::vector<BeamCandidate>> out(groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    for (std::size_t i = 0; i < std::min(all[g].size(), std::size_t(n)); ++i) {
+      const auto flat = index_t(all[g][i].id);
+      out[g].push_back({all[g][i].value, int(flat / vocab), std::int32_t(flat % vocab)});
+    }
+  return out;
+}
+
 double draw_uniform(std::uint64_t seed, const DrawKey& key, std::int64_t id) {
   const auto lo = [](std::int64_t v) { return std::uint32_t(std::uint64_t(v)); };
   const auto hi = [](std::int64_t v) { return std::uint32_t(std::uint64_t(v) >> 32); };

@@ -65,4 +65,21 @@ std::vector<TokenChoice> choose_tokens(const Tensor& logits, index_t vocab_begin
 std::vector<std::vector<double>> log_softmax_rows(const Tensor& logits, index_t vocab_begin,
                                                   index_t vocab, Communicator& tp);
 
+/// A continuation of a beam: its token and the beam's score plus the
+/// token's log-probability.
+struct BeamCandidate {
+  double score = 0;
+  int beam = 0;  ///< index of the beam within its group
+  std::int32_t id = 0;
+};
+
+/// For each group of rows (a prompt's beams: rows `groups[g]`, beam k the
+/// k-th of them, its running score beam_scores[g][k]), the `n` best (beam,
+/// token) pairs by score + log softmax, best first (ties: the lower beam,
+/// then the lower id). Collective over `tp`; the same on every rank.
+std::vector<std::vector<BeamCandidate>> beam_candidates(
+    const Tensor& logits, index_t vocab_begin, index_t vocab,
+    const std::vector<std::vector<index_t>>& groups,
+    const std::vector<std::vector<double>>& beam_scores, int n, Communicator& tp);
+
 }  // namespace meshtron::generate
