@@ -202,6 +202,7 @@ class GenerateRun {
     std::vector<GptModel*> chunks;
     for (auto& m : trainer_.chunks()) chunks.push_back(m.get());
     generate::Generator generator(chunks, rt_, compute_dtype(c_));
+    require_prompts_fit(generator.context_length());
     const auto mine = my_requests();
     print_banner(state.iteration, generator, mine);
     std::vector<std::string> lines;
@@ -223,6 +224,17 @@ class GenerateRun {
     c.parallel.sequence_parallel = false;
     c.training.recompute = "none";
     return c;
+  }
+
+  /// Every rank checks every prompt (a prompt only some dp ranks decode
+  /// would stop them alone).
+  void require_prompts_fit(index_t positions) const {
+    for (std::size_t i = 0; i < prompts_.size(); ++i)
+      MESH_REQUIRE(index_t(prompts_[i].size()) + c_.generate.max_new_tokens <= positions,
+                   "generate.prompts: prompt " << i << " has " << prompts_[i].size()
+                       << " tokens; with generate.max_new_tokens = " << c_.generate.max_new_tokens
+                       << " it needs " << prompts_[i].size() + std::size_t(c_.generate.max_new_tokens)
+                       << " positions, the model has " << positions);
   }
 
   std::vector<generate::Request> my_requests() const {

@@ -23,9 +23,7 @@ Generator::Generator(const std::vector<GptModel*>& chunks, ParallelRuntime& rt, 
 }
 
 index_t Generator::context_length() const {
-  const ModelSpec& c = chunks_.front()->config();
-  return c.block.attention.position == PositionEmbedding::LearnedAbsolute ? c.max_positions
-                                                                          : c.seq_length;
+  return chunks_.front()->config().max_positions;
 }
 
 index_t Generator::vocab_begin() const {

@@ -81,7 +81,8 @@ class Generator {
   /// Bytes of the cache of this rank for `slots` sequences of `capacity`
   /// tokens.
   index_t cache_bytes(index_t slots, index_t capacity) const;
-  /// Positions the model can take (its learned table, or seq_length).
+  /// Positions the model can take (model.max_position_embeddings, else
+  /// seq_length).
   index_t context_length() const;
 
   /// One cached forward through the pipeline: on the last stage this rank's
