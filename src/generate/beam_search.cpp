@@ -94,7 +94,10 @@ std::vector<int> advance(BeamGroup& g, const std::vector<BeamCandidate>& candida
     }
   }
   g.running = std::move(next);
-  g.done = g.finished.is_done(candidates.front().score, generated_length);
+  // transformers' _check_early_stop_heuristic: the best running beam (the
+  // step's best continuation that did not stop) against the worst kept.
+  const double best = g.running.empty() ? candidates.front().score : g.running.front().score;
+  g.done = g.finished.is_done(best, generated_length);
   return sources;
 }
 

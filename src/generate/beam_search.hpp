@@ -9,9 +9,9 @@
 //   * a hypothesis scores sum log p / generated_length^length_penalty; the
 //     K best are kept;
 //   * a prompt is done once K hypotheses are kept and either early_stopping,
-//     or the best continuation of this step, scored at the current length,
-//     cannot beat the worst kept one (transformers' early_stopping = False
-//     heuristic);
+//     or the best running beam, scored at the current length, cannot beat
+//     the worst kept one (transformers' early_stopping = False heuristic,
+//     _check_early_stop_heuristic; "never" is not offered);
 //   * at max_new_tokens the running beams join the hypotheses; the result
 //     is the best, with its stop token appended when it ended on one.
 #pragma once
@@ -37,7 +37,7 @@ class BeamHypotheses {
   /// `generated_length` generated tokens.
   void add(Hypothesis h, double sum_logprobs, int generated_length);
   /// Whether no continuation can enter any more: `best_sum_logprobs` is the
-  /// step's best continuation, `generated_length` the current length.
+  /// best running beam's, `generated_length` the current length.
   bool is_done(double best_sum_logprobs, int generated_length) const;
   /// The best kept hypothesis (the last added among equal scores).
   const Hypothesis& best() const;

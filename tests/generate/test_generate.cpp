@@ -16,6 +16,7 @@
 
 #include "common/mpi_test_util.hpp"
 #include "config/model_spec_from_deck.hpp"
+#include "generate/beam_search.hpp"
 #include "generate/generator.hpp"
 #include "train/trainer.hpp"
 
@@ -274,6 +275,28 @@ TEST(GenerateSampler, DrawsFollowRenormalisedProbabilities) {
   p.top_k = 0;
   p.top_p = 1.0;
   check_distribution(p, {0, 1, 2, 3, 4, 5, 6, 7});
+}
+
+TEST(GenerateBeam, HypothesesKeepTheBestAndStopAsTransformers) {
+  // K = 2, length_penalty 2: scores sum / length^2.
+  generate::BeamHypotheses h(2, 2.0, /*early_stopping=*/false);
+  h.add({0, {1}, {-2.0}}, -2.0, 1);          // -2
+  EXPECT_FALSE(h.is_done(-100.0, 1)) << "fewer than K hypotheses";
+  h.add({0, {2, 3}, {-1.0, -3.0}}, -4.0, 2);  // -1
+  h.add({0, {4, 5}, {-5.0, -7.0}}, -12.0, 2);  // -3: worse than both, not kept
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_EQ(h.best().ids, (std::vector<std::int32_t>{2, 3}));
+  // Worst kept -2: a running beam at -8 over 2 tokens (-2) cannot beat it; at -7.9 it can.
+  EXPECT_TRUE(h.is_done(-8.0, 2));
+  EXPECT_FALSE(h.is_done(-7.9, 2));
+  h.add({0, {6, 7, 8}, {-1.0, -1.0, -1.0}}, -3.0, 3);  // -1/3 replaces -2
+  EXPECT_EQ(h.best().ids, (std::vector<std::int32_t>{6, 7, 8}));
+  // The worst kept is now -1: -4 over 2 tokens (-1) cannot beat it, -3.9 can.
+  EXPECT_TRUE(h.is_done(-4.0, 2));
+  EXPECT_FALSE(h.is_done(-3.9, 2));
+  generate::BeamHypotheses early(1, 1.0, /*early_stopping=*/true);
+  early.add({0, {1}, {-9.0}}, -9.0, 1);
+  EXPECT_TRUE(early.is_done(0.0, 1)) << "early_stopping: done once K are kept";
 }
 
 TEST(GenerateSampler, UniformsDependOnEveryKeyPart) {
