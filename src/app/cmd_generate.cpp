@@ -31,8 +31,6 @@
 
 namespace meshtron::app {
 
-/// The run's tokenizer, or none when the deck names no tokenizer files
-/// (prompts and results are then ids only). The one place that picks it.
 std::unique_ptr<data::Gpt2Tokenizer> run_tokenizer(const RunConfig& c) {
   if (c.data.tokenizer == "hf")
     return std::make_unique<data::Gpt2Tokenizer>(
@@ -65,24 +63,6 @@ std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Gpt2Tokenize
   }
   MESH_REQUIRE(!ids.empty(), where << ": an empty prompt");
   return ids;
-}
-
-std::vector<std::vector<std::int32_t>> read_prompts(const std::string& path,
-                                                    data::Gpt2Tokenizer* tok, int vocab) {
-  MESH_REQUIRE(!path.empty(), "generate needs generate.prompts (a JSONL file of prompts)");
-  std::ifstream in(path);
-  MESH_REQUIRE(in.good(), "generate.prompts: cannot read '" << path << "'");
-  std::vector<std::vector<std::int32_t>> prompts;
-  std::string line, why;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(n);
-    const auto j = data::parse_json_line(line, why);
-    MESH_REQUIRE(j, where << ": " << why);
-    prompts.push_back(prompt_ids(*j, tok, where, vocab));
-  }
-  MESH_REQUIRE(!prompts.empty(), "generate.prompts: no prompt in '" << path << "'");
-  return prompts;
 }
 
 std::vector<std::int32_t> parse_stop_ids(const std::string& s, const data::Gpt2Tokenizer* tok,
@@ -182,6 +162,13 @@ std::vector<std::string> gather_lines(const std::vector<std::string>& mine, Comm
   return lines;
 }
 
+std::vector<std::vector<std::int32_t>> prompts_of(const RunConfig& c, data::Gpt2Tokenizer* tok,
+                                                  int vocab) {
+  MESH_REQUIRE(!c.generate.prompts.empty(),
+               "generate needs generate.prompts (a JSONL file of prompts)");
+  return read_prompt_file(c.generate.prompts, "generate.prompts", tok, vocab);
+}
+
 class GenerateRun {
  public:
   explicit GenerateRun(RunConfig config)
@@ -189,7 +176,7 @@ class GenerateRun {
         checkpoint_(checkpoint_to_load(c_, "generate")),
         vocab_(resolve_vocab(c_)),
         tokenizer_(run_tokenizer(c_)),
-        prompts_(read_prompts(c_.generate.prompts, tokenizer_.get(), vocab_)),
+        prompts_(prompts_of(c_, tokenizer_.get(), vocab_)),
         params_(params_from(c_.generate, tokenizer_.get(), vocab_)),
         rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
             c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
@@ -299,6 +286,24 @@ class GenerateRun {
 };
 
 }  // namespace
+
+std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
+                                                        const std::string& key,
+                                                        data::Gpt2Tokenizer* tok, int vocab) {
+  std::ifstream in(path);
+  MESH_REQUIRE(in.good(), key << ": cannot read '" << path << "'");
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::string line, why;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(n);
+    const auto j = data::parse_json_line(line, why);
+    MESH_REQUIRE(j, where << ": " << why);
+    prompts.push_back(prompt_ids(*j, tok, where, vocab));
+  }
+  MESH_REQUIRE(!prompts.empty(), key << ": no prompt in '" << path << "'");
+  return prompts;
+}
 
 int run_generate(const std::vector<std::string>& args) {
   const DeckArgs parsed = parse_deck_args(args);

@@ -3,12 +3,18 @@
 // meshtron::UserError on every rank alike.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "config/run_config.hpp"
 #include "model/model_spec.hpp"
 #include "tensor/types.hpp"
+
+namespace meshtron::data {
+class Gpt2Tokenizer;
+}
 
 namespace meshtron::app {
 
@@ -50,6 +56,17 @@ void require_same_model(const RunConfig& deck, const std::string& checkpoint_dec
 /// checkpoint.save_dir); a UserError "`command` needs checkpoint.load ..."
 /// when there is none.
 std::string checkpoint_to_load(const RunConfig& c, const std::string& command);
+
+/// The prompts of a JSONL file, one {"text": ...} (through `tokenizer`;
+/// none: a UserError) or {"ids": [...]} a line; a malformed line, an id
+/// outside [0, vocab) or an empty prompt is a UserError naming file:line.
+/// `key` names the setting in messages.
+std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
+                                                        const std::string& key,
+                                                        data::Gpt2Tokenizer* tokenizer, int vocab);
+/// The run's tokenizer (data.tokenizer and its files), or null when the
+/// deck names none: the one place that picks it.
+std::unique_ptr<data::Gpt2Tokenizer> run_tokenizer(const RunConfig& c);
 
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);

@@ -328,6 +328,11 @@ void DeckSchema::bind(RunConfig& c) {
 
   auto& g = c.logging;
   key("logging.log_interval", &g.log_interval, "int", "print a step line every N steps");
+  key("logging.sample_interval", &g.sample_interval, "int",
+      "every N steps print greedy continuations of logging.sample_prompts (0 = off)");
+  key("logging.sample_prompts", &g.sample_prompts, "string",
+      "JSONL of prompts as generate.prompts (\"\" = one prompt of the EOD token)");
+  key("logging.sample_tokens", &g.sample_tokens, "int", "tokens generated per sample");
   key("logging.metrics_file", &g.metrics_file, "string", "JSON lines in the run folder");
   key("logging.progress", &g.progress, "string", "progress bar: auto | on | off");
   key("logging.peak_tflops", &g.peak_tflops, "float",
@@ -565,6 +570,7 @@ void require_counts_non_negative(const RunConfig& c) {
       {"training.eval_iters", c.training.eval_iters},
       {"lr_schedule.decay_iters", c.lr_schedule.decay_iters},
       {"checkpoint.save_interval", c.checkpoint.save_interval},
+      {"logging.sample_interval", c.logging.sample_interval},
       {"logging.profile_step_start", c.logging.profile_step_start},
       {"logging.profile_step_end", c.logging.profile_step_end},
   };
@@ -802,6 +808,10 @@ void RunConfig::validate(int world_size) {
   require_positive("generate.batch_size", generate.batch_size);
   MESH_REQUIRE(generate.top_k >= 0, "generate.top_k = " << generate.top_k << " is negative");
   require_positive("logging.log_interval", logging.log_interval);
+  require_positive("logging.sample_tokens", logging.sample_tokens);
+  MESH_REQUIRE(logging.sample_interval == 0 || run.device == "cpu",
+               "logging.sample_interval needs run.device = cpu (generation runs on the host "
+               "path for now)");
   require_one_of("logging.progress", logging.progress, {"auto", "on", "off"});
   MESH_REQUIRE(!logging.profile || run.device == "cuda",
                "logging.profile traces GPU kernels: it needs run.device = cuda");

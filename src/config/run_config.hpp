@@ -245,6 +245,10 @@ struct CheckpointSection {
 
 struct LoggingSection {
   int log_interval = 1;
+  /// Every N steps, greedy continuations of sample_prompts printed (0 = off).
+  int sample_interval = 0;
+  std::string sample_prompts;  ///< JSONL as generate.prompts ("" = the EOD token)
+  int sample_tokens = 32;      ///< tokens per sample (fewer where the context ends)
   std::string metrics_file = "metrics.jsonl";
   std::string progress = "auto";  ///< auto | on | off
   /// Peak TFLOP/s of one rank for MFU; 0 = 989 (H100 dense bf16) on cuda,
