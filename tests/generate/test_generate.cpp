@@ -4,7 +4,8 @@
 //    forward over the same prefix, for GPT-2, Llama-style (rope, GQA,
 //    RMSNorm, SwiGLU, untied head) and multi-query models;
 //  * layouts (4 ranks): greedy, sampled (plain, top-k, top-p) and beam
-//    search ids on tp 2 x pp 2, tp 4 and pp 4 equal those of one rank;
+//    search ids on tp 2 x pp 2 (also with 2 interleaved chunks per stage),
+//    tp 4 and pp 4 equal those of one rank;
 //  * statistics: top-k / top-p draws follow the renormalised probabilities
 //    (chi-square, fixed seed).
 #include <gtest/gtest.h>
@@ -64,8 +65,10 @@ struct Replica {
   Trainer trainer;
   std::unique_ptr<Generator> generator;
 
-  static RunConfig deck(const std::string& family, int tp, int pp, int world) {
+  static RunConfig deck(const std::string& family, int tp, int pp, int world,
+                        const std::vector<std::string>& more) {
     std::vector<std::string> sets = kFamilies.at(family);
+    sets.insert(sets.end(), more.begin(), more.end());
     sets.push_back("parallel.tensor_parallel=" + std::to_string(tp));
     sets.push_back("parallel.pipeline_parallel=" + std::to_string(pp));
     sets.push_back("parallel.data_parallel=" + std::to_string(world / (tp * pp)));
@@ -73,8 +76,9 @@ struct Replica {
     c.validate(world);
     return c;
   }
-  Replica(MPI_Comm comm, const std::string& family, int tp, int pp, DType dtype)
-      : config(deck(family, tp, pp, tp * pp)),
+  Replica(MPI_Comm comm, const std::string& family, int tp, int pp, DType dtype,
+          const std::vector<std::string>& more = {})
+      : config(deck(family, tp, pp, tp * pp, more)),
         rt(comm, config.parallel.degrees()),
         spec(model_spec_from_deck(config, config.model.vocab_size, tp)),
         trainer(config, spec, rt, dtype) {
@@ -214,12 +218,18 @@ TEST(GenerateLayouts, SameTokensOnEveryLayout) {
   struct Case {
     std::string family;
     int tp, pp;
+    std::vector<std::string> more = {};
   };
-  const std::vector<Case> cases = {{"gpt2", 2, 2},  {"gpt2", 4, 1},        {"gpt2", 1, 4},
-                                   {"llama", 2, 2}, {"multi_query", 1, 4}};
+  const std::vector<Case> cases = {
+      {"gpt2", 2, 2},
+      {"gpt2", 4, 1},
+      {"gpt2", 1, 4},
+      {"gpt2", 2, 2, {"parallel.virtual_stages=2", "parallel.schedule=interleaved"}},
+      {"llama", 2, 2},
+      {"multi_query", 1, 4}};
   for (const Case& c : cases) {
     Replica reference(MPI_COMM_SELF, c.family, 1, 1, DType::F64);
-    Replica layout(MPI_COMM_WORLD, c.family, c.tp, c.pp, DType::F64);
+    Replica layout(MPI_COMM_WORLD, c.family, c.tp, c.pp, DType::F64, c.more);
     for (const auto& [name, params] : decodings())
       EXPECT_EQ(generated(layout, params), generated(reference, params))
           << c.family << " tp " << c.tp << " pp " << c.pp << " " << name;
