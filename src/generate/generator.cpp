@@ -39,9 +39,13 @@ std::vector<KvCache> Generator::make_cache(index_t slots, index_t capacity) cons
 }
 
 index_t Generator::cache_bytes(index_t slots, index_t capacity) const {
-  index_t total = 0;
-  for (const KvCache& kv : make_cache(slots, capacity)) total += kv.bytes();
-  return total;
+  // make_cache's tensors: k and v [slots, kv groups / tp, capacity, head_dim] per layer.
+  const AttentionSpec& a = chunks_.front()->config().block.attention;
+  const index_t per_layer = 2 * slots * (a.num_query_groups / rt_.topo.tp()) * capacity *
+                            a.head_dim * index_t(dtype_size(dtype_));
+  index_t layers = 0;
+  for (const GptModel* m : chunks_) layers += m->placement().num_layers;
+  return layers * per_layer;
 }
 
 Tensor Generator::forward(const Tensor& ids, const CachedRows& rows, std::vector<KvCache>& kv) {

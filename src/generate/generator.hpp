@@ -90,15 +90,14 @@ class Generator {
   /// tensor. Collective over the replica.
   Tensor forward(const Tensor& ids, const CachedRows& rows, std::vector<KvCache>& kv);
   std::vector<KvCache> make_cache(index_t slots, index_t capacity) const;
+
+ private:
   bool last_stage() const;
   /// Broadcasts `choices` from the last stage to every pp rank.
   void share_choices(std::vector<TokenChoice>& choices);
   /// Broadcasts up to `n` candidates of each group likewise.
   void share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n);
   index_t vocab_begin() const;
-  Communicator& tp() { return rt_.tp; }
-
- private:
   std::vector<Result> generate_sampled(const std::vector<Request>& batch, const GenerateParams& p,
                                        const TokenCallback& on_token);
   std::vector<Result> generate_beam(const std::vector<Request>& batch, const GenerateParams& p,

@@ -131,6 +131,12 @@ void check_cache(const std::string& family, DType dtype, double tol) {
   Replica r(MPI_COMM_SELF, family, 1, 1, dtype);
   std::vector<std::vector<std::int32_t>> seqs = {some_ids(3, 1), some_ids(5, 2)};
   std::vector<KvCache> kv = r.generator->make_cache(2, 16);
+  // The cache holds the kv groups, not the query heads: 4 layers x k and v x
+  // 2 slots x groups x 16 positions x head dim 8.
+  const index_t groups = r.spec.block.attention.num_query_groups;
+  EXPECT_EQ(kv[0].layers[0].k.dim(1), groups);
+  EXPECT_EQ(kv[0].bytes(), 4 * 2 * 2 * groups * 16 * 8 * index_t(dtype_size(dtype)));
+  EXPECT_EQ(r.generator->cache_bytes(2, 16), kv[0].bytes());
   // Prefill both prompts in one forward; every row's logits.
   std::vector<std::int32_t> ids;
   std::vector<index_t> slot, position;
