@@ -54,21 +54,6 @@ struct BeamGroup {
 /// Slot of beam k of prompt i.
 index_t beam_slot(std::size_t i, int k, int beams) { return index_t(i) * beams + k; }
 
-/// Copies each beam's cache rows from its source beam's slot (all sources
-/// read before any slot is written).
-void reorder_cache(std::vector<KvCache>& kv, const std::vector<index_t>& to,
-                   const std::vector<index_t>& from) {
-  for (KvCache& chunk : kv)
-    for (KvCache::Layer& layer : chunk.layers)
-      for (Tensor* t : {&layer.k, &layer.v}) {
-        const Tensor rows = t->reshape({t->dim(0), t->numel() / t->dim(0)});
-        std::vector<Tensor> sources;
-        for (index_t f : from) sources.push_back(rows.slice_rows(f, f + 1).clone());
-        for (std::size_t j = 0; j < to.size(); ++j)
-          rows.slice_rows(to[j], to[j] + 1).copy_from(sources[j]);
-      }
-}
-
 /// transformers' BeamSearchScorer.process for one prompt: the next beams
 /// from this step's candidates (best first), finished hypotheses on the way.
 /// Returns the source beam of each next beam.
@@ -173,7 +158,7 @@ std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
     }
     active = std::move(next);
     if (active.empty()) break;
-    reorder_cache(kv, to, from);
+    for (KvCache& chunk : kv) chunk.reorder(to, from);
     logits = forward(ids_tensor(ids), CachedRows::make(std::move(step_slot), std::move(step_position)), kv);
   }
 

@@ -21,12 +21,14 @@ index_t KvCache::bytes() const {
   return total;
 }
 
-void KvCache::copy_slot(index_t from, index_t to) {
-  if (from == to) return;
+void KvCache::reorder(const std::vector<index_t>& to, const std::vector<index_t>& from) {
   for (Layer& l : layers)
     for (Tensor* t : {&l.k, &l.v}) {
       const Tensor rows = t->reshape({t->dim(0), t->numel() / t->dim(0)});
-      rows.slice_rows(to, to + 1).copy_from(rows.slice_rows(from, from + 1));
+      std::vector<Tensor> sources;
+      for (index_t f : from) sources.push_back(rows.slice_rows(f, f + 1).clone());
+      for (std::size_t j = 0; j < to.size(); ++j)
+        rows.slice_rows(to[j], to[j] + 1).copy_from(sources[j]);
     }
 }
 

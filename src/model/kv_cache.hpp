@@ -36,8 +36,9 @@ struct KvCache {
   };
   std::vector<Layer> layers;  ///< this stage's layers, in order
   index_t bytes() const;
-  /// Copies slot `from` of every layer into slot `to` (beam reordering).
-  void copy_slot(index_t from, index_t to);
+  /// Slot to[j] of every layer becomes a copy of slot from[j] (beam
+  /// reordering; every source is read before any slot is written).
+  void reorder(const std::vector<index_t>& to, const std::vector<index_t>& from);
 };
 
 }  // namespace meshtron
