@@ -25,12 +25,9 @@
 
 namespace meshtron::app {
 
-namespace {
-
-/// The checkpoint file checkpoint.load names (auto: the latest in save_dir).
-std::string checkpoint_to_evaluate(const RunConfig& c) {
+std::string checkpoint_to_load(const RunConfig& c, const std::string& command) {
   const std::string& load = c.checkpoint.load;
-  MESH_REQUIRE(!load.empty(), "evaluate needs checkpoint.load (a checkpoint .h5 file, or auto = "
+  MESH_REQUIRE(!load.empty(), command << " needs checkpoint.load (a checkpoint .h5 file, or auto = "
                               "the latest in checkpoint.save_dir)");
   std::string path = load;
   MESH_REQUIRE(load != "auto" || io::find_latest(c.checkpoint.save_dir, path),
@@ -40,6 +37,8 @@ std::string checkpoint_to_evaluate(const RunConfig& c) {
                "checkpoint.load: no checkpoint file '" << path << "'");
   return path;
 }
+
+namespace {
 
 /// The deck with [training]'s batch shape replaced by [evaluate]'s (resolved
 /// by validate): the trainer's micro-batch is the evaluation's.
@@ -65,7 +64,7 @@ class EvaluateRun {
  public:
   explicit EvaluateRun(RunConfig config)
       : c_(with_evaluation_batch(std::move(config))),
-        checkpoint_(checkpoint_to_evaluate(c_)),
+        checkpoint_(checkpoint_to_load(c_, "evaluate")),
         vocab_(resolve_vocab(c_)),
         rows_(rows_to_score(c_, vocab_)),
         rt_(MPI_COMM_WORLD, c_.parallel.degrees(),

@@ -7,7 +7,8 @@
 //   3. resume from a checkpoint when checkpoint.load asks for one, or take
 //      only its weights (fine-tuning: checkpoint.finetune, or a checkpoint
 //      without optimizer state such as `convert` writes)
-//   4. train: step lines every log_interval, evaluation every eval_interval,
+//   4. train: step lines every log_interval, greedy samples every
+//      logging.sample_interval, evaluation every eval_interval,
 //      checkpoints every save_interval and at the last step, JSON lines in
 //      the run folder; a stop signal or run.exit_duration_mins saves and
 //      ends the run after the current step
@@ -22,6 +23,7 @@
 #include <sstream>
 
 #include "app/commands.hpp"
+#include "app/training_samples.hpp"
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
 #include "io/checkpoint.hpp"
@@ -82,7 +84,10 @@ class TrainRun {
         rank0_(rt_.topo.world_rank() == 0),
         world_(world),
         tracer_(c_.logging.profile ? std::make_unique<GpuTracer>() : nullptr),
-        stop_(c_.run.exit_duration_mins) {}
+        stop_(c_.run.exit_duration_mins),
+        samples_(c_.logging.sample_interval > 0
+                     ? std::make_unique<TrainingSamples>(c_, trainer_, rt_, vocab_)
+                     : nullptr) {}
 
   int run() {
     print_banner();
@@ -104,6 +109,10 @@ class TrainRun {
       if (step % c_.logging.log_interval == 0 || step == c_.training.train_iters) {
         if (rank0_) bar.clear();
         log_step(step);
+      }
+      if (samples_ && step % c_.logging.sample_interval == 0) {
+        if (rank0_) bar.clear();
+        samples_->print(step);
       }
       if (c_.training.eval_interval > 0 && step % c_.training.eval_interval == 0) {
         if (rank0_) bar.clear();
@@ -415,6 +424,7 @@ class TrainRun {
   StopRequest stop_;
   std::unique_ptr<io::SaveDirLock> save_dir_lock_;  ///< held while the run may save
   long last_step_ = 0, last_saved_ = 0;              ///< iterations done and saved
+  std::unique_ptr<TrainingSamples> samples_;         ///< logging.sample_interval > 0 only
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 // meshtron::UserError on every rank alike.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,9 +53,26 @@ std::string pipeline_split_line(const RunConfig& c, const ModelSpec& model);
 void require_same_model(const RunConfig& deck, const std::string& checkpoint_deck_text,
                         const std::string& checkpoint_path);
 
+/// The checkpoint file checkpoint.load names (auto: the latest in
+/// checkpoint.save_dir); a UserError "`command` needs checkpoint.load ..."
+/// when there is none.
+std::string checkpoint_to_load(const RunConfig& c, const std::string& command);
+
+/// The prompts of a JSONL file, one {"text": ...} (through `tokenizer`;
+/// none: a UserError) or {"ids": [...]} a line; a malformed line, an id
+/// outside [0, vocab) or an empty prompt is a UserError naming file:line.
+/// `key` names the setting in messages.
+std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
+                                                        const std::string& key,
+                                                        data::Tokenizer* tokenizer, int vocab);
+/// The run's tokenizer (data.tokenizer and its files), or null when the
+/// deck names none: the one place that picks it.
+std::unique_ptr<data::Tokenizer> run_tokenizer(const RunConfig& c);
+
 int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_evaluate(const std::vector<std::string>& args);
+int run_generate(const std::vector<std::string>& args);
 int run_preprocess(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
 int run_convert(const std::vector<std::string>& args);

@@ -4,6 +4,8 @@
 //   mpirun -np 4 meshtron train input_decks/gpt-tiny.deck
 //   mpirun -np 4 meshtron train input_decks/gpt-tiny.deck my-run.deck --set training.train_iters=50
 //   mpirun -np 4 meshtron evaluate input_decks/gpt-tiny.deck --set checkpoint.load=auto
+//   mpirun -np 4 meshtron generate input_decks/gpt-tiny.deck --set checkpoint.load=auto
+//       --set generate.prompts=prompts.jsonl
 //
 // Errors in user input are detected identically on every rank; they are
 // printed once (rank 0) as one line and every rank exits with status 1.
@@ -31,6 +33,8 @@ void print_usage() {
       "        train the model the deck describes\n"
       "  evaluate DECK... [--set section.key=value ...]\n"
       "        loss and perplexity of checkpoint.load on evaluate.split or evaluate.inputs\n"
+      "  generate DECK... [--set section.key=value ...]\n"
+      "        text from checkpoint.load for generate.prompts (greedy, sampled or beam)\n"
       "  preprocess --input FILE... --output-prefix P --tokenizer gpt2 ...\n"
       "        tokenize text into an indexed dataset (preprocess --help)\n"
       "  inspect CKPT.h5\n"
@@ -55,6 +59,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args) {
   if (command == "info") return meshtron::app::run_info(args);
   if (command == "train") return meshtron::app::run_train(args);
   if (command == "evaluate") return meshtron::app::run_evaluate(args);
+  if (command == "generate") return meshtron::app::run_generate(args);
   if (command == "preprocess") return meshtron::app::run_preprocess(args);
   if (command == "inspect") return meshtron::app::run_inspect(args);
   if (command == "convert") return meshtron::app::run_convert(args);

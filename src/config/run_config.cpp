@@ -343,6 +343,11 @@ void DeckSchema::bind(RunConfig& c) {
 
   auto& g = c.logging;
   key("logging.log_interval", &g.log_interval, "int", "print a step line every N steps");
+  key("logging.sample_interval", &g.sample_interval, "int",
+      "every N steps print greedy continuations of logging.sample_prompts (0 = off)");
+  key("logging.sample_prompts", &g.sample_prompts, "string",
+      "JSONL of prompts as generate.prompts (\"\" = one prompt of the EOD token)");
+  key("logging.sample_tokens", &g.sample_tokens, "int", "tokens generated per sample");
   key("logging.metrics_file", &g.metrics_file, "string", "JSON lines in the run folder");
   key("logging.progress", &g.progress, "string", "progress bar: auto | on | off");
   key("logging.peak_tflops", &g.peak_tflops, "float",
@@ -364,6 +369,31 @@ void DeckSchema::bind(RunConfig& c) {
   key("evaluate.global_batch_size", &e.global_batch_size, "int",
       "samples per batch of meshtron evaluate over all dp ranks (0 = as many micro-batches "
       "per dp rank as a training step; the test split after training uses training's)");
+
+  auto& n = c.generate;
+  key("generate.prompts", &n.prompts, "string",
+      "meshtron generate: JSONL of prompts, {\"text\": ...} or {\"ids\": [...]} a line");
+  key("generate.output", &n.output, "string",
+      "JSONL of the generations (\"\" = printed by rank 0)");
+  key("generate.max_new_tokens", &n.max_new_tokens, "int", "tokens generated per prompt at most");
+  key("generate.decoding", &n.decoding, "string", "greedy | sample | beam");
+  key("generate.temperature", &n.temperature, "float", "sample: logits divided by it", kPositive);
+  key("generate.top_k", &n.top_k, "int", "sample: keep the k likeliest tokens (0 = all)");
+  key("generate.top_p", &n.top_p, "float",
+      "sample: keep the likeliest tokens while the mass above them is < top_p (1 = all)",
+      FloatRange{0, 1, true, false});
+  key("generate.num_beams", &n.num_beams, "int", "beam: beams per prompt");
+  key("generate.length_penalty", &n.length_penalty, "float",
+      "beam: a hypothesis scores sum log p / length^length_penalty", kFinite);
+  key("generate.early_stopping", &n.early_stopping, "bool",
+      "beam: stop a prompt once num_beams hypotheses are done");
+  key("generate.stop_ids", &n.stop_ids, "string",
+      "comma-separated ids that end a sequence (eod = the tokenizer's; \"\" = none)");
+  key("generate.stop", &n.stop, "string",
+      "JSON array of strings that end a sequence once its text holds one");
+  key("generate.seed", &n.seed, "uint", "sample: seed of the draws (keyed by prompt and position)");
+  key("generate.logprobs", &n.logprobs, "bool", "per-token log-probabilities in the output");
+  key("generate.batch_size", &n.batch_size, "int", "prompts decoded together on each dp rank");
 }
 
 /// One deck: where it comes from (messages) and its text.
@@ -598,6 +628,7 @@ void require_counts_non_negative(const RunConfig& c) {
       {"training.eval_iters", c.training.eval_iters},
       {"lr_schedule.decay_iters", c.lr_schedule.decay_iters},
       {"checkpoint.save_interval", c.checkpoint.save_interval},
+      {"logging.sample_interval", c.logging.sample_interval},
       {"logging.profile_step_start", c.logging.profile_step_start},
       {"logging.profile_step_end", c.logging.profile_step_end},
   };
@@ -844,7 +875,16 @@ void RunConfig::validate(int world_size) {
   MESH_REQUIRE(checkpoint.keep_last >= 1,
                "checkpoint.keep_last = " << checkpoint.keep_last << " must be at least 1");
   validate_evaluate(*this);
+  require_one_of("generate.decoding", generate.decoding, {"greedy", "sample", "beam"});
+  require_positive("generate.max_new_tokens", generate.max_new_tokens);
+  require_positive("generate.num_beams", generate.num_beams);
+  require_positive("generate.batch_size", generate.batch_size);
+  MESH_REQUIRE(generate.top_k >= 0, "generate.top_k = " << generate.top_k << " is negative");
   require_positive("logging.log_interval", logging.log_interval);
+  require_positive("logging.sample_tokens", logging.sample_tokens);
+  MESH_REQUIRE(logging.sample_interval == 0 || run.device == "cpu",
+               "logging.sample_interval needs run.device = cpu (generation runs on the host "
+               "path for now)");
   require_one_of("logging.progress", logging.progress, {"auto", "on", "off"});
   MESH_REQUIRE(!logging.profile || run.device == "cuda",
                "logging.profile traces GPU kernels: it needs run.device = cuda");

@@ -261,6 +261,10 @@ struct CheckpointSection {
 
 struct LoggingSection {
   int log_interval = 1;
+  /// Every N steps, greedy continuations of sample_prompts printed (0 = off).
+  int sample_interval = 0;
+  std::string sample_prompts;  ///< JSONL as generate.prompts ("" = the EOD token)
+  int sample_tokens = 32;      ///< tokens per sample (fewer where the context ends)
   std::string metrics_file = "metrics.jsonl";
   std::string progress = "auto";  ///< auto | on | off
   /// Peak TFLOP/s of one rank for MFU; 0 = 989 (H100 dense bf16) on cuda,
@@ -285,6 +289,28 @@ struct EvaluateSection {
   int global_batch_size = 0;
 };
 
+/// `meshtron generate`: prompts in, generated tokens out (src/generate/).
+struct GenerateSection {
+  std::string prompts;  ///< JSONL, one {"text": ...} or {"ids": [...]} a line
+  std::string output;   ///< JSONL of the results ("" = print them on rank 0)
+  int max_new_tokens = 32;
+  std::string decoding = "greedy";  ///< greedy | sample | beam
+  double temperature = 1.0;
+  int top_k = 0;                    ///< 0 = off
+  double top_p = 1.0;               ///< 1 = off
+  int num_beams = 4;
+  double length_penalty = 1.0;
+  bool early_stopping = false;
+  /// Comma-separated ids that end a sequence; "eod" = the tokenizer's EOD
+  /// id, "" = none.
+  std::string stop_ids = "eod";
+  /// A JSON array of strings that end a sequence once its text holds one.
+  std::string stop = "[]";
+  std::uint64_t seed = 1234;
+  bool logprobs = false;  ///< per-token log-probabilities in the output
+  int batch_size = 8;     ///< prompts decoded together on each dp rank
+};
+
 struct RunConfig {
   RunSection run;
   ModelSection model;
@@ -296,6 +322,7 @@ struct RunConfig {
   CheckpointSection checkpoint;
   LoggingSection logging;
   EvaluateSection evaluate;
+  GenerateSection generate;
 
   /// The deck files, in order, joined by spaces.
   std::string deck_path;

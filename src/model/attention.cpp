@@ -301,6 +301,28 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
   return merged;
 }
 
+Tensor Attention::forward_cached(const Tensor& x, const Tensor& residual, LayerContext& ctx,
+                                 const CachedRows& rows, KvCache::Layer& kv) const {
+  Cache c;
+  Tensor qkv_out = qkv.forward(x, ctx, c.qkv);
+  if (rotary_) {
+    Tensor heads = qkv_out.reshape(
+        {qkv_out.dim(0), index_t(heads_local_ + 2 * groups_local_), head_dim_});
+    ops::rotary_forward(heads, rows.positions, rope_, heads, heads_local_ + groups_local_);
+  }
+  Tensor context =
+      Tensor::empty({qkv_out.dim(0), heads_local_ * head_dim_}, qkv_out.dtype(), qkv_out.space());
+  ops::cached_attention(qkv_out, heads_local_, groups_local_, rows.slot, rows.position, scale(),
+                        kv.k, kv.v, context);
+  return proj.forward_residual(context, residual, ctx, c.proj);
+}
+
+KvCache::Layer Attention::make_kv_cache(index_t slots, index_t capacity, DType dtype,
+                                        MemorySpace space) const {
+  const Shape shape{slots, index_t(groups_local_), capacity, head_dim_};
+  return {Tensor::zeros(shape, dtype, space), Tensor::zeros(shape, dtype, space)};
+}
+
 Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   const index_t s = ctx.seq_length, b = ctx.micro_batch;
   Tensor dmerged = proj.backward(dy, ctx, c.proj);

@@ -36,6 +36,7 @@
 
 #include <string>
 
+#include "model/kv_cache.hpp"
 #include "model/linear.hpp"
 #include "model/model_spec.hpp"
 
@@ -83,6 +84,15 @@ class Attention {
                           Cache& cache) const;
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  /// Generation: residual + attention of x's rows (placed by `rows`) over
+  /// `kv`, after storing their keys and values there (ops::cached_attention;
+  /// rotary angles at the rows' absolute positions). No dropout, no backward.
+  Tensor forward_cached(const Tensor& x, const Tensor& residual, LayerContext& ctx,
+                        const CachedRows& rows, KvCache::Layer& kv) const;
+  /// An empty cache of this layer for `slots` sequences of up to
+  /// `capacity` tokens.
+  KvCache::Layer make_kv_cache(index_t slots, index_t capacity, DType dtype,
+                               MemorySpace space) const;
   /// Whether the forward of the micro-batch of `ctx` can read a mask drawn
   /// ahead (device, attention dropout, the fused core, S % 8 == 0).
   bool draws_mask_ahead(const LayerContext& ctx) const;

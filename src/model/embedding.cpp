@@ -51,16 +51,7 @@ Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const 
     positions_micro_batch_ = ctx.micro_batch;
   }
   c.positions = positions_;
-
-  Tensor partial =
-      Tensor::empty({n, config_.hidden_size}, word.value.dtype(), word.value.space());
-  ops::embedding_forward(c.ids, word.value, vocab_begin(config_, ctx.tp), partial);
-  Tensor full = mapping::reduce_from_tp(ctx.tp, std::move(partial));
-  if (has_position_table()) {
-    Tensor positions = Tensor::empty(full.shape(), full.dtype(), full.space());
-    ops::embedding_forward(c.positions, position.value, 0, positions);
-    ops::add(full, positions, full);
-  }
+  Tensor full = lookup(c.ids, c.positions, ctx);
   Tensor x = ctx.sequence_parallel ? mapping::scatter_to_sp(ctx.tp, full) : full;
   if (norm) x = norm->forward(x, c.norm);
   if (!ctx.training || config_.hidden_dropout == 0) return x;
@@ -68,6 +59,23 @@ Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const 
   ops::dropout_forward(x, config_.hidden_dropout,
                        ctx.hidden_site(kStreamEmbedding, config_.hidden_size), y);
   return y;
+}
+
+Tensor Embedding::lookup(const Tensor& ids, const Tensor& positions, LayerContext& ctx) const {
+  Tensor partial =
+      Tensor::empty({ids.numel(), config_.hidden_size}, word.value.dtype(), word.value.space());
+  ops::embedding_forward(ids, word.value, vocab_begin(config_, ctx.tp), partial);
+  Tensor full = mapping::reduce_from_tp(ctx.tp, std::move(partial));
+  if (has_position_table()) {
+    Tensor rows = Tensor::empty(full.shape(), full.dtype(), full.space());
+    ops::embedding_forward(positions, position.value, 0, rows);
+    ops::add(full, rows, full);
+  }
+  return full;
+}
+
+Tensor Embedding::forward_at(const Tensor& ids, const Tensor& positions, LayerContext& ctx) const {
+  return lookup(in_space(ids, ctx.space), in_space(positions, ctx.space), ctx);
 }
 
 void Embedding::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
@@ -129,6 +137,13 @@ Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext&
   Tensor loss = Tensor::empty({n}, stats, x.space());
   ops::cross_entropy_loss(c.sum_exp, totals.slice_rows(1, 2).reshape({n}), loss);
   return loss;
+}
+
+Tensor LmHeadLoss::logits(const Tensor& x, LayerContext& ctx) const {
+  const Tensor x_full = mapping::copy_to_tp(ctx.tp, x);
+  Tensor out = Tensor::empty({x_full.dim(0), word->value.dim(0)}, stats_dtype(x), x.space());
+  ops::gemm(x_full, false, word->value, true, out);
+  return out;
 }
 
 Tensor LmHeadLoss::backward(const Tensor& dloss, LayerContext& ctx, const Cache& c) {

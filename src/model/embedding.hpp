@@ -36,6 +36,10 @@ class Embedding {
   /// ids int32 [s*b] in [s, b] order -> hidden [s/sp * b, h].
   Tensor forward(const Tensor& ids, LayerContext& ctx, Cache& cache) const;
   void backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  /// Generation: the rows' token embeddings plus, with a position table,
+  /// those of `positions` (int32 [rows], absolute); no dropout, no sequence
+  /// parallelism.
+  Tensor forward_at(const Tensor& ids, const Tensor& positions, LayerContext& ctx) const;
   void collect(ParameterList& out) {
     out.push_back(&word);
     if (has_position_table()) out.push_back(&position);
@@ -51,6 +55,8 @@ class Embedding {
   std::optional<LayerNorm> norm;  ///< "embedding.norm" with ModelSpec::embedding_norm
 
  private:
+  /// Word rows (summed over tp) plus position rows: both forwards' lookup.
+  Tensor lookup(const Tensor& ids, const Tensor& positions, LayerContext& ctx) const;
   ModelSpec config_;
   /// The [s, b] position ids where the tables live, built on the first
   /// forward: uploading them every micro-batch (a pageable copy) made the
@@ -73,6 +79,9 @@ class LmHeadLoss {
                  Cache& cache) const;
   /// dloss [s*b] -> dx [s/sp * b, h]; accumulates into the word gradient.
   Tensor backward(const Tensor& dloss, LayerContext& ctx, const Cache& cache);
+  /// Generation: this rank's vocabulary shard of the logits of x [rows, h]
+  /// (no sequence parallelism), [rows, V_pad/tp] in the statistics dtype.
+  Tensor logits(const Tensor& x, LayerContext& ctx) const;
 
   Parameter* word;  ///< Not owned (the tied word table or the untied output weight).
 

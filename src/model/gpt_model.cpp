@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "common/error.hpp"
+
 namespace meshtron {
 
 GptModel::GptModel(const ModelSpec& c, const StagePlacement& placement, LayerContext& ctx,
@@ -100,6 +102,34 @@ Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContex
   });
   Tensor normed = final_norm_->forward(x, cache.final_norm);
   return head_->forward(normed, targets, ctx, cache.head);
+}
+
+Tensor GptModel::forward_cached(const Tensor& input, const CachedRows& rows, LayerContext& ctx,
+                                KvCache& kv) const {
+  MESH_VERIFY(kv.layers.size() == layers_.size(), "GptModel::forward_cached: a cache of "
+                                                      << kv.layers.size() << " layers for "
+                                                      << layers_.size());
+  Tensor x = embedding_ ? embedding_->forward_at(input, rows.positions, ctx) : input;
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    x = layers_[i].forward_cached(x, ctx, rows, kv.layers[i]);
+  if (!head_) return x;
+  if (!rows.logit_rows.empty()) {
+    Tensor picked = Tensor::empty({index_t(rows.logit_rows.size()), x.dim(1)}, x.dtype(), x.space());
+    for (std::size_t i = 0; i < rows.logit_rows.size(); ++i)
+      picked.slice_rows(index_t(i), index_t(i) + 1)
+          .copy_from(x.slice_rows(rows.logit_rows[i], rows.logit_rows[i] + 1));
+    x = picked;
+  }
+  LayerNorm::Cache norm;
+  return head_->logits(final_norm_->forward(x, norm), ctx);
+}
+
+KvCache GptModel::make_kv_cache(index_t slots, index_t capacity, DType dtype,
+                                MemorySpace space) const {
+  KvCache kv;
+  for (const auto& layer : layers_)
+    kv.layers.push_back(layer.attention.make_kv_cache(slots, capacity, dtype, space));
+  return kv;
 }
 
 Tensor GptModel::backward(const Tensor& dout, LayerContext& ctx, const Cache& cache,

@@ -59,6 +59,17 @@ class GptModel {
   Tensor backward(const Tensor& dout, LayerContext& ctx, const Cache& cache,
                   const std::function<void(const ParameterList&)>& grads_done = {});
 
+  /// Generation: `input` as forward()'s, its rows placed by `rows`, each
+  /// layer reading and extending its cache in `kv`. Last stage: this rank's
+  /// vocabulary shard of the logits [rows, V_pad/tp] (LmHeadLoss::logits) of
+  /// rows.logit_rows (all rows when empty);
+  /// others: hidden states.
+  Tensor forward_cached(const Tensor& input, const CachedRows& rows, LayerContext& ctx,
+                        KvCache& kv) const;
+  /// An empty cache of this stage's layers for `slots` sequences of up to
+  /// `capacity` tokens.
+  KvCache make_kv_cache(index_t slots, index_t capacity, DType dtype, MemorySpace space) const;
+
   /// Whether this chunk's layers can take the micro-batch of `ctx` with
   /// masks drawn ahead (Attention::draws_mask_ahead; the same for all).
   bool draws_attention_masks_ahead(const LayerContext& ctx) const;

@@ -77,6 +77,15 @@ Tensor TransformerLayer::forward(const Tensor& x, LayerContext& ctx, Cache& c) c
   return dropout_add(mlp.forward(mlp_in, ctx, c.mlp), h, kStreamMlpOut, ctx);
 }
 
+Tensor TransformerLayer::forward_cached(const Tensor& x, LayerContext& ctx, const CachedRows& rows,
+                                        KvCache::Layer& kv) const {
+  Cache c;
+  const Tensor attn_in = ln_1.forward(x, c.ln_1, attention.qkv.takes_ones_column());
+  const Tensor h = attention.forward_cached(attn_in, x, ctx, rows, kv);
+  const Tensor mlp_in = ln_2.forward(h, c.ln_2, mlp.fc.takes_ones_column());
+  return mlp.forward_residual(mlp_in, h, ctx, c.mlp);
+}
+
 Tensor TransformerLayer::forward_checkpointed(const Tensor& x, LayerContext& ctx,
                                               Cache& c) const {
   Cache discarded;  // freed on return: only the input outlives the forward

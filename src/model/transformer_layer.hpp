@@ -31,6 +31,10 @@ class TransformerLayer {
   TransformerLayer(int index, const ModelSpec& config, const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// Full recompute: the same output as forward(), keeping only x in `cache`.
+  /// Generation: forward() without dropout over cached keys and values
+  /// (Attention::forward_cached).
+  Tensor forward_cached(const Tensor& x, LayerContext& ctx, const CachedRows& rows,
+                        KvCache::Layer& kv) const;
   Tensor forward_checkpointed(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// Runs the forward again first when `cache` is checkpointed.
   Tensor backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);

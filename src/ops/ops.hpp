@@ -262,6 +262,19 @@ void dropout_backward(const Tensor& dy, double p, const DropoutSite& site, Tenso
 bool dropout_keep(std::uint64_t seed, std::uint32_t step, std::uint32_t stream,
                   std::uint64_t global_index, double p);
 
+// ------------------------------------------------- Cached attention (generation) ---
+/// Self-attention of `rows` new tokens over a key/value cache (host; the
+/// decode path of src/generate/). qkv [rows, (heads + 2 groups) * d] in the
+/// attention's local layout [q | k | v]; k_cache, v_cache [slots, groups,
+/// capacity, d]. First every row's k and v are stored at (slot[r],
+/// position[r]); then row r's query heads attend causally to its slot's
+/// positions 0..position[r]: context[r, h] = sum_j softmax_j(scale q . k_j) v_j
+/// with query head h reading group h / (heads / groups). A prompt's rows
+/// (prefill) and one row per sequence (decode) are the same call.
+void cached_attention(const Tensor& qkv, index_t heads, index_t groups,
+                      const std::vector<index_t>& slot, const std::vector<index_t>& position,
+                      double scale, Tensor& k_cache, Tensor& v_cache, Tensor& context);
+
 // ------------------------------------------------------- Fused attention ---
 /// Causal self-attention without the [S, S] tensors (FlashAttention-2 on the
 /// device): out[b, i] = sum_{j<=i} softmax_j(scale q[b,i] . k[b,j]) v[b, j]

@@ -1,0 +1,317 @@
+// meshtron generate DECK [--set k=v ...]: text from a checkpoint, with a
+// key/value cache, on any tp x pp x dp layout (src/generate/).
+//
+//   meshtron generate input_decks/gpt-tiny.deck --set checkpoint.load=auto
+//       --set generate.prompts=prompts.jsonl --set generate.output=out.jsonl
+//   mpirun -np 4 meshtron generate DECK --set parallel.tensor_parallel=2
+//       --set parallel.pipeline_parallel=2 --set generate.decoding=sample
+//
+//   1. read and validate the deck; resolve checkpoint.load as evaluate does
+//   2. read the prompts (every rank, the whole file): {"text": ...} through
+//      the run's tokenizer, or {"ids": [...]}
+//   3. build the model under the deck's layout and load the weights
+//   4. each dp rank decodes prompts i with i % dp == its dp rank, in batches
+//      of generate.batch_size; rank 0 writes the results in prompt order
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands.hpp"
+#include "common/error.hpp"
+#include "config/model_spec_from_deck.hpp"
+#include "data/json_line.hpp"
+#include "generate/generator.hpp"
+#include "train/trainer.hpp"
+#include "train/trainer_checkpoint.hpp"
+
+namespace meshtron::app {
+
+std::unique_ptr<data::Tokenizer> run_tokenizer(const RunConfig& c) {
+  // GPT-2's files are optional (a deck on synthetic data names none, and
+  // its prompts are ids); the other types name their file by being chosen.
+  if (c.data.tokenizer == "gpt2" && (c.data.vocab_file.empty() || c.data.merge_file.empty()))
+    return nullptr;
+  return load_tokenizer(c.data);
+}
+
+namespace {
+
+std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* tok,
+                                     const std::string& where, int vocab) {
+  MESH_REQUIRE(j.is_object() && (j.contains("text") != j.contains("ids")),
+               where << ": a prompt is {\"text\": \"...\"} or {\"ids\": [...]}");
+  std::vector<std::int32_t> ids;
+  if (j.contains("text")) {
+    MESH_REQUIRE(j["text"].is_string(), where << ": \"text\" must be a string");
+    MESH_REQUIRE(tok, where << ": a text prompt needs the run's tokenizer (data.vocab_file and "
+                                "data.merge_file, or data.tokenizer = hf)");
+    if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());  // as preprocess starts documents
+    tok->encode_append(j["text"].get<std::string>(), ids);
+  } else {
+    MESH_REQUIRE(j["ids"].is_array(), where << ": \"ids\" must be an array of token ids");
+    for (const auto& v : j["ids"]) {
+      MESH_REQUIRE(v.is_number_integer() && v.get<long long>() >= 0 && v.get<long long>() < vocab,
+                   where << ": id " << v.dump() << " is not in [0, " << vocab << ")");
+      ids.push_back(v.get<std::int32_t>());
+    }
+  }
+  MESH_REQUIRE(!ids.empty(), where << ": an empty prompt");
+  return ids;
+}
+
+std::vector<std::int32_t> parse_stop_ids(const std::string& s, const data::Tokenizer* tok,
+                                         int vocab) {
+  std::vector<std::int32_t> ids;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    if (item.empty()) continue;
+    if (item == "eod") {
+      if (tok) ids.push_back(tok->eod_id());
+      else if (vocab == kGpt2VocabSize) ids.push_back(kGpt2VocabSize - 1);  // <|endoftext|>
+      continue;
+    }
+    std::size_t used = 0;
+    long v = -1;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+    }
+    MESH_REQUIRE(used == item.size() && v >= 0 && v < vocab,
+                 "generate.stop_ids: '" << item << "' is not eod or an id in [0, " << vocab << ")");
+    ids.push_back(std::int32_t(v));
+  }
+  return ids;
+}
+
+std::vector<std::string> parse_stop_strings(const std::string& s) {
+  std::string why;
+  const auto j = data::parse_json_line(s, why);
+  MESH_REQUIRE(j && j->is_array(), "generate.stop = " << s << " is not a JSON array of strings"
+                                                      << (j ? "" : ": " + why));
+  std::vector<std::string> out;
+  for (const auto& v : *j) {
+    MESH_REQUIRE(v.is_string() && !v.get<std::string>().empty(),
+                 "generate.stop: " << v.dump() << " is not a non-empty string");
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+generate::GenerateParams params_from(const GenerateSection& g, const data::Tokenizer* tok,
+                                     int vocab) {
+  generate::GenerateParams p;
+  p.decoding = generate::decoding_from_string(g.decoding);
+  p.max_new_tokens = g.max_new_tokens;
+  p.temperature = g.temperature;
+  p.top_k = g.top_k;
+  p.top_p = g.top_p;
+  p.seed = g.seed;
+  p.num_beams = g.num_beams;
+  p.length_penalty = g.length_penalty;
+  p.early_stopping = g.early_stopping;
+  p.stop_ids = parse_stop_ids(g.stop_ids, tok, vocab);
+  const auto strings = parse_stop_strings(g.stop);
+  MESH_REQUIRE(strings.empty() || tok,
+               "generate.stop strings need the run's tokenizer (data.vocab_file and "
+               "data.merge_file, or data.tokenizer = hf)");
+  if (!strings.empty())
+    p.stop_when = [tok, strings](const std::vector<std::int32_t>& ids) {
+      const std::string text = tok->decode(ids);
+      for (const auto& s : strings)
+        if (text.find(s) != std::string::npos) return true;
+      return false;
+    };
+  return p;
+}
+
+std::string result_json(const generate::Result& r, const data::Tokenizer* tok,
+                        bool logprobs) {
+  nlohmann::json j;
+  j["index"] = r.index;
+  j["prompt_ids"] = r.prompt;
+  j["ids"] = r.ids;
+  if (tok) j["text"] = tok->decode(r.ids);
+  j["finish_reason"] = r.finish_reason;
+  if (logprobs) j["logprobs"] = r.logprobs;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+/// Every dp rank's lines (in the order each produced them) on every rank
+/// of the dp group, rank 0's first.
+std::vector<std::string> gather_lines(const std::vector<std::string>& mine, Communicator& dp) {
+  std::string packed;
+  for (const auto& l : mine) packed += l + "\n";
+  double size = double(packed.size()), longest = size;
+  dp.all_reduce(&longest, 1, DType::F64, ReduceOp::Max);
+  std::vector<std::uint8_t> send(std::size_t(longest) + 1, 0), recv(send.size() * std::size_t(dp.size()));
+  std::copy(packed.begin(), packed.end(), send.begin());
+  dp.all_gather(send.data(), recv.data(), send.size(), DType::U8);
+  std::vector<std::string> lines;
+  for (int q = 0; q < dp.size(); ++q) {
+    std::stringstream in(std::string(reinterpret_cast<const char*>(&recv[std::size_t(q) * send.size()])));
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  return lines;
+}
+
+std::vector<std::vector<std::int32_t>> prompts_of(const RunConfig& c, data::Tokenizer* tok,
+                                                  int vocab) {
+  MESH_REQUIRE(!c.generate.prompts.empty(),
+               "generate needs generate.prompts (a JSONL file of prompts)");
+  return read_prompt_file(c.generate.prompts, "generate.prompts", tok, vocab);
+}
+
+class GenerateRun {
+ public:
+  explicit GenerateRun(RunConfig config)
+      : c_(for_generation(std::move(config))),
+        checkpoint_(checkpoint_to_load(c_, "generate")),
+        vocab_(resolve_vocab(c_)),
+        tokenizer_(run_tokenizer(c_)),
+        prompts_(prompts_of(c_, tokenizer_.get(), vocab_)),
+        params_(params_from(c_.generate, tokenizer_.get(), vocab_)),
+        rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
+            c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
+        model_(model_spec_from_deck(c_, vocab_, rt_.topo.tp())),
+        trainer_(c_, model_, rt_, compute_dtype(c_)),
+        rank0_(rt_.topo.world_rank() == 0) {}
+
+  int run() {
+    const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
+    std::vector<GptModel*> chunks;
+    for (auto& m : trainer_.chunks()) chunks.push_back(m.get());
+    generate::Generator generator(chunks, rt_, compute_dtype(c_));
+    require_prompts_fit(generator.context_length());
+    const auto mine = my_requests();
+    print_banner(state.iteration, generator, mine);
+    std::vector<std::string> lines;
+    for (std::size_t b = 0; b < mine.size(); b += std::size_t(c_.generate.batch_size)) {
+      const std::vector<generate::Request> batch(
+          mine.begin() + long(b),
+          mine.begin() + long(std::min(mine.size(), b + std::size_t(c_.generate.batch_size))));
+      for (const auto& r : generator.generate(batch, params_))
+        lines.push_back(result_json(r, tokenizer_.get(), c_.generate.logprobs));
+    }
+    write(in_prompt_order(gather_lines(lines, rt_.dp)));
+    return 0;
+  }
+
+ private:
+  /// Generation keeps no activations for a backward: no sequence
+  /// parallelism, no recompute; one prompt batch is the micro-batch.
+  static RunConfig for_generation(RunConfig c) {
+    c.parallel.sequence_parallel = false;
+    c.training.recompute = "none";
+    return c;
+  }
+
+  /// Every rank checks every prompt (a prompt only some dp ranks decode
+  /// would stop them alone).
+  void require_prompts_fit(index_t positions) const {
+    for (std::size_t i = 0; i < prompts_.size(); ++i)
+      MESH_REQUIRE(index_t(prompts_[i].size()) + c_.generate.max_new_tokens <= positions,
+                   "generate.prompts: prompt " << i << " has " << prompts_[i].size()
+                       << " tokens; with generate.max_new_tokens = " << c_.generate.max_new_tokens
+                       << " it needs " << prompts_[i].size() + std::size_t(c_.generate.max_new_tokens)
+                       << " positions, the model has " << positions);
+  }
+
+  std::vector<generate::Request> my_requests() const {
+    std::vector<generate::Request> out;
+    for (std::size_t i = std::size_t(rt_.topo.dp_rank()); i < prompts_.size();
+         i += std::size_t(rt_.topo.dp()))
+      out.push_back({std::int64_t(i), prompts_[i]});
+    return out;
+  }
+
+  void print_banner(long iteration, const generate::Generator& g,
+                    const std::vector<generate::Request>& mine) const {
+    std::size_t longest = 0;
+    for (const auto& p : prompts_) longest = std::max(longest, p.size());
+    const index_t beams = params_.decoding == generate::Decoding::Beam ? c_.generate.num_beams : 1;
+    const index_t slots = index_t(std::min<std::size_t>(mine.size(), std::size_t(c_.generate.batch_size))) * beams;
+    const index_t capacity = index_t(longest) + c_.generate.max_new_tokens;
+    const double mib = double(g.cache_bytes(slots, capacity)) / (1024.0 * 1024.0);
+    if (!rank0_) return;
+    std::cout << "meshtron generate " << c_.deck_path << "\n > checkpoint " << checkpoint_
+              << " (iteration " << iteration << ")\n > " << prompts_.size() << " prompts of "
+              << c_.generate.prompts << ", " << c_.generate.decoding << ", max_new_tokens "
+              << c_.generate.max_new_tokens << " on tp " << rt_.topo.tp() << " x pp "
+              << rt_.topo.pp() << " x dp " << rt_.topo.dp() << "\n > KV cache: " << mib
+              << " MiB on this rank (" << slots << " sequences x " << capacity
+              << " positions, its layers and kv heads)" << std::endl;
+  }
+
+  std::vector<std::string> in_prompt_order(std::vector<std::string> lines) const {
+    std::vector<std::string> ordered(prompts_.size());
+    for (auto& l : lines) {
+      const auto j = nlohmann::json::parse(l);
+      ordered[j["index"].get<std::size_t>()] = std::move(l);
+    }
+    return ordered;
+  }
+
+  void write(const std::vector<std::string>& lines) const {
+    if (!rank0_) return;
+    if (c_.generate.output.empty()) {
+      for (const auto& l : lines) std::cout << l << "\n";
+      std::cout << std::flush;
+      return;
+    }
+    std::ofstream out(c_.generate.output);
+    for (const auto& l : lines) out << l << "\n";
+    MESH_VERIFY(out.good(), "cannot write generate.output '" << c_.generate.output << "'");
+    std::cout << " > " << lines.size() << " generations written to " << c_.generate.output
+              << std::endl;
+  }
+
+  RunConfig c_;  ///< the trainer keeps a reference: declared first
+  std::string checkpoint_;
+  int vocab_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  std::vector<std::vector<std::int32_t>> prompts_;
+  generate::GenerateParams params_;
+  ParallelRuntime rt_;
+  ModelSpec model_;
+  Trainer trainer_;
+  bool rank0_;
+};
+
+}  // namespace
+
+std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
+                                                        const std::string& key,
+                                                        data::Tokenizer* tok, int vocab) {
+  std::ifstream in(path);
+  MESH_REQUIRE(in.good(), key << ": cannot read '" << path << "'");
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::string line, why;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(n);
+    const auto j = data::parse_json_line(line, why);
+    MESH_REQUIRE(j, where << ": " << why);
+    prompts.push_back(prompt_ids(*j, tok, where, vocab));
+  }
+  MESH_REQUIRE(!prompts.empty(), key << ": no prompt in '" << path << "'");
+  return prompts;
+}
+
+int run_generate(const std::vector<std::string>& args) {
+  const DeckArgs parsed = parse_deck_args(args);
+  RunConfig config = read_decks(parsed, "generate");
+  MESH_REQUIRE(parsed.rest.empty(), "generate: unknown argument '" << parsed.rest.front() << "'");
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  config.validate(world);
+  GenerateRun run(std::move(config));
+  return run.run();
+}
+
+}  // namespace meshtron::app

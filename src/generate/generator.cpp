@@ -1,0 +1,208 @@
+#include "generate/generator.hpp"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "common/error.hpp"
+
+namespace meshtron::generate {
+
+Decoding decoding_from_string(const std::string& s) {
+  if (s == "sample") return Decoding::Sample;
+  if (s == "beam") return Decoding::Beam;
+  return Decoding::Greedy;
+}
+
+Generator::Generator(const std::vector<GptModel*>& chunks, ParallelRuntime& rt, DType dtype)
+    : chunks_(chunks), rt_(rt), dtype_(dtype), ctx_{rt.tp_group} {
+  MESH_VERIFY(!chunks_.empty(), "Generator: no model chunk");
+  ctx_.training = false;
+  ctx_.space = rt.space();
+  MESH_REQUIRE(ctx_.space == MemorySpace::Host,
+               "generate runs on the host path (run.device = cpu) for now");
+}
+
+index_t Generator::context_length() const {
+  return chunks_.front()->config().max_positions;
+}
+
+index_t Generator::vocab_begin() const {
+  return meshtron::vocab_begin(chunks_.front()->config(), rt_.tp_group);
+}
+
+bool Generator::last_stage() const { return rt_.topo.pp_rank() == rt_.topo.pp() - 1; }
+
+std::vector<KvCache> Generator::make_cache(index_t slots, index_t capacity) const {
+  std::vector<KvCache> kv;
+  for (const GptModel* m : chunks_) kv.push_back(m->make_kv_cache(slots, capacity, dtype_, ctx_.space));
+  return kv;
+}
+
+index_t Generator::cache_bytes(index_t slots, index_t capacity) const {
+  // make_cache's tensors: k and v [slots, kv groups / tp, capacity, head_dim] per layer.
+  const AttentionSpec& a = chunks_.front()->config().block.attention;
+  const index_t per_layer = 2 * slots * (a.num_query_groups / rt_.topo.tp()) * capacity *
+                            a.head_dim * index_t(dtype_size(dtype_));
+  index_t layers = 0;
+  for (const GptModel* m : chunks_) layers += m->placement().num_layers;
+  return layers * per_layer;
+}
+
+Tensor Generator::forward(const Tensor& ids, const CachedRows& rows, std::vector<KvCache>& kv) {
+  const int pp = rt_.topo.pp(), me = rt_.topo.pp_rank();
+  const index_t hidden = chunks_.front()->config().hidden_size;
+  Tensor x;
+  for (int g = 0; g < global_chunks(); ++g) {
+    if (g % pp != me) continue;
+    const bool first = g == 0, last = g == global_chunks() - 1;
+    if (!first && pp > 1) {
+      x = Tensor::empty({rows.size(), hidden}, dtype_, ctx_.space);
+      rt_.pp.recv(x.raw(), std::size_t(x.numel()), dtype_, (g - 1) % pp);
+    }
+    x = chunks_[std::size_t(g / pp)]->forward_cached(first ? ids : x, rows, ctx_,
+                                                     kv[std::size_t(g / pp)]);
+    if (!last && pp > 1) rt_.pp.send(x.raw(), std::size_t(x.numel()), dtype_, (g + 1) % pp);
+  }
+  return last_stage() ? x : Tensor();
+}
+
+Tensor ids_tensor(const std::vector<std::int32_t>& ids) {
+  Tensor t = Tensor::empty({index_t(ids.size())}, DType::I32);
+  std::copy(ids.begin(), ids.end(), t.data<std::int32_t>());
+  return t;
+}
+
+void Generator::share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n) {
+  if (rt_.topo.pp() == 1) return;
+  const std::size_t width = 1 + 3 * std::size_t(n);
+  std::vector<double> buf(groups.size() * width, 0.0);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    buf[g * width] = double(groups[g].size());
+    for (std::size_t c = 0; c < groups[g].size(); ++c) {
+      buf[g * width + 1 + 3 * c] = groups[g][c].score;
+      buf[g * width + 2 + 3 * c] = groups[g][c].beam;
+      buf[g * width + 3 + 3 * c] = groups[g][c].id;
+    }
+  }
+  rt_.pp.broadcast(buf.data(), buf.size(), DType::F64, rt_.topo.pp() - 1);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    groups[g].resize(std::size_t(buf[g * width]));
+    for (std::size_t c = 0; c < groups[g].size(); ++c)
+      groups[g][c] = {buf[g * width + 1 + 3 * c], int(buf[g * width + 2 + 3 * c]),
+                      std::int32_t(buf[g * width + 3 + 3 * c])};
+  }
+}
+
+void Generator::share_choices(std::vector<TokenChoice>& choices) {
+  if (rt_.topo.pp() == 1) return;
+  std::vector<double> buf(2 * choices.size());
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    buf[2 * i] = choices[i].id;
+    buf[2 * i + 1] = choices[i].logprob;
+  }
+  rt_.pp.broadcast(buf.data(), buf.size(), DType::F64, rt_.topo.pp() - 1);
+  for (std::size_t i = 0; i < choices.size(); ++i)
+    choices[i] = {std::int32_t(buf[2 * i]), buf[2 * i + 1]};
+}
+
+std::vector<Result> Generator::generate(const std::vector<Request>& batch,
+                                        const GenerateParams& p, const TokenCallback& on_token) {
+  if (batch.empty()) return {};
+  for (const Request& r : batch)
+    MESH_REQUIRE(!r.prompt.empty() &&
+                     index_t(r.prompt.size()) + p.max_new_tokens <= context_length(),
+                 "generate: prompt " << r.index << " has " << r.prompt.size()
+                                     << " tokens; with max_new_tokens = " << p.max_new_tokens
+                                     << " it needs " << r.prompt.size() + std::size_t(p.max_new_tokens)
+                                     << " positions, the model has " << context_length()
+                                     << (r.prompt.empty() ? " (an empty prompt)" : ""));
+  return p.decoding == Decoding::Beam ? generate_beam(batch, p, on_token)
+                                      : generate_sampled(batch, p, on_token);
+}
+
+namespace {
+
+/// Every prompt token of the batch, prompt i in slot i * slots_per_prompt.
+struct Prefill {
+  std::vector<std::int32_t> ids;
+  CachedRows rows;
+};
+Prefill prefill_rows(const std::vector<Request>& batch, index_t slots_per_prompt) {
+  Prefill out;
+  std::vector<index_t> slot, position;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    for (std::size_t t = 0; t < batch[i].prompt.size(); ++t) {
+      out.ids.push_back(batch[i].prompt[t]);
+      slot.push_back(index_t(i) * slots_per_prompt);
+      position.push_back(index_t(t));
+    }
+    out.rows.logit_rows.push_back(index_t(out.ids.size()) - 1);
+  }
+  auto logit_rows = std::move(out.rows.logit_rows);
+  out.rows = CachedRows::make(std::move(slot), std::move(position));
+  out.rows.logit_rows = std::move(logit_rows);
+  return out;
+}
+
+index_t longest_prompt(const std::vector<Request>& batch) {
+  std::size_t n = 0;
+  for (const Request& r : batch) n = std::max(n, r.prompt.size());
+  return index_t(n);
+}
+
+}  // namespace
+
+std::vector<Result> Generator::generate_sampled(const std::vector<Request>& batch,
+                                                const GenerateParams& p,
+                                                const TokenCallback& on_token) {
+  const std::size_t n = batch.size();
+  std::vector<KvCache> kv = make_cache(index_t(n), longest_prompt(batch) + p.max_new_tokens);
+  SamplingParams sampling{p.decoding == Decoding::Greedy, p.temperature, p.top_k, p.top_p, p.seed};
+  const std::unordered_set<std::int32_t> stop_ids(p.stop_ids.begin(), p.stop_ids.end());
+  std::vector<Result> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i].index = batch[i].index;
+    out[i].prompt = batch[i].prompt;
+  }
+  std::vector<std::size_t> active(n);  // sequences still generating, the rows of the next step
+  for (std::size_t i = 0; i < n; ++i) active[i] = i;
+
+  Prefill pre = prefill_rows(batch, 1);
+  Tensor logits = forward(ids_tensor(pre.ids), pre.rows, kv);
+  for (int step = 0; !active.empty(); ++step) {
+    std::vector<TokenChoice> choices(active.size());
+    if (last_stage()) {
+      std::vector<DrawKey> keys;
+      for (std::size_t i : active)
+        keys.push_back({batch[i].index, std::int64_t(out[i].prompt.size() + out[i].ids.size())});
+      choices = choose_tokens(logits, vocab_begin(), chunks_.front()->config().vocab_size,
+                              sampling, keys, rt_.tp);
+    }
+    share_choices(choices);
+    std::vector<std::size_t> next;
+    std::vector<std::int32_t> ids;
+    std::vector<index_t> slot, position;
+    for (std::size_t a = 0; a < active.size(); ++a) {
+      Result& r = out[active[a]];
+      r.ids.push_back(choices[a].id);
+      r.logprobs.push_back(choices[a].logprob);
+      if (on_token) on_token(r.index, choices[a].id, choices[a].logprob);
+      if (stop_ids.count(choices[a].id) || (p.stop_when && p.stop_when(r.ids))) {
+        r.finish_reason = "stop";
+      } else if (int(r.ids.size()) >= p.max_new_tokens) {
+        r.finish_reason = "length";
+      } else {
+        next.push_back(active[a]);
+        ids.push_back(choices[a].id);
+        slot.push_back(index_t(active[a]));
+        position.push_back(index_t(r.prompt.size() + r.ids.size()) - 1);
+      }
+    }
+    active = std::move(next);
+    if (active.empty()) break;
+    logits = forward(ids_tensor(ids), CachedRows::make(std::move(slot), std::move(position)), kv);
+  }
+  return out;
+}
+
+}  // namespace meshtron::generate

@@ -1,0 +1,330 @@
+// Generation (src/generate/) on the host in fp64 and fp32:
+//  * the KV cache: the logits of a prefill of prompts of different lengths
+//    in one batch, and of each decode step after it, equal those of a full
+//    forward over the same prefix, for GPT-2, Llama-style (rope, GQA,
+//    RMSNorm, SwiGLU, untied head) and multi-query models;
+//  * layouts (4 ranks): greedy, sampled (plain, top-k, top-p) and beam
+//    search ids on tp 2 x pp 2 (also with 2 interleaved chunks per stage),
+//    tp 4 and pp 4 equal those of one rank;
+//  * statistics: top-k / top-p draws follow the renormalised probabilities
+//    (chi-square, fixed seed).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "common/mpi_test_util.hpp"
+#include "config/model_spec_from_deck.hpp"
+#include "generate/beam_search.hpp"
+#include "generate/generator.hpp"
+#include "train/trainer.hpp"
+
+namespace meshtron {
+namespace {
+
+using generate::GenerateParams;
+using generate::Generator;
+using generate::Request;
+using testing_util::world_size;
+
+const char* kGpt2 = R"(
+[model]
+num_layers = 4
+hidden_size = 32
+num_attention_heads = 4
+seq_length = 32
+vocab_size = 100
+make_vocab_size_divisible_by = 8
+hidden_dropout = 0.1
+attention_dropout = 0.1
+[training]
+micro_batch_size = 1
+global_batch_size = 1
+[logging]
+progress = off
+)";
+
+/// Deck lines that turn kGpt2 into each family.
+const std::map<std::string, std::vector<std::string>> kFamilies = {
+    {"gpt2", {}},
+    {"llama",
+     {"model.normalization=RMSNorm", "model.position_embedding_type=rope",
+      "model.num_query_groups=2", "model.activation=swiglu", "model.ffn_hidden_size=48",
+      "model.add_bias_linear=false", "model.untie_embeddings_and_output_weights=true"}},
+    {"multi_query", {"model.num_query_groups=1"}},
+};
+
+/// A model on `comm` under (tp, pp), its weights from run.seed (the same
+/// global model on every layout), and its generator.
+struct Replica {
+  RunConfig config;
+  ParallelRuntime rt;
+  ModelSpec spec;
+  Trainer trainer;
+  std::unique_ptr<Generator> generator;
+
+  static RunConfig deck(const std::string& family, int tp, int pp, int world,
+                        const std::vector<std::string>& more) {
+    std::vector<std::string> sets = kFamilies.at(family);
+    sets.insert(sets.end(), more.begin(), more.end());
+    sets.push_back("parallel.tensor_parallel=" + std::to_string(tp));
+    sets.push_back("parallel.pipeline_parallel=" + std::to_string(pp));
+    sets.push_back("parallel.data_parallel=" + std::to_string(world / (tp * pp)));
+    RunConfig c = RunConfig::from_text(kGpt2, sets);
+    c.validate(world);
+    return c;
+  }
+  Replica(MPI_Comm comm, const std::string& family, int tp, int pp, DType dtype,
+          const std::vector<std::string>& more = {})
+      : config(deck(family, tp, pp, tp * pp, more)),
+        rt(comm, config.parallel.degrees()),
+        spec(model_spec_from_deck(config, config.model.vocab_size, tp)),
+        trainer(config, spec, rt, dtype) {
+    std::vector<GptModel*> chunks;
+    for (auto& m : trainer.chunks()) chunks.push_back(m.get());
+    generator = std::make_unique<Generator>(chunks, rt, dtype);
+  }
+};
+
+std::vector<std::int32_t> some_ids(int n, int salt) {
+  std::vector<std::int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(std::int32_t((i * 37 + salt * 11 + 5) % 100));
+  return ids;
+}
+
+/// Logits [V] of the last position of a full forward over `prefix` (no cache).
+std::vector<double> full_forward_logits(Replica& r, const std::vector<std::int32_t>& prefix) {
+  LayerContext ctx{r.rt.tp_group};
+  ctx.training = false;
+  ctx.seq_length = index_t(prefix.size());
+  ctx.micro_batch = 1;
+  ctx.global_batch = 1;
+  GptModel::Cache cache;
+  const Tensor targets = Tensor::zeros({index_t(prefix.size())}, DType::I32);
+  r.trainer.chunks().front()->forward(generate::ids_tensor(prefix), targets, ctx, cache);
+  const Tensor& logits = cache.head.logits;
+  std::vector<double> out;
+  const index_t last = logits.dim(0) - 1;
+  for (index_t v = 0; v < 100; ++v)
+    out.push_back(logits.dtype() == DType::F64
+                      ? logits.data<double>()[last * logits.dim(1) + v]
+                      : double(logits.data<float>()[last * logits.dim(1) + v]));
+  return out;
+}
+
+void expect_row_equals(const Tensor& logits, index_t row, const std::vector<double>& expected,
+                       double tol, const std::string& what) {
+  double worst = 0, scale = 0;
+  for (index_t v = 0; v < index_t(expected.size()); ++v) {
+    const double got = logits.dtype() == DType::F64
+                           ? logits.data<double>()[row * logits.dim(1) + v]
+                           : double(logits.data<float>()[row * logits.dim(1) + v]);
+    worst = std::max(worst, std::abs(got - expected[std::size_t(v)]));
+    scale = std::max(scale, std::abs(expected[std::size_t(v)]));
+  }
+  EXPECT_LE(worst, tol * std::max(1.0, scale)) << what;
+}
+
+void check_cache(const std::string& family, DType dtype, double tol) {
+  Replica r(MPI_COMM_SELF, family, 1, 1, dtype);
+  std::vector<std::vector<std::int32_t>> seqs = {some_ids(3, 1), some_ids(5, 2)};
+  std::vector<KvCache> kv = r.generator->make_cache(2, 16);
+  // The cache holds the kv groups, not the query heads: 4 layers x k and v x
+  // 2 slots x groups x 16 positions x head dim 8.
+  const index_t groups = r.spec.block.attention.num_query_groups;
+  EXPECT_EQ(kv[0].layers[0].k.dim(1), groups);
+  EXPECT_EQ(kv[0].bytes(), 4 * 2 * 2 * groups * 16 * 8 * index_t(dtype_size(dtype)));
+  EXPECT_EQ(r.generator->cache_bytes(2, 16), kv[0].bytes());
+  // Prefill both prompts in one forward; every row's logits.
+  std::vector<std::int32_t> ids;
+  std::vector<index_t> slot, position;
+  for (std::size_t s = 0; s < seqs.size(); ++s)
+    for (std::size_t t = 0; t < seqs[s].size(); ++t) {
+      ids.push_back(seqs[s][t]);
+      slot.push_back(index_t(s));
+      position.push_back(index_t(t));
+    }
+  Tensor logits = r.generator->forward(generate::ids_tensor(ids), CachedRows::make(slot, position), kv);
+  for (std::size_t row = 0; row < ids.size(); ++row) {
+    const auto& seq = seqs[std::size_t(slot[row])];
+    const std::vector<std::int32_t> prefix(seq.begin(), seq.begin() + long(position[row]) + 1);
+    expect_row_equals(logits, index_t(row), full_forward_logits(r, prefix), tol,
+                      family + " prefill row " + std::to_string(row));
+  }
+  // Decode steps: one new token per sequence from the cache.
+  for (int step = 0; step < 4; ++step) {
+    std::vector<std::int32_t> next;
+    std::vector<index_t> s_slot, s_position;
+    for (std::size_t s = 0; s < seqs.size(); ++s) {
+      seqs[s].push_back(std::int32_t((step * 13 + int(s) * 29 + 3) % 100));
+      next.push_back(seqs[s].back());
+      s_slot.push_back(index_t(s));
+      s_position.push_back(index_t(seqs[s].size()) - 1);
+    }
+    logits = r.generator->forward(generate::ids_tensor(next), CachedRows::make(s_slot, s_position), kv);
+    for (std::size_t s = 0; s < seqs.size(); ++s)
+      expect_row_equals(logits, index_t(s), full_forward_logits(r, seqs[s]), tol,
+                        family + " decode step " + std::to_string(step) + " sequence " +
+                            std::to_string(s));
+  }
+}
+
+TEST(GenerateCache, DecodeStepsEqualFullForward) {
+  if (world_size() != 1) GTEST_SKIP() << "one-rank test";
+  for (const auto& [family, sets] : kFamilies) {
+    check_cache(family, DType::F64, 1e-12);
+    check_cache(family, DType::F32, 1e-5);
+  }
+}
+
+std::vector<Request> prompts() {
+  return {{0, some_ids(4, 3)}, {1, some_ids(9, 4)}, {2, some_ids(1, 5)}};
+}
+
+std::map<std::string, GenerateParams> decodings() {
+  std::map<std::string, GenerateParams> out;
+  GenerateParams p;
+  p.max_new_tokens = 12;
+  p.stop_ids = {7};
+  out["greedy"] = p;
+  p.decoding = generate::Decoding::Sample;
+  p.temperature = 1.3;
+  out["sample"] = p;
+  p.top_k = 5;
+  out["sample_top_k"] = p;
+  p.top_k = 20;
+  p.top_p = 0.6;
+  out["sample_top_k_top_p"] = p;
+  p.top_k = 0;
+  p.top_p = 0.7;
+  out["sample_top_p"] = p;
+  p.decoding = generate::Decoding::Beam;
+  p.num_beams = 3;
+  p.length_penalty = 0.7;
+  out["beam"] = p;
+  p.early_stopping = true;
+  out["beam_early_stopping"] = p;
+  return out;
+}
+
+std::vector<std::vector<std::int32_t>> generated(Replica& r, const GenerateParams& p) {
+  std::vector<std::vector<std::int32_t>> out;
+  for (const auto& result : r.generator->generate(prompts(), p)) {
+    out.push_back(result.ids);
+    EXPECT_FALSE(result.ids.empty());
+    EXPECT_TRUE(result.finish_reason == "length" || result.ids.back() == 7);
+  }
+  return out;
+}
+
+TEST(GenerateLayouts, SameTokensOnEveryLayout) {
+  if (world_size() != 4) GTEST_SKIP() << "the 4-rank run compares layouts";
+  struct Case {
+    std::string family;
+    int tp, pp;
+    std::vector<std::string> more = {};
+  };
+  const std::vector<Case> cases = {
+      {"gpt2", 2, 2},
+      {"gpt2", 4, 1},
+      {"gpt2", 1, 4},
+      {"gpt2", 2, 2, {"parallel.virtual_stages=2", "parallel.schedule=interleaved"}},
+      {"llama", 2, 2},
+      {"multi_query", 1, 4}};
+  for (const Case& c : cases) {
+    Replica reference(MPI_COMM_SELF, c.family, 1, 1, DType::F64);
+    Replica layout(MPI_COMM_WORLD, c.family, c.tp, c.pp, DType::F64, c.more);
+    for (const auto& [name, params] : decodings())
+      EXPECT_EQ(generated(layout, params), generated(reference, params))
+          << c.family << " tp " << c.tp << " pp " << c.pp << " " << name;
+  }
+}
+
+/// Draws from one row of logits with top_k / top_p and compares the counts
+/// with the renormalised probabilities: chi-square over the kept tokens
+/// below 30 (df <= 6: p < 4e-5 for a correct sampler, so a fixed seed that
+/// fails is a wrong distribution), and no draw outside them.
+void check_distribution(const generate::SamplingParams& p, const std::vector<int>& kept) {
+  MpiCommunicator self(MPI_COMM_SELF);
+  const std::vector<double> logits = {1.0, 2.5, 0.3, 2.0, -1.0, 1.7, 0.9, 2.2};
+  const index_t V = index_t(logits.size());
+  const int draws = 20000, rows = 500;
+  std::vector<double> counts(std::size_t(V), 0.0);
+  for (int batch = 0; batch < draws / rows; ++batch) {
+    Tensor t = Tensor::empty({rows, V}, DType::F64);
+    std::vector<generate::DrawKey> keys;
+    for (int r = 0; r < rows; ++r) {
+      for (index_t v = 0; v < V; ++v) t.data<double>()[r * V + v] = logits[std::size_t(v)];
+      keys.push_back({batch * rows + r, 17});
+    }
+    for (const auto& c : generate::choose_tokens(t, 0, V, p, keys, self)) counts[std::size_t(c.id)] += 1;
+  }
+  double z = 0;
+  for (int v : kept) z += std::exp(logits[std::size_t(v)] / p.temperature);
+  double chi2 = 0, inside = 0;
+  for (int v : kept) {
+    const double expected = draws * std::exp(logits[std::size_t(v)] / p.temperature) / z;
+    chi2 += (counts[std::size_t(v)] - expected) * (counts[std::size_t(v)] - expected) / expected;
+    inside += counts[std::size_t(v)];
+  }
+  EXPECT_EQ(inside, draws) << "a token outside the kept set was drawn";
+  EXPECT_LT(chi2, 30.0);
+}
+
+TEST(GenerateSampler, DrawsFollowRenormalisedProbabilities) {
+  if (world_size() != 1) GTEST_SKIP() << "one-rank test";
+  generate::SamplingParams p;
+  p.greedy = false;
+  p.seed = 99;
+  p.temperature = 0.8;
+  p.top_k = 4;
+  check_distribution(p, {1, 3, 5, 7});  // the 4 largest logits: 2.5, 2.2, 2.0, 1.7
+  p.temperature = 1.0;
+  p.top_k = 0;
+  // softmax of the logits: tokens 1, 7, 3, 5 hold mass 0.297, 0.220,
+  // 0.180, 0.134: the mass above token 5 is 0.698 < 0.7, above the next
+  // (token 0) 0.832.
+  p.top_p = 0.7;
+  check_distribution(p, {1, 7, 3, 5});
+  p.top_k = 0;
+  p.top_p = 1.0;
+  check_distribution(p, {0, 1, 2, 3, 4, 5, 6, 7});
+}
+
+TEST(GenerateBeam, HypothesesKeepTheBestAndStopAsTransformers) {
+  // K = 2, length_penalty 2: scores sum / length^2.
+  generate::BeamHypotheses h(2, 2.0, /*early_stopping=*/false);
+  h.add({0, {1}, {-2.0}}, -2.0, 1);          // -2
+  EXPECT_FALSE(h.is_done(-100.0, 1)) << "fewer than K hypotheses";
+  h.add({0, {2, 3}, {-1.0, -3.0}}, -4.0, 2);  // -1
+  h.add({0, {4, 5}, {-5.0, -7.0}}, -12.0, 2);  // -3: worse than both, not kept
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_EQ(h.best().ids, (std::vector<std::int32_t>{2, 3}));
+  // Worst kept -2: a running beam at -8 over 2 tokens (-2) cannot beat it; at -7.9 it can.
+  EXPECT_TRUE(h.is_done(-8.0, 2));
+  EXPECT_FALSE(h.is_done(-7.9, 2));
+  h.add({0, {6, 7, 8}, {-1.0, -1.0, -1.0}}, -3.0, 3);  // -1/3 replaces -2
+  EXPECT_EQ(h.best().ids, (std::vector<std::int32_t>{6, 7, 8}));
+  // The worst kept is now -1: -4 over 2 tokens (-1) cannot beat it, -3.9 can.
+  EXPECT_TRUE(h.is_done(-4.0, 2));
+  EXPECT_FALSE(h.is_done(-3.9, 2));
+  generate::BeamHypotheses early(1, 1.0, /*early_stopping=*/true);
+  early.add({0, {1}, {-9.0}}, -9.0, 1);
+  EXPECT_TRUE(early.is_done(0.0, 1)) << "early_stopping: done once K are kept";
+}
+
+TEST(GenerateSampler, UniformsDependOnEveryKeyPart) {
+  const double base = generate::draw_uniform(1, {3, 4}, 5);
+  EXPECT_GT(base, 0.0);
+  EXPECT_LT(base, 1.0);
+  EXPECT_NE(base, generate::draw_uniform(2, {3, 4}, 5));
+  EXPECT_NE(base, generate::draw_uniform(1, {4, 4}, 5));
+  EXPECT_NE(base, generate::draw_uniform(1, {3, 5}, 5));
+  EXPECT_NE(base, generate::draw_uniform(1, {3, 4}, 6));
+  EXPECT_EQ(base, generate::draw_uniform(1, {3, 4}, 5));
+}
+
+}  // namespace
+}  // namespace meshtron
