@@ -82,6 +82,19 @@ find_package(PkgConfig QUIET)
 if(PKG_CONFIG_FOUND)
   pkg_check_modules(SENTENCEPIECE QUIET IMPORTED_TARGET sentencepiece)
 endif()
+# Without pkg-config (a GPU node with the packages unpacked into a private
+# prefix, docs/gpu-node.md): the header and library on CMAKE_PREFIX_PATH.
+if(NOT SENTENCEPIECE_FOUND)
+  find_path(SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h)
+  find_library(SENTENCEPIECE_LIBRARY sentencepiece)
+  if(SENTENCEPIECE_INCLUDE_DIR AND SENTENCEPIECE_LIBRARY)
+    add_library(PkgConfig::SENTENCEPIECE INTERFACE IMPORTED)
+    set_target_properties(PkgConfig::SENTENCEPIECE PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES "${SENTENCEPIECE_INCLUDE_DIR}"
+      INTERFACE_LINK_LIBRARIES "${SENTENCEPIECE_LIBRARY}")
+    set(SENTENCEPIECE_FOUND TRUE)
+  endif()
+endif()
 meshtron_require(SENTENCEPIECE_FOUND "SentencePiece (found by pkg-config)"
                  "libsentencepiece-dev pkg-config")
 
