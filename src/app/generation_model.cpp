@@ -38,11 +38,12 @@ std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::strin
 }
 
 std::function<bool(const std::vector<std::int32_t>&)> stop_strings_predicate(
-    const data::Tokenizer* tok, std::vector<std::string> strings) {
+    std::function<std::string(const std::vector<std::int32_t>&)> decode,
+    std::vector<std::string> strings) {
   if (strings.empty()) return {};
-  MESH_VERIFY(tok, "stop strings without a tokenizer");
-  return [tok, strings = std::move(strings)](const std::vector<std::int32_t>& ids) {
-    const std::string text = tok->decode(ids);
+  return [decode = std::move(decode), strings = std::move(strings)](
+             const std::vector<std::int32_t>& ids) {
+    const std::string text = decode(ids);
     for (const auto& s : strings)
       if (text.find(s) != std::string::npos) return true;
     return false;
@@ -110,7 +111,9 @@ generate::GenerateParams generate_params(const GenerateSection& g, const data::T
   MESH_REQUIRE(strings.empty() || tok,
                "generate.stop strings need the run's tokenizer (data.vocab_file and "
                "data.merge_file, or data.tokenizer = hf)");
-  p.stop_when = stop_strings_predicate(tok, strings);
+  if (tok)
+    p.stop_when = stop_strings_predicate(
+        [tok](const std::vector<std::int32_t>& ids) { return tok->decode(ids); }, strings);
   return p;
 }
 

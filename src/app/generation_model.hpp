@@ -45,10 +45,11 @@ class GenerationModel {
 /// preprocess starts documents) and the text's ids.
 std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text);
 
-/// True once the text of the generated ids holds one of `strings`; empty
-/// `strings`: no predicate. The same answer on every rank.
+/// True once the text of the generated ids (through `decode`) holds one of
+/// `strings`; empty `strings`: no predicate. The same answer on every rank.
 std::function<bool(const std::vector<std::int32_t>&)> stop_strings_predicate(
-    const data::Tokenizer* tok, std::vector<std::string> strings);
+    std::function<std::string(const std::vector<std::int32_t>&)> decode,
+    std::vector<std::string> strings);
 
 /// The decoding settings of the [generate] section (stop_ids and stop
 /// resolved through `tok`; UserError on a bad one).
