@@ -98,6 +98,17 @@ endif()
 meshtron_require(SENTENCEPIECE_FOUND "SentencePiece (found by pkg-config)"
                  "libsentencepiece-dev pkg-config")
 
+# --- cpp-httplib (meshtron serve) -------------------------------------------
+# Debian builds it split: httplib.h declares, libcpp-httplib.so defines.
+find_path(HTTPLIB_INCLUDE_DIR httplib.h)
+find_library(HTTPLIB_LIBRARY NAMES cpp-httplib)
+meshtron_require(HTTPLIB_INCLUDE_DIR "cpp-httplib (httplib.h)" "libcpp-httplib-dev")
+meshtron_require(HTTPLIB_LIBRARY "cpp-httplib (libcpp-httplib.so)" "libcpp-httplib-dev")
+find_package(Threads REQUIRED)
+add_library(meshtron::httplib INTERFACE IMPORTED)
+target_include_directories(meshtron::httplib INTERFACE ${HTTPLIB_INCLUDE_DIR})
+target_link_libraries(meshtron::httplib INTERFACE ${HTTPLIB_LIBRARY} Threads::Threads)
+
 # --- GoogleTest, Google Benchmark -------------------------------------------
 if(MESHTRON_BUILD_TESTS)
   find_package(GTest)

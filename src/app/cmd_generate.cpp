@@ -21,12 +21,10 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
+#include "app/generation_model.hpp"
 #include "common/error.hpp"
-#include "config/model_spec_from_deck.hpp"
 #include "data/json_line.hpp"
 #include "generate/generator.hpp"
-#include "train/trainer.hpp"
-#include "train/trainer_checkpoint.hpp"
 
 namespace meshtron::app {
 
@@ -49,8 +47,7 @@ std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* t
     MESH_REQUIRE(j["text"].is_string(), where << ": \"text\" must be a string");
     MESH_REQUIRE(tok, where << ": a text prompt needs the run's tokenizer (data.vocab_file and "
                                 "data.merge_file, or data.tokenizer = hf)");
-    if (tok->bos_id() >= 0) ids.push_back(tok->bos_id());  // as preprocess starts documents
-    tok->encode_append(j["text"].get<std::string>(), ids);
+    ids = text_prompt_ids(*tok, j["text"].get<std::string>());
   } else {
     MESH_REQUIRE(j["ids"].is_array(), where << ": \"ids\" must be an array of token ids");
     for (const auto& v : j["ids"]) {
@@ -61,73 +58,6 @@ std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* t
   }
   MESH_REQUIRE(!ids.empty(), where << ": an empty prompt");
   return ids;
-}
-
-std::vector<std::int32_t> parse_stop_ids(const std::string& s, const data::Tokenizer* tok,
-                                         int vocab) {
-  std::vector<std::int32_t> ids;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    item.erase(0, item.find_first_not_of(' '));
-    item.erase(item.find_last_not_of(' ') + 1);
-    if (item.empty()) continue;
-    if (item == "eod") {
-      if (tok) ids.push_back(tok->eod_id());
-      else if (vocab == kGpt2VocabSize) ids.push_back(kGpt2VocabSize - 1);  // <|endoftext|>
-      continue;
-    }
-    std::size_t used = 0;
-    long v = -1;
-    try {
-      v = std::stol(item, &used);
-    } catch (const std::exception&) {
-    }
-    MESH_REQUIRE(used == item.size() && v >= 0 && v < vocab,
-                 "generate.stop_ids: '" << item << "' is not eod or an id in [0, " << vocab << ")");
-    ids.push_back(std::int32_t(v));
-  }
-  return ids;
-}
-
-std::vector<std::string> parse_stop_strings(const std::string& s) {
-  std::string why;
-  const auto j = data::parse_json_line(s, why);
-  MESH_REQUIRE(j && j->is_array(), "generate.stop = " << s << " is not a JSON array of strings"
-                                                      << (j ? "" : ": " + why));
-  std::vector<std::string> out;
-  for (const auto& v : *j) {
-    MESH_REQUIRE(v.is_string() && !v.get<std::string>().empty(),
-                 "generate.stop: " << v.dump() << " is not a non-empty string");
-    out.push_back(v.get<std::string>());
-  }
-  return out;
-}
-
-generate::GenerateParams params_from(const GenerateSection& g, const data::Tokenizer* tok,
-                                     int vocab) {
-  generate::GenerateParams p;
-  p.decoding = generate::decoding_from_string(g.decoding);
-  p.max_new_tokens = g.max_new_tokens;
-  p.temperature = g.temperature;
-  p.top_k = g.top_k;
-  p.top_p = g.top_p;
-  p.seed = g.seed;
-  p.num_beams = g.num_beams;
-  p.length_penalty = g.length_penalty;
-  p.early_stopping = g.early_stopping;
-  p.stop_ids = parse_stop_ids(g.stop_ids, tok, vocab);
-  const auto strings = parse_stop_strings(g.stop);
-  MESH_REQUIRE(strings.empty() || tok,
-               "generate.stop strings need the run's tokenizer (data.vocab_file and "
-               "data.merge_file, or data.tokenizer = hf)");
-  if (!strings.empty())
-    p.stop_when = [tok, strings](const std::vector<std::int32_t>& ids) {
-      const std::string text = tok->decode(ids);
-      for (const auto& s : strings)
-        if (text.find(s) != std::string::npos) return true;
-      return false;
-    };
-  return p;
 }
 
 std::string result_json(const generate::Result& r, const data::Tokenizer* tok,
@@ -175,18 +105,14 @@ class GenerateRun {
         vocab_(resolve_vocab(c_)),
         tokenizer_(run_tokenizer(c_)),
         prompts_(prompts_of(c_, tokenizer_.get(), vocab_)),
-        params_(params_from(c_.generate, tokenizer_.get(), vocab_)),
-        rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
-            c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
-        model_(model_spec_from_deck(c_, vocab_, rt_.topo.tp())),
-        trainer_(c_, model_, rt_, compute_dtype(c_)),
+        params_(generate_params(c_.generate, tokenizer_.get(), vocab_)),
+        model_(c_, vocab_),
+        rt_(model_.runtime()),
         rank0_(rt_.topo.world_rank() == 0) {}
 
   int run() {
-    const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
-    std::vector<GptModel*> chunks;
-    for (auto& m : trainer_.chunks()) chunks.push_back(m.get());
-    generate::Generator generator(chunks, rt_, compute_dtype(c_));
+    const io::TrainState state = model_.load(checkpoint_);
+    generate::Generator& generator = model_.generator();
     require_prompts_fit(generator.context_length());
     const auto mine = my_requests();
     print_banner(state.iteration, generator, mine);
@@ -203,14 +129,6 @@ class GenerateRun {
   }
 
  private:
-  /// Generation keeps no activations for a backward: no sequence
-  /// parallelism, no recompute; one prompt batch is the micro-batch.
-  static RunConfig for_generation(RunConfig c) {
-    c.parallel.sequence_parallel = false;
-    c.training.recompute = "none";
-    return c;
-  }
-
   /// Every rank checks every prompt (a prompt only some dp ranks decode
   /// would stop them alone).
   void require_prompts_fit(index_t positions) const {
@@ -277,9 +195,8 @@ class GenerateRun {
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::vector<std::vector<std::int32_t>> prompts_;
   generate::GenerateParams params_;
-  ParallelRuntime rt_;
-  ModelSpec model_;
-  Trainer trainer_;
+  GenerationModel model_;
+  ParallelRuntime& rt_;
   bool rank0_;
 };
 

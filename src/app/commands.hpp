@@ -73,6 +73,7 @@ int run_info(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_evaluate(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
+int run_serve(const std::vector<std::string>& args);
 int run_preprocess(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
 int run_convert(const std::vector<std::string>& args);

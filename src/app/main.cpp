@@ -6,6 +6,7 @@
 //   mpirun -np 4 meshtron evaluate input_decks/gpt-tiny.deck --set checkpoint.load=auto
 //   mpirun -np 4 meshtron generate input_decks/gpt-tiny.deck --set checkpoint.load=auto
 //       --set generate.prompts=prompts.jsonl
+//   mpirun -np 2 meshtron serve input_decks/gpt-tiny.deck --set checkpoint.load=auto
 //
 // Errors in user input are detected identically on every rank; they are
 // printed once (rank 0) as one line and every rank exits with status 1.
@@ -35,6 +36,8 @@ void print_usage() {
       "        loss and perplexity of checkpoint.load on evaluate.split or evaluate.inputs\n"
       "  generate DECK... [--set section.key=value ...]\n"
       "        text from checkpoint.load for generate.prompts (greedy, sampled or beam)\n"
+      "  serve DECK... [--set section.key=value ...]\n"
+      "        OpenAI-compatible completions server (HTTP on rank 0, serve.host:serve.port)\n"
       "  preprocess --input FILE... --output-prefix P --tokenizer gpt2 ...\n"
       "        tokenize text into an indexed dataset (preprocess --help)\n"
       "  inspect CKPT.h5\n"
@@ -60,6 +63,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args) {
   if (command == "train") return meshtron::app::run_train(args);
   if (command == "evaluate") return meshtron::app::run_evaluate(args);
   if (command == "generate") return meshtron::app::run_generate(args);
+  if (command == "serve") return meshtron::app::run_serve(args);
   if (command == "preprocess") return meshtron::app::run_preprocess(args);
   if (command == "inspect") return meshtron::app::run_inspect(args);
   if (command == "convert") return meshtron::app::run_convert(args);

@@ -394,6 +394,13 @@ void DeckSchema::bind(RunConfig& c) {
   key("generate.seed", &n.seed, "uint", "sample: seed of the draws (keyed by prompt and position)");
   key("generate.logprobs", &n.logprobs, "bool", "per-token log-probabilities in the output");
   key("generate.batch_size", &n.batch_size, "int", "prompts decoded together on each dp rank");
+
+  auto& v = c.serve;
+  key("serve.host", &v.host, "string",
+      "meshtron serve: address rank 0 listens on (0.0.0.0 = every interface)");
+  key("serve.port", &v.port, "int", "TCP port in [0, 65535] (0 = a free one, printed)");
+  key("serve.max_n", &v.max_n, "int", "completions per prompt a request may ask for (n)");
+  key("serve.max_prompts", &v.max_prompts, "int", "prompts one request may hold");
 }
 
 /// One deck: where it comes from (messages) and its text.
@@ -880,6 +887,11 @@ void RunConfig::validate(int world_size) {
   require_positive("generate.num_beams", generate.num_beams);
   require_positive("generate.batch_size", generate.batch_size);
   MESH_REQUIRE(generate.top_k >= 0, "generate.top_k = " << generate.top_k << " is negative");
+  MESH_REQUIRE(!serve.host.empty(), "serve.host is empty (127.0.0.1: this host only)");
+  MESH_REQUIRE(serve.port >= 0 && serve.port <= 65535,
+               "serve.port = " << serve.port << " is not in [0, 65535]");
+  require_positive("serve.max_n", serve.max_n);
+  require_positive("serve.max_prompts", serve.max_prompts);
   require_positive("logging.log_interval", logging.log_interval);
   require_positive("logging.sample_tokens", logging.sample_tokens);
   MESH_REQUIRE(logging.sample_interval == 0 || run.device == "cpu",

@@ -311,6 +311,15 @@ struct GenerateSection {
   int batch_size = 8;     ///< prompts decoded together on each dp rank
 };
 
+/// `meshtron serve`: the HTTP server of rank 0 (decoding defaults and stop
+/// ids come from [generate]).
+struct ServeSection {
+  std::string host = "127.0.0.1";  ///< address to bind ("0.0.0.0": every interface)
+  int port = 8000;                 ///< 0 = a free port, printed
+  int max_n = 8;                   ///< completions per prompt a request may ask for
+  int max_prompts = 16;            ///< prompts per request
+};
+
 struct RunConfig {
   RunSection run;
   ModelSection model;
@@ -323,6 +332,7 @@ struct RunConfig {
   LoggingSection logging;
   EvaluateSection evaluate;
   GenerateSection generate;
+  ServeSection serve;
 
   /// The deck files, in order, joined by spaces.
   std::string deck_path;

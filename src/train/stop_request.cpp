@@ -22,6 +22,12 @@ extern "C" void record_stop_signal(int signal) { g_received_signal = signal; }
 
 struct sigaction g_previous[std::size(kStopSignals)];
 
+std::string signal_line(int signal) {
+  return MESH_MSG("received " << (signal == SIGTERM  ? "SIGTERM"
+                                  : signal == SIGINT ? "SIGINT"
+                                                     : "SIGUSR1"));
+}
+
 }  // namespace
 
 StopRequest::StopRequest(double exit_duration_mins)
@@ -49,9 +55,12 @@ std::string StopRequest::agree(MPI_Comm comm) const {
   if (agreed == 0) return "";
   if (agreed == kTimeLimit)
     return MESH_MSG("run.exit_duration_mins = " << exit_after_s_ / 60 << " reached");
-  return MESH_MSG("received " << (agreed == SIGTERM  ? "SIGTERM"
-                                  : agreed == SIGINT ? "SIGINT"
-                                                     : "SIGUSR1"));
+  return signal_line(agreed);
+}
+
+std::string StopRequest::received() const {
+  const int signal = g_received_signal;
+  return signal == 0 ? "" : signal_line(signal);
 }
 
 }  // namespace meshtron

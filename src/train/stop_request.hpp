@@ -28,6 +28,9 @@ class StopRequest {
   /// Collective over `comm`: why every rank should stop after this step
   /// ("received SIGTERM", "run.exit_duration_mins = 30 reached"), or "".
   std::string agree(MPI_Comm comm) const;
+  /// This rank's own view, no collective: "received SIGTERM" once a stop
+  /// signal has reached it, else "" (a server's rank 0 between requests).
+  std::string received() const;
 
  private:
   double exit_after_s_;

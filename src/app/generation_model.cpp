@@ -1,0 +1,120 @@
+#include "app/generation_model.hpp"
+
+#include <sstream>
+
+#include "app/commands.hpp"
+#include "common/error.hpp"
+#include "config/model_spec_from_deck.hpp"
+#include "data/json_line.hpp"
+
+namespace meshtron::app {
+
+RunConfig for_generation(RunConfig c) {
+  c.parallel.sequence_parallel = false;
+  c.training.recompute = "none";
+  return c;
+}
+
+GenerationModel::GenerationModel(const RunConfig& c, int vocab)
+    : rt_(MPI_COMM_WORLD, c.parallel.degrees(),
+          c.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
+      model_(model_spec_from_deck(c, vocab, rt_.topo.tp())),
+      dtype_(compute_dtype(c)),
+      trainer_(c, model_, rt_, dtype_) {}
+
+io::TrainState GenerationModel::load(const std::string& checkpoint) {
+  const io::TrainState state = load_trainer_weights(trainer_, checkpoint);
+  std::vector<GptModel*> chunks;
+  for (auto& m : trainer_.chunks()) chunks.push_back(m.get());
+  generator_ = std::make_unique<generate::Generator>(chunks, rt_, dtype_);
+  return state;
+}
+
+std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text) {
+  std::vector<std::int32_t> ids;
+  if (tok.bos_id() >= 0) ids.push_back(tok.bos_id());  // as preprocess starts documents
+  tok.encode_append(text, ids);
+  return ids;
+}
+
+std::function<bool(const std::vector<std::int32_t>&)> stop_strings_predicate(
+    std::function<std::string(const std::vector<std::int32_t>&)> decode,
+    std::vector<std::string> strings) {
+  if (strings.empty()) return {};
+  return [decode = std::move(decode), strings = std::move(strings)](
+             const std::vector<std::int32_t>& ids) {
+    const std::string text = decode(ids);
+    for (const auto& s : strings)
+      if (text.find(s) != std::string::npos) return true;
+    return false;
+  };
+}
+
+namespace {
+
+std::vector<std::int32_t> parse_stop_ids(const std::string& s, const data::Tokenizer* tok,
+                                         int vocab) {
+  std::vector<std::int32_t> ids;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    if (item.empty()) continue;
+    if (item == "eod") {
+      if (tok) ids.push_back(tok->eod_id());
+      else if (vocab == kGpt2VocabSize) ids.push_back(kGpt2VocabSize - 1);  // <|endoftext|>
+      continue;
+    }
+    std::size_t used = 0;
+    long v = -1;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+    }
+    MESH_REQUIRE(used == item.size() && v >= 0 && v < vocab,
+                 "generate.stop_ids: '" << item << "' is not eod or an id in [0, " << vocab << ")");
+    ids.push_back(std::int32_t(v));
+  }
+  return ids;
+}
+
+std::vector<std::string> parse_stop_strings(const std::string& s) {
+  std::string why;
+  const auto j = data::parse_json_line(s, why);
+  MESH_REQUIRE(j && j->is_array(), "generate.stop = " << s << " is not a JSON array of strings"
+                                                      << (j ? "" : ": " + why));
+  std::vector<std::string> out;
+  for (const auto& v : *j) {
+    MESH_REQUIRE(v.is_string() && !v.get<std::string>().empty(),
+                 "generate.stop: " << v.dump() << " is not a non-empty string");
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace
+
+generate::GenerateParams generate_params(const GenerateSection& g, const data::Tokenizer* tok,
+                                         int vocab) {
+  generate::GenerateParams p;
+  p.decoding = generate::decoding_from_string(g.decoding);
+  p.max_new_tokens = g.max_new_tokens;
+  p.temperature = g.temperature;
+  p.top_k = g.top_k;
+  p.top_p = g.top_p;
+  p.seed = g.seed;
+  p.num_beams = g.num_beams;
+  p.length_penalty = g.length_penalty;
+  p.early_stopping = g.early_stopping;
+  p.stop_ids = parse_stop_ids(g.stop_ids, tok, vocab);
+  const auto strings = parse_stop_strings(g.stop);
+  MESH_REQUIRE(strings.empty() || tok,
+               "generate.stop strings need the run's tokenizer (data.vocab_file and "
+               "data.merge_file, or data.tokenizer = hf)");
+  if (tok)
+    p.stop_when = stop_strings_predicate(
+        [tok](const std::vector<std::int32_t>& ids) { return tok->decode(ids); }, strings);
+  return p;
+}
+
+}  // namespace meshtron::app

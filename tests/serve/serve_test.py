@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""meshtron serve on tp 2 against meshtron generate on the same checkpoint.
+
+    serve_test.py MPIEXEC MESHTRON DECK TOKENIZER_MODEL WORK
+
+Greedy text equals generate's; seeded n = 2 sampling repeats; a stream
+spells the same text as the whole answer; malformed JSON and an over-long
+prompt get 400 and the server keeps answering; SIGTERM to rank 0 stops
+every rank with status 0.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+mpiexec, meshtron, deck, tokenizer_model, work = sys.argv[1:6]
+os.makedirs(work, exist_ok=True)
+common = [deck, "--set", f"data.tokenizer_model={tokenizer_model}",
+          "--set", f"checkpoint.save_dir={work}/ckpt", "--set", f"run.output_dir={work}/run"]
+tp2 = ["--set", "parallel.tensor_parallel=2", "--set", "checkpoint.load=auto"]
+PROMPT = "The jury said"
+
+
+def fail(message):
+    print("FAIL:", message)
+    sys.exit(1)
+
+
+def run(np, *args):
+    out = subprocess.run([mpiexec, "--oversubscribe", "-np", str(np), meshtron, *args],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        fail(f"{args[0]} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
+    return out.stdout
+
+
+def post(port, body, raw=False):
+    data = body if raw else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def health(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+        return r.status, json.loads(r.read())
+
+
+# 1. a checkpoint, and generate's greedy answer on tp 2
+run(1, "train", *common)
+with open(f"{work}/prompts.jsonl", "w") as f:
+    f.write(json.dumps({"text": PROMPT}) + "\n")
+run(2, "generate", *common, *tp2, "--set", f"generate.prompts={work}/prompts.jsonl",
+    "--set", f"generate.output={work}/generated.jsonl")
+expected = json.loads(open(f"{work}/generated.jsonl").readline())
+
+# 2. the server, on a free port
+server = subprocess.Popen([mpiexec, "--oversubscribe", "-np", "2", meshtron, "serve", *common, *tp2,
+                           "--set", "serve.port=0"], stdout=subprocess.PIPE, text=True)
+port = pid = None
+banner = []
+for line in server.stdout:
+    banner.append(line)
+    m = re.search(r"listening on http://127\.0\.0\.1:(\d+) .*pid (\d+)", line)
+    if m:
+        port, pid = int(m.group(1)), int(m.group(2))
+        break
+if port is None:
+    fail("no 'listening on' line:\n" + "".join(banner))
+
+try:
+    status, h = health(port)
+    if status != 200 or h["layout"]["tensor_parallel"] != 2 or h["model"] != "serve-test":
+        fail(f"/health: {status} {h}")
+
+    # 3. greedy: generate's text and token count
+    status, body = post(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 0})
+    answer = json.loads(body)
+    if status != 200 or answer["object"] != "text_completion":
+        fail(f"greedy: {status} {body}")
+    choice = answer["choices"][0]
+    if choice["text"] != expected["text"] or answer["usage"]["completion_tokens"] != len(expected["ids"]):
+        fail(f"greedy {choice} differs from generate's {expected}")
+    if len(choice["logprobs"]["token_logprobs"]) != len(expected["ids"]):
+        fail(f"logprobs: {choice['logprobs']}")
+    print("greedy:", repr(choice["text"]))
+
+    # 4. n = 2 sampled with a seed: the same twice
+    sampled = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "n": 2, "seed": 11}
+    first, second = post(port, sampled), post(port, sampled)
+    texts = [c["text"] for c in json.loads(first[1])["choices"]]
+    if first[0] != 200 or len(texts) != 2 or \
+            texts != [c["text"] for c in json.loads(second[1])["choices"]]:
+        fail(f"seeded sampling: {first} {second}")
+    print("sampled:", texts)
+
+    # 5. stream: the same text as the whole answer
+    status, body = post(port, dict(sampled, stream=True))
+    events = [l[len("data: "):] for l in body.split("\n\n") if l.startswith("data: ")]
+    if status != 200 or events[-1] != "[DONE]":
+        fail(f"stream: {status} {body}")
+    streamed = ["", ""]
+    for e in events[:-1]:
+        c = json.loads(e)["choices"][0]
+        streamed[c["index"]] += c["text"]
+    if streamed != texts:
+        fail(f"streamed {streamed} != {texts}")
+
+    # 6. bad requests: 400 with an invalid_request_error, the server still up
+    for name, body, raw in [("malformed JSON", b'{"prompt": "x", ', True),
+                            ("over-long prompt", {"prompt": list(range(30)), "max_tokens": 8}, False),
+                            ("max_tokens 0", {"prompt": PROMPT, "max_tokens": 0}, False),
+                            ("n over the limit", {"prompt": PROMPT, "n": 100}, False),
+                            ("wrong type", {"prompt": PROMPT, "temperature": "hot"}, False)]:
+        status, text = post(port, body, raw)
+        if status != 400 or json.loads(text)["error"]["type"] != "invalid_request_error":
+            fail(f"{name}: {status} {text}")
+        print(f"{name}: 400 {json.loads(text)['error']['message']}")
+    if health(port)[0] != 200:
+        fail("no /health after the bad requests")
+finally:
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+    try:
+        rest = server.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        server.kill()
+        fail("serve did not stop within 30 s of SIGTERM")
+
+if server.returncode != 0 or "received SIGTERM: stopped serving" not in rest:
+    fail(f"serve exited {server.returncode}:\n{rest}")
+print("PASS")
