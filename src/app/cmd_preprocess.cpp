@@ -29,6 +29,12 @@
 // EOD), so its files and ours agree byte for byte. With a tokenizer that
 // starts documents with BOS (sentencepiece, as Megatron's Llama2Tokenizer)
 // every document, even an empty one, is BOS + its ids [+ EOD].
+//
+// --split-sentences (Megatron's, which uses NLTK punkt; here the rule-based
+// data::split_sentences) writes one sequence per sentence with the document
+// boundaries in the .idx: a sentence without ids is dropped, --append-eod
+// extends the last sentence, BOS starts every sentence (Megatron tokenizes
+// each sentence alone), and a document without ids is an empty document.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -54,6 +60,7 @@
 #include "data/gpt2_tokenizer.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/json_line.hpp"
+#include "data/sentence_splitter.hpp"
 #include "data/tokenizer.hpp"
 
 namespace meshtron::app {
@@ -87,6 +94,7 @@ struct PreprocessOptions {
   std::string tokenizer_model;
   std::string json_key = "text";
   bool append_eod = false;
+  bool split_sentences = false;
   bool overwrite = false;
   int workers_per_rank = 1;
   double log_interval_s = 30.0;
@@ -99,9 +107,11 @@ po::options_description option_table(PreprocessOptions& o) {
       ("input", po::value(&o.inputs)->multitoken(), "input files, read in this order")
       ("output-prefix", po::value(&o.output_prefix), "write PREFIX.bin and PREFIX.idx")
       ("tokenizer", po::value(&o.tokenizer),
-       "tokenizer type: gpt2 (alias GPT2BPETokenizer), hf (a tokenizer.json) or "
-       "sentencepiece (alias Llama2Tokenizer)")
-      ("vocab-file", po::value(&o.vocab_file), "encoder.json (or Hugging Face vocab.json)")
+       "tokenizer type: gpt2 (alias GPT2BPETokenizer), hf (a tokenizer.json), "
+       "sentencepiece (alias Llama2Tokenizer), bert_wordpiece_lowercase (alias "
+       "BertWordPieceLowerCase) or bert_wordpiece_cased (alias BertWordPieceCase)")
+      ("vocab-file", po::value(&o.vocab_file),
+       "encoder.json (or Hugging Face vocab.json); vocab.txt for bert_wordpiece_*")
       ("merge-file", po::value(&o.merge_file), "vocab.bpe (or Hugging Face merges.txt)")
       ("tokenizer-file", po::value(&o.tokenizer_file), "Hugging Face tokenizer.json (for hf)")
       ("tokenizer-model", po::value(&o.tokenizer_model),
@@ -109,6 +119,8 @@ po::options_description option_table(PreprocessOptions& o) {
       ("json-key", po::value(&o.json_key)->default_value("text"), "key of the text in JSON lines")
       ("append-eod", po::bool_switch(&o.append_eod),
        "append the end-of-document token (<|endoftext|>, </s>) to every non-empty document")
+      ("split-sentences", po::bool_switch(&o.split_sentences),
+       "one sequence per sentence (rule-based English splitter), documents kept in the .idx")
       ("workers-per-rank", po::value(&o.workers_per_rank)->default_value(1),
        "tokenizer threads per MPI rank")
       ("overwrite", po::bool_switch(&o.overwrite), "replace an existing PREFIX.bin/.idx")
@@ -124,7 +136,8 @@ std::string usage_text(const po::options_description& table) {
          "         --tokenizer gpt2 --vocab-file V --merge-file M [--json-key text]\n"
          "         (or --tokenizer hf --tokenizer-file tokenizer.json,\n"
          "          or --tokenizer sentencepiece --tokenizer-model tokenizer.model)\n"
-         "         [--append-eod] [--workers-per-rank 1] [--overwrite]\n\n"
+         "         (or --tokenizer bert_wordpiece_lowercase --vocab-file vocab.txt)\n"
+         "         [--append-eod] [--split-sentences] [--workers-per-rank 1] [--overwrite]\n\n"
       << table << "\n" << kInputFormatHelp;
   return out.str();
 }
@@ -146,12 +159,16 @@ void validate(const PreprocessOptions& o) {
   const std::string type = data::canonical_tokenizer_type(o.tokenizer);
   MESH_REQUIRE(!type.empty() || o.tokenizer == "SentencePieceTokenizer",
                "preprocess: unknown --tokenizer '" << o.tokenizer
-                                                   << "' (supported: gpt2, hf, sentencepiece)");
+                                                   << "' (supported: gpt2, hf, sentencepiece, "
+                                                      "bert_wordpiece_lowercase, bert_wordpiece_cased)");
   if (type == "hf") {
     MESH_REQUIRE(!o.tokenizer_file.empty(), "preprocess: --tokenizer-file is required for hf");
   } else if (type == "sentencepiece") {
     MESH_REQUIRE(!o.tokenizer_model.empty(),
                  "preprocess: --tokenizer-model is required for sentencepiece");
+  } else if (data::is_bert_wordpiece(type)) {
+    MESH_REQUIRE(!o.vocab_file.empty(), "preprocess: --vocab-file (vocab.txt) is required for "
+                                            << o.tokenizer);
   } else if (type == "gpt2") {
     MESH_REQUIRE(!o.vocab_file.empty(), "preprocess: --vocab-file is required for gpt2");
     MESH_REQUIRE(!o.merge_file.empty(), "preprocess: --merge-file is required for gpt2");
@@ -442,6 +459,7 @@ struct InputError {
 
 struct EncodedDocument {
   std::vector<std::int32_t> tokens;
+  std::vector<std::int64_t> sentence_lengths;  ///< --split-sentences: one per sequence
   std::optional<InputError> error;
 };
 
@@ -478,6 +496,21 @@ std::optional<std::string> text_of_json_line(std::string_view line, const std::s
   return it->get<std::string>();
 }
 
+/// One sequence per sentence that has ids; the EOD extends the last one.
+void encode_sentences(std::string_view text, bool append_eod, data::Tokenizer& tokenizer,
+                      EncodedDocument& out) {
+  for (const std::string& sentence : data::split_sentences(text)) {
+    const std::size_t before = out.tokens.size();
+    if (tokenizer.bos_id() >= 0) out.tokens.push_back(tokenizer.bos_id());
+    tokenizer.encode_append(sentence, out.tokens);
+    if (out.tokens.size() > before) out.sentence_lengths.push_back(std::int64_t(out.tokens.size() - before));
+  }
+  if (append_eod && !out.tokens.empty()) {
+    out.tokens.push_back(tokenizer.eod_id());
+    ++out.sentence_lengths.back();
+  }
+}
+
 EncodedDocument encode_document(const RawDocument& doc, bool json_lines,
                                 const PreprocessOptions& o, data::Tokenizer& tokenizer) {
   EncodedDocument out;
@@ -496,6 +529,10 @@ EncodedDocument encode_document(const RawDocument& doc, bool json_lines,
     json_text = std::move(*value);
     text = json_text;
   }
+  if (o.split_sentences) {
+    encode_sentences(text, o.append_eod, tokenizer, out);
+    return out;
+  }
   if (tokenizer.bos_id() >= 0) out.tokens.push_back(tokenizer.bos_id());
   tokenizer.encode_append(text, out.tokens);
   // As Megatron: a document without ids (an empty text, no BOS) gets no EOD.
@@ -511,7 +548,8 @@ std::vector<std::unique_ptr<data::Tokenizer>> load_tokenizers(const PreprocessOp
   tokenizers.push_back(data::load_tokenizer(tokenizer_files(o)));
   MESH_REQUIRE(!o.append_eod || tokenizers.front()->eod_id() >= 0,
                "preprocess: --append-eod needs an end-of-document token, and '"
-                   << (o.tokenizer_model.empty() ? o.tokenizer_file : o.tokenizer_model)
+                   << (!o.tokenizer_model.empty() ? o.tokenizer_model
+                       : !o.tokenizer_file.empty() ? o.tokenizer_file : o.vocab_file)
                    << "' has none (<|endoftext|>, <|end_of_text|>, </s>, <eos>)");
   tokenizers.resize(std::size_t(o.workers_per_rank));
   std::vector<std::thread> threads;
@@ -635,6 +673,8 @@ RankResult encode_share(const std::vector<InputFile>& files, std::uint64_t begin
       if (e.tokens.empty()) {
         writer.end_document();  // an empty document, as Megatron writes it
         ++result.counts.empty_documents;
+      } else if (o.split_sentences) {
+        writer.add_document(e.tokens, e.sentence_lengths);
       } else {
         writer.add_document(e.tokens);
       }

@@ -324,8 +324,10 @@ void DeckSchema::bind(RunConfig& c) {
   key("data.source", &d.source, "string", "synthetic | indexed");
   key("data.path", &d.path, "string", "indexed dataset prefix (without .bin/.idx)");
   key("data.split", &d.split, "string", "train,valid,test weights by documents");
-  key("data.tokenizer", &d.tokenizer, "string", "gpt2 | hf | sentencepiece");
-  key("data.vocab_file", &d.vocab_file, "string", "encoder.json / vocab.json");
+  key("data.tokenizer", &d.tokenizer, "string",
+      "gpt2 | hf | sentencepiece | bert_wordpiece_lowercase | bert_wordpiece_cased");
+  key("data.vocab_file", &d.vocab_file, "string",
+      "encoder.json / vocab.json (gpt2), vocab.txt (bert_wordpiece_*)");
   key("data.merge_file", &d.merge_file, "string", "vocab.bpe / merges.txt");
   key("data.tokenizer_file", &d.tokenizer_file, "string", "Hugging Face tokenizer.json (hf)");
   key("data.tokenizer_model", &d.tokenizer_model, "string",
@@ -871,11 +873,14 @@ void RunConfig::validate(int world_size) {
   require_one_of("data.source", data.source, {"synthetic", "indexed"});
   MESH_REQUIRE(data.source != "indexed" || !data.path.empty(),
                "data.source = indexed needs data.path (the .bin/.idx prefix)");
-  require_one_of("data.tokenizer", data.tokenizer, {"gpt2", "hf", "sentencepiece"});
+  require_one_of("data.tokenizer", data.tokenizer,
+                 {"gpt2", "hf", "sentencepiece", "bert_wordpiece_lowercase", "bert_wordpiece_cased"});
   MESH_REQUIRE(data.tokenizer != "hf" || !data.tokenizer_file.empty(),
                "data.tokenizer = hf needs data.tokenizer_file (a tokenizer.json)");
   MESH_REQUIRE(data.tokenizer != "sentencepiece" || !data.tokenizer_model.empty(),
                "data.tokenizer = sentencepiece needs data.tokenizer_model (a tokenizer.model)");
+  MESH_REQUIRE(!data.tokenizer.starts_with("bert_wordpiece_") || !data.vocab_file.empty(),
+               "data.tokenizer = " << data.tokenizer << " needs data.vocab_file (a vocab.txt)");
   MESH_REQUIRE(checkpoint.pretrained.empty() || checkpoint.load == "auto",
                "checkpoint.pretrained = " << checkpoint.pretrained
                    << " needs checkpoint.load = auto (it is the fallback of auto)");

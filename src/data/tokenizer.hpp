@@ -14,6 +14,10 @@
 //   sentencepiece  a SentencePiece model (tokenizer_model) used as Llama 2 and
 //                  Mistral use theirs: <s> starts every document, </s> is the
 //                  EOD (Llama2Tokenizer)
+//   bert_wordpiece_lowercase, bert_wordpiece_cased
+//                  BERT's WordPiece from a vocab.txt (vocab_file), lowercased
+//                  and accents stripped or not (BertWordPieceLowerCase,
+//                  BertWordPieceCase); data/bert_tokenizer.hpp
 // Megatron's SentencePieceTokenizer is refused rather than aliased: it gives
 // other ids (no <s>, and <CLS> <SEP> <EOD> <MASK> appended past the model's
 // vocabulary, for BERT and T5).
@@ -50,7 +54,7 @@ class Tokenizer {
   virtual int32_t eod_id() const = 0;
   /// The id that starts every document and prompt, -1 when none is used.
   virtual int32_t bos_id() const = 0;
-  /// The type it was loaded as: "gpt2", "hf" or "sentencepiece".
+  /// The type it was loaded as (a canonical_tokenizer_type).
   virtual std::string name() const = 0;
 };
 
@@ -58,15 +62,18 @@ class Tokenizer {
 /// options name them; only the files of `type` are read.
 struct TokenizerFiles {
   std::string type;
-  std::string vocab_file;       ///< gpt2: encoder.json / vocab.json
+  std::string vocab_file;       ///< gpt2: encoder.json / vocab.json; bert_*: vocab.txt
   std::string merge_file;       ///< gpt2: vocab.bpe / merges.txt
   std::string tokenizer_file;   ///< hf: tokenizer.json
   std::string tokenizer_model;  ///< sentencepiece: tokenizer.model
 };
 
-/// "gpt2", "hf" or "sentencepiece" for a type or its Megatron-LM alias; ""
-/// for an unknown one.
+/// "gpt2", "hf", "sentencepiece", "bert_wordpiece_lowercase" or
+/// "bert_wordpiece_cased" for a type or its Megatron-LM alias; "" for an
+/// unknown one.
 std::string canonical_tokenizer_type(std::string_view type);
+/// Whether `type` (or its alias) is one of the two BERT WordPiece types.
+bool is_bert_wordpiece(std::string_view type);
 /// Whether the files that `type` reads are all on disk.
 bool tokenizer_files_exist(const TokenizerFiles& files);
 

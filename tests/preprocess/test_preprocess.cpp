@@ -314,3 +314,29 @@ TEST_F(Preprocess, BadOptionsAreUserErrors) {
 }
 
 }  // namespace
+
+// --split-sentences: one sequence per sentence, documents in the .idx, the
+// EOD at the end of each document's last sentence (Megatron's layout).
+TEST_F(Preprocess, SplitSentencesKeepsDocumentsAndEndsThemWithEod) {
+  const fs::path input = write_input(
+      "split.jsonl",
+      "{\"text\": \"Dr. Smith came home. He sat down! Was he tired? Yes.\"}\n"
+      "{\"text\": \"\"}\n"
+      "{\"text\": \"One sentence only, e.g. this one.\"}\n");
+  const fs::path prefix = dir_ / "split_out";
+  auto a = args({input}, prefix);
+  a.push_back("--split-sentences");
+  a.push_back("--append-eod");
+  meshtron::app::run_preprocess(a);
+  const IndexedDataset ds(prefix.string());
+  ASSERT_EQ(ds.num_documents(), 3);
+  ASSERT_EQ(ds.num_sequences(), 5);
+  const std::vector<std::string> expected = {"Dr. Smith came home.", "He sat down!",
+                                             "Was he tired?", "Yes." + std::string(kEod),
+                                             "One sentence only, e.g. this one." + std::string(kEod)};
+  for (std::int64_t s = 0; s < 5; ++s)
+    EXPECT_EQ(tokenizer_->decode(ds.get_int32(s)), expected[std::size_t(s)]) << "sequence " << s;
+  EXPECT_EQ(ds.document_sequences(0), (std::pair<std::int64_t, std::int64_t>{0, 4}));
+  EXPECT_EQ(ds.document_sequences(1), (std::pair<std::int64_t, std::int64_t>{4, 4}));
+  EXPECT_EQ(ds.document_sequences(2), (std::pair<std::int64_t, std::int64_t>{4, 5}));
+}
