@@ -30,11 +30,14 @@ inline SpecialTokens test_special_tokens() {
   return s;
 }
 
-/// 120 documents of 1-8 sentences of 3-40 tokens, ids in [10, 900), written
-/// at `prefix`.
+/// 120 documents of 1-8 sentences of 3-40 tokens, ids in [10, 900).
+inline Documents sentence_documents() {
+  return random_sentence_documents(120, 1, 8, 3, 40, kFirstWord, kFirstSentinel, 5);
+}
+
+/// sentence_documents() written at `prefix`.
 inline std::shared_ptr<const IndexedDataset> write_sentence_dataset(const std::string& prefix) {
-  write_documents(prefix, TokenDType::U16,
-                  random_sentence_documents(120, 1, 8, 3, 40, kFirstWord, kFirstSentinel, 5));
+  write_documents(prefix, TokenDType::U16, sentence_documents());
   return std::make_shared<IndexedDataset>(prefix);
 }
 
