@@ -67,34 +67,30 @@ BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> data,
   runs_ = build_sentence_runs(*data_, options);
 }
 
-BertSample BertSamples::sample(std::int64_t i) const {
-  MESH_REQUIRE(i >= 0 && i < size(), "BERT samples: index " << i << " outside [0, "
-               << size() << ")");
-  const SentenceRun& run = runs_[std::size_t(i)];
-  std::vector<Tokens> sentences;
-  for (std::int64_t s = run.first; s < run.end; ++s) sentences.push_back(data_->get_int32(s));
-  NumpyLegacyRandom rng = sample_random(config_.seed, i);
-
+BertSample make_bert_sample(const std::vector<std::vector<std::int32_t>>& sentences,
+                            std::int32_t target_length, std::int64_t index,
+                            const BertSamplesConfig& config, const SpecialTokens& special) {
+  NumpyLegacyRandom rng = sample_random(config.seed, index);
   BertSample out;
   Tokens a, b;
-  out.is_random = split_segments(sentences, config_.binary_head, rng, a, b) ? 1 : 0;
-  out.truncated = truncate_pair(a, b, run.target_length, rng);
+  out.is_random = split_segments(sentences, config.binary_head, rng, a, b) ? 1 : 0;
+  out.truncated = truncate_pair(a, b, target_length, rng);
 
-  Tokens tokens{special_.cls};
+  Tokens tokens{special.cls};
   tokens.insert(tokens.end(), a.begin(), a.end());
-  tokens.push_back(special_.sep);
+  tokens.push_back(special.sep);
   std::vector<std::int32_t> types(tokens.size(), 0);
   if (!b.empty()) {
     tokens.insert(tokens.end(), b.begin(), b.end());
-    tokens.push_back(special_.sep);
+    tokens.push_back(special.sep);
     types.resize(tokens.size(), 1);
   }
 
   const MaskedPredictions masked =
-      create_masked_predictions(tokens, run.target_length, special_, config_.masking, rng);
-  const std::size_t length = std::size_t(config_.seq_length);
+      create_masked_predictions(tokens, target_length, special, config.masking, rng);
+  const std::size_t length = std::size_t(config.seq_length);
   out.tokens = masked.tokens;
-  out.tokens.resize(length, special_.pad);
+  out.tokens.resize(length, special.pad);
   out.token_types = std::move(types);
   out.token_types.resize(length, 0);
   out.padding_mask.assign(length, 0);
@@ -106,6 +102,15 @@ BertSample BertSamples::sample(std::int64_t i) const {
     out.loss_mask[std::size_t(masked.positions[k])] = 1;
   }
   return out;
+}
+
+BertSample BertSamples::sample(std::int64_t i) const {
+  MESH_REQUIRE(i >= 0 && i < size(), "BERT samples: index " << i << " outside [0, "
+               << size() << ")");
+  const SentenceRun& run = runs_[std::size_t(i)];
+  std::vector<Tokens> sentences;
+  for (std::int64_t s = run.first; s < run.end; ++s) sentences.push_back(data_->get_int32(s));
+  return make_bert_sample(sentences, run.target_length, i, config_, special_);
 }
 
 }  // namespace meshtron::data

@@ -64,6 +64,12 @@ struct BertSample {
   bool truncated = false;
 };
 
+/// Steps 1-5 for sample `index` made of `sentences` (the run's sentences)
+/// with the run's target length: the builder without its mapping.
+BertSample make_bert_sample(const std::vector<std::vector<std::int32_t>>& sentences,
+                            std::int32_t target_length, std::int64_t index,
+                            const BertSamplesConfig& config, const SpecialTokens& special);
+
 class BertSamples {
  public:
   /// Samples over documents [first_document, end_document) of `data` (at

@@ -92,6 +92,23 @@ T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> data, std::int64_t fi
   runs_ = build_sentence_runs(*data_, options);
 }
 
+T5Sample make_t5_sample(std::vector<std::int32_t> text, std::int32_t target_length,
+                        std::int64_t index, const T5SamplesConfig& config,
+                        const SpecialTokens& special) {
+  T5Sample out;
+  out.truncated = std::int64_t(text.size()) > target_length;
+  text.resize(std::min(text.size(), std::size_t(target_length)));
+  NumpyLegacyRandom rng = sample_random(config.seed, index);
+  const MaskedPredictions masked =
+      create_masked_predictions(text, target_length, special, config.masking(), rng);
+  corrupt_spans(text, masked.spans, special, index, out);
+  MESH_REQUIRE(std::int64_t(out.dec_in.size()) <= config.decoder_seq_length,
+               "T5 samples: sample " << index << " needs a decoder of " << out.dec_in.size()
+               << " tokens but decoder_seq_length is " << config.decoder_seq_length);
+  pad_sample(config, special, out);
+  return out;
+}
+
 T5Sample T5Samples::sample(std::int64_t i) const {
   MESH_REQUIRE(i >= 0 && i < size(), "T5 samples: index " << i << " outside [0, " << size()
                << ")");
@@ -101,19 +118,7 @@ T5Sample T5Samples::sample(std::int64_t i) const {
     const Tokens sentence = data_->get_int32(s);
     text.insert(text.end(), sentence.begin(), sentence.end());
   }
-  T5Sample out;
-  out.truncated = std::int64_t(text.size()) > run.target_length;
-  text.resize(std::min(text.size(), std::size_t(run.target_length)));
-
-  NumpyLegacyRandom rng = sample_random(config_.seed, i);
-  const MaskedPredictions masked =
-      create_masked_predictions(text, run.target_length, special_, config_.masking(), rng);
-  corrupt_spans(text, masked.spans, special_, i, out);
-  MESH_REQUIRE(std::int64_t(out.dec_in.size()) <= config_.decoder_seq_length,
-               "T5 samples: sample " << i << " needs a decoder of " << out.dec_in.size()
-               << " tokens but decoder_seq_length is " << config_.decoder_seq_length);
-  pad_sample(config_, special_, out);
-  return out;
+  return make_t5_sample(std::move(text), run.target_length, i, config_, special_);
 }
 
 }  // namespace meshtron::data

@@ -65,6 +65,12 @@ struct T5Sample {
   bool truncated = false;
 };
 
+/// Steps 1-4 for sample `index` whose run's sentences concatenate to
+/// `text`, with the run's target length: the builder without its mapping.
+T5Sample make_t5_sample(std::vector<std::int32_t> text, std::int32_t target_length,
+                        std::int64_t index, const T5SamplesConfig& config,
+                        const SpecialTokens& special);
+
 class T5Samples {
  public:
   /// Samples over documents [first_document, end_document) of `data` (at
