@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/bert_samples.hpp"
+#include "data/sentence_samples.hpp"
 #include "data/t5_samples.hpp"
 #include "masked_samples_test_util.hpp"
 
@@ -83,6 +84,34 @@ TEST(MegatronSamplesGolden, T5EqualsMegatron) {
     EXPECT_EQ(s.enc_mask, c["enc_mask"].get<Ids>());
     EXPECT_EQ(s.dec_mask, c["dec_mask"].get<Ids>());
     EXPECT_EQ(int(s.truncated), c["truncated"].get<int>());
+  }
+}
+
+TEST(MegatronSamplesGolden, SentenceRunsEqualMegatronBuildMapping) {
+  const auto set = golden()["mapping"];
+  testing::ScratchDir dir("megatron_mapping");
+  testing::Documents docs;
+  for (const auto& lengths : set["documents"]) {
+    docs.emplace_back();
+    for (const int n : lengths) docs.back().push_back(Ids(std::size_t(n), 10));
+  }
+  testing::write_documents(dir / "data", TokenDType::U16, docs);
+  const IndexedDataset data(dir / "data");
+  ASSERT_GE(set["cases"].size(), 5u);
+  for (const auto& c : set["cases"]) {
+    SentenceRunOptions options;
+    options.first_document = c["first_document"];
+    options.end_document = c["end_document"];
+    options.num_samples = c["num_samples"];
+    options.max_tokens = c["max_tokens"];
+    options.short_seq_prob = c["short_seq_prob"];
+    options.seed = c["seed"];
+    options.min_sentences = c["min_sentences"];
+    std::vector<std::vector<std::int64_t>> runs;
+    for (const SentenceRun& r : build_sentence_runs(data, options))
+      runs.push_back({r.first, r.end, r.target_length});
+    EXPECT_EQ(runs, c["runs"].get<std::vector<std::vector<std::int64_t>>>())
+        << "seed " << options.seed << ", max_tokens " << options.max_tokens;
   }
 }
 

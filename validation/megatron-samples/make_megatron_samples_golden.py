@@ -11,7 +11,12 @@ sentences they read. Each case records its sentences, target length and
 sample index with Megatron's output, which tests/data compares with
 meshtron's make_bert_sample / make_t5_sample.
 
-    /usr/bin/python3 make_megatron_samples_golden.py PATH/TO/Megatron-LM   # needs numpy only
+    /usr/bin/python3 make_megatron_samples_golden.py PATH/TO/Megatron-LM
+
+Needs numpy, and g++ with pybind11's headers for the samples mapping: the
+checkout's megatron/core/datasets/helpers.cpp is compiled to run its
+build_mapping on a few settings (Debian: python3-numpy, pybind11-dev,
+python3-dev; run with /usr/bin/python3).
 
 Vocabulary: 0 [PAD], 1 [CLS], 2 [SEP], 3 [MASK], 4 [BOS], 5 [EOS], 10-499
 word pieces, 500-899 "##" continuation pieces, 900-999 T5 sentinels.
@@ -171,13 +176,70 @@ def t5_golden(root, data):
             "mean_span_length": 5.0, "cases": cases}
 
 
+def compile_helpers(root, folder):
+    """Megatron's C++ helpers (build_mapping) as a Python module, built with
+    g++ and pybind11's headers (Debian: pybind11-dev, python3-dev)."""
+    import subprocess
+    import sysconfig
+    source = os.path.join(root, "megatron", "core", "datasets", "helpers.cpp")
+    target = os.path.join(folder, "helpers_cpp" + sysconfig.get_config_var("EXT_SUFFIX"))
+    includes = [sysconfig.get_paths()["include"]]
+    try:
+        import pybind11
+        includes.append(pybind11.get_include())
+    except ImportError:
+        pass
+    subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-std=c++17", source, "-o", target]
+                   + ["-I" + i for i in includes], check=True)
+    sys.path.insert(0, folder)
+    import helpers_cpp
+    return helpers_cpp
+
+
+def documents(sentence_lengths, seed):
+    """Sentence lengths grouped into documents of 1-8 sentences, plus one
+    document holding a sentence longer than 512 tokens (left out by the
+    mapping) and one single-sentence document of 600 tokens."""
+    rng = numpy.random.RandomState(seed)
+    docs, k = [], 0
+    while k < len(sentence_lengths):
+        n = int(rng.randint(1, 9))
+        docs.append(sentence_lengths[k:k + n])
+        k += n
+    docs.insert(5, [20, 600, 30])
+    docs.insert(9, [600])
+    return docs
+
+
+def mapping_golden(root, data):
+    import tempfile
+    docs = documents([len(s) for s in data], 3)
+    bounds = numpy.cumsum([0] + [len(d) for d in docs]).astype(numpy.int64)
+    sizes = numpy.array([n for d in docs for n in d], dtype=numpy.int32)
+    cases = []
+    with tempfile.TemporaryDirectory() as folder:
+        helpers = compile_helpers(root, folder)
+        # first doc, end doc, num_samples, max_seq_length, short_seq_prob, seed, min sentences
+        for first, end, num, length, short, seed, min_sent in [
+                (0, len(docs), 300, 61, 0.1, 1234, 2), (3, len(docs) - 2, 50, 94, 0.1, 7, 1),
+                (0, len(docs), 900, 509, 0.1, 99, 2), (0, len(docs), 100, 30, 0.0, 5, 2),
+                (0, len(docs), 100, 61, 0.5, 1234, 1)]:
+            runs = helpers.build_mapping(bounds[first:end + 1], sizes, numpy.iinfo(numpy.int32).max - 1,
+                                         num, length, short, seed, False, min_sent)
+            cases.append({"first_document": first, "end_document": end, "num_samples": num,
+                          "max_tokens": length, "short_seq_prob": short, "seed": seed,
+                          "min_sentences": min_sent,
+                          "runs": [as_list(r) for r in numpy.asarray(runs)]})
+    return {"documents": docs, "cases": cases}
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     root = sys.argv[1]
     data = sentences(400, 11)
     golden = {"bert": bert_golden(root, data, True), "bert_no_binary_head": bert_golden(root, data, False),
-              "t5": t5_golden(root, data)}
+              "t5": t5_golden(root, data), "mapping": mapping_golden(root, data)}
     path = os.path.join(HERE, "megatron_samples_golden.json")
     with open(path, "w") as f:
         json.dump(golden, f, separators=(",", ":"))
