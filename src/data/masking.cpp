@@ -98,7 +98,7 @@ void validate_masking(const MaskingConfig& config, const SpecialTokens& special)
   MESH_REQUIRE(!config.geometric || (config.geometric_p > 0.0 && config.geometric_p <= 1.0),
                "masking: geometric_p=" << config.geometric_p << " outside (0, 1]");
   MESH_REQUIRE(special.vocab_size > 0 && special.vocab_size <= (std::int64_t(1) << 31),
-               "masking: vocab_size=" << special.vocab_size << " must be positive");
+               "masking: vocab_size=" << special.vocab_size << " outside [1, 2^31]");
   MESH_REQUIRE(special.mask >= 0 && special.mask < special.vocab_size,
                "masking: the [MASK] id " << special.mask << " is outside the vocabulary of "
                << special.vocab_size);
