@@ -70,6 +70,9 @@ BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> data,
 BertSample make_bert_sample(const std::vector<std::vector<std::int32_t>>& sentences,
                             std::int32_t target_length, std::int64_t index,
                             const BertSamplesConfig& config, const SpecialTokens& special) {
+  MESH_REQUIRE(!config.binary_head || sentences.size() >= 2,
+               "BERT samples: sample " << index << " has " << sentences.size()
+               << " sentence(s); sentence pairs need 2 or more");
   NumpyLegacyRandom rng = sample_random(config.seed, index);
   BertSample out;
   Tokens a, b;

@@ -35,7 +35,8 @@ namespace meshtron::data {
 inline constexpr std::int32_t kIgnoreLabel = -100;
 
 /// Token ids the sample builders insert, given by the tokenizer so that the
-/// builders depend on none. An id of -1 is "absent" (T5 has no [CLS]).
+/// builders depend on none. An id of -1 is "absent": T5 leaves [CLS] and
+/// [SEP] at -1, so that no token of its text is excluded from the spans.
 struct SpecialTokens {
   std::int32_t cls = -1;
   std::int32_t sep = -1;

@@ -205,6 +205,9 @@ TEST_F(BertSamplesTest, BadParametersAreOneLineErrors) {
   testing_util::expect_user_error(
       [&] { BertSamples(data_, 0, data_->num_documents() + 1, 10, config, testing::test_special_tokens()); },
       {"outside"});
+  testing_util::expect_user_error(
+      [&] { make_bert_sample({{10, 11, 12}}, 61, 0, config, testing::test_special_tokens()); },
+      {"1 sentence(s)"});
 }
 
 }  // namespace
