@@ -68,14 +68,16 @@ TEST_F(BertSamplesTest, EverySampleIsClsASepBSepWithTypesAndPadding) {
     const auto text = unmasked(s);
     ASSERT_EQ(text[0], special.cls);
     ASSERT_EQ(text[std::size_t(length - 1)], special.sep);
-    const auto first_sep = std::size_t(std::find(text.begin(), text.end(), special.sep) - text.begin());
+    const auto first_sep =
+        std::size_t(std::find(text.begin(), text.end(), special.sep) - text.begin());
     ASSERT_LT(first_sep, std::size_t(length - 1)) << "no segment B";
     EXPECT_EQ(std::count(text.begin(), text.begin() + length, special.sep), 2);
     EXPECT_LE(length - 3, run.target_length);
     for (std::size_t k = 0; k < std::size_t(length); ++k)
       EXPECT_EQ(s.token_types[k], k <= first_sep ? 0 : 1) << k;
     // Labels: -100 exactly where nothing is predicted.
-    for (std::size_t k = 0; k < 64; ++k) EXPECT_EQ(s.labels[k] != kIgnoreLabel, s.loss_mask[k] == 1);
+    for (std::size_t k = 0; k < 64; ++k)
+      EXPECT_EQ(s.labels[k] != kIgnoreLabel, s.loss_mask[k] == 1);
     // A and B are pieces of the run's text in order (B before A when swapped),
     // the whole text when nothing was truncated.
     const std::vector<std::int32_t> a(text.begin() + 1, text.begin() + std::ptrdiff_t(first_sep));
@@ -192,10 +194,11 @@ TEST_F(BertSamplesTest, RunsCoverWholeDocumentsAndRespectTargets) {
 }
 
 TEST_F(BertSamplesTest, BadParametersAreOneLineErrors) {
+  const auto special_tokens = testing::test_special_tokens();
   BertSamplesConfig config;
   config.seq_length = 4;
   testing_util::expect_user_error(
-      [&] { BertSamples(data_, 0, data_->num_documents(), 10, config, testing::test_special_tokens()); },
+      [&] { BertSamples(data_, 0, data_->num_documents(), 10, config, special_tokens); },
       {"seq_length=4"});
   config.seq_length = 64;
   auto special = testing::test_special_tokens();
@@ -203,10 +206,10 @@ TEST_F(BertSamplesTest, BadParametersAreOneLineErrors) {
   testing_util::expect_user_error(
       [&] { BertSamples(data_, 0, data_->num_documents(), 10, config, special); }, {"[MASK]"});
   testing_util::expect_user_error(
-      [&] { BertSamples(data_, 0, data_->num_documents() + 1, 10, config, testing::test_special_tokens()); },
+      [&] { BertSamples(data_, 0, data_->num_documents() + 1, 10, config, special_tokens); },
       {"outside"});
   testing_util::expect_user_error(
-      [&] { make_bert_sample({{10, 11, 12}}, 61, 0, config, testing::test_special_tokens()); },
+      [&] { make_bert_sample({{10, 11, 12}}, 61, 0, config, special_tokens); },
       {"1 sentence(s)"});
 }
 

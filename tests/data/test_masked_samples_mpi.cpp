@@ -35,7 +35,8 @@ std::vector<std::int32_t> flatten(const BertSample& s) {
 }
 std::vector<std::int32_t> flatten(const T5Sample& s) {
   std::vector<std::int32_t> out;
-  for (const auto* v : {&s.enc_tokens, &s.dec_in, &s.labels, &s.loss_mask, &s.enc_mask, &s.dec_mask})
+  for (const auto* v :
+       {&s.enc_tokens, &s.dec_in, &s.labels, &s.loss_mask, &s.enc_mask, &s.dec_mask})
     append(out, *v);
   return out;
 }

@@ -54,7 +54,9 @@ void expect_bert_cases(const nlohmann::json& set) {
   }
 }
 
-TEST(MegatronSamplesGolden, BertWithBinaryHeadEqualsMegatron) { expect_bert_cases(golden()["bert"]); }
+TEST(MegatronSamplesGolden, BertWithBinaryHeadEqualsMegatron) {
+  expect_bert_cases(golden()["bert"]);
+}
 
 TEST(MegatronSamplesGolden, BertWithoutBinaryHeadEqualsMegatron) {
   expect_bert_cases(golden()["bert_no_binary_head"]);

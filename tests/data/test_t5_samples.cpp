@@ -71,7 +71,8 @@ TEST_F(T5SamplesTest, SpansAndSentinelsRebuildTheText) {
       EXPECT_EQ(s.labels[std::size_t(k)], kIgnoreLabel);
       EXPECT_EQ(s.dec_in[std::size_t(k)], special.pad);
     }
-    for (std::int64_t k = enc_length; k < 96; ++k) EXPECT_EQ(s.enc_tokens[std::size_t(k)], special.pad);
+    for (std::int64_t k = enc_length; k < 96; ++k)
+      EXPECT_EQ(s.enc_tokens[std::size_t(k)], special.pad);
     // Decoder: sentinel k followed by span k; sentinels 0, 1, 2, ... in order.
     std::vector<std::vector<std::int32_t>> spans;
     for (std::int64_t k = 1; k < dec_length; ++k) {
