@@ -11,48 +11,11 @@
 
 #include "common/error.hpp"
 #include "data/npy_file.hpp"
+#include "data/numpy_random.hpp"
 
 namespace meshtron::data {
 
 namespace {
-
-// ------------------------------------------------------------ randomness ---
-
-/// numpy's legacy RandomState(seed) restricted to what Megatron uses:
-/// shuffle(). The engine is MT19937 seeded as std::mt19937 seeds it
-/// (init_genrand); a bounded draw takes 32-bit outputs masked to the
-/// smallest 2^k - 1 covering `max` and rejects those above `max` (numpy's
-/// random_interval); shuffle is Fisher-Yates from the back.
-class NumpyLegacyRandom {
- public:
-  explicit NumpyLegacyRandom(std::uint32_t seed) : engine_(seed) {}
-
-  std::uint32_t interval(std::uint32_t max) {
-    if (max == 0) return 0;
-    std::uint32_t mask = max;
-    mask |= mask >> 1;
-    mask |= mask >> 2;
-    mask |= mask >> 4;
-    mask |= mask >> 8;
-    mask |= mask >> 16;
-    std::uint32_t value;
-    do {
-      value = std::uint32_t(engine_()) & mask;
-    } while (value > max);
-    return value;
-  }
-
-  template <class T>
-  void shuffle(T* first, std::size_t n) {
-    for (std::size_t i = n; i-- > 1;) {
-      const std::uint32_t j = interval(std::uint32_t(i));
-      std::swap(first[i], first[j]);
-    }
-  }
-
- private:
-  std::mt19937 engine_;
-};
 
 // ---------------------------------------------------------------- epochs ---
 

@@ -86,4 +86,22 @@ inline Documents random_documents(int count, int min_len, int max_len, int vocab
   return docs;
 }
 
+/// Random documents of `min_sentences`..`max_sentences` sentences of
+/// `min_len`..`max_len` tokens each, ids in [first_id, end_id).
+inline Documents random_sentence_documents(int count, int min_sentences, int max_sentences,
+                                           int min_len, int max_len, int first_id, int end_id,
+                                           std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto between = [&](int lo, int hi) { return lo + int(rng() % std::uint32_t(hi - lo + 1)); };
+  Documents docs(static_cast<std::size_t>(count));
+  for (auto& doc : docs) {
+    doc.resize(static_cast<std::size_t>(between(min_sentences, max_sentences)));
+    for (auto& sentence : doc) {
+      sentence.resize(static_cast<std::size_t>(between(min_len, max_len)));
+      for (auto& t : sentence) t = std::int32_t(between(first_id, end_id - 1));
+    }
+  }
+  return docs;
+}
+
 }  // namespace meshtron::data::testing
