@@ -179,7 +179,8 @@ void attend(const CachedAttentionArgs& a, const CacheShape& c, int splits) {
 int cached_attention_splits(index_t rows, index_t heads, index_t capacity) {
   // Enough blocks for two per SM when the rows alone give fewer, each split
   // still kMinSplitLength positions long.
-  const kindex blocks = rows * heads, wanted = 2 * multiprocessor_count();
+  static const kindex sms = multiprocessor_count();  // one GPU per process
+  const kindex blocks = rows * heads, wanted = 2 * sms;
   if (blocks >= wanted) return 1;
   const kindex by_length = std::max<kindex>(1, capacity / kMinSplitLength);
   const kindex by_blocks = (wanted + blocks - 1) / blocks;
