@@ -181,7 +181,7 @@ int cached_attention_splits(index_t rows, index_t heads, index_t capacity) {
   // still kMinSplitLength positions long.
   static const kindex sms = multiprocessor_count();  // one GPU per process
   const kindex blocks = rows * heads, wanted = 2 * sms;
-  if (blocks >= wanted) return 1;
+  if (blocks == 0 || blocks >= wanted) return 1;
   const kindex by_length = std::max<kindex>(1, capacity / kMinSplitLength);
   const kindex by_blocks = (wanted + blocks - 1) / blocks;
   return int(std::min<kindex>({by_length, by_blocks, kindex(kMaxSplits)}));

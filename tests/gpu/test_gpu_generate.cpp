@@ -6,13 +6,15 @@
 //    row, so the cache is split over blocks) and a prefill of many rows;
 //  * ops::logit_candidates on the device equals the host's (ties, padding
 //    columns, more candidates than real columns);
-//  * greedy ids of the tiny GPT-2 and Llama-style (rope, GQA, RMSNorm,
-//    SwiGLU) models on one GPU in fp32 equal the host's; with mpirun -np 2
-//    and two GPUs, tp 2 equals the 1-rank host run (skips otherwise).
+//  * greedy, top-k sampled and beam-search ids of the tiny GPT-2 and
+//    Llama-style (rope, GQA, RMSNorm, SwiGLU) models on one GPU in fp32
+//    equal the host's; with mpirun -np 2 and two GPUs, tp 2 equals the
+//    1-rank host run (skips otherwise).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "common/mpi_test_util.hpp"
@@ -141,39 +143,60 @@ TEST(GpuGenerate, LogitCandidatesMatchHost) {
   check_candidates(logits, 5, 12);
 }
 
-void expect_same_greedy_ids(Replica& gpu, Replica& host, const std::string& what) {
+/// Greedy; top-k sampling (its candidates from the device); beam search
+/// (the cache's slots reordered on the device).
+std::map<std::string, generate::GenerateParams> decodings() {
+  std::map<std::string, generate::GenerateParams> out;
   generate::GenerateParams p;
   p.max_new_tokens = 12;
+  out["greedy"] = p;
+  p.decoding = generate::Decoding::Sample;
+  p.temperature = 1.3;
+  p.top_k = 5;
+  out["sample_top_k"] = p;
+  p = {};
+  p.max_new_tokens = 12;
+  p.decoding = generate::Decoding::Beam;
+  p.num_beams = 3;
+  p.length_penalty = 0.7;
+  out["beam"] = p;
+  return out;
+}
+
+void expect_same_ids(Replica& gpu, Replica& host, const std::string& what) {
   const std::vector<generate::Request> batch = {{0, some_ids(4, 3)}, {1, some_ids(9, 4)},
                                                 {2, some_ids(1, 5)}};
-  const auto on_gpu = gpu.generator->generate(batch, p);
-  const auto on_host = host.generator->generate(batch, p);
-  ASSERT_EQ(on_gpu.size(), on_host.size());
-  for (std::size_t i = 0; i < on_gpu.size(); ++i) {
-    EXPECT_EQ(on_gpu[i].ids, on_host[i].ids) << what << " prompt " << i;
-    ASSERT_EQ(on_gpu[i].logprobs.size(), on_host[i].logprobs.size());
-    for (std::size_t t = 0; t < on_gpu[i].logprobs.size(); ++t)
-      EXPECT_NEAR(on_gpu[i].logprobs[t], on_host[i].logprobs[t], 1e-4) << what << " prompt " << i;
+  for (const auto& [name, p] : decodings()) {
+    const auto on_gpu = gpu.generator->generate(batch, p);
+    const auto on_host = host.generator->generate(batch, p);
+    ASSERT_EQ(on_gpu.size(), on_host.size());
+    for (std::size_t i = 0; i < on_gpu.size(); ++i) {
+      EXPECT_EQ(on_gpu[i].ids, on_host[i].ids) << what << " " << name << " prompt " << i;
+      ASSERT_EQ(on_gpu[i].logprobs.size(), on_host[i].logprobs.size());
+      for (std::size_t t = 0; t < on_gpu[i].logprobs.size(); ++t)
+        EXPECT_NEAR(on_gpu[i].logprobs[t], on_host[i].logprobs[t], 1e-4)
+            << what << " " << name << " prompt " << i;
+    }
   }
 }
 
-TEST(GpuGenerate, GreedyIdsEqualHostOnOneGpu) {
+TEST(GpuGenerate, IdsEqualHostOnOneGpu) {
   REQUIRE_GPU();
   if (world_size() != 1) GTEST_SKIP() << "one-rank test";
   for (const std::string family : {"gpt2", "llama"}) {
     Replica host(MPI_COMM_SELF, family, 1, 1, DType::F32);
     Replica gpu(MPI_COMM_SELF, family, 1, 1, DType::F32, {}, MemorySpace::Cuda);
-    expect_same_greedy_ids(gpu, host, family);
+    expect_same_ids(gpu, host, family);
   }
 }
 
-TEST(GpuGenerate, GreedyIdsEqualHostOnTwoGpusTp2) {
+TEST(GpuGenerate, IdsEqualHostOnTwoGpusTp2) {
   if (world_size() != 2) GTEST_SKIP() << "needs mpirun -np 2";
   if (device::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   for (const std::string family : {"gpt2", "llama"}) {
     Replica host(MPI_COMM_SELF, family, 1, 1, DType::F32);
     Replica gpu(MPI_COMM_WORLD, family, 2, 1, DType::F32, {}, MemorySpace::Cuda);
-    expect_same_greedy_ids(gpu, host, family + " tp 2");
+    expect_same_ids(gpu, host, family + " tp 2");
   }
 }
 
