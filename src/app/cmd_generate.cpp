@@ -12,6 +12,7 @@
 //   3. build the model under the deck's layout and load the weights
 //   4. each dp rank decodes prompts i with i % dp == its dp rank, in batches
 //      of generate.batch_size; rank 0 writes the results in prompt order
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -121,7 +122,11 @@ class GenerateRun {
       const std::vector<generate::Request> batch(
           mine.begin() + long(b),
           mine.begin() + long(std::min(mine.size(), b + std::size_t(c_.generate.batch_size))));
-      for (const auto& r : generator.generate(batch, params_))
+      const auto start = std::chrono::steady_clock::now();
+      const auto results = generator.generate(batch, params_);
+      print_batch_time(b / std::size_t(c_.generate.batch_size) + 1, results,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      for (const auto& r : results)
         lines.push_back(result_json(r, tokenizer_.get(), c_.generate.logprobs));
     }
     write(in_prompt_order(gather_lines(lines, rt_.dp)));
@@ -164,6 +169,18 @@ class GenerateRun {
               << rt_.topo.pp() << " x dp " << rt_.topo.dp() << "\n > KV cache: " << mib
               << " MiB on this rank (" << slots << " sequences x " << capacity
               << " positions, its layers and kv heads)" << std::endl;
+  }
+
+  /// Rank 0's batches (perf/bench_generate.py reads these lines): the
+  /// tokens come back to the host each step, so the wall time is the GPU's.
+  void print_batch_time(std::size_t batch, const std::vector<generate::Result>& results,
+                        double seconds) const {
+    if (!rank0_) return;
+    std::size_t tokens = 0;
+    for (const auto& r : results) tokens += r.ids.size();
+    std::cout << " > batch " << batch << ": " << results.size() << " prompts, " << tokens
+              << " new tokens in " << seconds << " s (" << double(tokens) / seconds
+              << " tokens/s)" << std::endl;
   }
 
   std::vector<std::string> in_prompt_order(std::vector<std::string> lines) const {

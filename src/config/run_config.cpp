@@ -899,9 +899,6 @@ void RunConfig::validate(int world_size) {
   require_positive("serve.max_prompts", serve.max_prompts);
   require_positive("logging.log_interval", logging.log_interval);
   require_positive("logging.sample_tokens", logging.sample_tokens);
-  MESH_REQUIRE(logging.sample_interval == 0 || run.device == "cpu",
-               "logging.sample_interval needs run.device = cpu (generation runs on the host "
-               "path for now)");
   require_one_of("logging.progress", logging.progress, {"auto", "on", "off"});
   MESH_REQUIRE(!logging.profile || run.device == "cuda",
                "logging.profile traces GPU kernels: it needs run.device = cuda");

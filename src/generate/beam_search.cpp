@@ -113,7 +113,7 @@ std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
     }
     logit_rows.push_back(index_t(ids.size()) - 1);
   }
-  CachedRows rows = CachedRows::make(std::move(slot), std::move(position));
+  CachedRows rows = CachedRows::make(std::move(slot), std::move(position), ctx_.space);
   rows.logit_rows = std::move(logit_rows);
   Tensor logits = forward(ids_tensor(ids), rows, kv);
   std::vector<std::size_t> active(n);  // prompts whose beams were this step's rows
@@ -159,7 +159,9 @@ std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
     active = std::move(next);
     if (active.empty()) break;
     for (KvCache& chunk : kv) chunk.reorder(to, from);
-    logits = forward(ids_tensor(ids), CachedRows::make(std::move(step_slot), std::move(step_position)), kv);
+    logits = forward(ids_tensor(ids),
+                     CachedRows::make(std::move(step_slot), std::move(step_position), ctx_.space),
+                     kv);
   }
 
   std::vector<Result> out(n);

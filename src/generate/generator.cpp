@@ -18,8 +18,6 @@ Generator::Generator(const std::vector<GptModel*>& chunks, ParallelRuntime& rt, 
   MESH_VERIFY(!chunks_.empty(), "Generator: no model chunk");
   ctx_.training = false;
   ctx_.space = rt.space();
-  MESH_REQUIRE(ctx_.space == MemorySpace::Host,
-               "generate runs on the host path (run.device = cpu) for now");
 }
 
 index_t Generator::context_length() const {
@@ -49,6 +47,8 @@ index_t Generator::cache_bytes(index_t slots, index_t capacity) const {
 }
 
 Tensor Generator::forward(const Tensor& ids, const CachedRows& rows, std::vector<KvCache>& kv) {
+  MESH_VERIFY(rows.slots.space() == ctx_.space,
+              "Generator::forward: CachedRows made in another memory space than the model's");
   const int pp = rt_.topo.pp(), me = rt_.topo.pp_rank();
   const index_t hidden = chunks_.front()->config().hidden_size;
   Tensor x;
@@ -127,7 +127,8 @@ struct Prefill {
   std::vector<std::int32_t> ids;
   CachedRows rows;
 };
-Prefill prefill_rows(const std::vector<Request>& batch, index_t slots_per_prompt) {
+Prefill prefill_rows(const std::vector<Request>& batch, index_t slots_per_prompt,
+                     MemorySpace space) {
   Prefill out;
   std::vector<index_t> slot, position;
   for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -139,7 +140,7 @@ Prefill prefill_rows(const std::vector<Request>& batch, index_t slots_per_prompt
     out.rows.logit_rows.push_back(index_t(out.ids.size()) - 1);
   }
   auto logit_rows = std::move(out.rows.logit_rows);
-  out.rows = CachedRows::make(std::move(slot), std::move(position));
+  out.rows = CachedRows::make(std::move(slot), std::move(position), space);
   out.rows.logit_rows = std::move(logit_rows);
   return out;
 }
@@ -167,7 +168,7 @@ std::vector<Result> Generator::generate_sampled(const std::vector<Request>& batc
   std::vector<std::size_t> active(n);  // sequences still generating, the rows of the next step
   for (std::size_t i = 0; i < n; ++i) active[i] = i;
 
-  Prefill pre = prefill_rows(batch, 1);
+  Prefill pre = prefill_rows(batch, 1, ctx_.space);
   Tensor logits = forward(ids_tensor(pre.ids), pre.rows, kv);
   for (int step = 0; !active.empty(); ++step) {
     std::vector<TokenChoice> choices(active.size());
@@ -200,7 +201,8 @@ std::vector<Result> Generator::generate_sampled(const std::vector<Request>& batc
     }
     active = std::move(next);
     if (active.empty()) break;
-    logits = forward(ids_tensor(ids), CachedRows::make(std::move(slot), std::move(position)), kv);
+    logits = forward(ids_tensor(ids),
+                     CachedRows::make(std::move(slot), std::move(position), ctx_.space), kv);
   }
   return out;
 }

@@ -6,12 +6,16 @@
 
 #include "common/error.hpp"
 #include "kernels/kokkos/dropout.hpp"
+#include "ops/ops.hpp"
 
 namespace meshtron::generate {
 
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+/// Most candidates per row taken from ops::logit_candidates (its device
+/// kernel's bound); a larger top_k reads whole rows on the host.
+constexpr int kMaxShardCandidates = 1024;
 
 /// A scored token: (value, id), ordered by value then lower id first.
 struct Scored {
@@ -20,6 +24,13 @@ struct Scored {
 };
 bool before(const Scored& a, const Scored& b) {
   return a.value > b.value || (a.value == b.value && a.id >= 0 && (b.id < 0 || a.id < b.id));
+}
+
+/// `logits` as the row loops below read them: fp32 or fp64 on the host (a
+/// copy of device or 16-bit logits).
+Tensor host_logits(const Tensor& logits) {
+  const Tensor host = logits.is_host() ? logits : logits.to_host();
+  return host.dtype() == DType::F32 || host.dtype() == DType::F64 ? host : host.to(DType::F32);
 }
 
 /// Row r of this rank's logits in double, padding columns at -inf.
@@ -88,6 +99,44 @@ std::size_t nucleus_size(const std::vector<Scored>& sorted, double log_z, double
 
 double gumbel(double u) { return -std::log(-std::log(u)); }
 
+/// transformers' TopKLogitsWarper then TopPLogitsWarper on the ranks'
+/// merged candidates (scaled log-probabilities, best first).
+void keep_top_k_then_top_p(std::vector<Scored>& l, const SamplingParams& p) {
+  l.resize(std::min(l.size(), std::size_t(p.top_k)));
+  if (l.empty() || p.top_p >= 1) return;
+  double m = l.front().value, sum = 0;
+  for (const Scored& s : l) sum += std::exp(s.value - m);
+  l.resize(nucleus_size(l, m + std::log(sum), p.top_p));
+}
+
+/// This rank's n best tokens of each row as (log-probability, id), best
+/// first, from ops::logit_candidates (device logits stay on the device; the
+/// log-normaliser takes two all-reduces of one value per row).
+std::vector<std::vector<Scored>> shard_best(const Tensor& logits, index_t vocab_begin,
+                                            index_t vocab, int n, Communicator& tp) {
+  const std::size_t rows = std::size_t(logits.dim(0)), width = 2 + 2 * std::size_t(n);
+  const index_t real = std::clamp<index_t>(vocab - vocab_begin, 0, logits.dim(1));
+  const Tensor summary = ops::logit_candidates(logits, real, n);
+  const double* s = summary.data<double>();
+  std::vector<double> log_z(rows), sum(rows);
+  for (std::size_t r = 0; r < rows; ++r) log_z[r] = s[r * width];
+  tp.all_reduce(log_z.data(), rows, DType::F64, ReduceOp::Max);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const double mine = s[r * width];
+    sum[r] = mine == kNegInf ? 0.0 : s[r * width + 1] * std::exp(mine - log_z[r]);
+  }
+  tp.all_reduce(sum.data(), rows, DType::F64, ReduceOp::Sum);
+  std::vector<std::vector<Scored>> out(rows);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const double lz = log_z[r] + std::log(sum[r]);
+    for (std::size_t k = 0; k < std::size_t(n); ++k) {
+      const double id = s[r * width + 3 + 2 * k];
+      if (id >= 0) out[r].push_back({s[r * width + 2 + 2 * k] - lz, double(vocab_begin) + id});
+    }
+  }
+  return out;
+}
+
 /// Candidates of each row (scaled logits) that survive top_k then top_p,
 /// the same list on every rank.
 std::vector<std::vector<Scored>> filtered_candidates(const std::vector<std::vector<double>>& scaled,
@@ -105,15 +154,10 @@ std::vector<std::vector<Scored>> filtered_candidates(const std::vector<std::vect
   }
   auto all = gather_lists(mine, tp);
   for (std::size_t r = 0; r < all.size(); ++r) {
-    auto& l = all[r];
-    if (p.top_k > 0) {
-      l.resize(std::min(l.size(), std::size_t(p.top_k)));
-      double m = l.front().value, sum = 0;
-      for (const Scored& s : l) sum += std::exp(s.value - m);
-      if (p.top_p < 1) l.resize(nucleus_size(l, m + std::log(sum), p.top_p));
-    } else {
-      l.resize(nucleus_size(l, log_z[r], p.top_p));
-    }
+    if (p.top_k > 0)
+      keep_top_k_then_top_p(all[r], p);
+    else
+      all[r].resize(nucleus_size(all[r], log_z[r], p.top_p));
   }
   return all;
 }
@@ -182,43 +226,72 @@ double draw_uniform(std::uint64_t seed, const DrawKey& key, std::int64_t id) {
 
 std::vector<std::vector<double>> log_softmax_rows(const Tensor& logits, index_t vocab_begin,
                                                   index_t vocab, Communicator& tp) {
-  std::vector<std::vector<double>> rows(std::size_t(logits.dim(0)));
+  const Tensor host = host_logits(logits);
+  std::vector<std::vector<double>> rows(std::size_t(host.dim(0)));
   for (std::size_t r = 0; r < rows.size(); ++r)
-    rows[r] = local_row(logits, index_t(r), vocab_begin, vocab);
+    rows[r] = local_row(host, index_t(r), vocab_begin, vocab);
   const std::vector<double> log_z = log_sum_exp(rows, tp);
   for (std::size_t r = 0; r < rows.size(); ++r)
     for (double& x : rows[r]) x -= log_z[r];
   return rows;
 }
 
-std::vector<TokenChoice> choose_tokens(const Tensor& logits, index_t vocab_begin, index_t vocab,
-                                       const SamplingParams& p, const std::vector<DrawKey>& keys,
-                                       Communicator& tp) {
-  MESH_VERIFY(logits.is_host() && logits.rank() == 2 && keys.size() == std::size_t(logits.dim(0)),
-              "choose_tokens: host logits [rows, vocab shard] and one key per row");
-  const auto logprobs = log_softmax_rows(logits, vocab_begin, vocab, tp);
-  const std::size_t rows = logprobs.size();
+namespace {
+
+/// Greedy and top-k choices from each rank's best n tokens (shard_best).
+std::vector<TokenChoice> choose_from_shard_best(const Tensor& logits, index_t vocab_begin,
+                                                index_t vocab, const SamplingParams& p,
+                                                const std::vector<DrawKey>& keys,
+                                                Communicator& tp) {
+  const auto mine = shard_best(logits, vocab_begin, vocab, p.greedy ? 1 : p.top_k, tp);
+  const std::size_t rows = mine.size();
   std::vector<Scored> chosen(rows);
   if (p.greedy) {
     std::vector<Scored> local(rows);
-    for (std::size_t r = 0; r < rows; ++r) {
-      const auto s = sorted_scores(logprobs[r], vocab_begin);
-      if (!s.empty()) local[r] = s.front();
-    }
+    for (std::size_t r = 0; r < rows; ++r)
+      if (!mine[r].empty()) local[r] = mine[r].front();
     chosen = best_over_tp(local, tp);
   } else {
-    std::vector<std::vector<double>> scaled(logprobs);
+    std::vector<std::vector<Scored>> scaled(mine);
     for (auto& row : scaled)
-      for (double& x : row) x /= p.temperature;
-    if (p.top_k > 0 || p.top_p < 1) {
-      const auto candidates = filtered_candidates(scaled, vocab_begin, p, tp);
-      for (std::size_t r = 0; r < rows; ++r) chosen[r] = gumbel_best(candidates[r], p, keys[r]);
-    } else {
-      std::vector<Scored> local(rows);
-      for (std::size_t r = 0; r < rows; ++r)
-        local[r] = gumbel_best(sorted_scores(scaled[r], vocab_begin), p, keys[r]);
-      chosen = best_over_tp(local, tp);
+      for (Scored& s : row) s.value /= p.temperature;
+    auto all = gather_lists(scaled, tp);
+    for (std::size_t r = 0; r < rows; ++r) {
+      keep_top_k_then_top_p(all[r], p);
+      chosen[r] = gumbel_best(all[r], p, keys[r]);
     }
+  }
+  // The chosen token's log-probability from the rank that holds it (the
+  // winner is among its holder's own best n).
+  std::vector<double> lp(rows, 0.0);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (const Scored& s : mine[r])
+      if (s.id == chosen[r].id) lp[r] = s.value;
+  tp.all_reduce(lp.data(), rows, DType::F64, ReduceOp::Sum);
+  std::vector<TokenChoice> out(rows);
+  for (std::size_t r = 0; r < rows; ++r) out[r] = {std::int32_t(chosen[r].id), lp[r]};
+  return out;
+}
+
+/// Sampling without top_k (plain, or top-p alone) or with a top_k above
+/// kMaxShardCandidates: whole rows on the host.
+std::vector<TokenChoice> choose_from_rows(const Tensor& logits, index_t vocab_begin, index_t vocab,
+                                          const SamplingParams& p,
+                                          const std::vector<DrawKey>& keys, Communicator& tp) {
+  const auto logprobs = log_softmax_rows(logits, vocab_begin, vocab, tp);
+  const std::size_t rows = logprobs.size();
+  std::vector<Scored> chosen(rows);
+  std::vector<std::vector<double>> scaled(logprobs);
+  for (auto& row : scaled)
+    for (double& x : row) x /= p.temperature;
+  if (p.top_k > 0 || p.top_p < 1) {
+    const auto candidates = filtered_candidates(scaled, vocab_begin, p, tp);
+    for (std::size_t r = 0; r < rows; ++r) chosen[r] = gumbel_best(candidates[r], p, keys[r]);
+  } else {
+    std::vector<Scored> local(rows);
+    for (std::size_t r = 0; r < rows; ++r)
+      local[r] = gumbel_best(sorted_scores(scaled[r], vocab_begin), p, keys[r]);
+    chosen = best_over_tp(local, tp);
   }
   // The chosen token's log-probability from the rank that holds it.
   std::vector<double> lp(rows, 0.0);
@@ -231,6 +304,18 @@ std::vector<TokenChoice> choose_tokens(const Tensor& logits, index_t vocab_begin
   std::vector<TokenChoice> out(rows);
   for (std::size_t r = 0; r < rows; ++r) out[r] = {std::int32_t(chosen[r].id), lp[r]};
   return out;
+}
+
+}  // namespace
+
+std::vector<TokenChoice> choose_tokens(const Tensor& logits, index_t vocab_begin, index_t vocab,
+                                       const SamplingParams& p, const std::vector<DrawKey>& keys,
+                                       Communicator& tp) {
+  MESH_VERIFY(logits.rank() == 2 && keys.size() == std::size_t(logits.dim(0)),
+              "choose_tokens: logits [rows, vocab shard] and one key per row");
+  if (p.greedy || (p.top_k > 0 && p.top_k <= kMaxShardCandidates))
+    return choose_from_shard_best(logits, vocab_begin, vocab, p, keys, tp);
+  return choose_from_rows(host_logits(logits), vocab_begin, vocab, p, keys, tp);
 }
 
 }  // namespace meshtron::generate

@@ -17,6 +17,11 @@
 //            rank is < top_p, a superset of its part of the global nucleus)
 //            and every rank runs the same selection on the same list.
 //
+// Greedy and top_k (up to 1024) read each rank's shard through
+// ops::logit_candidates, so device logits stay on the device but for
+// [rows, 2 + 2 top_k] values; the other modes and beam search copy the rows
+// to the host.
+//
 // The reported log-probability is the token's under the model's own
 // distribution, log softmax(logits) (temperature and filters aside).
 #pragma once

@@ -312,8 +312,8 @@ Tensor Attention::forward_cached(const Tensor& x, const Tensor& residual, LayerC
   }
   Tensor context =
       Tensor::empty({qkv_out.dim(0), heads_local_ * head_dim_}, qkv_out.dtype(), qkv_out.space());
-  ops::cached_attention(qkv_out, heads_local_, groups_local_, rows.slot, rows.position, scale(),
-                        kv.k, kv.v, context);
+  ops::cached_attention(qkv_out, heads_local_, groups_local_, rows.slots, rows.positions,
+                        scale(), kv.k, kv.v, context);
   return proj.forward_residual(context, residual, ctx, c.proj);
 }
 

@@ -109,6 +109,7 @@ Tensor GptModel::forward_cached(const Tensor& input, const CachedRows& rows, Lay
   MESH_VERIFY(kv.layers.size() == layers_.size(), "GptModel::forward_cached: a cache of "
                                                       << kv.layers.size() << " layers for "
                                                       << layers_.size());
+  kv.require_holds(rows);
   Tensor x = embedding_ ? embedding_->forward_at(input, rows.positions, ctx) : input;
   for (std::size_t i = 0; i < layers_.size(); ++i)
     x = layers_[i].forward_cached(x, ctx, rows, kv.layers[i]);

@@ -18,13 +18,14 @@ namespace meshtron {
 
 struct CachedRows {
   std::vector<index_t> slot, position;
-  /// int32 [rows] copy of `position` where the model lives (embedding and
-  /// rotary tables read it).
-  Tensor positions;
+  /// int32 [rows] copies of `slot` and `position` where the model lives
+  /// (the cached attention reads both; embedding and rotary tables read
+  /// `positions`): one upload each per forward.
+  Tensor slots, positions;
   /// The rows whose logits the last stage computes (the last row of each
   /// prompt in a prefill); empty: every row.
   std::vector<index_t> logit_rows;
-  /// Rows of (slot, position) pairs; `positions` made in `space`.
+  /// Rows of (slot, position) pairs; `slots` and `positions` made in `space`.
   static CachedRows make(std::vector<index_t> slot, std::vector<index_t> position,
                          MemorySpace space = MemorySpace::Host);
   index_t size() const { return index_t(slot.size()); }
@@ -36,6 +37,9 @@ struct KvCache {
   };
   std::vector<Layer> layers;  ///< this stage's layers, in order
   index_t bytes() const;
+  /// Every row's (slot, position) is inside the cache (a device kernel
+  /// cannot say which row is not).
+  void require_holds(const CachedRows& rows) const;
   /// Slot to[j] of every layer becomes a copy of slot from[j] (beam
   /// reordering; every source is read before any slot is written).
   void reorder(const std::vector<index_t>& to, const std::vector<index_t>& from);

@@ -263,17 +263,31 @@ bool dropout_keep(std::uint64_t seed, std::uint32_t step, std::uint32_t stream,
                   std::uint64_t global_index, double p);
 
 // ------------------------------------------------- Cached attention (generation) ---
-/// Self-attention of `rows` new tokens over a key/value cache (host; the
-/// decode path of src/generate/). qkv [rows, (heads + 2 groups) * d] in the
+/// Self-attention of `rows` new tokens over a key/value cache (the decode
+/// path of src/generate/). qkv [rows, (heads + 2 groups) * d] in the
 /// attention's local layout [q | k | v]; k_cache, v_cache [slots, groups,
-/// capacity, d]. First every row's k and v are stored at (slot[r],
-/// position[r]); then row r's query heads attend causally to its slot's
-/// positions 0..position[r]: context[r, h] = sum_j softmax_j(scale q . k_j) v_j
-/// with query head h reading group h / (heads / groups). A prompt's rows
-/// (prefill) and one row per sequence (decode) are the same call.
-void cached_attention(const Tensor& qkv, index_t heads, index_t groups,
-                      const std::vector<index_t>& slot, const std::vector<index_t>& position,
-                      double scale, Tensor& k_cache, Tensor& v_cache, Tensor& context);
+/// capacity, d]; slot, position int32 [rows] in qkv's memory space. First
+/// every row's k and v are stored at (slot[r], position[r]); then row r's
+/// query heads attend causally to its slot's positions 0..position[r]:
+/// context[r, h] = sum_j softmax_j(scale q . k_j) v_j with query head h
+/// reading group h / (heads / groups). A prompt's rows (prefill) and one row
+/// per sequence (decode) are the same call. Host: fp32 or fp64; device
+/// (kernels/cuda/cached_attention.cu): fp32, bf16 or fp16 storage, fp32
+/// arithmetic, d <= 256. The device reads slot and position only there:
+/// the caller checks them against the cache (KvCache::require_holds).
+void cached_attention(const Tensor& qkv, index_t heads, index_t groups, const Tensor& slot,
+                      const Tensor& position, double scale, Tensor& k_cache, Tensor& v_cache,
+                      Tensor& context);
+
+// ------------------------------------------------ Logit candidates (sampling) ---
+/// What the sampler needs of a vocabulary shard's logits [rows, cols] (host
+/// or device, any storage dtype) over its first `real` columns (the rest are
+/// padding): per row, fp64 on the host, [max, sum_c exp(x_c - max), then n
+/// pairs (x_c, c)]: the n largest entries, larger first, the lower column
+/// first among equals; (-inf, -1) where fewer than n columns are real. On
+/// the device n is at most 1024 and the logits never leave it (one
+/// [rows, 2 + 2n] copy back).
+Tensor logit_candidates(const Tensor& logits, index_t real, int n);
 
 // ------------------------------------------------------- Fused attention ---
 /// Causal self-attention without the [S, S] tensors (FlashAttention-2 on the

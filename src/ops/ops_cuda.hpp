@@ -432,4 +432,35 @@ void expand_kv_groups(const void* qkv, std::size_t element_size, index_t tokens,
 void reduce_kv_groups(DType t, const void* dout, index_t tokens, index_t heads, index_t groups,
                       index_t d, void* dqkv);
 
+// ------------------------------------------------------ Cached attention ---
+/// ops::cached_attention on the device (kernels/cuda/cached_attention.cu):
+/// qkv [rows, (heads + 2 groups) d]; k_cache, v_cache [num_slots, groups,
+/// capacity, d]; slots, positions int32 [rows] on the device; context
+/// [rows, heads d]. With splits > 1 the cache is cut in that many ranges
+/// whose partial results go through `workspace` (fp32, rows x heads x
+/// splits x (d + 2)); d at most 256.
+struct CachedAttentionArgs {
+  DType dtype;
+  const void* qkv;
+  index_t rows, heads, groups, d, num_slots, capacity;
+  const std::int32_t* slots;
+  const std::int32_t* positions;
+  double scale;
+  void* k_cache;
+  void* v_cache;
+  void* context;
+  int splits = 1;
+  float* workspace = nullptr;
+};
+void cached_attention(const CachedAttentionArgs& args);
+/// Splits of the cache that keep the GPU busy for rows x heads blocks.
+int cached_attention_splits(index_t rows, index_t heads, index_t capacity);
+
+// ------------------------------------------------------ Logit candidates ---
+/// ops::logit_candidates on the device: out fp32 [rows, 2 + 2n] on the
+/// device; n at most kMaxCandidates.
+inline constexpr int kMaxCandidates = 1024;
+void logit_candidates(DType t, const void* logits, index_t rows, index_t cols, index_t real,
+                      int n, float* out);
+
 }  // namespace meshtron::cuda

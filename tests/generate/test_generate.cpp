@@ -16,83 +16,18 @@
 #include <memory>
 
 #include "common/mpi_test_util.hpp"
-#include "config/model_spec_from_deck.hpp"
 #include "generate/beam_search.hpp"
-#include "generate/generator.hpp"
-#include "train/trainer.hpp"
+#include "tests/generate/generate_test_util.hpp"
 
 namespace meshtron {
 namespace {
 
 using generate::GenerateParams;
-using generate::Generator;
 using generate::Request;
+using generate_test::kFamilies;
+using generate_test::Replica;
+using generate_test::some_ids;
 using testing_util::world_size;
-
-const char* kGpt2 = R"(
-[model]
-num_layers = 4
-hidden_size = 32
-num_attention_heads = 4
-seq_length = 32
-vocab_size = 100
-make_vocab_size_divisible_by = 8
-hidden_dropout = 0.1
-attention_dropout = 0.1
-[training]
-micro_batch_size = 1
-global_batch_size = 1
-[logging]
-progress = off
-)";
-
-/// Deck lines that turn kGpt2 into each family.
-const std::map<std::string, std::vector<std::string>> kFamilies = {
-    {"gpt2", {}},
-    {"llama",
-     {"model.normalization=RMSNorm", "model.position_embedding_type=rope",
-      "model.num_query_groups=2", "model.activation=swiglu", "model.ffn_hidden_size=48",
-      "model.add_bias_linear=false", "model.untie_embeddings_and_output_weights=true"}},
-    {"multi_query", {"model.num_query_groups=1"}},
-};
-
-/// A model on `comm` under (tp, pp), its weights from run.seed (the same
-/// global model on every layout), and its generator.
-struct Replica {
-  RunConfig config;
-  ParallelRuntime rt;
-  ModelSpec spec;
-  Trainer trainer;
-  std::unique_ptr<Generator> generator;
-
-  static RunConfig deck(const std::string& family, int tp, int pp, int world,
-                        const std::vector<std::string>& more) {
-    std::vector<std::string> sets = kFamilies.at(family);
-    sets.insert(sets.end(), more.begin(), more.end());
-    sets.push_back("parallel.tensor_parallel=" + std::to_string(tp));
-    sets.push_back("parallel.pipeline_parallel=" + std::to_string(pp));
-    sets.push_back("parallel.data_parallel=" + std::to_string(world / (tp * pp)));
-    RunConfig c = RunConfig::from_text(kGpt2, sets);
-    c.validate(world);
-    return c;
-  }
-  Replica(MPI_Comm comm, const std::string& family, int tp, int pp, DType dtype,
-          const std::vector<std::string>& more = {})
-      : config(deck(family, tp, pp, tp * pp, more)),
-        rt(comm, config.parallel.degrees()),
-        spec(model_spec_from_deck(config, config.model.vocab_size, tp)),
-        trainer(config, spec, rt, dtype) {
-    std::vector<GptModel*> chunks;
-    for (auto& m : trainer.chunks()) chunks.push_back(m.get());
-    generator = std::make_unique<Generator>(chunks, rt, dtype);
-  }
-};
-
-std::vector<std::int32_t> some_ids(int n, int salt) {
-  std::vector<std::int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(std::int32_t((i * 37 + salt * 11 + 5) % 100));
-  return ids;
-}
 
 /// Logits [V] of the last position of a full forward over `prefix` (no cache).
 std::vector<double> full_forward_logits(Replica& r, const std::vector<std::int32_t>& prefix) {
