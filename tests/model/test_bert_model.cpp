@@ -1,6 +1,7 @@
 // BertModel on one rank, fp64: finite differences of the whole model's loss
 // against its backward on a few elements of every parameter; padding keys
-// that change nothing for the real tokens; bad batches as one-line errors;
+// that change nothing for the real tokens; selective and full recompute
+// bit-equal to none; bad batches as one-line errors;
 // the Hugging Face MegatronBertForPreTraining round trip, bit-exact.
 //
 // Run: ctest -R model_bert --output-on-failure   (from the build folder)
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "common/expect_user_error.hpp"
 #include "io/hf/hf_family.hpp"
@@ -90,6 +92,24 @@ TEST(BertModel, PaddingKeysChangeNothingForRealTokens) {
   batch.padding_mask.data<std::int32_t>()[kSeq + 4] = 1;
   BertModel::Cache c;
   EXPECT_NE(model.forward(batch, r.ctx, c), loss);
+}
+
+TEST(BertModel, RecomputeGivesTheSameLossAndGradients) {
+  // Selective recompute rebuilds the masked probabilities in the backward
+  // (from ctx's mask), full recompute each block's forward: both bit-equal.
+  OneRank r;
+  BertModel model(tiny_spec(), r.ctx, DType::F64, 5);
+  const BertBatch batch = tiny_batch();
+  const double loss = loss_and_grads(model, batch, r.ctx);
+  std::vector<std::vector<double>> grads;
+  for (Parameter* p : model.parameters()) grads.push_back(p->grad.to_doubles());
+  for (Recompute mode : {Recompute::Selective, Recompute::Full}) {
+    r.ctx.recompute = mode;
+    EXPECT_EQ(loss_and_grads(model, batch, r.ctx), loss);
+    const ParameterList params = model.parameters();
+    for (std::size_t k = 0; k < params.size(); ++k)
+      EXPECT_EQ(params[k]->grad.to_doubles(), grads[k]) << params[k]->name;
+  }
 }
 
 TEST(BertModel, BadBatchesAreOneLineErrors) {

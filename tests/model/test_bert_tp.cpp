@@ -1,7 +1,8 @@
 // BertModel on tp 2 against the same model on one rank, fp64: the loss, and
 // every parameter's gradient (each local element against its global one
 // through the shard map: heads, MLP columns and rows, the vocab-parallel
-// word table and MLM bias) to 1e-10.
+// word table and MLM bias) to 1e-10; without dropout and with it (hidden
+// and attention dropout, whose masks do not depend on the rank).
 //
 // Run: ctest -R model_bert_tp --output-on-failure   (from the build folder)
 #include <gtest/gtest.h>
@@ -16,7 +17,9 @@
 namespace meshtron::bert_test {
 namespace {
 
-TEST(BertModelTp2, LossAndGradientsMatchOneRank) {
+class BertModelTp2 : public ::testing::TestWithParam<double> {};
+
+TEST_P(BertModelTp2, LossAndGradientsMatchOneRank) {
   if (testing_util::world_size() % 2) GTEST_SKIP() << "needs an even world";
   MPI_Comm pair;
   MPI_Comm_split(MPI_COMM_WORLD, testing_util::world_rank() / 2, 0, &pair);
@@ -24,12 +27,17 @@ TEST(BertModelTp2, LossAndGradientsMatchOneRank) {
     MpiCommunicator self(MPI_COMM_SELF), comm(pair);
     TensorParallelGroup one{self}, two{comm};
     LayerContext ref_ctx = context(one), ctx = context(two);
-    const ModelSpec spec = tiny_spec(2);
+    ModelSpec spec = tiny_spec(2);
+    spec.hidden_dropout = spec.attention_dropout = GetParam();  // masks keyed by global index
     BertModel ref(spec, ref_ctx, DType::F64, 3), model(spec, ctx, DType::F64, 3);
     const BertBatch batch = tiny_batch();
     const double ref_loss = loss_and_grads(ref, batch, ref_ctx);
     const double loss = loss_and_grads(model, batch, ctx);
     EXPECT_NEAR(loss, ref_loss, 1e-10 * std::fabs(ref_loss));
+    if (GetParam() > 0) {  // the masks drop something
+      BertModel plain(tiny_spec(2), ref_ctx, DType::F64, 3);
+      EXPECT_NE(loss_and_grads(plain, batch, ref_ctx), ref_loss);
+    }
     const ParameterList got = model.parameters(), want = ref.parameters();
     ASSERT_EQ(got.size(), want.size());
     for (std::size_t k = 0; k < got.size(); ++k) {
@@ -48,6 +56,9 @@ TEST(BertModelTp2, LossAndGradientsMatchOneRank) {
   }
   MPI_Comm_free(&pair);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dropout, BertModelTp2, ::testing::Values(0.0, 0.2),
+                         [](const auto& info) { return info.param > 0 ? "dropout" : "no_dropout"; });
 
 }  // namespace
 }  // namespace meshtron::bert_test
