@@ -110,16 +110,14 @@ Tensor leading_slice(const Tensor& t, index_t begin, index_t end) {
   return out;
 }
 
-/// `name`, or the decoder's name for the same tensor where a file keeps the
-/// tied pair under the decoder's (the two are one tensor in transformers).
-std::string tied_alias(const std::string& name, const HfWeights& weights) {
+}  // namespace
+
+std::string megatron_bert_stored_name(const std::string& name, const HfWeights& weights) {
   if (weights.contains(name)) return name;
   if (name == "cls.predictions.bias") return "cls.predictions.decoder.bias";
   if (name == "bert.embeddings.word_embeddings.weight") return "cls.predictions.decoder.weight";
   return name;
 }
-
-}  // namespace
 
 HfMegatronBertConfig read_hf_megatron_bert_config(const std::string& path) {
   const std::string file = config_file_of(path);
@@ -227,7 +225,7 @@ void import_hf_megatron_bert(const std::string& model_dir, const ModelSpec&,
     const BertMapping m = mapping_of(p->name);
     std::vector<Tensor> parts;
     for (const std::string& hf : m.hf_names)
-      parts.push_back(weights.load(tied_alias(hf, weights), p->name));
+      parts.push_back(weights.load(megatron_bert_stored_name(hf, weights), p->name));
     const Tensor rows = parts.size() == 1 ? parts[0] : stacked(parts);
     load_shard(*p, m.transposed ? transposed(rows) : rows, tp_rank, tp_size);
   }

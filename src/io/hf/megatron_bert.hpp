@@ -62,6 +62,12 @@ void write_hf_megatron_bert_config(const std::string& path, const HfMegatronBert
 ModelSpec model_spec_from_hf(const HfMegatronBertConfig& hf, int divisible_by, int tp);
 HfMegatronBertConfig hf_megatron_bert_config_from_spec(const ModelSpec& spec);
 
+class HfWeights;
+/// `name` as `weights` store it: itself, or the tied decoder's name of the
+/// same tensor (cls.predictions.decoder.{weight,bias}) where a file keeps
+/// the pair under that one.
+std::string megatron_bert_stored_name(const std::string& name, const HfWeights& weights);
+
 /// Loads every parameter of `params` (a BertModel of `spec`, this rank's
 /// shards) from a Hugging Face MegatronBert folder.
 void import_hf_megatron_bert(const std::string& model_dir, const ModelSpec& spec,
