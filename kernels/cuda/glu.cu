@@ -12,6 +12,7 @@
 //      erf GeLU (GeGLU)     v Phi(v), Phi(v) = (1 + erf(v / sqrt 2)) / 2,
 //                           gelu'(v) = Phi(v) + v exp(-v^2 / 2) / sqrt(2 pi)
 //      ReLU (ReGLU)         max(v, 0), relu'(v) = 1 for v > 0, else 0
+//      tanh (BERT's pooler) tanh(v), tanh'(v) = 1 - tanh(v)^2
 // fp32 arithmetic on the stored values, each output rounded to T once
 // (PyTorch on a 16-bit x rounds act(gate) to it before the product).
 //
@@ -41,6 +42,13 @@ struct GeluErf {
   __device__ static float cdf(float v) { return 0.5f * (1.f + erff(v * kInvSqrt2)); }
   __device__ static float value(float v) { return v * cdf(v); }
   __device__ static float grad(float v) { return cdf(v) + v * kInvSqrt2Pi * expf(-0.5f * v * v); }
+};
+struct Tanh {
+  __device__ static float value(float v) { return tanhf(v); }
+  __device__ static float grad(float v) {
+    const float t = tanhf(v);
+    return 1.f - t * t;
+  }
 };
 struct Relu {
   __device__ static float value(float v) { return v > 0.f ? v : 0.f; }
@@ -113,6 +121,7 @@ void with_activation(GluActivation act, F&& f) {
     case GluActivation::GeluTanh: f(GeluTanh{}); return;
     case GluActivation::GeluErf: f(GeluErf{}); return;
     case GluActivation::Relu: f(Relu{}); return;
+    case GluActivation::Tanh: f(Tanh{}); return;
   }
   MESH_VERIFY(false, "glu: unknown activation " << int(act));
 }

@@ -21,6 +21,11 @@
 //
 // Backward: ds[j] = scale p[j] (dp[j] - sum_k dp[k] p[k]) for j <= i, else 0
 // (the same with ALiBi: its bias is a constant).
+//
+// The masked softmax (bidirectional attention with a key-padding mask,
+// kernels/kokkos/softmax.hpp's ScaledMaskedSoftmaxForward) reads the
+// sample's mask row beside the scores, column by column; its backward is
+// the causal one over the whole row.
 #include "kernels/cuda/common.cuh"
 #include "ops/ops_cuda.hpp"
 
@@ -119,6 +124,52 @@ __global__ void softmax_backward_kernel(const T* __restrict__ dprobs, const T* _
     store_f(ds, j, j <= last ? scale * (load_f(p, j) * (load_f(dp, j) - dot)) : 0.f);
 }
 
+/// Bidirectional softmax over the real keys of row r's sample (key_mask
+/// [batch, S], matrix r / S of sample r / S / heads); padding keys exactly 0.
+template <class T>
+__global__ void masked_softmax_forward_kernel(const T* __restrict__ scores,
+                                              const std::int32_t* __restrict__ key_mask,
+                                              kindex rows, kindex S, kindex heads, float scale,
+                                              T* __restrict__ probs) {
+  start_after_prior_grid();
+  const kindex r = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const std::int32_t* real = key_mask + (r / S / heads) * S;
+  const T* s = scores + r * S;
+  T* p = probs + r * S;
+  float m = -INFINITY;
+  for (kindex j = lane; j < S; j += 32)
+    if (real[j]) m = fmaxf(m, scale * load_f(s, j));
+  m = warp_max(m);
+  float sum = 0.f;
+  for (kindex j = lane; j < S; j += 32)
+    if (real[j]) sum += expf(scale * load_f(s, j) - m);
+  sum = warp_sum(sum);
+  const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;  // no real key: a row of zeros
+  for (kindex j = lane; j < S; j += 32)
+    store_f(p, j, real[j] ? expf(scale * load_f(s, j) - m) * inv_sum : 0.f);
+}
+
+/// The whole row's softmax Jacobian (p = 0 at padding keys gives ds = 0 there).
+template <class T>
+__global__ void full_softmax_backward_kernel(const T* __restrict__ dprobs,
+                                             const T* __restrict__ probs, kindex rows, kindex S,
+                                             float scale, T* __restrict__ dscores) {
+  start_after_prior_grid();
+  const kindex r = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const T* dp = dprobs + r * S;
+  const T* p = probs + r * S;
+  float dot = 0.f;
+  for (kindex j = lane; j < S; j += 32) dot += load_f(dp, j) * load_f(p, j);
+  dot = warp_sum(dot);
+  T* ds = dscores + r * S;
+  for (kindex j = lane; j < S; j += 32)
+    store_f(ds, j, scale * (load_f(p, j) * (load_f(dp, j) - dot)));
+}
+
 }  // namespace
 
 void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t S,
@@ -153,6 +204,32 @@ void scaled_causal_softmax_backward(DType t, const void* dprobs, const void* pro
     launch_dependent(softmax_backward_kernel<T>, grid_for(rows, kWarpsPerBlock, 1LL << 31),
                      kWarpsPerBlock * 32, 0, compute_stream(), static_cast<const T*>(dprobs),
                      static_cast<const T*>(probs), rows, S, float(scale), static_cast<T*>(dscores));
+  });
+}
+
+void scaled_masked_softmax_forward(DType t, const void* scores, const std::int32_t* key_mask,
+                                   index_t batch_heads, index_t heads, index_t S, double scale,
+                                   void* probs) {
+  const kindex rows = batch_heads * S;
+  if (rows == 0) return;
+  with_storage_type(t, "scaled_masked_softmax_forward", [&](auto zero) {
+    using T = decltype(zero);
+    launch_dependent(masked_softmax_forward_kernel<T>, grid_for(rows, kWarpsPerBlock, 1LL << 31),
+                     kWarpsPerBlock * 32, 0, compute_stream(), static_cast<const T*>(scores),
+                     key_mask, rows, S, kindex(heads), float(scale), static_cast<T*>(probs));
+  });
+}
+
+void scaled_masked_softmax_backward(DType t, const void* dprobs, const void* probs,
+                                    index_t batch_heads, index_t S, double scale, void* dscores) {
+  const kindex rows = batch_heads * S;
+  if (rows == 0) return;
+  with_storage_type(t, "scaled_masked_softmax_backward", [&](auto zero) {
+    using T = decltype(zero);
+    launch_dependent(full_softmax_backward_kernel<T>, grid_for(rows, kWarpsPerBlock, 1LL << 31),
+                     kWarpsPerBlock * 32, 0, compute_stream(), static_cast<const T*>(dprobs),
+                     static_cast<const T*>(probs), rows, S, float(scale),
+                     static_cast<T*>(dscores));
   });
 }
 

@@ -19,6 +19,7 @@
 //              transformers' gelu, torch's exact GeLU)
 //   ReLU:      act = max(a, 0),     act' = 1 for a > 0, else 0 (torch's
 //                                    relu backward: threshold_backward)
+//   Tanh:      act = tanh(a),       act' = 1 - tanh(a)^2 (BERT's pooler)
 // Computed in accum_t, rounded once to T; one work item per output element.
 #pragma once
 
@@ -27,7 +28,7 @@
 
 namespace meshtron::kernels {
 
-enum class GateKind { SiLU, GeLUTanh, GeLUErf, ReLU };
+enum class GateKind { SiLU, GeLUTanh, GeLUErf, ReLU, Tanh };
 
 /// act(a) and act'(a) of the gate.
 struct GateValue {
@@ -45,6 +46,10 @@ KOKKOS_INLINE_FUNCTION GateValue gate(GateKind kind, accum_t a) {
     return {a * s, s + 2.0 * a * s * (1.0 - s) * c * (1.0 + 3.0 * k * a * a)};
   }
   if (kind == GateKind::ReLU) return a > 0 ? GateValue{a, 1.0} : GateValue{0.0, 0.0};
+  if (kind == GateKind::Tanh) {
+    const accum_t t = kmath::tanh(a);
+    return {t, 1.0 - t * t};
+  }
   constexpr accum_t inv_sqrt_2 = 0.70710678118654752440, inv_sqrt_2pi = 0.39894228040143267794;
   const accum_t phi = 0.5 * kmath::erfc(-a * inv_sqrt_2);
   return {a * phi, phi + a * kmath::exp(-0.5 * a * a) * inv_sqrt_2pi};

@@ -71,6 +71,60 @@ struct ScaledCausalSoftmaxBackward {
   }
 };
 
+// ==================================================== Scaled masked softmax ==
+//
+// Bidirectional attention with a key-padding mask (BERT, T5's encoder): row
+// r of matrix m = r / S sees every key j whose key_mask[m / heads, j] is
+// non-zero (matrix m belongs to sample m / heads, B being [batch, heads]
+// flattened). Padding keys get exactly 0, as transformers' additive
+// finfo.min mask gives after exp(); a row with no real key is all zeros.
+// Backward: the row's full softmax Jacobian; p = 0 at padding keys makes
+// their ds 0 without reading the mask.
+
+template <class ExecSpace, class T>
+struct ScaledMaskedSoftmaxForward {
+  Matrix<const T, ExecSpace> scores;  // [B*S, S]
+  const std::int32_t* key_mask;       ///< [batch, S]
+  kindex heads;
+  T scale;
+  Matrix<T, ExecSpace> probs;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
+    const kindex S = scores.extent(1);
+    const std::int32_t* real = key_mask + (r / S / heads) * S;
+    bool any = false;
+    T row_max = T(0);
+    for (kindex j = 0; j < S; ++j) {
+      if (!real[j]) continue;
+      row_max = any ? kmath::fmax(row_max, scale * scores(r, j)) : scale * scores(r, j);
+      any = true;
+    }
+    accum_t sum = 0;
+    for (kindex j = 0; j < S; ++j) {
+      const T e = real[j] ? T(kmath::exp(scale * scores(r, j) - row_max)) : T(0);
+      probs(r, j) = e;
+      sum += e;
+    }
+    const T inv_sum = any ? T(1.0 / sum) : T(0);
+    for (kindex j = 0; j < S; ++j) probs(r, j) *= inv_sum;
+  }
+};
+
+template <class ExecSpace, class T>
+struct ScaledSoftmaxBackward {
+  Matrix<const T, ExecSpace> dprobs, probs;  // [B*S, S]
+  T scale;
+  Matrix<T, ExecSpace> dscores;
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
+    const kindex S = probs.extent(1);
+    accum_t dot = 0;
+    for (kindex j = 0; j < S; ++j) dot += accum_t(dprobs(r, j)) * probs(r, j);
+    for (kindex j = 0; j < S; ++j)
+      dscores(r, j) = T(scale * (probs(r, j) * (dprobs(r, j) - dot)));
+  }
+};
+
 // ---------------------------------------------------------------- launchers
 
 /// scores, probs: [batch_heads, S, S]; alibi_slopes [heads] or null.
@@ -93,6 +147,27 @@ void scaled_causal_softmax_backward(const T* dprobs, const T* probs, kindex batc
                                               as_matrix<ExecSpace>(probs, rows, S), T(scale),
                                               as_matrix<ExecSpace>(dscores, rows, S)};
   Kokkos::parallel_for("meshtron::softmax_backward", Range<ExecSpace>(0, rows), f);
+}
+
+/// scores, probs: [batch_heads, S, S]; key_mask int32 [batch_heads / heads, S].
+template <class ExecSpace, class T>
+void scaled_masked_softmax_forward(const T* scores, const std::int32_t* key_mask,
+                                   kindex batch_heads, kindex heads, kindex S, double scale,
+                                   T* probs) {
+  const kindex rows = batch_heads * S;
+  ScaledMaskedSoftmaxForward<ExecSpace, T> f{as_matrix<ExecSpace>(scores, rows, S), key_mask,
+                                             heads, T(scale), as_matrix<ExecSpace>(probs, rows, S)};
+  Kokkos::parallel_for("meshtron::masked_softmax_forward", Range<ExecSpace>(0, rows), f);
+}
+
+template <class ExecSpace, class T>
+void scaled_masked_softmax_backward(const T* dprobs, const T* probs, kindex batch_heads, kindex S,
+                                    double scale, T* dscores) {
+  const kindex rows = batch_heads * S;
+  ScaledSoftmaxBackward<ExecSpace, T> f{as_matrix<ExecSpace>(dprobs, rows, S),
+                                        as_matrix<ExecSpace>(probs, rows, S), T(scale),
+                                        as_matrix<ExecSpace>(dscores, rows, S)};
+  Kokkos::parallel_for("meshtron::masked_softmax_backward", Range<ExecSpace>(0, rows), f);
 }
 
 }  // namespace meshtron::kernels

@@ -80,6 +80,10 @@ struct SingleRankModel {
 int hf_to_checkpoint(const ConvertArgs& a) {
   const io::HfFamily& family = io::hf_family_of_folder(a.from);
   const ModelSpec c = family.read_spec(a.from);
+  MESH_REQUIRE(c.model_class == ModelClass::CausalLm,
+               "convert: " << a.from << " is a " << family.name
+                           << " model; its checkpoints are not built yet (the trainer holds "
+                              "causal LMs only)");
   SingleRankModel m(c);
   family.import_weights(a.from, c, m.model.parameters());
   Topology topo(MPI_COMM_SELF, {1, 1, 1});

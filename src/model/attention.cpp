@@ -12,7 +12,9 @@ void reject_unbuilt(const AttentionSpec& a) {
   const auto reject_unless = [](bool built, const std::string& setting) {
     require_built(built, "Attention", setting);
   };
-  reject_unless(a.mask == AttentionMask::Causal, "attention mask " + to_string(a.mask));
+  reject_unless(a.mask != AttentionMask::None, "attention mask " + to_string(a.mask));
+  reject_unless(a.mask == AttentionMask::Causal || a.position != PositionEmbedding::Alibi,
+                "ALiBi with attention mask " + to_string(a.mask));
 }
 
 /// The ALiBi slopes of this rank's heads (global heads [t H/tp, (t+1) H/tp)),
@@ -50,8 +52,12 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, const A
       rope_(rotary_spec(spec)),
       alibi_slopes_(alibi_slopes_of_rank(spec, ctx)),
       dropout_(dropout),
+      padding_mask_(spec.mask == AttentionMask::Padding),
       backend_(attention_backend_from_string(spec.backend)) {
   reject_unbuilt(spec);
+  MESH_REQUIRE(!(padding_mask_ && backend_ == AttentionBackend::Fused),
+               "model.attention_backend = fused does not compute a padding mask; use auto or "
+               "unfused");
   MESH_REQUIRE(!(alibi_slopes_.defined() && backend_ == AttentionBackend::Fused),
                "model.attention_backend = fused does not compute position_embedding_type = "
                "alibi; use auto or unfused");
@@ -69,6 +75,7 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, const A
 bool Attention::use_fused(DType activations, MemorySpace space) const {
   if (backend_ == AttentionBackend::Unfused) return false;
   if (alibi_slopes_.defined()) return false;  // the fused kernels take no position bias
+  if (padding_mask_) return false;            // nor a key-padding mask
   const bool host = space == MemorySpace::Host;
   // Grouped queries run the fused kernels too, on k and v repeated per
   // query head (expand_kv_groups): (heads - groups) x 2 head vectors more
@@ -160,6 +167,15 @@ Tensor Attention::by_group(const Tensor& per_head) const {
       {per_head.dim(0) / per_group, per_group * per_head.dim(1), per_head.dim(2)});
 }
 
+const Tensor& Attention::key_padding_mask(const LayerContext& ctx) const {
+  const Tensor& m = ctx.key_padding_mask;
+  MESH_VERIFY(m.defined() && m.rank() == 2 && m.dim(0) == ctx.micro_batch &&
+                  m.dim(1) == ctx.seq_length && m.space() == ctx.space,
+              "Attention: a padding mask needs LayerContext::key_padding_mask int32 [b = "
+                  << ctx.micro_batch << ", s = " << ctx.seq_length << "] where the layers live");
+  return m;
+}
+
 ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
   // probs [b, heads_local, s*s]: global index ((sample * heads + head) * s*s + ij).
   ops::DropoutSite site;
@@ -218,7 +234,10 @@ void Attention::attention_probs(const Tensor& q, const Tensor& k, const LayerCon
   ops::gemm_batched(q_groups, false, k, true, scores);
   scores = scores.reshape({q.dim(0), s, s});
   probs = Tensor::empty(scores.shape(), q.dtype(), q.space());
-  ops::scaled_causal_softmax_forward(scores, scale(), probs, alibi_slopes_);
+  if (padding_mask_)
+    ops::scaled_masked_softmax_forward(scores, key_padding_mask(ctx), scale(), probs);
+  else
+    ops::scaled_causal_softmax_forward(scores, scale(), probs, alibi_slopes_);
   probs_kept = probs;
   if (ctx.training && dropout_ > 0) {
     probs_kept = Tensor::empty(probs.shape(), q.dtype(), q.space());
@@ -303,6 +322,7 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
 
 Tensor Attention::forward_cached(const Tensor& x, const Tensor& residual, LayerContext& ctx,
                                  const CachedRows& rows, KvCache::Layer& kv) const {
+  MESH_REQUIRE(!padding_mask_, "generation with a KV cache needs causal attention");
   Cache c;
   Tensor qkv_out = qkv.forward(x, ctx, c.qkv);
   if (rotary_) {
@@ -365,8 +385,10 @@ void Attention::core_backward_unfused(const Tensor& dcontext, const LayerContext
     ops::dropout_backward(dprobs, dropout_, probs_site(ctx), dprobs);
 
   Tensor dscores = Tensor::empty(probs.shape(), dcontext.dtype(), dcontext.space());
-  ops::scaled_causal_softmax_backward(dprobs, probs, scale(),
-                                      dscores);
+  if (padding_mask_)
+    ops::scaled_masked_softmax_backward(dprobs, probs, scale(), dscores);
+  else
+    ops::scaled_causal_softmax_backward(dprobs, probs, scale(), dscores);
   const Tensor dscores_g = by_group(dscores);
   dparts[0] = Tensor::empty(c.q.shape(), dcontext.dtype(), dcontext.space());
   dparts[1] = Tensor::empty(c.k.shape(), dcontext.dtype(), dcontext.space());

@@ -1,4 +1,6 @@
-// Causal multi-head self-attention with heads split across the tp group:
+// Multi-head self-attention with heads split across the tp group, causal
+// (GPT) or bidirectional over each sample's real keys (AttentionMask::
+// Padding, BERT: ops::scaled_masked_softmax_forward on the unfused core):
 // a fused q|k|v ColumnParallelLinear gives each rank heads/tp heads, the core
 // (softmax(q k^T / sqrt(d)) v) runs locally per head, and a RowParallelLinear
 // sums the heads' contributions. One all-reduce forward and one backward
@@ -74,8 +76,8 @@ class Attention {
     /// so that the backward passes read the mask instead of drawing it again.
     Tensor keep_bits;
   };
-  /// Rejects a spec other than causal attention, and ALiBi under the fused
-  /// backend.
+  /// Rejects mask none, ALiBi other than causal, and ALiBi or a padding
+  /// mask under the fused backend.
   Attention(const std::string& name, int layer, index_t hidden, const AttentionSpec& spec,
             double dropout, const LayerContext& ctx, DType dtype);
   /// forward() + residual, the add riding in proj's GEMM where it can
@@ -113,6 +115,8 @@ class Attention {
  private:
   Tensor core_forward(const Tensor& x, LayerContext& ctx, Cache& c) const;
   double scale() const { return 1.0 / std::sqrt(double(head_dim_)); }
+  /// ctx's key-padding mask, checked against the micro-batch.
+  const Tensor& key_padding_mask(const LayerContext& ctx) const;
   ops::DropoutSite probs_site(const LayerContext& ctx) const;
   /// The fused core's attention dropout: the unfused path's mask (probs_site)
   /// while training with p > 0, else none.
@@ -158,6 +162,9 @@ class Attention {
   mutable Tensor positions_;  ///< rotary_positions' cache
   mutable index_t positions_b_ = 0, positions_offset_ = 0;
   double dropout_;
+  /// Bidirectional over the real keys (ctx.key_padding_mask): the unfused
+  /// core's masked softmax; the fused kernels are causal only.
+  bool padding_mask_;
   AttentionBackend backend_;
   /// [b * heads_local, s, words] decisions drawn by draw_mask_ahead.
   Tensor ahead_keep_bits_;

@@ -30,6 +30,12 @@ Embedding::Embedding(const ModelSpec& c, const LayerContext& ctx, DType dtype)
   if (c.embedding_norm)
     norm.emplace("embedding.norm", c.hidden_size, c.block.norm, dtype, ctx.sequence_parallel,
                  ctx.space);
+  if (has_token_type_table()) {
+    token_type.name = "embedding.token_type.weight";
+    token_type.global_shape = {c.num_token_types, c.hidden_size};
+    token_type.value = Tensor::zeros(token_type.global_shape, dtype, ctx.space);
+    token_type.grad = Tensor::zeros(token_type.global_shape, grad_dtype_for(dtype), ctx.space);
+  }
   if (!has_position_table()) return;  // rotary positions live in the attention
   position.name = "embedding.position.weight";
   position.global_shape = {c.max_positions, c.hidden_size};
@@ -37,9 +43,13 @@ Embedding::Embedding(const ModelSpec& c, const LayerContext& ctx, DType dtype)
   position.grad = Tensor::zeros(position.global_shape, grad_dtype_for(dtype), ctx.space);
 }
 
-Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const {
+Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c,
+                          const Tensor& token_types) const {
   const index_t n = ids.numel();
   c.ids = in_space(ids, ctx.space);
+  MESH_VERIFY(token_types.defined() == has_token_type_table() &&
+                  (!token_types.defined() || token_types.numel() == n),
+              "Embedding: token types [" << n << "] go with a token-type table, and only then");
   // Position ids are built on the host once and kept where the tables live.
   if (has_position_table() &&
       (!positions_.defined() || positions_.numel() != n || positions_.space() != ctx.space ||
@@ -52,6 +62,12 @@ Tensor Embedding::forward(const Tensor& ids, LayerContext& ctx, Cache& c) const 
   }
   c.positions = positions_;
   Tensor full = lookup(c.ids, c.positions, ctx);
+  if (has_token_type_table()) {
+    c.token_types = in_space(token_types, ctx.space);
+    Tensor rows = Tensor::empty(full.shape(), full.dtype(), full.space());
+    ops::embedding_forward(c.token_types, token_type.value, 0, rows);
+    ops::add(full, rows, full);
+  }
   Tensor x = ctx.sequence_parallel ? mapping::scatter_to_sp(ctx.tp, full) : full;
   if (norm) x = norm->forward(x, c.norm);
   if (!ctx.training || config_.hidden_dropout == 0) return x;
@@ -87,6 +103,10 @@ void Embedding::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   }
   if (norm) dx = norm->backward(dx, c.norm);
   Tensor dfull = ctx.sequence_parallel ? mapping::scatter_to_sp_backward(ctx.tp, dx) : dx;
+  if (has_token_type_table()) {
+    token_type.zero_stale_grad();
+    ops::embedding_backward(c.token_types, dfull, 0, token_type.grad);
+  }
   if (has_position_table()) {
     position.zero_stale_grad();  // the scatters add
     ops::embedding_backward(c.positions, dfull, 0, position.grad);
@@ -96,7 +116,8 @@ void Embedding::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
   ops::embedding_backward(c.ids, dpartial, vocab_begin(config_, ctx.tp), word.grad);
 }
 
-LmHeadLoss::LmHeadLoss(const ModelSpec& c, Parameter& w) : word(&w), config_(c) {}
+LmHeadLoss::LmHeadLoss(const ModelSpec& c, Parameter& w, Parameter* output_bias)
+    : word(&w), bias(output_bias), config_(c) {}
 
 Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext& ctx,
                            Cache& c) const {
@@ -116,6 +137,7 @@ Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext&
   const DType logits_dtype = ctx.logits_in_compute_dtype ? c.x_full.dtype() : stats;
   c.logits = Tensor::empty({n, vocab_local}, logits_dtype, x.space());
   ops::gemm(c.x_full, false, word->value, true, c.logits);
+  if (bias) add_output_bias(c.logits);
 
   // sum_exp and the target logit travel in one all-reduce: [2, n].
   Tensor partials = Tensor::empty({2, n}, stats, x.space());
@@ -139,10 +161,17 @@ Tensor LmHeadLoss::forward(const Tensor& x, const Tensor& targets, LayerContext&
   return loss;
 }
 
+void LmHeadLoss::add_output_bias(Tensor& logits) const {
+  // The bias in the logits' dtype (fp32 on the device under bf16 weights).
+  ops::bias_add(logits, bias->value.dtype() == logits.dtype() ? bias->value
+                                                               : bias->value.to(logits.dtype()));
+}
+
 Tensor LmHeadLoss::logits(const Tensor& x, LayerContext& ctx) const {
   const Tensor x_full = mapping::copy_to_tp(ctx.tp, x);
   Tensor out = Tensor::empty({x_full.dim(0), word->value.dim(0)}, stats_dtype(x), x.space());
   ops::gemm(x_full, false, word->value, true, out);
+  if (bias) add_output_bias(out);
   return out;
 }
 
@@ -153,6 +182,7 @@ Tensor LmHeadLoss::backward(const Tensor& dloss, LayerContext& ctx, const Cache&
   Tensor dlogits = Tensor::empty(c.logits.shape(), c.x_full.dtype(), c.logits.space());
   ops::cross_entropy_backward(c.logits, c.targets, c.row_max, c.sum_exp, dloss, begin,
                               config_.vocab_size, dlogits);
+  if (bias) ops::bias_backward(dlogits, bias->grad, bias->take_grad_store());
   const Tensor dx_full = matmul(dlogits, word->value);  // dX = dL W
   // Its reduction over tp runs during the weight gradient's GEMM, the
   // backward's largest (vocabulary / tp rows): dW += dL^T X.

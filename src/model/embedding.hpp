@@ -5,6 +5,8 @@
 // the others) and reduce_from_tp sums the partial rows, so exactly one rank
 // contributes each token. Positions are replicated. Under sequence
 // parallelism the sum is scattered to sequence shards before dropout.
+// With ModelSpec::num_token_types (BERT's segments) a replicated
+// token-type table adds its rows too, before the dropout.
 // With ModelSpec::embedding_norm (BLOOM's word_embeddings_layernorm) the
 // block's norm runs on those rows (each rank its shard under sequence
 // parallelism) before the dropout.
@@ -28,13 +30,17 @@ class Embedding {
  public:
   struct Cache {
     Tensor ids, positions;  ///< int32 [s*b], rows in [s, b] order
+    Tensor token_types;     ///< int32 [s*b]; token-type tables only
     LayerNorm::Cache norm;  ///< embedding_norm only
   };
   /// Learned absolute positions add a table; rotary, ALiBi and none add
   /// nothing here.
   Embedding(const ModelSpec& config, const LayerContext& ctx, DType dtype);
-  /// ids int32 [s*b] in [s, b] order -> hidden [s/sp * b, h].
-  Tensor forward(const Tensor& ids, LayerContext& ctx, Cache& cache) const;
+  /// ids int32 [s*b] in [s, b] order -> hidden [s/sp * b, h]. With a
+  /// token-type table `token_types` (int32 [s*b], each below
+  /// num_token_types) is required; without one it must be undefined.
+  Tensor forward(const Tensor& ids, LayerContext& ctx, Cache& cache,
+                 const Tensor& token_types = Tensor()) const;
   void backward(const Tensor& dy, LayerContext& ctx, const Cache& cache);
   /// Generation: the rows' token embeddings plus, with a position table,
   /// those of `positions` (int32 [rows], absolute); no dropout, no sequence
@@ -43,15 +49,20 @@ class Embedding {
   void collect(ParameterList& out) {
     out.push_back(&word);
     if (has_position_table()) out.push_back(&position);
+    if (has_token_type_table()) out.push_back(&token_type);
     if (norm) norm->collect(out);
   }
   bool has_position_table() const {
     return config_.block.attention.position == PositionEmbedding::LearnedAbsolute;
   }
 
+  bool has_token_type_table() const { return config_.num_token_types > 0; }
+
   Parameter word;      ///< [V_pad/tp, h], split by rows
   /// [max_positions, h], replicated; without values unless has_position_table()
   Parameter position;
+  /// [num_token_types, h], replicated; without values unless has_token_type_table()
+  Parameter token_type;
   std::optional<LayerNorm> norm;  ///< "embedding.norm" with ModelSpec::embedding_norm
 
  private:
@@ -73,7 +84,9 @@ class LmHeadLoss {
   struct Cache {
     Tensor x_full, logits, targets, row_max, sum_exp;
   };
-  LmHeadLoss(const ModelSpec& config, Parameter& word);
+  /// `output_bias`: a vocab-parallel bias [V_pad/tp] added to the logits
+  /// (BERT's MLM head), or null.
+  LmHeadLoss(const ModelSpec& config, Parameter& word, Parameter* output_bias = nullptr);
   /// x [s/sp * b, h] -> per-token loss [s*b] (same on every tp rank).
   Tensor forward(const Tensor& x, const Tensor& targets, LayerContext& ctx,
                  Cache& cache) const;
@@ -84,8 +97,10 @@ class LmHeadLoss {
   Tensor logits(const Tensor& x, LayerContext& ctx) const;
 
   Parameter* word;  ///< Not owned (the tied word table or the untied output weight).
+  Parameter* bias;  ///< Not owned; null without an output bias.
 
  private:
+  void add_output_bias(Tensor& logits) const;
   ModelSpec config_;
 };
 

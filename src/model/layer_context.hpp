@@ -87,6 +87,10 @@ struct LayerContext {
   /// column of their inputs (ColumnParallelLinear; training.bias_in_weight_gemm,
   /// by default on the device). Read when the layers are built.
   bool bias_in_weight_gemm = false;
+  /// Bidirectional attention with padding (AttentionMask::Padding): which
+  /// keys of each sample are real, int32 [b, s] (non-zero: real) where the
+  /// activations live. Undefined for causal models.
+  Tensor key_padding_mask = Tensor();
   /// With Full: layers of each model chunk recomputed, counted from the
   /// chunk's first (Megatron's "block" method); 0 = every layer.
   int recompute_num_layers = 0;

@@ -38,6 +38,11 @@ AttentionMask parse_attention_mask(const std::string& s, const std::string& what
 PositionEmbedding parse_position_embedding(const std::string& s, const std::string& what);
 Activation parse_activation(const std::string& s, const std::string& what);
 
+/// Which model a spec builds: a causal LM (GptModel: the LM head and its
+/// next-token loss) or BERT's pre-training model (BertModel: the masked-LM
+/// head, the pooler and the binary head).
+enum class ModelClass { CausalLm, BertPretraining };
+
 /// Whether the MLP's first projection is a gate and a value (3 matrices).
 inline bool is_gated(Activation a) { return a == Activation::Swiglu || a == Activation::Geglu; }
 
@@ -96,6 +101,10 @@ struct ModelSpec {
   /// (GPT-J, GPT-NeoX) instead of one after the other.
   bool parallel_residual = false;
   bool embedding_norm = false;  ///< a norm right after the embedding (BLOOM)
+  ModelClass model_class = ModelClass::CausalLm;
+  /// Rows of the token-type (segment) table added to the input embedding
+  /// (BERT's type_vocab_size); 0: none.
+  int num_token_types = 0;
 
   int num_heads() const { return block.attention.num_heads; }
   int head_dim() const { return block.attention.head_dim; }

@@ -182,6 +182,7 @@ enum class GatedActivation {
   GeLUTanh,  ///< GeGLU with transformers' gelu_pytorch_tanh (gelu_forward's formula)
   GeLUErf,   ///< GeGLU with transformers' gelu: 0.5 a (1 + erf(a / sqrt 2))
   ReLU,      ///< max(a, 0), derivative 0 at a = 0 (torch's)
+  Tanh,      ///< tanh(a) (BERT's pooler; activation_forward only, not a gate)
 };
 
 /// y = act(x) elementwise (same shapes; y may be x), computed in fp64 on
@@ -223,6 +224,19 @@ std::vector<double> alibi_slopes(index_t heads);
 /// dscores = scale * probs * (dprobs - sum_j(dprobs * probs)) (overwrite).
 void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs,
                                     double scale, Tensor& dscores);
+
+/// Bidirectional attention's softmax with a key-padding mask (BERT, T5's
+/// encoder): scores [B, S, S] with B = batch x heads (matrix m is sample
+/// m / heads), key_mask int32 [batch, S] beside them (non-zero: a real
+/// key). probs[m,i,j] = softmax_j(scale * s[m,i,j]) over the real keys of
+/// sample m / heads, exactly 0 at padding keys (all 0 in a row without a
+/// real key). No causal mask.
+void scaled_masked_softmax_forward(const Tensor& scores, const Tensor& key_mask, double scale,
+                                   Tensor& probs);
+/// dscores = scale * probs * (dprobs - sum_j(dprobs * probs)) over whole
+/// rows (overwrite): probs are 0 at padding keys, so their dscores are too.
+void scaled_masked_softmax_backward(const Tensor& dprobs, const Tensor& probs, double scale,
+                                    Tensor& dscores);
 
 // --------------------------------------------------------------- Dropout ---
 /// Where a dropout call sits in the global (unsharded) problem, so that the

@@ -86,6 +86,55 @@ void scaled_causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, d
   });
 }
 
+void scaled_masked_softmax_forward(const Tensor& scores, const Tensor& key_mask, double scale,
+                                   Tensor& probs) {
+  const char* op = "scaled_masked_softmax_forward";
+  const Arg as{"scores", scores}, ap{"probs", probs}, am{"key_mask", key_mask};
+  const bool device = require_float_args(op, {as, ap});
+  const index_t B = softmax_batch(op, as), S = scores.dim(-1);
+  MESH_VERIFY(probs.shape() == scores.shape(),
+              op << ": " << describe(ap) << " must match " << describe(as));
+  require_index_arg(op, am);
+  const index_t batch = key_mask.rank() == 2 ? key_mask.dim(0) : 0;
+  MESH_VERIFY(batch > 0 && key_mask.dim(1) == S && B % batch == 0 &&
+                  key_mask.space() == scores.space(),
+              op << ": " << describe(am) << " must be [batch, " << S
+                 << "] beside the scores, batch dividing " << B);
+  const index_t heads = B / batch;
+  if (device) {
+    ON_CUDA(cuda::scaled_masked_softmax_forward(scores.dtype(), scores.raw(),
+                                               key_mask.data<std::int32_t>(), B, heads, S, scale,
+                                               probs.raw()));
+    return;
+  }
+  with_float_type(scores.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::scaled_masked_softmax_forward<Host>(scores.data<T>(), key_mask.data<std::int32_t>(),
+                                                 B, heads, S, scale, probs.data<T>());
+  });
+}
+
+void scaled_masked_softmax_backward(const Tensor& dprobs, const Tensor& probs, double scale,
+                                    Tensor& dscores) {
+  const char* op = "scaled_masked_softmax_backward";
+  const Arg adp{"dprobs", dprobs}, ap{"probs", probs}, ads{"dscores", dscores};
+  const bool device = require_float_args(op, {ap, adp, ads});
+  const index_t B = softmax_batch(op, ap), S = probs.dim(-1);
+  MESH_VERIFY(
+      dprobs.shape() == probs.shape() && dscores.shape() == probs.shape(),
+      op << ": " << describe(adp) << " and " << describe(ads) << " must match " << describe(ap));
+  if (device) {
+    ON_CUDA(cuda::scaled_masked_softmax_backward(probs.dtype(), dprobs.raw(), probs.raw(), B, S,
+                                                scale, dscores.raw()));
+    return;
+  }
+  with_float_type(probs.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::scaled_masked_softmax_backward<Host>(dprobs.data<T>(), probs.data<T>(), B, S, scale,
+                                                  dscores.data<T>());
+  });
+}
+
 // ------------------------------------------------------- Fused attention ---
 
 bool fused_attention_supported(DType dtype, MemorySpace space, index_t head_dim) {

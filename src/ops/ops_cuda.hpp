@@ -123,6 +123,12 @@ void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_he
                                    index_t heads = 1);
 void scaled_causal_softmax_backward(DType t, const void* dprobs, const void* probs,
                                     index_t batch_heads, index_t S, double scale, void* dscores);
+/// key_mask: int32 [batch_heads / heads, S] on the device (ops.hpp).
+void scaled_masked_softmax_forward(DType t, const void* scores, const std::int32_t* key_mask,
+                                   index_t batch_heads, index_t heads, index_t S, double scale,
+                                   void* probs);
+void scaled_masked_softmax_backward(DType t, const void* dprobs, const void* probs,
+                                    index_t batch_heads, index_t S, double scale, void* dscores);
 
 // --------------------------------------------------------------- Dropout ---
 /// Same placement and Philox keying as kernels/kokkos/dropout.hpp.
@@ -324,7 +330,7 @@ void sum_of_squares_many_to(int count, const DType* types, const void* const* xs
 // ------------------------------------------------------ MLP activations ---
 /// act of a gated MLP: SwiGLU (silu), GeGLU with tanh or erf GeLU, ReGLU;
 /// of a plain MLP (activation_forward): the erf GeLU or ReLU.
-enum class GluActivation { Silu, GeluTanh, GeluErf, Relu };
+enum class GluActivation { Silu, GeluTanh, GeluErf, Relu, Tanh };
 /// kernels/cuda/glu.cu: y[i] = act(x[i]) over n values (y may be x).
 void activation_forward(DType t, GluActivation act, const void* x, index_t n, void* y);
 /// dx[i] = dy[i] act'(x[i]) (dx may be dy).

@@ -135,6 +135,7 @@ kernels::GateKind gate_kind(GatedActivation act) {
     case GatedActivation::GeLUTanh: return kernels::GateKind::GeLUTanh;
     case GatedActivation::GeLUErf: return kernels::GateKind::GeLUErf;
     case GatedActivation::ReLU: return kernels::GateKind::ReLU;
+    case GatedActivation::Tanh: return kernels::GateKind::Tanh;
   }
   MESH_VERIFY(false, "gated activation: unknown kind " << int(act));
   return kernels::GateKind::SiLU;
@@ -158,6 +159,7 @@ cuda::GluActivation cuda_glu(GatedActivation act) {
     case GatedActivation::GeLUTanh: return cuda::GluActivation::GeluTanh;
     case GatedActivation::GeLUErf: return cuda::GluActivation::GeluErf;
     case GatedActivation::ReLU: return cuda::GluActivation::Relu;
+    case GatedActivation::Tanh: return cuda::GluActivation::Tanh;
   }
   return cuda::GluActivation::Silu;
 }

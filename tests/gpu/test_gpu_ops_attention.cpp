@@ -1,5 +1,5 @@
 // The attention ops on the device against the host (src/ops/ops_attention.cpp):
-// the causal softmax, and the head layout of the token-major attention.
+// the causal and the masked softmax, and the head layout of the token-major attention.
 // The fused attention kernels: test_gpu_flash_attention.cpp and
 // test_gpu_cudnn_attention.cpp.
 //
@@ -55,6 +55,34 @@ TEST_F(GpuOps, AlibiSoftmaxMatchesHost) {
       scaled_causal_softmax_forward(scores.host, 0.25, probs.host, slopes);
       scaled_causal_softmax_forward(scores.dev, 0.25, probs.dev, slopes.to_device());
       expect_close(probs, dt, what);
+    }
+}
+
+TEST_F(GpuOps, MaskedSoftmaxForwardAndBackwardMatchHost) {
+  // Bidirectional with a key-padding mask: B = 3 samples x 2 heads, sample
+  // k's last k keys padding; exact zeros there on the device too.
+  for (DType dt : kDtypes)
+    for (index_t S : {index_t(17), index_t(64)}) {
+      const std::string what = "masked softmax " + name(dt) + " S=" + std::to_string(S);
+      const index_t batch = 3, B = 2 * batch;
+      Tensor mask = Tensor::empty({batch, S}, DType::I32);
+      for (index_t k = 0; k < batch; ++k)
+        for (index_t j = 0; j < S; ++j) mask.data<std::int32_t>()[k * S + j] = j < S - k;
+      const Pair scores = input({B, S, S}, dt, -8.0, 8.0);
+      Pair probs = output({B, S, S}, dt);
+      scaled_masked_softmax_forward(scores.host, mask, 0.125, probs.host);
+      scaled_masked_softmax_forward(scores.dev, mask.to_device(), 0.125, probs.dev);
+      expect_close(probs, dt, what + " probs");
+      const std::vector<double> dev = probs.dev.to_doubles();
+      for (index_t r = 0; r < B * S; ++r)
+        if (r / S / 2 == 2) EXPECT_EQ(dev[std::size_t(r * S + S - 1)], 0.0) << what;
+      const Pair dprobs = input({B, S, S}, dt);
+      const Pair p_in{probs.host, probs.host.to(dt).to_device()};
+      Pair dscores = output({B, S, S}, dt);
+      scaled_masked_softmax_backward(dprobs.host, probs.host.to(dt).to(DType::F32), 0.125,
+                                     dscores.host);
+      scaled_masked_softmax_backward(dprobs.dev, p_in.dev, 0.125, dscores.dev);
+      expect_close(dscores, dt, what + " dscores");
     }
 }
 

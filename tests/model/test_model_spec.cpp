@@ -158,7 +158,15 @@ TEST(ModelSpec, LayersRejectWhatTheyDoNotBuild) {
   expect_user_error([&] { build(post); }, {"TransformerLayer: norm placement post"});
   ModelSpec padding = spec_of_deck("");
   padding.block.attention.mask = AttentionMask::Padding;
-  expect_user_error([&] { build(padding); }, {"Attention: attention mask padding"});
+  build(padding);  // bidirectional over the real keys (BERT's)
+  padding.block.attention.backend = "fused";
+  expect_user_error([&] { build(padding); }, {"attention_backend = fused", "padding mask"});
+  ModelSpec unmasked = spec_of_deck("");
+  unmasked.block.attention.mask = AttentionMask::None;
+  expect_user_error([&] { build(unmasked); }, {"Attention: attention mask none"});
+  ModelSpec alibi_padding = spec_of_deck("position_embedding_type = alibi\n");
+  alibi_padding.block.attention.mask = AttentionMask::Padding;
+  expect_user_error([&] { build(alibi_padding); }, {"ALiBi with attention mask padding"});
 }
 
 TEST(ModelSpec, LayersBuildRotaryGroupedQueriesAndOwnHeadDim) {

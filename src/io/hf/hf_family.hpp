@@ -48,5 +48,6 @@ HfFamily hf_family_gpt_bigcode();
 HfFamily hf_family_llama();
 HfFamily hf_family_bloom();
 HfFamily hf_family_gpt_neox();
+HfFamily hf_family_megatron_bert();
 
 }  // namespace meshtron::io

@@ -1,0 +1,273 @@
+#include "io/hf/megatron_bert.hpp"
+
+#include <cstring>
+#include <regex>
+
+#include "common/error.hpp"
+#include "io/hf/hf_family.hpp"
+#include "io/hf/hf_json.hpp"
+#include "io/hf/hf_weights.hpp"
+
+namespace meshtron::io {
+
+namespace {
+
+using nlohmann::json;
+
+struct BertRule {
+  std::regex meshtron;
+  std::vector<const char*> hf;  ///< one name, or q, k, v's
+  bool transposed;
+};
+
+/// The table of megatron_bert.hpp's comment. `(weight|bias)` rules cover
+/// both; only weights of linears are transposed (the second rule of a pair).
+const std::vector<BertRule>& bert_rules() {
+  static const std::vector<BertRule> rules = {
+      {std::regex(R"(^embedding\.word\.weight$)"), {"bert.embeddings.word_embeddings.weight"}, false},
+      {std::regex(R"(^embedding\.position\.weight$)"),
+       {"bert.embeddings.position_embeddings.weight"}, false},
+      {std::regex(R"(^embedding\.token_type\.weight$)"),
+       {"bert.embeddings.token_type_embeddings.weight"}, false},
+      {std::regex(R"(^layers\.(\d+)\.ln_1\.(weight|bias)$)"),
+       {"bert.encoder.layer.$1.attention.ln.$2"}, false},
+      {std::regex(R"(^layers\.(\d+)\.attention\.qkv\.weight$)"),
+       {"bert.encoder.layer.$1.attention.self.query.weight",
+        "bert.encoder.layer.$1.attention.self.key.weight",
+        "bert.encoder.layer.$1.attention.self.value.weight"},
+       true},
+      {std::regex(R"(^layers\.(\d+)\.attention\.qkv\.bias$)"),
+       {"bert.encoder.layer.$1.attention.self.query.bias",
+        "bert.encoder.layer.$1.attention.self.key.bias",
+        "bert.encoder.layer.$1.attention.self.value.bias"},
+       false},
+      {std::regex(R"(^layers\.(\d+)\.attention\.proj\.bias$)"),
+       {"bert.encoder.layer.$1.attention.output.dense.bias"}, false},
+      {std::regex(R"(^layers\.(\d+)\.attention\.proj\.weight$)"),
+       {"bert.encoder.layer.$1.attention.output.dense.weight"}, true},
+      {std::regex(R"(^layers\.(\d+)\.ln_2\.(weight|bias)$)"), {"bert.encoder.layer.$1.ln.$2"}, false},
+      {std::regex(R"(^layers\.(\d+)\.mlp\.fc\.bias$)"),
+       {"bert.encoder.layer.$1.intermediate.dense.bias"}, false},
+      {std::regex(R"(^layers\.(\d+)\.mlp\.fc\.weight$)"),
+       {"bert.encoder.layer.$1.intermediate.dense.weight"}, true},
+      {std::regex(R"(^layers\.(\d+)\.mlp\.proj\.bias$)"),
+       {"bert.encoder.layer.$1.output.dense.bias"}, false},
+      {std::regex(R"(^layers\.(\d+)\.mlp\.proj\.weight$)"),
+       {"bert.encoder.layer.$1.output.dense.weight"}, true},
+      {std::regex(R"(^final_norm\.(weight|bias)$)"), {"bert.encoder.ln.$1"}, false},
+      {std::regex(R"(^pooler\.bias$)"), {"bert.pooler.dense.bias"}, false},
+      {std::regex(R"(^pooler\.weight$)"), {"bert.pooler.dense.weight"}, true},
+      {std::regex(R"(^mlm_head\.dense\.bias$)"), {"cls.predictions.transform.dense.bias"}, false},
+      {std::regex(R"(^mlm_head\.dense\.weight$)"), {"cls.predictions.transform.dense.weight"}, true},
+      {std::regex(R"(^mlm_head\.norm\.(weight|bias)$)"),
+       {"cls.predictions.transform.LayerNorm.$1"}, false},
+      {std::regex(R"(^mlm_head\.bias$)"), {"cls.predictions.bias"}, false},
+      {std::regex(R"(^binary_head\.bias$)"), {"cls.seq_relationship.bias"}, false},
+      {std::regex(R"(^binary_head\.weight$)"), {"cls.seq_relationship.weight"}, true},
+  };
+  return rules;
+}
+
+struct BertMapping {
+  std::vector<std::string> hf_names;
+  bool transposed = false;
+};
+
+BertMapping mapping_of(const std::string& name) {
+  for (const auto& rule : bert_rules()) {
+    if (!std::regex_match(name, rule.meshtron)) continue;
+    BertMapping m{{}, rule.transposed};
+    for (const char* hf : rule.hf) m.hf_names.push_back(std::regex_replace(name, rule.meshtron, hf));
+    return m;
+  }
+  throw UserError("no Hugging Face MegatronBert tensor corresponds to parameter '" + name + "'");
+}
+
+/// q, k, v (each `rows` leading entries) one after the other along dim 0.
+Tensor stacked(const std::vector<Tensor>& parts) {
+  Shape shape = parts[0].shape();
+  shape[0] = 0;
+  for (const Tensor& p : parts) shape[0] += p.dim(0);
+  Tensor out = Tensor::empty(shape, parts[0].dtype());
+  auto* dst = static_cast<char*>(out.raw());
+  for (const Tensor& p : parts) {
+    MESH_REQUIRE(p.dtype() == parts[0].dtype() && p.numel() * shape[0] == out.numel() * p.dim(0),
+                 "MegatronBert: query, key and value must share dtype and shape");
+    std::memcpy(dst, p.raw(), p.bytes());
+    dst += p.bytes();
+  }
+  return out;
+}
+
+/// Leading-dimension slice [begin, end) of a host tensor of rank 1 or 2, copied.
+Tensor leading_slice(const Tensor& t, index_t begin, index_t end) {
+  const index_t row = t.numel() / t.dim(0);
+  Shape shape = t.shape();
+  shape[0] = end - begin;
+  Tensor out = Tensor::empty(shape, t.dtype());
+  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + begin * row * dtype_size(t.dtype()),
+              out.bytes());
+  return out;
+}
+
+}  // namespace
+
+std::string megatron_bert_stored_name(const std::string& name, const HfWeights& weights) {
+  if (weights.contains(name)) return name;
+  if (name == "cls.predictions.bias") return "cls.predictions.decoder.bias";
+  if (name == "bert.embeddings.word_embeddings.weight") return "cls.predictions.decoder.weight";
+  return name;
+}
+
+HfMegatronBertConfig read_hf_megatron_bert_config(const std::string& path) {
+  const std::string file = config_file_of(path);
+  const json j = parse_json_file(file);
+  Fields f(j, file);
+  HfMegatronBertConfig c;
+  f.size("vocab_size", c.vocab_size);
+  f.size("hidden_size", c.hidden_size);
+  f.size("num_hidden_layers", c.num_hidden_layers);
+  f.size("num_attention_heads", c.num_attention_heads);
+  f.size("intermediate_size", c.intermediate_size);
+  f.size("max_position_embeddings", c.max_position_embeddings);
+  f.size("type_vocab_size", c.type_vocab_size);
+  f.number("layer_norm_eps", c.layer_norm_eps);
+  f.number("initializer_range", c.initializer_range);
+  f.number("hidden_dropout_prob", c.hidden_dropout_prob);
+  f.number("attention_probs_dropout_prob", c.attention_probs_dropout_prob);
+  f.require(!j.contains("hidden_act") || j["hidden_act"] == "gelu", "hidden_act",
+            "gelu (the exact GeLU)");
+  f.require(!j.contains("position_embedding_type") || j["position_embedding_type"] == "absolute",
+            "position_embedding_type", "absolute (learned positions)");
+  f.require(!j.contains("tie_word_embeddings") || j["tie_word_embeddings"] == true,
+            "tie_word_embeddings", "true (the MLM decoder is the word table)");
+  MESH_REQUIRE(c.hidden_size % c.num_attention_heads == 0,
+               "Hugging Face config '" << file << "': hidden_size " << c.hidden_size
+                                       << " is not divisible by num_attention_heads "
+                                       << c.num_attention_heads);
+  return c;
+}
+
+void write_hf_megatron_bert_config(const std::string& path, const HfMegatronBertConfig& c) {
+  write_json_file(path, {
+                            {"architectures", json::array({"MegatronBertForPreTraining"})},
+                            {"model_type", "megatron-bert"},
+                            {"vocab_size", c.vocab_size},
+                            {"hidden_size", c.hidden_size},
+                            {"num_hidden_layers", c.num_hidden_layers},
+                            {"num_attention_heads", c.num_attention_heads},
+                            {"intermediate_size", c.intermediate_size},
+                            {"hidden_act", "gelu"},
+                            {"max_position_embeddings", c.max_position_embeddings},
+                            {"type_vocab_size", c.type_vocab_size},
+                            {"layer_norm_eps", c.layer_norm_eps},
+                            {"initializer_range", c.initializer_range},
+                            {"hidden_dropout_prob", c.hidden_dropout_prob},
+                            {"attention_probs_dropout_prob", c.attention_probs_dropout_prob},
+                            {"position_embedding_type", "absolute"},
+                            {"tie_word_embeddings", true},
+                            {"torch_dtype", "float32"},
+                        });
+}
+
+ModelSpec model_spec_from_hf(const HfMegatronBertConfig& hf, int divisible_by, int tp) {
+  ModelSpec s;
+  s.model_class = ModelClass::BertPretraining;
+  s.num_layers = int(hf.num_hidden_layers);
+  s.hidden_size = int(hf.hidden_size);
+  s.seq_length = s.max_positions = int(hf.max_position_embeddings);
+  s.vocab_size = int(hf.vocab_size);
+  s.padded_vocab_size = padded_vocab_size(s.vocab_size, divisible_by, tp);
+  s.num_token_types = int(hf.type_vocab_size);
+  s.init_std = hf.initializer_range;
+  s.hidden_dropout = hf.hidden_dropout_prob;
+  s.attention_dropout = hf.attention_probs_dropout_prob;
+  s.block.norm.epsilon = hf.layer_norm_eps;
+  s.block.attention = AttentionSpec::multi_head(s.hidden_size, int(hf.num_attention_heads));
+  s.block.attention.mask = AttentionMask::Padding;
+  s.block.mlp.ffn_hidden_size = int(hf.intermediate_size);
+  s.block.mlp.activation = Activation::Gelu;
+  return s;
+}
+
+HfMegatronBertConfig hf_megatron_bert_config_from_spec(const ModelSpec& s) {
+  const auto& a = s.block.attention;
+  MESH_REQUIRE(s.model_class == ModelClass::BertPretraining && s.tie_word_embeddings &&
+                   s.block.norm.kind == NormKind::LayerNorm && s.block.norm.bias &&
+                   s.block.norm.placement == NormPlacement::Pre &&
+                   a.mask == AttentionMask::Padding &&
+                   a.position == PositionEmbedding::LearnedAbsolute &&
+                   a.num_query_groups == a.num_heads && a.head_dim * a.num_heads == s.hidden_size &&
+                   a.bias && s.block.mlp.activation == Activation::Gelu && s.block.mlp.bias &&
+                   !s.embedding_norm && !s.parallel_residual,
+               "Hugging Face MegatronBert config: the model is not MegatronBert's layout "
+               "(pre-LayerNorm, learned positions, multi-head padded attention, exact GeLU, "
+               "biases, tied head)");
+  HfMegatronBertConfig hf;
+  hf.vocab_size = s.vocab_size;
+  hf.hidden_size = s.hidden_size;
+  hf.num_hidden_layers = s.num_layers;
+  hf.num_attention_heads = a.num_heads;
+  hf.intermediate_size = s.block.mlp.ffn_hidden_size;
+  hf.max_position_embeddings = s.max_positions;
+  hf.type_vocab_size = s.num_token_types;
+  hf.layer_norm_eps = s.block.norm.epsilon;
+  hf.initializer_range = s.init_std;
+  hf.hidden_dropout_prob = s.hidden_dropout;
+  hf.attention_probs_dropout_prob = s.attention_dropout;
+  return hf;
+}
+
+void import_hf_megatron_bert(const std::string& model_dir, const ModelSpec&,
+                             const ParameterList& params, int tp_rank, int tp_size) {
+  const HfWeights weights(model_dir);
+  for (Parameter* p : params) {
+    const BertMapping m = mapping_of(p->name);
+    std::vector<Tensor> parts;
+    for (const std::string& hf : m.hf_names)
+      parts.push_back(weights.load(megatron_bert_stored_name(hf, weights), p->name));
+    const Tensor rows = parts.size() == 1 ? parts[0] : stacked(parts);
+    load_shard(*p, m.transposed ? transposed(rows) : rows, tp_rank, tp_size);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> hf_megatron_bert_tensors(const ModelSpec&,
+                                                                     const ParameterList& params) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (Parameter* p : params) {
+    const BertMapping m = mapping_of(p->name);
+    const Tensor value = p->value.is_host() ? p->value : p->value.to_host();
+    const Tensor rows = m.transposed ? transposed(value) : value;
+    const index_t part = rows.dim(0) / index_t(m.hf_names.size());  // q, k, v: equal parts
+    for (std::size_t k = 0; k < m.hf_names.size(); ++k)
+      out.push_back({m.hf_names[k], m.hf_names.size() == 1
+                                        ? rows
+                                        : leading_slice(rows, index_t(k) * part,
+                                                        index_t(k + 1) * part)});
+  }
+  return out;
+}
+
+HfFamily hf_family_megatron_bert() {
+  HfFamily f;
+  f.name = "megatron_bert";
+  f.model_types = {"megatron-bert"};
+  f.architectures = {"MegatronBertForPreTraining"};
+  f.read_spec = [](const std::string& dir) {
+    return model_spec_from_hf(read_hf_megatron_bert_config(dir), 1, 1);
+  };
+  f.import_weights = [](const std::string& dir, const ModelSpec& spec,
+                        const ParameterList& params) {
+    import_hf_megatron_bert(dir, spec, params, 0, 1);
+  };
+  f.owns = [](const ModelSpec& s) { return s.model_class == ModelClass::BertPretraining; };
+  f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {
+    const auto tensors = hf_megatron_bert_tensors(spec, params);
+    write_hf_weights(dir, tensors);
+    write_hf_megatron_bert_config(dir + "/config.json", hf_megatron_bert_config_from_spec(spec));
+    return tensors.size();
+  };
+  return f;
+}
+
+}  // namespace meshtron::io

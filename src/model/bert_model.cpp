@@ -1,0 +1,259 @@
+#include "model/bert_model.hpp"
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/error.hpp"
+#include "model/linear.hpp"
+
+namespace meshtron {
+
+ModelSpec bert_spec(int layers, int hidden, int heads, int ffn, int vocab, int seq_length,
+                    int max_positions, int num_token_types) {
+  ModelSpec s;
+  s.model_class = ModelClass::BertPretraining;
+  s.num_layers = layers;
+  s.hidden_size = hidden;
+  s.seq_length = seq_length;
+  s.max_positions = max_positions;
+  s.vocab_size = s.padded_vocab_size = vocab;
+  s.num_token_types = num_token_types;
+  s.block.norm.epsilon = 1e-12;  // MegatronBertConfig's layer_norm_eps
+  s.block.attention = AttentionSpec::multi_head(hidden, heads);
+  s.block.attention.mask = AttentionMask::Padding;
+  s.block.mlp.ffn_hidden_size = ffn;
+  s.block.mlp.activation = Activation::Gelu;
+  return s;
+}
+
+namespace {
+
+Parameter replicated_param(const std::string& name, Shape shape, bool decay, DType dtype,
+                           MemorySpace space) {
+  Parameter p;
+  p.name = name;
+  p.global_shape = shape;
+  p.value = Tensor::zeros(shape, dtype, space);
+  p.grad = Tensor::zeros(shape, grad_dtype_for(dtype), space);
+  p.weight_decay = decay;
+  return p;
+}
+
+/// The MLM bias, split by vocabulary rows as the word table it goes with.
+Parameter mlm_bias_param(const ModelSpec& c, const LayerContext& ctx, DType dtype) {
+  Parameter word = make_word_embedding(c, ctx, dtype);
+  const index_t rows = word.value.dim(0);
+  Parameter p;
+  p.name = "mlm_head.bias";
+  p.global_shape = {c.vocab_size};
+  p.value = Tensor::zeros({rows}, dtype, ctx.space);
+  p.grad = Tensor::zeros({rows}, grad_dtype_for(dtype), ctx.space);
+  p.shard.split_dim = 0;
+  p.padded_rows = word.padded_rows;
+  p.weight_decay = false;
+  return p;
+}
+
+std::vector<std::int32_t> ints(const Tensor& t) {
+  const Tensor host = t.to_host();
+  const auto* p = host.data<std::int32_t>();
+  return std::vector<std::int32_t>(p, p + host.numel());
+}
+
+}  // namespace
+
+ReplicatedLinear::ReplicatedLinear(const std::string& name, index_t in, index_t out, DType dtype,
+                                   MemorySpace space)
+    : weight(replicated_param(name + ".weight", {in, out}, true, dtype, space)),
+      bias(replicated_param(name + ".bias", {out}, false, dtype, space)) {}
+
+Tensor ReplicatedLinear::forward(const Tensor& x) const {
+  return matmul_bias(x, weight.value, bias.value);
+}
+
+Tensor ReplicatedLinear::backward(const Tensor& dy, const Tensor& x) {
+  ops::linear_weight_grads(x, dy, weight.grad, bias.grad, weight.take_grad_store(),
+                           bias.take_grad_store());
+  Tensor dx = Tensor::empty({dy.dim(0), weight.value.dim(0)}, dy.dtype(), dy.space());
+  ops::gemm(dy, false, weight.value, true, dx);
+  return dx;
+}
+
+namespace {
+const ModelSpec& checked(const ModelSpec& s, const LayerContext& ctx) {
+  MESH_REQUIRE(s.model_class == ModelClass::BertPretraining,
+               "BertModel: the spec describes a causal LM, not BERT");
+  MESH_REQUIRE(s.num_token_types > 0, "BertModel: num_token_types must be positive");
+  MESH_REQUIRE(!ctx.sequence_parallel, "BertModel: sequence parallelism is not built yet");
+  return s;
+}
+}  // namespace
+
+BertModel::BertModel(const ModelSpec& s, LayerContext& ctx, DType dtype, std::uint64_t seed)
+    : embedding(checked(s, ctx), ctx, dtype),
+      final_norm("final_norm", s.hidden_size, s.block.norm, dtype, false, ctx.space),
+      transform("mlm_head.dense", s.hidden_size, s.hidden_size, dtype, ctx.space),
+      transform_norm("mlm_head.norm", s.hidden_size, s.block.norm, dtype, false, ctx.space),
+      mlm_bias(mlm_bias_param(s, ctx, dtype)),
+      pooler("pooler", s.hidden_size, s.hidden_size, dtype, ctx.space),
+      binary_head("binary_head", s.hidden_size, 2, dtype, ctx.space),
+      spec_(s),
+      mlm_loss_(s, embedding.word, &mlm_bias) {
+  layers.reserve(std::size_t(s.num_layers));
+  for (int i = 0; i < s.num_layers; ++i) layers.emplace_back(i, s, ctx, dtype);
+  initialise(ctx, seed);
+}
+
+void BertModel::initialise(const LayerContext& ctx, std::uint64_t seed) {
+  // As GptModel's: N(0, std), output projections by 1/sqrt(2 L), biases 0,
+  // norms 1; keyed by name and global index (the same model on any tp).
+  const double std = spec_.init_std, out_std = std / std::sqrt(2.0 * spec_.num_layers);
+  const int r = ctx.tp.rank(), p = ctx.tp.size();
+  for (Parameter* w : {&embedding.word, &embedding.position, &embedding.token_type,
+                       &transform.weight, &pooler.weight, &binary_head.weight})
+    init_normal(*w, seed, std, r, p);
+  for (auto& layer : layers) {
+    init_normal(layer.attention.qkv.weight, seed, std, r, p);
+    init_normal(layer.attention.proj.weight, seed, out_std, r, p);
+    init_normal(layer.mlp.fc.weight, seed, std, r, p);
+    init_normal(layer.mlp.proj.weight, seed, out_std, r, p);
+  }
+}
+
+ParameterList BertModel::parameters() {
+  ParameterList out;
+  embedding.collect(out);
+  for (auto& layer : layers) layer.collect(out);
+  final_norm.collect(out);
+  transform.collect(out);
+  transform_norm.collect(out);
+  out.push_back(&mlm_bias);
+  pooler.collect(out);
+  binary_head.collect(out);
+  return out;
+}
+
+void BertModel::check_batch(const BertBatch& in, const LayerContext& ctx) const {
+  const index_t s = ctx.seq_length, b = ctx.micro_batch, n = s * b;
+  const auto require_ids = [&](const Tensor& t, index_t count, const char* what) {
+    MESH_REQUIRE(t.defined() && t.dtype() == DType::I32 && t.numel() == count,
+                 "BertModel: " << what << " must be int32 with " << count << " entries (s = " << s
+                               << ", b = " << b << ")");
+  };
+  require_ids(in.tokens, n, "tokens");
+  require_ids(in.token_types, n, "token_types");
+  require_ids(in.labels, n, "labels");
+  require_ids(in.next_sentence, b, "next_sentence");
+  MESH_REQUIRE(in.padding_mask.defined() && in.padding_mask.dtype() == DType::I32 &&
+                   in.padding_mask.rank() == 2 && in.padding_mask.dim(0) == b &&
+                   in.padding_mask.dim(1) == s,
+               "BertModel: padding_mask must be int32 [b = " << b << ", s = " << s << "], got "
+                                                            << shape_string(in.padding_mask.shape()));
+  for (std::int32_t v : ints(in.tokens))
+    MESH_REQUIRE(v >= 0 && v < spec_.vocab_size,
+                 "BertModel: token " << v << " is outside the vocabulary [0, " << spec_.vocab_size << ")");
+  for (std::int32_t v : ints(in.token_types))
+    MESH_REQUIRE(v >= 0 && v < spec_.num_token_types,
+                 "BertModel: token type " << v << " is outside [0, " << spec_.num_token_types << ")");
+  for (std::int32_t v : ints(in.labels))
+    MESH_REQUIRE(v == -100 || (v >= 0 && v < spec_.vocab_size),
+                 "BertModel: label " << v << " is neither -100 nor in [0, " << spec_.vocab_size << ")");
+  for (std::int32_t v : ints(in.next_sentence))
+    MESH_REQUIRE(v == 0 || v == 1, "BertModel: next_sentence label " << v << " is not 0 or 1");
+  for (std::int32_t v : ints(in.padding_mask))
+    MESH_REQUIRE(v == 0 || v == 1, "BertModel: padding_mask value " << v << " is not 0 or 1");
+}
+
+double BertModel::forward(const BertBatch& in, LayerContext& ctx, Cache& c) const {
+  check_batch(in, ctx);
+  c.padding_mask = in_space(in.padding_mask, ctx.space);
+  ctx.key_padding_mask = c.padding_mask;
+  c.layers.resize(layers.size());
+  Tensor x = embedding.forward(in.tokens, ctx, c.embedding, in.token_types);
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    x = ctx.recompute_layer(int(i)) ? layers[i].forward_checkpointed(x, ctx, c.layers[i])
+                                    : layers[i].forward(x, ctx, c.layers[i]);
+  c.sequence = final_norm.forward(x, c.final_norm);
+  c.mlm_loss = mlm_forward(c.sequence, in.labels, ctx, c);
+  c.binary_loss = binary_forward(c.sequence, in.next_sentence, ctx, c);
+  return c.mlm_loss + c.binary_loss;
+}
+
+double BertModel::mlm_forward(const Tensor& sequence, const Tensor& labels, LayerContext& ctx,
+                              Cache& c) const {
+  // Unlabelled rows predict token 0 with weight 0: the loss and its
+  // gradient see labelled rows only, each 1 / count (transformers' mean).
+  const std::vector<std::int32_t> label = ints(labels);
+  Tensor targets = Tensor::empty({index_t(label.size())}, DType::I32);
+  Tensor weights = Tensor::zeros({index_t(label.size())}, stats_dtype(sequence), MemorySpace::Host);
+  index_t count = 0;
+  for (std::int32_t v : label) count += v != -100;
+  for (std::size_t i = 0; i < label.size(); ++i) {
+    targets.data<std::int32_t>()[i] = label[i] == -100 ? 0 : label[i];
+    if (label[i] != -100) set_element_from_double(weights, index_t(i), 1.0 / double(count));
+  }
+  c.mlm_weights = in_space(weights, ctx.space);
+  Tensor pre = transform.forward(sequence);
+  c.transform_pre_gelu = pre;
+  Tensor activated = Tensor::empty(pre.shape(), pre.dtype(), pre.space());
+  ops::activation_forward(pre, ops::GatedActivation::GeLUErf, activated);
+  const Tensor normed = transform_norm.forward(activated, c.transform_norm);
+  const Tensor per_token = mlm_loss_.forward(normed, targets, ctx, c.mlm);
+  const std::vector<double> loss = per_token.to_doubles(), w = weights.to_doubles();
+  double total = 0;
+  for (std::size_t i = 0; i < loss.size(); ++i) total += w[i] * loss[i];
+  return total;
+}
+
+double BertModel::binary_forward(const Tensor& sequence, const Tensor& next_sentence,
+                                 const LayerContext& ctx, Cache& c) const {
+  const index_t b = ctx.micro_batch;
+  const Tensor first_tokens = sequence.slice_rows(0, b);  // token 0 of each sample: rows [0, b)
+  c.pooler_pre_tanh = pooler.forward(first_tokens);
+  c.pooled = Tensor::empty(c.pooler_pre_tanh.shape(), sequence.dtype(), sequence.space());
+  ops::activation_forward(c.pooler_pre_tanh, ops::GatedActivation::Tanh, c.pooled);
+  c.binary_logits = binary_head.forward(c.pooled);
+  c.binary_targets = in_space(next_sentence, ctx.space);
+  const DType stats = stats_dtype(sequence);
+  c.binary_max = Tensor::empty({b}, stats, sequence.space());
+  c.binary_sum_exp = Tensor::empty({b}, stats, sequence.space());
+  Tensor target_logit = Tensor::empty({b}, stats, sequence.space());
+  ops::cross_entropy_row_stats(c.binary_logits, c.binary_targets, 0, 2, c.binary_max,
+                               c.binary_sum_exp, target_logit);
+  Tensor loss = Tensor::empty({b}, stats, sequence.space());
+  ops::cross_entropy_loss(c.binary_sum_exp, target_logit, loss);
+  double total = 0;
+  for (double v : loss.to_doubles()) total += v;
+  return total / double(b);
+}
+
+Tensor BertModel::heads_backward(LayerContext& ctx, const Cache& c) {
+  Tensor dnormed = mlm_loss_.backward(c.mlm_weights, ctx, c.mlm);
+  Tensor dactivated = transform_norm.backward(dnormed, c.transform_norm);
+  ops::activation_backward(dactivated, c.transform_pre_gelu, ops::GatedActivation::GeLUErf,
+                           dactivated);
+  Tensor dsequence = transform.backward(dactivated, c.sequence);
+
+  const index_t b = ctx.micro_batch;
+  Tensor dloss = Tensor::empty({b}, c.binary_max.dtype(), c.binary_max.space());
+  dloss.fill(1.0 / double(b));
+  Tensor dlogits = Tensor::empty(c.binary_logits.shape(), c.binary_logits.dtype(),
+                                 c.binary_logits.space());
+  ops::cross_entropy_backward(c.binary_logits, c.binary_targets, c.binary_max, c.binary_sum_exp,
+                              dloss, 0, 2, dlogits);
+  Tensor dpooled = binary_head.backward(dlogits, c.pooled);
+  ops::activation_backward(dpooled, c.pooler_pre_tanh, ops::GatedActivation::Tanh, dpooled);
+  const Tensor first_tokens = c.sequence.slice_rows(0, b);
+  Tensor dfirst = dsequence.slice_rows(0, b);
+  ops::add(dfirst, pooler.backward(dpooled, first_tokens), dfirst);
+  return dsequence;
+}
+
+void BertModel::backward(LayerContext& ctx, const Cache& c) {
+  ctx.key_padding_mask = c.padding_mask;
+  Tensor dx = final_norm.backward(heads_backward(ctx, c), c.final_norm);
+  for (std::size_t i = layers.size(); i-- > 0;) dx = layers[i].backward(dx, ctx, c.layers[i]);
+  embedding.backward(dx, ctx, c.embedding);
+}
+
+}  // namespace meshtron

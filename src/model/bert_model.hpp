@@ -1,0 +1,122 @@
+// BertModel: Megatron-LM's BertModel, laid out as transformers'
+// MegatronBertForPreTraining, on one pipeline stage:
+//
+//   embedding     word (vocab-parallel) + learned position + token type,
+//                 then dropout (no norm: Megatron moved it into the blocks)
+//   blocks        pre-LN transformer layers, bidirectional attention over
+//                 each sample's real tokens (AttentionMask::Padding)
+//   final norm
+//   MLM head      dense h->h, GeLU, LayerNorm, logits = x W_word^T + bias
+//                 (vocab-parallel, tied to the word table), vocab-parallel
+//                 cross-entropy (LmHeadLoss)
+//   pooler        dense h->h + tanh on each sample's first token
+//   binary head   h->2 (next-sentence / sentence-order prediction)
+//
+// loss = mean over labelled tokens (label != -100) of the MLM cross-entropy
+//      + mean over samples of the binary head's cross-entropy,
+// as MegatronBertForPreTraining (CrossEntropyLoss, ignore_index -100).
+//
+// Tensor parallelism: heads and the MLP split as in GptModel's layers, the
+// word table, the MLM bias and the MLM loss split by vocabulary rows; the
+// head transform, pooler and binary head are replicated (as Megatron's),
+// each rank computing them on the replicated final hidden states.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/embedding.hpp"
+#include "model/transformer_layer.hpp"
+
+namespace meshtron {
+
+/// The spec of a MegatronBert of these sizes: pre-LN with biases, learned
+/// positions, bidirectional attention with a padding mask, the exact GeLU,
+/// `num_token_types` segments, the head tied to the word table.
+ModelSpec bert_spec(int layers, int hidden, int heads, int ffn, int vocab, int seq_length,
+                    int max_positions, int num_token_types);
+
+/// One micro-batch of BERT's inputs; token rows in [s, b] order, as
+/// GptModel's (row t * b + i is token t of sample i).
+struct BertBatch {
+  Tensor tokens;         ///< int32 [s*b]
+  Tensor token_types;    ///< int32 [s*b], each in [0, num_token_types)
+  Tensor padding_mask;   ///< int32 [b, s]: 1 a real token, 0 padding
+  Tensor labels;         ///< int32 [s*b]: the token to predict, or -100 (none)
+  Tensor next_sentence;  ///< int32 [b]: the binary head's class, 0 or 1
+};
+
+/// A linear layer every tp rank holds whole: Y = X W + b, W [in, out].
+struct ReplicatedLinear {
+  ReplicatedLinear(const std::string& name, index_t in, index_t out, DType dtype,
+                   MemorySpace space);
+  Tensor forward(const Tensor& x) const;
+  /// dX; accumulates dW += X^T dY and db += colsum(dY).
+  Tensor backward(const Tensor& dy, const Tensor& x);
+  void collect(ParameterList& out) {
+    out.push_back(&weight);
+    out.push_back(&bias);
+  }
+  Parameter weight, bias;
+};
+
+class BertModel {
+ public:
+  struct Cache {
+    Embedding::Cache embedding;
+    std::vector<TransformerLayer::Cache> layers;
+    LayerNorm::Cache final_norm;
+    Tensor padding_mask;  ///< [b, s] where the layers live (ctx.key_padding_mask)
+    Tensor sequence;      ///< the final norm's output [s*b, h]
+    Tensor transform_pre_gelu;
+    LayerNorm::Cache transform_norm;
+    LmHeadLoss::Cache mlm;
+    Tensor mlm_weights;   ///< [s*b]: 1 / labelled tokens where labelled, else 0
+    Tensor pooler_pre_tanh, pooled;
+    Tensor binary_logits, binary_targets, binary_max, binary_sum_exp;  ///< [b, 2], [b]
+    double mlm_loss = 0, binary_loss = 0;
+  };
+
+  /// Rejects a spec whose model_class is not BertPretraining, sequence
+  /// parallelism, and what its layers reject.
+  BertModel(const ModelSpec& spec, LayerContext& ctx, DType dtype, std::uint64_t seed);
+  /// The batch's loss (MLM + binary head); checks the batch (a UserError
+  /// naming the offending input).
+  double forward(const BertBatch& batch, LayerContext& ctx, Cache& cache) const;
+  /// Accumulates the gradients of forward's loss into the parameters.
+  void backward(LayerContext& ctx, const Cache& cache);
+
+  /// This rank's vocabulary shard of the prediction logits [s*b, V_pad/tp]
+  /// (bias included), and the binary head's logits [b, 2].
+  static const Tensor& prediction_logits(const Cache& c) { return c.mlm.logits; }
+  static const Tensor& binary_logits(const Cache& c) { return c.binary_logits; }
+
+  ParameterList parameters();
+  const ModelSpec& spec() const { return spec_; }
+
+  Embedding embedding;
+  std::vector<TransformerLayer> layers;
+  LayerNorm final_norm;
+  ReplicatedLinear transform;  ///< "mlm_head.dense"
+  LayerNorm transform_norm;    ///< "mlm_head.norm"
+  Parameter mlm_bias;          ///< "mlm_head.bias" [V_pad/tp], split by rows as the word table
+  ReplicatedLinear pooler;
+  ReplicatedLinear binary_head;
+
+ private:
+  void check_batch(const BertBatch& batch, const LayerContext& ctx) const;
+  /// The MLM loss of the final hidden states (fills the MLM part of the cache).
+  double mlm_forward(const Tensor& sequence, const Tensor& labels, LayerContext& ctx,
+                     Cache& c) const;
+  double binary_forward(const Tensor& sequence, const Tensor& next_sentence,
+                        const LayerContext& ctx, Cache& c) const;
+  /// d sequence from both heads.
+  Tensor heads_backward(LayerContext& ctx, const Cache& c);
+  void initialise(const LayerContext& ctx, std::uint64_t seed);
+
+  ModelSpec spec_;
+  LmHeadLoss mlm_loss_;
+};
+
+}  // namespace meshtron

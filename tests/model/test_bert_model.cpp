@@ -1,0 +1,178 @@
+// BertModel on one rank, fp64: finite differences of the whole model's loss
+// against its backward on a few elements of every parameter; padding keys
+// that change nothing for the real tokens; selective and full recompute
+// bit-equal to none; bad batches as one-line errors;
+// the Hugging Face MegatronBertForPreTraining round trip, bit-exact.
+//
+// Run: ctest -R model_bert --output-on-failure   (from the build folder)
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/expect_user_error.hpp"
+#include "io/hf/hf_family.hpp"
+#include "io/hf/hf_weights.hpp"
+#include "io/hf/megatron_bert.hpp"
+#include "parallel/communicator.hpp"
+#include "tests/model/bert_fixture.hpp"
+
+namespace meshtron::bert_test {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_util::expect_user_error;
+
+struct OneRank {
+  MpiCommunicator self{MPI_COMM_SELF};
+  TensorParallelGroup tp{self};
+  LayerContext ctx = context(tp);
+};
+
+TEST(BertModel, GradientsMatchFiniteDifferences) {
+  OneRank r;
+  BertModel model(tiny_spec(), r.ctx, DType::F64, 5);
+  const BertBatch batch = tiny_batch();
+  loss_and_grads(model, batch, r.ctx);
+  const auto objective = [&] {
+    BertModel::Cache cache;
+    return model.forward(batch, r.ctx, cache);
+  };
+  int checked = 0;
+  for (Parameter* p : model.parameters()) {
+    const Tensor analytic = p->grad.clone();
+    const index_t n = p->value.numel();
+    double scale = 1e-8;
+    for (index_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(element_as_double(analytic, i)));
+    // First, middle and last elements, and the largest gradient's.
+    index_t largest = 0;
+    for (index_t i = 0; i < n; ++i)
+      if (std::fabs(element_as_double(analytic, i)) == scale) largest = i;
+    for (index_t i : {index_t(0), n / 2, n - 1, largest}) {
+      const double v = element_as_double(p->value, i), h = 1e-6;
+      set_element_from_double(p->value, i, v + h);
+      const double up = objective();
+      set_element_from_double(p->value, i, v - h);
+      const double down = objective();
+      set_element_from_double(p->value, i, v);
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_LE(std::fabs(numeric - element_as_double(analytic, i)), 1e-6 * scale)
+          << p->name << "[" << i << "] numeric " << numeric << " analytic "
+          << element_as_double(analytic, i);
+      ++checked;
+    }
+    EXPECT_GT(scale, 1e-8) << p->name << " has no gradient";
+  }
+  EXPECT_GE(checked, 4 * 30);
+}
+
+TEST(BertModel, PaddingKeysChangeNothingForRealTokens) {
+  OneRank r;
+  BertModel model(tiny_spec(), r.ctx, DType::F64, 5);
+  BertBatch batch = tiny_batch();
+  BertModel::Cache a, b;
+  const double loss = model.forward(batch, r.ctx, a);
+  for (index_t j : {4, 5}) batch.tokens.data<std::int32_t>()[j * kBatch + 1] = 13;  // padding ids
+  EXPECT_EQ(model.forward(batch, r.ctx, b), loss);
+  const Tensor la = BertModel::prediction_logits(a), lb = BertModel::prediction_logits(b);
+  const index_t v = la.dim(1);
+  for (index_t row = 0; row < kSeq * kBatch; ++row) {
+    const bool padding = row % kBatch == 1 && row / kBatch >= 4;
+    const bool same = std::memcmp(la.data<double>() + row * v, lb.data<double>() + row * v,
+                                  std::size_t(v) * sizeof(double)) == 0;
+    EXPECT_EQ(same, !padding) << "row " << row;  // a padding row's own token does change it
+  }
+  // The mask is what hides them: a real key there moves the loss.
+  batch.padding_mask.data<std::int32_t>()[kSeq + 4] = 1;
+  BertModel::Cache c;
+  EXPECT_NE(model.forward(batch, r.ctx, c), loss);
+}
+
+TEST(BertModel, RecomputeGivesTheSameLossAndGradients) {
+  // Selective recompute rebuilds the masked probabilities in the backward
+  // (from ctx's mask), full recompute each block's forward: both bit-equal.
+  OneRank r;
+  BertModel model(tiny_spec(), r.ctx, DType::F64, 5);
+  const BertBatch batch = tiny_batch();
+  const double loss = loss_and_grads(model, batch, r.ctx);
+  std::vector<std::vector<double>> grads;
+  for (Parameter* p : model.parameters()) grads.push_back(p->grad.to_doubles());
+  for (Recompute mode : {Recompute::Selective, Recompute::Full}) {
+    r.ctx.recompute = mode;
+    EXPECT_EQ(loss_and_grads(model, batch, r.ctx), loss);
+    const ParameterList params = model.parameters();
+    for (std::size_t k = 0; k < params.size(); ++k)
+      EXPECT_EQ(params[k]->grad.to_doubles(), grads[k]) << params[k]->name;
+  }
+}
+
+TEST(BertModel, BadBatchesAreOneLineErrors) {
+  OneRank r;
+  BertModel model(tiny_spec(), r.ctx, DType::F64, 5);
+  BertModel::Cache cache;
+  BertBatch wrong_mask = tiny_batch();
+  wrong_mask.padding_mask = ints({kSeq, kBatch}, std::vector<std::int32_t>(kSeq * kBatch, 1));
+  expect_user_error([&] { model.forward(wrong_mask, r.ctx, cache); },
+                    {"padding_mask must be int32 [b = 2, s = 6]", "[6, 2]"});
+  BertBatch wrong_label = tiny_batch();
+  wrong_label.labels.data<std::int32_t>()[3] = kVocab;
+  expect_user_error([&] { model.forward(wrong_label, r.ctx, cache); },
+                    {"label 30 is neither -100 nor in [0, 30)"});
+  BertBatch wrong_type = tiny_batch();
+  wrong_type.token_types.data<std::int32_t>()[0] = 2;
+  expect_user_error([&] { model.forward(wrong_type, r.ctx, cache); }, {"token type 2"});
+  BertBatch wrong_class = tiny_batch();
+  wrong_class.next_sentence.data<std::int32_t>()[1] = 2;
+  expect_user_error([&] { model.forward(wrong_class, r.ctx, cache); },
+                    {"next_sentence label 2 is not 0 or 1"});
+  ModelSpec gpt = tiny_spec();
+  gpt.model_class = ModelClass::CausalLm;
+  expect_user_error([&] { BertModel m(gpt, r.ctx, DType::F64, 1); }, {"not BERT"});
+}
+
+TEST(BertModel, HuggingFaceRoundTripIsBitExact) {
+  OneRank r;
+  ModelSpec spec = tiny_spec();
+  spec.padded_vocab_size = spec.vocab_size;  // one rank, as convert builds it
+  BertModel written(spec, r.ctx, DType::F32, 7);
+  const fs::path dir = fs::temp_directory_path() / ("meshtron_bert_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const io::HfFamily& family = io::hf_family_of_spec(spec);
+  ASSERT_EQ(family.name, "megatron_bert");
+  const std::size_t count = family.export_model(dir.string(), spec, written.parameters());
+  EXPECT_EQ(count, 3 + 2 * 16 + 2 + 2 + 4 + 1 + 2);  // embeddings, layers, heads
+
+  const io::HfFamily& read = io::hf_family_of_folder(dir.string());
+  ASSERT_EQ(read.name, "megatron_bert");
+  const ModelSpec back = read.read_spec(dir.string());
+  EXPECT_EQ(back.model_class, ModelClass::BertPretraining);
+  EXPECT_EQ(back.num_token_types, 2);
+  EXPECT_EQ(back.block.attention.mask, AttentionMask::Padding);
+  EXPECT_EQ(back.block.norm.epsilon, spec.block.norm.epsilon);
+  BertModel loaded(back, r.ctx, DType::F32, 99);
+  read.import_weights(dir.string(), back, loaded.parameters());
+  const ParameterList a = written.parameters(), b = loaded.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i]->name, b[i]->name);
+    EXPECT_EQ(std::memcmp(a[i]->value.raw(), b[i]->value.raw(), a[i]->value.bytes()), 0)
+        << a[i]->name;
+  }
+  // q, k and v apart in the file: the query of layer 0 is the first third of qkv's columns.
+  const io::HfWeights weights(dir.string());
+  const Tensor query = weights.load("bert.encoder.layer.0.attention.self.query.weight");
+  const Tensor& qkv = a[5]->value;  // after the 3 tables and layers.0.ln_1.{weight,bias}
+  ASSERT_EQ(a[5]->name, "layers.0.attention.qkv.weight");
+  EXPECT_EQ(query.data<float>()[1], qkv.data<float>()[1 * qkv.dim(1)]);  // [out 0, in 1]
+  EXPECT_FALSE(weights.contains("cls.predictions.decoder.weight"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace meshtron::bert_test

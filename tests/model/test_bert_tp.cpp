@@ -1,0 +1,64 @@
+// BertModel on tp 2 against the same model on one rank, fp64: the loss, and
+// every parameter's gradient (each local element against its global one
+// through the shard map: heads, MLP columns and rows, the vocab-parallel
+// word table and MLM bias) to 1e-10; without dropout and with it (hidden
+// and attention dropout, whose masks do not depend on the rank).
+//
+// Run: ctest -R model_bert_tp --output-on-failure   (from the build folder)
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+
+#include "common/mpi_test_util.hpp"
+#include "parallel/communicator.hpp"
+#include "tests/model/bert_fixture.hpp"
+
+namespace meshtron::bert_test {
+namespace {
+
+class BertModelTp2 : public ::testing::TestWithParam<double> {};
+
+TEST_P(BertModelTp2, LossAndGradientsMatchOneRank) {
+  if (testing_util::world_size() % 2) GTEST_SKIP() << "needs an even world";
+  MPI_Comm pair;
+  MPI_Comm_split(MPI_COMM_WORLD, testing_util::world_rank() / 2, 0, &pair);
+  {
+    MpiCommunicator self(MPI_COMM_SELF), comm(pair);
+    TensorParallelGroup one{self}, two{comm};
+    LayerContext ref_ctx = context(one), ctx = context(two);
+    ModelSpec spec = tiny_spec(2);
+    spec.hidden_dropout = spec.attention_dropout = GetParam();  // masks keyed by global index
+    BertModel ref(spec, ref_ctx, DType::F64, 3), model(spec, ctx, DType::F64, 3);
+    const BertBatch batch = tiny_batch();
+    const double ref_loss = loss_and_grads(ref, batch, ref_ctx);
+    const double loss = loss_and_grads(model, batch, ctx);
+    EXPECT_NEAR(loss, ref_loss, 1e-10 * std::fabs(ref_loss));
+    if (GetParam() > 0) {  // the masks drop something
+      BertModel plain(tiny_spec(2), ref_ctx, DType::F64, 3);
+      EXPECT_NE(loss_and_grads(plain, batch, ref_ctx), ref_loss);
+    }
+    const ParameterList got = model.parameters(), want = ref.parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      const Parameter& p = *got[k];
+      ASSERT_EQ(p.name, want[k]->name);
+      const double* g = p.grad.data<double>();
+      const double* r = want[k]->grad.data<double>();
+      int compared = 0;
+      for_each_global_index(p, ctx.tp.rank(), 2, [&](index_t local, index_t global) {
+        ++compared;
+        ASSERT_NEAR(g[local], r[global], 1e-10 * (1 + std::fabs(r[global])))
+            << p.name << " local " << local << " global " << global;
+      });
+      EXPECT_GT(compared, 0) << p.name;
+    }
+  }
+  MPI_Comm_free(&pair);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dropout, BertModelTp2, ::testing::Values(0.0, 0.2),
+                         [](const auto& info) { return info.param > 0 ? "dropout" : "no_dropout"; });
+
+}  // namespace
+}  // namespace meshtron::bert_test
