@@ -8,6 +8,7 @@
 #include "app/commands.hpp"
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
+#include "parallel/interconnect.hpp"
 #include "parallel/topology.hpp"
 #include "train/metrics.hpp"
 
@@ -93,7 +94,12 @@ int run_info(const std::vector<std::string>& args) {
   RunConfig config = read_decks(parsed, "info");
   config.validate(world);
   Topology topo(MPI_COMM_WORLD, config.parallel.degrees());
-  const auto rows = gather_rank_map(topo, /*num_gpus=*/0);
+  // Rank 0's node stands for every node (GpuLinks); on the GPU path its GPU
+  // count gives the map's gpu column, as the trainer assigns them.
+  const std::optional<GpuLinks> links = rank == 0 ? read_gpu_links() : std::nullopt;
+  int gpus = config.run.device == "cuda" && links ? links->count : 0;
+  MPI_Bcast(&gpus, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const auto rows = gather_rank_map(topo, gpus);
   // The split depends on the vocabulary: the deck's, else the tokenizer's
   // where its files are already there, else GPT-2's (info needs no data).
   std::string split;
@@ -109,7 +115,8 @@ int run_info(const std::vector<std::string>& args) {
               << config.resolved_text() << "\n"
               << "topology: world=" << topo.world_size() << " tp=" << topo.tp()
               << " pp=" << topo.pp() << " dp=" << topo.dp() << "\n"
-              << split << format_rank_map(rows);
+              << split << format_rank_map(rows) << describe_gpu_links(links) << "\n";
+    for (const std::string& line : tp_placement_warnings(rows, links)) std::cout << line << "\n";
   }
   return 0;
 }

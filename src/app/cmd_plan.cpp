@@ -21,6 +21,7 @@
 #include "config/model_spec_from_deck.hpp"
 #include "ops/ops.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/interconnect.hpp"
 #include "plan/search.hpp"
 #include "tensor/device_allocator.hpp"
 #include "train/runtime.hpp"
@@ -142,6 +143,20 @@ void print_search(const RunConfig& base, const PlanArgs& a, const plan::Rates& r
   }
   if (found.size() > 1)
     std::cout << "why the first wins over the second:\n" << plan::why_better(found[0], found[1]);
+}
+
+/// The GPU links of the machine plan runs on, taken as every node's, and
+/// the warnings for the deck's layout placed in order on nodes of
+/// `per_node` GPUs (interconnect.hpp).
+void print_placement(const RunConfig& c, int gpus, int per_node) {
+  const int tp = c.parallel.tensor_parallel, pp = c.parallel.pipeline_parallel;
+  const std::optional<GpuLinks> links = read_gpu_links();
+  std::cout << describe_gpu_links(links) << "\n";
+  const auto rows = planned_rank_map(tp, pp, gpus / (tp * pp), per_node);
+  // Host-path ranks have no GPU pairs to check, only their nodes.
+  for (const std::string& line :
+       tp_placement_warnings(rows, c.run.device == "cuda" ? links : std::nullopt))
+    std::cout << line << "\n";
 }
 
 /// Seconds per call of `f`, the best of a few after a warm-up.
@@ -280,11 +295,7 @@ int run_plan(const std::vector<std::string>& args) {
   print_memory(plan::plan_memory(c, model), budget);
   const int per_node = gpus_per_node(a, gpus, rates);
   print_step(plan::estimate_step(c, model, rates, per_node), rates);
-  if (c.parallel.tensor_parallel > per_node)
-    std::cout << "warning: the tp group (" << c.parallel.tensor_parallel
-              << " ranks) spans nodes of " << per_node
-              << " GPUs: its per-layer collectives cross the inter-node link; keep tp "
-                 "within a node (NVLink) and put pp across nodes\n";
+  print_placement(c, gpus, per_node);
   return 0;
 }
 
