@@ -48,10 +48,10 @@ std::string describe_gpu_links(const std::optional<GpuLinks>& links) {
 namespace {
 
 std::string rank_set(const std::vector<const RankMapRow*>& group) {
-  std::string s = "{";
-  for (std::size_t i = 0; i < group.size(); ++i)
-    s += (i ? "," : "") + std::to_string(group[i]->world_rank);
-  return s + "}";
+  std::ostringstream os;
+  for (std::size_t i = 0; i < group.size(); ++i) os << (i ? "," : "{") << group[i]->world_rank;
+  os << "}";
+  return os.str();
 }
 
 /// The group's hosts in rank order, each once.
@@ -107,9 +107,14 @@ std::vector<std::string> tp_placement_warnings(const std::vector<RankMapRow>& ro
   constexpr std::size_t kMostLines = 4;
   std::vector<std::string> lines;
   std::size_t more = 0;
-  for (const auto& [key, group] : groups)
-    if (std::string line = group_warning(group, links); !line.empty())
-      lines.size() < kMostLines ? lines.push_back(line) : void(++more);
+  for (const auto& [key, group] : groups) {
+    if (std::string line = group_warning(group, links); line.empty())
+      continue;
+    else if (lines.size() < kMostLines)
+      lines.push_back(line);
+    else
+      ++more;
+  }
   if (more > 0)
     lines.push_back("warning: and " + std::to_string(more) + " more tp groups placed alike");
   return lines;
