@@ -1,18 +1,37 @@
 // What the golden-model checks (tests/common/gpt2_golden.hpp,
-// tests/common/family_golden.hpp) share: the batch of the
-// validation/make_*_golden.py scripts, their tokens in meshtron's [s, b]
-// order, and one relative error per tensor.
+// tests/common/family_golden.hpp, tests/common/family_convert_golden.hpp)
+// share: where a family's golden folders are and how to make them, the batch
+// of the validation/make_*_golden.py scripts, their tokens in meshtron's
+// [s, b] order, and one relative error per tensor.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tensor/tensor.hpp"
 
 namespace meshtron::golden {
 constexpr int kBatch = 2, kSeq = 16;
+
+/// validation/<family>-golden: "gpt-neox" names validation/gpt-neox-golden
+/// (and its shards in validation/gpt-neox-golden-sharded).
+inline std::string golden_folder(const std::string& family) {
+  return std::string(MESHTRON_SOURCE_DIR) + "/validation/" + family + "-golden";
+}
+
+/// The failure message of an absent golden folder: the command of
+/// validation/make_<family>_golden.py ("gpt-neox" runs make_gpt_neox_golden.py).
+inline std::string how_to_make_golden(const std::string& family) {
+  std::string script = family;
+  std::replace(script.begin(), script.end(), '-', '_');
+  return "golden model absent: on a machine with torch and transformers run\n"
+         "  python3 validation/make_" + script + "_golden.py --out validation/" + family +
+         "-golden --sharded-out validation/" + family + "-golden-sharded\n"
+         "and commit both folders (see the script's docstring)";
+}
 
 /// max |a - b| / max(|b|_inf, tiny): one relative error per tensor.
 inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
