@@ -2,14 +2,17 @@
 // validation/<family>-golden (made by validation/make_<family>_golden.py):
 // logits and loss, every gradient in transformers' names and layouts, and
 // the losses and gradient norms of 3 AdamW steps with warmup, cosine decay
-// and clipping (validation/golden_training.py's recipe). A family's test
-// derives a fixture naming its folder, config reader and weight mapping.
+// and clipping (validation/golden_training.py's recipe). GoldenModel runs
+// the model on the golden tokens (tests/common/gpt2_golden.hpp uses it too);
+// a family's test derives a FamilyGolden fixture naming its folder, config
+// reader and weight mapping.
 // The golden folder is generated, not optional: without it the tests fail
 // and say how to make it.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -24,37 +27,22 @@
 
 namespace meshtron::golden {
 
-class FamilyGolden : public ::testing::Test {
+/// One rank's whole GptModel run on the tokens of a golden.safetensors, and
+/// the checks every golden model shares.
+class GoldenModel {
  protected:
-  using HfTensors = std::vector<std::pair<std::string, Tensor>>;
-  /// "llama" for validation/llama-golden and make_llama_golden.py.
-  virtual std::string family() const = 0;
-  /// The spec of the folder's config.json for kSeq tokens, one rank.
-  virtual ModelSpec spec_of(const std::string& dir) const = 0;
-  virtual void import(const std::string& dir, const ModelSpec& spec,
-                      const ParameterList& params) const = 0;
-  virtual HfTensors hf_tensors(const ModelSpec& spec, const ParameterList& params) const = 0;
-
-  std::string dir() const {
-    return std::string(MESHTRON_SOURCE_DIR) + "/validation/" + family() + "-golden";
-  }
-
-  void SetUp() override {
-    const std::string d = dir(), f = family();
-    ASSERT_TRUE(std::filesystem::exists(d + "/golden.safetensors"))
-        << d << ": golden model absent: on a machine with torch and transformers run\n"
-        << "  python3 validation/make_" << f << "_golden.py --out validation/" << f
-        << "-golden --sharded-out validation/" << f << "-golden-sharded\n"
-        << "and commit both folders (see the script's docstring)";
-    golden = std::make_unique<io::SafetensorsFile>(d + "/golden.safetensors");
-    config = spec_of(d);
+  /// Opens `golden_file` and builds the model of `spec` in `space`; the
+  /// caller imports its weights.
+  void build(const std::string& golden_file, const ModelSpec& spec, MemorySpace space) {
+    golden = std::make_unique<io::SafetensorsFile>(golden_file);
+    config = spec;
     ctx.seq_length = kSeq;
     ctx.micro_batch = kBatch;
     ctx.global_batch = kBatch;
     ctx.training = true;
+    ctx.space = space;
     model = std::make_unique<GptModel>(config, StagePlacement::whole_model(config.num_layers),
                                        ctx, DType::F32, 1);
-    import(d, config, model->parameters());
   }
 
   Tensor golden_tensor(const std::string& name) { return golden->load(name, DType::F32); }
@@ -67,23 +55,11 @@ class FamilyGolden : public ::testing::Test {
     const double n = double(loss.numel());
     double mean = 0;
     for (double v : loss.to_doubles()) mean += v / n;
-    Tensor dloss = Tensor::empty(loss.shape(), DType::F32);
+    EXPECT_EQ(loss.space(), ctx.space);
+    Tensor dloss = Tensor::empty(loss.shape(), DType::F32, ctx.space);
     dloss.fill(1.0 / n);
     model->backward(dloss, ctx, cache);
     return mean;
-  }
-
-  /// The gradients in transformers' names and layouts (padded vocabulary
-  /// rows still at the end of the [V_pad, h] tables).
-  HfTensors hf_gradients() {
-    std::vector<Parameter> as_values;
-    for (Parameter* p : model->parameters()) {
-      as_values.push_back(*p);
-      as_values.back().value = p->grad;
-    }
-    ParameterList list;
-    for (Parameter& p : as_values) list.push_back(&p);
-    return hf_tensors(config, list);
   }
 
   /// Step 0's loss and logits within 1e-5 of transformers'.
@@ -96,21 +72,6 @@ class FamilyGolden : public ::testing::Test {
     const std::vector<double> ours =
         logits_in_hf_order(cache.head.logits, config.vocab_size, config.padded_vocab_size);
     EXPECT_LE(rel_error(ours, golden_tensor("logits").to_doubles()), 1e-5);
-  }
-
-  /// Step 0's gradient of every parameter within 1e-4; returns how many.
-  std::size_t expect_every_gradient() {
-    GptModel::Cache cache;
-    forward_backward(0, cache);
-    std::size_t compared = 0;
-    for (const auto& [name, grad] : hf_gradients()) {
-      const Tensor expected = golden_tensor("grad." + name);
-      std::vector<double> ours = grad.to_doubles();
-      ours.resize(std::size_t(expected.numel()));  // drop padded vocabulary rows
-      EXPECT_LE(rel_error(ours, expected.to_doubles()), 1e-4) << name;
-      ++compared;
-    }
-    return compared;
   }
 
   /// Losses, learning rates and gradient norms of the 3 AdamW steps.
@@ -139,6 +100,56 @@ class FamilyGolden : public ::testing::Test {
   ModelSpec config;
   std::unique_ptr<GptModel> model;
   std::unique_ptr<io::SafetensorsFile> golden;
+};
+
+class FamilyGolden : public ::testing::Test, protected GoldenModel {
+ protected:
+  using HfTensors = std::vector<std::pair<std::string, Tensor>>;
+  /// "gpt-neox" for validation/gpt-neox-golden and make_gpt_neox_golden.py.
+  virtual std::string family() const = 0;
+  /// The spec of the folder's config.json for kSeq tokens, one rank.
+  virtual ModelSpec spec_of(const std::string& dir) const = 0;
+  virtual void import(const std::string& dir, const ModelSpec& spec,
+                      const ParameterList& params) const = 0;
+  virtual HfTensors hf_tensors(const ModelSpec& spec, const ParameterList& params) const = 0;
+
+  std::string dir() const { return golden_folder(family()); }
+
+  void SetUp() override {
+    const std::string d = dir();
+    ASSERT_TRUE(std::filesystem::exists(d + "/golden.safetensors"))
+        << d << ": " << how_to_make_golden(family());
+    build(d + "/golden.safetensors", spec_of(d), MemorySpace::Host);
+    import(d, config, model->parameters());
+  }
+
+  /// The gradients in transformers' names and layouts (padded vocabulary
+  /// rows still at the end of the [V_pad, h] tables).
+  HfTensors hf_gradients() {
+    std::vector<Parameter> as_values;
+    for (Parameter* p : model->parameters()) {
+      as_values.push_back(*p);
+      as_values.back().value = p->grad;
+    }
+    ParameterList list;
+    for (Parameter& p : as_values) list.push_back(&p);
+    return hf_tensors(config, list);
+  }
+
+  /// Step 0's gradient of every parameter within 1e-4; returns how many.
+  std::size_t expect_every_gradient() {
+    GptModel::Cache cache;
+    forward_backward(0, cache);
+    std::size_t compared = 0;
+    for (const auto& [name, grad] : hf_gradients()) {
+      const Tensor expected = golden_tensor("grad." + name);
+      std::vector<double> ours = grad.to_doubles();
+      ours.resize(std::size_t(expected.numel()));  // drop padded vocabulary rows
+      EXPECT_LE(rel_error(ours, expected.to_doubles()), 1e-4) << name;
+      ++compared;
+    }
+    return compared;
+  }
 };
 
 }  // namespace meshtron::golden

@@ -2,8 +2,9 @@
 // meshtron against Hugging Face transformers on validation/gpt2-golden
 // (made by validation/make_gpt2_golden.py): logits and loss, every gradient,
 // and the parameters after 3 AdamW steps with warmup, cosine decay and
-// clipping. A binary includes this once and instantiates the suite for its
-// memory space:
+// clipping (the run and the checks every golden model shares: GoldenModel of
+// tests/common/family_golden.hpp). A binary includes this once and
+// instantiates the suite for its memory space:
 //   INSTANTIATE_TEST_SUITE_P(Host, Gpt2Golden, ::testing::Values(MemorySpace::Host));
 // The GPU instance skips (exit 0) where no GPU is present.
 #pragma once
@@ -14,63 +15,28 @@
 #include <cmath>
 #include <filesystem>
 
-#include "common/golden_tokens.hpp"
+#include "common/family_golden.hpp"
 #include "io/hf/gpt2_config.hpp"
 #include "io/hf/gpt2.hpp"
-#include "io/safetensors.hpp"
-#include "model/gpt_model.hpp"
 #include "tensor/device_allocator.hpp"
-#include "train/lr_schedule.hpp"
-#include "train/optimizer.hpp"
 
 namespace meshtron::golden {
 namespace {
 
-const std::string kDir = std::string(MESHTRON_SOURCE_DIR) + "/validation/gpt2-golden";
+const std::string kDir = golden_folder("gpt2");
 
-class Gpt2Golden : public ::testing::TestWithParam<MemorySpace> {
+class Gpt2Golden : public ::testing::TestWithParam<MemorySpace>, protected GoldenModel {
  protected:
   void SetUp() override {
     if (GetParam() == MemorySpace::Cuda && device::cuda_device_count() == 0)
       GTEST_SKIP() << "no GPU";
     if (!std::filesystem::exists(kDir + "/golden.safetensors"))
       GTEST_SKIP() << "golden files absent: run validation/make_gpt2_golden.py";
-    golden = std::make_unique<io::SafetensorsFile>(kDir + "/golden.safetensors");
     const auto hf = io::read_hf_gpt2_config(kDir);
-    config = io::model_spec_from_hf(hf, kSeq, /*divisible_by=*/128, /*tp=*/1);
-    ctx.seq_length = kSeq;
-    ctx.micro_batch = kBatch;
-    ctx.global_batch = kBatch;
-    ctx.training = true;
-    ctx.space = GetParam();
-    model = std::make_unique<GptModel>(config, StagePlacement::whole_model(config.num_layers),
-                                       ctx, DType::F32, 1);
+    build(kDir + "/golden.safetensors",
+          io::model_spec_from_hf(hf, kSeq, /*divisible_by=*/128, /*tp=*/1), GetParam());
     io::import_hf_gpt2(kDir, model->parameters(), 0, 1);
   }
-
-  Tensor golden_tensor(const std::string& name) { return golden->load(name, DType::F32); }
-
-  /// Forward + backward of step k; returns the mean loss.
-  double forward_backward(int k, GptModel::Cache& cache) {
-    Tensor ids, targets;
-    step_tokens(golden->load("tokens"), k, ids, targets);
-    Tensor loss = model->forward(ids, targets, ctx, cache);
-    const double n = double(loss.numel());
-    double mean = 0;
-    for (double v : loss.to_doubles()) mean += v / n;
-    EXPECT_EQ(loss.space(), GetParam());
-    Tensor dloss = Tensor::empty(loss.shape(), DType::F32, GetParam());
-    dloss.fill(1.0 / n);
-    model->backward(dloss, ctx, cache);
-    return mean;
-  }
-
-  MpiCommunicator self{MPI_COMM_SELF};
-  TensorParallelGroup tp{self};
-  LayerContext ctx{tp};
-  ModelSpec config;
-  std::unique_ptr<GptModel> model;
-  std::unique_ptr<io::SafetensorsFile> golden;
 };
 
 TEST_P(Gpt2Golden, EveryParameterLivesInTheRunsMemorySpace) {
@@ -80,17 +46,7 @@ TEST_P(Gpt2Golden, EveryParameterLivesInTheRunsMemorySpace) {
   }
 }
 
-TEST_P(Gpt2Golden, LogitsAndLossMatchTransformers) {
-  GptModel::Cache cache;
-  const double loss = forward_backward(0, cache);
-  const double expected_loss = golden_tensor("losses").to_doubles()[0];
-  EXPECT_LE(std::fabs(loss - expected_loss) / expected_loss, 1e-5)
-      << loss << " vs " << expected_loss;
-
-  const std::vector<double> ours =
-      golden::logits_in_hf_order(cache.head.logits, config.vocab_size, config.padded_vocab_size);
-  EXPECT_LE(rel_error(ours, golden_tensor("logits").to_doubles()), 1e-5);
-}
+TEST_P(Gpt2Golden, LogitsAndLossMatchTransformers) { expect_logits_and_loss(); }
 
 TEST_P(Gpt2Golden, EveryGradientMatchesTransformers) {
   GptModel::Cache cache;
@@ -104,22 +60,8 @@ TEST_P(Gpt2Golden, EveryGradientMatchesTransformers) {
 }
 
 TEST_P(Gpt2Golden, ParametersAfterThreeAdamWStepsMatchTorch) {
-  MpiCommunicator self2{MPI_COMM_SELF};
-  OptimizerGroups groups{self, self, self2, nullptr};
-  AdamWConfig adam{0.9, 0.95, 1e-8, 0.1, 1.0};
-  AdamW optimizer(model->parameters(), adam, nullptr);
-  LrSchedule schedule{1e-3, 1e-4, 2, 4, "cosine"};
-  const auto losses = golden_tensor("losses").to_doubles();
-  const auto norms = golden_tensor("grad_norms").to_doubles();
+  expect_three_adamw_steps();
   const auto lrs = golden_tensor("lrs").to_doubles();
-  for (int k = 0; k < 3; ++k) {
-    GptModel::Cache cache;
-    const double loss = forward_backward(k, cache);
-    EXPECT_NEAR(schedule.at(k + 1), lrs[k], 1e-10);
-    const StepStats stats = optimizer.step(schedule.at(k + 1), groups, true);
-    EXPECT_LE(std::fabs(loss - losses[k]) / losses[k], 1e-5) << "step " << k + 1;
-    EXPECT_LE(std::fabs(stats.grad_norm - norms[k]) / norms[k], 1e-5) << "step " << k + 1;
-  }
   // Adam divides each gradient by its own running RMS, so an element whose
   // true gradient is ~0 (the key bias: softmax ignores a per-row shift, so
   // its gradient vanishes exactly) takes lr-sized steps driven by fp32
