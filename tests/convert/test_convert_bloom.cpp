@@ -4,15 +4,11 @@
 // config.json mapping and its errors. The golden model's round trip:
 // test_convert_bloom_golden.cpp.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <random>
 
 #include "app/commands.hpp"
+#include "common/convert_test_util.hpp"
 #include "common/expect_user_error.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hf/bloom.hpp"
@@ -22,23 +18,9 @@
 namespace meshtron {
 namespace {
 
-namespace fs = std::filesystem;
 using testing_util::expect_user_error;
 
-class BloomIo : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir = fs::temp_directory_path() / ("meshtron_bloom_" + std::to_string(getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  void TearDown() override { fs::remove_all(dir); }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(file(name)) << text;
-  }
-  fs::path dir;
-};
+class BloomIo : public testing_util::ScratchFolderTest {};
 
 constexpr index_t kHidden = 12, kHeads = 3, kVocab = 10;  // head_dim 4
 
@@ -54,13 +36,7 @@ io::HfBloomConfig tiny_config() {
 
 /// Random tensors of tiny_config() in transformers' names and layouts.
 std::vector<std::pair<std::string, Tensor>> random_hf_tensors(const std::string& prefix) {
-  std::mt19937 rng(11);
-  std::normal_distribution<float> dist;
-  auto t = [&](Shape shape) {
-    Tensor x = Tensor::empty(std::move(shape));
-    for (index_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
-    return x;
-  };
+  testing_util::RandomTensors t(11);
   const index_t h = kHidden;
   std::vector<std::pair<std::string, Tensor>> out = {
       {prefix + "word_embeddings.weight", t({kVocab, h})},

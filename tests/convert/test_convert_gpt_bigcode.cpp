@@ -3,17 +3,15 @@
 // holds them, convert's round trip bit for bit, and the config values
 // meshtron does not compute rejected in one line.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
-#include <random>
 
-#include "common/expect_user_error.hpp"
 #include "app/commands.hpp"
+#include "common/convert_test_util.hpp"
 #include "common/error.hpp"
+#include "common/expect_user_error.hpp"
 #include "io/hf/gpt_bigcode.hpp"
 #include "io/hf/gpt_bigcode_config.hpp"
 #include "io/hf/hf_weights.hpp"
@@ -21,8 +19,7 @@
 namespace meshtron {
 namespace {
 
-namespace fs = std::filesystem;
-
+using testing_util::at;
 using testing_util::expect_user_error;
 
 /// n_embd 8, 2 heads of 4 sharing one k and one v head, n_inner 12,
@@ -36,13 +33,7 @@ constexpr const char* kConfig = R"({
 
 /// Random tensors of kConfig in transformers' layouts (nn.Linear [out, in]).
 std::vector<std::pair<std::string, Tensor>> random_hf_tensors() {
-  std::mt19937 rng(11);
-  std::normal_distribution<float> dist;
-  auto t = [&](Shape shape) {
-    Tensor x = Tensor::empty(std::move(shape));
-    for (index_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
-    return x;
-  };
+  testing_util::RandomTensors t(11);
   const std::string l = "transformer.h.0.";
   return {{"transformer.wte.weight", t({10, 8})},
           {"transformer.wpe.weight", t({16, 8})},
@@ -63,31 +54,20 @@ std::vector<std::pair<std::string, Tensor>> random_hf_tensors() {
           {"lm_head.weight", t({10, 8})}};
 }
 
-float at(const Tensor& t, index_t row, index_t col) { return t.data<float>()[row * t.dim(1) + col]; }
-
-class GptBigCodeIo : public ::testing::Test {
+class GptBigCodeIo : public testing_util::ScratchFolderTest {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("meshtron_bigcode_" + std::to_string(getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir / "hf");
-    std::ofstream(file("hf/config.json")) << kConfig;
+    ScratchFolderTest::SetUp();
+    write_config("hf", kConfig);
     io::write_hf_weights(file("hf"), hf);
     by_name.insert(hf.begin(), hf.end());
   }
-  void TearDown() override { fs::remove_all(dir); }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-  void write_config(const std::string& name, const std::string& text) const {
-    fs::create_directories(dir / name);
-    std::ofstream(file(name + "/config.json")) << text;
-  }
-  fs::path dir;
   std::vector<std::pair<std::string, Tensor>> hf = random_hf_tensors();
   std::map<std::string, Tensor> by_name;
 };
 
 /// The parameters of a 1-rank model of `c` (names and global shapes), zero.
-struct Params {
+struct Params : testing_util::ZeroParams {
   explicit Params(const ModelSpec& c) {
     const index_t h = c.hidden_size, f = c.ffn_hidden_size();
     const index_t qkv = c.block.attention.qkv_width();
@@ -98,24 +78,6 @@ struct Params {
     add("layers.0.mlp.fc.weight", {h, f});
     add("layers.0.mlp.proj.weight", {f, h});
   }
-  void add(const std::string& name, Shape shape) {
-    Parameter p;
-    p.name = name;
-    p.global_shape = shape;
-    p.value = Tensor::zeros(shape);
-    store.push_back(std::move(p));
-  }
-  ParameterList list() {
-    ParameterList out;
-    for (Parameter& p : store) out.push_back(&p);
-    return out;
-  }
-  const Tensor& operator[](const std::string& name) const {
-    for (const Parameter& p : store)
-      if (p.name == name) return p.value;
-    throw std::runtime_error("no parameter " + name);
-  }
-  std::vector<Parameter> store;
 };
 
 TEST_F(GptBigCodeIo, ConfigMapsToGpt2BlockWithOneQueryGroup) {

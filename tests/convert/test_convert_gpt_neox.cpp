@@ -4,15 +4,14 @@
 // and sequential residuals), both spellings of the rotary settings, and the
 // config values meshtron does not compute rejected in one line.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <random>
 
 #include "app/commands.hpp"
+#include "common/convert_test_util.hpp"
 #include "common/error.hpp"
 #include "common/expect_user_error.hpp"
 #include "io/hf/gpt_neox.hpp"
@@ -24,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using testing_util::at;
 using testing_util::expect_user_error;
 
 /// hidden 8, 2 heads of 4 (rotary over 2 of them), ffn 12, vocab 10, 16
@@ -40,13 +40,7 @@ std::string config_text(bool parallel_residual) {
 
 /// Random tensors of config_text() in transformers' layouts (nn.Linear [out, in]).
 std::vector<std::pair<std::string, Tensor>> random_hf_tensors() {
-  std::mt19937 rng(23);
-  std::normal_distribution<float> dist;
-  auto t = [&](Shape shape) {
-    Tensor x = Tensor::empty(std::move(shape));
-    for (index_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
-    return x;
-  };
+  testing_util::RandomTensors t(23);
   const std::string l = "gpt_neox.layers.0.";
   return {{"gpt_neox.embed_in.weight", t({10, 8})},
           {l + "input_layernorm.weight", t({8})},
@@ -66,53 +60,25 @@ std::vector<std::pair<std::string, Tensor>> random_hf_tensors() {
           {"embed_out.weight", t({10, 8})}};
 }
 
-float at(const Tensor& t, index_t row, index_t col) { return t.data<float>()[row * t.dim(1) + col]; }
-
-class GptNeoxIo : public ::testing::Test {
+class GptNeoxIo : public testing_util::ScratchFolderTest {
  protected:
   void SetUp() override {
-    dir = fs::temp_directory_path() / ("meshtron_neox_" + std::to_string(getpid()));
-    fs::remove_all(dir);
+    ScratchFolderTest::SetUp();
     write_config("hf", config_text(true));
     io::write_hf_weights(file("hf"), hf);
     by_name.insert(hf.begin(), hf.end());
   }
-  void TearDown() override { fs::remove_all(dir); }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-  void write_config(const std::string& name, const std::string& text) const {
-    fs::create_directories(dir / name);
-    std::ofstream(file(name + "/config.json")) << text;
-  }
-  fs::path dir;
   std::vector<std::pair<std::string, Tensor>> hf = random_hf_tensors();
   std::map<std::string, Tensor> by_name;
 };
 
 /// The qkv parameters of a 1-rank model of `c` (names and global shapes), zero.
-struct QkvParams {
+struct QkvParams : testing_util::ZeroParams {
   explicit QkvParams(const ModelSpec& c) {
     const index_t h = c.hidden_size, qkv = c.block.attention.qkv_width();
     add("layers.0.attention.qkv.weight", {h, qkv});
     add("layers.0.attention.qkv.bias", {qkv});
   }
-  void add(const std::string& name, Shape shape) {
-    Parameter p;
-    p.name = name;
-    p.global_shape = shape;
-    p.value = Tensor::zeros(shape);
-    store.push_back(std::move(p));
-  }
-  ParameterList list() {
-    ParameterList out;
-    for (Parameter& p : store) out.push_back(&p);
-    return out;
-  }
-  const Tensor& operator[](const std::string& name) const {
-    for (const Parameter& p : store)
-      if (p.name == name) return p.value;
-    throw std::runtime_error("no parameter " + name);
-  }
-  std::vector<Parameter> store;
 };
 
 TEST(GptNeoxMapping, NamesEveryTensorOfTheTable) {

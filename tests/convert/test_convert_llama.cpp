@@ -3,16 +3,15 @@
 // the config.json mapping, and convert's family dispatch. The golden
 // model's round trip: test_convert_llama_golden.cpp.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
-#include "common/expect_user_error.hpp"
 #include "app/commands.hpp"
+#include "common/convert_test_util.hpp"
 #include "common/error.hpp"
+#include "common/expect_user_error.hpp"
 #include "io/hf/hf_weights.hpp"
 #include "io/hf/llama.hpp"
 #include "io/hf/llama_config.hpp"
@@ -22,22 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using testing_util::at;
 using testing_util::expect_user_error;
 
-class LlamaIo : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir = fs::temp_directory_path() / ("meshtron_llama_" + std::to_string(getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  void TearDown() override { fs::remove_all(dir); }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(file(name)) << text;
-  }
-  fs::path dir;
-};
+class LlamaIo : public testing_util::ScratchFolderTest {};
 
 // ---------------------------------------------------------------- names ---
 
@@ -86,7 +73,7 @@ ModelSpec tiny_llama() {
 
 /// The parameters a 1-rank model of tiny_llama() holds (names and global
 /// shapes), zero-valued.
-struct TinyParams {
+struct TinyParams : testing_util::ZeroParams {
   explicit TinyParams(const ModelSpec& c) {
     const index_t h = c.hidden_size, f = c.ffn_hidden_size();
     add("embedding.word.weight", {c.vocab_size, h});
@@ -99,35 +86,11 @@ struct TinyParams {
     add("final_norm.weight", {h});
     add("output_layer.weight", {c.vocab_size, h});
   }
-  void add(const std::string& name, Shape shape) {
-    Parameter p;
-    p.name = name;
-    p.global_shape = shape;
-    p.value = Tensor::zeros(shape);
-    store.push_back(std::move(p));
-  }
-  ParameterList list() {
-    ParameterList out;
-    for (Parameter& p : store) out.push_back(&p);
-    return out;
-  }
-  Parameter& operator[](const std::string& name) {
-    for (Parameter& p : store)
-      if (p.name == name) return p;
-    throw std::runtime_error("no parameter " + name);
-  }
-  std::vector<Parameter> store;
 };
 
 /// Random Hugging Face tensors of tiny_llama(), in transformers' layouts.
 std::vector<std::pair<std::string, Tensor>> random_hf_tensors() {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> dist;
-  auto t = [&](Shape shape) {
-    Tensor x = Tensor::empty(std::move(shape));
-    for (index_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
-    return x;
-  };
+  testing_util::RandomTensors t(7);
   const std::string l = "model.layers.0.";
   return {{"model.embed_tokens.weight", t({10, 8})},
           {l + "input_layernorm.weight", t({8})},
@@ -142,8 +105,6 @@ std::vector<std::pair<std::string, Tensor>> random_hf_tensors() {
           {"model.norm.weight", t({8})},
           {"lm_head.weight", t({10, 8})}};
 }
-
-float at(const Tensor& t, index_t row, index_t col) { return t.data<float>()[row * t.dim(1) + col]; }
 
 TEST_F(LlamaIo, ImportPlacesPartsTransposedAndExportRestoresThemBitForBit) {
   const ModelSpec spec = tiny_llama();
@@ -162,8 +123,8 @@ TEST_F(LlamaIo, ImportPlacesPartsTransposedAndExportRestoresThemBitForBit) {
     TinyParams params(spec);
     io::import_hf_llama(model_dir, spec, params.list(), 0, 1);
     const std::string l = "model.layers.0.";
-    const Tensor& qkv = params["layers.0.attention.qkv.weight"].value;
-    const Tensor& fc = params["layers.0.mlp.fc.weight"].value;
+    const Tensor& qkv = params["layers.0.attention.qkv.weight"];
+    const Tensor& fc = params["layers.0.mlp.fc.weight"];
     for (index_t i = 0; i < 8; ++i) {  // meshtron [in, out] = HF [out, in]^T, parts side by side
       for (index_t o = 0; o < 8; ++o)
         EXPECT_EQ(at(qkv, i, o), at(by_name[l + "self_attn.q_proj.weight"], o, i));
@@ -176,9 +137,9 @@ TEST_F(LlamaIo, ImportPlacesPartsTransposedAndExportRestoresThemBitForBit) {
         EXPECT_EQ(at(fc, i, 6 + o), at(by_name[l + "mlp.up_proj.weight"], o, i));
       }
     }
-    EXPECT_EQ(at(params["layers.0.mlp.proj.weight"].value, 5, 7),
+    EXPECT_EQ(at(params["layers.0.mlp.proj.weight"], 5, 7),
               at(by_name[l + "mlp.down_proj.weight"], 7, 5));
-    EXPECT_EQ(at(params["output_layer.weight"].value, 9, 3), at(by_name["lm_head.weight"], 9, 3));
+    EXPECT_EQ(at(params["output_layer.weight"], 9, 3), at(by_name["lm_head.weight"], 9, 3));
 
     const auto back = io::hf_llama_tensors(spec, params.list());
     ASSERT_EQ(back.size(), hf.size());
