@@ -8,19 +8,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "data/bert_tokenizer.hpp"
-#include "tokenizer_test_data.hpp"
+#include "js_reference.hpp"
 
 namespace fs = std::filesystem;
 using meshtron::data::BertWordPieceTokenizer;
-using Ids = std::vector<int32_t>;
 using namespace meshtron::data::testing_data;
 
 namespace {
@@ -46,31 +42,11 @@ class BertReference : public ::testing::TestWithParam<bool> {
   }
 
   void expect_same_ids(const std::vector<std::string>& texts) const {
-    const fs::path input = scratch_ / "input.jsonl", output = scratch_ / "reference.ids";
-    {
-      std::ofstream jsonl(input, std::ios::binary);
-      for (const std::string& text : texts) jsonl << nlohmann::json{{"text", text}}.dump() << "\n";
-    }
-    const std::string command =
-        shell_quote(MESHTRON_NODE_EXECUTABLE) + " " +
-        shell_quote((kSourceDir / "tests/tokenizer/reference_encode_bert.js").string()) + " " +
-        shell_quote(data_dir().string()) + " " + shell_quote(vocab_file().string()) + " " +
-        (GetParam() ? "lowercase" : "cased") + " " + shell_quote(input.string()) + " " +
-        shell_quote(output.string());
-    ASSERT_EQ(std::system(command.c_str()), 0) << "failed: " << command;
-    const std::vector<Ids> reference = read_id_lines(output);
-    ASSERT_EQ(reference.size(), texts.size());
-    int reported = 0;
-    for (std::size_t d = 0; d < texts.size() && reported < 5; ++d) {
-      const Ids ours = tokenizer_->encode(texts[d]);
-      if (ours == reference[d]) continue;
-      ++reported;
-      std::size_t at = 0;
-      while (at < ours.size() && at < reference[d].size() && ours[at] == reference[d][at]) ++at;
-      ADD_FAILURE() << "text " << d << " " << nlohmann::json(texts[d]).dump()
-                    << ": ids differ at token " << at << " (ours " << ours.size()
-                    << " tokens, reference " << reference[d].size() << ")";
-    }
+    const std::string args = shell_quote(data_dir().string()) + " " +
+                             shell_quote(vocab_file().string()) + " " +
+                             (GetParam() ? "lowercase" : "cased");
+    expect_same_ids_as_js([this](const std::string& text) { return tokenizer_->encode(text); },
+                          "reference_encode_bert.js", args, texts, scratch_);
   }
 
   std::unique_ptr<BertWordPieceTokenizer> tokenizer_;
@@ -78,10 +54,7 @@ class BertReference : public ::testing::TestWithParam<bool> {
 };
 
 TEST_P(BertReference, HardStrings) {
-  std::vector<std::string> texts;
-  std::istringstream in(read_bytes(kSourceDir / "tests/tokenizer/hard_strings.txt"));
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) texts.push_back(line);
+  const std::vector<std::string> texts = hard_string_lines();
   ASSERT_GT(texts.size(), 20u);
   expect_same_ids(texts);
 }

@@ -9,24 +9,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "data/gpt2_tokenizer.hpp"
-#include "tokenizer_test_data.hpp"
+#include "js_reference.hpp"
 
 namespace fs = std::filesystem;
 using meshtron::data::Gpt2Tokenizer;
-using Ids = std::vector<int32_t>;
 using namespace meshtron::data::testing_data;
 
 namespace {
-
-const fs::path kSourceDir = MESHTRON_SOURCE_DIR;
 
 class HfReference : public ::testing::Test {
  protected:
@@ -57,39 +51,9 @@ class HfReference : public ::testing::Test {
 
   /// Writes `texts` as JSON lines and compares our ids with the reference's.
   void expect_same_ids(const std::vector<std::string>& texts) const {
-    const fs::path input = scratch_ / "input.jsonl", output = scratch_ / "reference.ids";
-    {
-      std::ofstream jsonl(input, std::ios::binary);
-      for (const std::string& text : texts) jsonl << nlohmann::json{{"text", text}}.dump() << "\n";
-    }
-    const std::string command =
-        shell_quote(MESHTRON_NODE_EXECUTABLE) + " " +
-        shell_quote((kSourceDir / "tests/tokenizer/reference_encode_hf.js").string()) + " " +
-        shell_quote(data_dir().string()) + " jsonl " + shell_quote(input.string()) + " " +
-        shell_quote(output.string());
-    ASSERT_EQ(std::system(command.c_str()), 0) << "failed: " << command;
-    const std::vector<Ids> reference = read_id_lines(output);
-    ASSERT_EQ(reference.size(), texts.size());
-    int reported = 0;
-    for (std::size_t d = 0; d < texts.size() && reported < 5; ++d) {
-      const Ids ours = tokenizer_->encode(texts[d]);
-      if (ours == reference[d]) continue;
-      ++reported;
-      std::size_t at = 0;
-      while (at < ours.size() && at < reference[d].size() && ours[at] == reference[d][at]) ++at;
-      ADD_FAILURE() << "text " << d << " " << nlohmann::json(texts[d]).dump(-1, ' ', false,
-                                                                    nlohmann::json::error_handler_t::replace)
-                    << ": ids differ at token " << at << " (ours " << ours.size()
-                    << " tokens, reference " << reference[d].size() << ")";
-    }
-  }
-
-  std::vector<std::string> hard_lines() const {
-    std::vector<std::string> lines;
-    std::istringstream in(read_bytes(kSourceDir / "tests/tokenizer/hard_strings.txt"));
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty()) lines.push_back(line);
-    return lines;
+    expect_same_ids_as_js([](const std::string& text) { return tokenizer_->encode(text); },
+                          "reference_encode_hf.js", shell_quote(data_dir().string()) + " jsonl",
+                          texts, scratch_);
   }
 
   static Gpt2Tokenizer* tokenizer_;  // Owned.
@@ -104,11 +68,11 @@ TEST_F(HfReference, Llama3VocabularyAndEod) {
   EXPECT_EQ(tokenizer_->eod_id(), 128001);  // <|end_of_text|>
 }
 
-TEST_F(HfReference, HardStringsLineByLine) { expect_same_ids(hard_lines()); }
+TEST_F(HfReference, HardStringsLineByLine) { expect_same_ids(hard_string_lines()); }
 
 TEST_F(HfReference, SpecialTokensBetweenText) {
   std::vector<std::string> texts;
-  for (const std::string& line : hard_lines())
+  for (const std::string& line : hard_string_lines())
     texts.push_back("<|begin_of_text|>" + line + "<|eot_id|><|end_of_text|>x" + line);
   const Ids ids = tokenizer_->encode(texts.front());
   ASSERT_FALSE(ids.empty());
