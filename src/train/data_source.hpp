@@ -8,23 +8,13 @@
 #include <memory>
 #include <vector>
 
+#include "model/stage_model.hpp"
 #include "tensor/tensor.hpp"
 
 namespace meshtron {
 
 struct RunConfig;
 namespace data { class GptDataset; }
-
-/// One micro-batch as the model consumes it: rows in [s, b] order.
-struct MicroBatch {
-  Tensor ids;      ///< int32 [s * b]
-  Tensor targets;  ///< int32 [s * b]
-  index_t sample_offset = 0;  ///< index of its first sample within the step
-  /// Evaluation only: host float32 [s * b], 1 where the target counts, 0 for
-  /// padding (rows shorter than s + 1, samples past the end of a split);
-  /// undefined = every target counts.
-  Tensor loss_mask;
-};
 
 /// tokens [b, s+1] (sample-major, as read) -> ids / targets in [s, b] order.
 MicroBatch to_seq_major(const Tensor& tokens, index_t sample_offset);
