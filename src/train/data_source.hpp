@@ -14,10 +14,18 @@
 namespace meshtron {
 
 struct RunConfig;
-namespace data { class GptDataset; }
+namespace data {
+class GptDataset;
+struct BertSample;
+struct SpecialTokens;
+}
 
 /// tokens [b, s+1] (sample-major, as read) -> ids / targets in [s, b] order.
 MicroBatch to_seq_major(const Tensor& tokens, index_t sample_offset);
+/// BERT samples (each [s]) -> a micro-batch in [s, b] order: ids = tokens,
+/// targets = labels, token types, padding mask [b, s], next_sentence =
+/// is_random.
+MicroBatch bert_micro_batch(const std::vector<data::BertSample>& samples, index_t sample_offset);
 
 class DataSource {
  public:
@@ -48,5 +56,13 @@ std::unique_ptr<DataSource> make_synthetic_data(const DataLayout& layout, int vo
 /// The indexed dataset at run.data.path, split by run.data.split.
 std::unique_ptr<DataSource> make_indexed_data(const RunConfig& run, const DataLayout& layout,
                                               int vocab_size);
+/// model.arch = bert: random BERT batches (tokens, a two-segment split,
+/// padding, 15 % labels, binary labels) hashed from (seed, sample): for tests.
+std::unique_ptr<DataSource> make_synthetic_bert_data(const DataLayout& layout, int vocab_size);
+/// model.arch = bert: Megatron's BERT samples (data::BertSamples, its
+/// defaults) over the documents of run.data.path (a --split-sentences
+/// dataset) split by run.data.split, the special ids `special`.
+std::unique_ptr<DataSource> make_indexed_bert_data(const RunConfig& run, const DataLayout& layout,
+                                                   const data::SpecialTokens& special);
 
 }  // namespace meshtron
