@@ -49,6 +49,9 @@ RunConfig with_evaluation_batch(RunConfig c) {
 }
 
 std::unique_ptr<EvalRows> rows_to_score(const RunConfig& c, int vocab) {
+  MESH_REQUIRE(c.model.arch != "bert",
+               "meshtron evaluate scores causal LMs; BERT's MLM loss and binary-head accuracy "
+               "are not built yet (model.arch = bert)");
   if (!c.evaluate.inputs.empty()) return jsonl_rows(c.evaluate.inputs, c.model.seq_length, vocab);
   MESH_REQUIRE(!c.data.path.empty(), "evaluate.split = " << c.evaluate.split
                                          << " needs data.path (or evaluate.inputs)");

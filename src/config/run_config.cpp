@@ -699,6 +699,8 @@ void require_bert_buildable(const RunConfig& c) {
                "(parallel.sequence_parallel = false)");
   MESH_REQUIRE(!c.training.cuda_graphs,
                "model.arch = bert: training.cuda_graphs needs a model without host reads");
+  MESH_REQUIRE(c.logging.sample_interval == 0,
+               "model.arch = bert: logging.sample_interval generates text, which needs a GPT model");
 }
 
 /// parallel.collective_timeout_s and its test hook.

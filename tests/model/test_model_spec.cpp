@@ -148,6 +148,14 @@ TEST(ModelSpec, BertArchIsTheEncoderWithTwoTokenTypes) {
                     {"model.num_token_types = 2 needs model.arch = bert"});
   expect_user_error([] { spec_of_deck("arch = bert\nnum_token_types = 0\n"); },
                     {"model.arch = bert needs model.num_token_types > 0"});
+  expect_user_error(
+      [] {
+        RunConfig c = RunConfig::from_text(
+            "[model]\narch = bert\nnum_layers = 2\nhidden_size = 64\nnum_attention_heads = 8\n",
+            {"logging.sample_interval=10"});
+        c.validate(1);
+      },
+      {"model.arch = bert: logging.sample_interval"});
   for (const char* unbuilt : {"parallel.pipeline_parallel=2", "parallel.sequence_parallel=true"})
     expect_user_error(
         [&] {
