@@ -228,6 +228,24 @@ double BertModel::binary_forward(const Tensor& sequence, const Tensor& next_sent
   return total / double(b);
 }
 
+BertModel::Scores BertModel::scores(const Cache& c) {
+  Scores s;
+  const std::vector<double> loss = c.mlm_losses.to_doubles(), w = c.mlm_weights.to_doubles();
+  for (std::size_t i = 0; i < loss.size(); ++i)
+    if (w[i] > 0) {
+      s.mlm_loss_sum += loss[i];
+      s.labelled += 1;
+    }
+  const std::vector<double> logits = c.binary_logits.to_doubles();
+  const std::vector<std::int32_t> target = ints(c.binary_targets);
+  for (std::size_t j = 0; j < target.size(); ++j) {
+    const int predicted = logits[2 * j + 1] > logits[2 * j] ? 1 : 0;
+    s.binary_correct += predicted == target[j];
+    s.samples += 1;
+  }
+  return s;
+}
+
 Tensor BertModel::heads_backward(LayerContext& ctx, const Cache& c, const Tensor& dmlm,
                                  const Tensor& dbinary) {
   Tensor dnormed = mlm_loss_.backward(dmlm, ctx, c.mlm);

@@ -105,6 +105,14 @@ class BertModel final : public StageModel {
   const StagePlacement& placement() const override { return placement_; }
   Parameter* head_word_weight() override { return &embedding.word; }
 
+  /// What `meshtron evaluate` reports of a forward: the MLM cross-entropy
+  /// summed over the labelled tokens and their number, the binary head's
+  /// right answers (argmax) and the samples.
+  struct Scores {
+    double mlm_loss_sum = 0, labelled = 0, binary_correct = 0, samples = 0;
+  };
+  static Scores scores(const Cache& c);
+
   /// This rank's vocabulary shard of the prediction logits [s*b, V_pad/tp]
   /// (bias included), and the binary head's logits [b, 2].
   static const Tensor& prediction_logits(const Cache& c) { return c.mlm.logits; }

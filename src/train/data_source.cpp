@@ -104,43 +104,22 @@ class IndexedBertData final : public DataSource {
  public:
   IndexedBertData(const RunConfig& run, const DataLayout& l, const data::SpecialTokens& special)
       : l_(l), vocab_(int(special.vocab_size)) {
-    auto indexed = std::make_shared<data::IndexedDataset>(run.data.path);
-    data::BertSamplesConfig cfg;
-    cfg.seq_length = l.seq_length;
-    cfg.seed = std::uint32_t(l.seed);
-    const std::array<std::int64_t, 2> samples = {
-        std::int64_t(l.train_iters) * l.global_batch,
-        std::int64_t(std::max<long>(l.eval_batches, 1)) * l.global_batch};
-    for (int k = 0; k < 2; ++k) {
-      const auto [first, end] = split_documents(run.data.split, indexed->num_documents(), k);
-      if (end > first)
-        sets_[std::size_t(k)] = std::make_unique<data::BertSamples>(
-            indexed, first, end, samples[std::size_t(k)], cfg, special);
-    }
+    sets_[0] = bert_split_samples(run, 0, std::int64_t(l.train_iters) * l.global_batch, special);
+    sets_[1] = bert_split_samples(
+        run, 1, std::int64_t(std::max<long>(l.eval_batches, 1)) * l.global_batch, special);
     MESH_REQUIRE(sets_[0] != nullptr, "data.split '" << run.data.split
                                                      << "' leaves no training documents");
   }
   std::vector<MicroBatch> train_step(long step) override {
-    return batch(*sets_[0], (step - 1) * l_.global_batch);
+    return bert_batch(*sets_[0], l_, (step - 1) * l_.global_batch);
   }
   std::vector<MicroBatch> eval_batch(long k) override {
     MESH_REQUIRE(sets_[1] != nullptr, "evaluation needs a validation split (data.split)");
-    return batch(*sets_[1], (k % std::max<long>(l_.eval_batches, 1)) * l_.global_batch);
+    return bert_batch(*sets_[1], l_, (k % std::max<long>(l_.eval_batches, 1)) * l_.global_batch);
   }
   int vocab_size() const override { return vocab_; }
 
  private:
-  std::vector<MicroBatch> batch(const data::BertSamples& set, std::int64_t step_start) const {
-    data::PretrainingSampler sampler(set.size(), 0, l_.global_batch, l_.micro_batch,
-                                     l_.dp_rank, l_.dp_size);
-    std::vector<MicroBatch> out;
-    for (index_t m = 0; m < l_.micro_batches(); ++m) {
-      std::vector<data::BertSample> samples;
-      for (std::int64_t i : sampler.micro_batch(step_start, m)) samples.push_back(set.sample(i));
-      out.push_back(bert_micro_batch(samples, l_.sample_offset(m)));
-    }
-    return out;
-  }
   DataLayout l_;
   int vocab_;
   std::array<std::unique_ptr<data::BertSamples>, 2> sets_;
@@ -252,6 +231,31 @@ std::unique_ptr<DataSource> make_synthetic_bert_data(const DataLayout& layout, i
 std::unique_ptr<DataSource> make_indexed_bert_data(const RunConfig& run, const DataLayout& layout,
                                                    const data::SpecialTokens& special) {
   return std::make_unique<IndexedBertData>(run, layout, special);
+}
+
+std::unique_ptr<data::BertSamples> bert_split_samples(const RunConfig& run, int split,
+                                                      std::int64_t num_samples,
+                                                      const data::SpecialTokens& special) {
+  auto indexed = std::make_shared<data::IndexedDataset>(run.data.path);
+  data::BertSamplesConfig cfg;
+  cfg.seq_length = run.model.seq_length;
+  cfg.seed = std::uint32_t(run.run.seed);
+  const auto [first, end] = split_documents(run.data.split, indexed->num_documents(), split);
+  if (end <= first) return nullptr;
+  return std::make_unique<data::BertSamples>(indexed, first, end, num_samples, cfg, special);
+}
+
+std::vector<MicroBatch> bert_batch(const data::BertSamples& set, const DataLayout& l,
+                                   std::int64_t first) {
+  data::PretrainingSampler sampler(set.size(), 0, l.global_batch, l.micro_batch, l.dp_rank,
+                                   l.dp_size);
+  std::vector<MicroBatch> out;
+  for (index_t m = 0; m < l.micro_batches(); ++m) {
+    std::vector<data::BertSample> samples;
+    for (std::int64_t i : sampler.micro_batch(first, m)) samples.push_back(set.sample(i));
+    out.push_back(bert_micro_batch(samples, l.sample_offset(m)));
+  }
+  return out;
 }
 
 }  // namespace meshtron

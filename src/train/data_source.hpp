@@ -17,6 +17,7 @@ struct RunConfig;
 namespace data {
 class GptDataset;
 struct BertSample;
+class BertSamples;
 struct SpecialTokens;
 }
 
@@ -64,5 +65,15 @@ std::unique_ptr<DataSource> make_synthetic_bert_data(const DataLayout& layout, i
 /// dataset) split by run.data.split, the special ids `special`.
 std::unique_ptr<DataSource> make_indexed_bert_data(const RunConfig& run, const DataLayout& layout,
                                                    const data::SpecialTokens& special);
+/// Megatron's BERT samples over split `split` (0 train, 1 valid, 2 test)
+/// of run.data.split of run.data.path: at least num_samples (<= 0: one
+/// epoch); null for a split without documents.
+std::unique_ptr<data::BertSamples> bert_split_samples(const RunConfig& run, int split,
+                                                      std::int64_t num_samples,
+                                                      const data::SpecialTokens& special);
+/// This dp rank's micro-batches of the batch of `layout.global_batch`
+/// samples from `first` (Megatron's sampler).
+std::vector<MicroBatch> bert_batch(const data::BertSamples& samples, const DataLayout& layout,
+                                   std::int64_t first);
 
 }  // namespace meshtron

@@ -58,6 +58,11 @@ class Trainer {
   /// same on every dp rank.
   LossSum evaluate_sum(const std::vector<MicroBatch>& batch);
 
+  /// The layers' context of `mb` in a forward without dropout.
+  LayerContext evaluation_context(const MicroBatch& mb) const {
+    return context_for(mb, 0, /*training=*/false);
+  }
+
   /// This rank's parameters over all its model chunks, with their updated
   /// values (completes an overlapped parameter all-gather still in flight).
   ParameterList parameters();
