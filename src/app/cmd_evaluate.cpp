@@ -11,6 +11,11 @@
 //      micro-batch size and load the checkpoint's weights
 //   4. score every row once (train/evaluation.hpp); rank 0 prints the
 //      result line and writes evaluate.output
+//
+// model.arch = bert: the whole batches of Megatron's BERT samples (one
+// epoch) of evaluate.split, scored for the MLM loss over the labelled tokens
+// and the binary head's accuracy.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,7 +23,10 @@
 #include "app/commands.hpp"
 #include "config/model_spec_from_deck.hpp"
 #include "common/error.hpp"
+#include "data/bert_samples.hpp"
+#include "data/bert_tokenizer.hpp"
 #include "io/checkpoint.hpp"
+#include "model/bert_model.hpp"
 #include "train/evaluation.hpp"
 #include "train/trainer.hpp"
 #include "train/trainer_checkpoint.hpp"
@@ -49,6 +57,7 @@ RunConfig with_evaluation_batch(RunConfig c) {
 }
 
 std::unique_ptr<EvalRows> rows_to_score(const RunConfig& c, int vocab) {
+  if (c.model.arch == "bert") return nullptr;  // EvaluateRun::run_bert
   if (!c.evaluate.inputs.empty()) return jsonl_rows(c.evaluate.inputs, c.model.seq_length, vocab);
   MESH_REQUIRE(!c.data.path.empty(), "evaluate.split = " << c.evaluate.split
                                          << " needs data.path (or evaluate.inputs)");
@@ -74,6 +83,7 @@ class EvaluateRun {
         rank0_(rt_.topo.world_rank() == 0) {}
 
   int run() {
+    if (c_.model.arch == "bert") return run_bert();
     const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
     const std::string what = c_.evaluate.inputs.empty() ? c_.evaluate.split : "inputs";
     if (rank0_)
@@ -101,6 +111,59 @@ class EvaluateRun {
   }
 
  private:
+  int run_bert() {
+    MESH_REQUIRE(c_.evaluate.inputs.empty(),
+                 "evaluate.inputs rows for model.arch = bert are not built yet");
+    MESH_REQUIRE(c_.evaluate.split != "all", "evaluate.split = all: BERT scores valid or test");
+    const int split = c_.evaluate.split == "test" ? 2 : 1;
+    const auto tokenizer = load_tokenizer(c_.data);
+    const auto samples = bert_split_samples(c_, split, 0, data::bert_masking_tokens(*tokenizer));
+    const std::int64_t global = c_.training.global_batch_size;
+    const std::int64_t batches = samples ? samples->size() / global : 0;
+    MESH_REQUIRE(batches > 0, "evaluate.split = " << c_.evaluate.split << ": data.split "
+                                  << c_.data.split << " gives fewer BERT samples than one batch of "
+                                  << global);
+    const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
+    const Topology& topo = rt_.topo;
+    const DataLayout layout{c_.model.seq_length, c_.training.micro_batch_size, global,
+                            topo.dp_rank(), topo.dp(), 0, 0, c_.run.seed};
+    auto& bert = dynamic_cast<BertModel&>(*trainer_.chunks().front());
+    BertModel::Scores sum;
+    for (std::int64_t k = 0; k < batches; ++k)
+      for (const MicroBatch& mb : bert_batch(*samples, layout, k * global)) {
+        LayerContext ctx = trainer_.evaluation_context(mb);
+        BertModel::Cache cache;
+        bert.forward(BertBatch{in_space(mb.ids, ctx.space), in_space(mb.token_types, ctx.space),
+                               mb.padding_mask, in_space(mb.targets, ctx.space),
+                               mb.next_sentence},
+                     ctx, cache);
+        const BertModel::Scores s = BertModel::scores(cache);
+        sum.mlm_loss_sum += s.mlm_loss_sum;
+        sum.labelled += s.labelled;
+        sum.binary_correct += s.binary_correct;
+        sum.samples += s.samples;
+      }
+    for (double* v : {&sum.mlm_loss_sum, &sum.labelled, &sum.binary_correct, &sum.samples})
+      *v = rt_.dp.all_reduce_scalar(*v);
+    if (!rank0_) return 0;
+    const double mlm = sum.mlm_loss_sum / sum.labelled, accuracy = sum.binary_correct / sum.samples;
+    std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
+              << " (iteration " << state.iteration << ")\n " << c_.evaluate.split
+              << " split | MLM loss " << mlm << " | MLM PPL " << std::exp(mlm)
+              << " | binary-head accuracy " << accuracy << " | " << std::int64_t(sum.samples)
+              << " samples (" << batches << " whole batches of " << samples->size() << "), "
+              << std::int64_t(sum.labelled) << " masked tokens" << std::endl;
+    if (!c_.evaluate.output.empty()) {
+      std::ofstream out(c_.evaluate.output);
+      out << "{\"split\": \"" << c_.evaluate.split << "\", \"checkpoint\": \"" << checkpoint_
+          << "\", \"mlm_loss\": " << mlm << ", \"binary_accuracy\": " << accuracy
+          << ", \"samples\": " << std::int64_t(sum.samples)
+          << ", \"masked_tokens\": " << std::int64_t(sum.labelled) << "}\n";
+      MESH_VERIFY(out.good(), "cannot write evaluate.output '" << c_.evaluate.output << "'");
+    }
+    return 0;
+  }
+
   RunConfig c_;  ///< the trainer keeps a reference: declared first
   std::string checkpoint_;
   int vocab_;

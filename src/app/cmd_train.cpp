@@ -27,6 +27,7 @@
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
 #include "io/checkpoint.hpp"
+#include "data/bert_tokenizer.hpp"
 #include "io/save_dir.hpp"
 #include "train/evaluation.hpp"
 #include "train/gpu_trace.hpp"
@@ -50,6 +51,14 @@ std::unique_ptr<DataSource> make_data(const RunConfig& c, const ParallelRuntime&
                     c.training.train_iters,
                     c.training.eval_iters,
                     c.run.seed};
+  if (c.model.arch == "bert" && c.data.source != "indexed")
+    return make_synthetic_bert_data(layout, vocab);
+  if (c.model.arch == "bert") {
+    const auto tokenizer = run_tokenizer(c);
+    MESH_REQUIRE(tokenizer, "model.arch = bert on data.source = indexed needs data.tokenizer = "
+                            "bert_wordpiece_lowercase or bert_wordpiece_cased");
+    return make_indexed_bert_data(c, layout, data::bert_masking_tokens(*tokenizer));
+  }
   if (c.data.source == "indexed") return make_indexed_data(c, layout, vocab);
   return make_synthetic_data(layout, vocab);
 }

@@ -24,8 +24,7 @@ GenerationModel::GenerationModel(const RunConfig& c, int vocab)
 
 io::TrainState GenerationModel::load(const std::string& checkpoint) {
   const io::TrainState state = load_trainer_weights(trainer_, checkpoint);
-  std::vector<GptModel*> chunks;
-  for (auto& m : trainer_.chunks()) chunks.push_back(m.get());
+  const std::vector<GptModel*> chunks = trainer_.gpt_chunks();
   generator_ = std::make_unique<generate::Generator>(chunks, rt_, dtype_);
   return state;
 }

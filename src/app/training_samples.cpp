@@ -37,8 +37,7 @@ TrainingSamples::TrainingSamples(const RunConfig& c, Trainer& trainer, ParallelR
 }
 
 void TrainingSamples::print(long step) {
-  std::vector<GptModel*> chunks;
-  for (auto& m : trainer_.chunks()) chunks.push_back(m.get());
+  const std::vector<GptModel*> chunks = trainer_.gpt_chunks();
   trainer_.parameters();  // completes an overlapped parameter all-gather
   generate::Generator generator(chunks, rt_, dtype_);
   for (std::size_t i = 0; i < prompts_.size(); ++i) {

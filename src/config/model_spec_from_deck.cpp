@@ -48,6 +48,11 @@ ModelSpec model_spec_from_deck(const RunConfig& run, int vocab_size, int tp) {
   c.block = block_spec_from_deck(m);
   c.parallel_residual = m.parallel_residual;
   c.embedding_norm = m.embedding_norm;
+  if (m.arch == "bert") {
+    c.model_class = ModelClass::BertPretraining;
+    c.num_token_types = m.num_token_types;
+    c.block.attention.mask = AttentionMask::Padding;
+  }
   return c;
 }
 

@@ -174,8 +174,9 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.arch", &m.arch, "string",
       "model family, the defaults of the architecture keys: gpt (GPT-2) | llama (RMSNorm, rope, "
       "swiglu, no biases, untied head) | gpt_bigcode (num_query_groups = 1) | gpt_neox (rope "
-      "on 25 %, parallel_residual, gelu, untied head) | bloom (alibi, embedding_norm); a key set "
-      "in a deck or --set wins");
+      "on 25 %, parallel_residual, gelu, untied head) | bloom (alibi, embedding_norm) | bert "
+      "(bidirectional encoder with a padding mask, MLM + binary heads, gelu, "
+      "num_token_types = 2); a key set in a deck or --set wins");
   key("model.num_layers", &m.num_layers, "int", "transformer layers");
   key("model.hidden_size", &m.hidden_size, "int", "hidden size h");
   key("model.num_attention_heads", &m.num_attention_heads, "int", "attention heads");
@@ -221,6 +222,8 @@ void DeckSchema::bind(RunConfig& c) {
       "(GPT-NeoX's use_parallel_residual)");
   key("model.embedding_norm", &m.embedding_norm, "bool",
       "the block's norm right after the word embedding (BLOOM)");
+  key("model.num_token_types", &m.num_token_types, "int",
+      "token-type (segment) embeddings; arch = bert only");
 
   auto& p = c.parallel;
   key("parallel.tensor_parallel", &p.tensor_parallel, "int", "tensor-parallel degree tp");
@@ -503,6 +506,11 @@ constexpr ArchPreset kArchPresets[] = {
      "activation = gelu\nuntie_embeddings_and_output_weights = true\n"},
     // BLOOM: ALiBi instead of positions, a LayerNorm after the embedding.
     {"bloom", "position_embedding_type = alibi\nembedding_norm = true\n"},
+    // Megatron-LM's BertModel (transformers' MegatronBertForPreTraining):
+    // learned positions, two segments, the exact GeLU, its LayerNorm
+    // epsilon; the padding mask and the MLM + binary heads come with the
+    // arch itself (model_spec_from_deck).
+    {"bert", "activation = gelu\nnum_token_types = 2\nlayernorm_epsilon = 1e-12\n"},
 };
 
 std::vector<std::string> arch_names() {
@@ -674,6 +682,25 @@ void require_capturable(const RunConfig& c) {
   MESH_REQUIRE(!c.parallel.tp_interleave, needs << "parallel.tp_interleave = false");
   MESH_REQUIRE(!c.parallel.overlap_grad_reduce && !c.parallel.overlap_param_gather,
                needs << "parallel.overlap_grad_reduce = overlap_param_gather = false");
+}
+
+/// model.arch = bert: what BertModel does not build yet (docs/bert.md).
+void require_bert_buildable(const RunConfig& c) {
+  const bool bert = c.model.arch == "bert";
+  MESH_REQUIRE(bert || c.model.num_token_types == 0,
+               "model.num_token_types = " << c.model.num_token_types << " needs model.arch = bert");
+  if (!bert) return;
+  MESH_REQUIRE(c.model.num_token_types > 0, "model.arch = bert needs model.num_token_types > 0");
+  MESH_REQUIRE(c.parallel.pipeline_parallel == 1,
+               "model.arch = bert: pipeline parallelism is not built yet "
+               "(parallel.pipeline_parallel = " << c.parallel.pipeline_parallel << ", must be 1)");
+  MESH_REQUIRE(!c.parallel.sequence_parallel,
+               "model.arch = bert: sequence parallelism is not built yet "
+               "(parallel.sequence_parallel = false)");
+  MESH_REQUIRE(!c.training.cuda_graphs,
+               "model.arch = bert: training.cuda_graphs needs a model without host reads");
+  MESH_REQUIRE(c.logging.sample_interval == 0,
+               "model.arch = bert: logging.sample_interval generates text, which needs a GPT model");
 }
 
 /// parallel.collective_timeout_s and its test hook.
@@ -850,6 +877,7 @@ void RunConfig::validate(int world_size) {
   }
   require_one_of("training.recompute", t.recompute, {"none", "selective", "full"});
   require_capturable(*this);
+  require_bert_buildable(*this);
   MESH_REQUIRE(t.recompute_num_layers >= 0,
                "training.recompute_num_layers = " << t.recompute_num_layers
                    << " is negative (0 recomputes every layer)");

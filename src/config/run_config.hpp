@@ -70,6 +70,7 @@ struct ModelSection {
   bool untie_embeddings_and_output_weights = false;
   bool parallel_residual = false;
   bool embedding_norm = false;  ///< the block's norm after the word embedding (BLOOM)
+  int num_token_types = 0;      ///< segment embeddings (arch = bert)
 
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int max_positions() const {

@@ -310,4 +310,23 @@ const BertSpecialIds& bert_special_ids(const Tokenizer& tokenizer) {
   return bert->special_ids();
 }
 
+bool BertWordPieceTokenizer::continues_word(int32_t id) const {
+  return tokens_.at(std::size_t(id)).starts_with("##");
+}
+
+SpecialTokens bert_masking_tokens(const Tokenizer& tokenizer) {
+  const BertSpecialIds& ids = bert_special_ids(tokenizer);
+  const auto& bert = dynamic_cast<const BertWordPieceTokenizer&>(tokenizer);
+  SpecialTokens s;
+  s.cls = ids.cls;
+  s.sep = ids.sep;
+  s.mask = ids.mask;
+  s.pad = ids.pad;
+  s.vocab_size = bert.vocab_size();
+  s.word_continuation.resize(std::size_t(s.vocab_size));
+  for (int32_t id = 0; id < bert.vocab_size(); ++id)
+    s.word_continuation[std::size_t(id)] = bert.continues_word(id) ? 1 : 0;
+  return s;
+}
+
 }  // namespace meshtron::data

@@ -34,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data/masking.hpp"
 #include "data/tokenizer.hpp"
 
 namespace meshtron::data {
@@ -72,6 +73,8 @@ class BertWordPieceTokenizer final : public Tokenizer {
   }
 
   const BertSpecialIds& special_ids() const { return special_; }
+  /// Whether token `id` continues the word before it (a "##" piece).
+  bool continues_word(int32_t id) const;
   /// The basic tokenizer's words (step 1), exposed for tests.
   std::vector<std::string> basic_tokens(std::string_view text) const;
 
@@ -90,5 +93,10 @@ class BertWordPieceTokenizer final : public Tokenizer {
 /// The special ids of `tokenizer`; UserError when it is not a BERT WordPiece
 /// tokenizer (data.tokenizer must be bert_wordpiece_lowercase or _cased).
 const BertSpecialIds& bert_special_ids(const Tokenizer& tokenizer);
+
+/// What the BERT sample builder needs of `tokenizer` (bert_special_ids'
+/// UserError otherwise): its special ids, vocabulary and "##" pieces
+/// (whole-word masking).
+SpecialTokens bert_masking_tokens(const Tokenizer& tokenizer);
 
 }  // namespace meshtron::data

@@ -98,6 +98,7 @@ BertModel::BertModel(const ModelSpec& s, LayerContext& ctx, DType dtype, std::ui
       pooler("pooler", s.hidden_size, s.hidden_size, dtype, ctx.space),
       binary_head("binary_head", s.hidden_size, 2, dtype, ctx.space),
       spec_(s),
+      placement_(StagePlacement::whole_model(s.num_layers)),
       mlm_loss_(s, embedding.word, &mlm_bias) {
   layers.reserve(std::size_t(s.num_layers));
   for (int i = 0; i < s.num_layers; ++i) layers.emplace_back(i, s, ctx, dtype);
@@ -198,8 +199,8 @@ double BertModel::mlm_forward(const Tensor& sequence, const Tensor& labels, Laye
   Tensor activated = Tensor::empty(pre.shape(), pre.dtype(), pre.space());
   ops::activation_forward(pre, ops::GatedActivation::GeLUErf, activated);
   const Tensor normed = transform_norm.forward(activated, c.transform_norm);
-  const Tensor per_token = mlm_loss_.forward(normed, targets, ctx, c.mlm);
-  const std::vector<double> loss = per_token.to_doubles(), w = weights.to_doubles();
+  c.mlm_losses = mlm_loss_.forward(normed, targets, ctx, c.mlm);
+  const std::vector<double> loss = c.mlm_losses.to_doubles(), w = weights.to_doubles();
   double total = 0;
   for (std::size_t i = 0; i < loss.size(); ++i) total += w[i] * loss[i];
   return total;
@@ -220,27 +221,44 @@ double BertModel::binary_forward(const Tensor& sequence, const Tensor& next_sent
   Tensor target_logit = Tensor::empty({b}, stats, sequence.space());
   ops::cross_entropy_row_stats(c.binary_logits, c.binary_targets, 0, 2, c.binary_max,
                                c.binary_sum_exp, target_logit);
-  Tensor loss = Tensor::empty({b}, stats, sequence.space());
-  ops::cross_entropy_loss(c.binary_sum_exp, target_logit, loss);
+  c.binary_losses = Tensor::empty({b}, stats, sequence.space());
+  ops::cross_entropy_loss(c.binary_sum_exp, target_logit, c.binary_losses);
   double total = 0;
-  for (double v : loss.to_doubles()) total += v;
+  for (double v : c.binary_losses.to_doubles()) total += v;
   return total / double(b);
 }
 
-Tensor BertModel::heads_backward(LayerContext& ctx, const Cache& c) {
-  Tensor dnormed = mlm_loss_.backward(c.mlm_weights, ctx, c.mlm);
+BertModel::Scores BertModel::scores(const Cache& c) {
+  Scores s;
+  const std::vector<double> loss = c.mlm_losses.to_doubles(), w = c.mlm_weights.to_doubles();
+  for (std::size_t i = 0; i < loss.size(); ++i)
+    if (w[i] > 0) {
+      s.mlm_loss_sum += loss[i];
+      s.labelled += 1;
+    }
+  const std::vector<double> logits = c.binary_logits.to_doubles();
+  const std::vector<std::int32_t> target = ints(c.binary_targets);
+  for (std::size_t j = 0; j < target.size(); ++j) {
+    const int predicted = logits[2 * j + 1] > logits[2 * j] ? 1 : 0;
+    s.binary_correct += predicted == target[j];
+    s.samples += 1;
+  }
+  return s;
+}
+
+Tensor BertModel::heads_backward(LayerContext& ctx, const Cache& c, const Tensor& dmlm,
+                                 const Tensor& dbinary) {
+  Tensor dnormed = mlm_loss_.backward(dmlm, ctx, c.mlm);
   Tensor dactivated = transform_norm.backward(dnormed, c.transform_norm);
   ops::activation_backward(dactivated, c.transform_pre_gelu, ops::GatedActivation::GeLUErf,
                            dactivated);
   Tensor dsequence = transform.backward(dactivated, c.sequence);
 
   const index_t b = ctx.micro_batch;
-  Tensor dloss = Tensor::empty({b}, c.binary_max.dtype(), c.binary_max.space());
-  dloss.fill(1.0 / double(b));
   Tensor dlogits = Tensor::empty(c.binary_logits.shape(), c.binary_logits.dtype(),
                                  c.binary_logits.space());
   ops::cross_entropy_backward(c.binary_logits, c.binary_targets, c.binary_max, c.binary_sum_exp,
-                              dloss, 0, 2, dlogits);
+                              dbinary, 0, 2, dlogits);
   Tensor dpooled = binary_head.backward(dlogits, c.pooled);
   ops::activation_backward(dpooled, c.pooler_pre_tanh, ops::GatedActivation::Tanh, dpooled);
   const Tensor first_tokens = c.sequence.slice_rows(0, b);
@@ -250,10 +268,51 @@ Tensor BertModel::heads_backward(LayerContext& ctx, const Cache& c) {
 }
 
 void BertModel::backward(LayerContext& ctx, const Cache& c) {
+  const index_t b = ctx.micro_batch;
+  Tensor dbinary = Tensor::empty({b}, c.binary_max.dtype(), c.binary_max.space());
+  dbinary.fill(1.0 / double(b));
+  body_backward(heads_backward(ctx, c, c.mlm_weights, dbinary), ctx, c);
+}
+
+void BertModel::body_backward(const Tensor& dsequence, LayerContext& ctx, const Cache& c) {
   ctx.key_padding_mask = c.padding_mask;
-  Tensor dx = final_norm.backward(heads_backward(ctx, c), c.final_norm);
+  Tensor dx = final_norm.backward(dsequence, c.final_norm);
   for (std::size_t i = layers.size(); i-- > 0;) dx = layers[i].backward(dx, ctx, c.layers[i]);
   embedding.backward(dx, ctx, c.embedding);
+}
+
+Tensor BertModel::forward(const Tensor& input, const MicroBatch& mb, LayerContext& ctx,
+                          StageCache& cache) const {
+  if (ctx.param_gather) ctx.param_gather->before_forward(const_cast<BertModel&>(*this).parameters());
+  auto& c = static_cast<Cache&>(cache);
+  forward(BertBatch{input, mb.token_types, mb.padding_mask, mb.targets, mb.next_sentence}, ctx, c);
+  const index_t s = ctx.seq_length, b = ctx.micro_batch;
+  const std::vector<double> mlm = c.mlm_losses.to_doubles(), w = c.mlm_weights.to_doubles(),
+                            binary = c.binary_losses.to_doubles();
+  Tensor per_token = Tensor::zeros({s * b}, c.mlm_losses.dtype(), MemorySpace::Host);
+  for (index_t i = 0; i < s * b; ++i) {
+    const double first_token = i < b ? double(s) * binary[std::size_t(i)] : 0.0;
+    set_element_from_double(per_token, i,
+                            double(s * b) * w[std::size_t(i)] * mlm[std::size_t(i)] + first_token);
+  }
+  return in_space(per_token, ctx.space);
+}
+
+Tensor BertModel::backward(const Tensor& dout, LayerContext& ctx, const StageCache& cache,
+                           const std::function<void(const ParameterList&)>& grads_done) {
+  // The chain rule through forward()'s per-token loss (see the header).
+  const auto& c = static_cast<const Cache&>(cache);
+  const index_t s = ctx.seq_length, b = ctx.micro_batch;
+  const std::vector<double> d = dout.to_doubles(), w = c.mlm_weights.to_doubles();
+  Tensor dmlm = Tensor::zeros({s * b}, c.mlm_weights.dtype(), MemorySpace::Host);
+  Tensor dbinary = Tensor::zeros({b}, c.binary_max.dtype(), MemorySpace::Host);
+  for (index_t i = 0; i < s * b; ++i)
+    set_element_from_double(dmlm, i, d[std::size_t(i)] * double(s * b) * w[std::size_t(i)]);
+  for (index_t j = 0; j < b; ++j) set_element_from_double(dbinary, j, d[std::size_t(j)] * double(s));
+  body_backward(heads_backward(ctx, c, in_space(dmlm, ctx.space), in_space(dbinary, ctx.space)),
+                ctx, c);
+  if (grads_done) grads_done(parameters());
+  return Tensor();
 }
 
 }  // namespace meshtron

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "model/embedding.hpp"
+#include "model/stage_model.hpp"
 #include "model/transformer_layer.hpp"
 
 namespace meshtron {
@@ -61,9 +62,9 @@ struct ReplicatedLinear {
   Parameter weight, bias;
 };
 
-class BertModel {
+class BertModel final : public StageModel {
  public:
-  struct Cache {
+  struct Cache : StageCache {
     Embedding::Cache embedding;
     std::vector<TransformerLayer::Cache> layers;
     LayerNorm::Cache final_norm;
@@ -73,6 +74,8 @@ class BertModel {
     LayerNorm::Cache transform_norm;
     LmHeadLoss::Cache mlm;
     Tensor mlm_weights;   ///< [s*b]: 1 / labelled tokens where labelled, else 0
+    Tensor mlm_losses;    ///< [s*b]: each token's MLM cross-entropy (label 0 where none)
+    Tensor binary_losses; ///< [b]: each sample's binary-head cross-entropy
     Tensor pooler_pre_tanh, pooled;
     Tensor binary_logits, binary_targets, binary_max, binary_sum_exp;  ///< [b, 2], [b]
     double mlm_loss = 0, binary_loss = 0;
@@ -87,12 +90,35 @@ class BertModel {
   /// Accumulates the gradients of forward's loss into the parameters.
   void backward(LayerContext& ctx, const Cache& cache);
 
+  // StageModel (the whole model on one stage). The micro-batch's ids are
+  // the tokens, its targets the MLM labels. The per-token loss puts
+  // s*b * (1 / labelled) * MLM loss on each labelled token and s * the
+  // binary loss on each sample's first token: its mean is forward()'s loss,
+  // so the trainer's mean over the step's tokens is the mean over its
+  // micro-batches of the BERT loss (Megatron's averaging).
+  std::unique_ptr<StageCache> make_cache() const override { return std::make_unique<Cache>(); }
+  Tensor forward(const Tensor& input, const MicroBatch& mb, LayerContext& ctx,
+                 StageCache& cache) const override;
+  Tensor backward(const Tensor& dout, LayerContext& ctx, const StageCache& cache,
+                  const std::function<void(const ParameterList&)>& grads_done) override;
+  const ModelSpec& config() const override { return spec_; }
+  const StagePlacement& placement() const override { return placement_; }
+  Parameter* head_word_weight() override { return &embedding.word; }
+
+  /// What `meshtron evaluate` reports of a forward: the MLM cross-entropy
+  /// summed over the labelled tokens and their number, the binary head's
+  /// right answers (argmax) and the samples.
+  struct Scores {
+    double mlm_loss_sum = 0, labelled = 0, binary_correct = 0, samples = 0;
+  };
+  static Scores scores(const Cache& c);
+
   /// This rank's vocabulary shard of the prediction logits [s*b, V_pad/tp]
   /// (bias included), and the binary head's logits [b, 2].
   static const Tensor& prediction_logits(const Cache& c) { return c.mlm.logits; }
   static const Tensor& binary_logits(const Cache& c) { return c.binary_logits; }
 
-  ParameterList parameters();
+  ParameterList parameters() override;
   const ModelSpec& spec() const { return spec_; }
 
   Embedding embedding;
@@ -111,11 +137,16 @@ class BertModel {
                      Cache& c) const;
   double binary_forward(const Tensor& sequence, const Tensor& next_sentence,
                         const LayerContext& ctx, Cache& c) const;
-  /// d sequence from both heads.
-  Tensor heads_backward(LayerContext& ctx, const Cache& c);
+  /// d sequence from both heads, given d loss / d (each token's MLM
+  /// cross-entropy) [s*b] and d loss / d (each sample's binary loss) [b].
+  Tensor heads_backward(LayerContext& ctx, const Cache& c, const Tensor& dmlm,
+                        const Tensor& dbinary);
+  /// The blocks and the embedding, from d sequence.
+  void body_backward(const Tensor& dsequence, LayerContext& ctx, const Cache& c);
   void initialise(const LayerContext& ctx, std::uint64_t seed);
 
   ModelSpec spec_;
+  StagePlacement placement_;
   LmHeadLoss mlm_loss_;
 };
 

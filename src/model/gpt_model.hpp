@@ -20,22 +20,15 @@
 #include <vector>
 
 #include "model/embedding.hpp"
+#include "model/stage_model.hpp"
 #include "model/transformer_layer.hpp"
 
 namespace meshtron {
 
-struct StagePlacement {
-  int first_layer = 0;     ///< global index of this stage's first layer
-  int num_layers = 0;
-  bool has_embedding = true;
-  bool has_head = true;
-  static StagePlacement whole_model(int num_layers) { return {0, num_layers, true, true}; }
-};
-
-class GptModel {
+class GptModel final : public StageModel {
  public:
   /// Activations one micro-batch keeps between its forward and backward.
-  struct Cache {
+  struct Cache : StageCache {
     Embedding::Cache embedding;
     std::vector<TransformerLayer::Cache> layers;
     LayerNorm::Cache final_norm;
@@ -59,6 +52,17 @@ class GptModel {
   Tensor backward(const Tensor& dout, LayerContext& ctx, const Cache& cache,
                   const std::function<void(const ParameterList&)>& grads_done = {});
 
+  // StageModel: the calls above, the targets taken from the micro-batch.
+  std::unique_ptr<StageCache> make_cache() const override { return std::make_unique<Cache>(); }
+  Tensor forward(const Tensor& input, const MicroBatch& mb, LayerContext& ctx,
+                 StageCache& cache) const override {
+    return forward(input, mb.targets, ctx, static_cast<Cache&>(cache));
+  }
+  Tensor backward(const Tensor& dout, LayerContext& ctx, const StageCache& cache,
+                  const std::function<void(const ParameterList&)>& grads_done) override {
+    return backward(dout, ctx, static_cast<const Cache&>(cache), grads_done);
+  }
+
   /// Generation: `input` as forward()'s, its rows placed by `rows`, each
   /// layer reading and extending its cache in `kv`. Last stage: this rank's
   /// vocabulary shard of the logits [rows, V_pad/tp] (LmHeadLoss::logits) of
@@ -72,18 +76,18 @@ class GptModel {
 
   /// Whether this chunk's layers can take the micro-batch of `ctx` with
   /// masks drawn ahead (Attention::draws_mask_ahead; the same for all).
-  bool draws_attention_masks_ahead(const LayerContext& ctx) const;
+  bool draws_attention_masks_ahead(const LayerContext& ctx) const override;
   /// Every layer's Attention::draw_mask_ahead for the micro-batch of `ctx`
   /// on `stream`.
-  void draw_attention_masks_ahead(const LayerContext& ctx, void* stream);
+  void draw_attention_masks_ahead(const LayerContext& ctx, void* stream) override;
 
   /// All parameters of this stage (a tied head weight once).
-  ParameterList parameters();
-  const ModelSpec& config() const { return config_; }
-  const StagePlacement& placement() const { return placement_; }
+  ParameterList parameters() override;
+  const ModelSpec& config() const override { return config_; }
+  const StagePlacement& placement() const override { return placement_; }
   /// The word-embedding table a tied head uses (this stage's copy), or
   /// null (no head, or an untied one).
-  Parameter* head_word_weight() {
+  Parameter* head_word_weight() override {
     return head_ && config_.tie_word_embeddings ? head_->word : nullptr;
   }
   Embedding* embedding() { return embedding_ ? &*embedding_ : nullptr; }

@@ -3,6 +3,7 @@
 #include "common/error.hpp"
 #include "common/hash.hpp"
 #include "config/run_config.hpp"
+#include "data/bert_samples.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/pretraining_sampler.hpp"
 
@@ -25,7 +26,104 @@ MicroBatch to_seq_major(const Tensor& tokens, index_t sample_offset) {
   return mb;
 }
 
+MicroBatch bert_micro_batch(const std::vector<data::BertSample>& samples, index_t sample_offset) {
+  const auto b = index_t(samples.size()), s = index_t(samples.front().tokens.size());
+  MicroBatch mb;
+  mb.sample_offset = sample_offset;
+  mb.ids = Tensor::empty({s * b}, DType::I32);
+  mb.targets = Tensor::empty({s * b}, DType::I32);
+  mb.token_types = Tensor::empty({s * b}, DType::I32);
+  mb.padding_mask = Tensor::empty({b, s}, DType::I32);
+  mb.next_sentence = Tensor::empty({b}, DType::I32);
+  for (index_t j = 0; j < b; ++j) {
+    const data::BertSample& x = samples[std::size_t(j)];
+    for (index_t i = 0; i < s; ++i) {
+      const auto k = std::size_t(i);
+      mb.ids.data<std::int32_t>()[i * b + j] = x.tokens[k];
+      mb.targets.data<std::int32_t>()[i * b + j] = x.labels[k];
+      mb.token_types.data<std::int32_t>()[i * b + j] = x.token_types[k];
+      mb.padding_mask.data<std::int32_t>()[j * s + i] = x.padding_mask[k];
+    }
+    mb.next_sentence.data<std::int32_t>()[j] = x.is_random;
+  }
+  return mb;
+}
+
 namespace {
+
+/// The documents [first, end) of split k (0 train, 1 valid) of `split`.
+std::pair<std::int64_t, std::int64_t> split_documents(const std::string& split, std::int64_t n,
+                                                      int k) {
+  const auto bounds = data::split_boundaries(split, n);
+  return {bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
+}
+
+class SyntheticBertData final : public DataSource {
+ public:
+  SyntheticBertData(const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {}
+  std::vector<MicroBatch> train_step(long step) override { return batch(2 * step); }
+  std::vector<MicroBatch> eval_batch(long k) override { return batch(2 * k + 1); }
+  int vocab_size() const override { return vocab_; }
+
+ private:
+  std::vector<MicroBatch> batch(long stream) const {
+    std::vector<MicroBatch> out;
+    for (index_t m = 0; m < l_.micro_batches(); ++m) {
+      const index_t first = l_.sample_offset(m);
+      std::vector<data::BertSample> samples;
+      for (index_t j = 0; j < l_.micro_batch; ++j)
+        samples.push_back(sample(splitmix64(
+            l_.seed ^ splitmix64(std::uint64_t(stream) * l_.global_batch + std::uint64_t(first + j)))));
+      out.push_back(bert_micro_batch(samples, first));
+    }
+    return out;
+  }
+  /// Real tokens up to a length in [s/2, s], segment B from the middle, a
+  /// label on token 1 and on about 15 % of the others.
+  data::BertSample sample(std::uint64_t key) const {
+    const auto s = std::size_t(l_.seq_length);
+    const std::size_t real = s - std::size_t(splitmix64(key) % (s / 2 + 1));
+    data::BertSample x;
+    x.is_random = std::int32_t(splitmix64(key + 1) % 2);
+    for (std::size_t i = 0; i < s; ++i) {
+      const std::uint64_t h = splitmix64(key + 2 + i);
+      const bool live = i < real;
+      x.tokens.push_back(live ? std::int32_t(h % std::uint64_t(vocab_)) : 0);
+      x.token_types.push_back(live && i >= real / 2 ? 1 : 0);
+      x.padding_mask.push_back(live ? 1 : 0);
+      const bool labelled = live && (i == 1 || (h >> 32) % 100 < 15);  // never none
+      x.labels.push_back(labelled ? std::int32_t((h >> 16) % std::uint64_t(vocab_)) : -100);
+    }
+    return x;
+  }
+  DataLayout l_;
+  int vocab_;
+};
+
+class IndexedBertData final : public DataSource {
+ public:
+  IndexedBertData(const RunConfig& run, const DataLayout& l, const data::SpecialTokens& special)
+      : l_(l), vocab_(int(special.vocab_size)) {
+    sets_[0] = bert_split_samples(run, 0, std::int64_t(l.train_iters) * l.global_batch, special);
+    sets_[1] = bert_split_samples(
+        run, 1, std::int64_t(std::max<long>(l.eval_batches, 1)) * l.global_batch, special);
+    MESH_REQUIRE(sets_[0] != nullptr, "data.split '" << run.data.split
+                                                     << "' leaves no training documents");
+  }
+  std::vector<MicroBatch> train_step(long step) override {
+    return bert_batch(*sets_[0], l_, (step - 1) * l_.global_batch);
+  }
+  std::vector<MicroBatch> eval_batch(long k) override {
+    MESH_REQUIRE(sets_[1] != nullptr, "evaluation needs a validation split (data.split)");
+    return bert_batch(*sets_[1], l_, (k % std::max<long>(l_.eval_batches, 1)) * l_.global_batch);
+  }
+  int vocab_size() const override { return vocab_; }
+
+ private:
+  DataLayout l_;
+  int vocab_;
+  std::array<std::unique_ptr<data::BertSamples>, 2> sets_;
+};
 
 class SyntheticData final : public DataSource {
  public:
@@ -124,6 +222,40 @@ std::unique_ptr<DataSource> make_synthetic_data(const DataLayout& layout, int vo
 std::unique_ptr<DataSource> make_indexed_data(const RunConfig& run, const DataLayout& layout,
                                               int vocab_size) {
   return std::make_unique<IndexedData>(run, layout, vocab_size);
+}
+
+std::unique_ptr<DataSource> make_synthetic_bert_data(const DataLayout& layout, int vocab_size) {
+  return std::make_unique<SyntheticBertData>(layout, vocab_size);
+}
+
+std::unique_ptr<DataSource> make_indexed_bert_data(const RunConfig& run, const DataLayout& layout,
+                                                   const data::SpecialTokens& special) {
+  return std::make_unique<IndexedBertData>(run, layout, special);
+}
+
+std::unique_ptr<data::BertSamples> bert_split_samples(const RunConfig& run, int split,
+                                                      std::int64_t num_samples,
+                                                      const data::SpecialTokens& special) {
+  auto indexed = std::make_shared<data::IndexedDataset>(run.data.path);
+  data::BertSamplesConfig cfg;
+  cfg.seq_length = run.model.seq_length;
+  cfg.seed = std::uint32_t(run.run.seed);
+  const auto [first, end] = split_documents(run.data.split, indexed->num_documents(), split);
+  if (end <= first) return nullptr;
+  return std::make_unique<data::BertSamples>(indexed, first, end, num_samples, cfg, special);
+}
+
+std::vector<MicroBatch> bert_batch(const data::BertSamples& set, const DataLayout& l,
+                                   std::int64_t first) {
+  data::PretrainingSampler sampler(set.size(), 0, l.global_batch, l.micro_batch, l.dp_rank,
+                                   l.dp_size);
+  std::vector<MicroBatch> out;
+  for (index_t m = 0; m < l.micro_batches(); ++m) {
+    std::vector<data::BertSample> samples;
+    for (std::int64_t i : sampler.micro_batch(first, m)) samples.push_back(set.sample(i));
+    out.push_back(bert_micro_batch(samples, l.sample_offset(m)));
+  }
+  return out;
 }
 
 }  // namespace meshtron

@@ -8,26 +8,25 @@
 #include <memory>
 #include <vector>
 
+#include "model/stage_model.hpp"
 #include "tensor/tensor.hpp"
 
 namespace meshtron {
 
 struct RunConfig;
-namespace data { class GptDataset; }
-
-/// One micro-batch as the model consumes it: rows in [s, b] order.
-struct MicroBatch {
-  Tensor ids;      ///< int32 [s * b]
-  Tensor targets;  ///< int32 [s * b]
-  index_t sample_offset = 0;  ///< index of its first sample within the step
-  /// Evaluation only: host float32 [s * b], 1 where the target counts, 0 for
-  /// padding (rows shorter than s + 1, samples past the end of a split);
-  /// undefined = every target counts.
-  Tensor loss_mask;
-};
+namespace data {
+class GptDataset;
+struct BertSample;
+class BertSamples;
+struct SpecialTokens;
+}
 
 /// tokens [b, s+1] (sample-major, as read) -> ids / targets in [s, b] order.
 MicroBatch to_seq_major(const Tensor& tokens, index_t sample_offset);
+/// BERT samples (each [s]) -> a micro-batch in [s, b] order: ids = tokens,
+/// targets = labels, token types, padding mask [b, s], next_sentence =
+/// is_random.
+MicroBatch bert_micro_batch(const std::vector<data::BertSample>& samples, index_t sample_offset);
 
 class DataSource {
  public:
@@ -58,5 +57,23 @@ std::unique_ptr<DataSource> make_synthetic_data(const DataLayout& layout, int vo
 /// The indexed dataset at run.data.path, split by run.data.split.
 std::unique_ptr<DataSource> make_indexed_data(const RunConfig& run, const DataLayout& layout,
                                               int vocab_size);
+/// model.arch = bert: random BERT batches (tokens, a two-segment split,
+/// padding, 15 % labels, binary labels) hashed from (seed, sample): for tests.
+std::unique_ptr<DataSource> make_synthetic_bert_data(const DataLayout& layout, int vocab_size);
+/// model.arch = bert: Megatron's BERT samples (data::BertSamples, its
+/// defaults) over the documents of run.data.path (a --split-sentences
+/// dataset) split by run.data.split, the special ids `special`.
+std::unique_ptr<DataSource> make_indexed_bert_data(const RunConfig& run, const DataLayout& layout,
+                                                   const data::SpecialTokens& special);
+/// Megatron's BERT samples over split `split` (0 train, 1 valid, 2 test)
+/// of run.data.split of run.data.path: at least num_samples (<= 0: one
+/// epoch); null for a split without documents.
+std::unique_ptr<data::BertSamples> bert_split_samples(const RunConfig& run, int split,
+                                                      std::int64_t num_samples,
+                                                      const data::SpecialTokens& special);
+/// This dp rank's micro-batches of the batch of `layout.global_batch`
+/// samples from `first` (Megatron's sampler).
+std::vector<MicroBatch> bert_batch(const data::BertSamples& samples, const DataLayout& layout,
+                                   std::int64_t first);
 
 }  // namespace meshtron

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "common/error.hpp"
+#include "model/bert_model.hpp"
 #include "train/metrics.hpp"
 #ifdef MESHTRON_HAVE_CUDA
 #include "ops/ops_cuda.hpp"
@@ -80,6 +81,8 @@ std::vector<MicroBatch> staged_in(const std::vector<MicroBatch>& batch, MemorySp
   for (MicroBatch& mb : out) {
     mb.ids = queued_in_space(mb.ids, space);
     mb.targets = queued_in_space(mb.targets, space);
+    for (Tensor* bert : {&mb.token_types, &mb.padding_mask, &mb.next_sentence})
+      if (bert->defined()) *bert = queued_in_space(*bert, space);
   }
   return out;
 }
@@ -189,7 +192,7 @@ Trainer::Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& 
     int first = 0;
     for (int k = 0; k < g; ++k) first += chunk_layers[std::size_t(k)];
     StagePlacement place{first, chunk_layers[std::size_t(g)], g == 0, g == total_chunks - 1};
-    chunks_.push_back(std::make_unique<GptModel>(model, place, base_ctx_, dtype, run.run.seed));
+    chunks_.push_back(make_stage(model, place, dtype));
   }
   Parameter* tied_copy = nullptr;
   for (auto& chunk : chunks_)
@@ -205,6 +208,26 @@ Trainer::Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& 
   base_ctx_.param_gather = optimizer_->param_gather_hook();
   lr_ = LrSchedule{run.optimizer.lr, run.optimizer.min_lr, run.lr_schedule.warmup_iters,
                    run.lr_schedule.decay_iters, run.lr_schedule.decay_style};
+}
+
+std::unique_ptr<StageModel> Trainer::make_stage(const ModelSpec& model,
+                                                const StagePlacement& place, DType dtype) {
+  if (model.model_class == ModelClass::BertPretraining) {
+    MESH_REQUIRE(place.has_embedding && place.has_head,
+                 "BERT: pipeline parallelism is not built yet (parallel.pipeline_parallel = 1)");
+    return std::make_unique<BertModel>(model, base_ctx_, dtype, run_.run.seed);
+  }
+  return std::make_unique<GptModel>(model, place, base_ctx_, dtype, run_.run.seed);
+}
+
+std::vector<GptModel*> Trainer::gpt_chunks() {
+  std::vector<GptModel*> out;
+  for (auto& chunk : chunks_) {
+    auto* gpt = dynamic_cast<GptModel*>(chunk.get());
+    MESH_REQUIRE(gpt != nullptr, "generation needs a GPT model (model.arch), not BERT");
+    out.push_back(gpt);
+  }
+  return out;
 }
 
 OptimizerGroups Trainer::optimizer_groups() {
@@ -269,7 +292,7 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
   // Messages are tagged by (micro-batch, receiving chunk, lane = direction).
   auto tag = [&](int mb, int g, int dir) { return (mb * total_chunks + g) * 2 + dir; };
 
-  std::map<std::pair<int, int>, GptModel::Cache> caches;
+  std::map<std::pair<int, int>, std::unique_ptr<StageCache>> caches;
   std::vector<Tensor> in_flight_sends;  // kept alive until wait_sends()
   // Per-token losses of the micro-batches this rank heads, by micro-batch
   // (summed in that order whatever order the forwards ran in).
@@ -287,20 +310,22 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
     const PipelineTask& t = tasks[k];
     rt_.pp.progress();  // advance the sends of earlier tasks
     rt_.dp.progress();  // and the gradient buckets
-    GptModel& chunk = *chunks_[std::size_t(t.chunk)];
+    StageModel& chunk = *chunks_[std::size_t(t.chunk)];
     const int g = global_chunk(t.chunk);
     const MicroBatch& mb = batch[std::size_t(t.micro_batch)];
     if (training) tell_watchdog(step, t.micro_batch);
     LayerContext ctx = context_for(mb, step, training);
     const Shape hidden{ctx.local_tokens(), model_spec_.hidden_size};
-    GptModel::Cache& cache = caches[{t.micro_batch, t.chunk}];
+    std::unique_ptr<StageCache>& cached = caches[{t.micro_batch, t.chunk}];
+    if (!cached) cached = chunk.make_cache();
+    StageCache& cache = *cached;
     if (t.kind == PipelineTask::Forward) {
       Tensor input = mb.ids;
       if (!chunk.placement().has_embedding) {
         input = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
         receive(input, (rank + pp - 1) % pp, tag(t.micro_batch, g, kActivationLane));
       }
-      Tensor out = chunk.forward(input, mb.targets, ctx, cache);
+      Tensor out = chunk.forward(input, mb, ctx, cache);
       if (chunk.placement().has_head) {
         // Summed after the schedule: no host wait mid-step.
         losses[std::size_t(t.micro_batch)] = out;
@@ -319,8 +344,9 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
         dout = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
         receive(dout, (rank + 1) % pp, tag(t.micro_batch, g, kGradientLane));
       }
-      Tensor dx = training && final_backward[k] ? chunk.backward(dout, ctx, cache, grads_done)
-                                                : chunk.backward(dout, ctx, cache);
+      Tensor dx = chunk.backward(dout, ctx, cache, training && final_backward[k]
+                                                      ? grads_done
+                                                      : std::function<void(const ParameterList&)>{});
       caches.erase({t.micro_batch, t.chunk});
       if (!chunk.placement().has_embedding) {
         rt_.pp.isend(dx.raw(), std::size_t(dx.numel()), dx.dtype(), (rank + pp - 1) % pp,
@@ -419,7 +445,7 @@ Tensor dropout_words(const std::vector<MicroBatch>& batch, long step, MemorySpac
 }  // namespace
 
 void Trainer::capture_micro_batch(const MicroBatch& first) {
-  GptModel& model = *chunks_[0];
+  StageModel& model = *chunks_[0];
   auto g = std::make_unique<GraphedMicroBatch>();
   g->ids = Tensor::empty(first.ids.shape(), first.ids.dtype(), base_ctx_.space);
   g->targets = Tensor::empty(first.targets.shape(), first.targets.dtype(), base_ctx_.space);
@@ -439,9 +465,12 @@ void Trainer::capture_micro_batch(const MicroBatch& first) {
     if (p->grad_stale) stale.push_back(p);
   g->work = std::make_unique<CapturedWork>([&] {
     LayerContext c = ctx;
-    GptModel::Cache cache;
-    g->losses = model.forward(g->ids, g->targets, c, cache);
-    model.backward(g->dloss, c, cache);
+    const std::unique_ptr<StageCache> cache = model.make_cache();
+    MicroBatch replayed = first;
+    replayed.ids = g->ids;
+    replayed.targets = g->targets;
+    g->losses = model.forward(g->ids, replayed, c, *cache);
+    model.backward(g->dloss, c, *cache, {});
   });
   for (Parameter* p : stale)
     if (!p->grad_stale) g->overwritten.push_back(p);

@@ -58,10 +58,17 @@ class Trainer {
   /// same on every dp rank.
   LossSum evaluate_sum(const std::vector<MicroBatch>& batch);
 
+  /// The layers' context of `mb` in a forward without dropout.
+  LayerContext evaluation_context(const MicroBatch& mb) const {
+    return context_for(mb, 0, /*training=*/false);
+  }
+
   /// This rank's parameters over all its model chunks, with their updated
   /// values (completes an overlapped parameter all-gather still in flight).
   ParameterList parameters();
-  std::vector<std::unique_ptr<GptModel>>& chunks() { return chunks_; }
+  std::vector<std::unique_ptr<StageModel>>& chunks() { return chunks_; }
+  /// The chunks as GPT models, for generation (a UserError for BERT).
+  std::vector<GptModel*> gpt_chunks();
   Optimizer& optimizer() { return *optimizer_; }
   const LrSchedule& schedule() const { return lr_; }
   /// The fp16 loss scaler; null under fp32 and bf16 (scale 1).
@@ -101,6 +108,9 @@ class Trainer {
   /// A blocking receive from the pipeline neighbour, timed into wait_seconds_.
   void receive(Tensor& t, int peer, int tag);
   LayerContext context_for(const MicroBatch& mb, long step, bool training) const;
+  /// The model part of `place`: a GptModel, or a BertModel (whole model only).
+  std::unique_ptr<StageModel> make_stage(const ModelSpec& model, const StagePlacement& place,
+                                         DType dtype);
   /// training.attention_masks_ahead: batch[0]'s attention-dropout masks
   /// drawn on mask_stream_ before the step's work is queued (sets
   /// masks_ahead_for_ where the layers drew them).
@@ -120,7 +130,7 @@ class Trainer {
   LayerContext base_ctx_;
   int virtual_stages_ = 1;
   int layers_per_chunk_ = 0;
-  std::vector<std::unique_ptr<GptModel>> chunks_;
+  std::vector<std::unique_ptr<StageModel>> chunks_;
   std::unique_ptr<Optimizer> optimizer_;
   LrSchedule lr_;
   std::optional<DynamicLossScaler> scaler_;  ///< fp16 only

@@ -71,9 +71,7 @@ struct Replica {
         rt(comm, config.parallel.degrees(), space),
         spec(model_spec_from_deck(config, config.model.vocab_size, tp)),
         trainer(config, spec, rt, dtype) {
-    std::vector<GptModel*> chunks;
-    for (auto& m : trainer.chunks()) chunks.push_back(m.get());
-    generator = std::make_unique<generate::Generator>(chunks, rt, dtype);
+    generator = std::make_unique<generate::Generator>(trainer.gpt_chunks(), rt, dtype);
   }
 };
 

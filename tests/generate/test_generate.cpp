@@ -38,7 +38,7 @@ std::vector<double> full_forward_logits(Replica& r, const std::vector<std::int32
   ctx.global_batch = 1;
   GptModel::Cache cache;
   const Tensor targets = Tensor::zeros({index_t(prefix.size())}, DType::I32);
-  r.trainer.chunks().front()->forward(generate::ids_tensor(prefix), targets, ctx, cache);
+  r.trainer.gpt_chunks().front()->forward(generate::ids_tensor(prefix), targets, ctx, cache);
   const Tensor& logits = cache.head.logits;
   std::vector<double> out;
   const index_t last = logits.dim(0) - 1;

@@ -132,6 +132,41 @@ TEST(ModelSpec, ArchPresetsAreDefaultsThatDeckKeysOverride) {
                     {"model.arch = 'llama2' is not one of gpt | llama"});
 }
 
+// model.arch = bert: Megatron's BertModel, which the trainer builds as a
+// BertModel; what it does not build yet is one line.
+TEST(ModelSpec, BertArchIsTheEncoderWithTwoTokenTypes) {
+  const ModelSpec bert = spec_of_deck("arch = bert\n");
+  EXPECT_EQ(bert.model_class, ModelClass::BertPretraining);
+  EXPECT_EQ(bert.block.attention.mask, AttentionMask::Padding);
+  EXPECT_EQ(bert.block.attention.position, PositionEmbedding::LearnedAbsolute);
+  EXPECT_EQ(bert.block.mlp.activation, Activation::Gelu);
+  EXPECT_EQ(bert.num_token_types, 2);
+  EXPECT_DOUBLE_EQ(bert.block.norm.epsilon, 1e-12);
+  EXPECT_EQ(spec_of_deck("arch = bert\nnum_token_types = 3\n").num_token_types, 3);
+  EXPECT_EQ(spec_of_deck("").model_class, ModelClass::CausalLm);
+  expect_user_error([] { spec_of_deck("num_token_types = 2\n"); },
+                    {"model.num_token_types = 2 needs model.arch = bert"});
+  expect_user_error([] { spec_of_deck("arch = bert\nnum_token_types = 0\n"); },
+                    {"model.arch = bert needs model.num_token_types > 0"});
+  expect_user_error(
+      [] {
+        RunConfig c = RunConfig::from_text(
+            "[model]\narch = bert\nnum_layers = 2\nhidden_size = 64\nnum_attention_heads = 8\n",
+            {"logging.sample_interval=10"});
+        c.validate(1);
+      },
+      {"model.arch = bert: logging.sample_interval"});
+  for (const char* unbuilt : {"parallel.pipeline_parallel=2", "parallel.sequence_parallel=true"})
+    expect_user_error(
+        [&] {
+          RunConfig c = RunConfig::from_text(
+              "[model]\narch = bert\nnum_layers = 2\nhidden_size = 64\nnum_attention_heads = 8\n",
+              {unbuilt, "parallel.tensor_parallel=2"});
+          c.validate(4);
+        },
+        {"model.arch = bert", "is not built yet"});
+}
+
 TEST(ModelSpec, DeckRejectsBadArchitectureValues) {
   expect_user_error([] { spec_of_deck("normalization = BatchNorm\n"); }, {"model.normalization"});
   expect_user_error([] { spec_of_deck("position_embedding_type = sinusoidal\n"); },
