@@ -3,7 +3,9 @@ make_llama_golden.py, make_bloom_golden.py, make_gpt_neox_golden.py): the
 hyper-parameters, the learning-rate schedule, AdamW with decay on matrices
 only, and three recorded steps. Imported by the scripts beside it; needs
 torch and safetensors."""
+import argparse
 import math
+import os
 
 import numpy as np
 import safetensors
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 SEED = 1234
 STEPS, BATCH, SEQ = 3, 2, 16
@@ -95,3 +98,54 @@ def recipe_metadata():
         "lr_schedule": (f"max_lr={MAX_LR} min_lr={MIN_LR} warmup={WARMUP} "
                         f"decay_iters={DECAY_ITERS} linear warmup + cosine"),
     }
+
+
+def list_folder(folder):
+    for name in sorted(os.listdir(folder)):
+        print(f"{folder}/{name}: {os.path.getsize(os.path.join(folder, name))} bytes")
+
+
+def write_family_golden(doc, family, build_model, metadata, vocab, show_config=False):
+    """A family script's command line: --out FAMILY-golden (the initial model
+    and golden.safetensors of the recorded steps) and --sharded-out
+    FAMILY-golden-sharded (the same model in 200 KB shards with its index)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=f"{family}-golden",
+                        help="output folder (created if missing)")
+    parser.add_argument("--sharded-out", default=f"{family}-golden-sharded",
+                        help="folder of the sharded copy (created if missing)")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.sharded_out, exist_ok=True)
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)
+    print(f"torch {torch.__version__} transformers {transformers.__version__} "
+          f"safetensors {safetensors.__version__}")
+
+    model = build_model()
+    model.save_pretrained(args.out, safe_serialization=True)
+    model.save_pretrained(args.sharded_out, safe_serialization=True, max_shard_size="200KB")
+    assert os.path.exists(os.path.join(args.sharded_out, "model.safetensors.index.json")), \
+        "the sharded copy has no index: lower max_shard_size"
+    if show_config:
+        print("config.json:")
+        with open(os.path.join(args.out, "config.json")) as f:
+            print(f.read())
+    print("model.safetensors keys:")
+    print_file_keys(os.path.join(args.out, "model.safetensors"))
+    print("named_parameters:", [n for n, _ in model.named_parameters()])
+
+    generator = torch.Generator().manual_seed(SEED)
+    tokens = torch.randint(0, vocab, (STEPS, BATCH, SEQ + 1), generator=generator)
+    golden = train_and_record(model, tokens)
+    golden["tokens"] = tokens.to(torch.int32).contiguous()
+
+    golden_file = os.path.join(args.out, "golden.safetensors")
+    save_file(golden, golden_file, metadata=metadata(model))
+    print("losses", repr(golden["losses"].tolist()))
+    print("grad_norms", repr(golden["grad_norms"].tolist()))
+    print("lrs", repr(golden["lrs"].tolist()))
+    list_folder(args.out)
+    list_folder(args.sharded_out)

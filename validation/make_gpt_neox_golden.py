@@ -77,17 +77,11 @@ for ndim == 1 (norms and biases). Each step: forward, loss.backward(),
 clip_grad_norm_(1.0), set lr in every group, optimizer.step(),
 optimizer.zero_grad().
 """
-import argparse
-import os
-
-import safetensors
 import torch
 import transformers
-from safetensors.torch import save_file
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-from golden_training import (BATCH, SEED, SEQ, STEPS, print_file_keys, recipe_metadata,
-                              train_and_record)
+from golden_training import SEED, recipe_metadata, write_family_golden
 
 VOCAB = 1000
 BIAS_SEED = 4321
@@ -155,51 +149,8 @@ def metadata(model):
     }
 
 
-def list_folder(folder):
-    for name in sorted(os.listdir(folder)):
-        print(f"{folder}/{name}: {os.path.getsize(os.path.join(folder, name))} bytes")
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="gpt-neox-golden",
-                        help="output folder (created if missing)")
-    parser.add_argument("--sharded-out", default="gpt-neox-golden-sharded",
-                        help="folder of the sharded copy (created if missing)")
-    args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    os.makedirs(args.sharded_out, exist_ok=True)
-
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float32)
-    print(f"torch {torch.__version__} transformers {transformers.__version__} "
-          f"safetensors {safetensors.__version__}")
-
-    model = build_model()
-    model.save_pretrained(args.out, safe_serialization=True)
-    model.save_pretrained(args.sharded_out, safe_serialization=True, max_shard_size="200KB")
-    assert os.path.exists(os.path.join(args.sharded_out, "model.safetensors.index.json")), \
-        "the sharded copy has no index: lower max_shard_size"
-    print("config.json:")
-    with open(os.path.join(args.out, "config.json")) as f:
-        print(f.read())
-    print("model.safetensors keys:")
-    print_file_keys(os.path.join(args.out, "model.safetensors"))
-    print("named_parameters:", [n for n, _ in model.named_parameters()])
-
-    generator = torch.Generator().manual_seed(SEED)
-    tokens = torch.randint(0, VOCAB, (STEPS, BATCH, SEQ + 1), generator=generator)
-    golden = train_and_record(model, tokens)
-    golden["tokens"] = tokens.to(torch.int32).contiguous()
-
-    golden_file = os.path.join(args.out, "golden.safetensors")
-    save_file(golden, golden_file, metadata=metadata(model))
-    print("losses", repr(golden["losses"].tolist()))
-    print("grad_norms", repr(golden["grad_norms"].tolist()))
-    print("lrs", repr(golden["lrs"].tolist()))
-    list_folder(args.out)
-    list_folder(args.sharded_out)
+    write_family_golden(__doc__, "gpt-neox", build_model, metadata, VOCAB, show_config=True)
 
 
 if __name__ == "__main__":
