@@ -130,7 +130,7 @@ class TrainRun {
       if (c_.checkpoint.save_interval > 0 && step % c_.checkpoint.save_interval == 0)
         save(step);
       last_step_ = step;
-      if (const std::string why = stop_.agree(rt_.topo.world_comm()); !why.empty()) {
+      if (const std::string why = stop_.agree(rt_.world); !why.empty()) {
         if (rank0_) bar.clear();
         stop_early(step, why);
         stopped_early = true;

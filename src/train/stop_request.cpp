@@ -45,13 +45,14 @@ StopRequest::~StopRequest() {
     sigaction(kStopSignals[i], &g_previous[i], nullptr);
 }
 
-std::string StopRequest::agree(MPI_Comm comm) const {
+std::string StopRequest::agree(Communicator& comm) const {
   int mine = g_received_signal;
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   if (mine == 0 && exit_after_s_ > 0 && elapsed >= exit_after_s_) mine = kTimeLimit;
-  int agreed = 0;
-  MPI_CHECK(MPI_Allreduce(&mine, &agreed, 1, MPI_INT, MPI_MAX, comm));
+  // Through the communicator, so the collective watchdog covers this
+  // per-step collective like every other.
+  const int agreed = int(comm.all_reduce_scalar(double(mine), ReduceOp::Max));
   if (agreed == 0) return "";
   if (agreed == kTimeLimit)
     return MESH_MSG("run.exit_duration_mins = " << exit_after_s_ / 60 << " reached");

@@ -9,10 +9,10 @@
 // after the same step.
 #pragma once
 
-#include <mpi.h>
-
 #include <chrono>
 #include <string>
+
+#include "parallel/communicator.hpp"
 
 namespace meshtron {
 
@@ -27,7 +27,7 @@ class StopRequest {
 
   /// Collective over `comm`: why every rank should stop after this step
   /// ("received SIGTERM", "run.exit_duration_mins = 30 reached"), or "".
-  std::string agree(MPI_Comm comm) const;
+  std::string agree(Communicator& comm) const;
   /// This rank's own view, no collective: "received SIGTERM" once a stop
   /// signal has reached it, else "" (a server's rank 0 between requests).
   std::string received() const;
