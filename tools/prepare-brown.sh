@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Fetch the Brown corpus and the GPT-2 vocabulary (tools/fetch-corpus.sh), then
-# preprocess the corpus into the indexed dataset data/brown_text_document
-# (.bin/.idx) that the tiny training decks read.
+# Fetch the Brown corpus and the vocabularies (tools/fetch-corpus.sh), then
+# preprocess the corpus into the indexed dataset (.bin/.idx) the tiny decks
+# read: with PREPARE_BROWN_DATASET=gpt2 (the default) data/brown_text_document,
+# GPT-2 BPE with an EOD after each document; with =bert (what
+# tools/prepare-brown-bert.sh sets) data/brown_bert_sentence, BERT WordPiece,
+# one sequence per sentence (--split-sentences) and no EOD: Megatron's BERT
+# data marks documents by the index, not by a token.
 #
 #   tools/prepare-brown.sh                       # uses build/meshtron
 #   tools/prepare-brown.sh path/to/meshtron      # or MESHTRON_BIN=path/to/meshtron
 #   MESHTRON_DATA_DIR=/scratch/d tools/prepare-brown.sh
 #
-# Idempotent: does nothing when data/brown_text_document.idx exists (delete it
-# to redo). Runs 2 MPI ranks (PREPARE_BROWN_RANKS to change) through mpirun
+# Idempotent: does nothing when the dataset's .idx exists (delete it to
+# redo). Runs 2 MPI ranks (PREPARE_BROWN_RANKS to change) through mpirun
 # (MPIEXEC to change), allowed to run as root and oversubscribed, as in CI.
 # The dataset is the same for any number of ranks.
 set -euo pipefail
@@ -18,9 +22,20 @@ data_dir="${MESHTRON_DATA_DIR:-$repo_root/data}"
 meshtron="${1:-${MESHTRON_BIN:-$repo_root/build/meshtron}}"
 ranks="${PREPARE_BROWN_RANKS:-2}"
 mpiexec="${MPIEXEC:-mpirun}"
-prefix="$data_dir/brown_text_document"
 
 die() { echo "prepare-brown: $*" >&2; exit 1; }
+
+case "${PREPARE_BROWN_DATASET:-gpt2}" in
+  gpt2)
+    prefix="$data_dir/brown_text_document"
+    tokenize=(--tokenizer gpt2 --vocab-file "$data_dir/encoder.json"
+              --merge-file "$data_dir/vocab.bpe" --append-eod) ;;
+  bert)
+    prefix="$data_dir/brown_bert_sentence"
+    tokenize=(--tokenizer bert_wordpiece_lowercase
+              --vocab-file "$data_dir/bert-base-uncased-vocab.txt" --split-sentences) ;;
+  *) die "PREPARE_BROWN_DATASET = '$PREPARE_BROWN_DATASET' is not gpt2 or bert" ;;
+esac
 
 # 1. Corpus and vocabulary (each step of fetch-corpus.sh skips itself when done).
 MESHTRON_DATA_DIR="$data_dir" "$repo_root/tools/fetch-corpus.sh"
@@ -38,6 +53,5 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "prepare-brown: $mpiexec -np $ranks $meshtron preprocess ... -> $prefix"
 "$mpiexec" --oversubscribe -np "$ranks" "$meshtron" preprocess \
   --input "$data_dir/brown.jsonl" --json-key text --output-prefix "$prefix" \
-  --tokenizer gpt2 --vocab-file "$data_dir/encoder.json" --merge-file "$data_dir/vocab.bpe" \
-  --append-eod --overwrite
+  "${tokenize[@]}" --overwrite
 echo "prepare-brown: done; dataset at $prefix.{bin,idx}"
