@@ -15,6 +15,9 @@ void reject_unbuilt(const AttentionSpec& a) {
   reject_unless(a.mask != AttentionMask::None, "attention mask " + to_string(a.mask));
   reject_unless(a.mask == AttentionMask::Causal || a.position != PositionEmbedding::Alibi,
                 "ALiBi with attention mask " + to_string(a.mask));
+  reject_unless(a.position != PositionEmbedding::Relative,
+                "relative position buckets outside T5 (model.arch = t5)");
+  reject_unless(a.scale_scores, "unscaled attention scores outside T5 (model.arch = t5)");
 }
 
 /// The ALiBi slopes of this rank's heads (global heads [t H/tp, (t+1) H/tp)),

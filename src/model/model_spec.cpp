@@ -36,10 +36,11 @@ constexpr Names<NormPlacement, 2> kPlacements = {{NormPlacement::Pre, "pre"},
 constexpr Names<AttentionMask, 3> kMasks = {{AttentionMask::Causal, "causal"},
                                             {AttentionMask::Padding, "padding"},
                                             {AttentionMask::None, "none"}};
-constexpr Names<PositionEmbedding, 4> kPositions = {
+constexpr Names<PositionEmbedding, 5> kPositions = {
     {PositionEmbedding::LearnedAbsolute, "learned_absolute"},
     {PositionEmbedding::Rope, "rope"},
     {PositionEmbedding::Alibi, "alibi"},
+    {PositionEmbedding::Relative, "relative"},
     {PositionEmbedding::None, "none"}};
 constexpr Names<Activation, 5> kActivations = {{Activation::Gelu, "gelu"},
                                                {Activation::GeluTanh, "gelu_tanh"},

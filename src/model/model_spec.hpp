@@ -17,7 +17,9 @@ namespace meshtron {
 enum class NormKind { LayerNorm, RMSNorm };
 enum class NormPlacement { Pre, Post };  ///< before each branch (GPT-2) or after its residual add
 enum class AttentionMask { Causal, Padding, None };
-enum class PositionEmbedding { LearnedAbsolute, Rope, Alibi, None };
+/// Relative: T5's learned bias per head and relative-position bucket,
+/// added to the attention scores (no position enters the embedding).
+enum class PositionEmbedding { LearnedAbsolute, Rope, Alibi, Relative, None };
 /// Gelu is the exact erf GeLU; GeluTanh the tanh approximation of GPT-2
 /// ("gelu_new"); Swiglu and Geglu gate one projection by another.
 enum class Activation { Gelu, GeluTanh, Relu, Swiglu, Geglu };
@@ -39,9 +41,10 @@ PositionEmbedding parse_position_embedding(const std::string& s, const std::stri
 Activation parse_activation(const std::string& s, const std::string& what);
 
 /// Which model a spec builds: a causal LM (GptModel: the LM head and its
-/// next-token loss) or BERT's pre-training model (BertModel: the masked-LM
-/// head, the pooler and the binary head).
-enum class ModelClass { CausalLm, BertPretraining };
+/// next-token loss), BERT's pre-training model (BertModel: the masked-LM
+/// head, the pooler and the binary head) or T5's encoder-decoder (T5Model,
+/// as transformers' T5ForConditionalGeneration).
+enum class ModelClass { CausalLm, BertPretraining, T5 };
 
 /// Whether the MLP's first projection is a gate and a value (3 matrices).
 inline bool is_gated(Activation a) { return a == Activation::Swiglu || a == Activation::Geglu; }
@@ -63,6 +66,9 @@ struct AttentionSpec {
   double rotary_base = 10000;
   bool rotary_interleaved = false;  ///< rotate (x0, x1) pairs rather than the two halves
   bool bias = true;                 ///< on qkv and the output projection
+  /// Scores divided by sqrt(head_dim) before the softmax; T5 does not (its
+  /// initialisation absorbs the factor).
+  bool scale_scores = true;
   std::string backend = "auto";     ///< auto | fused | unfused (model.attention_backend)
 
   /// Multi-head attention over `hidden` split into `heads` heads, the rest default.
@@ -105,6 +111,14 @@ struct ModelSpec {
   /// Rows of the token-type (segment) table added to the input embedding
   /// (BERT's type_vocab_size); 0: none.
   int num_token_types = 0;
+
+  // T5 (model_class T5): num_layers and seq_length are the encoder's.
+  int num_decoder_layers = 0;
+  int decoder_seq_length = 0;
+  /// PositionEmbedding::Relative: T5's relative_attention_num_buckets and
+  /// relative_attention_max_distance.
+  int relative_attention_num_buckets = 32;
+  int relative_attention_max_distance = 128;
 
   int num_heads() const { return block.attention.num_heads; }
   int head_dim() const { return block.attention.head_dim; }

@@ -38,6 +38,10 @@ struct MicroBatch {
   Tensor token_types;    ///< int32 [s * b]
   Tensor padding_mask;   ///< int32 [b, s]: 1 a real token, 0 padding
   Tensor next_sentence;  ///< int32 [b]: the binary head's class
+  // T5 only: ids are the encoder's tokens [s_enc * b], targets the decoder's
+  // labels [s_dec * b] (-100 = none), padding_mask the encoder's [b, s_enc].
+  Tensor decoder_ids;           ///< int32 [s_dec * b]: the decoder's input
+  Tensor decoder_padding_mask;  ///< int32 [b, s_dec]: 1 a real token, 0 padding
 };
 
 struct StagePlacement {
