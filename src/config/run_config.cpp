@@ -201,7 +201,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.normalization", &m.normalization, "string",
       "LayerNorm | RMSNorm");
   key("model.position_embedding_type", &m.position_embedding_type, "string",
-      "learned_absolute | rope | alibi | none");
+      "learned_absolute | rope | alibi | relative (T5) | none");
   key("model.num_query_groups", &m.num_query_groups, "int",
       "key/value heads (grouped-query attention), 0 = num_attention_heads");
   key("model.kv_channels", &m.kv_channels, "int",
@@ -212,7 +212,7 @@ void DeckSchema::bind(RunConfig& c) {
   key("model.rotary_interleaved", &m.rotary_interleaved, "bool",
       "rope rotates interleaved pairs rather than halves");
   key("model.activation", &m.activation, "string",
-      "MLP activation: gelu (erf) | gelu_tanh (GPT-2's) | relu | swiglu | geglu");
+      "MLP activation: gelu (erf) | gelu_tanh (GPT-2's) | relu | swiglu | geglu | geglu_tanh");
   key("model.add_bias_linear", &m.add_bias_linear, "bool",
       "biases on the linear layers");
   key("model.untie_embeddings_and_output_weights", &m.untie_embeddings_and_output_weights,

@@ -10,7 +10,8 @@ ops::GatedActivation kernel_activation(Activation a) {
   switch (a) {
     case Activation::Swiglu: return ops::GatedActivation::SiLU;
     case Activation::Relu: return ops::GatedActivation::ReLU;
-    case Activation::GeluTanh: return ops::GatedActivation::GeLUTanh;
+    case Activation::GeluTanh:
+    case Activation::GegluTanh: return ops::GatedActivation::GeLUTanh;
     case Activation::Gelu:
     case Activation::Geglu: return ops::GatedActivation::GeLUErf;
   }

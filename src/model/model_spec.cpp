@@ -42,11 +42,12 @@ constexpr Names<PositionEmbedding, 5> kPositions = {
     {PositionEmbedding::Alibi, "alibi"},
     {PositionEmbedding::Relative, "relative"},
     {PositionEmbedding::None, "none"}};
-constexpr Names<Activation, 5> kActivations = {{Activation::Gelu, "gelu"},
+constexpr Names<Activation, 6> kActivations = {{Activation::Gelu, "gelu"},
                                                {Activation::GeluTanh, "gelu_tanh"},
                                                {Activation::Relu, "relu"},
                                                {Activation::Swiglu, "swiglu"},
-                                               {Activation::Geglu, "geglu"}};
+                                               {Activation::Geglu, "geglu"},
+                                               {Activation::GegluTanh, "geglu_tanh"}};
 
 }  // namespace
 

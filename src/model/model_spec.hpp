@@ -21,12 +21,13 @@ enum class AttentionMask { Causal, Padding, None };
 /// added to the attention scores (no position enters the embedding).
 enum class PositionEmbedding { LearnedAbsolute, Rope, Alibi, Relative, None };
 /// Gelu is the exact erf GeLU; GeluTanh the tanh approximation of GPT-2
-/// ("gelu_new"); Swiglu and Geglu gate one projection by another.
-enum class Activation { Gelu, GeluTanh, Relu, Swiglu, Geglu };
+/// ("gelu_new"); Swiglu, Geglu and GegluTanh gate one projection by
+/// another (GegluTanh: T5 v1.1's and mT5's "gated-gelu", gelu_new).
+enum class Activation { Gelu, GeluTanh, Relu, Swiglu, Geglu, GegluTanh };
 
 /// Names as Megatron-LM's flags spell them: "LayerNorm", "RMSNorm";
 /// "pre", "post"; "causal", "padding", "none"; "learned_absolute", "rope",
-/// "alibi", "none"; "gelu", "gelu_tanh", "relu", "swiglu", "geglu".
+/// "alibi", "none"; "gelu", "gelu_tanh", "relu", "swiglu", "geglu", "geglu_tanh".
 std::string to_string(NormKind v);
 std::string to_string(NormPlacement v);
 std::string to_string(AttentionMask v);
@@ -47,7 +48,9 @@ Activation parse_activation(const std::string& s, const std::string& what);
 enum class ModelClass { CausalLm, BertPretraining, T5 };
 
 /// Whether the MLP's first projection is a gate and a value (3 matrices).
-inline bool is_gated(Activation a) { return a == Activation::Swiglu || a == Activation::Geglu; }
+inline bool is_gated(Activation a) {
+  return a == Activation::Swiglu || a == Activation::Geglu || a == Activation::GegluTanh;
+}
 
 struct NormSpec {
   NormKind kind = NormKind::LayerNorm;
