@@ -83,19 +83,23 @@ void T5Attention::attention_probs(const Tensor& q, const Tensor& k,
 
 Tensor T5Attention::forward(const Tensor& x, const Tensor& memory,
                             const ops::SoftmaxMasks& masks, LayerContext& ctx, Cache& c) const {
-  const index_t b = ctx.micro_batch, sq = x.dim(0) / b;
+  // The projections' outputs hold every token (under sequence parallelism
+  // the column-parallel linears gather the shards of x and memory first).
+  const index_t b = ctx.micro_batch;
+  const Tensor projected = in.forward(x, ctx, c.in);
+  const index_t sq = projected.dim(0) / b;
   if (kind_ == Kind::Self) {
     Tensor parts[3];
-    ops::split_heads(in.forward(x, ctx, c.in), sq, b, heads_local_, 3, parts);
+    ops::split_heads(projected, sq, b, heads_local_, 3, parts);
     c.q = parts[0];
     c.k = parts[1];
     c.v = parts[2];
   } else {
     MESH_VERIFY(memory.defined(), "T5Attention: cross-attention needs the encoder's output");
-    const index_t sk = memory.dim(0) / b;
-    ops::split_heads(in.forward(x, ctx, c.in), sq, b, heads_local_, 1, &c.q);
+    ops::split_heads(projected, sq, b, heads_local_, 1, &c.q);
+    const Tensor kv_out = kv->forward(memory, ctx, c.kv);
     Tensor parts[2];
-    ops::split_heads(kv->forward(memory, ctx, c.kv), sk, b, heads_local_, 2, parts);
+    ops::split_heads(kv_out, kv_out.dim(0) / b, b, heads_local_, 2, parts);
     c.k = parts[0];
     c.v = parts[1];
   }

@@ -44,7 +44,8 @@ class T5Attention {
               index_t hidden, const AttentionSpec& spec, double dropout,
               const LayerContext& ctx, DType dtype);
   /// x [Sq*b, h] -> [Sq*b, h]; `memory` [Sk*b, h] for cross-attention
-  /// (undefined for self). `masks` holds this rank's heads of the bias.
+  /// (undefined for self); under sequence parallelism x, memory and the
+  /// output are this rank's sequence shards. `masks` holds this rank's heads of the bias.
   Tensor forward(const Tensor& x, const Tensor& memory, const ops::SoftmaxMasks& masks,
                  LayerContext& ctx, Cache& cache) const;
   /// dx from dy; cross-attention adds d(memory) into `dmemory` (set when

@@ -18,7 +18,6 @@ const ModelSpec& checked(const ModelSpec& s, const LayerContext& ctx) {
   MESH_REQUIRE(s.num_layers >= 1 && s.num_decoder_layers >= 1,
                "T5Model: needs at least one encoder and one decoder layer (got "
                    << s.num_layers << " and " << s.num_decoder_layers << ")");
-  MESH_REQUIRE(!ctx.sequence_parallel, "T5Model: sequence parallelism is not built yet");
   return s;
 }
 
@@ -159,6 +158,10 @@ void T5Model::check_batch(const T5Batch& in, const LayerContext& ctx) const {
     for (std::int32_t v : ints(m))
       MESH_REQUIRE(v == 0 || v == 1, "T5Model: " << what << " value " << v << " is not 0 or 1");
   };
+  for (const index_t s : {s_enc, s_dec})
+    MESH_REQUIRE(s % ctx.sp_size() == 0, "T5Model: under sequence parallelism the sequence length "
+                                             << s << " must be a multiple of tp = "
+                                             << ctx.sp_size());
   require_mask(in.encoder_mask, s_enc, "encoder_mask");
   if (in.decoder_mask.defined()) require_mask(in.decoder_mask, s_dec, "decoder_mask");
   MESH_REQUIRE(in.labels.defined() && in.labels.dtype() == DType::I32 &&

@@ -23,6 +23,15 @@
 // dropout inside the feed-forward (between the activation and wo) is not
 // applied: Mlp has no such site.
 //
+// Sequence parallelism (ctx.sequence_parallel): both stacks' residual
+// streams are sharded by sequence ([s/tp * b, h] rows per rank, both
+// lengths multiples of tp); the column-parallel linears gather them, the
+// encoder's output among them: each cross-attention's kv projection
+// all-gathers the encoder's shards, and its backward reduce-scatters
+// d(encoder output) back to them. The position bias and the masks cover
+// the whole sequence on every rank (attention runs on all tokens of its
+// heads).
+//
 // The two sequence lengths come from the batch (ids / ctx.micro_batch);
 // ctx.seq_length is not read (each stack runs under a copy of ctx with its
 // own). Initialisation follows transformers' T5PreTrainedModel._init_weights
@@ -72,8 +81,7 @@ class T5Model final : public StageModel {
     double loss = 0;
   };
 
-  /// Rejects a spec whose model_class is not T5, sequence parallelism, and
-  /// what its layers reject.
+  /// Rejects a spec whose model_class is not T5, and what its layers reject.
   T5Model(const ModelSpec& spec, LayerContext& ctx, DType dtype, std::uint64_t seed);
   /// The trainer's check of a stage's placement: a UserError unless it
   /// holds the whole model (pipeline parallelism is not built for T5 yet).
@@ -87,9 +95,10 @@ class T5Model final : public StageModel {
   /// T5's scaling of a tied head).
   static const Tensor& logits(const Cache& c) { return c.head.logits; }
 
-  /// Generation: the encoder's output [s_enc*b, h] of ids int32 [s_enc*b]
-  /// ([s, b] rows, b = ctx.micro_batch) and mask int32 [b, s_enc]; no
-  /// dropout is drawn unless ctx.training.
+  /// Generation: the encoder's output [s_enc*b, h] (this rank's sequence
+  /// shard under sequence parallelism) of ids int32 [s_enc*b] ([s, b] rows,
+  /// b = ctx.micro_batch) and mask int32 [b, s_enc]; no dropout is drawn
+  /// unless ctx.training.
   Tensor encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx) const;
 
   // StageModel (the whole model on one stage): mb.ids are the encoder's

@@ -213,7 +213,7 @@ TEST(T5Model, BadBatchesAreOneLineErrors) {
   T5Batch wrong_decoder_mask = tiny_batch();
   wrong_decoder_mask.decoder_mask = ints({kBatch, kEncSeq}, std::vector<std::int32_t>(12, 1));
   expect_user_error([&] { model.forward(wrong_decoder_mask, r.ctx, cache); },
-                    {"decoder_mask must be int32 [b = 2, s = 5]"});
+                    {"decoder_mask must be int32 [b = 2, s = 4]"});
   T5Batch wrong_label = tiny_batch();
   wrong_label.labels.data<std::int32_t>()[3] = kVocab;
   expect_user_error([&] { model.forward(wrong_label, r.ctx, cache); },
@@ -225,7 +225,7 @@ TEST(T5Model, BadBatchesAreOneLineErrors) {
   T5Batch wrong_length = tiny_batch();
   wrong_length.labels = ints({kEncSeq * kBatch}, std::vector<std::int32_t>(12, 1));
   expect_user_error([&] { model.forward(wrong_length, r.ctx, cache); },
-                    {"labels must be int32 with s_dec * b = 10 entries"});
+                    {"labels must be int32 with s_dec * b = 8 entries"});
   ModelSpec gpt = tiny_spec(false);
   gpt.model_class = ModelClass::CausalLm;
   expect_user_error([&] { T5Model m(gpt, r.ctx, DType::F64, 1); }, {"does not describe a T5"});
