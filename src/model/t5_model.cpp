@@ -186,6 +186,58 @@ Tensor T5Model::encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx)
   return encoder.forward(x, in_space(mask, ctx.space), Tensor(), Tensor(), enc, c.encoder);
 }
 
+namespace {
+/// ctx for one generation step: b rows of one position, no dropout, no SP.
+LayerContext step_context(const LayerContext& ctx) {
+  LayerContext out = ctx;
+  out.training = false;
+  out.sequence_parallel = false;
+  out.seq_length = 1;
+  return out;
+}
+}  // namespace
+
+T5Model::DecoderState T5Model::start_decoding(const Tensor& encoder_out,
+                                              const Tensor& encoder_mask, index_t capacity,
+                                              LayerContext& ctx) const {
+  LayerContext step = step_context(ctx);
+  DecoderState state;
+  state.capacity = capacity;
+  state.encoder_mask = in_space(encoder_mask, ctx.space);
+  for (const T5Block& block : decoder.blocks) {
+    state.self.push_back(block.self_attention.make_cache(ctx.micro_batch, capacity,
+                                                         encoder_out.dtype(), ctx.space));
+    state.cross.push_back(block.cross_attention->key_values(encoder_out, step));
+  }
+  return state;
+}
+
+Tensor T5Model::decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& state) const {
+  const index_t b = ctx.micro_batch, t = state.position;
+  MESH_REQUIRE(ids.numel() == b, "T5Model::decode_step: one id per sample (b = " << b << ")");
+  MESH_REQUIRE(t < state.capacity,
+               "T5Model::decode_step: the cache holds " << state.capacity << " tokens per sample");
+  LayerContext step = step_context(ctx);
+  Embedding::Cache embedding_cache;
+  Tensor x = embedding.forward(ids, step, embedding_cache);
+  // Keys 0..t are filled: the rest hidden by the key mask.
+  Tensor filled = Tensor::zeros({b, state.capacity}, DType::I32);
+  for (index_t i = 0; i < b; ++i)
+    for (index_t j = 0; j <= t; ++j) filled.data<std::int32_t>()[i * state.capacity + j] = 1;
+  T5Masks masks;
+  masks.self.heads = masks.cross.heads = decoder.blocks.front().self_attention.heads_local();
+  masks.self.bias = decoder.position_bias(1, state.capacity, t, step);
+  masks.self.key_mask = in_space(filled, ctx.space);
+  masks.cross.key_mask = state.encoder_mask;
+  for (std::size_t i = 0; i < decoder.blocks.size(); ++i)
+    x = decoder.blocks[i].forward_step(x, t, masks, step, state.self[i], state.cross[i]);
+  LayerNorm::Cache norm;
+  Tensor sequence = decoder.final_norm.forward(x, norm);
+  if (head_scale() != 1.0) ops::scale(sequence, head_scale());
+  ++state.position;
+  return head_.logits(sequence, step);
+}
+
 Tensor T5Model::decoder_embedding(const Tensor& ids, LayerContext& ctx, Cache& c) const {
   LayerContext lookup = ctx;  // the embedding's own dropout is the encoder's stream
   lookup.training = false;

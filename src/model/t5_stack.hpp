@@ -68,6 +68,11 @@ class T5Block {
   Tensor backward(const Tensor& dy, const Tensor& memory, const T5Masks& masks,
                   LayerContext& ctx, const Cache& cache, Tensor& dbias, Tensor& dmemory);
   void collect(ParameterList& out);
+  /// Generation (decoder blocks): x [b, h], one token per sample at
+  /// `position`, over this block's self-attention cache and the encoder's
+  /// keys and values; no dropout.
+  Tensor forward_step(const Tensor& x, index_t position, const T5Masks& masks, LayerContext& ctx,
+                      T5Attention::KeyValues& self_kv, T5Attention::KeyValues& cross_kv) const;
 
   LayerNorm ln_1;
   T5Attention self_attention;             ///< "attention" (encoder), "self_attention" (decoder)
