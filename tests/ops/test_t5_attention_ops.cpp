@@ -131,6 +131,12 @@ TEST(T5OpsDeathTest, ArgumentErrorsNameTheOpAndTheTensor) {
   Tensor bias = Tensor::empty({4, 3, 2});
   EXPECT_DEATH(relative_bias_forward(table, buckets, bias),
                "relative_bias_forward: bias \\[4, 3, 2\\] fp32 must be \\[4, 2, 3\\]");
+  // Query 7 of key 0 is 7 back: bucket 4 or more, past a table of 4 rows.
+  const Tensor far = relative_position_buckets(8, 1, false, 8, 16);
+  const Tensor table4 = Tensor::zeros({4, 4});
+  Tensor bias81 = Tensor::empty({4, 8, 1});
+  EXPECT_DEATH(relative_bias_forward(table4, far, bias81),
+               "relative_bias_forward: bucket [0-9]+ at element [0-9]+ is outside the table's 4 rows");
   SoftmaxMasks masks;
   masks.heads = 2;
   masks.key_mask = Tensor::zeros({3, 5}, DType::I32);  // B = 4 holds 2 samples, not 3
