@@ -72,7 +72,8 @@ TEST_P(T5ModelTp2, LossLogitsAndGradientsMatchOneRank) {
                                         prefix.encoder_mask, kDecSeq, ctx);
       for (index_t t = 0; t < kDecSeq; ++t) {
         const std::int32_t* row = prefix.decoder_ids.data<std::int32_t>() + t * kBatch;
-        const Tensor want_step = ref.decode_step(ints({kBatch}, {row[0], row[1]}), ref_ctx, ref_state);
+        const Tensor want_step =
+            ref.decode_step(ints({kBatch}, {row[0], row[1]}), ref_ctx, ref_state);
         const Tensor got_step = model.decode_step(ints({kBatch}, {row[0], row[1]}), ctx, state);
         for (index_t i = 0; i < kBatch; ++i)
           for (index_t col = 0; col < width; ++col) {
