@@ -7,22 +7,13 @@
 
 namespace meshtron {
 
-namespace {
-/// The linears take no ones column (T5's norms have no bias).
-LayerContext plain_linears(const LayerContext& ctx) {
-  LayerContext out = ctx;
-  out.bias_in_weight_gemm = false;
-  return out;
-}
-}  // namespace
-
 T5Attention::T5Attention(const std::string& name, Kind kind, int stream_layer,
                          std::uint32_t probs_site, index_t hidden, const AttentionSpec& spec,
                          double dropout, const LayerContext& ctx, DType dtype)
     : in(name + (kind == Kind::Self ? ".qkv" : ".q"), hidden,
          (kind == Kind::Self ? 3 : 1) * spec.context_width(), kind == Kind::Self ? 3 : 1,
-         plain_linears(ctx), dtype, /*bias=*/false),
-      proj(name + ".proj", spec.context_width(), hidden, plain_linears(ctx), dtype,
+         ctx, dtype, /*bias=*/false),
+      proj(name + ".proj", spec.context_width(), hidden, ctx, dtype,
            /*epilogue_rank=*/stream_layer, /*bias=*/false),
       kind_(kind),
       stream_layer_(stream_layer),
@@ -39,7 +30,7 @@ T5Attention::T5Attention(const std::string& name, Kind kind, int stream_layer,
                                                           << ") are not built");
   if (kind == Kind::Cross)
     kv.emplace(name + ".kv", hidden, 2 * spec.context_width(), /*fused_parts=*/2,
-               plain_linears(ctx), dtype, /*bias=*/false);
+               ctx, dtype, /*bias=*/false);
 }
 
 void T5Attention::collect(ParameterList& out) {

@@ -18,6 +18,8 @@ const ModelSpec& checked(const ModelSpec& s, const LayerContext& ctx) {
   MESH_REQUIRE(s.num_layers >= 1 && s.num_decoder_layers >= 1,
                "T5Model: needs at least one encoder and one decoder layer (got "
                    << s.num_layers << " and " << s.num_decoder_layers << ")");
+  require_built(!s.block.attention.bias && !s.block.mlp.bias, "T5Model",
+                "biases on the linear layers (T5 has none)");
   return s;
 }
 

@@ -5,12 +5,6 @@
 namespace meshtron {
 
 namespace {
-LayerContext plain_linears(const LayerContext& ctx) {
-  LayerContext out = ctx;
-  out.bias_in_weight_gemm = false;
-  return out;
-}
-
 std::string block_name(const std::string& prefix, int index) {
   return prefix + ".layers." + std::to_string(index);
 }
@@ -39,7 +33,7 @@ T5Block::T5Block(const std::string& prefix, int index, int stream_layer, bool de
       ln_mlp(block_name(prefix, index) + (decoder ? ".ln_3" : ".ln_2"), s.hidden_size,
              s.block.norm, dtype, ctx.sequence_parallel, ctx.space),
       mlp(block_name(prefix, index) + ".mlp", stream_layer, s.hidden_size, s.block.mlp,
-          plain_linears(ctx), dtype),
+          ctx, dtype),
       stream_layer_(stream_layer),
       hidden_dropout_(s.hidden_dropout) {
   if (!decoder) return;

@@ -292,6 +292,10 @@ TEST(T5Model, BadBatchesAreOneLineErrors) {
   ModelSpec gpt = tiny_spec(false);
   gpt.model_class = ModelClass::CausalLm;
   expect_user_error([&] { T5Model m(gpt, r.ctx, DType::F64, 1); }, {"does not describe a T5"});
+  ModelSpec biased = tiny_spec(false);
+  biased.block.mlp.bias = true;
+  expect_user_error([&] { T5Model m(biased, r.ctx, DType::F64, 1); },
+                    {"biases on the linear layers"});
   expect_user_error([&] { T5Model::require_whole_model(StagePlacement{0, 2, true, false}); },
                     {"T5: pipeline parallelism is not built yet"});
 }
