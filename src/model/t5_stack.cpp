@@ -147,7 +147,7 @@ T5Stack::T5Stack(const std::string& name, bool decoder, const ModelSpec& s,
       final_norm(name + ".final_norm", s.hidden_size, s.block.norm, dtype, ctx.sequence_parallel,
                  ctx.space),
       decoder_(decoder),
-      buckets_(s.relative_attention_num_buckets),
+      num_buckets_(s.relative_attention_num_buckets),
       max_distance_(s.relative_attention_max_distance),
       heads_local_(s.num_heads() / ctx.tp.size()),
       hidden_dropout_(s.hidden_dropout),
@@ -171,10 +171,17 @@ DType T5Stack::bias_dtype(const LayerContext& ctx) const {
 
 Tensor T5Stack::position_bias(index_t sq, index_t sk, index_t query_offset,
                               const LayerContext& ctx, Tensor* buckets_out) const {
-  const Tensor buckets = in_space(
-      ops::relative_position_buckets(sq, sk, /*bidirectional=*/!decoder_, buckets_, max_distance_,
-                                     query_offset),
-      ctx.space);
+  // Made on the host once per shape and kept where the table lives: an
+  // upload every micro-batch (a pageable copy) would make the host wait for
+  // the device mid-step, as Embedding's position ids would.
+  const std::array<index_t, 3> key{sq, sk, query_offset};
+  if (!buckets_.defined() || buckets_key_ != key || buckets_.space() != ctx.space) {
+    buckets_ = in_space(ops::relative_position_buckets(sq, sk, /*bidirectional=*/!decoder_,
+                                                       num_buckets_, max_distance_, query_offset),
+                        ctx.space);
+    buckets_key_ = key;
+  }
+  const Tensor buckets = buckets_;
   Tensor bias = Tensor::empty({heads_local_, sq, sk}, bias_dtype(ctx), ctx.space);
   ops::relative_bias_forward(relative_bias.value, buckets, bias);
   if (buckets_out) *buckets_out = buckets;

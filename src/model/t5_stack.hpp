@@ -23,6 +23,7 @@
 // after them), so no two sites of the model share a stream.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -132,7 +133,10 @@ class T5Stack {
     return ctx.hidden_site(final_stream_, final_norm.weight.value.numel());
   }
   bool decoder_;
-  int buckets_, max_distance_, heads_local_;
+  int num_buckets_, max_distance_, heads_local_;
+  /// position_bias' buckets of the last (sq, sk, query_offset).
+  mutable Tensor buckets_;
+  mutable std::array<index_t, 3> buckets_key_{};
   double hidden_dropout_;
   std::uint32_t final_stream_;
 };
