@@ -37,7 +37,6 @@ std::vector<Layout> bert_layouts(int world) {
                                           "parallel.overlap_param_gather=true"};
   std::vector<Layout> out = {
       {2, 2, world / 4, "1f1b"},
-      {2, 2, world / 4, "gpipe", true, true},
       {2, 2, world / 4, "interleaved", false, true},
       {2, 2, world / 4, "1f1b", true, true, overlaps},
       {1, 2, world / 2, "1f1b", false, false, {"training.recompute=full"}},
