@@ -93,6 +93,11 @@ const ModelSpec& checked(const ModelSpec& s) {
   MESH_REQUIRE(s.model_class == ModelClass::BertPretraining,
                "BertModel: the spec describes a causal LM, not BERT");
   MESH_REQUIRE(s.num_token_types > 0, "BertModel: num_token_types must be positive");
+  // The MLM head multiplies by the word table; under pp > 1 the trainer
+  // keeps the last stage's copy equal to it only for a tied spec.
+  MESH_REQUIRE(s.tie_word_embeddings,
+               "BertModel: the MLM head is tied to the word table "
+               "(model.untie_embeddings_and_output_weights must be false)");
   return s;
 }
 }  // namespace
