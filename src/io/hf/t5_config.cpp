@@ -2,6 +2,7 @@
 
 #include "common/error.hpp"
 #include "io/hf/hf_json.hpp"
+#include "model/t5_model.hpp"
 
 namespace meshtron::io {
 
@@ -108,29 +109,14 @@ void write_hf_t5_config(const std::string& path, const HfT5Config& c) {
 }
 
 ModelSpec model_spec_from_hf(const HfT5Config& hf, int divisible_by, int tp) {
-  ModelSpec s;
-  s.model_class = ModelClass::T5;
-  s.num_layers = int(hf.num_layers);
-  s.num_decoder_layers = int(hf.num_decoder_layers);
-  s.hidden_size = int(hf.d_model);
-  s.seq_length = s.decoder_seq_length = s.max_positions = kHfT5SeqLength;
-  s.vocab_size = int(hf.vocab_size);
+  ModelSpec s = t5_spec(int(hf.num_layers), int(hf.num_decoder_layers), int(hf.d_model),
+                        int(hf.num_heads), int(hf.d_kv), int(hf.d_ff),
+                        hf.gated() ? Activation::GegluTanh : Activation::Relu,
+                        hf.tie_word_embeddings, int(hf.vocab_size), kHfT5SeqLength,
+                        kHfT5SeqLength, int(hf.relative_attention_num_buckets),
+                        int(hf.relative_attention_max_distance), hf.layer_norm_epsilon);
   s.padded_vocab_size = padded_vocab_size(s.vocab_size, divisible_by, tp);
-  s.tie_word_embeddings = hf.tie_word_embeddings;
   s.hidden_dropout = s.attention_dropout = hf.dropout_rate;
-  s.relative_attention_num_buckets = int(hf.relative_attention_num_buckets);
-  s.relative_attention_max_distance = int(hf.relative_attention_max_distance);
-  s.block.norm = NormSpec{NormKind::RMSNorm, hf.layer_norm_epsilon, NormPlacement::Pre, false};
-  auto& a = s.block.attention;
-  a.num_heads = a.num_query_groups = int(hf.num_heads);
-  a.head_dim = int(hf.d_kv);
-  a.mask = AttentionMask::Padding;
-  a.position = PositionEmbedding::Relative;
-  a.bias = false;
-  a.scale_scores = false;
-  s.block.mlp.ffn_hidden_size = int(hf.d_ff);
-  s.block.mlp.activation = hf.gated() ? Activation::GegluTanh : Activation::Relu;
-  s.block.mlp.bias = false;
   return s;
 }
 

@@ -63,10 +63,11 @@ HfT5Config read_hf_t5_config(const std::string& path);
 /// activation spelled all three ways).
 void write_hf_t5_config(const std::string& path, const HfT5Config& config);
 
-/// The T5 spec of `hf` (both sequence lengths kHfT5SeqLength), the
-/// vocabulary padded to a multiple of divisible_by x tp: pre-RMSNorm without
-/// bias, unscaled multi-head attention with relative position buckets,
-/// padding masks, no linear biases, ReLU or GegluTanh.
+/// The T5 spec of `hf` (t5_spec: pre-RMSNorm without bias, unscaled
+/// multi-head attention with relative position buckets, padding masks, no
+/// linear biases, ReLU or GegluTanh; both sequence lengths kHfT5SeqLength;
+/// dropout_rate on the hidden states and the attention probabilities), the
+/// vocabulary padded to a multiple of divisible_by x tp.
 ModelSpec model_spec_from_hf(const HfT5Config& hf, int divisible_by, int tp);
 /// The config.json of `spec` (model_type t5, ids 0 / 1 / 0); a UserError
 /// names the first part of it that T5's config cannot state.
