@@ -83,19 +83,23 @@ void T5Attention::attention_probs(const Tensor& q, const Tensor& k,
 
 Tensor T5Attention::forward(const Tensor& x, const Tensor& memory,
                             const ops::SoftmaxMasks& masks, LayerContext& ctx, Cache& c) const {
-  const index_t b = ctx.micro_batch, sq = x.dim(0) / b;
+  // The projections' outputs hold every token (under sequence parallelism
+  // the column-parallel linears gather the shards of x and memory first).
+  const index_t b = ctx.micro_batch;
+  const Tensor projected = in.forward(x, ctx, c.in);
+  const index_t sq = projected.dim(0) / b;
   if (kind_ == Kind::Self) {
     Tensor parts[3];
-    ops::split_heads(in.forward(x, ctx, c.in), sq, b, heads_local_, 3, parts);
+    ops::split_heads(projected, sq, b, heads_local_, 3, parts);
     c.q = parts[0];
     c.k = parts[1];
     c.v = parts[2];
   } else {
     MESH_VERIFY(memory.defined(), "T5Attention: cross-attention needs the encoder's output");
-    const index_t sk = memory.dim(0) / b;
-    ops::split_heads(in.forward(x, ctx, c.in), sq, b, heads_local_, 1, &c.q);
+    ops::split_heads(projected, sq, b, heads_local_, 1, &c.q);
+    const Tensor kv_out = kv->forward(memory, ctx, c.kv);
     Tensor parts[2];
-    ops::split_heads(kv->forward(memory, ctx, c.kv), sk, b, heads_local_, 2, parts);
+    ops::split_heads(kv_out, kv_out.dim(0) / b, b, heads_local_, 2, parts);
     c.k = parts[0];
     c.v = parts[1];
   }
@@ -147,6 +151,63 @@ Tensor T5Attention::backward(const Tensor& dy, const ops::SoftmaxMasks& masks, L
   else *dmemory = dmem;
   ops::merge_heads(&dq, 1, sq, b, heads_local_, merged);
   return in.backward(merged, ctx, c.in);
+}
+
+T5Attention::KeyValues T5Attention::make_cache(index_t b, index_t capacity, DType dtype,
+                                               MemorySpace space) const {
+  const Shape shape{b * heads_local_, capacity, head_dim_};
+  return {Tensor::zeros(shape, dtype, space), Tensor::zeros(shape, dtype, space)};
+}
+
+T5Attention::KeyValues T5Attention::key_values(const Tensor& memory, LayerContext& ctx) const {
+  MESH_VERIFY(kv && !ctx.sequence_parallel,
+              "T5Attention::key_values: cross-attention without sequence parallelism only");
+  ColumnParallelLinear::Cache scratch;
+  const Tensor kv_out = kv->forward(memory, ctx, scratch);
+  Tensor parts[2];
+  ops::split_heads(kv_out, kv_out.dim(0) / ctx.micro_batch, ctx.micro_batch, heads_local_, 2,
+                   parts);
+  return {parts[0], parts[1]};
+}
+
+Tensor T5Attention::forward_step(const Tensor& x, index_t position,
+                                 const ops::SoftmaxMasks& masks, LayerContext& ctx,
+                                 KeyValues& kv) const {
+  MESH_VERIFY(!ctx.sequence_parallel && x.dim(0) == ctx.micro_batch,
+              "T5Attention::forward_step: one row per sample, no sequence parallelism");
+  const index_t b = ctx.micro_batch, matrices = b * heads_local_;
+  ColumnParallelLinear::Cache scratch;
+  const Tensor projected = in.forward(x, ctx, scratch);
+  Tensor q;
+  if (kind_ == Kind::Self) {
+    Tensor parts[3];
+    ops::split_heads(projected, 1, b, heads_local_, 3, parts);
+    q = parts[0];
+    // Row `position` of every (sample, head) matrix of the cache.
+    const index_t capacity = kv.k.dim(1);
+    MESH_VERIFY(position < capacity, "T5Attention::forward_step: position " << position
+                                                                            << " past the cache's "
+                                                                            << capacity);
+    for (int p = 1; p <= 2; ++p) {
+      Tensor rows = (p == 1 ? kv.k : kv.v).reshape({matrices * capacity, head_dim_});
+      const Tensor fresh = parts[p].reshape({matrices, head_dim_});
+      for (index_t m = 0; m < matrices; ++m)
+        rows.slice_rows(m * capacity + position, m * capacity + position + 1)
+            .copy_from(fresh.slice_rows(m, m + 1));
+    }
+  } else {
+    ops::split_heads(projected, 1, b, heads_local_, 1, &q);
+  }
+  Tensor scores = Tensor::empty({matrices, 1, kv.k.dim(1)}, q.dtype(), q.space());
+  ops::gemm_batched(q, false, kv.k, true, scores);
+  Tensor probs = Tensor::empty(scores.shape(), q.dtype(), q.space());
+  ops::attention_softmax_forward(scores, scale_, masks, probs);
+  Tensor context = Tensor::empty(q.shape(), q.dtype(), q.space());
+  ops::gemm_batched(probs, false, kv.v, false, context);
+  Tensor merged;
+  ops::merge_heads(&context, 1, 1, b, heads_local_, merged);
+  RowParallelLinear::Cache proj_scratch;
+  return proj.forward(merged, ctx, proj_scratch);
 }
 
 }  // namespace meshtron

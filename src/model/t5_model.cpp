@@ -18,7 +18,6 @@ const ModelSpec& checked(const ModelSpec& s, const LayerContext& ctx) {
   MESH_REQUIRE(s.num_layers >= 1 && s.num_decoder_layers >= 1,
                "T5Model: needs at least one encoder and one decoder layer (got "
                    << s.num_layers << " and " << s.num_decoder_layers << ")");
-  MESH_REQUIRE(!ctx.sequence_parallel, "T5Model: sequence parallelism is not built yet");
   return s;
 }
 
@@ -159,6 +158,10 @@ void T5Model::check_batch(const T5Batch& in, const LayerContext& ctx) const {
     for (std::int32_t v : ints(m))
       MESH_REQUIRE(v == 0 || v == 1, "T5Model: " << what << " value " << v << " is not 0 or 1");
   };
+  for (const index_t s : {s_enc, s_dec})
+    MESH_REQUIRE(s % ctx.sp_size() == 0, "T5Model: under sequence parallelism the sequence length "
+                                             << s << " must be a multiple of tp = "
+                                             << ctx.sp_size());
   require_mask(in.encoder_mask, s_enc, "encoder_mask");
   if (in.decoder_mask.defined()) require_mask(in.decoder_mask, s_dec, "decoder_mask");
   MESH_REQUIRE(in.labels.defined() && in.labels.dtype() == DType::I32 &&
@@ -181,6 +184,58 @@ Tensor T5Model::encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx)
   LayerContext enc = stack_context(ctx, s);
   const Tensor x = embedding.forward(ids, enc, c.encoder_embedding);
   return encoder.forward(x, in_space(mask, ctx.space), Tensor(), Tensor(), enc, c.encoder);
+}
+
+namespace {
+/// ctx for one generation step: b rows of one position, no dropout, no SP.
+LayerContext step_context(const LayerContext& ctx) {
+  LayerContext out = ctx;
+  out.training = false;
+  out.sequence_parallel = false;
+  out.seq_length = 1;
+  return out;
+}
+}  // namespace
+
+T5Model::DecoderState T5Model::start_decoding(const Tensor& encoder_out,
+                                              const Tensor& encoder_mask, index_t capacity,
+                                              LayerContext& ctx) const {
+  LayerContext step = step_context(ctx);
+  DecoderState state;
+  state.capacity = capacity;
+  state.encoder_mask = in_space(encoder_mask, ctx.space);
+  for (const T5Block& block : decoder.blocks) {
+    state.self.push_back(block.self_attention.make_cache(ctx.micro_batch, capacity,
+                                                         encoder_out.dtype(), ctx.space));
+    state.cross.push_back(block.cross_attention->key_values(encoder_out, step));
+  }
+  return state;
+}
+
+Tensor T5Model::decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& state) const {
+  const index_t b = ctx.micro_batch, t = state.position;
+  MESH_REQUIRE(ids.numel() == b, "T5Model::decode_step: one id per sample (b = " << b << ")");
+  MESH_REQUIRE(t < state.capacity,
+               "T5Model::decode_step: the cache holds " << state.capacity << " tokens per sample");
+  LayerContext step = step_context(ctx);
+  Embedding::Cache embedding_cache;
+  Tensor x = embedding.forward(ids, step, embedding_cache);
+  // Keys 0..t are filled: the rest hidden by the key mask.
+  Tensor filled = Tensor::zeros({b, state.capacity}, DType::I32);
+  for (index_t i = 0; i < b; ++i)
+    for (index_t j = 0; j <= t; ++j) filled.data<std::int32_t>()[i * state.capacity + j] = 1;
+  T5Masks masks;
+  masks.self.heads = masks.cross.heads = decoder.blocks.front().self_attention.heads_local();
+  masks.self.bias = decoder.position_bias(1, state.capacity, t, step);
+  masks.self.key_mask = in_space(filled, ctx.space);
+  masks.cross.key_mask = state.encoder_mask;
+  for (std::size_t i = 0; i < decoder.blocks.size(); ++i)
+    x = decoder.blocks[i].forward_step(x, t, masks, step, state.self[i], state.cross[i]);
+  LayerNorm::Cache norm;
+  Tensor sequence = decoder.final_norm.forward(x, norm);
+  if (head_scale() != 1.0) ops::scale(sequence, head_scale());
+  ++state.position;
+  return head_.logits(sequence, step);
 }
 
 Tensor T5Model::decoder_embedding(const Tensor& ids, LayerContext& ctx, Cache& c) const {

@@ -23,6 +23,15 @@
 // dropout inside the feed-forward (between the activation and wo) is not
 // applied: Mlp has no such site.
 //
+// Sequence parallelism (ctx.sequence_parallel): both stacks' residual
+// streams are sharded by sequence ([s/tp * b, h] rows per rank, both
+// lengths multiples of tp); the column-parallel linears gather them, the
+// encoder's output among them: each cross-attention's kv projection
+// all-gathers the encoder's shards, and its backward reduce-scatters
+// d(encoder output) back to them. The position bias and the masks cover
+// the whole sequence on every rank (attention runs on all tokens of its
+// heads).
+//
 // The two sequence lengths come from the batch (ids / ctx.micro_batch);
 // ctx.seq_length is not read (each stack runs under a copy of ctx with its
 // own). Initialisation follows transformers' T5PreTrainedModel._init_weights
@@ -35,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "model/embedding.hpp"
 #include "model/stage_model.hpp"
@@ -72,8 +82,7 @@ class T5Model final : public StageModel {
     double loss = 0;
   };
 
-  /// Rejects a spec whose model_class is not T5, sequence parallelism, and
-  /// what its layers reject.
+  /// Rejects a spec whose model_class is not T5, and what its layers reject.
   T5Model(const ModelSpec& spec, LayerContext& ctx, DType dtype, std::uint64_t seed);
   /// The trainer's check of a stage's placement: a UserError unless it
   /// holds the whole model (pipeline parallelism is not built for T5 yet).
@@ -87,10 +96,30 @@ class T5Model final : public StageModel {
   /// T5's scaling of a tied head).
   static const Tensor& logits(const Cache& c) { return c.head.logits; }
 
-  /// Generation: the encoder's output [s_enc*b, h] of ids int32 [s_enc*b]
-  /// ([s, b] rows, b = ctx.micro_batch) and mask int32 [b, s_enc]; no
-  /// dropout is drawn unless ctx.training.
+  /// Generation: the encoder's output [s_enc*b, h] (this rank's sequence
+  /// shard under sequence parallelism) of ids int32 [s_enc*b] ([s, b] rows,
+  /// b = ctx.micro_batch) and mask int32 [b, s_enc]; no dropout is drawn
+  /// unless ctx.training.
   Tensor encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx) const;
+
+  /// Generation's decoder state: the self-attention caches of every
+  /// decoder block and the cross-attention keys and values of the encoder
+  /// output, computed once (no sequence parallelism).
+  struct DecoderState {
+    index_t position = 0;  ///< decoder tokens fed so far
+    index_t capacity = 0;  ///< the most the caches hold
+    Tensor encoder_mask;   ///< int32 [b, s_enc] where the layers live
+    std::vector<T5Attention::KeyValues> self, cross;  ///< per decoder block
+  };
+  /// The state for decoding up to `capacity` tokens per sample after
+  /// encode(): encoder_out [s_enc*b, h], encoder_mask int32 [b, s_enc].
+  DecoderState start_decoding(const Tensor& encoder_out, const Tensor& encoder_mask,
+                              index_t capacity, LayerContext& ctx) const;
+  /// Feeds ids int32 [b] (one token per sample, at state.position) and
+  /// returns this rank's vocabulary shard of their logits [b, V_pad/tp]
+  /// (LmHeadLoss::logits, after T5's scaling of a tied head): the rows
+  /// forward() gives at that position for the same decoder prefix.
+  Tensor decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& state) const;
 
   // StageModel (the whole model on one stage): mb.ids are the encoder's
   // ids, mb.padding_mask its mask, mb.decoder_ids / decoder_padding_mask

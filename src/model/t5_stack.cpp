@@ -95,6 +95,22 @@ Tensor T5Block::forward(const Tensor& x, const Tensor& memory, const T5Masks& ma
   return add_branch(mlp.forward(ln_mlp.forward(h, c.ln_mlp), ctx, c.mlp), h, kStreamMlpOut, ctx);
 }
 
+Tensor T5Block::forward_step(const Tensor& x, index_t position, const T5Masks& masks,
+                             LayerContext& ctx, T5Attention::KeyValues& self_kv,
+                             T5Attention::KeyValues& cross_kv) const {
+  MESH_VERIFY(cross_attention, "T5Block::forward_step: a decoder block's");
+  LayerNorm::Cache scratch;
+  Tensor h = Tensor::empty(x.shape(), x.dtype(), x.space());
+  ops::add(x, self_attention.forward_step(ln_1.forward(x, scratch), position, masks.self, ctx,
+                                          self_kv),
+           h);
+  ops::add(h, cross_attention->forward_step(ln_cross->forward(h, scratch), position, masks.cross,
+                                            ctx, cross_kv),
+           h);
+  Mlp::Cache mlp_scratch;
+  return mlp.forward_residual(ln_mlp.forward(h, scratch), h, ctx, mlp_scratch);
+}
+
 Tensor T5Block::forward_checkpointed(const Tensor& x, const Tensor& memory, const T5Masks& masks,
                                      LayerContext& ctx, Cache& c) const {
   Cache discarded;  // freed on return: only the input outlives the forward

@@ -1,5 +1,6 @@
 // T5's encoder and decoder stacks (transformers' T5Stack) on the residual
-// stream x [s*b, h] (rows in [s, b] order):
+// stream x [s/sp * b, h] (rows in [s, b] order; sequence-sharded under
+// sequence parallelism):
 //
 //   encoder block  x = x + dropout(SelfAttention(ln_1(x)))          bidirectional
 //                  x = x + dropout(Mlp(ln_2(x)))
@@ -67,6 +68,11 @@ class T5Block {
   Tensor backward(const Tensor& dy, const Tensor& memory, const T5Masks& masks,
                   LayerContext& ctx, const Cache& cache, Tensor& dbias, Tensor& dmemory);
   void collect(ParameterList& out);
+  /// Generation (decoder blocks): x [b, h], one token per sample at
+  /// `position`, over this block's self-attention cache and the encoder's
+  /// keys and values; no dropout.
+  Tensor forward_step(const Tensor& x, index_t position, const T5Masks& masks, LayerContext& ctx,
+                      T5Attention::KeyValues& self_kv, T5Attention::KeyValues& cross_kv) const;
 
   LayerNorm ln_1;
   T5Attention self_attention;             ///< "attention" (encoder), "self_attention" (decoder)
@@ -99,9 +105,9 @@ class T5Stack {
   /// stream layer of its block 0; `final_stream` the final dropout's stream.
   T5Stack(const std::string& name, bool decoder, const ModelSpec& spec, int first_stream_layer,
           std::uint32_t final_stream, const LayerContext& ctx, DType dtype);
-  /// x [s*b, h] (ctx.seq_length = s) -> dropout(final_norm(blocks(x))).
+  /// x [s/sp * b, h] (ctx.seq_length = s) -> dropout(final_norm(blocks(x))).
   /// `key_mask` int32 [b, s] (may be undefined in the decoder: every key
-  /// real); decoder: `memory` [s_enc*b, h] and its `memory_mask` [b, s_enc].
+  /// real); decoder: `memory` [s_enc/sp * b, h] and its `memory_mask` [b, s_enc].
   Tensor forward(const Tensor& x, const Tensor& key_mask, const Tensor& memory,
                  const Tensor& memory_mask, LayerContext& ctx, Cache& cache) const;
   /// dx of the stack input; the decoder adds d(memory) into `dmemory`.
