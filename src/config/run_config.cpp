@@ -753,6 +753,9 @@ void require_t5_buildable(const RunConfig& c) {
                    << m.position_embedding_type << ")");
   MESH_REQUIRE(c.data.vocab_extra_ids > 0,
                "model.arch = t5 needs data.vocab_extra_ids > 0 (the span-corruption sentinels)");
+  MESH_REQUIRE(c.parallel.pipeline_parallel == 1,
+               "model.arch = t5: pipeline parallelism is not built yet "
+               "(parallel.pipeline_parallel = " << c.parallel.pipeline_parallel << ", must be 1)");
   MESH_REQUIRE(!c.training.cuda_graphs,
                "model.arch = t5: training.cuda_graphs needs a model without host reads");
   MESH_REQUIRE(c.logging.sample_interval == 0,

@@ -210,13 +210,14 @@ TEST(ModelSpec, T5ArchIsTheEncoderDecoderWithRelativeBuckets) {
   expect_user_error(
       [] { spec_of_deck("arch = t5\ndecoder_seq_length = 8\nrelative_attention_max_distance = 16\n"); },
       {"model.relative_attention_max_distance = 16 must exceed half"});
-  for (const char* bad : {"data.vocab_extra_ids=0", "logging.sample_interval=10"})
+  for (const char* bad : {"data.vocab_extra_ids=0", "logging.sample_interval=10",
+                          "parallel.pipeline_parallel=2"})
     expect_user_error(
         [&] {
           RunConfig c = RunConfig::from_text(
               "[model]\narch = t5\ndecoder_seq_length = 8\nnum_layers = 2\nhidden_size = 64\n"
               "num_attention_heads = 8\n", {bad});
-          c.validate(1);
+          c.validate(2);
         },
         {"model.arch = t5"});
 }
