@@ -26,6 +26,14 @@
 // kernels/kokkos/softmax.hpp's ScaledMaskedSoftmaxForward) reads the
 // sample's mask row beside the scores, column by column; its backward is
 // the causal one over the whole row.
+//
+// The attention softmax (kernels/kokkos/softmax.hpp's AttentionSoftmaxForward:
+// scores [B, Sq, Sk], an fp32 bias [heads, Sq, Sk] added to the fp32 logit,
+// key mask and causal mask with the queries the last Sq of Sk positions)
+// is the masked kernel's shape with the visibility and the bias read per
+// column; its backward is the full-row one with scale 1. The bias gradient
+// sums dlogits over the samples: one thread per (head, i, j), walking the
+// samples in order into an fp32 sum (no atomics, reproducible).
 #include "kernels/cuda/common.cuh"
 #include "ops/ops_cuda.hpp"
 
@@ -170,6 +178,51 @@ __global__ void full_softmax_backward_kernel(const T* __restrict__ dprobs,
     store_f(ds, j, scale * (load_f(p, j) * (load_f(dp, j) - dot)));
 }
 
+/// Row r = (matrix m, query i) of the attention softmax: key j visible
+/// unless masked by the sample's key mask or, causal, j > i + causal_shift.
+template <class T>
+__global__ void attention_softmax_forward_kernel(const T* __restrict__ scores, kindex rows,
+                                                 kindex Sq, kindex Sk, float scale, kindex heads,
+                                                 const float* __restrict__ bias,
+                                                 const std::int32_t* __restrict__ key_mask,
+                                                 bool causal, T* __restrict__ probs) {
+  start_after_prior_grid();
+  const kindex r = kindex(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const kindex i = r % Sq, m = r / Sq;
+  const kindex last = causal ? i + (Sk - Sq) : Sk - 1;  // keys past it are masked
+  const std::int32_t* real = key_mask ? key_mask + (m / heads) * Sk : nullptr;
+  const float* b = bias ? bias + ((m % heads) * Sq + i) * Sk : nullptr;
+  const T* s = scores + r * Sk;
+  T* p = probs + r * Sk;
+  const auto visible = [&](kindex j) { return j <= last && (!real || real[j] != 0); };
+  const auto logit = [&](kindex j) { return scale * load_f(s, j) + (b ? b[j] : 0.f); };
+  float m_max = -INFINITY;
+  for (kindex j = lane; j < Sk; j += 32)
+    if (visible(j)) m_max = fmaxf(m_max, logit(j));
+  m_max = warp_max(m_max);
+  float sum = 0.f;
+  for (kindex j = lane; j < Sk; j += 32)
+    if (visible(j)) sum += expf(logit(j) - m_max);
+  sum = warp_sum(sum);
+  const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;  // no visible key: a row of zeros
+  for (kindex j = lane; j < Sk; j += 32)
+    store_f(p, j, visible(j) ? expf(logit(j) - m_max) * inv_sum : 0.f);
+}
+
+template <class T>
+__global__ void attention_bias_backward_kernel(const T* __restrict__ dlogits, kindex batch_heads,
+                                               kindex n, kindex heads, float* __restrict__ dbias) {
+  start_after_prior_grid();
+  GRID_STRIDE(k, heads * n) {
+    const kindex h = k / n, e = k % n;
+    float sum = 0.f;
+    for (kindex m = h; m < batch_heads; m += heads) sum += load_f(dlogits, m * n + e);
+    dbias[k] += sum;
+  }
+}
+
 }  // namespace
 
 void scaled_causal_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t S,
@@ -230,6 +283,45 @@ void scaled_masked_softmax_backward(DType t, const void* dprobs, const void* pro
                      kWarpsPerBlock * 32, 0, compute_stream(), static_cast<const T*>(dprobs),
                      static_cast<const T*>(probs), rows, S, float(scale),
                      static_cast<T*>(dscores));
+  });
+}
+
+void attention_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t Sq,
+                               index_t Sk, double scale, index_t heads, const float* bias,
+                               const std::int32_t* key_mask, bool causal, void* probs) {
+  const kindex rows = batch_heads * Sq;
+  if (rows == 0) return;
+  with_storage_type(t, "attention_softmax_forward", [&](auto zero) {
+    using T = decltype(zero);
+    launch_dependent(attention_softmax_forward_kernel<T>,
+                     grid_for(rows, kWarpsPerBlock, 1LL << 31), kWarpsPerBlock * 32, 0,
+                     compute_stream(), static_cast<const T*>(scores), rows, kindex(Sq),
+                     kindex(Sk), float(scale), kindex(heads), bias, key_mask, causal,
+                     static_cast<T*>(probs));
+  });
+}
+
+void attention_softmax_backward(DType t, const void* dprobs, const void* probs, index_t rows,
+                                index_t cols, void* dlogits) {
+  if (rows == 0) return;
+  with_storage_type(t, "attention_softmax_backward", [&](auto zero) {
+    using T = decltype(zero);
+    launch_dependent(full_softmax_backward_kernel<T>, grid_for(rows, kWarpsPerBlock, 1LL << 31),
+                     kWarpsPerBlock * 32, 0, compute_stream(), static_cast<const T*>(dprobs),
+                     static_cast<const T*>(probs), kindex(rows), kindex(cols), 1.f,
+                     static_cast<T*>(dlogits));
+  });
+}
+
+void attention_bias_backward(DType t, const void* dlogits, index_t batch_heads, index_t n,
+                             index_t heads, float* dbias) {
+  if (heads * n == 0) return;
+  with_storage_type(t, "attention_bias_backward", [&](auto zero) {
+    using T = decltype(zero);
+    constexpr int kThreads = 256;
+    launch_dependent(attention_bias_backward_kernel<T>, grid_for(heads * n, kThreads), kThreads,
+                     0, compute_stream(), static_cast<const T*>(dlogits), kindex(batch_heads),
+                     kindex(n), kindex(heads), dbias);
   });
 }
 

@@ -125,6 +125,78 @@ struct ScaledSoftmaxBackward {
   }
 };
 
+// ======================================================= Attention softmax ==
+//
+// The general form (T5; any Sq, Sk): scores [B, Sq, Sk] as B*Sq rows of Sk
+// columns; row r is query i = r mod Sq of matrix m = r / Sq (sample
+// m / heads, head m % heads). Key j is visible unless key_mask[sample, j]
+// is 0 or, causal, j > i + (Sk - Sq) (the queries are the last Sq of Sk
+// positions: decoding after a prefix). Over the visible keys
+//   logit[j] = scale * s[j] + bias[head, i, j]      (bias optional)
+//   p[j]     = exp(logit[j] - max) / sum exp(logit[k] - max)
+// and p = 0 exactly elsewhere; a row without a visible key is all 0.
+// Backward over whole rows (p = 0 where masked): the softmax Jacobian,
+// dlogit[j] = p[j] (dp[j] - sum_k dp[k] p[k]) (ScaledSoftmaxBackward, scale
+// 1); the bias gradient sums dlogit over the samples, one work item per
+// (head, i, j) walking the samples in order (no atomics).
+
+template <class ExecSpace, class T, class Bias>
+struct AttentionSoftmaxForward {
+  Matrix<const T, ExecSpace> scores;  // [B*Sq, Sk]
+  T scale;
+  kindex Sq, heads;
+  const Bias* bias;                   ///< [heads, Sq, Sk], or null
+  const std::int32_t* key_mask;       ///< [B / heads, Sk], or null
+  kindex causal_shift;                ///< Sk - Sq; negative: no causal mask
+  bool causal;
+  Matrix<T, ExecSpace> probs;
+
+  KOKKOS_INLINE_FUNCTION bool visible(kindex r, kindex j) const {
+    if (causal && j > r % Sq + causal_shift) return false;
+    return !key_mask || key_mask[(r / Sq / heads) * kindex(scores.extent(1)) + j] != 0;
+  }
+  KOKKOS_INLINE_FUNCTION T logit(kindex r, kindex j) const {
+    const kindex Sk = scores.extent(1);
+    if (!bias) return scale * scores(r, j);
+    const kindex head = (r / Sq) % heads, i = r % Sq;
+    return scale * scores(r, j) + T(bias[(head * Sq + i) * Sk + j]);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
+    const kindex Sk = scores.extent(1);
+    bool any = false;
+    T row_max = T(0);
+    for (kindex j = 0; j < Sk; ++j) {
+      if (!visible(r, j)) continue;
+      const T x = logit(r, j);
+      row_max = any ? kmath::fmax(row_max, x) : x;
+      any = true;
+    }
+    accum_t sum = 0;
+    for (kindex j = 0; j < Sk; ++j) {
+      const T e = visible(r, j) ? T(kmath::exp(logit(r, j) - row_max)) : T(0);
+      probs(r, j) = e;
+      sum += e;
+    }
+    const T inv_sum = any ? T(1.0 / sum) : T(0);
+    for (kindex j = 0; j < Sk; ++j) probs(r, j) *= inv_sum;
+  }
+};
+
+template <class ExecSpace, class T, class Bias>
+struct AttentionBiasBackward {
+  Matrix<const T, ExecSpace> dlogits;  // [B, Sq * Sk]
+  kindex heads;
+  Matrix<Bias, ExecSpace> dbias;       // [heads, Sq * Sk]
+
+  KOKKOS_INLINE_FUNCTION void operator()(kindex k) const {
+    const kindex n = dbias.extent(1), h = k / n, e = k % n;
+    accum_t sum = 0;
+    for (kindex m = h; m < kindex(dlogits.extent(0)); m += heads) sum += dlogits(m, e);
+    dbias(h, e) += Bias(sum);
+  }
+};
+
 // ---------------------------------------------------------------- launchers
 
 /// scores, probs: [batch_heads, S, S]; alibi_slopes [heads] or null.
@@ -168,6 +240,44 @@ void scaled_masked_softmax_backward(const T* dprobs, const T* probs, kindex batc
                                         as_matrix<ExecSpace>(probs, rows, S), T(scale),
                                         as_matrix<ExecSpace>(dscores, rows, S)};
   Kokkos::parallel_for("meshtron::masked_softmax_backward", Range<ExecSpace>(0, rows), f);
+}
+
+/// scores, probs: [batch_heads, Sq, Sk]; bias [heads, Sq, Sk] or null;
+/// key_mask [batch_heads / heads, Sk] or null.
+template <class ExecSpace, class T, class Bias>
+void attention_softmax_forward(const T* scores, kindex batch_heads, kindex Sq, kindex Sk,
+                               double scale, kindex heads, const Bias* bias,
+                               const std::int32_t* key_mask, bool causal, T* probs) {
+  const kindex rows = batch_heads * Sq;
+  AttentionSoftmaxForward<ExecSpace, T, Bias> f{as_matrix<ExecSpace>(scores, rows, Sk),
+                                                T(scale),
+                                                Sq,
+                                                heads,
+                                                bias,
+                                                key_mask,
+                                                Sk - Sq,
+                                                causal,
+                                                as_matrix<ExecSpace>(probs, rows, Sk)};
+  Kokkos::parallel_for("meshtron::attention_softmax_forward", Range<ExecSpace>(0, rows), f);
+}
+
+/// dprobs, probs, dlogits: [rows, cols] (scale 1: the logits' gradient).
+template <class ExecSpace, class T>
+void attention_softmax_backward(const T* dprobs, const T* probs, kindex rows, kindex cols,
+                                T* dlogits) {
+  ScaledSoftmaxBackward<ExecSpace, T> f{as_matrix<ExecSpace>(dprobs, rows, cols),
+                                        as_matrix<ExecSpace>(probs, rows, cols), T(1),
+                                        as_matrix<ExecSpace>(dlogits, rows, cols)};
+  Kokkos::parallel_for("meshtron::attention_softmax_backward", Range<ExecSpace>(0, rows), f);
+}
+
+/// dlogits [batch_heads, n = Sq * Sk], dbias [heads, n] (accumulate).
+template <class ExecSpace, class T, class Bias>
+void attention_bias_backward(const T* dlogits, kindex batch_heads, kindex n, kindex heads,
+                             Bias* dbias) {
+  AttentionBiasBackward<ExecSpace, T, Bias> f{as_matrix<ExecSpace>(dlogits, batch_heads, n),
+                                              heads, as_matrix<ExecSpace>(dbias, heads, n)};
+  Kokkos::parallel_for("meshtron::attention_bias_backward", Range<ExecSpace>(0, heads * n), f);
 }
 
 }  // namespace meshtron::kernels

@@ -15,7 +15,8 @@
 // with fused epilogues (gemm_bias_gelu, gemm_gelu, gemm_dgelu,
 // gemm_bias_residual, linear_weight_grads) ops_gemm.cpp; LayerNorm and
 // RMSNorm ops_norm.cpp; Rotary position embedding ops_rotary.cpp;
-// Softmax and Fused attention ops_attention.cpp; Dropout ops_dropout.cpp;
+// Softmax, Attention softmax and Fused attention ops_attention.cpp; T5
+// relative position bias ops_relative_bias.cpp; Dropout ops_dropout.cpp;
 // the rest of GeLU and biases, and MLP activations, ops_elementwise.cpp;
 // Embedding ops_embedding.cpp; Cross-entropy ops_cross_entropy.cpp; AdamW
 // ops_optimizer.cpp; Reductions ops_reductions.cpp.
@@ -237,6 +238,42 @@ void scaled_masked_softmax_forward(const Tensor& scores, const Tensor& key_mask,
 /// rows (overwrite): probs are 0 at padding keys, so their dscores are too.
 void scaled_masked_softmax_backward(const Tensor& dprobs, const Tensor& probs, double scale,
                                     Tensor& dscores);
+
+// ------------------------------------------------ T5 relative position bias ---
+/// T5's bucket of each (query i, key j): transformers' _relative_position_bucket(
+/// j - (i + query_offset), bidirectional, num_buckets, max_distance); int32 [sq, sk] on the
+/// host. query_offset: the position of query row 0 (decoding one token after a prefix).
+Tensor relative_position_buckets(index_t sq, index_t sk, bool bidirectional, int num_buckets,
+                                 int max_distance, index_t query_offset = 0);
+/// bias[h, i, j] = table[buckets[i, j], h]: table [num_buckets, H] (any float dtype),
+/// buckets int32 [sq, sk] in the table's space; bias fp32 [H, sq, sk] (overwrite).
+/// (On the host bias may also be fp64, for the fp64 gradient checks.)
+void relative_bias_forward(const Tensor& table, const Tensor& buckets, Tensor& bias);
+/// dtable[buckets[i, j], h] += dbias[h, i, j] (accumulate into the table's gradient dtype).
+/// dbias fp32 and dtable fp32 (on the host also both fp64).
+void relative_bias_backward(const Tensor& dbias, const Tensor& buckets, Tensor& dtable);
+
+// ----------------------------------------------------- Attention softmax ---
+/// The general attention softmax over scores [B, Sq, Sk], B = batch x heads (matrix m is
+/// sample m / heads, head m % heads): logits = scale * s[m,i,j] + bias[m % heads, i, j]
+/// (bias fp32 [heads, Sq, Sk], optional), softmax over j in fp32, probability exactly 0 where
+/// key_mask[m / heads, j] == 0 (int32 [batch, Sk], optional) and, if causal, where
+/// j > i + (Sk - Sq); a row with no key left is all 0.
+/// (Host fp64 scores compute in fp64 and take an fp32 or fp64 bias.)
+struct SoftmaxMasks {
+  index_t heads = 1;
+  Tensor bias;      ///< optional fp32 [heads, Sq, Sk]
+  Tensor key_mask;  ///< optional int32 [batch, Sk]
+  bool causal = false;
+};
+void attention_softmax_forward(const Tensor& scores, double scale, const SoftmaxMasks& masks,
+                               Tensor& probs);
+/// dlogits = probs * (dprobs - sum_j dprobs * probs) (overwrite; d of the logits, so
+/// dscores = scale * dlogits and dbias = dlogits summed over the samples). Any Sq, Sk.
+void attention_softmax_backward(const Tensor& dprobs, const Tensor& probs, Tensor& dlogits);
+/// dbias[h, i, j] (fp32 [heads, Sq, Sk], accumulate) += sum over samples b of
+/// dlogits[b * heads + h, i, j]. (Host fp64 dlogits: dbias fp32 or fp64.)
+void attention_bias_backward(const Tensor& dlogits, index_t heads, Tensor& dbias);
 
 // --------------------------------------------------------------- Dropout ---
 /// Where a dropout call sits in the global (unsharded) problem, so that the

@@ -1,5 +1,6 @@
-// The attention ops (ops.hpp: Softmax, Fused attention): the causal
-// softmax, the fused causal attention in the head-major and token-major
+// The attention ops (ops.hpp: Softmax, Attention softmax, Fused attention):
+// the causal and masked softmax, the general one (bias, key mask, causal
+// with Sq != Sk), the fused causal attention in the head-major and token-major
 // layouts, and its dropout.
 #include <cmath>
 #include <cstdint>
@@ -132,6 +133,131 @@ void scaled_masked_softmax_backward(const Tensor& dprobs, const Tensor& probs, d
     using T = decltype(zero);
     kernels::scaled_masked_softmax_backward<Host>(dprobs.data<T>(), probs.data<T>(), B, S, scale,
                                                   dscores.data<T>());
+  });
+}
+
+// ----------------------------------------------------- Attention softmax ---
+
+namespace {
+/// scores [B, Sq, Sk] (rank 3): returns B.
+index_t attention_batch(const char* op, const Arg& scores) {
+  const Tensor& s = scores.t;
+  MESH_VERIFY(s.rank() == 3 && s.dim(1) > 0 && s.dim(2) > 0,
+              op << ": " << describe(scores) << " must be [B, Sq, Sk] with Sq, Sk > 0");
+  return s.dim(0);
+}
+
+/// The masks of attention_softmax_forward against scores [B, Sq, Sk]: a
+/// bias [heads, Sq, Sk] fp32 (or the scores' fp64 on the host), a key mask
+/// int32 [B / heads, Sk], both beside the scores.
+void check_softmax_masks(const char* op, const Arg& scores, const SoftmaxMasks& masks,
+                         bool device) {
+  const Tensor& s = scores.t;
+  const index_t B = s.dim(0), Sq = s.dim(1), Sk = s.dim(2), heads = masks.heads;
+  MESH_VERIFY(heads > 0 && B % heads == 0,
+              op << ": heads = " << heads << " must divide " << describe(scores));
+  if (masks.bias.defined()) {
+    const Arg ab{"masks.bias", masks.bias};
+    const DType t = masks.bias.dtype();
+    MESH_VERIFY(t == DType::F32 || (!device && t == DType::F64 && s.dtype() == DType::F64),
+                op << ": " << describe(ab) << " must be fp32"
+                   << (device ? "" : " (or fp64 under fp64 scores)"));
+    MESH_VERIFY(masks.bias.shape() == Shape({heads, Sq, Sk}) && masks.bias.space() == s.space(),
+                op << ": " << describe(ab) << " must be [" << heads << ", " << Sq << ", " << Sk
+                   << "] beside " << describe(scores));
+  }
+  if (masks.key_mask.defined()) {
+    const Arg am{"masks.key_mask", masks.key_mask};
+    require_index_arg(op, am);
+    MESH_VERIFY(masks.key_mask.shape() == Shape({B / heads, Sk}) &&
+                    masks.key_mask.space() == s.space(),
+                op << ": " << describe(am) << " must be [" << B / heads << ", " << Sk
+                   << "] beside " << describe(scores));
+  }
+}
+}  // namespace
+
+void attention_softmax_forward(const Tensor& scores, double scale, const SoftmaxMasks& masks,
+                               Tensor& probs) {
+  const char* op = "attention_softmax_forward";
+  const Arg as{"scores", scores}, ap{"probs", probs};
+  const bool device = require_float_args(op, {as, ap});
+  const index_t B = attention_batch(op, as), Sq = scores.dim(1), Sk = scores.dim(2);
+  MESH_VERIFY(probs.shape() == scores.shape(),
+              op << ": " << describe(ap) << " must match " << describe(as));
+  check_softmax_masks(op, as, masks, device);
+  const std::int32_t* key_mask =
+      masks.key_mask.defined() ? masks.key_mask.data<std::int32_t>() : nullptr;
+  const bool bias = masks.bias.defined();
+  if (device) {
+    ON_CUDA(cuda::attention_softmax_forward(scores.dtype(), scores.raw(), B, Sq, Sk, scale,
+                                            masks.heads, bias ? masks.bias.data<float>() : nullptr,
+                                            key_mask, masks.causal, probs.raw()));
+    return;
+  }
+  with_float_type(scores.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const auto run = [&](const auto* bias_data) {
+      kernels::attention_softmax_forward<Host>(scores.data<T>(), B, Sq, Sk, scale, masks.heads,
+                                               bias_data, key_mask, masks.causal,
+                                               probs.data<T>());
+    };
+    if (bias && masks.bias.dtype() == DType::F64)
+      run(masks.bias.data<double>());
+    else
+      run(bias ? masks.bias.data<float>() : static_cast<const float*>(nullptr));
+  });
+}
+
+void attention_softmax_backward(const Tensor& dprobs, const Tensor& probs, Tensor& dlogits) {
+  const char* op = "attention_softmax_backward";
+  const Arg adp{"dprobs", dprobs}, ap{"probs", probs}, adl{"dlogits", dlogits};
+  const bool device = require_float_args(op, {ap, adp, adl});
+  const index_t B = attention_batch(op, ap), Sq = probs.dim(1), Sk = probs.dim(2);
+  MESH_VERIFY(
+      dprobs.shape() == probs.shape() && dlogits.shape() == probs.shape(),
+      op << ": " << describe(adp) << " and " << describe(adl) << " must match " << describe(ap));
+  if (device) {
+    ON_CUDA(cuda::attention_softmax_backward(probs.dtype(), dprobs.raw(), probs.raw(), B * Sq, Sk,
+                                             dlogits.raw()));
+    return;
+  }
+  with_float_type(probs.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    kernels::attention_softmax_backward<Host>(dprobs.data<T>(), probs.data<T>(), B * Sq, Sk,
+                                              dlogits.data<T>());
+  });
+}
+
+void attention_bias_backward(const Tensor& dlogits, index_t heads, Tensor& dbias) {
+  const char* op = "attention_bias_backward";
+  const Arg al{"dlogits", dlogits}, ab{"dbias", dbias};
+  const bool device = require_float_args(op, {al});
+  on_device(op, {al, ab});
+  const index_t B = attention_batch(op, al), Sq = dlogits.dim(1), Sk = dlogits.dim(2);
+  MESH_VERIFY(heads > 0 && B % heads == 0,
+              op << ": heads = " << heads << " must divide " << describe(al));
+  const DType g = dbias.dtype();
+  MESH_VERIFY(g == DType::F32 || (!device && g == DType::F64 && dlogits.dtype() == DType::F64),
+              op << ": " << describe(ab) << " must be fp32"
+                 << (device ? "" : " (or fp64 under fp64 dlogits)"));
+  MESH_VERIFY(dbias.shape() == Shape({heads, Sq, Sk}),
+              op << ": " << describe(ab) << " must be [" << heads << ", " << Sq << ", " << Sk
+                 << "] for " << describe(al));
+  if (device) {
+    ON_CUDA(cuda::attention_bias_backward(dlogits.dtype(), dlogits.raw(), B, Sq * Sk, heads,
+                                          dbias.data<float>()));
+    return;
+  }
+  with_float_type(dlogits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const auto run = [&](auto* out) {
+      kernels::attention_bias_backward<Host>(dlogits.data<T>(), B, Sq * Sk, heads, out);
+    };
+    if (g == DType::F64)
+      run(dbias.data<double>());
+    else
+      run(dbias.data<float>());
   });
 }
 

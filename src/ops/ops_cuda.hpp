@@ -130,6 +130,27 @@ void scaled_masked_softmax_forward(DType t, const void* scores, const std::int32
 void scaled_masked_softmax_backward(DType t, const void* dprobs, const void* probs,
                                     index_t batch_heads, index_t S, double scale, void* dscores);
 
+// ------------------------------------------------ T5 relative position bias ---
+/// table [num_buckets, H] (dtype t), buckets int32 [n = sq * sk], bias fp32 [H, n].
+void relative_bias_forward(DType t, const void* table, index_t num_buckets, index_t H,
+                           const std::int32_t* buckets, index_t n, float* bias);
+/// dtable fp32 [num_buckets, H] += the scatter of dbias fp32 [H, n] (atomics).
+void relative_bias_backward(const float* dbias, const std::int32_t* buckets, index_t n,
+                            index_t num_buckets, index_t H, float* dtable);
+
+// ----------------------------------------------------- Attention softmax ---
+/// scores, probs [batch_heads, Sq, Sk] (dtype t); bias fp32 [heads, Sq, Sk]
+/// or null; key_mask int32 [batch_heads / heads, Sk] or null (ops.hpp).
+void attention_softmax_forward(DType t, const void* scores, index_t batch_heads, index_t Sq,
+                               index_t Sk, double scale, index_t heads, const float* bias,
+                               const std::int32_t* key_mask, bool causal, void* probs);
+/// dlogits [rows, cols] = p (dp - sum p dp) per row (dtype t).
+void attention_softmax_backward(DType t, const void* dprobs, const void* probs, index_t rows,
+                                index_t cols, void* dlogits);
+/// dbias fp32 [heads, n] += sum over samples of dlogits [batch_heads, n] (dtype t).
+void attention_bias_backward(DType t, const void* dlogits, index_t batch_heads, index_t n,
+                             index_t heads, float* dbias);
+
 // --------------------------------------------------------------- Dropout ---
 /// Same placement and Philox keying as kernels/kokkos/dropout.hpp.
 struct DropoutPlacement {

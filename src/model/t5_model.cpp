@@ -1,0 +1,290 @@
+#include "model/t5_model.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace meshtron {
+
+namespace {
+/// Dropout streams outside the blocks' (layer * kStreamsPerLayer + site).
+constexpr std::uint32_t kStreamDecoderEmbedding = kStreamEmbedding + 1,
+                        kStreamEncoderFinal = kStreamEmbedding + 2,
+                        kStreamDecoderFinal = kStreamEmbedding + 3;
+
+const ModelSpec& checked(const ModelSpec& s, const LayerContext& ctx) {
+  MESH_REQUIRE(s.model_class == ModelClass::T5, "T5Model: the spec does not describe a T5");
+  MESH_REQUIRE(s.num_layers >= 1 && s.num_decoder_layers >= 1,
+               "T5Model: needs at least one encoder and one decoder layer (got "
+                   << s.num_layers << " and " << s.num_decoder_layers << ")");
+  return s;
+}
+
+Parameter untied_output_weight(const ModelSpec& s, const LayerContext& ctx, DType dtype) {
+  Parameter p = make_word_embedding(s, ctx, dtype);
+  p.name = "output_layer.weight";
+  return p;
+}
+
+std::vector<std::int32_t> ints(const Tensor& t) {
+  const Tensor host = t.to_host();
+  const auto* p = host.data<std::int32_t>();
+  return std::vector<std::int32_t>(p, p + host.numel());
+}
+
+/// Multiplies the local columns of each of a column-parallel weight's
+/// `factors.size()` fused parts by its factor (q | k | v drawn N(0, 1) together).
+void scale_column_parts(Parameter& p, const std::vector<double>& factors) {
+  Tensor host = p.value.is_host() ? p.value : p.value.to_host();
+  const index_t rows = host.dim(0), cols = host.dim(1), width = cols / index_t(factors.size());
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c)
+      set_element_from_double(host, r * cols + c,
+                              factors[std::size_t(c / width)] * element_as_double(host, r * cols + c));
+  if (!p.value.is_host()) p.value.copy_from(host);
+}
+}  // namespace
+
+ModelSpec t5_spec(int encoder_layers, int decoder_layers, int d_model, int heads, int d_kv,
+                  int d_ff, Activation activation, bool tie_word_embeddings, int vocab,
+                  int encoder_seq_length, int decoder_seq_length, int buckets, int max_distance,
+                  double eps) {
+  ModelSpec s;
+  s.model_class = ModelClass::T5;
+  s.num_layers = encoder_layers;
+  s.num_decoder_layers = decoder_layers;
+  s.hidden_size = d_model;
+  s.seq_length = s.max_positions = encoder_seq_length;
+  s.decoder_seq_length = decoder_seq_length;
+  s.vocab_size = s.padded_vocab_size = vocab;
+  s.tie_word_embeddings = tie_word_embeddings;
+  s.block.norm = NormSpec{NormKind::RMSNorm, eps, NormPlacement::Pre, /*bias=*/false};
+  s.block.attention = AttentionSpec::multi_head(d_model, heads);
+  s.block.attention.head_dim = d_kv;
+  s.block.attention.mask = AttentionMask::Padding;
+  s.block.attention.position = PositionEmbedding::Relative;
+  s.block.attention.bias = false;
+  s.block.attention.scale_scores = false;
+  s.block.mlp = MlpSpec{d_ff, activation, /*bias=*/false};
+  s.relative_attention_num_buckets = buckets;
+  s.relative_attention_max_distance = max_distance;
+  return s;
+}
+
+T5Model::T5Model(const ModelSpec& s, LayerContext& ctx, DType dtype, std::uint64_t seed)
+    : embedding(checked(s, ctx), ctx, dtype),
+      encoder("encoder", /*decoder=*/false, s, /*first_stream_layer=*/0, kStreamEncoderFinal, ctx,
+              dtype),
+      decoder("decoder", /*decoder=*/true, s, /*first_stream_layer=*/s.num_layers,
+              kStreamDecoderFinal, ctx, dtype),
+      output_weight(s.tie_word_embeddings
+                        ? std::nullopt
+                        : std::optional<Parameter>(untied_output_weight(s, ctx, dtype))),
+      spec_(s),
+      placement_(StagePlacement::whole_model(s.num_layers + s.num_decoder_layers)),
+      head_(s, output_weight ? *output_weight : embedding.word) {
+  initialise(ctx, seed);
+}
+
+void T5Model::require_whole_model(const StagePlacement& place) {
+  MESH_REQUIRE(place.has_embedding && place.has_head,
+               "T5: pipeline parallelism is not built yet (parallel.pipeline_parallel = 1)");
+}
+
+void T5Model::initialise(const LayerContext& ctx, std::uint64_t seed) {
+  const int r = ctx.tp.rank(), p = ctx.tp.size();
+  const double h = spec_.hidden_size, inner = spec_.block.attention.context_width();
+  const double q_std = 1.0 / std::sqrt(h * spec_.head_dim()), kv_std = 1.0 / std::sqrt(h);
+  init_normal(embedding.word, seed, 1.0, r, p);
+  if (output_weight) init_normal(*output_weight, seed, 1.0, r, p);
+  const auto init_attention = [&](T5Attention& a) {
+    if (a.kv) {
+      init_normal(a.in.weight, seed, q_std, r, p);
+      init_normal(a.kv->weight, seed, kv_std, r, p);
+    } else {
+      init_normal(a.in.weight, seed, 1.0, r, p);
+      scale_column_parts(a.in.weight, {q_std, kv_std, kv_std});
+    }
+    init_normal(a.proj.weight, seed, 1.0 / std::sqrt(inner), r, p);
+  };
+  for (T5Stack* stack : {&encoder, &decoder}) {
+    init_normal(stack->relative_bias, seed, 1.0 / std::sqrt(h), r, p);
+    for (T5Block& block : stack->blocks) {
+      init_attention(block.self_attention);
+      if (block.cross_attention) init_attention(*block.cross_attention);
+      init_normal(block.mlp.fc.weight, seed, 1.0 / std::sqrt(h), r, p);
+      init_normal(block.mlp.proj.weight, seed, 1.0 / std::sqrt(double(spec_.ffn_hidden_size())),
+                  r, p);
+    }
+  }
+}
+
+ParameterList T5Model::parameters() {
+  ParameterList out;
+  embedding.collect(out);
+  encoder.collect(out);
+  decoder.collect(out);
+  if (output_weight) out.push_back(&*output_weight);
+  return out;
+}
+
+double T5Model::head_scale() const {
+  return spec_.tie_word_embeddings ? 1.0 / std::sqrt(double(spec_.hidden_size)) : 1.0;
+}
+
+LayerContext T5Model::stack_context(const LayerContext& ctx, index_t s) {
+  LayerContext out = ctx;
+  out.seq_length = s;
+  return out;
+}
+
+void T5Model::check_batch(const T5Batch& in, const LayerContext& ctx) const {
+  const index_t b = ctx.micro_batch;
+  MESH_REQUIRE(b > 0, "T5Model: LayerContext::micro_batch must be positive");
+  const auto require_rows = [&](const Tensor& t, const char* what) {
+    MESH_REQUIRE(t.defined() && t.dtype() == DType::I32 && t.rank() == 1 && t.numel() > 0 &&
+                     t.numel() % b == 0,
+                 "T5Model: " << what << " must be int32 [s * b] with b = " << b);
+    return t.numel() / b;
+  };
+  const index_t s_enc = require_rows(in.encoder_ids, "encoder_ids");
+  const index_t s_dec = require_rows(in.decoder_ids, "decoder_ids");
+  const auto require_mask = [&](const Tensor& m, index_t s, const char* what) {
+    MESH_REQUIRE(m.defined() && m.dtype() == DType::I32 && m.rank() == 2 && m.dim(0) == b &&
+                     m.dim(1) == s,
+                 "T5Model: " << what << " must be int32 [b = " << b << ", s = " << s << "], got "
+                             << (m.defined() ? shape_string(m.shape()) : std::string("none")));
+    for (std::int32_t v : ints(m))
+      MESH_REQUIRE(v == 0 || v == 1, "T5Model: " << what << " value " << v << " is not 0 or 1");
+  };
+  for (const index_t s : {s_enc, s_dec})
+    MESH_REQUIRE(s % ctx.sp_size() == 0, "T5Model: under sequence parallelism the sequence length "
+                                             << s << " must be a multiple of tp = "
+                                             << ctx.sp_size());
+  require_mask(in.encoder_mask, s_enc, "encoder_mask");
+  if (in.decoder_mask.defined()) require_mask(in.decoder_mask, s_dec, "decoder_mask");
+  MESH_REQUIRE(in.labels.defined() && in.labels.dtype() == DType::I32 &&
+                   in.labels.numel() == s_dec * b,
+               "T5Model: labels must be int32 with s_dec * b = " << s_dec * b << " entries");
+  for (const Tensor* ids : {&in.encoder_ids, &in.decoder_ids})
+    for (std::int32_t v : ints(*ids))
+      MESH_REQUIRE(v >= 0 && v < spec_.vocab_size,
+                   "T5Model: token " << v << " is outside the vocabulary [0, " << spec_.vocab_size
+                                     << ")");
+  for (std::int32_t v : ints(in.labels))
+    MESH_REQUIRE(v == -100 || (v >= 0 && v < spec_.vocab_size),
+                 "T5Model: label " << v << " is neither -100 nor in [0, " << spec_.vocab_size
+                                   << ")");
+}
+
+Tensor T5Model::encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx) const {
+  Cache c;
+  const index_t s = ids.numel() / ctx.micro_batch;
+  LayerContext enc = stack_context(ctx, s);
+  const Tensor x = embedding.forward(ids, enc, c.encoder_embedding);
+  return encoder.forward(x, in_space(mask, ctx.space), Tensor(), Tensor(), enc, c.encoder);
+}
+
+Tensor T5Model::decoder_embedding(const Tensor& ids, LayerContext& ctx, Cache& c) const {
+  LayerContext lookup = ctx;  // the embedding's own dropout is the encoder's stream
+  lookup.training = false;
+  Tensor x = embedding.forward(ids, lookup, c.decoder_embedding);
+  if (!ctx.training || spec_.hidden_dropout == 0) return x;
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
+  ops::dropout_forward(x, spec_.hidden_dropout,
+                       ctx.hidden_site(kStreamDecoderEmbedding, spec_.hidden_size), y);
+  return y;
+}
+
+void T5Model::decoder_embedding_backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
+  Tensor dx = dy;
+  if (ctx.training && spec_.hidden_dropout > 0) {
+    dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
+    ops::dropout_backward(dy, spec_.hidden_dropout,
+                          ctx.hidden_site(kStreamDecoderEmbedding, spec_.hidden_size), dx);
+  }
+  LayerContext lookup = ctx;
+  lookup.training = false;
+  embedding.backward(dx, lookup, c.decoder_embedding);
+}
+
+double T5Model::forward(const T5Batch& in, LayerContext& ctx, Cache& c) const {
+  check_batch(in, ctx);
+  const index_t b = ctx.micro_batch;
+  c.encoder_length = in.encoder_ids.numel() / b;
+  c.decoder_length = in.decoder_ids.numel() / b;
+  c.encoder_mask = in_space(in.encoder_mask, ctx.space);
+  LayerContext enc = stack_context(ctx, c.encoder_length);
+  const Tensor x = embedding.forward(in.encoder_ids, enc, c.encoder_embedding);
+  c.encoder_out = encoder.forward(x, c.encoder_mask, Tensor(), Tensor(), enc, c.encoder);
+
+  LayerContext dec = stack_context(ctx, c.decoder_length);
+  const Tensor y = decoder_embedding(in.decoder_ids, dec, c);
+  const Tensor decoder_mask =
+      in.decoder_mask.defined() ? in_space(in.decoder_mask, ctx.space) : Tensor();
+  Tensor sequence = decoder.forward(y, decoder_mask, c.encoder_out, c.encoder_mask, dec, c.decoder);
+  if (head_scale() != 1.0) ops::scale(sequence, head_scale());
+
+  // Unlabelled rows predict token 0 with weight 0: the loss and its
+  // gradient see labelled rows only, each 1 / count (transformers' mean).
+  const std::vector<std::int32_t> label = ints(in.labels);
+  Tensor targets = Tensor::empty({index_t(label.size())}, DType::I32);
+  Tensor weights = Tensor::zeros({index_t(label.size())}, stats_dtype(sequence), MemorySpace::Host);
+  index_t count = 0;
+  for (std::int32_t v : label) count += v != -100;
+  for (std::size_t i = 0; i < label.size(); ++i) {
+    targets.data<std::int32_t>()[i] = label[i] == -100 ? 0 : label[i];
+    if (label[i] != -100) set_element_from_double(weights, index_t(i), 1.0 / double(count));
+  }
+  c.weights = in_space(weights, ctx.space);
+  c.losses = head_.forward(sequence, targets, dec, c.head);
+  const std::vector<double> loss = c.losses.to_doubles(), w = weights.to_doubles();
+  c.loss = 0;
+  for (std::size_t i = 0; i < loss.size(); ++i) c.loss += w[i] * loss[i];
+  return c.loss;
+}
+
+void T5Model::backward(LayerContext& ctx, const Cache& c) { backward_from(c.weights, ctx, c); }
+
+void T5Model::backward_from(const Tensor& dlosses, LayerContext& ctx, const Cache& c) {
+  LayerContext dec = stack_context(ctx, c.decoder_length);
+  Tensor dsequence = head_.backward(dlosses, dec, c.head);
+  if (head_scale() != 1.0) ops::scale(dsequence, head_scale());
+  Tensor dmemory;  // every decoder block's cross-attention adds its share
+  const Tensor dy = decoder.backward(dsequence, dec, c.decoder, &dmemory);
+  decoder_embedding_backward(dy, dec, c);
+  LayerContext enc = stack_context(ctx, c.encoder_length);
+  const Tensor dx = encoder.backward(dmemory, enc, c.encoder, nullptr);
+  embedding.backward(dx, enc, c.encoder_embedding);
+}
+
+Tensor T5Model::forward(const Tensor& input, const MicroBatch& mb, LayerContext& ctx,
+                        StageCache& cache) const {
+  if (ctx.param_gather) ctx.param_gather->before_forward(const_cast<T5Model&>(*this).parameters());
+  auto& c = static_cast<Cache&>(cache);
+  forward(T5Batch{input, mb.padding_mask, mb.decoder_ids, mb.decoder_padding_mask, mb.targets},
+          ctx, c);
+  const index_t n = c.losses.numel();
+  const std::vector<double> loss = c.losses.to_doubles(), w = c.weights.to_doubles();
+  Tensor per_token = Tensor::zeros({n}, c.losses.dtype(), MemorySpace::Host);
+  for (index_t i = 0; i < n; ++i)
+    set_element_from_double(per_token, i, double(n) * w[std::size_t(i)] * loss[std::size_t(i)]);
+  return in_space(per_token, ctx.space);
+}
+
+Tensor T5Model::backward(const Tensor& dout, LayerContext& ctx, const StageCache& cache,
+                         const std::function<void(const ParameterList&)>& grads_done) {
+  // The chain rule through forward()'s per-token loss (see the header).
+  const auto& c = static_cast<const Cache&>(cache);
+  const std::vector<double> d = dout.to_doubles(), w = c.weights.to_doubles();
+  const index_t n = index_t(d.size());
+  Tensor dlosses = Tensor::zeros({n}, c.weights.dtype(), MemorySpace::Host);
+  for (index_t i = 0; i < n; ++i)
+    set_element_from_double(dlosses, i, d[std::size_t(i)] * double(n) * w[std::size_t(i)]);
+  backward_from(in_space(dlosses, ctx.space), ctx, c);
+  if (grads_done) grads_done(parameters());
+  return Tensor();
+}
+
+}  // namespace meshtron

@@ -1,0 +1,96 @@
+// T5Model on tp 2 against the same model on one rank, fp64: the loss, this
+// rank's vocabulary shard of the logits, and every parameter's gradient
+// (each local element against its global one through the shard map: heads,
+// the relative-bias tables' head columns, MLP columns and rows, the
+// vocab-parallel word table and untied head) to 1e-10; v1.0 and v1.1,
+// without dropout and with it (masks keyed by global positions), without
+// and with sequence parallelism (the norms' partial gradients summed over
+// tp first, as the optimizer does).
+//
+// Run: ctest -R model_t5_tp --output-on-failure   (from the build folder)
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <tuple>
+
+#include "common/mpi_test_util.hpp"
+#include "parallel/communicator.hpp"
+#include "tests/model/t5_fixture.hpp"
+
+namespace meshtron::t5_test {
+namespace {
+
+class T5ModelTp2 : public ::testing::TestWithParam<std::tuple<bool, double, bool>> {};
+
+/// The whole gradient of a replicated parameter whose ranks hold partial sums.
+void sum_partial_grad(Parameter& p, MPI_Comm pair) {
+  if (!p.shard.tp_partial_grad) return;
+  MPI_Allreduce(MPI_IN_PLACE, p.grad.data<double>(), int(p.grad.numel()), MPI_DOUBLE, MPI_SUM,
+                pair);
+}
+
+TEST_P(T5ModelTp2, LossLogitsAndGradientsMatchOneRank) {
+  if (testing_util::world_size() % 2) GTEST_SKIP() << "needs an even world";
+  const auto [v11, dropout, sequence_parallel] = GetParam();
+  MPI_Comm pair;
+  MPI_Comm_split(MPI_COMM_WORLD, testing_util::world_rank() / 2, 0, &pair);
+  {
+    MpiCommunicator self(MPI_COMM_SELF), comm(pair);
+    TensorParallelGroup one{self}, two{comm};
+    LayerContext ref_ctx = context(one), ctx = context(two);
+    ctx.sequence_parallel = sequence_parallel;
+    ModelSpec spec = tiny_spec(v11, 2);
+    spec.hidden_dropout = spec.attention_dropout = dropout;
+    T5Model ref(spec, ref_ctx, DType::F64, 3), model(spec, ctx, DType::F64, 3);
+    const T5Batch batch = tiny_batch();
+    T5Model::Cache ref_cache, cache;
+    const double ref_loss = loss_and_grads(ref, batch, ref_ctx, &ref_cache);
+    const double loss = loss_and_grads(model, batch, ctx, &cache);
+    EXPECT_NEAR(loss, ref_loss, 1e-10 * std::fabs(ref_loss));
+    if (dropout > 0) {  // the masks drop something
+      T5Model plain(tiny_spec(v11, 2), ref_ctx, DType::F64, 3);
+      EXPECT_NE(loss_and_grads(plain, batch, ref_ctx), ref_loss);
+    }
+    const Tensor& full = T5Model::logits(ref_cache);
+    const Tensor& shard = T5Model::logits(cache);
+    const index_t width = shard.dim(1), first = width * ctx.tp.rank();
+    ASSERT_EQ(full.dim(1), 2 * width);
+    for (index_t row = 0; row < shard.dim(0); ++row)
+      for (index_t col = 0; col < width; ++col) {
+        const double want = full.data<double>()[row * full.dim(1) + first + col];
+        ASSERT_NEAR(shard.data<double>()[row * width + col], want, 1e-10 * (1 + std::fabs(want)))
+            << "logit row " << row << " column " << first + col;
+      }
+    const ParameterList got = model.parameters(), want = ref.parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      sum_partial_grad(*got[k], pair);
+      const Parameter& p = *got[k];
+      ASSERT_EQ(p.name, want[k]->name);
+      const double* g = p.grad.data<double>();
+      const double* r = want[k]->grad.data<double>();
+      int compared = 0;
+      for_each_global_index(p, ctx.tp.rank(), 2, [&](index_t local, index_t global) {
+        ++compared;
+        ASSERT_NEAR(g[local], r[global], 1e-10 * (1 + std::fabs(r[global])))
+            << p.name << " local " << local << " global " << global;
+      });
+      EXPECT_GT(compared, 0) << p.name;
+    }
+  }
+  MPI_Comm_free(&pair);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Versions, T5ModelTp2,
+    ::testing::Combine(::testing::Values(false, true), ::testing::Values(0.0, 0.2),
+                       ::testing::Values(false, true)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "v11_untied" : "v10_tied") +
+             (std::get<1>(info.param) > 0 ? "_dropout" : "_no_dropout") +
+             (std::get<2>(info.param) ? "_sp" : "");
+    });
+
+}  // namespace
+}  // namespace meshtron::t5_test
