@@ -53,6 +53,19 @@ ModelSpec model_spec_from_deck(const RunConfig& run, int vocab_size, int tp) {
     c.num_token_types = m.num_token_types;
     c.block.attention.mask = AttentionMask::Padding;
   }
+  if (m.arch == "t5") {
+    // transformers' T5: T5LayerNorm has no bias, q k^T is not divided by
+    // sqrt(d_kv), the encoder's padding keys are masked (the decoder's
+    // self-attention is causal inside T5Model).
+    c.model_class = ModelClass::T5;
+    c.block.norm.bias = false;
+    c.block.attention.scale_scores = false;
+    c.block.attention.mask = AttentionMask::Padding;
+    c.num_decoder_layers = m.decoder_layers();
+    c.decoder_seq_length = m.decoder_seq_length;
+  }
+  c.relative_attention_num_buckets = m.relative_attention_num_buckets;
+  c.relative_attention_max_distance = m.relative_attention_max_distance;
   return c;
 }
 

@@ -101,6 +101,9 @@ class Trainer {
   /// Makes graphed_: buffers shaped like `first`, and the capture of one
   /// micro-batch's forward + backward over them (CUDA builds).
   void capture_micro_batch(const MicroBatch& first);
+  /// Per-token losses of a step, whose mean is its loss: global batch x
+  /// ModelSpec::loss_length() (T5: the decoder's positions).
+  index_t loss_tokens_per_step() const;
   /// The loss gradient's value at this step (the scale under fp16).
   double dloss_value() const;
   /// The head backward's input: dloss_value() for each of a micro-batch's tokens.
