@@ -7,6 +7,7 @@
 
 #include "common/error.hpp"
 #include "model/bert_model.hpp"
+#include "model/t5_model.hpp"
 #include "train/metrics.hpp"
 #ifdef MESHTRON_HAVE_CUDA
 #include "ops/ops_cuda.hpp"
@@ -218,6 +219,10 @@ std::unique_ptr<StageModel> Trainer::make_stage(const ModelSpec& model,
                  "BERT: pipeline parallelism is not built yet (parallel.pipeline_parallel = 1)");
     return std::make_unique<BertModel>(model, base_ctx_, dtype, run_.run.seed);
   }
+  if (model.model_class == ModelClass::T5) {
+    T5Model::require_whole_model(place);
+    return std::make_unique<T5Model>(model, base_ctx_, dtype, run_.run.seed);
+  }
   return std::make_unique<GptModel>(model, place, base_ctx_, dtype, run_.run.seed);
 }
 
@@ -229,7 +234,7 @@ std::vector<GptModel*> Trainer::gpt_chunks() {
   std::vector<GptModel*> out;
   for (auto& chunk : chunks_) {
     auto* gpt = dynamic_cast<GptModel*>(chunk.get());
-    MESH_REQUIRE(gpt != nullptr, "generation needs a GPT model (model.arch), not BERT");
+    MESH_REQUIRE(gpt != nullptr, "generation needs a GPT model (model.arch), not BERT or T5");
     out.push_back(gpt);
   }
   return out;
