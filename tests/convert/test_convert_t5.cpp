@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 
+#include "app/commands.hpp"
 #include "common/convert_test_util.hpp"
 #include "common/expect_user_error.hpp"
 #include "io/hf/hf_family.hpp"
@@ -382,6 +383,41 @@ TEST_F(T5Io, ReluTiedT5ModelRoundTripsBitForBit) {
 TEST_F(T5Io, GatedUntiedT5ModelRoundTripsBitForBit) {
   write_config("hf", config_text(true));
   expect_model_round_trip(file("hf"), true);
+}
+
+/// `meshtron convert` from the folder `dir` to a checkpoint in `scratch` and
+/// back: the same tensors bit for bit and the same config.
+void expect_convert_round_trip(const std::string& dir, const std::map<std::string, Tensor>& by_name,
+                               const std::string& scratch) {
+  app::run_convert({"--from", "hf", dir, "--to", scratch + "/ckpt"});
+  app::run_convert({"--from", scratch + "/ckpt/iter_0000000.h5", "--to", "hf", scratch + "/back"});
+  const io::HfWeights back(scratch + "/back");
+  EXPECT_EQ(back.names().size(), by_name.size());
+  for (const auto& [name, src] : by_name) {
+    const Tensor t = back.load(name);
+    ASSERT_EQ(t.shape(), src.shape()) << name;
+    EXPECT_EQ(std::memcmp(t.raw(), src.raw(), t.bytes()), 0) << name;
+  }
+  const io::HfT5Config a = io::read_hf_t5_config(dir), b = io::read_hf_t5_config(scratch + "/back");
+  EXPECT_EQ(b.num_layers, a.num_layers);
+  EXPECT_EQ(b.num_decoder_layers, a.num_decoder_layers);
+  EXPECT_EQ(b.d_kv, a.d_kv);
+  EXPECT_EQ(b.d_ff, a.d_ff);
+  EXPECT_EQ(b.relative_attention_num_buckets, a.relative_attention_num_buckets);
+  EXPECT_EQ(b.relative_attention_max_distance, a.relative_attention_max_distance);
+  EXPECT_DOUBLE_EQ(b.layer_norm_epsilon, a.layer_norm_epsilon);
+  EXPECT_EQ(b.feed_forward_proj, a.feed_forward_proj);
+  EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
+}
+
+TEST_F(T5Io, ConvertRoundTripsReluTiedThroughACheckpoint) {
+  write_folder("hf", false);
+  expect_convert_round_trip(file("hf"), by_name, dir.string());
+}
+
+TEST_F(T5Io, ConvertRoundTripsGatedUntiedThroughACheckpoint) {
+  write_folder("hf", true);
+  expect_convert_round_trip(file("hf"), by_name, dir.string());
 }
 
 }  // namespace

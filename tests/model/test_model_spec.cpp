@@ -11,6 +11,7 @@
 #include "config/model_spec_from_deck.hpp"
 #include "io/hf/gpt2_config.hpp"
 #include "model/gpt_model.hpp"
+#include "model/t5_model.hpp"
 #include "parallel/communicator.hpp"
 #include "train/metrics.hpp"
 
@@ -220,6 +221,38 @@ TEST(ModelSpec, T5ArchIsTheEncoderDecoderWithRelativeBuckets) {
           c.validate(2);
         },
         {"model.arch = t5"});
+}
+
+// What convert stores with a T5 checkpoint reads back as the spec.
+TEST(ModelSpec, T5SpecWritesBackAsItsDeck) {
+  const ModelSpec s = t5_spec(/*encoder_layers=*/2, /*decoder_layers=*/3, /*d_model=*/32,
+                              /*heads=*/4, /*d_kv=*/6, /*d_ff=*/64, Activation::GegluTanh,
+                              /*tie_word_embeddings=*/false, /*vocab=*/100,
+                              /*encoder_seq_length=*/20, /*decoder_seq_length=*/18,
+                              /*buckets=*/8, /*max_distance=*/16, /*eps=*/1e-5);
+  RunConfig back = RunConfig::from_text(model_deck_section(s));
+  back.validate(1);
+  const ModelSpec r = model_spec_from_deck(back, 0, 1);
+  EXPECT_EQ(r.model_class, ModelClass::T5);
+  EXPECT_EQ(r.num_layers, 2);
+  EXPECT_EQ(r.num_decoder_layers, 3);
+  EXPECT_EQ(r.seq_length, 20);
+  EXPECT_EQ(r.decoder_seq_length, 18);
+  EXPECT_EQ(r.vocab_size, 100);
+  EXPECT_EQ(r.block.attention.head_dim, 6);
+  EXPECT_EQ(r.block.attention.mask, AttentionMask::Padding);
+  EXPECT_FALSE(r.block.attention.scale_scores || r.block.norm.bias || r.block.attention.bias);
+  EXPECT_EQ(r.block.norm.kind, NormKind::RMSNorm);
+  EXPECT_DOUBLE_EQ(r.block.norm.epsilon, 1e-5);
+  EXPECT_EQ(r.block.mlp.activation, Activation::GegluTanh);
+  EXPECT_EQ(r.block.mlp.ffn_hidden_size, 64);
+  EXPECT_FALSE(r.tie_word_embeddings);
+  EXPECT_EQ(r.relative_attention_num_buckets, 8);
+  EXPECT_EQ(r.relative_attention_max_distance, 16);
+  // Without model_class T5 a norm without bias has no key.
+  ModelSpec not_t5 = s;
+  not_t5.model_class = ModelClass::CausalLm;
+  expect_user_error([&] { model_deck_section(not_t5); }, {"model.arch = t5"});
 }
 
 TEST(ModelSpec, DeckRejectsBadArchitectureValues) {

@@ -5,7 +5,8 @@
 // (the world is the tp group): logits and loss within 1e-5 of
 // transformers', every gradient within 1e-4 (norm-wise per tensor: max
 // |ours - theirs| / max |theirs| over this rank's shard), and on one rank
-// the export of the loaded model bit-equal to the golden folder's tensors.
+// the export of the loaded model, and `meshtron convert` to a checkpoint and
+// back, bit-equal to the golden folder's tensors.
 //
 // Each rank's expected gradient shard is transformers' gradients imported
 // through the same table and shard map as the weights (written as a model
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "app/commands.hpp"
 #include "common/golden_tokens.hpp"
 #include "io/hf/hf_weights.hpp"
 #include "io/hf/t5.hpp"
@@ -166,6 +168,26 @@ TEST_P(T5Golden, ExportIsTheGoldenFolderBitForBit) {
     ++compared;
   }
   EXPECT_GT(compared, 30u);
+}
+
+TEST_P(T5Golden, ConvertThroughACheckpointIsBitForBit) {
+  if (tp_size() > 1) GTEST_SKIP() << "meshtron convert runs on one rank";
+  const fs::path scratch =
+      fs::temp_directory_path() / ("meshtron_t5_convert_" + std::to_string(getpid()));
+  fs::remove_all(scratch);
+  app::run_convert({"--from", "hf", dir, "--to", (scratch / "ckpt").string()});
+  app::run_convert({"--from", (scratch / "ckpt" / "iter_0000000.h5").string(), "--to", "hf",
+                    (scratch / "hf").string()});
+  const io::HfWeights theirs(dir), back((scratch / "hf").string());
+  std::size_t compared = 0;
+  for (const std::string& name : back.names()) {
+    const Tensor t = theirs.load(io::t5_stored_name(name, theirs)), ours = back.load(name);
+    ASSERT_EQ(t.bytes(), ours.bytes()) << name;
+    EXPECT_EQ(std::memcmp(t.raw(), ours.raw(), t.bytes()), 0) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, io::hf_t5_tensors(spec, model->parameters()).size());
+  fs::remove_all(scratch);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, T5Golden, ::testing::Values("v1_0", "v1_1"),
