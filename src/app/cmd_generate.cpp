@@ -49,8 +49,12 @@ std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* t
     MESH_REQUIRE(j["text"].is_string(), where << ": \"text\" must be a string");
     MESH_REQUIRE(tok, where << ": a text prompt needs the run's tokenizer (data.vocab_file and "
                                 "data.merge_file, or data.tokenizer = hf)");
-    ids = text_prompt_ids(*tok, j["text"].get<std::string>());
-    if (end_with_eod) ids.push_back(tok->eod_id());
+    if (end_with_eod) {  // T5's encoder input: no BOS, EOD last (T5Tokenizer's </s>)
+      tok->encode_append(j["text"].get<std::string>(), ids);
+      ids.push_back(tok->eod_id());
+    } else {
+      ids = text_prompt_ids(*tok, j["text"].get<std::string>());
+    }
   } else {
     MESH_REQUIRE(j["ids"].is_array(), where << ": \"ids\" must be an array of token ids");
     for (const auto& v : j["ids"]) {

@@ -61,9 +61,9 @@ std::string checkpoint_to_load(const RunConfig& c, const std::string& command);
 /// The prompts of a JSONL file, one {"text": ...} (through `tokenizer`;
 /// none: a UserError) or {"ids": [...]} a line; a malformed line, an id
 /// outside [0, vocab) or an empty prompt is a UserError naming file:line.
-/// `key` names the setting in messages. `end_with_eod`: a text prompt ends
-/// with the tokenizer's EOD id (T5's encoder input, as transformers'
-/// T5Tokenizer appends </s>).
+/// `key` names the setting in messages. `end_with_eod`: a text prompt is
+/// its ids and the tokenizer's EOD id, no BOS (T5's encoder input, as
+/// transformers' T5Tokenizer ends it with </s>).
 std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
                                                         const std::string& key,
                                                         data::Tokenizer* tokenizer, int vocab,
