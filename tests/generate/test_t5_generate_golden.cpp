@@ -106,7 +106,8 @@ class T5GenerateGolden : public ::testing::TestWithParam<const char*> {
 TEST_P(T5GenerateGolden, GreedyIdsEqualTransformers) { expect_same_ids(false); }
 TEST_P(T5GenerateGolden, BeamIdsEqualTransformers) { expect_same_ids(true); }
 
-INSTANTIATE_TEST_SUITE_P(Models, T5GenerateGolden, ::testing::Values("v1_0", "v1_1"));
+INSTANTIATE_TEST_SUITE_P(Models, T5GenerateGolden, ::testing::Values("v1_0", "v1_1"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace meshtron::golden
