@@ -66,7 +66,8 @@ generate.json
     num_beams=3, length_penalty=1.0, early_stopping=False). Ids are the
     generated tokens only (the decoder start token removed); a sequence that
     produced eos (1) before max_new_tokens is followed by pad (0), as
-    transformers returns the batch. greedy_min_margin is the smallest gap
+    transformers returns the batch, and the rows are shorter than
+    max_new_tokens when every sequence of the batch ended early. greedy_min_margin is the smallest gap
     between the best and second-best log-probability over the greedy steps
     (a tie-break closer than rounding would make the ids fragile).
 
