@@ -1,6 +1,7 @@
-// meshtron convert: the Hugging Face causal LMs of io::hf_families()
-// (GPT2LMHeadModel, GPTBigCodeForCausalLM, LlamaForCausalLM,
-// MistralForCausalLM, BloomForCausalLM, GPTNeoXForCausalLM) <-> meshtron
+// meshtron convert: the Hugging Face models of io::hf_families() that the
+// trainer holds (GPT2LMHeadModel, GPTBigCodeForCausalLM, LlamaForCausalLM,
+// MistralForCausalLM, BloomForCausalLM, GPTNeoXForCausalLM,
+// T5ForConditionalGeneration, MT5ForConditionalGeneration) <-> meshtron
 // checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
@@ -20,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <regex>
 #include <set>
 
@@ -29,6 +32,7 @@
 #include "io/checkpoint.hpp"
 #include "io/hf/hf_family.hpp"
 #include "model/gpt_model.hpp"
+#include "model/t5_model.hpp"
 
 namespace meshtron::app {
 
@@ -66,29 +70,35 @@ std::string deck_for(const ModelSpec& c) {
   return "# written by meshtron convert\n" + model_deck_section(c);
 }
 
-/// A 1-rank model (tp = pp = dp = 1) of shape `c`, on the host.
+/// A 1-rank model (tp = pp = dp = 1) of shape `c`, on the host: a GptModel,
+/// or a T5Model for model_class T5.
 struct SingleRankModel {
   explicit SingleRankModel(const ModelSpec& c)
-      : self(MPI_COMM_SELF), tp{self}, ctx{tp},
-        model(c, StagePlacement::whole_model(c.num_layers), ctx, DType::F32, 0) {}
+      : self(MPI_COMM_SELF), tp{self}, ctx{tp}, model(make(c, ctx)) {}
+  static std::unique_ptr<StageModel> make(const ModelSpec& c, LayerContext& ctx) {
+    if (c.model_class == ModelClass::T5) return std::make_unique<T5Model>(c, ctx, DType::F32, 0);
+    return std::make_unique<GptModel>(c, StagePlacement::whole_model(c.num_layers), ctx,
+                                      DType::F32, 0);
+  }
+  ParameterList parameters() { return model->parameters(); }
   MpiCommunicator self;
   TensorParallelGroup tp;
   LayerContext ctx;
-  GptModel model;
+  std::unique_ptr<StageModel> model;
 };
 
 int hf_to_checkpoint(const ConvertArgs& a) {
   const io::HfFamily& family = io::hf_family_of_folder(a.from);
   const ModelSpec c = family.read_spec(a.from);
-  MESH_REQUIRE(c.model_class == ModelClass::CausalLm,
+  MESH_REQUIRE(c.model_class == ModelClass::CausalLm || c.model_class == ModelClass::T5,
                "convert: " << a.from << " is a " << family.name
                            << " model; its checkpoints are not built yet (the trainer holds "
-                              "causal LMs only)");
+                              "causal LMs and T5)");
   SingleRankModel m(c);
-  family.import_weights(a.from, c, m.model.parameters());
+  family.import_weights(a.from, c, m.parameters());
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
-  for (Parameter* p : m.model.parameters()) tensors.push_back({p, nullptr, nullptr});
+  for (Parameter* p : m.parameters()) tensors.push_back({p, nullptr, nullptr});
   io::TrainState state;
   state.deck_text = deck_for(c);
   io::save_checkpoint(a.to, topo, tensors, state, /*keep_last=*/0);
@@ -102,6 +112,48 @@ int hf_to_checkpoint(const ConvertArgs& a) {
   return 0;
 }
 
+/// The shape of `name` among a checkpoint's tensors; a UserError names the
+/// file when it has none.
+const Shape& stored_shape(const std::map<std::string, Shape>& shapes, const std::string& name,
+                          const std::string& file) {
+  const auto it = shapes.find("model/" + name);
+  MESH_REQUIRE(it != shapes.end(), file << ": no tensor " << name << " (not a checkpoint of its "
+                                        << "deck's model)");
+  return it->second;
+}
+
+/// A T5 checkpoint's spec `c` (its deck's) with the sizes of its tensors:
+/// the layers of each stack, the vocabulary (unpadded: one rank, the stored
+/// rows only), d_model, the heads and buckets of the relative-bias table,
+/// d_kv, d_ff, and an untied head where output_layer.weight is stored.
+ModelSpec t5_sizes_of_checkpoint(ModelSpec c, const std::map<std::string, Shape>& shapes,
+                                 const std::string& file) {
+  auto layers_of = [&](const std::string& stack) {
+    const std::regex re("^model/" + stack + R"(\.layers\.(\d+)\.)");
+    std::set<int> layers;
+    std::smatch m;
+    for (const auto& [path, shape] : shapes)
+      if (std::regex_search(path, m, re)) layers.insert(std::stoi(m[1]));
+    return int(layers.size());
+  };
+  c.num_layers = layers_of("encoder");
+  c.num_decoder_layers = layers_of("decoder");
+  const Shape& word = stored_shape(shapes, "embedding.word.weight", file);
+  c.vocab_size = c.padded_vocab_size = int(word[0]);
+  c.hidden_size = int(word[1]);
+  const Shape& bias = stored_shape(shapes, "encoder.relative_bias.weight", file);
+  c.relative_attention_num_buckets = int(bias[0]);
+  auto& a = c.block.attention;
+  a.num_heads = a.num_query_groups = int(bias[1]);
+  a.head_dim = int(stored_shape(shapes, "encoder.layers.0.attention.qkv.weight", file)[1]) /
+               (3 * a.num_heads);
+  c.block.mlp.ffn_hidden_size =
+      int(stored_shape(shapes, "encoder.layers.0.mlp.proj.weight", file)[0]);
+  c.tie_word_embeddings = !shapes.count("model/output_layer.weight");
+  c.hidden_dropout = c.attention_dropout = 0;
+  return c;
+}
+
 /// The model shape from the checkpoint's tensors and its deck.
 ModelSpec config_of_checkpoint(const io::CheckpointInfo& info) {
   RunConfig deck = RunConfig::from_text(info.state.deck_text, {}, info.path + " (deck)");
@@ -113,6 +165,8 @@ ModelSpec config_of_checkpoint(const io::CheckpointInfo& info) {
     std::smatch m;
     if (std::regex_search(t.path, m, layer_re)) layers.insert(std::stoi(m[1]));
   }
+  if (deck.model.arch == "t5")
+    return t5_sizes_of_checkpoint(model_spec_from_deck(deck, 0, 1), shapes, info.path);
   MESH_REQUIRE(shapes.count("model/embedding.word.weight") && !layers.empty(),
                info.path << ": not a GPT checkpoint (no word embedding or layers)");
   // The architecture from the deck, the sizes from the tensors; the
@@ -140,12 +194,12 @@ int checkpoint_to_hf(const ConvertArgs& a) {
   SingleRankModel m(c);
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
-  for (Parameter* p : m.model.parameters()) tensors.push_back({p, nullptr, nullptr});
+  for (Parameter* p : m.parameters()) tensors.push_back({p, nullptr, nullptr});
   io::TrainState state;
   io::load_checkpoint(a.from, topo, tensors, state, /*load_optimizer=*/false);
 
   const io::HfFamily& family = io::hf_family_of_spec(c);
-  const std::size_t written = family.export_model(a.to, c, m.model.parameters());
+  const std::size_t written = family.export_model(a.to, c, m.parameters());
   std::cout << "converted " << a.from << " (iteration " << info.state.iteration << ") -> "
             << a.to << " (" << family.name << ", " << written << " tensors)\n";
   return 0;

@@ -14,6 +14,7 @@
 //      of generate.batch_size; rank 0 writes the results in prompt order
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -40,7 +41,7 @@ std::unique_ptr<data::Tokenizer> run_tokenizer(const RunConfig& c) {
 namespace {
 
 std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* tok,
-                                     const std::string& where, int vocab) {
+                                     const std::string& where, int vocab, bool end_with_eod) {
   MESH_REQUIRE(j.is_object() && (j.contains("text") != j.contains("ids")),
                where << ": a prompt is {\"text\": \"...\"} or {\"ids\": [...]}");
   std::vector<std::int32_t> ids;
@@ -48,7 +49,12 @@ std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* t
     MESH_REQUIRE(j["text"].is_string(), where << ": \"text\" must be a string");
     MESH_REQUIRE(tok, where << ": a text prompt needs the run's tokenizer (data.vocab_file and "
                                 "data.merge_file, or data.tokenizer = hf)");
-    ids = text_prompt_ids(*tok, j["text"].get<std::string>());
+    if (end_with_eod) {  // T5's encoder input: no BOS, EOD last (T5Tokenizer's </s>)
+      tok->encode_append(j["text"].get<std::string>(), ids);
+      ids.push_back(tok->eod_id());
+    } else {
+      ids = text_prompt_ids(*tok, j["text"].get<std::string>());
+    }
   } else {
     MESH_REQUIRE(j["ids"].is_array(), where << ": \"ids\" must be an array of token ids");
     for (const auto& v : j["ids"]) {
@@ -95,7 +101,8 @@ std::vector<std::vector<std::int32_t>> prompts_of(const RunConfig& c, data::Toke
                                                   int vocab) {
   MESH_REQUIRE(!c.generate.prompts.empty(),
                "generate needs generate.prompts (a JSONL file of prompts)");
-  return read_prompt_file(c.generate.prompts, "generate.prompts", tok, vocab);
+  return read_prompt_file(c.generate.prompts, "generate.prompts", tok, vocab,
+                          /*end_with_eod=*/c.model.arch == "t5");
 }
 
 class GenerateRun {
@@ -106,24 +113,43 @@ class GenerateRun {
         vocab_(resolve_vocab(c_)),
         tokenizer_(run_tokenizer(c_)),
         prompts_(prompts_of(c_, tokenizer_.get(), vocab_)),
-        params_(generate_params(c_.generate, tokenizer_.get(), vocab_)),
+        params_(generate_params(c_.generate, tokenizer_.get(), vocab_,
+                                c_.model.arch == "t5" ? t5_generation_ids(c_, nullptr).eos : -1)),
         model_(c_, vocab_),
         rt_(model_.runtime()),
         rank0_(rt_.topo.world_rank() == 0) {}
 
   int run() {
-    const io::TrainState state = model_.load(checkpoint_);
+    const io::TrainState state = model_.load(checkpoint_, tokenizer_.get());
+    const auto mine = my_requests();
+    if (generate::T5Generator* t5 = model_.t5_generator()) {
+      // Relative positions: an encoder input of any length.
+      print_banner(state.iteration, t5_cache_mib(*t5, mine));
+      return decode(mine, [t5](const std::vector<generate::Request>& batch,
+                               const generate::GenerateParams& p) { return t5->generate(batch, p); });
+    }
     generate::Generator& generator = model_.generator();
     require_prompts_fit(generator.context_length());
-    const auto mine = my_requests();
-    print_banner(state.iteration, generator, mine);
+    print_banner(state.iteration, gpt_cache_mib(generator, mine));
+    return decode(mine, [&generator](const std::vector<generate::Request>& batch,
+                                     const generate::GenerateParams& p) {
+      return generator.generate(batch, p);
+    });
+  }
+
+ private:
+  using Generate = std::function<std::vector<generate::Result>(
+      const std::vector<generate::Request>&, const generate::GenerateParams&)>;
+
+  /// This rank's prompts in batches of generate.batch_size; rank 0 writes every result.
+  int decode(const std::vector<generate::Request>& mine, const Generate& generate) {
     std::vector<std::string> lines;
     for (std::size_t b = 0; b < mine.size(); b += std::size_t(c_.generate.batch_size)) {
       const std::vector<generate::Request> batch(
           mine.begin() + long(b),
           mine.begin() + long(std::min(mine.size(), b + std::size_t(c_.generate.batch_size))));
       const auto start = std::chrono::steady_clock::now();
-      const auto results = generator.generate(batch, params_);
+      const auto results = generate(batch, params_);
       print_batch_time(b / std::size_t(c_.generate.batch_size) + 1, results,
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       for (const auto& r : results)
@@ -133,7 +159,6 @@ class GenerateRun {
     return 0;
   }
 
- private:
   /// Every rank checks every prompt (a prompt only some dp ranks decode
   /// would stop them alone).
   void require_prompts_fit(index_t positions) const {
@@ -153,22 +178,46 @@ class GenerateRun {
     return out;
   }
 
-  void print_banner(long iteration, const generate::Generator& g,
-                    const std::vector<generate::Request>& mine) const {
+  struct CacheSize {
+    double mib;
+    index_t sequences, positions;
+  };
+  index_t longest_prompt() const {
     std::size_t longest = 0;
     for (const auto& p : prompts_) longest = std::max(longest, p.size());
+    return index_t(longest);
+  }
+  /// Sequences of one batch of this rank (prompts x beams).
+  index_t batch_sequences(const std::vector<generate::Request>& mine) const {
     const index_t beams = params_.decoding == generate::Decoding::Beam ? c_.generate.num_beams : 1;
-    const index_t slots = index_t(std::min<std::size_t>(mine.size(), std::size_t(c_.generate.batch_size))) * beams;
-    const index_t capacity = index_t(longest) + c_.generate.max_new_tokens;
-    const double mib = double(g.cache_bytes(slots, capacity)) / (1024.0 * 1024.0);
+    return index_t(std::min<std::size_t>(mine.size(), std::size_t(c_.generate.batch_size))) * beams;
+  }
+  CacheSize gpt_cache_mib(const generate::Generator& g,
+                          const std::vector<generate::Request>& mine) const {
+    const index_t slots = batch_sequences(mine);
+    const index_t capacity = longest_prompt() + c_.generate.max_new_tokens;
+    return {double(g.cache_bytes(slots, capacity)) / (1024.0 * 1024.0), slots, capacity};
+  }
+  /// T5: the decoder's self caches and the cross-attention keys and values.
+  CacheSize t5_cache_mib(const generate::T5Generator& g,
+                         const std::vector<generate::Request>& mine) const {
+    const index_t sequences = batch_sequences(mine), capacity = c_.generate.max_new_tokens;
+    return {double(g.cache_bytes(sequences, capacity, longest_prompt(), compute_dtype(c_))) /
+                (1024.0 * 1024.0),
+            sequences, capacity};
+  }
+
+  void print_banner(long iteration, const CacheSize& cache) const {
     if (!rank0_) return;
     std::cout << "meshtron generate " << c_.deck_path << "\n > checkpoint " << checkpoint_
               << " (iteration " << iteration << ")\n > " << prompts_.size() << " prompts of "
               << c_.generate.prompts << ", " << c_.generate.decoding << ", max_new_tokens "
               << c_.generate.max_new_tokens << " on tp " << rt_.topo.tp() << " x pp "
-              << rt_.topo.pp() << " x dp " << rt_.topo.dp() << "\n > KV cache: " << mib
-              << " MiB on this rank (" << slots << " sequences x " << capacity
-              << " positions, its layers and kv heads)" << std::endl;
+              << rt_.topo.pp() << " x dp " << rt_.topo.dp() << "\n > KV cache: " << cache.mib
+              << " MiB on this rank (" << cache.sequences << " sequences x " << cache.positions
+              << " positions, its layers and kv heads"
+              << (c_.model.arch == "t5" ? "; the encoder's cross-attention keys and values" : "")
+              << ")" << std::endl;
   }
 
   /// Rank 0's batches (perf/bench_generate.py reads these lines): the
@@ -221,7 +270,8 @@ class GenerateRun {
 
 std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
                                                         const std::string& key,
-                                                        data::Tokenizer* tok, int vocab) {
+                                                        data::Tokenizer* tok, int vocab,
+                                                        bool end_with_eod) {
   std::ifstream in(path);
   MESH_REQUIRE(in.good(), key << ": cannot read '" << path << "'");
   std::vector<std::vector<std::int32_t>> prompts;
@@ -231,7 +281,7 @@ std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
     const std::string where = path + ":" + std::to_string(n);
     const auto j = data::parse_json_line(line, why);
     MESH_REQUIRE(j, where << ": " << why);
-    prompts.push_back(prompt_ids(*j, tok, where, vocab));
+    prompts.push_back(prompt_ids(*j, tok, where, vocab, end_with_eod));
   }
   MESH_REQUIRE(!prompts.empty(), key << ": no prompt in '" << path << "'");
   return prompts;

@@ -8,6 +8,7 @@
 #include "app/commands.hpp"
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
+#include "data/t5_vocabulary.hpp"
 #include "parallel/interconnect.hpp"
 #include "parallel/topology.hpp"
 #include "train/metrics.hpp"
@@ -31,7 +32,11 @@ int resolve_vocab(const RunConfig& c) {
   // GPT-2 named without its files (synthetic data): its published size.
   if (c.data.tokenizer == "gpt2" && (c.data.vocab_file.empty() || c.data.merge_file.empty()))
     return kGpt2VocabSize;
-  return load_tokenizer(c.data)->vocab_size();
+  const auto tokenizer = load_tokenizer(c.data);
+  // T5's sentinels may lie after the tokenizer's vocabulary (t5_vocabulary.hpp).
+  if (c.model.arch == "t5")
+    return int(data::t5_special_tokens(*tokenizer, c.data.vocab_extra_ids).vocab_size);
+  return tokenizer->vocab_size();
 }
 
 DType compute_dtype(const RunConfig& c) {

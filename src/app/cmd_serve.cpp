@@ -99,7 +99,7 @@ class ServeRun {
 
   generate::CompletionLimits limits() {
     generate::CompletionLimits l;
-    l.context = model_.generator().context_length();
+    l.context = model_.generator("serve").context_length();
     l.vocab = vocab_;
     l.max_n = c_.serve.max_n;
     l.max_prompts = c_.serve.max_prompts;
@@ -147,7 +147,7 @@ class ServeRun {
         const std::string piece = streams[std::size_t(index)].next(decode(ids));
         if (!piece.empty()) job->push(generate::completion_chunk(header, index, piece, ""));
       };
-    const auto results = model_.generator().generate(batch, params, on_token);
+    const auto results = model_.generator("serve").generate(batch, params, on_token);
     if (!job) return;
     std::vector<generate::ChoiceText> texts;
     for (const auto& res : results) {
@@ -174,7 +174,7 @@ class ServeRun {
             {"arch", c_.model.arch},
             {"checkpoint", checkpoint_},
             {"iteration", iteration},
-            {"context_length", model_.generator().context_length()},
+            {"context_length", model_.generator("serve").context_length()},
             {"vocab_size", vocab_},
             {"tokenizer", tokenizer_ ? json(tokenizer_->name()) : json()},
             {"layout", {{"tensor_parallel", t.tp()}, {"pipeline_parallel", t.pp()},

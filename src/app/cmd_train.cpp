@@ -28,6 +28,7 @@
 #include "config/model_spec_from_deck.hpp"
 #include "io/checkpoint.hpp"
 #include "data/bert_tokenizer.hpp"
+#include "data/t5_vocabulary.hpp"
 #include "io/save_dir.hpp"
 #include "train/evaluation.hpp"
 #include "train/gpu_trace.hpp"
@@ -50,7 +51,16 @@ std::unique_ptr<DataSource> make_data(const RunConfig& c, const ParallelRuntime&
                     rt.topo.dp(),
                     c.training.train_iters,
                     c.training.eval_iters,
-                    c.run.seed};
+                    c.run.seed,
+                    c.model.decoder_seq_length};
+  if (c.model.arch == "t5" && c.data.source != "indexed") return make_synthetic_t5_data(layout, vocab);
+  if (c.model.arch == "t5") {
+    const auto tokenizer = run_tokenizer(c);
+    MESH_REQUIRE(tokenizer, "model.arch = t5 on data.source = indexed needs data.tokenizer = "
+                            "sentencepiece");
+    return make_indexed_t5_data(c, layout,
+                                data::t5_special_tokens(*tokenizer, c.data.vocab_extra_ids));
+  }
   if (c.model.arch == "bert" && c.data.source != "indexed")
     return make_synthetic_bert_data(layout, vocab);
   if (c.model.arch == "bert") {

@@ -61,10 +61,13 @@ std::string checkpoint_to_load(const RunConfig& c, const std::string& command);
 /// The prompts of a JSONL file, one {"text": ...} (through `tokenizer`;
 /// none: a UserError) or {"ids": [...]} a line; a malformed line, an id
 /// outside [0, vocab) or an empty prompt is a UserError naming file:line.
-/// `key` names the setting in messages.
+/// `key` names the setting in messages. `end_with_eod`: a text prompt is
+/// its ids and the tokenizer's EOD id, no BOS (T5's encoder input, as
+/// transformers' T5Tokenizer ends it with </s>).
 std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
                                                         const std::string& key,
-                                                        data::Tokenizer* tokenizer, int vocab);
+                                                        data::Tokenizer* tokenizer, int vocab,
+                                                        bool end_with_eod = false);
 /// The run's tokenizer (data.tokenizer and its files), or null when the
 /// deck names none: the one place that picks it.
 std::unique_ptr<data::Tokenizer> run_tokenizer(const RunConfig& c);

@@ -6,6 +6,7 @@
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
 #include "data/json_line.hpp"
+#include "data/t5_vocabulary.hpp"
 
 namespace meshtron::app {
 
@@ -16,17 +17,36 @@ RunConfig for_generation(RunConfig c) {
 }
 
 GenerationModel::GenerationModel(const RunConfig& c, int vocab)
-    : rt_(MPI_COMM_WORLD, c.parallel.degrees(),
+    : config_(c),
+      rt_(MPI_COMM_WORLD, c.parallel.degrees(),
           c.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
       model_(model_spec_from_deck(c, vocab, rt_.topo.tp())),
       dtype_(compute_dtype(c)),
       trainer_(c, model_, rt_, dtype_) {}
 
-io::TrainState GenerationModel::load(const std::string& checkpoint) {
+T5GenerationIds t5_generation_ids(const RunConfig& c, const data::Tokenizer* tok) {
+  if (!tok) return {};
+  const data::SpecialTokens special = data::t5_special_tokens(*tok, c.data.vocab_extra_ids);
+  return {special.pad, special.eos};
+}
+
+io::TrainState GenerationModel::load(const std::string& checkpoint, const data::Tokenizer* tok) {
   const io::TrainState state = load_trainer_weights(trainer_, checkpoint);
-  const std::vector<GptModel*> chunks = trainer_.gpt_chunks();
-  generator_ = std::make_unique<generate::Generator>(chunks, rt_, dtype_);
+  if (model_.model_class == ModelClass::T5) {
+    const auto* t5 = dynamic_cast<const T5Model*>(trainer_.chunks().front().get());
+    MESH_VERIFY(t5 != nullptr, "GenerationModel: model.arch = t5 built no T5Model");
+    const T5GenerationIds ids = t5_generation_ids(config_, tok);
+    t5_generator_ = std::make_unique<generate::T5Generator>(*t5, rt_.tp_group, rt_.space(),
+                                                            ids.pad, ids.pad);
+    return state;
+  }
+  generator_ = std::make_unique<generate::Generator>(trainer_.gpt_chunks(), rt_, dtype_);
   return state;
+}
+
+generate::Generator& GenerationModel::generator(const char* what) {
+  MESH_REQUIRE(generator_, what << " needs a decoder-only model (model.arch), not T5");
+  return *generator_;
 }
 
 std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text) {
@@ -52,7 +72,7 @@ std::function<bool(const std::vector<std::int32_t>&)> stop_strings_predicate(
 namespace {
 
 std::vector<std::int32_t> parse_stop_ids(const std::string& s, const data::Tokenizer* tok,
-                                         int vocab) {
+                                         int vocab, std::int32_t eod) {
   std::vector<std::int32_t> ids;
   std::stringstream in(s);
   for (std::string item; std::getline(in, item, ',');) {
@@ -61,6 +81,7 @@ std::vector<std::int32_t> parse_stop_ids(const std::string& s, const data::Token
     if (item.empty()) continue;
     if (item == "eod") {
       if (tok) ids.push_back(tok->eod_id());
+      else if (eod >= 0) ids.push_back(eod);
       else if (vocab == kGpt2VocabSize) ids.push_back(kGpt2VocabSize - 1);  // <|endoftext|>
       continue;
     }
@@ -94,7 +115,7 @@ std::vector<std::string> parse_stop_strings(const std::string& s) {
 }  // namespace
 
 generate::GenerateParams generate_params(const GenerateSection& g, const data::Tokenizer* tok,
-                                         int vocab) {
+                                         int vocab, std::int32_t eod) {
   generate::GenerateParams p;
   p.decoding = generate::decoding_from_string(g.decoding);
   p.max_new_tokens = g.max_new_tokens;
@@ -105,7 +126,7 @@ generate::GenerateParams generate_params(const GenerateSection& g, const data::T
   p.num_beams = g.num_beams;
   p.length_penalty = g.length_penalty;
   p.early_stopping = g.early_stopping;
-  p.stop_ids = parse_stop_ids(g.stop_ids, tok, vocab);
+  p.stop_ids = parse_stop_ids(g.stop_ids, tok, vocab, eod);
   const auto strings = parse_stop_strings(g.stop);
   MESH_REQUIRE(strings.empty() || tok,
                "generate.stop strings need the run's tokenizer (data.vocab_file and "

@@ -12,6 +12,7 @@
 #include "config/run_config.hpp"
 #include "data/tokenizer.hpp"
 #include "generate/generator.hpp"
+#include "generate/t5_generator.hpp"
 #include "train/trainer_checkpoint.hpp"
 #include "model/model_spec.hpp"
 #include "train/runtime.hpp"
@@ -23,22 +24,37 @@ namespace meshtron::app {
 /// parallelism, no recompute; one prompt batch is the micro-batch.
 RunConfig for_generation(RunConfig c);
 
-/// The model of a validated (for_generation) deck on MPI_COMM_WORLD.
+/// T5's decoder start (= pad) and eos ids: the SentencePiece model's
+/// (data::t5_special_tokens), else transformers' T5 defaults 0 and 1.
+struct T5GenerationIds {
+  std::int32_t pad = 0, eos = 1;
+};
+T5GenerationIds t5_generation_ids(const RunConfig& c, const data::Tokenizer* tok);
+
+/// The model of a validated (for_generation) deck on MPI_COMM_WORLD: a
+/// decoder-only model (generator()) or T5 (t5_generator(); pipeline
+/// parallelism rejected by the trainer, one line).
 class GenerationModel {
  public:
   /// `c` must outlive this object (the trainer keeps a reference). Not owned.
   GenerationModel(const RunConfig& c, int vocab);
-  /// Reads the weights of `checkpoint` (collective) and makes the generator.
-  io::TrainState load(const std::string& checkpoint);
-  generate::Generator& generator() { return *generator_; }
+  /// Reads the weights of `checkpoint` (collective) and makes the generator;
+  /// `tok` (optional) gives T5's special ids.
+  io::TrainState load(const std::string& checkpoint, const data::Tokenizer* tok = nullptr);
+  /// The decoder-only generator; a UserError for T5 (`what` names the caller).
+  generate::Generator& generator(const char* what = "this command");
+  /// T5's generator, null for a decoder-only model.
+  generate::T5Generator* t5_generator() { return t5_generator_.get(); }
   ParallelRuntime& runtime() { return rt_; }
 
  private:
+  const RunConfig& config_;  ///< Not owned.
   ParallelRuntime rt_;
   ModelSpec model_;
   DType dtype_;
   Trainer trainer_;
   std::unique_ptr<generate::Generator> generator_;
+  std::unique_ptr<generate::T5Generator> t5_generator_;
 };
 
 /// A text prompt's ids: the tokenizer's BOS (when it uses one, as
@@ -53,7 +69,8 @@ std::function<bool(const std::vector<std::int32_t>&)> stop_strings_predicate(
 
 /// The decoding settings of the [generate] section (stop_ids and stop
 /// resolved through `tok`; UserError on a bad one).
+/// Without a tokenizer, "eod" in stop_ids means `eod` when >= 0 (T5's eos).
 generate::GenerateParams generate_params(const GenerateSection& g, const data::Tokenizer* tok,
-                                         int vocab);
+                                         int vocab, std::int32_t eod = -1);
 
 }  // namespace meshtron::app

@@ -53,6 +53,19 @@ ModelSpec model_spec_from_deck(const RunConfig& run, int vocab_size, int tp) {
     c.num_token_types = m.num_token_types;
     c.block.attention.mask = AttentionMask::Padding;
   }
+  if (m.arch == "t5") {
+    // transformers' T5: T5LayerNorm has no bias, q k^T is not divided by
+    // sqrt(d_kv), the encoder's padding keys are masked (the decoder's
+    // self-attention is causal inside T5Model).
+    c.model_class = ModelClass::T5;
+    c.block.norm.bias = false;
+    c.block.attention.scale_scores = false;
+    c.block.attention.mask = AttentionMask::Padding;
+    c.num_decoder_layers = m.decoder_layers();
+    c.decoder_seq_length = m.decoder_seq_length;
+  }
+  c.relative_attention_num_buckets = m.relative_attention_num_buckets;
+  c.relative_attention_max_distance = m.relative_attention_max_distance;
   return c;
 }
 
@@ -62,9 +75,18 @@ namespace {
 void write_architecture(std::ostream& os, const ModelSpec& c) {
   const auto& n = c.block.norm;
   const auto& a = c.block.attention;
-  MESH_REQUIRE(n.placement == NormPlacement::Pre && n.bias && a.mask == AttentionMask::Causal,
-               "no deck key states a post-norm, a norm without bias or an attention mask "
-               "other than causal");
+  // model.arch = t5 states T5's norms without bias, its unscaled scores, its
+  // padding masks and the decoder; every other family's are the defaults.
+  const bool t5 = c.model_class == ModelClass::T5;
+  MESH_REQUIRE(n.placement == NormPlacement::Pre && n.bias != t5 && a.scale_scores != t5 &&
+                   a.mask == (t5 ? AttentionMask::Padding : AttentionMask::Causal),
+               "no deck key states a post-norm, a norm without bias, unscaled scores or an "
+               "attention mask other than causal (but model.arch = t5 for T5's)");
+  if (t5)
+    os << "arch = t5\ndecoder_num_layers = " << c.num_decoder_layers
+       << "\ndecoder_seq_length = " << c.decoder_seq_length
+       << "\nrelative_attention_num_buckets = " << c.relative_attention_num_buckets
+       << "\nrelative_attention_max_distance = " << c.relative_attention_max_distance << "\n";
   if (n.kind != NormKind::LayerNorm) os << "normalization = " << to_string(n.kind) << "\n";
   if (a.position != PositionEmbedding::LearnedAbsolute)
     os << "position_embedding_type = " << to_string(a.position) << "\n";

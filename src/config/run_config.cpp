@@ -176,7 +176,9 @@ void DeckSchema::bind(RunConfig& c) {
       "swiglu, no biases, untied head) | gpt_bigcode (num_query_groups = 1) | gpt_neox (rope "
       "on 25 %, parallel_residual, gelu, untied head) | bloom (alibi, embedding_norm) | bert "
       "(bidirectional encoder with a padding mask, MLM + binary heads, gelu, "
-      "num_token_types = 2); a key set in a deck or --set wins");
+      "num_token_types = 2) | t5 (encoder-decoder: RMSNorm without bias, eps 1e-6, relative "
+      "position buckets, unscaled scores, padding masks, relu, no biases, tied head); a key set "
+      "in a deck or --set wins");
   key("model.num_layers", &m.num_layers, "int", "transformer layers");
   key("model.hidden_size", &m.hidden_size, "int", "hidden size h");
   key("model.num_attention_heads", &m.num_attention_heads, "int", "attention heads");
@@ -224,6 +226,14 @@ void DeckSchema::bind(RunConfig& c) {
       "the block's norm right after the word embedding (BLOOM)");
   key("model.num_token_types", &m.num_token_types, "int",
       "token-type (segment) embeddings; arch = bert only");
+  key("model.decoder_num_layers", &m.decoder_num_layers, "int",
+      "arch = t5: decoder layers (0 = num_layers, which counts the encoder's)");
+  key("model.decoder_seq_length", &m.decoder_seq_length, "int",
+      "arch = t5: decoder length (seq_length is the encoder's); arch = t5 needs it");
+  key("model.relative_attention_num_buckets", &m.relative_attention_num_buckets, "int",
+      "position_embedding_type = relative: T5's relative-position buckets");
+  key("model.relative_attention_max_distance", &m.relative_attention_max_distance, "int",
+      "position_embedding_type = relative: distance from which all positions share a bucket");
 
   auto& p = c.parallel;
   key("parallel.tensor_parallel", &p.tensor_parallel, "int", "tensor-parallel degree tp");
@@ -335,6 +345,9 @@ void DeckSchema::bind(RunConfig& c) {
   key("data.tokenizer_file", &d.tokenizer_file, "string", "Hugging Face tokenizer.json (hf)");
   key("data.tokenizer_model", &d.tokenizer_model, "string",
       "SentencePiece tokenizer.model (sentencepiece)");
+  key("data.vocab_extra_ids", &d.vocab_extra_ids, "int",
+      "arch = t5: sentinel ids <extra_id_N> (Megatron's --vocab-extra-ids): the tokenizer's own "
+      "pieces, else appended after its vocabulary (<extra_id_0> the last id)");
 
   auto& k = c.checkpoint;
   key("checkpoint.save_dir", &k.save_dir, "string", "folder of checkpoints");
@@ -511,6 +524,13 @@ constexpr ArchPreset kArchPresets[] = {
     // epsilon; the padding mask and the MLM + binary heads come with the
     // arch itself (model_spec_from_deck).
     {"bert", "activation = gelu\nnum_token_types = 2\nlayernorm_epsilon = 1e-12\n"},
+    // transformers' T5ForConditionalGeneration (T5 v1.0): T5's RMS norm,
+    // relative position buckets, ReLU, no biases, tied head; the norms
+    // without bias, the unscaled scores, the padding masks and the decoder
+    // come with the arch itself (model_spec_from_deck).
+    {"t5",
+     "normalization = RMSNorm\nlayernorm_epsilon = 1e-6\nposition_embedding_type = relative\n"
+     "activation = relu\nadd_bias_linear = false\n"},
 };
 
 std::vector<std::string> arch_names() {
@@ -697,6 +717,45 @@ void require_bert_buildable(const RunConfig& c) {
                "model.arch = bert: logging.sample_interval generates text, which needs a GPT model");
 }
 
+/// model.arch = t5: its decoder and relative-position keys, and what
+/// T5Model does not build yet (docs/t5.md).
+void require_t5_buildable(const RunConfig& c) {
+  const auto& m = c.model;
+  const bool t5 = m.arch == "t5";
+  MESH_REQUIRE(t5 || (m.decoder_num_layers == 0 && m.decoder_seq_length == 0),
+               "model.decoder_num_layers = " << m.decoder_num_layers
+                   << " and model.decoder_seq_length = " << m.decoder_seq_length
+                   << " need model.arch = t5 (0 otherwise)");
+  MESH_REQUIRE(m.relative_attention_num_buckets >= 4,
+               "model.relative_attention_num_buckets = " << m.relative_attention_num_buckets
+                   << " must be at least 4 (T5 halves them by direction, then into exact and "
+                      "logarithmic buckets)");
+  MESH_REQUIRE(m.relative_attention_max_distance > m.relative_attention_num_buckets / 2,
+               "model.relative_attention_max_distance = " << m.relative_attention_max_distance
+                   << " must exceed half of model.relative_attention_num_buckets ("
+                   << m.relative_attention_num_buckets / 2 << "), where the logarithmic buckets start");
+  MESH_REQUIRE(c.data.vocab_extra_ids >= 0,
+               "data.vocab_extra_ids = " << c.data.vocab_extra_ids << " is negative");
+  if (!t5) return;
+  MESH_REQUIRE(m.decoder_num_layers >= 0,
+               "model.decoder_num_layers = " << m.decoder_num_layers << " is negative");
+  MESH_REQUIRE(m.decoder_seq_length > 1,
+               "model.arch = t5 needs model.decoder_seq_length > 1 (got " << m.decoder_seq_length
+                   << "; model.seq_length is the encoder's)");
+  MESH_REQUIRE(m.position_embedding_type == "relative",
+               "model.arch = t5 needs model.position_embedding_type = relative (got "
+                   << m.position_embedding_type << ")");
+  MESH_REQUIRE(c.data.vocab_extra_ids > 0,
+               "model.arch = t5 needs data.vocab_extra_ids > 0 (the span-corruption sentinels)");
+  MESH_REQUIRE(c.parallel.pipeline_parallel == 1,
+               "model.arch = t5: pipeline parallelism is not built yet "
+               "(parallel.pipeline_parallel = " << c.parallel.pipeline_parallel << ", must be 1)");
+  MESH_REQUIRE(!c.training.cuda_graphs,
+               "model.arch = t5: training.cuda_graphs needs a model without host reads");
+  MESH_REQUIRE(c.logging.sample_interval == 0,
+               "model.arch = t5: logging.sample_interval generates text, which needs a GPT model");
+}
+
 /// parallel.collective_timeout_s and its test hook.
 void require_watchdog_settings(const RunConfig& c, int world_size) {
   const SkipHook skip = SkipHook::parse(c.parallel.debug_skip_collective);
@@ -872,6 +931,7 @@ void RunConfig::validate(int world_size) {
   require_one_of("training.recompute", t.recompute, {"none", "selective", "full"});
   require_capturable(*this);
   require_bert_buildable(*this);
+  require_t5_buildable(*this);
   MESH_REQUIRE(t.recompute_num_layers >= 0,
                "training.recompute_num_layers = " << t.recompute_num_layers
                    << " is negative (0 recomputes every layer)");

@@ -71,6 +71,13 @@ struct ModelSection {
   bool parallel_residual = false;
   bool embedding_norm = false;  ///< the block's norm after the word embedding (BLOOM)
   int num_token_types = 0;      ///< segment embeddings (arch = bert)
+  // arch = t5 (Megatron-LM's names): num_layers and seq_length are the encoder's.
+  int decoder_num_layers = 0;   ///< --decoder-num-layers; 0 = num_layers
+  int decoder_seq_length = 0;   ///< --decoder-seq-length; arch = t5 needs it
+  int relative_attention_num_buckets = 32;    ///< position_embedding_type = relative
+  int relative_attention_max_distance = 128;  ///< position_embedding_type = relative
+
+  int decoder_layers() const { return decoder_num_layers > 0 ? decoder_num_layers : num_layers; }
 
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int max_positions() const {
@@ -243,6 +250,10 @@ struct DataSection {
   std::string merge_file;
   std::string tokenizer_file;   ///< tokenizer.json, for tokenizer = hf
   std::string tokenizer_model;  ///< tokenizer.model, for tokenizer = sentencepiece
+  /// T5's sentinels <extra_id_0> ... (Megatron-LM's --vocab-extra-ids):
+  /// the tokenizer's own pieces when it has them, else appended to its
+  /// vocabulary (model.arch = t5 only).
+  int vocab_extra_ids = 100;
 };
 
 struct CheckpointSection {

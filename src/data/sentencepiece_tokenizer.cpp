@@ -58,5 +58,13 @@ std::string SentencePieceTokenizer::decode(std::span<const int32_t> ids) const {
 int32_t SentencePieceTokenizer::vocab_size() const { return processor_->GetPieceSize(); }
 int32_t SentencePieceTokenizer::eod_id() const { return processor_->eos_id(); }
 int32_t SentencePieceTokenizer::bos_id() const { return processor_->bos_id(); }
+int32_t SentencePieceTokenizer::pad_id() const { return processor_->pad_id(); }
+int32_t SentencePieceTokenizer::unk_id() const { return processor_->unk_id(); }
+
+int32_t SentencePieceTokenizer::piece_id(const std::string& piece) const {
+  // PieceToId answers <unk>'s id for an unknown piece.
+  const int id = processor_->PieceToId(piece);
+  return processor_->IdToPiece(id) == piece ? id : -1;
+}
 
 }  // namespace meshtron::data

@@ -37,6 +37,12 @@ class SentencePieceTokenizer final : public Tokenizer {
   /// The model's <s> (-1 when it has none).
   int32_t bos_id() const override;
   std::string name() const override { return "sentencepiece"; }
+  /// The id of `piece` (as the model spells it, e.g. "<extra_id_0>"), or -1
+  /// when the model has no such piece.
+  int32_t piece_id(const std::string& piece) const;
+  /// The model's <pad> (-1 when it has none) and <unk> (-1 when none).
+  int32_t pad_id() const;
+  int32_t unk_id() const;
 
  private:
   std::string path_;  ///< for messages

@@ -42,24 +42,13 @@ const Hypothesis& BeamHypotheses::best() const {
   return beams_[best];
 }
 
-namespace {
+int beam_candidate_count(int num_beams, std::size_t stop_ids) {
+  return std::max<int>(2, 1 + int(stop_ids)) * num_beams;
+}
 
-/// One prompt's search: its running beams and finished hypotheses.
-struct BeamGroup {
-  std::vector<Hypothesis> running;  ///< ids and logprobs so far; score = summed log p
-  BeamHypotheses finished;
-  bool done = false;
-};
-
-/// Slot of beam k of prompt i.
-index_t beam_slot(std::size_t i, int k, int beams) { return index_t(i) * beams + k; }
-
-/// transformers' BeamSearchScorer.process for one prompt: the next beams
-/// from this step's candidates (best first), finished hypotheses on the way.
-/// Returns the source beam of each next beam.
-std::vector<int> advance(BeamGroup& g, const std::vector<BeamCandidate>& candidates,
-                         const std::unordered_set<std::int32_t>& stop_ids, int beams,
-                         int generated_length) {
+std::vector<int> advance_beams(BeamGroup& g, const std::vector<BeamCandidate>& candidates,
+                               const std::unordered_set<std::int32_t>& stop_ids, int beams,
+                               int generated_length) {
   std::vector<Hypothesis> next;
   std::vector<int> sources;
   for (std::size_t rank = 0; rank < candidates.size() && int(next.size()) < beams; ++rank) {
@@ -86,6 +75,21 @@ std::vector<int> advance(BeamGroup& g, const std::vector<BeamCandidate>& candida
   return sources;
 }
 
+const Hypothesis& best_hypothesis(BeamGroup& g) {
+  if (!g.done)
+    for (Hypothesis& h : g.running) {
+      const int length = int(h.ids.size());
+      g.finished.add(h, h.score, length);
+    }
+  g.done = true;
+  return g.finished.best();
+}
+
+namespace {
+
+/// Slot of beam k of prompt i.
+index_t beam_slot(std::size_t i, int k, int beams) { return index_t(i) * beams + k; }
+
 }  // namespace
 
 std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
@@ -98,9 +102,8 @@ std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
   std::vector<KvCache> kv = make_cache(index_t(n) * K, longest + p.max_new_tokens);
   const std::unordered_set<std::int32_t> stop_ids(p.stop_ids.begin(), p.stop_ids.end());
   const index_t vocab = chunks_.front()->config().vocab_size;
-  // transformers takes max(2, 1 + stop ids) x K candidates: K of them always continue.
-  const int wanted = std::max<int>(2, 1 + int(stop_ids.size())) * K;
-  std::vector<BeamGroup> groups(n, BeamGroup{{Hypothesis{}}, {K, p.length_penalty, p.early_stopping}});
+  const int wanted = beam_candidate_count(K, stop_ids.size());
+  std::vector<BeamGroup> groups(n, BeamGroup(K, p.length_penalty, p.early_stopping));
 
   // Prefill each prompt into its beam 0 slot; the first step continues beam 0 only.
   std::vector<std::int32_t> ids;
@@ -145,7 +148,8 @@ std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
     std::vector<index_t> step_slot, step_position;
     for (std::size_t a = 0; a < active.size(); ++a) {
       const std::size_t i = active[a];
-      const std::vector<int> sources = advance(groups[i], candidates[a], stop_ids, K, length);
+      const std::vector<int> sources =
+          advance_beams(groups[i], candidates[a], stop_ids, K, length);
       if (groups[i].done || length >= p.max_new_tokens) continue;
       next.push_back(i);
       for (int k = 0; k < K; ++k) {
@@ -166,13 +170,7 @@ std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
 
   std::vector<Result> out(n);
   for (std::size_t i = 0; i < n; ++i) {
-    BeamGroup& g = groups[i];
-    if (!g.done)
-      for (Hypothesis& h : g.running) {
-        const int length = int(h.ids.size());
-        g.finished.add(h, h.score, length);
-      }
-    const Hypothesis& best = g.finished.best();
+    const Hypothesis& best = best_hypothesis(groups[i]);
     out[i] = {batch[i].index, batch[i].prompt, best.ids, best.logprobs,
               best.stopped ? "stop" : "length"};
     if (on_token)

@@ -17,7 +17,10 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_set>
 #include <vector>
+
+#include "generate/sampler.hpp"
 
 namespace meshtron::generate {
 
@@ -50,5 +53,32 @@ class BeamHypotheses {
   double worst_score_ = 1e9;
   std::vector<Hypothesis> beams_;
 };
+
+/// One prompt's search: its running beams and finished hypotheses.
+struct BeamGroup {
+  std::vector<Hypothesis> running;  ///< ids and logprobs so far; score = summed log p
+  BeamHypotheses finished;
+  bool done = false;
+  /// A prompt's search before its first step: one running beam (the
+  /// prompt itself), as transformers starts beams 1.. at -1e9.
+  BeamGroup(int num_beams, double length_penalty, bool early_stopping)
+      : running{Hypothesis{}}, finished(num_beams, length_penalty, early_stopping) {}
+};
+
+/// How many candidates a step takes per prompt: transformers' max(2, 1 +
+/// stop ids) x num_beams, so that num_beams of them always continue.
+int beam_candidate_count(int num_beams, std::size_t stop_ids);
+
+/// transformers' BeamSearchScorer.process for one prompt: the next beams
+/// from this step's candidates (best first), finished hypotheses on the way;
+/// `generated_length` counts this step's token. Returns the source beam of
+/// each next beam.
+std::vector<int> advance_beams(BeamGroup& g, const std::vector<BeamCandidate>& candidates,
+                               const std::unordered_set<std::int32_t>& stop_ids, int beams,
+                               int generated_length);
+
+/// transformers' BeamSearchScorer.finalize: the running beams of a search
+/// that was not done join its hypotheses; the best one.
+const Hypothesis& best_hypothesis(BeamGroup& g);
 
 }  // namespace meshtron::generate

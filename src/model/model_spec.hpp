@@ -126,6 +126,9 @@ struct ModelSpec {
   int num_heads() const { return block.attention.num_heads; }
   int head_dim() const { return block.attention.head_dim; }
   int ffn_hidden_size() const { return block.mlp.ffn_hidden_size; }
+  /// Positions per sample of a stage's per-token loss (stage_model.hpp):
+  /// the decoder's for T5, else seq_length.
+  int loss_length() const { return model_class == ModelClass::T5 ? decoder_seq_length : seq_length; }
 };
 
 /// A layer's check of a spec value at construction: a UserError

@@ -6,6 +6,7 @@
 #include "data/bert_samples.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/pretraining_sampler.hpp"
+#include "data/t5_samples.hpp"
 
 namespace meshtron {
 
@@ -49,7 +50,55 @@ MicroBatch bert_micro_batch(const std::vector<data::BertSample>& samples, index_
   return mb;
 }
 
+MicroBatch t5_micro_batch(const std::vector<data::T5Sample>& samples, index_t sample_offset) {
+  const auto b = index_t(samples.size());
+  const auto se = index_t(samples.front().enc_tokens.size());
+  const auto sd = index_t(samples.front().dec_in.size());
+  MicroBatch mb;
+  mb.sample_offset = sample_offset;
+  mb.ids = Tensor::empty({se * b}, DType::I32);
+  mb.padding_mask = Tensor::empty({b, se}, DType::I32);
+  mb.decoder_ids = Tensor::empty({sd * b}, DType::I32);
+  mb.decoder_padding_mask = Tensor::empty({b, sd}, DType::I32);
+  mb.targets = Tensor::empty({sd * b}, DType::I32);
+  for (index_t j = 0; j < b; ++j) {
+    const data::T5Sample& x = samples[std::size_t(j)];
+    for (index_t i = 0; i < se; ++i) {
+      mb.ids.data<std::int32_t>()[i * b + j] = x.enc_tokens[std::size_t(i)];
+      mb.padding_mask.data<std::int32_t>()[j * se + i] = x.enc_mask[std::size_t(i)];
+    }
+    for (index_t i = 0; i < sd; ++i) {
+      mb.decoder_ids.data<std::int32_t>()[i * b + j] = x.dec_in[std::size_t(i)];
+      mb.decoder_padding_mask.data<std::int32_t>()[j * sd + i] = x.dec_mask[std::size_t(i)];
+      mb.targets.data<std::int32_t>()[i * b + j] = x.labels[std::size_t(i)];
+    }
+  }
+  return mb;
+}
+
 namespace {
+
+MicroBatch micro_batch_of(const std::vector<data::BertSample>& samples, index_t offset) {
+  return bert_micro_batch(samples, offset);
+}
+MicroBatch micro_batch_of(const std::vector<data::T5Sample>& samples, index_t offset) {
+  return t5_micro_batch(samples, offset);
+}
+
+/// This dp rank's micro-batches of the batch from `first` of a sentence
+/// sample builder (BertSamples, T5Samples), through Megatron's sampler.
+template <class Samples>
+std::vector<MicroBatch> sampled_batch(const Samples& set, const DataLayout& l, std::int64_t first) {
+  data::PretrainingSampler sampler(set.size(), 0, l.global_batch, l.micro_batch, l.dp_rank,
+                                   l.dp_size);
+  std::vector<MicroBatch> out;
+  for (index_t m = 0; m < l.micro_batches(); ++m) {
+    std::vector<decltype(set.sample(0))> samples;
+    for (std::int64_t i : sampler.micro_batch(first, m)) samples.push_back(set.sample(i));
+    out.push_back(micro_batch_of(samples, l.sample_offset(m)));
+  }
+  return out;
+}
 
 /// The documents [first, end) of split k (0 train, 1 valid) of `split`.
 std::pair<std::int64_t, std::int64_t> split_documents(const std::string& split, std::int64_t n,
@@ -100,29 +149,83 @@ class SyntheticBertData final : public DataSource {
   int vocab_;
 };
 
-class IndexedBertData final : public DataSource {
+/// The training and validation splits of a sentence sample builder
+/// (BertSamples, T5Samples): `make_split(split, num_samples)` gives split
+/// `split`'s samples or null.
+template <class Samples>
+class IndexedSentenceData final : public DataSource {
  public:
-  IndexedBertData(const RunConfig& run, const DataLayout& l, const data::SpecialTokens& special)
-      : l_(l), vocab_(int(special.vocab_size)) {
-    sets_[0] = bert_split_samples(run, 0, std::int64_t(l.train_iters) * l.global_batch, special);
-    sets_[1] = bert_split_samples(
-        run, 1, std::int64_t(std::max<long>(l.eval_batches, 1)) * l.global_batch, special);
+  template <class MakeSplit>
+  IndexedSentenceData(const RunConfig& run, const DataLayout& l, int vocab, MakeSplit make_split)
+      : l_(l), vocab_(vocab) {
+    sets_[0] = make_split(0, std::int64_t(l.train_iters) * l.global_batch);
+    sets_[1] = make_split(1, std::int64_t(std::max<long>(l.eval_batches, 1)) * l.global_batch);
     MESH_REQUIRE(sets_[0] != nullptr, "data.split '" << run.data.split
                                                      << "' leaves no training documents");
   }
   std::vector<MicroBatch> train_step(long step) override {
-    return bert_batch(*sets_[0], l_, (step - 1) * l_.global_batch);
+    return sampled_batch(*sets_[0], l_, (step - 1) * l_.global_batch);
   }
   std::vector<MicroBatch> eval_batch(long k) override {
     MESH_REQUIRE(sets_[1] != nullptr, "evaluation needs a validation split (data.split)");
-    return bert_batch(*sets_[1], l_, (k % std::max<long>(l_.eval_batches, 1)) * l_.global_batch);
+    return sampled_batch(*sets_[1], l_, (k % std::max<long>(l_.eval_batches, 1)) * l_.global_batch);
   }
   int vocab_size() const override { return vocab_; }
 
  private:
   DataLayout l_;
   int vocab_;
-  std::array<std::unique_ptr<data::BertSamples>, 2> sets_;
+  std::array<std::unique_ptr<Samples>, 2> sets_;
+};
+
+/// Random T5 micro-batches: encoder tokens up to a length in [s/2, s]
+/// (padded with 0), a decoder of 2 to s_dec real tokens starting from 0 (the
+/// pad id, T5's decoder start), a label on each real decoder position.
+class SyntheticT5Data final : public DataSource {
+ public:
+  SyntheticT5Data(const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {
+    MESH_REQUIRE(l.decoder_seq_length > 1, "synthetic T5 data: decoder length "
+                                               << l.decoder_seq_length << " is below 2");
+  }
+  std::vector<MicroBatch> train_step(long step) override { return batch(2 * step); }
+  std::vector<MicroBatch> eval_batch(long k) override { return batch(2 * k + 1); }
+  int vocab_size() const override { return vocab_; }
+
+ private:
+  std::vector<MicroBatch> batch(long stream) const {
+    std::vector<MicroBatch> out;
+    for (index_t m = 0; m < l_.micro_batches(); ++m) {
+      const index_t first = l_.sample_offset(m);
+      std::vector<data::T5Sample> samples;
+      for (index_t j = 0; j < l_.micro_batch; ++j)
+        samples.push_back(sample(splitmix64(
+            l_.seed ^ splitmix64(std::uint64_t(stream) * l_.global_batch + std::uint64_t(first + j)))));
+      out.push_back(t5_micro_batch(samples, first));
+    }
+    return out;
+  }
+  std::int32_t token(std::uint64_t h) const { return std::int32_t(h % std::uint64_t(vocab_)); }
+  data::T5Sample sample(std::uint64_t key) const {
+    const auto se = std::size_t(l_.seq_length), sd = std::size_t(l_.decoder_seq_length);
+    const std::size_t enc_real = se - std::size_t(splitmix64(key) % (se / 2 + 1));
+    const std::size_t dec_real = 2 + std::size_t(splitmix64(key + 1) % (sd - 1));
+    data::T5Sample x;
+    for (std::size_t i = 0; i < se; ++i) {
+      const bool live = i < enc_real;
+      x.enc_tokens.push_back(live ? token(splitmix64(key + 2 + i)) : 0);
+      x.enc_mask.push_back(live ? 1 : 0);
+    }
+    for (std::size_t i = 0; i < sd; ++i) {
+      const bool live = i < dec_real;
+      const std::uint64_t h = splitmix64(key + 2 + se + i);
+      x.dec_in.push_back(live && i > 0 ? token(h) : 0);
+      x.dec_mask.push_back(live ? 1 : 0);
+      x.labels.push_back(live ? token(h >> 16) : -100);
+    }
+    return x;
+  }
+  DataLayout l_;
+  int vocab_;
 };
 
 class SyntheticData final : public DataSource {
@@ -230,32 +333,66 @@ std::unique_ptr<DataSource> make_synthetic_bert_data(const DataLayout& layout, i
 
 std::unique_ptr<DataSource> make_indexed_bert_data(const RunConfig& run, const DataLayout& layout,
                                                    const data::SpecialTokens& special) {
-  return std::make_unique<IndexedBertData>(run, layout, special);
+  return std::make_unique<IndexedSentenceData<data::BertSamples>>(
+      run, layout, int(special.vocab_size), [&](int split, std::int64_t n) {
+        return bert_split_samples(run, split, n, special);
+      });
 }
+
+std::unique_ptr<DataSource> make_synthetic_t5_data(const DataLayout& layout, int vocab_size) {
+  return std::make_unique<SyntheticT5Data>(layout, vocab_size);
+}
+
+std::unique_ptr<DataSource> make_indexed_t5_data(const RunConfig& run, const DataLayout& layout,
+                                                 const data::SpecialTokens& special) {
+  return std::make_unique<IndexedSentenceData<data::T5Samples>>(
+      run, layout, int(special.vocab_size), [&](int split, std::int64_t n) {
+        return t5_split_samples(run, split, n, special);
+      });
+}
+
+namespace {
+
+/// A sentence sample builder over split `split` of run.data.path, or null
+/// for a split without documents.
+template <class Samples, class Config>
+std::unique_ptr<Samples> split_samples(const RunConfig& run, int split, std::int64_t num_samples,
+                                       const Config& cfg, const data::SpecialTokens& special) {
+  auto indexed = std::make_shared<data::IndexedDataset>(run.data.path);
+  const auto [first, end] = split_documents(run.data.split, indexed->num_documents(), split);
+  if (end <= first) return nullptr;
+  return std::make_unique<Samples>(indexed, first, end, num_samples, cfg, special);
+}
+
+}  // namespace
 
 std::unique_ptr<data::BertSamples> bert_split_samples(const RunConfig& run, int split,
                                                       std::int64_t num_samples,
                                                       const data::SpecialTokens& special) {
-  auto indexed = std::make_shared<data::IndexedDataset>(run.data.path);
   data::BertSamplesConfig cfg;
   cfg.seq_length = run.model.seq_length;
   cfg.seed = std::uint32_t(run.run.seed);
-  const auto [first, end] = split_documents(run.data.split, indexed->num_documents(), split);
-  if (end <= first) return nullptr;
-  return std::make_unique<data::BertSamples>(indexed, first, end, num_samples, cfg, special);
+  return split_samples<data::BertSamples>(run, split, num_samples, cfg, special);
+}
+
+std::unique_ptr<data::T5Samples> t5_split_samples(const RunConfig& run, int split,
+                                                  std::int64_t num_samples,
+                                                  const data::SpecialTokens& special) {
+  data::T5SamplesConfig cfg;
+  cfg.encoder_seq_length = run.model.seq_length;
+  cfg.decoder_seq_length = run.model.decoder_seq_length;
+  cfg.seed = std::uint32_t(run.run.seed);
+  return split_samples<data::T5Samples>(run, split, num_samples, cfg, special);
 }
 
 std::vector<MicroBatch> bert_batch(const data::BertSamples& set, const DataLayout& l,
                                    std::int64_t first) {
-  data::PretrainingSampler sampler(set.size(), 0, l.global_batch, l.micro_batch, l.dp_rank,
-                                   l.dp_size);
-  std::vector<MicroBatch> out;
-  for (index_t m = 0; m < l.micro_batches(); ++m) {
-    std::vector<data::BertSample> samples;
-    for (std::int64_t i : sampler.micro_batch(first, m)) samples.push_back(set.sample(i));
-    out.push_back(bert_micro_batch(samples, l.sample_offset(m)));
-  }
-  return out;
+  return sampled_batch(set, l, first);
+}
+
+std::vector<MicroBatch> t5_batch(const data::T5Samples& set, const DataLayout& l,
+                                 std::int64_t first) {
+  return sampled_batch(set, l, first);
 }
 
 }  // namespace meshtron

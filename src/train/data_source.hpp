@@ -18,6 +18,8 @@ namespace data {
 class GptDataset;
 struct BertSample;
 class BertSamples;
+struct T5Sample;
+class T5Samples;
 struct SpecialTokens;
 }
 
@@ -27,6 +29,11 @@ MicroBatch to_seq_major(const Tensor& tokens, index_t sample_offset);
 /// targets = labels, token types, padding mask [b, s], next_sentence =
 /// is_random.
 MicroBatch bert_micro_batch(const std::vector<data::BertSample>& samples, index_t sample_offset);
+/// T5 samples -> a micro-batch in [s, b] order: ids = encoder tokens
+/// [s_enc * b], padding_mask = the encoder's [b, s_enc], decoder_ids
+/// [s_dec * b], decoder_padding_mask [b, s_dec], targets = labels (-100 on
+/// the decoder's padding).
+MicroBatch t5_micro_batch(const std::vector<data::T5Sample>& samples, index_t sample_offset);
 
 class DataSource {
  public:
@@ -44,6 +51,7 @@ struct DataLayout {
   int dp_rank, dp_size;
   long train_iters, eval_batches;
   std::uint64_t seed;
+  index_t decoder_seq_length = 0;  ///< T5 only (seq_length is the encoder's)
   /// Micro-batch m of this dp rank starts at sample m * mbs * dp + rank * mbs
   /// of the step (Megatron's MegatronPretrainingSampler).
   index_t sample_offset(index_t m) const {
@@ -75,5 +83,23 @@ std::unique_ptr<data::BertSamples> bert_split_samples(const RunConfig& run, int 
 /// samples from `first` (Megatron's sampler).
 std::vector<MicroBatch> bert_batch(const data::BertSamples& samples, const DataLayout& layout,
                                    std::int64_t first);
+
+/// model.arch = t5: random T5 batches (encoder tokens and padding, decoder
+/// inputs from the pad id, labels, decoder padding) hashed from (seed,
+/// sample), of layout.seq_length / layout.decoder_seq_length: for tests.
+std::unique_ptr<DataSource> make_synthetic_t5_data(const DataLayout& layout, int vocab_size);
+/// model.arch = t5: Megatron's T5 span-corruption samples (data::T5Samples,
+/// its defaults; encoder and decoder lengths from the layout) over the
+/// documents of run.data.path (a --split-sentences dataset) split by
+/// run.data.split, the special ids `special` (data::t5_special_tokens).
+std::unique_ptr<DataSource> make_indexed_t5_data(const RunConfig& run, const DataLayout& layout,
+                                                 const data::SpecialTokens& special);
+/// Megatron's T5 samples over split `split`, as bert_split_samples.
+std::unique_ptr<data::T5Samples> t5_split_samples(const RunConfig& run, int split,
+                                                  std::int64_t num_samples,
+                                                  const data::SpecialTokens& special);
+/// This dp rank's micro-batches of the batch from `first`, as bert_batch.
+std::vector<MicroBatch> t5_batch(const data::T5Samples& samples, const DataLayout& layout,
+                                 std::int64_t first);
 
 }  // namespace meshtron

@@ -7,6 +7,7 @@
 
 #include "common/error.hpp"
 #include "model/bert_model.hpp"
+#include "model/t5_model.hpp"
 #include "train/metrics.hpp"
 #ifdef MESHTRON_HAVE_CUDA
 #include "ops/ops_cuda.hpp"
@@ -81,8 +82,9 @@ std::vector<MicroBatch> staged_in(const std::vector<MicroBatch>& batch, MemorySp
   for (MicroBatch& mb : out) {
     mb.ids = queued_in_space(mb.ids, space);
     mb.targets = queued_in_space(mb.targets, space);
-    for (Tensor* bert : {&mb.token_types, &mb.padding_mask, &mb.next_sentence})
-      if (bert->defined()) *bert = queued_in_space(*bert, space);
+    for (Tensor* optional : {&mb.token_types, &mb.padding_mask, &mb.next_sentence,
+                             &mb.decoder_ids, &mb.decoder_padding_mask})
+      if (optional->defined()) *optional = queued_in_space(*optional, space);
   }
   return out;
 }
@@ -214,14 +216,22 @@ std::unique_ptr<StageModel> Trainer::make_stage(const ModelSpec& model,
                                                 const StagePlacement& place, DType dtype) {
   if (model.model_class == ModelClass::BertPretraining)
     return std::make_unique<BertModel>(model, place, base_ctx_, dtype, run_.run.seed);
+  if (model.model_class == ModelClass::T5) {
+    T5Model::require_whole_model(place);
+    return std::make_unique<T5Model>(model, base_ctx_, dtype, run_.run.seed);
+  }
   return std::make_unique<GptModel>(model, place, base_ctx_, dtype, run_.run.seed);
+}
+
+index_t Trainer::loss_tokens_per_step() const {
+  return index_t(model_spec_.loss_length()) * run_.training.global_batch_size;
 }
 
 std::vector<GptModel*> Trainer::gpt_chunks() {
   std::vector<GptModel*> out;
   for (auto& chunk : chunks_) {
     auto* gpt = dynamic_cast<GptModel*>(chunk.get());
-    MESH_REQUIRE(gpt != nullptr, "generation needs a GPT model (model.arch), not BERT");
+    MESH_REQUIRE(gpt != nullptr, "generation needs a GPT model (model.arch), not BERT or T5");
     out.push_back(gpt);
   }
   return out;
@@ -404,12 +414,12 @@ void Trainer::run_interleaved(const std::vector<PipelineTask>& tasks,
 double Trainer::dloss_value() const {
   // Under fp16 the backward starts from the scaled dloss (loss_scaler.hpp).
   return (scaler_ ? scaler_->scale() : 1.0) /
-         double(base_ctx_.seq_length * run_.training.global_batch_size);
+         double(loss_tokens_per_step());
 }
 
 Tensor Trainer::filled_dloss() const {
   const DType activations = chunks_[0]->parameters()[0]->value.dtype();
-  Tensor dloss = Tensor::empty({base_ctx_.seq_length * base_ctx_.micro_batch},
+  Tensor dloss = Tensor::empty({index_t(model_spec_.loss_length()) * base_ctx_.micro_batch},
                                stats_dtype(activations, base_ctx_.space), base_ctx_.space);
   dloss.fill(dloss_value());
   return dloss;
@@ -567,7 +577,7 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   const StepStats stats = optimizer_->step(r.lr, groups, guard || scaler_.has_value(),
                                            scaler_ ? scaler_->inverse_scale() : 1.0);
   r.loss = reduce_loss(sum_of_losses(losses, &losses_written_),
-                       base_ctx_.seq_length * run_.training.global_batch_size);
+                       loss_tokens_per_step());
   MESH_REQUIRE(!guard || std::isfinite(r.loss) || stats.skipped,
                "iteration " << step << ": the loss is " << r.loss
                             << " but the gradient norm is finite (" << stats.grad_norm
@@ -592,7 +602,7 @@ std::vector<Tensor> Trainer::forward_only(const std::vector<MicroBatch>& batch) 
 
 double Trainer::evaluate(const std::vector<MicroBatch>& batch) {
   const double local = sum_of_losses(forward_only(batch));
-  return reduce_loss(local, base_ctx_.seq_length * run_.training.global_batch_size);
+  return reduce_loss(local, loss_tokens_per_step());
 }
 
 LossSum Trainer::evaluate_sum(const std::vector<MicroBatch>& batch) {

@@ -101,6 +101,9 @@ class Trainer {
   /// Makes graphed_: buffers shaped like `first`, and the capture of one
   /// micro-batch's forward + backward over them (CUDA builds).
   void capture_micro_batch(const MicroBatch& first);
+  /// Per-token losses of a step, whose mean is its loss: global batch x
+  /// ModelSpec::loss_length() (T5: the decoder's positions).
+  index_t loss_tokens_per_step() const;
   /// The loss gradient's value at this step (the scale under fp16).
   double dloss_value() const;
   /// The head backward's input: dloss_value() for each of a micro-batch's tokens.
@@ -108,7 +111,7 @@ class Trainer {
   /// A blocking receive from the pipeline neighbour, timed into wait_seconds_.
   void receive(Tensor& t, int peer, int tag);
   LayerContext context_for(const MicroBatch& mb, long step, bool training) const;
-  /// The model part of `place`: a GptModel or a BertModel.
+  /// The model part of `place`: a GptModel, a BertModel, or a T5Model (whole model only).
   std::unique_ptr<StageModel> make_stage(const ModelSpec& model, const StagePlacement& place,
                                          DType dtype);
   /// training.attention_masks_ahead: batch[0]'s attention-dropout masks

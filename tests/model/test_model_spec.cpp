@@ -11,6 +11,7 @@
 #include "config/model_spec_from_deck.hpp"
 #include "io/hf/gpt2_config.hpp"
 #include "model/gpt_model.hpp"
+#include "model/t5_model.hpp"
 #include "parallel/communicator.hpp"
 #include "train/metrics.hpp"
 
@@ -162,6 +163,93 @@ TEST(ModelSpec, BertArchIsTheEncoderWithTwoTokenTypes) {
       {"parallel.pipeline_parallel=2", "parallel.sequence_parallel=true",
        "parallel.tensor_parallel=2"});
   EXPECT_NO_THROW(parallel.validate(4));
+}
+
+// model.arch = t5: transformers' T5 v1.0 (T5Model); the decoder keys as
+// Megatron names them, inconsistent values one line each.
+TEST(ModelSpec, T5ArchIsTheEncoderDecoderWithRelativeBuckets) {
+  const ModelSpec t5 = spec_of_deck("arch = t5\ndecoder_seq_length = 8\n");
+  EXPECT_EQ(t5.model_class, ModelClass::T5);
+  EXPECT_EQ(t5.block.norm.kind, NormKind::RMSNorm);
+  EXPECT_FALSE(t5.block.norm.bias);
+  EXPECT_DOUBLE_EQ(t5.block.norm.epsilon, 1e-6);
+  EXPECT_EQ(t5.block.attention.position, PositionEmbedding::Relative);
+  EXPECT_EQ(t5.block.attention.mask, AttentionMask::Padding);
+  EXPECT_FALSE(t5.block.attention.scale_scores);
+  EXPECT_FALSE(t5.block.attention.bias);
+  EXPECT_FALSE(t5.block.mlp.bias);
+  EXPECT_EQ(t5.block.mlp.activation, Activation::Relu);
+  EXPECT_TRUE(t5.tie_word_embeddings);
+  EXPECT_EQ(t5.num_decoder_layers, 2);  // 0 = num_layers
+  EXPECT_EQ(t5.decoder_seq_length, 8);
+  EXPECT_EQ(t5.relative_attention_num_buckets, 32);
+  EXPECT_EQ(t5.relative_attention_max_distance, 128);
+  const ModelSpec v11 = spec_of_deck(
+      "arch = t5\ndecoder_seq_length = 8\ndecoder_num_layers = 3\nactivation = geglu_tanh\n"
+      "untie_embeddings_and_output_weights = true\nrelative_attention_num_buckets = 16\n"
+      "relative_attention_max_distance = 64\n");
+  EXPECT_EQ(v11.num_decoder_layers, 3);
+  EXPECT_EQ(v11.block.mlp.activation, Activation::GegluTanh);
+  EXPECT_FALSE(v11.tie_word_embeddings);
+  EXPECT_EQ(v11.relative_attention_num_buckets, 16);
+  EXPECT_EQ(v11.relative_attention_max_distance, 64);
+  expect_user_error([] { spec_of_deck("arch = t5\n"); },
+                    {"model.arch = t5 needs model.decoder_seq_length > 1"});
+  expect_user_error([] { spec_of_deck("decoder_seq_length = 8\n"); },
+                    {"model.decoder_seq_length = 8 need model.arch = t5"});
+  expect_user_error([] { spec_of_deck("decoder_num_layers = 2\n"); },
+                    {"model.decoder_num_layers = 2", "need model.arch = t5"});
+  expect_user_error(
+      [] { spec_of_deck("arch = t5\ndecoder_seq_length = 8\nposition_embedding_type = rope\n"); },
+      {"model.arch = t5 needs model.position_embedding_type = relative"});
+  expect_user_error(
+      [] { spec_of_deck("arch = t5\ndecoder_seq_length = 8\nrelative_attention_num_buckets = 2\n"); },
+      {"model.relative_attention_num_buckets = 2 must be at least 4"});
+  expect_user_error(
+      [] { spec_of_deck("arch = t5\ndecoder_seq_length = 8\nrelative_attention_max_distance = 16\n"); },
+      {"model.relative_attention_max_distance = 16 must exceed half"});
+  for (const char* bad : {"data.vocab_extra_ids=0", "logging.sample_interval=10",
+                          "parallel.pipeline_parallel=2"})
+    expect_user_error(
+        [&] {
+          RunConfig c = RunConfig::from_text(
+              "[model]\narch = t5\ndecoder_seq_length = 8\nnum_layers = 2\nhidden_size = 64\n"
+              "num_attention_heads = 8\n", {bad});
+          c.validate(2);
+        },
+        {"model.arch = t5"});
+}
+
+// What convert stores with a T5 checkpoint reads back as the spec.
+TEST(ModelSpec, T5SpecWritesBackAsItsDeck) {
+  const ModelSpec s = t5_spec(/*encoder_layers=*/2, /*decoder_layers=*/3, /*d_model=*/32,
+                              /*heads=*/4, /*d_kv=*/6, /*d_ff=*/64, Activation::GegluTanh,
+                              /*tie_word_embeddings=*/false, /*vocab=*/100,
+                              /*encoder_seq_length=*/20, /*decoder_seq_length=*/18,
+                              /*buckets=*/8, /*max_distance=*/16, /*eps=*/1e-5);
+  RunConfig back = RunConfig::from_text(model_deck_section(s));
+  back.validate(1);
+  const ModelSpec r = model_spec_from_deck(back, 0, 1);
+  EXPECT_EQ(r.model_class, ModelClass::T5);
+  EXPECT_EQ(r.num_layers, 2);
+  EXPECT_EQ(r.num_decoder_layers, 3);
+  EXPECT_EQ(r.seq_length, 20);
+  EXPECT_EQ(r.decoder_seq_length, 18);
+  EXPECT_EQ(r.vocab_size, 100);
+  EXPECT_EQ(r.block.attention.head_dim, 6);
+  EXPECT_EQ(r.block.attention.mask, AttentionMask::Padding);
+  EXPECT_FALSE(r.block.attention.scale_scores || r.block.norm.bias || r.block.attention.bias);
+  EXPECT_EQ(r.block.norm.kind, NormKind::RMSNorm);
+  EXPECT_DOUBLE_EQ(r.block.norm.epsilon, 1e-5);
+  EXPECT_EQ(r.block.mlp.activation, Activation::GegluTanh);
+  EXPECT_EQ(r.block.mlp.ffn_hidden_size, 64);
+  EXPECT_FALSE(r.tie_word_embeddings);
+  EXPECT_EQ(r.relative_attention_num_buckets, 8);
+  EXPECT_EQ(r.relative_attention_max_distance, 16);
+  // Without model_class T5 a norm without bias has no key.
+  ModelSpec not_t5 = s;
+  not_t5.model_class = ModelClass::CausalLm;
+  expect_user_error([&] { model_deck_section(not_t5); }, {"model.arch = t5"});
 }
 
 TEST(ModelSpec, DeckRejectsBadArchitectureValues) {

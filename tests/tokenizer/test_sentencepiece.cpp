@@ -20,6 +20,7 @@
 #include "config/run_config.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/sentencepiece_tokenizer.hpp"
+#include "data/t5_vocabulary.hpp"
 #include "tokenizer_test_data.hpp"
 
 namespace fs = std::filesystem;
@@ -163,6 +164,63 @@ TEST(SentencePieceDeck, VocabularyIsTheModels) {
   config.validate(1);
   EXPECT_EQ(meshtron::app::resolve_vocab(config), 3000);
   EXPECT_EQ(meshtron::app::load_tokenizer(config.data)->bos_id(), 1);
+}
+
+// ------------------------------------------------ T5's special ids ---
+
+// The Brown model has no <extra_id_N> and no <pad>: the sentinels follow its
+// 3000 pieces as transformers' T5Tokenizer appends them, <extra_id_0> last;
+// the pad (and decoder start) is its <unk>, id 0.
+TEST(SentencePieceT5, AppendsSentinelsAfterTheVocabulary) {
+  SentencePieceTokenizer tok(kModel);
+  const meshtron::data::SpecialTokens s = meshtron::data::t5_special_tokens(tok, 100);
+  EXPECT_EQ(s.vocab_size, 3100);
+  ASSERT_EQ(s.sentinels.size(), 100u);
+  EXPECT_EQ(s.sentinels.front(), 3099);
+  EXPECT_EQ(s.sentinels.back(), 3000);
+  EXPECT_EQ(s.pad, 0);
+  EXPECT_EQ(s.bos, s.pad);
+  EXPECT_EQ(s.eos, 2);
+  EXPECT_TRUE(s.word_continuation.empty());
+  auto config = meshtron::RunConfig::from_text(
+      "[model]\narch = t5\ndecoder_seq_length = 8\n[data]\ntokenizer = sentencepiece\n"
+      "vocab_extra_ids = 10\ntokenizer_model = " + kModel + "\n");
+  config.validate(1);
+  EXPECT_EQ(meshtron::app::resolve_vocab(config), 3010);
+  expect_user_error([&] { meshtron::data::t5_special_tokens(tok, 0); },
+                    {"data.vocab_extra_ids > 0"});
+}
+
+// A model trained with T5's pieces (<pad>=0 </s>=1 <unk>=2 and the
+// <extra_id_N> as user-defined symbols) keeps its own ids.
+TEST(SentencePieceT5, UsesTheModelsOwnSentinels) {
+  const std::string spm_encode = MESHTRON_SPM_ENCODE;
+  if (spm_encode.empty()) GTEST_SKIP() << "no spm_train (apt-get install sentencepiece)";
+  const fs::path spm_train = fs::path(spm_encode).parent_path() / "spm_train";
+  Scratch scratch;
+  const fs::path text = scratch.path() / "text.txt", prefix = scratch.path() / "t5";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 200; ++i) out << "the quick brown fox " << i << " jumps over the dog\n";
+  }
+  const std::string command =
+      shell_quote(spm_train.string()) + " --input=" + shell_quote(text.string()) +
+      " --model_prefix=" + shell_quote(prefix.string()) +
+      " --vocab_size=60 --model_type=bpe --pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1"
+      " --user_defined_symbols=" + shell_quote("<extra_id_0>,<extra_id_1>,<extra_id_2>") +
+      " --minloglevel=2";
+  ASSERT_EQ(std::system(command.c_str()), 0) << "failed: " << command;
+  SentencePieceTokenizer tok(prefix.string() + ".model");
+  const meshtron::data::SpecialTokens s = meshtron::data::t5_special_tokens(tok, 3);
+  EXPECT_EQ(s.vocab_size, tok.vocab_size());
+  EXPECT_EQ(s.sentinels, (Ids{tok.piece_id("<extra_id_0>"), tok.piece_id("<extra_id_1>"),
+                              tok.piece_id("<extra_id_2>")}));
+  EXPECT_EQ(s.sentinels.front(), 3);  // the user-defined symbols follow the control pieces
+  EXPECT_EQ(s.pad, 0);
+  EXPECT_EQ(s.eos, 1);
+  EXPECT_EQ(tok.piece_id("<extra_id_3>"), -1);
+  expect_user_error([&] { meshtron::data::t5_special_tokens(tok, 4); },
+                    {"has <extra_id_0> but not <extra_id_3>"});
 }
 
 // ----------------------------------------------------------- preprocess ---

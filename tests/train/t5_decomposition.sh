@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# T5 trains the same on 1 rank and on tp 2 x dp 2 (DESIGN.md invariant 1;
+# there also with sequence parallelism, and with the distributed optimizer,
+# overlaps and full recompute): losses and gradient norms of 4 steps to 1e-5,
+# dropout on, on synthetic batches (tiny.deck + t5.deck) and, when the corpus
+# is there (DATA_DIR/brown.jsonl), on Megatron's T5 span-corruption samples
+# of 40 Brown documents preprocessed with the SentencePiece Brown model and
+# --split-sentences; there also the validation losses (every 2 steps).
+#   t5_decomposition.sh MESHTRON WORKDIR DATA_DIR MPIEXEC [MPIEXEC ARGS...]
+set -euo pipefail
+meshtron=$1 work=$2 data=$3; shift 3
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+rm -rf "$work" && mkdir -p "$work"
+run() {  # run NAME RANKS TP [--set ...]
+  local name=$1 ranks=$2 tp=$3; shift 3
+  "${mpiexec[@]}" -np "$ranks" "$meshtron" train "$here/tiny.deck" "$here/t5.deck" \
+    --set run.name="$name" --set run.output_dir="$work/runs" --set checkpoint.save_dir= \
+    --set parallel.tensor_parallel="$tp" --set training.train_iters=4 "$@"
+}
+compare() { python3 "$here/compare_losses.py" "$work/runs/$1/metrics.jsonl" "$work/runs/$2/metrics.jsonl" 1 4 1e-5; }
+mpiexec=("$@")
+run one 1 1
+run grid 4 2
+compare one grid
+run sp 4 2 --set parallel.sequence_parallel=true
+compare one sp
+run overlap 4 2 --set parallel.distributed_optimizer=true \
+  --set parallel.overlap_grad_reduce=true --set parallel.overlap_param_gather=true \
+  --set training.recompute=full
+compare one overlap
+
+if [[ -f "$data/brown.jsonl" ]]; then
+  model="$repo/validation/sentencepiece-brown/tokenizer.model"
+  head -n 40 "$data/brown.jsonl" > "$work/brown40.jsonl"
+  "${mpiexec[@]}" -np 2 "$meshtron" preprocess --input "$work/brown40.jsonl" --json-key text \
+    --output-prefix "$work/brown40" --tokenizer sentencepiece --tokenizer-model "$model" \
+    --split-sentences --overwrite
+  corpus=(--set data.source=indexed --set data.path="$work/brown40" --set data.split=90,10,0
+          --set data.tokenizer=sentencepiece --set data.tokenizer_model="$model"
+          --set model.vocab_size=0 --set model.seq_length=64 --set model.max_position_embeddings=64
+          --set model.decoder_seq_length=24 --set training.eval_interval=2
+          --set training.eval_iters=2)
+  run one_indexed 1 1 "${corpus[@]}"
+  run grid_indexed 4 2 "${corpus[@]}"
+  compare one_indexed grid_indexed
+  python3 - "$work/runs/one_indexed/metrics.jsonl" "$work/runs/grid_indexed/metrics.jsonl" <<'PY'
+import json, sys
+evals = [[json.loads(l)["eval_loss"] for l in open(p) if "eval_loss" in l] for p in sys.argv[1:]]
+print("validation losses:", evals[0], "vs", evals[1])
+assert len(evals[0]) == 2 and len(evals[1]) == 2, "expected 2 validation losses each"
+assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(*evals)), "validation losses differ"
+PY
+else
+  echo "t5 decomposition: no $data/brown.jsonl: the indexed case is skipped"
+fi
+echo "t5 decomposition: identical"
