@@ -711,12 +711,6 @@ void require_bert_buildable(const RunConfig& c) {
                "model.num_token_types = " << c.model.num_token_types << " needs model.arch = bert");
   if (!bert) return;
   MESH_REQUIRE(c.model.num_token_types > 0, "model.arch = bert needs model.num_token_types > 0");
-  MESH_REQUIRE(c.parallel.pipeline_parallel == 1,
-               "model.arch = bert: pipeline parallelism is not built yet "
-               "(parallel.pipeline_parallel = " << c.parallel.pipeline_parallel << ", must be 1)");
-  MESH_REQUIRE(!c.parallel.sequence_parallel,
-               "model.arch = bert: sequence parallelism is not built yet "
-               "(parallel.sequence_parallel = false)");
   MESH_REQUIRE(!c.training.cuda_graphs,
                "model.arch = bert: training.cuda_graphs needs a model without host reads");
   MESH_REQUIRE(c.logging.sample_interval == 0,

@@ -19,10 +19,17 @@
 // Tensor parallelism: heads and the MLP split as in GptModel's layers, the
 // word table, the MLM bias and the MLM loss split by vocabulary rows; the
 // head transform, pooler and binary head are replicated (as Megatron's),
-// each rank computing them on the replicated final hidden states.
+// each rank computing them on the replicated final hidden states. Under
+// sequence parallelism the residual stream is sharded by rows as in
+// GptModel; the final norm's output is all-gathered (gather_from_sp: every
+// rank's d of it is the same, so the backward keeps its own rows) for the
+// heads, which read every token (MLM) and each sample's first (pooler).
+//
+// Pipeline parallelism: see the placement constructor.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,7 +76,7 @@ class BertModel final : public StageModel {
     std::vector<TransformerLayer::Cache> layers;
     LayerNorm::Cache final_norm;
     Tensor padding_mask;  ///< [b, s] where the layers live (ctx.key_padding_mask)
-    Tensor sequence;      ///< the final norm's output [s*b, h]
+    Tensor sequence;      ///< the final norm's output [s*b, h], gathered under SP
     Tensor transform_pre_gelu;
     LayerNorm::Cache transform_norm;
     LmHeadLoss::Cache mlm;
@@ -81,21 +88,28 @@ class BertModel final : public StageModel {
     double mlm_loss = 0, binary_loss = 0;
   };
 
-  /// Rejects a spec whose model_class is not BertPretraining, sequence
-  /// parallelism, and what its layers reject.
+  /// The whole model. Rejects a spec whose model_class is not
+  /// BertPretraining, and what its layers reject.
   BertModel(const ModelSpec& spec, LayerContext& ctx, DType dtype, std::uint64_t seed);
-  /// The batch's loss (MLM + binary head); checks the batch (a UserError
-  /// naming the offending input).
+  /// The part of `placement` (Megatron's split): the embedding on the first
+  /// stage, the final norm and both heads on the last, which keeps its own
+  /// copy of the tied word table when it is not also the first (GptModel's
+  /// head copy: the trainer sums the two gradients over the embedding group).
+  BertModel(const ModelSpec& spec, const StagePlacement& placement, LayerContext& ctx,
+            DType dtype, std::uint64_t seed);
+  /// The whole model only: the batch's loss (MLM + binary head); checks the
+  /// batch (a UserError naming the offending input).
   double forward(const BertBatch& batch, LayerContext& ctx, Cache& cache) const;
   /// Accumulates the gradients of forward's loss into the parameters.
   void backward(LayerContext& ctx, const Cache& cache);
 
-  // StageModel (the whole model on one stage). The micro-batch's ids are
-  // the tokens, its targets the MLM labels. The per-token loss puts
-  // s*b * (1 / labelled) * MLM loss on each labelled token and s * the
-  // binary loss on each sample's first token: its mean is forward()'s loss,
-  // so the trainer's mean over the step's tokens is the mean over its
-  // micro-batches of the BERT loss (Megatron's averaging).
+  // StageModel. The micro-batch's ids are the tokens, its targets the MLM
+  // labels; every stage reads its padding mask, the first its token types,
+  // the last its labels and next-sentence classes. The last stage's
+  // per-token loss puts s*b * (1 / labelled) * MLM loss on each labelled
+  // token and s * the binary loss on each sample's first token: its mean is
+  // forward()'s loss, so the trainer's mean over the step's tokens is the
+  // mean over its micro-batches of the BERT loss (Megatron's averaging).
   std::unique_ptr<StageCache> make_cache() const override { return std::make_unique<Cache>(); }
   Tensor forward(const Tensor& input, const MicroBatch& mb, LayerContext& ctx,
                  StageCache& cache) const override;
@@ -103,7 +117,7 @@ class BertModel final : public StageModel {
                   const std::function<void(const ParameterList&)>& grads_done) override;
   const ModelSpec& config() const override { return spec_; }
   const StagePlacement& placement() const override { return placement_; }
-  Parameter* head_word_weight() override { return &embedding.word; }
+  Parameter* head_word_weight() override { return heads_ ? heads_->mlm_loss.word : nullptr; }
 
   /// What `meshtron evaluate` reports of a forward: the MLM cross-entropy
   /// summed over the labelled tokens and their number, the binary head's
@@ -118,36 +132,53 @@ class BertModel final : public StageModel {
   static const Tensor& prediction_logits(const Cache& c) { return c.mlm.logits; }
   static const Tensor& binary_logits(const Cache& c) { return c.binary_logits; }
 
+  /// All parameters of this stage, in the order of the Hugging Face layout
+  /// (a last stage's word-table copy at the end).
   ParameterList parameters() override;
   const ModelSpec& spec() const { return spec_; }
 
-  Embedding embedding;
-  std::vector<TransformerLayer> layers;
-  LayerNorm final_norm;
-  ReplicatedLinear transform;  ///< "mlm_head.dense"
-  LayerNorm transform_norm;    ///< "mlm_head.norm"
-  Parameter mlm_bias;          ///< "mlm_head.bias" [V_pad/tp], split by rows as the word table
-  ReplicatedLinear pooler;
-  ReplicatedLinear binary_head;
-
  private:
+  /// The last stage's parts. Not movable: the loss holds the bias's address.
+  struct Heads {
+    Heads(const ModelSpec& s, const LayerContext& ctx, DType dtype, Parameter& word);
+    Heads(const Heads&) = delete;
+    Heads& operator=(const Heads&) = delete;
+    void collect(ParameterList& out);
+    LayerNorm final_norm;
+    ReplicatedLinear transform;  ///< "mlm_head.dense"
+    LayerNorm transform_norm;    ///< "mlm_head.norm"
+    Parameter mlm_bias;          ///< "mlm_head.bias" [V_pad/tp], split by rows as the word table
+    ReplicatedLinear pooler;
+    ReplicatedLinear binary_head;
+    LmHeadLoss mlm_loss;
+  };
+
   void check_batch(const BertBatch& batch, const LayerContext& ctx) const;
+  /// First stage: embeds batch.tokens, others take `hidden`; then this
+  /// stage's layers. Last stage: the final norm and both heads fill the
+  /// cache's losses. Returns the layers' output.
+  Tensor stage_forward(const Tensor& hidden, const BertBatch& batch, LayerContext& ctx,
+                       Cache& c) const;
   /// The MLM loss of the final hidden states (fills the MLM part of the cache).
   double mlm_forward(const Tensor& sequence, const Tensor& labels, LayerContext& ctx,
                      Cache& c) const;
   double binary_forward(const Tensor& sequence, const Tensor& next_sentence,
                         const LayerContext& ctx, Cache& c) const;
-  /// d sequence from both heads, given d loss / d (each token's MLM
-  /// cross-entropy) [s*b] and d loss / d (each sample's binary loss) [b].
+  /// d (the layers' output) from both heads, given d loss / d (each token's
+  /// MLM cross-entropy) [s*b] and d loss / d (each sample's binary loss) [b].
   Tensor heads_backward(LayerContext& ctx, const Cache& c, const Tensor& dmlm,
                         const Tensor& dbinary);
-  /// The blocks and the embedding, from d sequence.
-  void body_backward(const Tensor& dsequence, LayerContext& ctx, const Cache& c);
+  /// This stage's layers and the embedding from d (their output); returns
+  /// d (their input), empty on the first stage.
+  Tensor body_backward(const Tensor& dx, LayerContext& ctx, const Cache& c);
   void initialise(const LayerContext& ctx, std::uint64_t seed);
 
   ModelSpec spec_;
   StagePlacement placement_;
-  LmHeadLoss mlm_loss_;
+  std::optional<Embedding> embedding_;
+  std::vector<TransformerLayer> layers_;
+  std::optional<Parameter> head_copy_;  ///< the tied word table on a last stage without embedding
+  std::optional<Heads> heads_;
 };
 
 }  // namespace meshtron

@@ -7,22 +7,13 @@
 
 namespace meshtron {
 
-namespace {
-/// The linears take no ones column (T5's norms have no bias).
-LayerContext plain_linears(const LayerContext& ctx) {
-  LayerContext out = ctx;
-  out.bias_in_weight_gemm = false;
-  return out;
-}
-}  // namespace
-
 T5Attention::T5Attention(const std::string& name, Kind kind, int stream_layer,
                          std::uint32_t probs_site, index_t hidden, const AttentionSpec& spec,
                          double dropout, const LayerContext& ctx, DType dtype)
     : in(name + (kind == Kind::Self ? ".qkv" : ".q"), hidden,
          (kind == Kind::Self ? 3 : 1) * spec.context_width(), kind == Kind::Self ? 3 : 1,
-         plain_linears(ctx), dtype, /*bias=*/false),
-      proj(name + ".proj", spec.context_width(), hidden, plain_linears(ctx), dtype,
+         ctx, dtype, /*bias=*/false),
+      proj(name + ".proj", spec.context_width(), hidden, ctx, dtype,
            /*epilogue_rank=*/stream_layer, /*bias=*/false),
       kind_(kind),
       stream_layer_(stream_layer),
@@ -39,7 +30,7 @@ T5Attention::T5Attention(const std::string& name, Kind kind, int stream_layer,
                                                           << ") are not built");
   if (kind == Kind::Cross)
     kv.emplace(name + ".kv", hidden, 2 * spec.context_width(), /*fused_parts=*/2,
-               plain_linears(ctx), dtype, /*bias=*/false);
+               ctx, dtype, /*bias=*/false);
 }
 
 void T5Attention::collect(ParameterList& out) {
@@ -151,6 +142,63 @@ Tensor T5Attention::backward(const Tensor& dy, const ops::SoftmaxMasks& masks, L
   else *dmemory = dmem;
   ops::merge_heads(&dq, 1, sq, b, heads_local_, merged);
   return in.backward(merged, ctx, c.in);
+}
+
+T5Attention::KeyValues T5Attention::make_cache(index_t b, index_t capacity, DType dtype,
+                                               MemorySpace space) const {
+  const Shape shape{b * heads_local_, capacity, head_dim_};
+  return {Tensor::zeros(shape, dtype, space), Tensor::zeros(shape, dtype, space)};
+}
+
+T5Attention::KeyValues T5Attention::key_values(const Tensor& memory, LayerContext& ctx) const {
+  MESH_VERIFY(kv && !ctx.sequence_parallel,
+              "T5Attention::key_values: cross-attention without sequence parallelism only");
+  ColumnParallelLinear::Cache scratch;
+  const Tensor kv_out = kv->forward(memory, ctx, scratch);
+  Tensor parts[2];
+  ops::split_heads(kv_out, kv_out.dim(0) / ctx.micro_batch, ctx.micro_batch, heads_local_, 2,
+                   parts);
+  return {parts[0], parts[1]};
+}
+
+Tensor T5Attention::forward_step(const Tensor& x, index_t position,
+                                 const ops::SoftmaxMasks& masks, LayerContext& ctx,
+                                 KeyValues& kv) const {
+  MESH_VERIFY(!ctx.sequence_parallel && x.dim(0) == ctx.micro_batch,
+              "T5Attention::forward_step: one row per sample, no sequence parallelism");
+  const index_t b = ctx.micro_batch, matrices = b * heads_local_;
+  ColumnParallelLinear::Cache scratch;
+  const Tensor projected = in.forward(x, ctx, scratch);
+  Tensor q;
+  if (kind_ == Kind::Self) {
+    Tensor parts[3];
+    ops::split_heads(projected, 1, b, heads_local_, 3, parts);
+    q = parts[0];
+    // Row `position` of every (sample, head) matrix of the cache.
+    const index_t capacity = kv.k.dim(1);
+    MESH_VERIFY(position < capacity, "T5Attention::forward_step: position " << position
+                                                                            << " past the cache's "
+                                                                            << capacity);
+    for (int p = 1; p <= 2; ++p) {
+      Tensor rows = (p == 1 ? kv.k : kv.v).reshape({matrices * capacity, head_dim_});
+      const Tensor fresh = parts[p].reshape({matrices, head_dim_});
+      for (index_t m = 0; m < matrices; ++m)
+        rows.slice_rows(m * capacity + position, m * capacity + position + 1)
+            .copy_from(fresh.slice_rows(m, m + 1));
+    }
+  } else {
+    ops::split_heads(projected, 1, b, heads_local_, 1, &q);
+  }
+  Tensor scores = Tensor::empty({matrices, 1, kv.k.dim(1)}, q.dtype(), q.space());
+  ops::gemm_batched(q, false, kv.k, true, scores);
+  Tensor probs = Tensor::empty(scores.shape(), q.dtype(), q.space());
+  ops::attention_softmax_forward(scores, scale_, masks, probs);
+  Tensor context = Tensor::empty(q.shape(), q.dtype(), q.space());
+  ops::gemm_batched(probs, false, kv.v, false, context);
+  Tensor merged;
+  ops::merge_heads(&context, 1, 1, b, heads_local_, merged);
+  RowParallelLinear::Cache proj_scratch;
+  return proj.forward(merged, ctx, proj_scratch);
 }
 
 }  // namespace meshtron

@@ -55,6 +55,23 @@ class T5Attention {
                   const Cache& cache, Tensor* dbias, Tensor* dmemory);
   void collect(ParameterList& out);
 
+  /// Generation: keys and values [b * heads_local, capacity, d] (self:
+  /// filled one position per step; cross: the encoder's, computed once).
+  struct KeyValues {
+    Tensor k, v;
+  };
+  /// Self-attention's empty cache for `capacity` decoder positions.
+  KeyValues make_cache(index_t b, index_t capacity, DType dtype, MemorySpace space) const;
+  /// Cross-attention's keys and values of `memory` [s_enc*b, h] (no
+  /// sequence parallelism).
+  KeyValues key_values(const Tensor& memory, LayerContext& ctx) const;
+  /// Generation: x [b, h], one token per sample at decoder `position`
+  /// (self: its key and value are stored there first) attending over
+  /// `kv` under `masks` (whose key mask hides the positions not yet
+  /// filled); no dropout. Returns [b, h].
+  Tensor forward_step(const Tensor& x, index_t position, const ops::SoftmaxMasks& masks,
+                      LayerContext& ctx, KeyValues& kv) const;
+
   ColumnParallelLinear in;                ///< "qkv" [h, 3 inner] or "q" [h, inner]
   std::optional<ColumnParallelLinear> kv; ///< cross only: "kv" [h, 2 inner]
   RowParallelLinear proj;                 ///< "proj" [inner, h]

@@ -18,6 +18,8 @@ const ModelSpec& checked(const ModelSpec& s, const LayerContext& ctx) {
   MESH_REQUIRE(s.num_layers >= 1 && s.num_decoder_layers >= 1,
                "T5Model: needs at least one encoder and one decoder layer (got "
                    << s.num_layers << " and " << s.num_decoder_layers << ")");
+  require_built(!s.block.attention.bias && !s.block.mlp.bias, "T5Model",
+                "biases on the linear layers (T5 has none)");
   return s;
 }
 
@@ -40,8 +42,9 @@ void scale_column_parts(Parameter& p, const std::vector<double>& factors) {
   const index_t rows = host.dim(0), cols = host.dim(1), width = cols / index_t(factors.size());
   for (index_t r = 0; r < rows; ++r)
     for (index_t c = 0; c < cols; ++c)
-      set_element_from_double(host, r * cols + c,
-                              factors[std::size_t(c / width)] * element_as_double(host, r * cols + c));
+      set_element_from_double(
+          host, r * cols + c,
+          factors[std::size_t(c / width)] * element_as_double(host, r * cols + c));
   if (!p.value.is_host()) p.value.copy_from(host);
 }
 }  // namespace
@@ -184,6 +187,82 @@ Tensor T5Model::encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx)
   LayerContext enc = stack_context(ctx, s);
   const Tensor x = embedding.forward(ids, enc, c.encoder_embedding);
   return encoder.forward(x, in_space(mask, ctx.space), Tensor(), Tensor(), enc, c.encoder);
+}
+
+namespace {
+/// ctx for one generation step: b rows of one position, no dropout, no SP.
+LayerContext step_context(const LayerContext& ctx) {
+  LayerContext out = ctx;
+  out.training = false;
+  out.sequence_parallel = false;
+  out.seq_length = 1;
+  return out;
+}
+}  // namespace
+
+T5Model::DecoderState T5Model::start_decoding(const Tensor& encoder_out,
+                                              const Tensor& encoder_mask, index_t capacity,
+                                              LayerContext& ctx) const {
+  LayerContext step = step_context(ctx);
+  DecoderState state;
+  state.capacity = capacity;
+  state.encoder_mask = in_space(encoder_mask, ctx.space);
+  for (const T5Block& block : decoder.blocks) {
+    state.self.push_back(block.self_attention.make_cache(ctx.micro_batch, capacity,
+                                                         encoder_out.dtype(), ctx.space));
+    state.cross.push_back(block.cross_attention->key_values(encoder_out, step));
+  }
+  return state;
+}
+
+Tensor T5Model::decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& state) const {
+  const index_t b = ctx.micro_batch, t = state.position;
+  MESH_REQUIRE(ids.numel() == b, "T5Model::decode_step: one id per sample (b = " << b << ")");
+  MESH_REQUIRE(t < state.capacity,
+               "T5Model::decode_step: the cache holds " << state.capacity << " tokens per sample");
+  LayerContext step = step_context(ctx);
+  Embedding::Cache embedding_cache;
+  Tensor x = embedding.forward(ids, step, embedding_cache);
+  // Keys 0..t are filled: the rest hidden by the key mask.
+  Tensor filled = Tensor::zeros({b, state.capacity}, DType::I32);
+  for (index_t i = 0; i < b; ++i)
+    for (index_t j = 0; j <= t; ++j) filled.data<std::int32_t>()[i * state.capacity + j] = 1;
+  T5Masks masks;
+  masks.self.heads = masks.cross.heads = decoder.blocks.front().self_attention.heads_local();
+  masks.self.bias = decoder.position_bias(1, state.capacity, t, step);
+  masks.self.key_mask = in_space(filled, ctx.space);
+  masks.cross.key_mask = state.encoder_mask;
+  for (std::size_t i = 0; i < decoder.blocks.size(); ++i)
+    x = decoder.blocks[i].forward_step(x, t, masks, step, state.self[i], state.cross[i]);
+  LayerNorm::Cache norm;
+  Tensor sequence = decoder.final_norm.forward(x, norm);
+  if (head_scale() != 1.0) ops::scale(sequence, head_scale());
+  ++state.position;
+  return head_.logits(sequence, step);
+}
+
+void T5Model::select_samples(DecoderState& state, const std::vector<index_t>& from) {
+  const index_t b = state.encoder_mask.dim(0);
+  MESH_REQUIRE(index_t(from.size()) == b,
+               "T5Model::select_samples: " << from.size() << " sources for " << b << " samples");
+  for (index_t f : from)
+    MESH_REQUIRE(f >= 0 && f < b, "T5Model::select_samples: sample " << f << " of " << b);
+  // Each tensor's sample i is one contiguous row block ([b * heads, ...] or [b, s]).
+  const auto select = [&](Tensor& t) {
+    const Tensor rows = t.reshape({b, t.numel() / b});
+    Tensor picked = Tensor::empty(rows.shape(), t.dtype(), t.space());
+    for (index_t i = 0; i < b; ++i) {
+      const index_t source = from[std::size_t(i)];
+      picked.slice_rows(i, i + 1).copy_from(rows.slice_rows(source, source + 1));
+    }
+    t = picked.reshape(t.shape());
+  };
+  select(state.encoder_mask);
+  for (auto* per_block : {&state.self, &state.cross})
+    for (T5Attention::KeyValues& kv : *per_block) {
+      select(kv.k);
+      select(kv.v);
+    }
 }
 
 Tensor T5Model::decoder_embedding(const Tensor& ids, LayerContext& ctx, Cache& c) const {

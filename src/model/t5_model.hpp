@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "model/embedding.hpp"
 #include "model/stage_model.hpp"
@@ -100,6 +101,28 @@ class T5Model final : public StageModel {
   /// b = ctx.micro_batch) and mask int32 [b, s_enc]; no dropout is drawn
   /// unless ctx.training.
   Tensor encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx) const;
+
+  /// Generation's decoder state: the self-attention caches of every
+  /// decoder block and the cross-attention keys and values of the encoder
+  /// output, computed once (no sequence parallelism).
+  struct DecoderState {
+    index_t position = 0;  ///< decoder tokens fed so far
+    index_t capacity = 0;  ///< the most the caches hold
+    Tensor encoder_mask;   ///< int32 [b, s_enc] where the layers live
+    std::vector<T5Attention::KeyValues> self, cross;  ///< per decoder block
+  };
+  /// The state for decoding up to `capacity` tokens per sample after
+  /// encode(): encoder_out [s_enc*b, h], encoder_mask int32 [b, s_enc].
+  DecoderState start_decoding(const Tensor& encoder_out, const Tensor& encoder_mask,
+                              index_t capacity, LayerContext& ctx) const;
+  /// Feeds ids int32 [b] (one token per sample, at state.position) and
+  /// returns this rank's vocabulary shard of their logits [b, V_pad/tp]
+  /// (LmHeadLoss::logits, after T5's scaling of a tied head): the rows
+  /// forward() gives at that position for the same decoder prefix.
+  Tensor decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& state) const;
+  /// Beam search's reordering: sample i of the state becomes its sample
+  /// from[i] (caches, encoder keys and values, encoder mask); from.size() = b.
+  static void select_samples(DecoderState& state, const std::vector<index_t>& from);
 
   // StageModel (the whole model on one stage): mb.ids are the encoder's
   // ids, mb.padding_mask its mask, mb.decoder_ids / decoder_padding_mask

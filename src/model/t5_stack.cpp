@@ -5,12 +5,6 @@
 namespace meshtron {
 
 namespace {
-LayerContext plain_linears(const LayerContext& ctx) {
-  LayerContext out = ctx;
-  out.bias_in_weight_gemm = false;
-  return out;
-}
-
 std::string block_name(const std::string& prefix, int index) {
   return prefix + ".layers." + std::to_string(index);
 }
@@ -39,7 +33,7 @@ T5Block::T5Block(const std::string& prefix, int index, int stream_layer, bool de
       ln_mlp(block_name(prefix, index) + (decoder ? ".ln_3" : ".ln_2"), s.hidden_size,
              s.block.norm, dtype, ctx.sequence_parallel, ctx.space),
       mlp(block_name(prefix, index) + ".mlp", stream_layer, s.hidden_size, s.block.mlp,
-          plain_linears(ctx), dtype),
+          ctx, dtype),
       stream_layer_(stream_layer),
       hidden_dropout_(s.hidden_dropout) {
   if (!decoder) return;
@@ -95,6 +89,22 @@ Tensor T5Block::forward(const Tensor& x, const Tensor& memory, const T5Masks& ma
   return add_branch(mlp.forward(ln_mlp.forward(h, c.ln_mlp), ctx, c.mlp), h, kStreamMlpOut, ctx);
 }
 
+Tensor T5Block::forward_step(const Tensor& x, index_t position, const T5Masks& masks,
+                             LayerContext& ctx, T5Attention::KeyValues& self_kv,
+                             T5Attention::KeyValues& cross_kv) const {
+  MESH_VERIFY(cross_attention, "T5Block::forward_step: a decoder block's");
+  LayerNorm::Cache scratch;
+  Tensor h = Tensor::empty(x.shape(), x.dtype(), x.space());
+  ops::add(x, self_attention.forward_step(ln_1.forward(x, scratch), position, masks.self, ctx,
+                                          self_kv),
+           h);
+  ops::add(h, cross_attention->forward_step(ln_cross->forward(h, scratch), position, masks.cross,
+                                            ctx, cross_kv),
+           h);
+  Mlp::Cache mlp_scratch;
+  return mlp.forward_residual(ln_mlp.forward(h, scratch), h, ctx, mlp_scratch);
+}
+
 Tensor T5Block::forward_checkpointed(const Tensor& x, const Tensor& memory, const T5Masks& masks,
                                      LayerContext& ctx, Cache& c) const {
   Cache discarded;  // freed on return: only the input outlives the forward
@@ -137,7 +147,7 @@ T5Stack::T5Stack(const std::string& name, bool decoder, const ModelSpec& s,
       final_norm(name + ".final_norm", s.hidden_size, s.block.norm, dtype, ctx.sequence_parallel,
                  ctx.space),
       decoder_(decoder),
-      buckets_(s.relative_attention_num_buckets),
+      num_buckets_(s.relative_attention_num_buckets),
       max_distance_(s.relative_attention_max_distance),
       heads_local_(s.num_heads() / ctx.tp.size()),
       hidden_dropout_(s.hidden_dropout),
@@ -161,10 +171,17 @@ DType T5Stack::bias_dtype(const LayerContext& ctx) const {
 
 Tensor T5Stack::position_bias(index_t sq, index_t sk, index_t query_offset,
                               const LayerContext& ctx, Tensor* buckets_out) const {
-  const Tensor buckets = in_space(
-      ops::relative_position_buckets(sq, sk, /*bidirectional=*/!decoder_, buckets_, max_distance_,
-                                     query_offset),
-      ctx.space);
+  // Made on the host once per shape and kept where the table lives: an
+  // upload every micro-batch (a pageable copy) would make the host wait for
+  // the device mid-step, as Embedding's position ids would.
+  const std::array<index_t, 3> key{sq, sk, query_offset};
+  if (!buckets_.defined() || buckets_key_ != key || buckets_.space() != ctx.space) {
+    buckets_ = in_space(ops::relative_position_buckets(sq, sk, /*bidirectional=*/!decoder_,
+                                                       num_buckets_, max_distance_, query_offset),
+                        ctx.space);
+    buckets_key_ = key;
+  }
+  const Tensor buckets = buckets_;
   Tensor bias = Tensor::empty({heads_local_, sq, sk}, bias_dtype(ctx), ctx.space);
   ops::relative_bias_forward(relative_bias.value, buckets, bias);
   if (buckets_out) *buckets_out = buckets;

@@ -23,6 +23,7 @@
 // after them), so no two sites of the model share a stream.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,11 @@ class T5Block {
   Tensor backward(const Tensor& dy, const Tensor& memory, const T5Masks& masks,
                   LayerContext& ctx, const Cache& cache, Tensor& dbias, Tensor& dmemory);
   void collect(ParameterList& out);
+  /// Generation (decoder blocks): x [b, h], one token per sample at
+  /// `position`, over this block's self-attention cache and the encoder's
+  /// keys and values; no dropout.
+  Tensor forward_step(const Tensor& x, index_t position, const T5Masks& masks, LayerContext& ctx,
+                      T5Attention::KeyValues& self_kv, T5Attention::KeyValues& cross_kv) const;
 
   LayerNorm ln_1;
   T5Attention self_attention;             ///< "attention" (encoder), "self_attention" (decoder)
@@ -127,7 +133,10 @@ class T5Stack {
     return ctx.hidden_site(final_stream_, final_norm.weight.value.numel());
   }
   bool decoder_;
-  int buckets_, max_distance_, heads_local_;
+  int num_buckets_, max_distance_, heads_local_;
+  /// position_bias' buckets of the last (sq, sk, query_offset).
+  mutable Tensor buckets_;
+  mutable std::array<index_t, 3> buckets_key_{};
   double hidden_dropout_;
   std::uint32_t final_stream_;
 };

@@ -49,6 +49,16 @@ index_t check_buckets(const char* op, const Arg& buckets, const Arg& beside) {
   return buckets.t.numel();
 }
 
+/// Host buckets must index the table's rows (device ones are not read back).
+void check_bucket_range(const char* op, const Tensor& buckets, index_t num_buckets) {
+  if (!buckets.is_host()) return;
+  const std::int32_t* b = buckets.data<std::int32_t>();
+  for (index_t e = 0; e < buckets.numel(); ++e)
+    MESH_VERIFY(b[e] >= 0 && b[e] < num_buckets,
+                op << ": bucket " << b[e] << " at element " << e << " is outside the table's "
+                   << num_buckets << " rows");
+}
+
 /// bias [H, sq, sk] for buckets [sq, sk] and a table [num_buckets, H].
 void check_bias_shape(const char* op, const Arg& bias, const Arg& buckets, const Arg& table) {
   MESH_VERIFY(table.t.rank() == 2 && table.t.dim(0) > 0 && table.t.dim(1) > 0,
@@ -97,6 +107,7 @@ void relative_bias_forward(const Tensor& table, const Tensor& buckets, Tensor& b
   const index_t n = check_buckets(op, ab, at);
   check_bias_shape(op, ao, ab, at);
   const index_t num_buckets = table.dim(0), H = table.dim(1);
+  check_bucket_range(op, buckets, num_buckets);
   if (device) {
     ON_CUDA(cuda::relative_bias_forward(table.dtype(), table.raw(), num_buckets, H,
                                         buckets.data<std::int32_t>(), n, bias.data<float>()));
@@ -124,6 +135,7 @@ void relative_bias_backward(const Tensor& dbias, const Tensor& buckets, Tensor& 
   const index_t n = check_buckets(op, ab, ad);
   check_bias_shape(op, ad, ab, at);
   const index_t num_buckets = dtable.dim(0), H = dtable.dim(1);
+  check_bucket_range(op, buckets, num_buckets);
   if (device) {
     ON_CUDA(cuda::relative_bias_backward(dbias.data<float>(), buckets.data<std::int32_t>(), n,
                                          num_buckets, H, dtable.data<float>()));

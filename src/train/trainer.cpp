@@ -214,11 +214,8 @@ Trainer::Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& 
 
 std::unique_ptr<StageModel> Trainer::make_stage(const ModelSpec& model,
                                                 const StagePlacement& place, DType dtype) {
-  if (model.model_class == ModelClass::BertPretraining) {
-    MESH_REQUIRE(place.has_embedding && place.has_head,
-                 "BERT: pipeline parallelism is not built yet (parallel.pipeline_parallel = 1)");
-    return std::make_unique<BertModel>(model, base_ctx_, dtype, run_.run.seed);
-  }
+  if (model.model_class == ModelClass::BertPretraining)
+    return std::make_unique<BertModel>(model, place, base_ctx_, dtype, run_.run.seed);
   if (model.model_class == ModelClass::T5) {
     T5Model::require_whole_model(place);
     return std::make_unique<T5Model>(model, base_ctx_, dtype, run_.run.seed);

@@ -111,7 +111,8 @@ class Trainer {
   /// A blocking receive from the pipeline neighbour, timed into wait_seconds_.
   void receive(Tensor& t, int peer, int tag);
   LayerContext context_for(const MicroBatch& mb, long step, bool training) const;
-  /// The model part of `place`: a GptModel, or a BertModel or T5Model (whole model only).
+  /// The model part of `place`: a GptModel, a BertModel, or a T5Model
+  /// (whole model only).
   std::unique_ptr<StageModel> make_stage(const ModelSpec& model, const StagePlacement& place,
                                          DType dtype);
   /// training.attention_masks_ahead: batch[0]'s attention-dropout masks

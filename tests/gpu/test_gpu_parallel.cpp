@@ -20,7 +20,8 @@
 //    gradient norms to 1e-5 relative, every parameter to 1e-4 norm-wise (the
 //    host path's tolerances; see tests/parallel/test_decomposition.cpp).
 //    The 1-GPU reference is also held to the host run (same tolerances), so
-//    a bug common to both GPU runs cannot pass.
+//    a bug common to both GPU runs cannot pass. BERT likewise: its 1-GPU run
+//    against the host's, tp 2 + SP and pp 2 against its 1-GPU run.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -697,6 +698,38 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{1, 2, 1, "interleaved", false, false},
                       Layout{1, 1, 2, "1f1b", true, false}),
     [](const auto& info) { return info.param.name(); });
+
+// BERT through the trainer on the device: its 1-GPU run equals the host's
+// (padding mask, token types, both heads), and tp 2 + SP (the heads on the
+// gathered final hidden states) and pp 2 (the last stage's word-table copy
+// summed over the embedding group on NCCL) equal the 1-GPU run.
+const std::vector<std::string> kBert{"model.arch=bert"};
+
+const RunResult& one_gpu_bert_reference() {  // rank 0 only, as one_gpu_reference()
+  static const RunResult ref = testing::train_layout(MPI_COMM_SELF, Layout{.overrides = kBert},
+                                                     DType::F32, 3, MemorySpace::Cuda);
+  return ref;
+}
+
+TEST(GpuTraining, BertOneGpuRunMatchesTheHostRun) {
+  if (device::cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  if (!is_rank0()) return;  // see one_gpu_reference()
+  const RunResult host =
+      testing::train_layout(MPI_COMM_SELF, Layout{.overrides = kBert}, DType::F32, 3);
+  ASSERT_EQ(host.params.count("pooler.weight"), 1u);
+  expect_same_run(one_gpu_bert_reference(), host);
+}
+
+TEST(GpuTraining, BertSequenceAndPipelineParallelMatchOneGpuRun) {
+  REQUIRE_TWO_GPUS();
+  for (Layout layout : {Layout{2, 1, 1, "1f1b", false, true}, Layout{1, 2, 1, "1f1b"}}) {
+    layout.overrides = kBert;
+    SCOPED_TRACE(layout.name());
+    const RunResult got =
+        testing::train_layout(MPI_COMM_WORLD, layout, DType::F32, 3, MemorySpace::Cuda);
+    if (is_rank0()) expect_same_run(got, one_gpu_bert_reference());
+  }
+}
 
 // parallel.tp_copy_engine: the tp group's forward all-gathers and
 // reduce-scatters (SP; the row-parallel bias and residual in the

@@ -3,7 +3,8 @@
 // without and with dropout (Philox masks keyed by global positions on both);
 // in bf16 the loss within 2 % of the host's fp32 one and every gradient
 // finite. The device runs the relative-bias kernels, the general attention
-// softmax (bias, key mask, causal, Sq != Sk) and its bias gradient.
+// softmax (bias, key mask, causal, Sq != Sk) and its bias gradient; the
+// generation steps (encode, decode_step) equal the forward's logits.
 //
 // Run: ctest -R gpu_t5 --output-on-failure   (skips, exit 0, without a GPU)
 #include <gtest/gtest.h>
@@ -64,6 +65,32 @@ TEST(GpuT5, Fp32MatchesHost) {
         EXPECT_LE(norm_wise_error(gpu.grads[k], host.grads[k]), 1e-4)
             << "parameter " << k << " (v11 " << v11 << ", dropout " << dropout << ")";
     }
+}
+
+TEST(GpuT5, DecodeStepsMatchTheFullForward) {
+  // fp32 on the device: encode once, feed the decoder ids one at a time
+  // (self-attention cache rows written on the device), against forward().
+  REQUIRE_GPU();
+  MpiCommunicator self{MPI_COMM_SELF};
+  TensorParallelGroup tp{self};
+  LayerContext ctx = context(tp);
+  ctx.space = MemorySpace::Cuda;
+  T5Model model(tiny_spec(true), ctx, DType::F32, 5);
+  T5Batch batch = tiny_batch();
+  batch.decoder_mask = Tensor();
+  T5Model::Cache full;
+  model.forward(batch, ctx, full);
+  const std::vector<double> want = T5Model::logits(full).to_doubles();
+  auto state = model.start_decoding(model.encode(batch.encoder_ids, batch.encoder_mask, ctx),
+                                    batch.encoder_mask, kDecSeq, ctx);
+  for (index_t t = 0; t < kDecSeq; ++t) {
+    const std::int32_t* row = batch.decoder_ids.data<std::int32_t>() + t * kBatch;
+    const std::vector<double> got =
+        model.decode_step(ints({kBatch}, {row[0], row[1]}), ctx, state).to_doubles();
+    const std::size_t v = got.size() / std::size_t(kBatch);
+    for (std::size_t k = 0; k < got.size(); ++k)
+      ASSERT_NEAR(got[k], want[std::size_t(t * kBatch) * v + k], 1e-4) << "step " << t;
+  }
 }
 
 TEST(GpuT5, Bf16TracksFp32Host) {

@@ -1,8 +1,9 @@
 // A tiny T5 and one fixed micro-batch for the T5Model tests: s_enc = 6,
-// s_dec = 4 (both even: sequence parallelism on tp 2), b = 2; encoder sample 1's last two tokens padding, decoder
-// sample 1's last token padding (and unlabelled), some labels -100. Four
-// heads of d_kv = 3 (inner 12 != d_model 16); 8 buckets over a max
-// distance of 5, so both the exact and the logarithmic buckets occur.
+// s_dec = 4 (both even: sequence parallelism on tp 2), b = 2; encoder
+// sample 1's last two tokens padding, decoder sample 1's last token
+// padding (and unlabelled), some labels -100. Four heads of d_kv = 3
+// (inner 12 != d_model 16); 8 buckets over a max distance of 5, so the
+// encoder's bias has both exact and logarithmic buckets.
 #pragma once
 
 #include <cstdint>

@@ -134,6 +134,10 @@ TEST(BertModel, BadBatchesAreOneLineErrors) {
   ModelSpec gpt = tiny_spec();
   gpt.model_class = ModelClass::CausalLm;
   expect_user_error([&] { BertModel m(gpt, r.ctx, DType::F64, 1); }, {"not BERT"});
+  ModelSpec untied = tiny_spec();
+  untied.tie_word_embeddings = false;
+  expect_user_error([&] { BertModel m(untied, r.ctx, DType::F64, 1); },
+                    {"untie_embeddings_and_output_weights must be false"});
 }
 
 TEST(BertModel, HuggingFaceRoundTripIsBitExact) {

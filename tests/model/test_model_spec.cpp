@@ -156,15 +156,12 @@ TEST(ModelSpec, BertArchIsTheEncoderWithTwoTokenTypes) {
         c.validate(1);
       },
       {"model.arch = bert: logging.sample_interval"});
-  for (const char* unbuilt : {"parallel.pipeline_parallel=2", "parallel.sequence_parallel=true"})
-    expect_user_error(
-        [&] {
-          RunConfig c = RunConfig::from_text(
-              "[model]\narch = bert\nnum_layers = 2\nhidden_size = 64\nnum_attention_heads = 8\n",
-              {unbuilt, "parallel.tensor_parallel=2"});
-          c.validate(4);
-        },
-        {"model.arch = bert", "is not built yet"});
+  // Pipeline and sequence parallelism are built (parallel_bert_decomposition).
+  RunConfig parallel = RunConfig::from_text(
+      "[model]\narch = bert\nnum_layers = 2\nhidden_size = 64\nnum_attention_heads = 8\n",
+      {"parallel.pipeline_parallel=2", "parallel.sequence_parallel=true",
+       "parallel.tensor_parallel=2"});
+  EXPECT_NO_THROW(parallel.validate(4));
 }
 
 // model.arch = t5: transformers' T5 v1.0 (T5Model); the decoder keys as

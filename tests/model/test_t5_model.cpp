@@ -46,7 +46,8 @@ TEST_P(T5ModelVersions, GradientsMatchFiniteDifferences) {
     const Tensor analytic = p->grad.clone();
     const index_t n = p->value.numel();
     double scale = 1e-8;
-    for (index_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(element_as_double(analytic, i)));
+    for (index_t i = 0; i < n; ++i)
+      scale = std::max(scale, std::fabs(element_as_double(analytic, i)));
     index_t largest = 0;  // first, middle and last elements, and the largest gradient's
     for (index_t i = 0; i < n; ++i)
       if (std::fabs(element_as_double(analytic, i)) == scale) largest = i;
@@ -129,6 +130,67 @@ TEST_P(T5ModelVersions, RecomputeGivesTheSameLossAndGradients) {
   }
 }
 
+TEST_P(T5ModelVersions, DecodeStepsMatchTheFullForward) {
+  // encode() is the forward's encoder output; feeding the decoder ids one
+  // position at a time (a cache of more positions than fed) gives the
+  // forward's logits row by row.
+  OneRank r;
+  T5Model model(tiny_spec(GetParam()), r.ctx, DType::F64, 5);
+  T5Batch batch = tiny_batch();
+  batch.decoder_mask = Tensor();
+  T5Model::Cache full;
+  model.forward(batch, r.ctx, full);
+  const Tensor memory = model.encode(batch.encoder_ids, batch.encoder_mask, r.ctx);
+  EXPECT_EQ(memory.to_doubles(), full.encoder_out.to_doubles());
+  T5Model::DecoderState state =
+      model.start_decoding(memory, batch.encoder_mask, kDecSeq + 2, r.ctx);
+  const Tensor& want = T5Model::logits(full);
+  const index_t v = want.dim(1);
+  for (index_t t = 0; t < kDecSeq; ++t) {
+    const std::int32_t* row = batch.decoder_ids.data<std::int32_t>() + t * kBatch;
+    const Tensor got = model.decode_step(ints({kBatch}, {row[0], row[1]}), r.ctx, state);
+    ASSERT_EQ(got.dim(1), v);
+    for (index_t i = 0; i < kBatch; ++i)
+      for (index_t c = 0; c < v; ++c) {
+        const double w = want.data<double>()[(t * kBatch + i) * v + c];
+        ASSERT_NEAR(got.data<double>()[i * v + c], w, 1e-12 * (1 + std::fabs(w)))
+            << "position " << t << " sample " << i << " column " << c;
+      }
+  }
+  EXPECT_EQ(state.position, kDecSeq);
+}
+
+TEST(T5Model, SelectSamplesReordersTheDecoderState) {
+  // After two steps the samples swap places (caches and encoder state);
+  // the next steps, fed swapped ids, give the forward's rows swapped.
+  OneRank r;
+  T5Model model(tiny_spec(false), r.ctx, DType::F64, 5);
+  T5Batch batch = tiny_batch();
+  batch.decoder_mask = Tensor();
+  T5Model::Cache full;
+  model.forward(batch, r.ctx, full);
+  const Tensor& want = T5Model::logits(full);
+  const index_t v = want.dim(1);
+  auto state = model.start_decoding(model.encode(batch.encoder_ids, batch.encoder_mask, r.ctx),
+                                    batch.encoder_mask, kDecSeq, r.ctx);
+  const std::int32_t* ids = batch.decoder_ids.data<std::int32_t>();
+  const auto step_ids = [&](index_t t, bool swapped) {
+    return ints({kBatch}, {ids[t * kBatch + swapped], ids[t * kBatch + !swapped]});
+  };
+  for (index_t t = 0; t < 2; ++t) model.decode_step(step_ids(t, false), r.ctx, state);
+  T5Model::select_samples(state, {1, 0});
+  for (index_t t = 2; t < kDecSeq; ++t) {
+    const Tensor got = model.decode_step(step_ids(t, true), r.ctx, state);
+    for (index_t i = 0; i < kBatch; ++i)
+      for (index_t c = 0; c < v; ++c) {
+        const double w = want.data<double>()[(t * kBatch + (1 - i)) * v + c];
+        ASSERT_NEAR(got.data<double>()[i * v + c], w, 1e-12 * (1 + std::fabs(w)))
+            << "position " << t << " sample " << i;
+      }
+  }
+  expect_user_error([&] { T5Model::select_samples(state, {0}); }, {"1 sources for 2 samples"});
+}
+
 INSTANTIATE_TEST_SUITE_P(Versions, T5ModelVersions, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "v11_untied" : "v10_tied"; });
 
@@ -192,7 +254,8 @@ TEST(T5Model, StageModelPerTokenLossAndBackward) {
   Tensor dout = Tensor::empty({per_token.numel()}, DType::F64);
   dout.fill(1.0 / double(per_token.numel()));
   int reported = 0;
-  stage.backward(dout, r.ctx, *cache, [&](const ParameterList& done) { reported += int(done.size()); });
+  stage.backward(dout, r.ctx, *cache,
+                 [&](const ParameterList& done) { reported += int(done.size()); });
   EXPECT_EQ(reported, int(model.parameters().size()));
   const ParameterList params = model.parameters();
   for (std::size_t k = 0; k < params.size(); ++k) {
@@ -229,6 +292,10 @@ TEST(T5Model, BadBatchesAreOneLineErrors) {
   ModelSpec gpt = tiny_spec(false);
   gpt.model_class = ModelClass::CausalLm;
   expect_user_error([&] { T5Model m(gpt, r.ctx, DType::F64, 1); }, {"does not describe a T5"});
+  ModelSpec biased = tiny_spec(false);
+  biased.block.mlp.bias = true;
+  expect_user_error([&] { T5Model m(biased, r.ctx, DType::F64, 1); },
+                    {"biases on the linear layers"});
   expect_user_error([&] { T5Model::require_whole_model(StagePlacement{0, 2, true, false}); },
                     {"T5: pipeline parallelism is not built yet"});
 }

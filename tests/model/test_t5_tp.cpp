@@ -5,7 +5,7 @@
 // vocab-parallel word table and untied head) to 1e-10; v1.0 and v1.1,
 // without dropout and with it (masks keyed by global positions), without
 // and with sequence parallelism (the norms' partial gradients summed over
-// tp first, as the optimizer does).
+// tp first, as the optimizer does); and each generation step's logits.
 //
 // Run: ctest -R model_t5_tp --output-on-failure   (from the build folder)
 #include <gtest/gtest.h>
@@ -62,6 +62,28 @@ TEST_P(T5ModelTp2, LossLogitsAndGradientsMatchOneRank) {
         ASSERT_NEAR(shard.data<double>()[row * width + col], want, 1e-10 * (1 + std::fabs(want)))
             << "logit row " << row << " column " << first + col;
       }
+    if (dropout == 0 && !sequence_parallel) {  // generation: each decode step's logit shard
+      T5Batch prefix = batch;
+      prefix.decoder_mask = Tensor();
+      auto ref_state = ref.start_decoding(
+          ref.encode(prefix.encoder_ids, prefix.encoder_mask, ref_ctx), prefix.encoder_mask,
+          kDecSeq, ref_ctx);
+      auto state = model.start_decoding(model.encode(prefix.encoder_ids, prefix.encoder_mask, ctx),
+                                        prefix.encoder_mask, kDecSeq, ctx);
+      for (index_t t = 0; t < kDecSeq; ++t) {
+        const std::int32_t* row = prefix.decoder_ids.data<std::int32_t>() + t * kBatch;
+        const Tensor want_step =
+            ref.decode_step(ints({kBatch}, {row[0], row[1]}), ref_ctx, ref_state);
+        const Tensor got_step = model.decode_step(ints({kBatch}, {row[0], row[1]}), ctx, state);
+        for (index_t i = 0; i < kBatch; ++i)
+          for (index_t col = 0; col < width; ++col) {
+            const double want_logit = want_step.data<double>()[i * 2 * width + first + col];
+            ASSERT_NEAR(got_step.data<double>()[i * width + col], want_logit,
+                        1e-10 * (1 + std::fabs(want_logit)))
+                << "decode step " << t << " sample " << i << " column " << first + col;
+          }
+      }
+    }
     const ParameterList got = model.parameters(), want = ref.parameters();
     ASSERT_EQ(got.size(), want.size());
     for (std::size_t k = 0; k < got.size(); ++k) {

@@ -4,11 +4,13 @@
 #include <cmath>
 
 #include "config/model_spec_from_deck.hpp"
+#include "model/bert_model.hpp"
 
 namespace meshtron::testing {
 
 std::string Layout::name() const {
-  std::string n = "gpt_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" +
+  const bool bert = std::find(overrides.begin(), overrides.end(), "model.arch=bert") != overrides.end();
+  std::string n = std::string(bert ? "bert" : "gpt") + "_tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" +
                   std::to_string(dp) + "_" + schedule;
   if (distributed_optimizer) n += "_distopt";
   if (sequence_parallel) n += "_sp";
@@ -95,9 +97,14 @@ std::vector<std::pair<std::string, Shape>> all_parameters(const RunConfig& confi
   TensorParallelGroup tp{self};
   LayerContext ctx{tp};
   const ModelSpec model = model_spec_from_deck(config, 100, 1);
-  GptModel full(model, StagePlacement::whole_model(model.num_layers), ctx, DType::F32, 0);
+  const StagePlacement whole = StagePlacement::whole_model(model.num_layers);
+  std::unique_ptr<StageModel> full;
+  if (model.model_class == ModelClass::BertPretraining)
+    full = std::make_unique<BertModel>(model, whole, ctx, DType::F32, 0);
+  else
+    full = std::make_unique<GptModel>(model, whole, ctx, DType::F32, 0);
   std::vector<std::pair<std::string, Shape>> out;
-  for (Parameter* p : full.parameters()) out.push_back({p->name, p->global_shape});
+  for (Parameter* p : full->parameters()) out.push_back({p->name, p->global_shape});
   return out;
 }
 
@@ -114,7 +121,9 @@ RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int ste
   DataLayout data{model.seq_length, config.training.micro_batch_size,
                   config.training.global_batch_size, rt.topo.dp_rank(), rt.topo.dp(),
                   config.training.train_iters, 1, config.run.seed};
-  auto source = make_synthetic_data(data, 100);
+  auto source = model.model_class == ModelClass::BertPretraining
+                    ? make_synthetic_bert_data(data, 100)
+                    : make_synthetic_data(data, 100);
   RunResult result;
   for (long step = 1; step <= steps; ++step) {
     rt.dp.reset_stats();

@@ -1,4 +1,5 @@
 // Shared machinery of the decomposition-invariance tests: train a tiny GPT
+// (or BERT, with the override model.arch=bert: on BERT's synthetic batches)
 // for a few steps on a given (tp, pp, dp) layout, and gather its parameters
 // into global tensors to compare with the 1-rank reference run.
 #pragma once
@@ -20,7 +21,7 @@ struct Layout {
   bool sequence_parallel = false;
   /// Further deck overrides ("training.recompute=full", ...), applied last.
   std::vector<std::string> overrides = {};
-  std::string name() const;  ///< gpt_tp2_pp2_dp2_1f1b_distopt_sp
+  std::string name() const;  ///< gpt_tp2_pp2_dp2_1f1b_distopt_sp (bert_... with model.arch=bert)
 };
 
 struct RunResult {

@@ -5,9 +5,11 @@
 # batches (tiny.deck + bert.deck) and, when the corpus is there
 # (DATA_DIR/brown.jsonl and the WordPiece vocabulary of
 # tools/fetch-corpus.sh), on Megatron's BERT samples of 40 Brown documents
-# preprocessed with --split-sentences; there, meshtron evaluate's MLM loss
-# and binary-head accuracy of the 1-rank checkpoint are the same on both
-# layouts.
+# preprocessed with --split-sentences (there also on tp 2 + SP x pp 2:
+# Megatron's samples through the pipeline); there, meshtron evaluate's
+# MLM loss and binary-head accuracy of the 1-rank checkpoint are the same on
+# both layouts. parallel_bert_decomposition holds the 8-rank layouts of
+# synthetic batches to 1e-10 in fp64.
 #   bert_decomposition.sh MESHTRON WORKDIR DATA_DIR MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
 meshtron=$1 work=$2 data=$3; shift 3
@@ -43,6 +45,9 @@ if [[ -f "$data/brown.jsonl" && -f "$vocab" ]]; then
   run one_indexed 1 1 "${corpus[@]}" --set checkpoint.save_dir="$work/ckpt"
   run grid_indexed 4 2 "${corpus[@]}" --set checkpoint.save_dir=
   compare one_indexed grid_indexed
+  run pipeline_indexed 4 2 "${corpus[@]}" --set checkpoint.save_dir= \
+    --set parallel.pipeline_parallel=2 --set parallel.sequence_parallel=true
+  compare one_indexed pipeline_indexed
   score() {  # score RANKS TP: the result line of meshtron evaluate
     "${mpiexec[@]}" -np "$1" "$meshtron" evaluate "$here/tiny.deck" "$here/bert.deck" "${corpus[@]}" \
       --set parallel.tensor_parallel="$2" --set checkpoint.load="$work/ckpt/iter_0000004.h5" |

@@ -21,7 +21,9 @@ run() {
 }
 run 8 whole 2 2 true 5 "" "$@"
 run 8 first 2 2 true 3 "" "$@"
-for layout in "8 1 1" "8 4 2" "8 1 4" "1 1 1"; do
+# RESHAPE_LOADS (optional): the "ranks tp pp" layouts to load on, separated by ";".
+IFS=';' read -r -a loads <<<"${RESHAPE_LOADS:-8 1 1;8 4 2;8 1 4;1 1 1}"
+for layout in "${loads[@]}"; do
   read -r np tp pp <<<"$layout"
   name=load_np${np}_tp${tp}_pp${pp}
   mkdir -p "$work/$name" && cp "$work/first/iter_0000003.h5" "$work/$name/" && echo "iter_0000003.h5" > "$work/$name/latest"

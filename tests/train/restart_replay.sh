@@ -4,12 +4,13 @@
 # final parameters, dropout and data order included).
 #   restart_replay.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
 # EXTRA_DECK (optional): a further deck every run reads after tiny.deck.
+# PIPELINE_PARALLEL (optional, default 1): pp of the 4 ranks (tp 2 x pp x dp).
 set -euo pipefail
 meshtron=$1 work=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work"
 run() { "$@" "$meshtron" train "$here/tiny.deck" ${EXTRA_DECK:+"$EXTRA_DECK"} --set parallel.tensor_parallel=2 \
-          --set run.output_dir="$work/runs" "${extra[@]}"; }
+          --set parallel.pipeline_parallel="${PIPELINE_PARALLEL:-1}" --set run.output_dir="$work/runs" "${extra[@]}"; }
 extra=(--set run.name=whole --set checkpoint.save_dir="$work/whole")
 run "$@" -np 4
 extra=(--set run.name=split --set checkpoint.save_dir="$work/split" --set training.train_iters=3)
