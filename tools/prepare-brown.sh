@@ -5,7 +5,10 @@
 # GPT-2 BPE with an EOD after each document; with =bert (what
 # tools/prepare-brown-bert.sh sets) data/brown_bert_sentence, BERT WordPiece,
 # one sequence per sentence (--split-sentences) and no EOD: Megatron's BERT
-# data marks documents by the index, not by a token.
+# data marks documents by the index, not by a token; with =t5
+# data/brown_t5_sentence, the SentencePiece Brown model of
+# validation/sentencepiece-brown, one sequence per sentence (<s> first, as
+# Megatron's Llama2Tokenizer encodes each) for T5's span corruption.
 #
 #   tools/prepare-brown.sh                       # uses build/meshtron
 #   tools/prepare-brown.sh path/to/meshtron      # or MESHTRON_BIN=path/to/meshtron
@@ -34,7 +37,12 @@ case "${PREPARE_BROWN_DATASET:-gpt2}" in
     prefix="$data_dir/brown_bert_sentence"
     tokenize=(--tokenizer bert_wordpiece_lowercase
               --vocab-file "$data_dir/bert-base-uncased-vocab.txt" --split-sentences) ;;
-  *) die "PREPARE_BROWN_DATASET = '$PREPARE_BROWN_DATASET' is not gpt2 or bert" ;;
+  t5)
+    prefix="$data_dir/brown_t5_sentence"
+    tokenize=(--tokenizer sentencepiece
+              --tokenizer-model "$repo_root/validation/sentencepiece-brown/tokenizer.model"
+              --split-sentences) ;;
+  *) die "PREPARE_BROWN_DATASET = '$PREPARE_BROWN_DATASET' is not gpt2, bert or t5" ;;
 esac
 
 # 1. Corpus and vocabulary (each step of fetch-corpus.sh skips itself when done).

@@ -14,7 +14,10 @@
 //
 // model.arch = bert: the whole batches of Megatron's BERT samples (one
 // epoch) of evaluate.split, scored for the MLM loss over the labelled tokens
-// and the binary head's accuracy.
+// and the binary head's accuracy. model.arch = t5: the whole batches of
+// Megatron's T5 span-corruption samples of evaluate.split, scored for the
+// mean cross-entropy over their labelled decoder tokens.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -25,8 +28,11 @@
 #include "common/error.hpp"
 #include "data/bert_samples.hpp"
 #include "data/bert_tokenizer.hpp"
+#include "data/t5_samples.hpp"
+#include "data/t5_vocabulary.hpp"
 #include "io/checkpoint.hpp"
 #include "model/bert_model.hpp"
+#include "model/t5_model.hpp"
 #include "train/evaluation.hpp"
 #include "train/trainer.hpp"
 #include "train/trainer_checkpoint.hpp"
@@ -57,7 +63,7 @@ RunConfig with_evaluation_batch(RunConfig c) {
 }
 
 std::unique_ptr<EvalRows> rows_to_score(const RunConfig& c, int vocab) {
-  if (c.model.arch == "bert") return nullptr;  // EvaluateRun::run_bert
+  if (c.model.arch == "bert" || c.model.arch == "t5") return nullptr;  // run_bert, run_t5
   if (!c.evaluate.inputs.empty()) return jsonl_rows(c.evaluate.inputs, c.model.seq_length, vocab);
   MESH_REQUIRE(!c.data.path.empty(), "evaluate.split = " << c.evaluate.split
                                          << " needs data.path (or evaluate.inputs)");
@@ -84,6 +90,7 @@ class EvaluateRun {
 
   int run() {
     if (c_.model.arch == "bert") return run_bert();
+    if (c_.model.arch == "t5") return run_t5();
     const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
     const std::string what = c_.evaluate.inputs.empty() ? c_.evaluate.split : "inputs";
     if (rank0_)
@@ -111,6 +118,64 @@ class EvaluateRun {
   }
 
  private:
+  /// The mean cross-entropy over every labelled decoder token of the
+  /// split's T5 samples (whole batches), as transformers' T5 loss of one
+  /// batch holding them all.
+  int run_t5() {
+    MESH_REQUIRE(c_.evaluate.inputs.empty(),
+                 "evaluate.inputs rows for model.arch = t5 are not built yet");
+    MESH_REQUIRE(c_.evaluate.split != "all", "evaluate.split = all: T5 scores valid or test");
+    const int split = c_.evaluate.split == "test" ? 2 : 1;
+    const auto tokenizer = load_tokenizer(c_.data);
+    const auto samples = t5_split_samples(
+        c_, split, 0, data::t5_special_tokens(*tokenizer, c_.data.vocab_extra_ids));
+    const std::int64_t global = c_.training.global_batch_size;
+    const std::int64_t batches = samples ? samples->size() / global : 0;
+    MESH_REQUIRE(batches > 0, "evaluate.split = " << c_.evaluate.split << ": data.split "
+                                  << c_.data.split << " gives fewer T5 samples than one batch of "
+                                  << global);
+    const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
+    const Topology& topo = rt_.topo;
+    const DataLayout layout{c_.model.seq_length, c_.training.micro_batch_size, global,
+                            topo.dp_rank(),       topo.dp(),                    0,
+                            0,                    c_.run.seed,                  c_.model.decoder_seq_length};
+    auto& t5 = dynamic_cast<T5Model&>(*trainer_.chunks().front());
+    double loss_sum = 0, labelled = 0;
+    for (std::int64_t k = 0; k < batches; ++k)
+      for (const MicroBatch& mb : t5_batch(*samples, layout, k * global)) {
+        LayerContext ctx = trainer_.evaluation_context(mb);
+        T5Model::Cache cache;
+        const auto space = [&](const Tensor& t) { return in_space(t, ctx.space); };
+        const double loss = t5.forward(T5Batch{space(mb.ids), space(mb.padding_mask),
+                                               space(mb.decoder_ids),
+                                               space(mb.decoder_padding_mask), space(mb.targets)},
+                                       ctx, cache);
+        const auto* labels = mb.targets.data<std::int32_t>();
+        const auto n = double(std::count_if(labels, labels + mb.targets.numel(),
+                                            [](std::int32_t l) { return l != -100; }));
+        loss_sum += loss * n;
+        labelled += n;
+      }
+    loss_sum = rt_.dp.all_reduce_scalar(loss_sum);
+    labelled = rt_.dp.all_reduce_scalar(labelled);
+    if (!rank0_) return 0;
+    const double loss = loss_sum / labelled;
+    std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
+              << " (iteration " << state.iteration << ")\n " << c_.evaluate.split
+              << " split | loss " << loss << " | PPL " << std::exp(loss) << " | "
+              << batches * global << " samples (" << batches << " whole batches of "
+              << samples->size() << "), " << std::int64_t(labelled) << " labelled tokens"
+              << std::endl;
+    if (!c_.evaluate.output.empty()) {
+      std::ofstream out(c_.evaluate.output);
+      out << "{\"split\": \"" << c_.evaluate.split << "\", \"checkpoint\": \"" << checkpoint_
+          << "\", \"loss\": " << loss << ", \"samples\": " << batches * global
+          << ", \"labelled_tokens\": " << std::int64_t(labelled) << "}\n";
+      MESH_VERIFY(out.good(), "cannot write evaluate.output '" << c_.evaluate.output << "'");
+    }
+    return 0;
+  }
+
   int run_bert() {
     MESH_REQUIRE(c_.evaluate.inputs.empty(),
                  "evaluate.inputs rows for model.arch = bert are not built yet");

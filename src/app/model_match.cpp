@@ -49,7 +49,12 @@ std::vector<ModelKey> architecture(const ModelSection& d, const ModelSection& k)
       {"model.untie_embeddings_and_output_weights",
        text(d.untie_embeddings_and_output_weights), text(k.untie_embeddings_and_output_weights)},
       {"model.parallel_residual", text(d.parallel_residual), text(k.parallel_residual)},
-      {"model.embedding_norm", text(d.embedding_norm), text(k.embedding_norm)}};
+      {"model.embedding_norm", text(d.embedding_norm), text(k.embedding_norm)},
+      {"model.decoder_num_layers", text(d.decoder_layers()), text(k.decoder_layers())},
+      {"model.relative_attention_num_buckets", text(d.relative_attention_num_buckets),
+       text(k.relative_attention_num_buckets)},
+      {"model.relative_attention_max_distance", text(d.relative_attention_max_distance),
+       text(k.relative_attention_max_distance)}};
   if (d.vocab_size > 0 && k.vocab_size > 0)
     keys.push_back({"model.vocab_size", text(d.vocab_size), text(k.vocab_size)});
   return keys;

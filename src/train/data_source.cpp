@@ -1,5 +1,7 @@
 #include "train/data_source.hpp"
 
+#include <type_traits>
+
 #include "common/error.hpp"
 #include "common/hash.hpp"
 #include "config/run_config.hpp"
@@ -157,24 +159,41 @@ class IndexedSentenceData final : public DataSource {
  public:
   template <class MakeSplit>
   IndexedSentenceData(const RunConfig& run, const DataLayout& l, int vocab, MakeSplit make_split)
-      : l_(l), vocab_(vocab) {
+      : l_(l), vocab_(vocab), path_(run.data.path) {
     sets_[0] = make_split(0, std::int64_t(l.train_iters) * l.global_batch);
     sets_[1] = make_split(1, std::int64_t(std::max<long>(l.eval_batches, 1)) * l.global_batch);
     MESH_REQUIRE(sets_[0] != nullptr, "data.split '" << run.data.split
                                                      << "' leaves no training documents");
   }
   std::vector<MicroBatch> train_step(long step) override {
-    return sampled_batch(*sets_[0], l_, (step - 1) * l_.global_batch);
+    return checked(sampled_batch(*sets_[0], l_, (step - 1) * l_.global_batch));
   }
   std::vector<MicroBatch> eval_batch(long k) override {
     MESH_REQUIRE(sets_[1] != nullptr, "evaluation needs a validation split (data.split)");
-    return sampled_batch(*sets_[1], l_, (k % std::max<long>(l_.eval_batches, 1)) * l_.global_batch);
+    return checked(
+        sampled_batch(*sets_[1], l_, (k % std::max<long>(l_.eval_batches, 1)) * l_.global_batch));
   }
   int vocab_size() const override { return vocab_; }
 
  private:
+  /// T5: every encoder and decoder id a real one of the model's vocabulary
+  /// (a dataset of another tokenizer would index past the embedding; the
+  /// device kernels do not check), as IndexedData checks GPT's tokens.
+  std::vector<MicroBatch> checked(std::vector<MicroBatch> batch) const {
+    if constexpr (std::is_same_v<Samples, data::T5Samples>)
+      for (const MicroBatch& mb : batch)
+        for (const Tensor* ids : {&mb.ids, &mb.decoder_ids})
+          for (index_t i = 0; i < ids->numel(); ++i) {
+            const std::int32_t id = ids->data<std::int32_t>()[i];
+            MESH_VERIFY(id >= 0 && id < vocab_,
+                        "data.path " << path_ << ": a T5 sample holds token id " << id
+                                     << ", outside the model's vocabulary [0, " << vocab_ << ")");
+          }
+    return batch;
+  }
   DataLayout l_;
   int vocab_;
+  std::string path_;
   std::array<std::unique_ptr<Samples>, 2> sets_;
 };
 

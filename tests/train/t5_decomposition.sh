@@ -5,7 +5,9 @@
 # dropout on, on synthetic batches (tiny.deck + t5.deck) and, when the corpus
 # is there (DATA_DIR/brown.jsonl), on Megatron's T5 span-corruption samples
 # of 40 Brown documents preprocessed with the SentencePiece Brown model and
-# --split-sentences; there also the validation losses (every 2 steps).
+# --split-sentences; there also the validation losses (every 2 steps) and
+# meshtron evaluate's loss of the 1-rank checkpoint on both layouts. A
+# deck whose decoder differs from the 1-rank checkpoint is one line.
 #   t5_decomposition.sh MESHTRON WORKDIR DATA_DIR MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
 meshtron=$1 work=$2 data=$3; shift 3
@@ -15,20 +17,27 @@ rm -rf "$work" && mkdir -p "$work"
 run() {  # run NAME RANKS TP [--set ...]
   local name=$1 ranks=$2 tp=$3; shift 3
   "${mpiexec[@]}" -np "$ranks" "$meshtron" train "$here/tiny.deck" "$here/t5.deck" \
-    --set run.name="$name" --set run.output_dir="$work/runs" --set checkpoint.save_dir= \
+    --set run.name="$name" --set run.output_dir="$work/runs" \
     --set parallel.tensor_parallel="$tp" --set training.train_iters=4 "$@"
 }
 compare() { python3 "$here/compare_losses.py" "$work/runs/$1/metrics.jsonl" "$work/runs/$2/metrics.jsonl" 1 4 1e-5; }
 mpiexec=("$@")
-run one 1 1
-run grid 4 2
+nosave=(--set checkpoint.save_dir=)
+run one 1 1 --set checkpoint.save_dir="$work/ckpt"
+run grid 4 2 "${nosave[@]}"
 compare one grid
-run sp 4 2 --set parallel.sequence_parallel=true
+run sp 4 2 "${nosave[@]}" --set parallel.sequence_parallel=true
 compare one sp
-run overlap 4 2 --set parallel.distributed_optimizer=true \
+run overlap 4 2 "${nosave[@]}" --set parallel.distributed_optimizer=true \
   --set parallel.overlap_grad_reduce=true --set parallel.overlap_param_gather=true \
   --set training.recompute=full
 compare one overlap
+# A deck whose decoder differs from the checkpoint's is named, one line.
+status=0
+run mismatch 1 1 "${nosave[@]}" --set model.decoder_num_layers=3 \
+  --set checkpoint.load="$work/ckpt/iter_0000004.h5" 2> "$work/mismatch.err" || status=$?
+[[ $status != 0 ]] && grep -q "model.decoder_num_layers = 3 in the deck, 4 in the checkpoint" \
+  "$work/mismatch.err" || { echo "t5 decomposition: mismatched decoder not named"; exit 1; }
 
 if [[ -f "$data/brown.jsonl" ]]; then
   model="$repo/validation/sentencepiece-brown/tokenizer.model"
@@ -41,8 +50,8 @@ if [[ -f "$data/brown.jsonl" ]]; then
           --set model.vocab_size=0 --set model.seq_length=64 --set model.max_position_embeddings=64
           --set model.decoder_seq_length=24 --set training.eval_interval=2
           --set training.eval_iters=2)
-  run one_indexed 1 1 "${corpus[@]}"
-  run grid_indexed 4 2 "${corpus[@]}"
+  run one_indexed 1 1 "${corpus[@]}" --set checkpoint.save_dir="$work/ckpt_indexed"
+  run grid_indexed 4 2 "${nosave[@]}" "${corpus[@]}"
   compare one_indexed grid_indexed
   python3 - "$work/runs/one_indexed/metrics.jsonl" "$work/runs/grid_indexed/metrics.jsonl" <<'PY'
 import json, sys
@@ -51,6 +60,15 @@ print("validation losses:", evals[0], "vs", evals[1])
 assert len(evals[0]) == 2 and len(evals[1]) == 2, "expected 2 validation losses each"
 assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(*evals)), "validation losses differ"
 PY
+  score() {  # score RANKS TP: the result line of meshtron evaluate
+    "${mpiexec[@]}" -np "$1" "$meshtron" evaluate "$here/tiny.deck" "$here/t5.deck" "${corpus[@]}" \
+      --set parallel.tensor_parallel="$2" --set checkpoint.load="$work/ckpt_indexed/iter_0000004.h5" |
+      grep "valid split | loss"
+  }
+  one=$(score 1 1) grid=$(score 4 2)
+  echo "1 rank:      $one"; echo "tp 2 x dp 2: $grid"
+  [[ "$one" == "$grid" && "$one" =~ \ [1-9][0-9]*\ labelled\ tokens ]] ||
+    { echo "t5 decomposition: evaluate differs or scored no token"; exit 1; }
 else
   echo "t5 decomposition: no $data/brown.jsonl: the indexed case is skipped"
 fi
