@@ -1,7 +1,7 @@
-// meshtron convert: the Hugging Face causal LMs of io::hf_families()
+// meshtron convert: the Hugging Face models of io::hf_families()
 // (GPT2LMHeadModel, GPTBigCodeForCausalLM, LlamaForCausalLM,
-// MistralForCausalLM, BloomForCausalLM, GPTNeoXForCausalLM) <-> meshtron
-// checkpoint.
+// MistralForCausalLM, BloomForCausalLM, GPTNeoXForCausalLM,
+// MegatronBertForPreTraining) <-> meshtron checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
 //       config.json + model.safetensors (or its shards and
@@ -28,6 +28,7 @@
 #include "config/model_spec_from_deck.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hf/hf_family.hpp"
+#include "model/bert_model.hpp"
 #include "model/gpt_model.hpp"
 
 namespace meshtron::app {
@@ -66,29 +67,36 @@ std::string deck_for(const ModelSpec& c) {
   return "# written by meshtron convert\n" + model_deck_section(c);
 }
 
-/// A 1-rank model (tp = pp = dp = 1) of shape `c`, on the host.
+/// A 1-rank model (tp = pp = dp = 1) of shape `c`, on the host: a GptModel,
+/// or a BertModel for model_class BertPretraining.
 struct SingleRankModel {
   explicit SingleRankModel(const ModelSpec& c)
-      : self(MPI_COMM_SELF), tp{self}, ctx{tp},
-        model(c, StagePlacement::whole_model(c.num_layers), ctx, DType::F32, 0) {}
+      : self(MPI_COMM_SELF), tp{self}, ctx{tp}, model(make(c, ctx)) {}
+  static std::unique_ptr<StageModel> make(const ModelSpec& c, LayerContext& ctx) {
+    if (c.model_class == ModelClass::BertPretraining)
+      return std::make_unique<BertModel>(c, ctx, DType::F32, 0);
+    return std::make_unique<GptModel>(c, StagePlacement::whole_model(c.num_layers), ctx,
+                                      DType::F32, 0);
+  }
+  ParameterList parameters() { return model->parameters(); }
   MpiCommunicator self;
   TensorParallelGroup tp;
   LayerContext ctx;
-  GptModel model;
+  std::unique_ptr<StageModel> model;
 };
 
 int hf_to_checkpoint(const ConvertArgs& a) {
   const io::HfFamily& family = io::hf_family_of_folder(a.from);
   const ModelSpec c = family.read_spec(a.from);
-  MESH_REQUIRE(c.model_class == ModelClass::CausalLm,
+  MESH_REQUIRE(c.model_class != ModelClass::T5,
                "convert: " << a.from << " is a " << family.name
                            << " model; its checkpoints are not built yet (the trainer holds "
-                              "causal LMs only)");
+                              "causal LMs and BERT)");
   SingleRankModel m(c);
-  family.import_weights(a.from, c, m.model.parameters());
+  family.import_weights(a.from, c, m.parameters());
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
-  for (Parameter* p : m.model.parameters()) tensors.push_back({p, nullptr, nullptr});
+  for (Parameter* p : m.parameters()) tensors.push_back({p, nullptr, nullptr});
   io::TrainState state;
   state.deck_text = deck_for(c);
   io::save_checkpoint(a.to, topo, tensors, state, /*keep_last=*/0);
@@ -114,7 +122,7 @@ ModelSpec config_of_checkpoint(const io::CheckpointInfo& info) {
     if (std::regex_search(t.path, m, layer_re)) layers.insert(std::stoi(m[1]));
   }
   MESH_REQUIRE(shapes.count("model/embedding.word.weight") && !layers.empty(),
-               info.path << ": not a GPT checkpoint (no word embedding or layers)");
+               info.path << ": not a model checkpoint (no word embedding or layers)");
   // The architecture from the deck, the sizes from the tensors; the
   // vocabulary unpadded (one rank, the stored rows only).
   ModelSpec c = model_spec_from_deck(deck, /*vocab_size=*/0, /*tp=*/1);
@@ -126,6 +134,8 @@ ModelSpec config_of_checkpoint(const io::CheckpointInfo& info) {
   if (shapes.count("model/embedding.position.weight"))
     c.max_positions = int(shapes["model/embedding.position.weight"][0]);
   c.seq_length = c.max_positions;
+  if (shapes.count("model/embedding.token_type.weight"))
+    c.num_token_types = int(shapes["model/embedding.token_type.weight"][0]);
   // A gated MLP's fc holds the gate and the value side by side.
   c.block.mlp.ffn_hidden_size = int(shapes["model/layers.0.mlp.fc.weight"][1]) /
                                 (is_gated(c.block.mlp.activation) ? 2 : 1);
@@ -140,12 +150,12 @@ int checkpoint_to_hf(const ConvertArgs& a) {
   SingleRankModel m(c);
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
-  for (Parameter* p : m.model.parameters()) tensors.push_back({p, nullptr, nullptr});
+  for (Parameter* p : m.parameters()) tensors.push_back({p, nullptr, nullptr});
   io::TrainState state;
   io::load_checkpoint(a.from, topo, tensors, state, /*load_optimizer=*/false);
 
   const io::HfFamily& family = io::hf_family_of_spec(c);
-  const std::size_t written = family.export_model(a.to, c, m.model.parameters());
+  const std::size_t written = family.export_model(a.to, c, m.parameters());
   std::cout << "converted " << a.from << " (iteration " << info.state.iteration << ") -> "
             << a.to << " (" << family.name << ", " << written << " tensors)\n";
   return 0;

@@ -62,9 +62,14 @@ namespace {
 void write_architecture(std::ostream& os, const ModelSpec& c) {
   const auto& n = c.block.norm;
   const auto& a = c.block.attention;
-  MESH_REQUIRE(n.placement == NormPlacement::Pre && n.bias && a.mask == AttentionMask::Causal,
+  // model.arch = bert states the padding mask (and the MLM and binary
+  // heads); every other family's attention is causal.
+  const bool bert = c.model_class == ModelClass::BertPretraining;
+  const AttentionMask mask = bert ? AttentionMask::Padding : AttentionMask::Causal;
+  MESH_REQUIRE(n.placement == NormPlacement::Pre && n.bias && a.mask == mask,
                "no deck key states a post-norm, a norm without bias or an attention mask "
-               "other than causal");
+               "other than causal (padding for BERT)");
+  if (bert) os << "arch = bert\nnum_token_types = " << c.num_token_types << "\n";
   if (n.kind != NormKind::LayerNorm) os << "normalization = " << to_string(n.kind) << "\n";
   if (a.position != PositionEmbedding::LearnedAbsolute)
     os << "position_embedding_type = " << to_string(a.position) << "\n";
