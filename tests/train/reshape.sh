@@ -6,6 +6,9 @@
 # EXTRA_DECK (optional): a further deck every run reads after tiny.deck (a
 # deck, not --set: the checkpoint keeps the decks' text, which a load
 # compares the model with).
+# SAVE_LAYOUT, LOAD_LAYOUTS (optional): "ranks tp pp" of the saving run and
+# of each loading run, for a model that does not take every layout (BERT:
+# no pipeline parallelism).
 set -euo pipefail
 meshtron=$1 work=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,13 +22,15 @@ run() {
     --set run.name="$name" --set run.output_dir="$work/runs" \
     --set checkpoint.save_dir="$work/$name" --set checkpoint.load="$load"
 }
-run 8 whole 2 2 true 5 "" "$@"
-run 8 first 2 2 true 3 "" "$@"
-for layout in "8 1 1" "8 4 2" "8 1 4" "1 1 1"; do
+read -r save_np save_tp save_pp <<<"${SAVE_LAYOUT:-8 2 2}"
+run "$save_np" whole "$save_tp" "$save_pp" true 5 "" "$@"
+run "$save_np" first "$save_tp" "$save_pp" true 3 "" "$@"
+IFS=, read -r -a load_layouts <<<"${LOAD_LAYOUTS:-8 1 1,8 4 2,8 1 4,1 1 1}"
+for layout in "${load_layouts[@]}"; do
   read -r np tp pp <<<"$layout"
   name=load_np${np}_tp${tp}_pp${pp}
   mkdir -p "$work/$name" && cp "$work/first/iter_0000003.h5" "$work/$name/" && echo "iter_0000003.h5" > "$work/$name/latest"
   run "$np" "$name" "$tp" "$pp" false 5 auto "$@"
   python3 "$here/compare_losses.py" "$work/runs/whole/metrics.jsonl" "$work/runs/$name/metrics.jsonl" 4 5 1e-5
 done
-echo "reshape: every layout continues the (2, 2, 2) run"
+echo "reshape: every layout continues the ($save_np ranks, tp $save_tp, pp $save_pp) run"
