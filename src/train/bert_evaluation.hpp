@@ -18,6 +18,11 @@
 // token type 0, attention mask 0 and label -100: keys masked out and
 // positions that start at 0 in every row leave its scores as unpadded.
 //
+// evaluate.output's "samples" are then the rows with a next_sentence_label
+// (the accuracy's denominator), "masked_tokens" the labelled tokens (the MLM
+// loss's); the accuracy or the MLM loss is null where the rows hold no
+// next_sentence_label or no labelled token.
+//
 // Batching as evaluate_rows (evaluation.hpp): rows [k G, (k + 1) G) make
 // batch k, dealt to the dp ranks' micro-batches by DataLayout::sample_offset;
 // slots past the last row hold a one-token filler that nothing counts.
