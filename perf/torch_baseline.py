@@ -1,7 +1,9 @@
 """PyTorch baseline for meshtron's end-to-end throughput (issue 9).
 
 Trains Hugging Face GPT2LMHeadModel (GPT-2 124M / 350M / 774M / 1.5B shapes,
-seq 1024) and LlamaForCausalLM (llama-1b: TinyLlama-1.1B's shape, seq 2048) on synthetic tokens the way a strong PyTorch user would: bf16
+seq 1024), LlamaForCausalLM (llama-1b: TinyLlama-1.1B's shape, seq 2048) and
+MegatronBertForPreTraining (bert-large: Megatron's 345M BERT, seq 512, the
+MLM + next-sentence loss on e2e_gpu's synthetic BERT batches) on synthetic tokens the way a strong PyTorch user would: bf16
 autocast, SDPA attention, fused AdamW, torch.compile. Prints one JSON line
 per model with tokens/s/GPU, ms/step, TFLOP/s/GPU and MFU, through
 perf/e2e_gpu.py's report (the model-FLOPs formula meshtron prints, peak
@@ -20,7 +22,43 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_gpu import LLAMA, SHAPES, report, seq_of  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
+from e2e_gpu import BERT_VOCAB, LLAMA, SHAPES, padded_vocab, report, seq_of  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
+
+
+def make_bert(name, dropout):
+    """MegatronBertForPreTraining (pre-LN, learned positions, two token types,
+    erf GeLU, the MLM head tied to the word table) with SDPA where this
+    transformers has it for MegatronBert (else its eager attention; the
+    row's "attention" names which ran)."""
+    layers, hidden, heads = SHAPES[name]
+    kwargs = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                  intermediate_size=4 * hidden, max_position_embeddings=seq_of(name),
+                  vocab_size=padded_vocab(name), type_vocab_size=2, hidden_act="gelu",
+                  layer_norm_eps=1e-12, hidden_dropout_prob=dropout,
+                  attention_probs_dropout_prob=dropout)
+    try:
+        return transformers.MegatronBertForPreTraining(
+            transformers.MegatronBertConfig(attn_implementation="sdpa", **kwargs))
+    except (ValueError, ImportError) as error:  # no SDPA for MegatronBert in this version
+        print(f"MegatronBert: no SDPA ({error}); eager attention", file=sys.stderr)
+        return transformers.MegatronBertForPreTraining(
+            transformers.MegatronBertConfig(attn_implementation="eager", **kwargs))
+
+
+def bert_batches(name, shape):
+    """Synthetic BERT micro-batches of `shape` (..., micro_batch), as e2e_gpu's
+    BERT_VOCAB comment says: ids, token types, attention mask, MLM labels
+    (-100 = none) [..., b, s] and next-sentence labels [..., b]."""
+    s, vocab = seq_of(name), BERT_VOCAB[name]
+    real = s - torch.randint(0, s // 2 + 1, shape)
+    position = torch.arange(s)
+    live = position < real[..., None]
+    ids = torch.randint(0, vocab, shape + (s,)) * live
+    token_types = (live & (position >= (real // 2)[..., None])).long()
+    labelled = live & ((position == 1) | (torch.rand(shape + (s,)) < 0.15))
+    labels = torch.where(labelled, torch.randint(0, vocab, shape + (s,)), torch.full_like(ids, -100))
+    next_sentence = torch.randint(0, 2, shape)
+    return [t.cuda() for t in (ids, token_types, live.long(), labels, next_sentence)]
 
 
 def make_model(name, dropout):
@@ -56,19 +94,35 @@ def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False, dropou
             torch.cuda.tunable.write_file_on_exit(False)
         else:  # older ones write the tuned results on exit: keep them out of the tree
             torch.cuda.tunable.set_filename(f"/tmp/tunableop_results_{os.getpid()}.csv")
-    model = make_model(name, dropout).cuda().train()  # dropout active when asked for
+    bert = name in BERT_VOCAB
+    model = (make_bert if bert else make_model)(name, dropout).cuda().train()  # dropout when asked for
     seq = seq_of(name)
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_fn = torch.compile(model)
-    tokens = torch.randint(0, 50257, (steps + warmup, accumulate, micro_batch, seq + 1), device="cuda")
+    if bert:
+        batches = bert_batches(name, (steps + warmup, accumulate, micro_batch))
+    else:
+        tokens = torch.randint(0, 50257, (steps + warmup, accumulate, micro_batch, seq + 1), device="cuda")
+
+    def micro_batch_loss(k, a):
+        """The micro-batch's loss (autocast on): the next-token cross-entropy,
+        or BERT's MLM cross-entropy over the labelled tokens + the binary head's."""
+        cross_entropy = torch.nn.functional.cross_entropy
+        if bert:
+            ids, token_types, mask, labels, next_sentence = (t[k, a] for t in batches)
+            out = step_fn(input_ids=ids, token_type_ids=token_types, attention_mask=mask)
+            logits = out.prediction_logits
+            return cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1),
+                                 ignore_index=-100) + \
+                cross_entropy(out.seq_relationship_logits.float(), next_sentence)
+        x, y = tokens[k, a, :, :-1], tokens[k, a, :, 1:]
+        logits = step_fn(x).logits
+        return cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
     def train_step(k):
         for a in range(accumulate):
-            x, y = tokens[k, a, :, :-1], tokens[k, a, :, 1:]
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = step_fn(x).logits
-                loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
-                                                         y.reshape(-1))
+                loss = micro_batch_loss(k, a)
             (loss / accumulate).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -86,7 +140,8 @@ def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False, dropou
     row = report(name, "pytorch", micro_batch, 1, 1e3 * seconds,
                  {"loss": round(loss.item(), 4),
                   "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-                  "torch": torch.__version__, "device": torch.cuda.get_device_name()},
+                  "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                  "attention": model.config._attn_implementation},
                  accumulate=accumulate)
     del model, opt, step_fn
     torch.cuda.empty_cache()

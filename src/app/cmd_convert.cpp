@@ -1,8 +1,8 @@
-// meshtron convert: the Hugging Face models of io::hf_families() that the
-// trainer holds (GPT2LMHeadModel, GPTBigCodeForCausalLM, LlamaForCausalLM,
+// meshtron convert: the Hugging Face models of io::hf_families()
+// (GPT2LMHeadModel, GPTBigCodeForCausalLM, LlamaForCausalLM,
 // MistralForCausalLM, BloomForCausalLM, GPTNeoXForCausalLM,
-// T5ForConditionalGeneration, MT5ForConditionalGeneration) <-> meshtron
-// checkpoint.
+// MegatronBertForPreTraining, T5ForConditionalGeneration,
+// MT5ForConditionalGeneration) <-> meshtron checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
 //       config.json + model.safetensors (or its shards and
@@ -31,6 +31,7 @@
 #include "config/model_spec_from_deck.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hf/hf_family.hpp"
+#include "model/bert_model.hpp"
 #include "model/gpt_model.hpp"
 #include "model/t5_model.hpp"
 
@@ -71,11 +72,13 @@ std::string deck_for(const ModelSpec& c) {
 }
 
 /// A 1-rank model (tp = pp = dp = 1) of shape `c`, on the host: a GptModel,
-/// or a T5Model for model_class T5.
+/// a BertModel for model_class BertPretraining, or a T5Model for T5.
 struct SingleRankModel {
   explicit SingleRankModel(const ModelSpec& c)
       : self(MPI_COMM_SELF), tp{self}, ctx{tp}, model(make(c, ctx)) {}
   static std::unique_ptr<StageModel> make(const ModelSpec& c, LayerContext& ctx) {
+    if (c.model_class == ModelClass::BertPretraining)
+      return std::make_unique<BertModel>(c, ctx, DType::F32, 0);
     if (c.model_class == ModelClass::T5) return std::make_unique<T5Model>(c, ctx, DType::F32, 0);
     return std::make_unique<GptModel>(c, StagePlacement::whole_model(c.num_layers), ctx,
                                       DType::F32, 0);
@@ -90,10 +93,6 @@ struct SingleRankModel {
 int hf_to_checkpoint(const ConvertArgs& a) {
   const io::HfFamily& family = io::hf_family_of_folder(a.from);
   const ModelSpec c = family.read_spec(a.from);
-  MESH_REQUIRE(c.model_class == ModelClass::CausalLm || c.model_class == ModelClass::T5,
-               "convert: " << a.from << " is a " << family.name
-                           << " model; its checkpoints are not built yet (the trainer holds "
-                              "causal LMs and T5)");
   SingleRankModel m(c);
   family.import_weights(a.from, c, m.parameters());
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
@@ -168,7 +167,7 @@ ModelSpec config_of_checkpoint(const io::CheckpointInfo& info) {
   if (deck.model.arch == "t5")
     return t5_sizes_of_checkpoint(model_spec_from_deck(deck, 0, 1), shapes, info.path);
   MESH_REQUIRE(shapes.count("model/embedding.word.weight") && !layers.empty(),
-               info.path << ": not a GPT checkpoint (no word embedding or layers)");
+               info.path << ": not a model checkpoint (no word embedding or layers)");
   // The architecture from the deck, the sizes from the tensors; the
   // vocabulary unpadded (one rank, the stored rows only).
   ModelSpec c = model_spec_from_deck(deck, /*vocab_size=*/0, /*tp=*/1);
@@ -180,6 +179,8 @@ ModelSpec config_of_checkpoint(const io::CheckpointInfo& info) {
   if (shapes.count("model/embedding.position.weight"))
     c.max_positions = int(shapes["model/embedding.position.weight"][0]);
   c.seq_length = c.max_positions;
+  if (shapes.count("model/embedding.token_type.weight"))
+    c.num_token_types = int(shapes["model/embedding.token_type.weight"][0]);
   // A gated MLP's fc holds the gate and the value side by side.
   c.block.mlp.ffn_hidden_size = int(shapes["model/layers.0.mlp.fc.weight"][1]) /
                                 (is_gated(c.block.mlp.activation) ? 2 : 1);

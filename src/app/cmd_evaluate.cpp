@@ -13,15 +13,18 @@
 //      result line and writes evaluate.output
 //
 // model.arch = bert: the whole batches of Megatron's BERT samples (one
-// epoch) of evaluate.split, scored for the MLM loss over the labelled tokens
-// and the binary head's accuracy. model.arch = t5: the whole batches of
-// Megatron's T5 span-corruption samples of evaluate.split, scored for the
+// epoch) of evaluate.split, or the rows of evaluate.inputs
+// (train/bert_evaluation.hpp), scored for the MLM loss over the labelled
+// tokens and the binary head's accuracy. model.arch = t5: the whole batches
+// of Megatron's T5 span-corruption samples of evaluate.split, scored for the
 // mean cross-entropy over their labelled decoder tokens.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+
+#include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
 #include "config/model_spec_from_deck.hpp"
@@ -33,6 +36,7 @@
 #include "io/checkpoint.hpp"
 #include "model/bert_model.hpp"
 #include "model/t5_model.hpp"
+#include "train/bert_evaluation.hpp"
 #include "train/evaluation.hpp"
 #include "train/trainer.hpp"
 #include "train/trainer_checkpoint.hpp"
@@ -177,8 +181,44 @@ class EvaluateRun {
   }
 
   int run_bert() {
-    MESH_REQUIRE(c_.evaluate.inputs.empty(),
-                 "evaluate.inputs rows for model.arch = bert are not built yet");
+    const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
+    const Topology& topo = rt_.topo;
+    const DataLayout layout{c_.model.seq_length, c_.training.micro_batch_size,
+                            c_.training.global_batch_size, topo.dp_rank(), topo.dp(), 0, 0,
+                            c_.run.seed};
+    std::string what, detail;  // "valid split", "samples (B whole batches of M)"
+    BertModel::Scores sum = c_.evaluate.inputs.empty() ? bert_split_scores(layout, what, detail)
+                                                       : bert_input_scores(layout, what, detail);
+    for (double* v : {&sum.mlm_loss_sum, &sum.labelled, &sum.binary_correct, &sum.samples})
+      *v = rt_.dp.all_reduce_scalar(*v);
+    if (!rank0_) return 0;
+    const double mlm = sum.mlm_loss_sum / sum.labelled, accuracy = sum.binary_correct / sum.samples;
+    std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
+              << " (iteration " << state.iteration << ")\n " << what << " | MLM loss " << mlm
+              << " | MLM PPL " << std::exp(mlm) << " | binary-head accuracy " << accuracy << " | "
+              << std::int64_t(sum.samples) << " " << detail << ", " << std::int64_t(sum.labelled)
+              << " masked tokens" << std::endl;
+    if (!c_.evaluate.output.empty()) {
+      const auto number_or_null = [](double v) {
+        return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+      };
+      nlohmann::ordered_json j;
+      j["split"] = c_.evaluate.inputs.empty() ? c_.evaluate.split : "inputs";
+      j["checkpoint"] = checkpoint_;
+      j["mlm_loss"] = number_or_null(mlm);
+      j["binary_accuracy"] = number_or_null(accuracy);
+      j["samples"] = std::int64_t(sum.samples);
+      j["masked_tokens"] = std::int64_t(sum.labelled);
+      std::ofstream out(c_.evaluate.output);
+      out << j.dump() << "\n";
+      MESH_VERIFY(out.good(), "cannot write evaluate.output '" << c_.evaluate.output << "'");
+    }
+    return 0;
+  }
+
+  /// The whole batches of Megatron's BERT samples (one epoch) of evaluate.split.
+  BertModel::Scores bert_split_scores(const DataLayout& layout, std::string& what,
+                                      std::string& detail) {
     MESH_REQUIRE(c_.evaluate.split != "all", "evaluate.split = all: BERT scores valid or test");
     const int split = c_.evaluate.split == "test" ? 2 : 1;
     const auto tokenizer = load_tokenizer(c_.data);
@@ -188,10 +228,6 @@ class EvaluateRun {
     MESH_REQUIRE(batches > 0, "evaluate.split = " << c_.evaluate.split << ": data.split "
                                   << c_.data.split << " gives fewer BERT samples than one batch of "
                                   << global);
-    const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
-    const Topology& topo = rt_.topo;
-    const DataLayout layout{c_.model.seq_length, c_.training.micro_batch_size, global,
-                            topo.dp_rank(), topo.dp(), 0, 0, c_.run.seed};
     auto& bert = dynamic_cast<BertModel&>(*trainer_.chunks().front());
     BertModel::Scores sum;
     for (std::int64_t k = 0; k < batches; ++k)
@@ -208,25 +244,20 @@ class EvaluateRun {
         sum.binary_correct += s.binary_correct;
         sum.samples += s.samples;
       }
-    for (double* v : {&sum.mlm_loss_sum, &sum.labelled, &sum.binary_correct, &sum.samples})
-      *v = rt_.dp.all_reduce_scalar(*v);
-    if (!rank0_) return 0;
-    const double mlm = sum.mlm_loss_sum / sum.labelled, accuracy = sum.binary_correct / sum.samples;
-    std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
-              << " (iteration " << state.iteration << ")\n " << c_.evaluate.split
-              << " split | MLM loss " << mlm << " | MLM PPL " << std::exp(mlm)
-              << " | binary-head accuracy " << accuracy << " | " << std::int64_t(sum.samples)
-              << " samples (" << batches << " whole batches of " << samples->size() << "), "
-              << std::int64_t(sum.labelled) << " masked tokens" << std::endl;
-    if (!c_.evaluate.output.empty()) {
-      std::ofstream out(c_.evaluate.output);
-      out << "{\"split\": \"" << c_.evaluate.split << "\", \"checkpoint\": \"" << checkpoint_
-          << "\", \"mlm_loss\": " << mlm << ", \"binary_accuracy\": " << accuracy
-          << ", \"samples\": " << std::int64_t(sum.samples)
-          << ", \"masked_tokens\": " << std::int64_t(sum.labelled) << "}\n";
-      MESH_VERIFY(out.good(), "cannot write evaluate.output '" << c_.evaluate.output << "'");
-    }
-    return 0;
+    what = c_.evaluate.split + " split";
+    detail = MESH_MSG("samples (" << batches << " whole batches of " << samples->size() << ")");
+    return sum;
+  }
+
+  /// The rows of evaluate.inputs (train/bert_evaluation.hpp).
+  BertModel::Scores bert_input_scores(const DataLayout& layout, std::string& what,
+                                      std::string& detail) {
+    const auto rows = bert_jsonl_rows(c_.evaluate.inputs, c_.model.seq_length, vocab_,
+                                      model_.num_token_types);
+    what = "inputs";
+    detail = MESH_MSG("next-sentence labels in " << rows.size() << " rows of "
+                                                 << c_.evaluate.inputs);
+    return score_bert_rows(trainer_, rows, layout);
   }
 
   RunConfig c_;  ///< the trainer keeps a reference: declared first

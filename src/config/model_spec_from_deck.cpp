@@ -75,13 +75,17 @@ namespace {
 void write_architecture(std::ostream& os, const ModelSpec& c) {
   const auto& n = c.block.norm;
   const auto& a = c.block.attention;
-  // model.arch = t5 states T5's norms without bias, its unscaled scores, its
-  // padding masks and the decoder; every other family's are the defaults.
+  // model.arch = bert states the padding mask (and the MLM and binary heads);
+  // model.arch = t5 T5's norms without bias, its unscaled scores, its padding
+  // masks and the decoder; every other family's are the defaults.
+  const bool bert = c.model_class == ModelClass::BertPretraining;
   const bool t5 = c.model_class == ModelClass::T5;
+  const AttentionMask mask = bert || t5 ? AttentionMask::Padding : AttentionMask::Causal;
   MESH_REQUIRE(n.placement == NormPlacement::Pre && n.bias != t5 && a.scale_scores != t5 &&
-                   a.mask == (t5 ? AttentionMask::Padding : AttentionMask::Causal),
+                   a.mask == mask,
                "no deck key states a post-norm, a norm without bias, unscaled scores or an "
-               "attention mask other than causal (but model.arch = t5 for T5's)");
+               "attention mask other than causal (but model.arch = bert | t5 for theirs)");
+  if (bert) os << "arch = bert\nnum_token_types = " << c.num_token_types << "\n";
   if (t5)
     os << "arch = t5\ndecoder_num_layers = " << c.num_decoder_layers
        << "\ndecoder_seq_length = " << c.decoder_seq_length

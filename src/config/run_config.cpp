@@ -380,7 +380,9 @@ void DeckSchema::bind(RunConfig& c) {
       "meshtron evaluate: valid | test | all documents of data.path (split by data.split)");
   key("evaluate.output", &e.output, "string", "JSON file of the evaluation result (\"\" = none)");
   key("evaluate.inputs", &e.inputs, "string",
-      "JSONL of {\"ids\": [...]} rows (2 to seq_length + 1 ids) scored instead of a split");
+      "JSONL rows scored instead of a split: {\"ids\": [...]} (2 to seq_length + 1 ids); "
+      "model.arch = bert: {\"input_ids\", \"token_type_ids\", \"attention_mask\", "
+      "\"labels\", \"next_sentence_label\"} as transformers takes them");
   key("evaluate.micro_batch_size", &e.micro_batch_size, "int",
       "samples per micro-batch of meshtron evaluate (0 = training.micro_batch_size; the test "
       "split after training uses training's)");

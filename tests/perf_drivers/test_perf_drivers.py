@@ -65,8 +65,9 @@ def two_gpu_rows(argv, ms_per_step):
 class PerfDrivers(unittest.TestCase):
     def test_every_model_has_a_deck_llmc_depth_and_matching_shape(self):
         self.assertEqual(set(e2e_gpu.DECKS), set(e2e_gpu.SHAPES))
-        # llm.c trains GPT-2 only; the Llama shapes have their kv groups and ffn size.
-        gpt2 = set(e2e_gpu.DECKS) - set(e2e_gpu.LLAMA)
+        # llm.c trains GPT-2 only; the Llama shapes have their kv groups and ffn size,
+        # the BERT shapes their vocabulary.
+        gpt2 = set(e2e_gpu.DECKS) - set(e2e_gpu.LLAMA) - set(e2e_gpu.BERT_VOCAB)
         self.assertEqual(gpt2, set(llmc_baseline.DESCRIPTORS))
         for name, deck in e2e_gpu.DECKS.items():
             layers, hidden, heads, seq = deck_model(deck)
@@ -102,6 +103,24 @@ class PerfDrivers(unittest.TestCase):
             want = e2e_gpu.flops_per_token("tiny", seq=seq)
         self.assertTrue(math.isfinite(run["loss"]) and run["ms_per_step"] > 0, run)
         # meshtron's F from its own metrics (TFLOP/s over tokens/s, 10 digits logged)
+        self.assertAlmostEqual(run["flops_per_token"] / want, 1.0, places=6)
+
+    def test_bert_flops_per_token_equals_meshtrons(self):
+        # bert-large through the driver's own run, cut to one small layer on a
+        # CPU rank: synthetic BERT batches with the WordPiece vocabulary's
+        # size (no vocab file), padded to 30592 as the FLOPs formula says.
+        shape, seq = (1, 64, 4), 32
+        with mock.patch.dict(e2e_gpu.SHAPES, {"bert-large": shape}), \
+                mock.patch.dict(e2e_gpu.SEQS, {"bert-large": seq}):
+            small = {"run.device": "cpu", "training.precision": "fp32", "model.num_layers": shape[0],
+                     "model.hidden_size": shape[1], "model.num_attention_heads": shape[2],
+                     "model.seq_length": seq, "model.max_position_embeddings": seq}
+            run = e2e_gpu.run_meshtron(MESHTRON, "bert-large", micro_batch=2, steps=2, warmup=1,
+                                       extra=[a for k, v in small.items() for a in ("--set", f"{k}={v}")])
+            self.assertIsNotNone(run, "meshtron's BERT run failed (its output is above)")
+            want = e2e_gpu.flops_per_token("bert-large")
+        self.assertEqual(e2e_gpu.padded_vocab("bert-large"), 30592)
+        self.assertTrue(math.isfinite(run["loss"]) and run["ms_per_step"] > 0, run)
         self.assertAlmostEqual(run["flops_per_token"] / want, 1.0, places=6)
 
     def test_pipeline_layouts_train_the_one_rank_model(self):
