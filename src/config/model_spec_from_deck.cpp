@@ -84,7 +84,8 @@ void write_architecture(std::ostream& os, const ModelSpec& c) {
   MESH_REQUIRE(n.placement == NormPlacement::Pre && n.bias != t5 && a.scale_scores != t5 &&
                    a.mask == mask,
                "no deck key states a post-norm, a norm without bias, unscaled scores or an "
-               "attention mask other than causal (but model.arch = bert | t5 for theirs)");
+               "attention mask other than causal (but model.arch = bert or model.arch = t5 "
+               "for theirs)");
   if (bert) os << "arch = bert\nnum_token_types = " << c.num_token_types << "\n";
   if (t5)
     os << "arch = t5\ndecoder_num_layers = " << c.num_decoder_layers
