@@ -1,11 +1,13 @@
 """End-to-end GPU throughput of meshtron against PyTorch, in one run (issue 9).
 
 For each model (GPT-2 124M / 350M / 774M / 1.5B shapes, seq 1024; llama-1b,
-seq 2048; bert-large, seq 512; bf16, dropout 0 or --dropout, synthetic tokens)
+seq 2048; bert-large, seq 512; t5-base, encoder 512 and decoder 128 tokens;
+bf16, dropout 0 or --dropout, synthetic tokens)
 it trains meshtron for --warmup + --steps steps on one GPU,
 then the same model in PyTorch (perf/torch_baseline.py: transformers
-GPT2LMHeadModel / LlamaForCausalLM / MegatronBertForPreTraining, bf16
-autocast, SDPA, fused AdamW, torch.compile), and prints
+GPT2LMHeadModel / LlamaForCausalLM / MegatronBertForPreTraining /
+T5ForConditionalGeneration, bf16 autocast, SDPA where the model has it,
+fused AdamW, torch.compile), and prints
 tokens/s/GPU, ms/step, TFLOP/s/GPU, MFU and the ratio meshtron / PyTorch.
 With --gpus 2 it also trains meshtron with dp 2 and with tp 2 (and, asked for,
 pp 2 with the 1F1B or the interleaved schedule) and prints the scaling against
@@ -14,10 +16,14 @@ line names the machine, date and command (machine()), for perf/RESULTS.md.
 
 FLOPs per token, as meshtron prints them (no attention-mask discount):
     F = 3 x 2 x [L (4 h^2 + 2 h f + 2 s h) + h V],  V = 50304 (padded; BERT: 30592)
+T5 counts encoder tokens (tokens/s too): per sample, s_e encoder tokens through
+L_e layers, s_d decoder tokens through L_d layers with their cross-attention
+over s_e keys, the head on the s_d decoder tokens, divided by s_e (V = 32128).
 MFU = F x tokens/s/GPU / peak, peak = 989 TFLOP/s (H100/H200 dense bf16).
 
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 124m 350m 774m
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models bert-large   # BERT (MLM + SOP)
+    python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models t5-base      # T5 (span-corruption shape)
     python3 perf/e2e_gpu.py --meshtron build-gpu/meshtron --models 774m --gpus 2 --no-torch
         # dp2, tp2 (SP on NCCL) and tp2i (no SP, copy engines, interleaved pairs) against one GPU;
         # add --accumulate 8 for the like-for-like step of perf/RESULTS.md's tp 2 numbers
@@ -54,14 +60,16 @@ PEAK = 989e12
 SEQ = 1024  # the GPT-2 decks' seq_length, for every framework (SEQS: the others)
 DECKS = {"124m": "input_decks/gpt2-124m.deck", "350m": "input_decks/gpt2-350m.deck",
          "774m": "input_decks/gpt2-774m.deck", "1.5b": "input_decks/gpt2-1.5b.deck",
-         "llama-1b": "input_decks/llama-1b.deck", "bert-large": "input_decks/bert-large.deck"}
+         "llama-1b": "input_decks/llama-1b.deck", "bert-large": "input_decks/bert-large.deck",
+         "t5-base": "input_decks/t5-base.deck"}
 # (layers, hidden, heads) of each model, for every framework's run.
 SHAPES = {"124m": (12, 768, 12), "350m": (24, 1024, 16), "774m": (36, 1280, 20),
-          "1.5b": (48, 1600, 25), "llama-1b": (22, 2048, 32), "bert-large": (24, 1024, 16)}
+          "1.5b": (48, 1600, 25), "llama-1b": (22, 2048, 32), "bert-large": (24, 1024, 16),
+          "t5-base": (12, 768, 12)}
 # Llama shapes: (kv groups, SwiGLU ffn size) and their own sequence length
 # (TinyLlama-1.1B's 2048); both frameworks train the GPT-2 vocabulary.
 LLAMA = {"llama-1b": (4, 5632)}
-SEQS = {"llama-1b": 2048, "bert-large": 512}
+SEQS = {"llama-1b": 2048, "bert-large": 512, "t5-base": 512}
 # BERT shapes (MegatronBertForPreTraining, GeLU MLP of 4 h): their
 # vocabulary, bert-base-uncased's WordPiece. Both frameworks train the same
 # synthetic batches: real tokens up to a length in [s/2, s] (the rest
@@ -70,11 +78,21 @@ SEQS = {"llama-1b": 2048, "bert-large": 512}
 # next-sentence label (meshtron's data.source = synthetic for BERT,
 # src/train/data_source.cpp); tokens/s counts every position, padding too.
 BERT_VOCAB = {"bert-large": 30522}
+# T5 shapes (T5ForConditionalGeneration v1.0: ReLU, tied head, 32 relative
+# buckets over 128): (decoder layers, d_kv, d_ff, decoder length, vocabulary:
+# t5's SentencePiece pieces and 100 sentinels as its config pads them).
+# SHAPES holds the encoder's layers, SEQS its length (the tokens counted).
+# Both frameworks train the same synthetic batches: encoder tokens up to a
+# length in [s/2, s] (the rest padding, masked out), decoder inputs of 2 to
+# s_d real tokens starting from 0 (the rest padding, masked out), a label on
+# each real decoder token (meshtron's data.source = synthetic for T5).
+T5 = {"t5-base": (12, 64, 3072, 128, 32128)}
 
 
 def padded_vocab(name):
     """The vocabulary as meshtron pads it (make_vocab_size_divisible_by = 128)."""
-    return -(-BERT_VOCAB.get(name, 50257) // 128) * 128
+    vocab = T5[name][4] if name in T5 else BERT_VOCAB.get(name, 50257)
+    return -(-vocab // 128) * 128
 
 
 def seq_of(name):
@@ -95,12 +113,33 @@ LAYOUTS = {"dp2": (1, 2, 1, {}), "tp2": (2, 1, 1, {}), "tp2i": (2, 1, 1, TP_INTE
            "pp2i": (1, 1, 2, {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2})}
 
 
+def t5_flops_per_token(name, seq, vocab):
+    """T5's count per encoder token, as meshtron's (src/train/metrics.cpp): per sample the
+    encoder's layers over s_e tokens, the decoder's over s_d with the cross-attention (q and o
+    per decoder token, the core over s_e keys, k and v of the s_e encoder outputs), the head
+    on the s_d decoder tokens; divided by s_e."""
+    layers, hidden, heads = SHAPES[name]
+    decoder_layers, d_kv, d_ff, decoder_seq, _ = T5[name]
+    inner = heads * d_kv
+
+    def layer(keys):
+        return 4 * hidden * inner + 2 * hidden * d_ff + 2 * keys * inner
+    sample = (seq * layers * layer(seq)
+              + decoder_layers * (decoder_seq * (layer(decoder_seq) + 2 * hidden * inner + 2 * seq * inner)
+                                  + seq * 2 * hidden * inner)
+              + decoder_seq * hidden * vocab)
+    return 6.0 * sample / seq
+
+
 def flops_per_token(name, seq=None, vocab=None):
     """6 x (the matmul parameters + the attention scores' 2 s h per layer), as meshtron counts
-    (BERT: the MLM head's dense, the pooler and the binary head are not counted)."""
+    (BERT: the MLM head's dense, the pooler and the binary head are not counted; T5:
+    t5_flops_per_token)."""
     layers, hidden, heads = SHAPES[name]
     seq = seq or seq_of(name)
     vocab = vocab or padded_vocab(name)
+    if name in T5:
+        return t5_flops_per_token(name, seq, vocab)
     if name in LLAMA:
         groups, ffn = LLAMA[name]
         kv = 2 * groups * (hidden // heads)
@@ -127,6 +166,8 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
     if name in BERT_VOCAB:  # synthetic data reads no vocab.txt (the deck's stays, as WordPiece
         sets["model.vocab_size"] = BERT_VOCAB[name]  # needs one named): the size instead
         del sets["data.vocab_file"]
+    if name in T5:  # the deck's own size (synthetic data reads no tokenizer)
+        sets["model.vocab_size"] = T5[name][4]
     # The caller's overrides (--set K=V pairs) replace these defaults: the
     # deck parser takes each key once.
     for flag, kv in zip(extra[::2], extra[1::2]):

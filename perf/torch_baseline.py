@@ -1,10 +1,13 @@
 """PyTorch baseline for meshtron's end-to-end throughput (issue 9).
 
 Trains Hugging Face GPT2LMHeadModel (GPT-2 124M / 350M / 774M / 1.5B shapes,
-seq 1024), LlamaForCausalLM (llama-1b: TinyLlama-1.1B's shape, seq 2048) and
+seq 1024), LlamaForCausalLM (llama-1b: TinyLlama-1.1B's shape, seq 2048),
 MegatronBertForPreTraining (bert-large: Megatron's 345M BERT, seq 512, the
-MLM + next-sentence loss on e2e_gpu's synthetic BERT batches) on synthetic tokens the way a strong PyTorch user would: bf16
-autocast, SDPA attention, fused AdamW, torch.compile. Prints one JSON line
+MLM + next-sentence loss on e2e_gpu's synthetic BERT batches) and
+T5ForConditionalGeneration (t5-base, encoder 512 / decoder 128 tokens, the
+cross-entropy over the labelled decoder tokens of e2e_gpu's synthetic T5
+batches) on synthetic tokens the way a strong PyTorch user would: bf16
+autocast, SDPA attention where the model has it, fused AdamW, torch.compile. Prints one JSON line
 per model with tokens/s/GPU, ms/step, TFLOP/s/GPU and MFU, through
 perf/e2e_gpu.py's report (the model-FLOPs formula meshtron prints, peak
 989 TFLOP/s).
@@ -22,7 +25,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_gpu import BERT_VOCAB, LLAMA, SHAPES, padded_vocab, report, seq_of  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
+from e2e_gpu import BERT_VOCAB, LLAMA, SHAPES, T5, padded_vocab, report, seq_of  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
 
 
 def make_bert(name, dropout):
@@ -61,6 +64,43 @@ def bert_batches(name, shape):
     return [t.cuda() for t in (ids, token_types, live.long(), labels, next_sentence)]
 
 
+def make_t5(name, dropout):
+    """T5ForConditionalGeneration v1.0 (RMS norms, 32 relative buckets over 128, ReLU, the
+    head tied to the shared table and scaled by d_model^-0.5, pad = decoder start = 0). T5's
+    attention adds a position bias to its scores: SDPA where this transformers has it for T5,
+    else its eager attention (the row's "attention" names which ran)."""
+    layers, hidden, heads = SHAPES[name]
+    decoder_layers, d_kv, d_ff, _, vocab = T5[name]
+    kwargs = dict(vocab_size=vocab, d_model=hidden, d_kv=d_kv, d_ff=d_ff, num_layers=layers,
+                  num_decoder_layers=decoder_layers, num_heads=heads,
+                  relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                  dropout_rate=dropout, layer_norm_epsilon=1e-6, feed_forward_proj="relu",
+                  tie_word_embeddings=True, pad_token_id=0, decoder_start_token_id=0,
+                  eos_token_id=1)
+    try:
+        return transformers.T5ForConditionalGeneration(
+            transformers.T5Config(attn_implementation="sdpa", **kwargs))
+    except (ValueError, ImportError) as error:  # no SDPA for T5 in this version
+        print(f"T5: no SDPA ({error}); eager attention", file=sys.stderr)
+        return transformers.T5ForConditionalGeneration(
+            transformers.T5Config(attn_implementation="eager", **kwargs))
+
+
+def t5_batches(name, shape):
+    """Synthetic T5 micro-batches of `shape` (..., micro_batch), as e2e_gpu's T5
+    comment says: encoder ids and attention mask [..., b, s_enc], decoder input ids,
+    decoder attention mask and labels (-100 = none) [..., b, s_dec]."""
+    s, (_, _, _, sd, vocab) = seq_of(name), T5[name]
+    encoder_live = torch.arange(s) < (s - torch.randint(0, s // 2 + 1, shape))[..., None]
+    ids = torch.randint(0, vocab, shape + (s,)) * encoder_live
+    position = torch.arange(sd)
+    decoder_live = position < (2 + torch.randint(0, sd - 1, shape))[..., None]
+    decoder_ids = torch.randint(0, vocab, shape + (sd,)) * (decoder_live & (position > 0))
+    labels = torch.where(decoder_live, torch.randint(0, vocab, shape + (sd,)),
+                         torch.full(shape + (sd,), -100))
+    return [t.cuda() for t in (ids, encoder_live.long(), decoder_ids, decoder_live.long(), labels)]
+
+
 def make_model(name, dropout):
     """GPT2LMHeadModel, or LlamaForCausalLM for the llama shapes (RMSNorm,
     rotary, grouped queries, SwiGLU, no biases, untied head), with SDPA."""
@@ -94,20 +134,30 @@ def run(name, micro_batch, steps, warmup, accumulate=1, tune_gemms=False, dropou
             torch.cuda.tunable.write_file_on_exit(False)
         else:  # older ones write the tuned results on exit: keep them out of the tree
             torch.cuda.tunable.set_filename(f"/tmp/tunableop_results_{os.getpid()}.csv")
-    bert = name in BERT_VOCAB
-    model = (make_bert if bert else make_model)(name, dropout).cuda().train()  # dropout when asked for
+    bert, t5 = name in BERT_VOCAB, name in T5
+    make = make_bert if bert else make_t5 if t5 else make_model
+    model = make(name, dropout).cuda().train()  # dropout when asked for
     seq = seq_of(name)
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_fn = torch.compile(model)
     if bert:
         batches = bert_batches(name, (steps + warmup, accumulate, micro_batch))
+    elif t5:
+        batches = t5_batches(name, (steps + warmup, accumulate, micro_batch))
     else:
         tokens = torch.randint(0, 50257, (steps + warmup, accumulate, micro_batch, seq + 1), device="cuda")
 
     def micro_batch_loss(k, a):
         """The micro-batch's loss (autocast on): the next-token cross-entropy,
-        or BERT's MLM cross-entropy over the labelled tokens + the binary head's."""
+        BERT's MLM cross-entropy over the labelled tokens + the binary head's,
+        or T5's cross-entropy over the labelled decoder tokens."""
         cross_entropy = torch.nn.functional.cross_entropy
+        if t5:
+            ids, mask, decoder_ids, decoder_mask, labels = (t[k, a] for t in batches)
+            logits = step_fn(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids,
+                             decoder_attention_mask=decoder_mask).logits
+            return cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1),
+                                 ignore_index=-100)
         if bert:
             ids, token_types, mask, labels, next_sentence = (t[k, a] for t in batches)
             out = step_fn(input_ids=ids, token_type_ids=token_types, attention_mask=mask)

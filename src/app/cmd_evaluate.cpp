@@ -16,13 +16,15 @@
 // epoch) of evaluate.split, or the rows of evaluate.inputs
 // (train/bert_evaluation.hpp), scored for the MLM loss over the labelled
 // tokens and the binary head's accuracy. model.arch = t5: the whole batches
-// of Megatron's T5 span-corruption samples of evaluate.split, scored for the
-// mean cross-entropy over their labelled decoder tokens.
+// of Megatron's T5 span-corruption samples of evaluate.split, or the rows of
+// evaluate.inputs (train/t5_evaluation.hpp, each row's loss too), scored for
+// the mean cross-entropy over their labelled decoder tokens.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 
 #include <nlohmann/json.hpp>
 
@@ -37,6 +39,7 @@
 #include "model/bert_model.hpp"
 #include "model/t5_model.hpp"
 #include "train/bert_evaluation.hpp"
+#include "train/t5_evaluation.hpp"
 #include "train/evaluation.hpp"
 #include "train/trainer.hpp"
 #include "train/trainer_checkpoint.hpp"
@@ -122,12 +125,57 @@ class EvaluateRun {
   }
 
  private:
+  int run_t5() {
+    return c_.evaluate.inputs.empty() ? run_t5_split() : run_t5_inputs();
+  }
+
+  /// The rows of evaluate.inputs (train/t5_evaluation.hpp): the mean
+  /// cross-entropy over every labelled decoder token of all rows, and each
+  /// row's own (null for a row without a label).
+  int run_t5_inputs() {
+    const auto rows = t5_jsonl_rows(c_.evaluate.inputs, c_.model.seq_length,
+                                    c_.model.decoder_seq_length, vocab_);
+    const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
+    const Topology& topo = rt_.topo;
+    const DataLayout layout{c_.model.seq_length, c_.training.micro_batch_size,
+                            c_.training.global_batch_size, topo.dp_rank(), topo.dp(), 0, 0,
+                            c_.run.seed, c_.model.decoder_seq_length};
+    T5RowScores s = score_t5_rows(trainer_, rows, layout);
+    for (std::vector<double>* v : {&s.loss_sum, &s.labelled})
+      rt_.dp.all_reduce(v->data(), v->size(), DType::F64, ReduceOp::Sum);
+    if (!rank0_) return 0;
+    const double loss_sum = std::accumulate(s.loss_sum.begin(), s.loss_sum.end(), 0.0);
+    const double labelled = std::accumulate(s.labelled.begin(), s.labelled.end(), 0.0);
+    const double loss = loss_sum / labelled;
+    std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
+              << " (iteration " << state.iteration << ")\n inputs | loss " << loss << " | PPL "
+              << std::exp(loss) << " | " << rows.size() << " rows of " << c_.evaluate.inputs
+              << ", " << std::int64_t(labelled) << " labelled tokens" << std::endl;
+    if (!c_.evaluate.output.empty()) {
+      const auto number_or_null = [](double v) {
+        return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+      };
+      nlohmann::ordered_json j;
+      j["split"] = "inputs";
+      j["checkpoint"] = checkpoint_;
+      j["loss"] = number_or_null(loss);
+      j["ppl"] = number_or_null(std::exp(loss));
+      j["rows"] = rows.size();
+      j["labelled_tokens"] = std::int64_t(labelled);
+      j["row_losses"] = nlohmann::ordered_json::array();
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        j["row_losses"].push_back(number_or_null(s.loss_sum[i] / s.labelled[i]));
+      std::ofstream out(c_.evaluate.output);
+      out << j.dump() << "\n";
+      MESH_VERIFY(out.good(), "cannot write evaluate.output '" << c_.evaluate.output << "'");
+    }
+    return 0;
+  }
+
   /// The mean cross-entropy over every labelled decoder token of the
   /// split's T5 samples (whole batches), as transformers' T5 loss of one
   /// batch holding them all.
-  int run_t5() {
-    MESH_REQUIRE(c_.evaluate.inputs.empty(),
-                 "evaluate.inputs rows for model.arch = t5 are not built yet");
+  int run_t5_split() {
     MESH_REQUIRE(c_.evaluate.split != "all", "evaluate.split = all: T5 scores valid or test");
     const int split = c_.evaluate.split == "test" ? 2 : 1;
     const auto tokenizer = load_tokenizer(c_.data);

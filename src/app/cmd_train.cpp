@@ -166,7 +166,7 @@ class TrainRun {
               << " > " << padded_vocab_message(model_.vocab_size, model_.padded_vocab_size)
               << "\n"
               << params << pipeline_split_line(c_, model_)
-              << " > model FLOPs per token F = 3 x 2 x [L(4h^2 + 2hf + 2sh) + hV] = "
+              << " > model FLOPs per token F = " << model_flops_formula(model_) << " = "
               << model_flops_per_token(model_) << "; MFU = F x tokens/s/rank / peak, peak = "
               << peak << " TFLOP/s per rank\n";
   }

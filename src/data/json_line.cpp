@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/error.hpp"
+
 namespace meshtron::data {
 
 namespace {
@@ -36,6 +38,23 @@ std::optional<nlohmann::json> parse_json_line(std::string_view line, std::string
     why = describe_json_error(line, e);
   }
   return std::nullopt;
+}
+
+std::string read_int_field(const nlohmann::json& row, const IntField& f, std::size_t length,
+                           std::vector<std::int32_t>& out) {
+  const auto it = row.find(f.key);
+  if (it == row.end()) return f.required ? MESH_MSG("no \"" << f.key << "\"") : "";
+  if (!it->is_array() || it->size() != length)
+    return MESH_MSG("\"" << f.key << "\" must be an array of " << length << " integers");
+  for (std::size_t i = 0; i < length; ++i) {
+    const nlohmann::json& v = (*it)[i];
+    const std::int64_t x = v.is_number_integer() ? v.get<std::int64_t>() : f.lo - 1;
+    if (!((x >= f.lo && x < f.hi) || (f.ignore_index && x == -100)))
+      return MESH_MSG(f.key << "[" << i << "] = " << v.dump() << " is outside [" << f.lo << ", "
+                            << f.hi << ")" << (f.ignore_index ? " and not -100" : ""));
+    out[i] = std::int32_t(x);
+  }
+  return "";
 }
 
 }  // namespace meshtron::data

@@ -14,32 +14,7 @@ namespace meshtron {
 
 namespace {
 
-/// How a row's integer field is read.
-struct IntField {
-  const char* key;
-  std::int64_t lo, hi;    ///< its values in [lo, hi)
-  bool ignore_index;      ///< -100 also allowed (labels)
-  bool required;
-};
-
-/// Field `f` of `row`, `length` integers, into `out`; absent and not
-/// required: `out` keeps its defaults. Returns why it cannot, or "".
-std::string read_ints(const nlohmann::json& row, const IntField& f, std::size_t length,
-                      std::vector<std::int32_t>& out) {
-  const auto it = row.find(f.key);
-  if (it == row.end()) return f.required ? MESH_MSG("no \"" << f.key << "\"") : "";
-  if (!it->is_array() || it->size() != length)
-    return MESH_MSG("\"" << f.key << "\" must be an array of " << length << " integers");
-  for (std::size_t i = 0; i < length; ++i) {
-    const nlohmann::json& v = (*it)[i];
-    const std::int64_t x = v.is_number_integer() ? v.get<std::int64_t>() : f.lo - 1;
-    if (!((x >= f.lo && x < f.hi) || (f.ignore_index && x == -100)))
-      return MESH_MSG(f.key << "[" << i << "] = " << v.dump() << " is outside [" << f.lo << ", "
-                            << f.hi << ")" << (f.ignore_index ? " and not -100" : ""));
-    out[i] = std::int32_t(x);
-  }
-  return "";
-}
+using data::read_int_field;
 
 /// One line's row, or nullopt with `why` set.
 std::optional<BertEvalRow> row_of_line(const std::string& line, std::int64_t seq_length,
@@ -63,10 +38,11 @@ std::optional<BertEvalRow> row_of_line(const std::string& line, std::int64_t seq
   x.padding_mask.assign(n, 1);
   x.labels.assign(n, -100);
   for (const std::string& e :
-       {read_ints(*value, {"input_ids", 0, vocab, false, true}, n, x.tokens),
-        read_ints(*value, {"token_type_ids", 0, num_token_types, false, false}, n, x.token_types),
-        read_ints(*value, {"attention_mask", 0, 2, false, false}, n, x.padding_mask),
-        read_ints(*value, {"labels", 0, vocab, true, false}, n, x.labels)})
+       {read_int_field(*value, {"input_ids", 0, vocab, false, true}, n, x.tokens),
+        read_int_field(*value, {"token_type_ids", 0, num_token_types, false, false}, n,
+                       x.token_types),
+        read_int_field(*value, {"attention_mask", 0, 2, false, false}, n, x.padding_mask),
+        read_int_field(*value, {"labels", 0, vocab, true, false}, n, x.labels)})
     if (why.empty()) why = e;
   const auto next = value->find("next_sentence_label");
   r.has_next_sentence = next != value->end();

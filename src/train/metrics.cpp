@@ -9,31 +9,61 @@
 
 namespace meshtron {
 
-/// Forward FLOPs per token / 2 (multiply-adds) of one transformer layer:
+/// Forward FLOPs per token / 2 (multiply-adds) of one transformer layer
+/// whose attention sees s keys:
 ///   qkv and proj  h (n + 2g) d + n d h   (n heads, g kv groups, head dim d)
 ///   the core      2 s n d                (scores and their product with v)
 ///   the MLP       2 h f, or 3 h f gated  (gate, value and output matrices)
 /// For GPT-2 (g = n, n d = h): 4h^2 + 2hf + 2sh, Megatron-LM's count. Norms,
 /// biases and activations are left out, as there.
-static double layer_flops_half(const ModelSpec& c) {
+static double layer_flops_half(const ModelSpec& c, double s) {
   const auto& a = c.block.attention;
-  const double h = c.hidden_size, f = c.ffn_hidden_size(), s = c.seq_length;
+  const double h = c.hidden_size, f = c.ffn_hidden_size();
   const double n = a.num_heads, g = a.num_query_groups, d = a.head_dim;
   const double mlp_matrices = is_gated(c.block.mlp.activation) ? 3 : 2;
   return h * (n + 2 * g) * d + n * d * h + 2 * s * n * d + mlp_matrices * h * f;
+}
+
+/// T5's forward multiply-adds per encoder token (the tokens the step line
+/// counts): one sample's encoder layers over its s_e tokens, decoder layers
+/// over its s_d tokens (the causal self-attention dense over s_d keys, as
+/// GPT's) with their cross-attention (q and o on each decoder token, the
+/// core over s_e keys, k and v of each of the s_e encoder outputs), and the
+/// head on the s_d decoder tokens, divided by s_e.
+static double t5_forward_half_per_token(const ModelSpec& c) {
+  const auto& a = c.block.attention;
+  const double h = c.hidden_size, inner = double(a.num_heads) * a.head_dim;
+  const double se = c.seq_length, sd = c.decoder_seq_length;
+  const double cross_per_decoder_token = 2 * h * inner + 2 * se * inner;
+  const double cross_kv_per_encoder_token = 2 * h * inner;
+  const double sample =
+      se * c.num_layers * layer_flops_half(c, se) +
+      c.num_decoder_layers *
+          (sd * (layer_flops_half(c, sd) + cross_per_decoder_token) +
+           se * cross_kv_per_encoder_token) +
+      sd * h * c.padded_vocab_size;
+  return sample / se;
 }
 
 /// The layers plus the LM head's logits GEMM (hV per token, tied to the word
 /// embedding or not: tying shares the table, not the work), x 3 for the
 /// backward's two GEMMs per forward one, x 2 FLOPs per multiply-add.
 double model_flops_per_token(const ModelSpec& c) {
-  const double forward =
-      c.num_layers * layer_flops_half(c) + double(c.hidden_size) * c.padded_vocab_size;
+  if (c.model_class == ModelClass::T5) return 3.0 * 2.0 * t5_forward_half_per_token(c);
+  const double forward = c.num_layers * layer_flops_half(c, c.seq_length) +
+                         double(c.hidden_size) * c.padded_vocab_size;
   return 3.0 * 2.0 * forward;
 }
 
+std::string model_flops_formula(const ModelSpec& c) {
+  if (c.model_class == ModelClass::T5)
+    return "3 x 2 x [s_e L_e A(s_e) + L_d (s_d (A(s_d) + 2hi + 2 s_e i) + 2 s_e h i) + s_d hV] "
+           "/ s_e, A(s) = 4hi + 2hf + 2si, i = heads x d_kv";
+  return "3 x 2 x [L(4h^2 + 2hf + 2sh) + hV]";
+}
+
 double head_cost_in_layers(const ModelSpec& c) {
-  return double(c.hidden_size) * c.padded_vocab_size / layer_flops_half(c);
+  return double(c.hidden_size) * c.padded_vocab_size / layer_flops_half(c, c.seq_length);
 }
 
 double peak_rss_mib() {

@@ -5,6 +5,10 @@
 // as Megatron-LM and the PaLM paper count it; backward = 2 x forward):
 //   F = 3 x 2 x [ L (4 h^2 + 2 h f + 2 s h) + h V ]
 // for L layers, hidden h, MLP width f, sequence s and padded vocabulary V.
+// T5 (encoder-decoder; tokens are encoder tokens, as the step line counts
+// them): per sample, s_e encoder tokens through L_e layers, s_d decoder
+// tokens through L_d layers with their cross-attention over s_e keys, the
+// head on the decoder's tokens, divided by s_e (model_flops_formula).
 // MFU = achieved model FLOP/s per rank / peak FLOP/s per rank.
 #pragma once
 
@@ -18,6 +22,8 @@ namespace meshtron {
 /// Training FLOPs per token of the model `c` (forward and backward of the
 /// GEMMs, Megatron-LM's count; src/train/metrics.cpp lists the terms).
 double model_flops_per_token(const ModelSpec& c);
+/// The formula model_flops_per_token evaluates for `c`, as the banner states it.
+std::string model_flops_formula(const ModelSpec& c);
 /// The LM head's FLOPs (the logits GEMM, forward and backward: hV of F's
 /// bracket) in units of one transformer layer's: GPT-2 774M 2.89, 124M 3.97.
 /// What the last pipeline stage runs on top of its layers

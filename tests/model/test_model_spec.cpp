@@ -313,3 +313,20 @@ TEST(ModelSpec, FlopsCountKvGroupsAndGatedMlp) {
   const double layer = 64 * 12 * 16 + 128 * 64 + 2 * 16 * 128 + 3 * 64 * 96;
   EXPECT_EQ(model_flops_per_token(gqa), 6 * (2 * layer + 64.0 * gqa.padded_vocab_size));
 }
+
+TEST(ModelSpec, T5FlopsPerEncoderToken) {
+  // t5-base: 12 + 12 layers, h 768, 12 heads of 64 (i = 768), relu f 3072,
+  // s_e 512, s_d 128, V 32128. Per sample: encoder layers on 512 tokens,
+  // decoder layers on 128 (self-attention over 128 keys, cross-attention
+  // q and o per decoder token and its core over 512 keys, k and v of the 512
+  // encoder outputs), the head on 128 tokens; per encoder token.
+  ModelSpec t5 = t5_spec(12, 12, 768, 12, 64, 3072, Activation::Relu, true, 32128, 512, 128);
+  t5.padded_vocab_size = 32128;
+  const double h = 768, i = 768, f = 3072, se = 512, sd = 128, V = 32128;
+  const auto layer = [&](double s) { return 4 * h * i + 2 * h * f + 2 * s * i; };
+  const double sample = se * 12 * layer(se) +
+                        12 * (sd * (layer(sd) + 2 * h * i + 2 * se * i) + se * 2 * h * i) +
+                        sd * h * V;
+  EXPECT_DOUBLE_EQ(model_flops_per_token(t5), 6 * sample / se);
+  EXPECT_NE(model_flops_formula(t5), model_flops_formula(spec_of_deck("")));
+}

@@ -66,8 +66,8 @@ class PerfDrivers(unittest.TestCase):
     def test_every_model_has_a_deck_llmc_depth_and_matching_shape(self):
         self.assertEqual(set(e2e_gpu.DECKS), set(e2e_gpu.SHAPES))
         # llm.c trains GPT-2 only; the Llama shapes have their kv groups and ffn size,
-        # the BERT shapes their vocabulary.
-        gpt2 = set(e2e_gpu.DECKS) - set(e2e_gpu.LLAMA) - set(e2e_gpu.BERT_VOCAB)
+        # the BERT shapes their vocabulary, the T5 shapes their decoder and vocabulary.
+        gpt2 = set(e2e_gpu.DECKS) - set(e2e_gpu.LLAMA) - set(e2e_gpu.BERT_VOCAB) - set(e2e_gpu.T5)
         self.assertEqual(gpt2, set(llmc_baseline.DESCRIPTORS))
         for name, deck in e2e_gpu.DECKS.items():
             layers, hidden, heads, seq = deck_model(deck)
@@ -75,6 +75,13 @@ class PerfDrivers(unittest.TestCase):
             self.assertEqual(seq, e2e_gpu.seq_of(name), deck)  # report() counts seq_of tokens per sequence
             if name in gpt2:
                 self.assertEqual(llmc_baseline.DESCRIPTORS[name], f"d{layers}", name)
+            if name in e2e_gpu.T5:
+                deck_t5 = configparser.ConfigParser(inline_comment_prefixes=("#",))
+                deck_t5.read(os.path.join(ROOT, deck))
+                model = deck_t5["model"]
+                self.assertEqual(e2e_gpu.T5[name], tuple(model.getint(k) for k in (
+                    "decoder_num_layers", "kv_channels", "ffn_hidden_size", "decoder_seq_length",
+                    "vocab_size")), deck)
 
     def test_every_deck_validates_as_shipped(self):
         # `meshtron info` on the deck's own tp x pp ranks: the resolved deck
@@ -120,6 +127,32 @@ class PerfDrivers(unittest.TestCase):
             self.assertIsNotNone(run, "meshtron's BERT run failed (its output is above)")
             want = e2e_gpu.flops_per_token("bert-large")
         self.assertEqual(e2e_gpu.padded_vocab("bert-large"), 30592)
+        self.assertTrue(math.isfinite(run["loss"]) and run["ms_per_step"] > 0, run)
+        self.assertAlmostEqual(run["flops_per_token"] / want, 1.0, places=6)
+
+    def test_t5_flops_per_token_equals_meshtrons(self):
+        # t5-base through the driver's own run, cut to one small encoder and
+        # decoder layer on a CPU rank (synthetic T5 batches, t5's 32128 ids):
+        # meshtron's F per encoder token equals the driver's T5 count.
+        shape, seq, t5 = (1, 64, 4), 32, (1, 16, 128, 16, 32128)
+        with mock.patch.dict(e2e_gpu.SHAPES, {"t5-base": shape}), \
+                mock.patch.dict(e2e_gpu.SEQS, {"t5-base": seq}), \
+                mock.patch.dict(e2e_gpu.T5, {"t5-base": t5}):
+            small = {"run.device": "cpu", "training.precision": "fp32", "model.num_layers": shape[0],
+                     "model.hidden_size": shape[1], "model.num_attention_heads": shape[2],
+                     "model.decoder_num_layers": t5[0], "model.kv_channels": t5[1],
+                     "model.ffn_hidden_size": t5[2], "model.seq_length": seq,
+                     "model.decoder_seq_length": t5[3]}
+            run = e2e_gpu.run_meshtron(MESHTRON, "t5-base", micro_batch=2, steps=2, warmup=1,
+                                       extra=[a for k, v in small.items() for a in ("--set", f"{k}={v}")])
+            self.assertIsNotNone(run, "meshtron's T5 run failed (its output is above)")
+            want = e2e_gpu.flops_per_token("t5-base")
+            # by hand: per sample 32 encoder tokens, 16 decoder tokens (i = 4 x 16 = 64)
+            layer = lambda keys: 4 * 64 * 64 + 2 * 64 * 128 + 2 * keys * 64  # noqa: E731
+            sample = 32 * layer(32) + 16 * (layer(16) + 2 * 64 * 64 + 2 * 32 * 64) + \
+                32 * 2 * 64 * 64 + 16 * 64 * 32128
+            self.assertAlmostEqual(want, 6 * sample / 32)
+        self.assertEqual(e2e_gpu.padded_vocab("t5-base"), 32128)
         self.assertTrue(math.isfinite(run["loss"]) and run["ms_per_step"] > 0, run)
         self.assertAlmostEqual(run["flops_per_token"] / want, 1.0, places=6)
 
