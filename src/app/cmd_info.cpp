@@ -98,7 +98,7 @@ int run_info(const std::vector<std::string>& args) {
   }
   RunConfig config = read_decks(parsed, "info");
   config.validate(world);
-  Topology topo(MPI_COMM_WORLD, config.parallel.degrees());
+  Topology topo(MPI_COMM_WORLD, config.degrees());
   // Rank 0's node stands for every node (GpuLinks); on the GPU path its GPU
   // count gives the map's gpu column, as the trainer assigns them.
   const std::optional<GpuLinks> links = rank == 0 ? read_gpu_links() : std::nullopt;
