@@ -188,7 +188,6 @@ Trainer::Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& 
       run.parallel.chunk_layers(model.num_layers, head_cost_in_layers(model));
   MESH_REQUIRE(int(chunk_layers.size()) == total_chunks,
                "pipeline split of " << chunk_layers.size() << " chunks for " << total_chunks);
-  layers_per_chunk_ = chunk_layers[std::size_t(global_chunk(0))];
   for (int c = 0; c < virtual_stages_; ++c) {
     const int g = global_chunk(c);
     int first = 0;
@@ -198,6 +197,7 @@ Trainer::Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& 
       place = T5Model::stage_placement(model, g, total_chunks, rt.topo.pipeline_split_rank());
     chunks_.push_back(make_stage(model, place, dtype));
   }
+  layers_per_chunk_ = chunks_.front()->placement().num_layers;
   Parameter* tied_copy = nullptr;
   for (auto& chunk : chunks_)
     if (chunk->placement().has_head && !chunk->placement().has_embedding)
