@@ -13,8 +13,8 @@
 # SentencePiece Brown model and --split-sentences (tp 2 x dp 2 and tp 2 x
 # pp 2); there also the validation losses (every 2 steps) and meshtron
 # evaluate's loss of the 1-rank checkpoint on tp 2 x dp 2. A deck whose
-# decoder differs from the 1-rank checkpoint, the interleaved schedule and
-# an uneven split are one line each.
+# decoder differs from the 1-rank checkpoint, the interleaved schedule, an
+# uneven split and meshtron evaluate over pipeline stages are one line each.
 #   t5_decomposition.sh MESHTRON WORKDIR DATA_DIR MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
 meshtron=$1 work=$2 data=$3; shift 3
@@ -62,6 +62,9 @@ refused "the interleaved schedule is not built for the encoder-decoder" 2 \
   --set parallel.virtual_stages=2
 refused "the encoder's 4 layers over 3 stages and the decoder's 4 over 1" 4 \
   --set parallel.pipeline_parallel=4 --set parallel.pipeline_split_rank=3
+"$here/../foundation/expect_error.sh" "meshtron evaluate over pipeline stages is not built" \
+  "${mpiexec[@]}" -np 2 "$meshtron" evaluate "$here/tiny.deck" "$here/t5.deck" \
+  --set parallel.pipeline_parallel=2 --set checkpoint.load="$work/ckpt/iter_0000004.h5"
 # A deck whose decoder differs from the checkpoint's is named, one line.
 status=0
 run mismatch 1 1 "${nosave[@]}" --set model.decoder_num_layers=3 \
