@@ -359,14 +359,12 @@ void T5Model::start_cache(const T5Batch& in, const LayerContext& ctx, Cache& c) 
 double T5Model::forward(const T5Batch& in, LayerContext& ctx, Cache& c) const {
   require_whole_model("T5Model::forward(T5Batch)");
   start_cache(in, ctx, c);
-  c.encoder_out = encoder_stage_forward(in.encoder_ids, in, ctx, c);
+  c.encoder_out = encoder_stage_forward(in.encoder_ids, ctx, c);
   decoder_stage_forward(c.encoder_out, in, ctx, c);
   return c.loss;
 }
 
-Tensor T5Model::encoder_stage_forward(const Tensor& input, const T5Batch& in, LayerContext& ctx,
-                                      Cache& c) const {
-  (void)in;
+Tensor T5Model::encoder_stage_forward(const Tensor& input, LayerContext& ctx, Cache& c) const {
   LayerContext enc = stack_context(ctx, c.encoder_length);
   const bool first = placement_.first_layer == 0;
   const Tensor x = first ? embedding->forward(input, enc, c.encoder_embedding) : input;
@@ -490,7 +488,7 @@ Tensor T5Model::forward(const Tensor& input, const MicroBatch& mb, LayerContext&
   const T5Batch in{mb.ids, mb.padding_mask, mb.decoder_ids, mb.decoder_padding_mask, mb.targets};
   start_cache(in, ctx, c);
   Tensor out = input;
-  if (!encoder.blocks.empty()) out = encoder_stage_forward(out, in, ctx, c);
+  if (!encoder.blocks.empty()) out = encoder_stage_forward(out, ctx, c);
   if (!decoder.blocks.empty()) out = decoder_stage_forward(out, in, ctx, c);
   return placement_.has_head ? per_token_losses(c, ctx) : out;
 }

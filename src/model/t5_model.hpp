@@ -193,8 +193,9 @@ class T5Model final : public StageModel {
   double head_loss(Tensor sequence, const Tensor& labels, LayerContext& dec, Cache& c) const;
   /// StageModel's per-token loss: s_dec*b x weight x cross-entropy.
   static Tensor per_token_losses(const Cache& c, const LayerContext& ctx);
-  Tensor encoder_stage_forward(const Tensor& input, const T5Batch& in, LayerContext& ctx,
-                               Cache& c) const;
+  /// The forward and backward of this stage's part of each stack (the
+  /// whole model: both, the encoder output passed straight on).
+  Tensor encoder_stage_forward(const Tensor& input, LayerContext& ctx, Cache& c) const;
   Tensor decoder_stage_forward(const Tensor& input, const T5Batch& in, LayerContext& ctx,
                                Cache& c) const;
   Tensor encoder_stage_backward(const Tensor& dout, LayerContext& ctx, const Cache& c);
