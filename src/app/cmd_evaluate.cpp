@@ -89,7 +89,7 @@ class EvaluateRun {
         checkpoint_(checkpoint_to_load(c_, "evaluate")),
         vocab_(resolve_vocab(c_)),
         rows_(rows_to_score(c_, vocab_)),
-        rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
+        rt_(MPI_COMM_WORLD, c_.degrees(),
             c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
         model_(model_spec_from_deck(c_, vocab_, rt_.topo.tp())),
         trainer_(c_, model_, rt_, compute_dtype(c_)),
@@ -177,6 +177,7 @@ class EvaluateRun {
   /// batch holding them all.
   int run_t5_split() {
     MESH_REQUIRE(c_.evaluate.split != "all", "evaluate.split = all: T5 scores valid or test");
+    dynamic_cast<T5Model&>(*trainer_.chunks().front()).require_whole_model("meshtron evaluate");
     const int split = c_.evaluate.split == "test" ? 2 : 1;
     const auto tokenizer = load_tokenizer(c_.data);
     const auto samples = t5_split_samples(

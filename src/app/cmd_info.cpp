@@ -47,6 +47,14 @@ DType compute_dtype(const RunConfig& c) {
 
 std::string pipeline_split_line(const RunConfig& c, const ModelSpec& model) {
   if (c.parallel.model_chunks() < 2) return "";
+  if (model.model_class == ModelClass::T5) {
+    const int pp = c.parallel.pipeline_parallel, split = c.degrees().pipeline_split_rank;
+    std::ostringstream os;
+    os << " > T5 pipeline split: encoder stages 0-" << split - 1 << " ("
+       << model.num_layers / split << " layers each), decoder stages " << split << "-" << pp - 1
+       << " (" << model.num_decoder_layers / (pp - split) << " layers each)\n";
+    return os.str();
+  }
   const double head = head_cost_in_layers(model);
   const std::vector<int> layers = c.parallel.chunk_layers(model.num_layers, head);
   std::ostringstream os;
@@ -98,7 +106,7 @@ int run_info(const std::vector<std::string>& args) {
   }
   RunConfig config = read_decks(parsed, "info");
   config.validate(world);
-  Topology topo(MPI_COMM_WORLD, config.parallel.degrees());
+  Topology topo(MPI_COMM_WORLD, config.degrees());
   // Rank 0's node stands for every node (GpuLinks); on the GPU path its GPU
   // count gives the map's gpu column, as the trainer assigns them.
   const std::optional<GpuLinks> links = rank == 0 ? read_gpu_links() : std::nullopt;

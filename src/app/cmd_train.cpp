@@ -93,7 +93,7 @@ class TrainRun {
  public:
   TrainRun(RunConfig config, int world)
       : c_(std::move(config)),
-        rt_(MPI_COMM_WORLD, c_.parallel.degrees(),
+        rt_(MPI_COMM_WORLD, c_.degrees(),
             c_.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host,
             c_.parallel.watchdog()),
         vocab_(resolve_vocab(c_)),

@@ -18,7 +18,7 @@ RunConfig for_generation(RunConfig c) {
 
 GenerationModel::GenerationModel(const RunConfig& c, int vocab)
     : config_(c),
-      rt_(MPI_COMM_WORLD, c.parallel.degrees(),
+      rt_(MPI_COMM_WORLD, c.degrees(),
           c.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host),
       model_(model_spec_from_deck(c, vocab, rt_.topo.tp())),
       dtype_(compute_dtype(c)),
@@ -35,6 +35,7 @@ io::TrainState GenerationModel::load(const std::string& checkpoint, const data::
   if (model_.model_class == ModelClass::T5) {
     const auto* t5 = dynamic_cast<const T5Model*>(trainer_.chunks().front().get());
     MESH_VERIFY(t5 != nullptr, "GenerationModel: model.arch = t5 built no T5Model");
+    t5->require_whole_model("generation");
     const T5GenerationIds ids = t5_generation_ids(config_, tok);
     t5_generator_ = std::make_unique<generate::T5Generator>(*t5, rt_.tp_group, rt_.space(),
                                                             ids.pad, ids.pad);

@@ -263,6 +263,9 @@ void DeckSchema::bind(RunConfig& c) {
   key("parallel.schedule", &p.schedule, "string", "gpipe | 1f1b | interleaved");
   key("parallel.virtual_stages", &p.virtual_stages, "int",
       "model chunks per pipeline rank (interleaved)");
+  key("parallel.pipeline_split_rank", &p.pipeline_split_rank, "int",
+      "model.arch = t5: the first decoder stage; stages before it hold the encoder "
+      "(Megatron's --pipeline-model-parallel-split-rank; 0 = half the stages)");
   key("parallel.distributed_optimizer", &p.distributed_optimizer, "bool",
       "shard fp32 master weights and Adam states over dp (ZeRO-1)");
   key("parallel.overlap_grad_reduce", &p.overlap_grad_reduce, "bool",
@@ -719,6 +722,39 @@ void require_bert_buildable(const RunConfig& c) {
                "model.arch = bert: logging.sample_interval generates text, which needs a GPT model");
 }
 
+/// model.arch = t5 over pipeline stages: Megatron's split (the encoder's
+/// layers evenly over the stages before the split rank, the decoder's over
+/// the rest), one model chunk per stage.
+void require_t5_pipeline_split(const RunConfig& c) {
+  const auto& p = c.parallel;
+  const int pp = p.pipeline_parallel, split = c.degrees().pipeline_split_rank;
+  if (pp == 1) {
+    MESH_REQUIRE(p.pipeline_split_rank == 0, "parallel.pipeline_split_rank = "
+                                                 << p.pipeline_split_rank
+                                                 << " needs parallel.pipeline_parallel > 1");
+    return;
+  }
+  MESH_REQUIRE(p.pipeline_split_rank >= 0 && split >= 1 && split < pp,
+               "parallel.pipeline_split_rank = " << p.pipeline_split_rank
+                   << " must be in [1, parallel.pipeline_parallel = " << pp
+                   << ") (encoder stages first, then decoder stages; 0 = half)");
+  MESH_REQUIRE(p.schedule != "interleaved",
+               "model.arch = t5: the interleaved schedule is not built for the encoder-decoder "
+               "pipeline split (parallel.schedule = gpipe or 1f1b)");
+  MESH_REQUIRE(p.pipeline_layers.empty(),
+               "model.arch = t5: parallel.pipeline_layers = "
+                   << p.pipeline_layers
+                   << " is not read; the split is parallel.pipeline_split_rank");
+  const int encoder = c.model.num_layers, decoder = c.model.decoder_num_layers > 0
+                                                        ? c.model.decoder_num_layers
+                                                        : c.model.num_layers;
+  MESH_REQUIRE(encoder % split == 0 && decoder % (pp - split) == 0,
+               "model.arch = t5: the encoder's " << encoder << " layers over " << split
+                   << " stages and the decoder's " << decoder << " over " << pp - split
+                   << " (parallel.pipeline_split_rank = " << split
+                   << ") must both divide evenly");
+}
+
 /// model.arch = t5: its decoder and relative-position keys, and what
 /// T5Model does not build yet (docs/t5.md).
 void require_t5_buildable(const RunConfig& c) {
@@ -738,6 +774,9 @@ void require_t5_buildable(const RunConfig& c) {
                    << m.relative_attention_num_buckets / 2 << "), where the logarithmic buckets start");
   MESH_REQUIRE(c.data.vocab_extra_ids >= 0,
                "data.vocab_extra_ids = " << c.data.vocab_extra_ids << " is negative");
+  MESH_REQUIRE(t5 || c.parallel.pipeline_split_rank == 0,
+               "parallel.pipeline_split_rank = " << c.parallel.pipeline_split_rank
+                   << " needs model.arch = t5 (the encoder-decoder split)");
   if (!t5) return;
   MESH_REQUIRE(m.decoder_num_layers >= 0,
                "model.decoder_num_layers = " << m.decoder_num_layers << " is negative");
@@ -749,9 +788,7 @@ void require_t5_buildable(const RunConfig& c) {
                    << m.position_embedding_type << ")");
   MESH_REQUIRE(c.data.vocab_extra_ids > 0,
                "model.arch = t5 needs data.vocab_extra_ids > 0 (the span-corruption sentinels)");
-  MESH_REQUIRE(c.parallel.pipeline_parallel == 1,
-               "model.arch = t5: pipeline parallelism is not built yet "
-               "(parallel.pipeline_parallel = " << c.parallel.pipeline_parallel << ", must be 1)");
+  require_t5_pipeline_split(c);
   MESH_REQUIRE(!c.training.cuda_graphs,
                "model.arch = t5: training.cuda_graphs needs a model without host reads");
   MESH_REQUIRE(c.logging.sample_interval == 0,
@@ -879,7 +916,9 @@ void RunConfig::validate(int world_size) {
                "parallel.virtual_stages = " << p.virtual_stages
                    << " needs parallel.schedule = interleaved (got " << p.schedule << ")");
   const int chunks = p.model_chunks();
-  if (p.pipeline_layers == "balanced") {
+  if (m.arch == "t5") {
+    // The split of each stack: require_t5_buildable.
+  } else if (p.pipeline_layers == "balanced") {
     MESH_REQUIRE(m.num_layers >= chunks,
                  "parallel.pipeline_layers = balanced: model.num_layers ("
                      << m.num_layers << ") is fewer than the " << chunks
@@ -1010,6 +1049,15 @@ std::vector<int> balanced_stage_layers(int num_layers, int stages, double head_l
     ++out[std::size_t(cheapest)];
   }
   return out;
+}
+
+ParallelDegrees RunConfig::degrees() const {
+  ParallelDegrees d = parallel.degrees();
+  if (model.arch != "t5" || parallel.pipeline_parallel == 1) return d;
+  d.pipeline_split_rank = parallel.pipeline_split_rank > 0 ? parallel.pipeline_split_rank
+                                                           : parallel.pipeline_parallel / 2;
+  d.last_stage_holds_word_table = !model.untie_embeddings_and_output_weights;
+  return d;
 }
 
 std::vector<int> ParallelSection::chunk_layers(int num_layers, double head_layers) const {

@@ -132,6 +132,10 @@ struct ParallelSection {
   int tp_interleave_streams = 1;
   std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved
   int virtual_stages = 1;
+  /// model.arch = t5 with pipeline_parallel > 1: the stages [0, split) hold
+  /// the encoder, [split, pp) the decoder (Megatron's
+  /// --pipeline-model-parallel-split-rank); 0 = half the stages.
+  int pipeline_split_rank = 0;
   bool distributed_optimizer = false;
   /// Start each gradient bucket's dp reduce-scatter during the last
   /// backward (Megatron's --overlap-grad-reduce; distributed optimizer only).
@@ -381,6 +385,10 @@ struct RunConfig {
   /// from_text reads them back to this configuration: what a checkpoint
   /// stores, so a resumed run compares its model with the one really built.
   std::string text_with_overrides() const;
+
+  /// The parallel degrees, with T5's pipeline split (the encoder's stages,
+  /// then the decoder's) and which stages hold the word table.
+  ParallelDegrees degrees() const;
 
   /// The resolved deck, one "section.key = value" per line, grouped.
   std::string resolved_text() const;

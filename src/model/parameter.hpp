@@ -52,6 +52,11 @@ struct Parameter {
   /// Units of part p.
   int units_of_part(int p) const { return part_units.empty() ? 1 : part_units[std::size_t(p)]; }
   bool weight_decay = true;  ///< false for biases and norm parameters
+  /// A copy of a table an earlier pipeline stage holds too (T5's word table
+  /// on its decoder stages, a stack's relative-bias table on the stack's
+  /// later stages): its gradient is summed over the stages holding it
+  /// (train/optimizer.hpp) and it counts once in the global norm.
+  bool stage_copy = false;
   /// Vocabulary rows beyond the real vocabulary (padding), present only in
   /// the local shard of a vocab-parallel weight: excluded when saving.
   index_t padded_rows = 0;

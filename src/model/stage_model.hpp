@@ -78,6 +78,17 @@ class StageModel {
   /// null (no head, or an untied one).
   virtual Parameter* head_word_weight() = 0;
 
+  /// What forward() receives from the previous stage (and backward()
+  /// returns the gradient of) and what it sends to the next (backward()
+  /// receives the gradient of): this rank's hidden rows [s/sp * b, h]
+  /// unless the family carries more (T5's decoder stages).
+  virtual Shape input_shape(const MicroBatch&, const LayerContext& ctx) const {
+    return {ctx.local_tokens(), config().hidden_size};
+  }
+  virtual Shape output_shape(const MicroBatch& mb, const LayerContext& ctx) const {
+    return input_shape(mb, ctx);
+  }
+
   /// Whether this chunk's layers can take the micro-batch of `ctx` with
   /// attention-dropout masks drawn ahead, and drawing them on `stream`.
   virtual bool draws_attention_masks_ahead(const LayerContext&) const { return false; }

@@ -76,30 +76,90 @@ ModelSpec t5_spec(int encoder_layers, int decoder_layers, int d_model, int heads
 }
 
 T5Model::T5Model(const ModelSpec& s, LayerContext& ctx, DType dtype, std::uint64_t seed)
-    : embedding(checked(s, ctx), ctx, dtype),
-      encoder("encoder", /*decoder=*/false, s, /*first_stream_layer=*/0, kStreamEncoderFinal, ctx,
-              dtype),
+    : T5Model(s, StagePlacement::whole_model(s.num_layers + s.num_decoder_layers), ctx, dtype,
+              seed) {}
+
+namespace {
+/// The encoder's (decoder = false) or the decoder's blocks among the
+/// layers [first, first + count) of both stacks, the encoder's first.
+T5StackPart stack_part(const ModelSpec& s, const StagePlacement& place, bool decoder) {
+  const int offset = decoder ? s.num_layers : 0;
+  const int size = decoder ? s.num_decoder_layers : s.num_layers;
+  const int begin = std::clamp(place.first_layer - offset, 0, size);
+  const int end = std::clamp(place.first_layer + place.num_layers - offset, 0, size);
+  return {begin, end - begin, end == size && end > begin};
+}
+
+const StagePlacement& checked(const ModelSpec& s, const StagePlacement& place) {
+  const T5StackPart encoder = stack_part(s, place, false), decoder = stack_part(s, place, true);
+  const bool whole = encoder.count == s.num_layers && decoder.count == s.num_decoder_layers;
+  MESH_REQUIRE(place.num_layers >= 1 &&
+                   place.first_layer + place.num_layers <= s.num_layers + s.num_decoder_layers,
+               "T5Model: stage layers [" << place.first_layer << ", "
+                                         << place.first_layer + place.num_layers
+                                         << ") outside the model's");
+  MESH_REQUIRE(whole || encoder.count == 0 || decoder.count == 0,
+               "T5Model: a pipeline stage holds blocks of one stack (layers ["
+                   << place.first_layer << ", " << place.first_layer + place.num_layers
+                   << ") cross the encoder's end at " << s.num_layers << ")");
+  return place;
+}
+
+/// Whether a stage holds the word table: for its stack's first lookup, or
+/// for a tied head.
+bool holds_word_table(const ModelSpec& s, const StagePlacement& place) {
+  const T5StackPart encoder = stack_part(s, place, false), decoder = stack_part(s, place, true);
+  const bool head = decoder.final_norm;
+  return (encoder.count > 0 && encoder.first == 0) || (decoder.count > 0 && decoder.first == 0) ||
+         (head && s.tie_word_embeddings);
+}
+}  // namespace
+
+T5Model::T5Model(const ModelSpec& s, const StagePlacement& place, LayerContext& ctx,
+                 DType dtype, std::uint64_t seed)
+    : encoder("encoder", /*decoder=*/false, checked(s, ctx), /*first_stream_layer=*/0,
+              kStreamEncoderFinal, ctx, dtype, stack_part(s, checked(s, place), false)),
       decoder("decoder", /*decoder=*/true, s, /*first_stream_layer=*/s.num_layers,
-              kStreamDecoderFinal, ctx, dtype),
-      output_weight(s.tie_word_embeddings
-                        ? std::nullopt
-                        : std::optional<Parameter>(untied_output_weight(s, ctx, dtype))),
+              kStreamDecoderFinal, ctx, dtype, stack_part(s, place, true)),
       spec_(s),
-      placement_(StagePlacement::whole_model(s.num_layers + s.num_decoder_layers)),
-      head_(s, output_weight ? *output_weight : embedding.word) {
+      placement_(place) {
+  const bool head = stack_part(s, place, true).final_norm;
+  if (holds_word_table(s, place)) {
+    embedding.emplace(s, ctx, dtype);
+    embedding->word.stage_copy = place.first_layer > 0;  // the first encoder stage's is the original
+  }
+  if (head && !s.tie_word_embeddings) output_weight.emplace(untied_output_weight(s, ctx, dtype));
+  if (head) head_.emplace(s, output_weight ? *output_weight : embedding->word);
+  const T5StackPart enc = stack_part(s, place, false), dec = stack_part(s, place, true);
+  placement_.has_embedding = (enc.count > 0 && enc.first == 0) || (dec.count > 0 && dec.first == 0);
+  placement_.has_head = head;
   initialise(ctx, seed);
 }
 
-void T5Model::require_whole_model(const StagePlacement& place) {
-  MESH_REQUIRE(place.has_embedding && place.has_head,
-               "T5: pipeline parallelism is not built yet (parallel.pipeline_parallel = 1)");
+StagePlacement T5Model::stage_placement(const ModelSpec& s, int stage, int pp, int split) {
+  if (pp == 1) return StagePlacement::whole_model(s.num_layers + s.num_decoder_layers);
+  MESH_REQUIRE(split >= 1 && split < pp && s.num_layers % split == 0 &&
+                   s.num_decoder_layers % (pp - split) == 0,
+               "T5: the encoder's " << s.num_layers << " layers over " << split
+                                    << " stages and the decoder's " << s.num_decoder_layers
+                                    << " over " << pp - split << " must both divide evenly");
+  const bool encoder = stage < split;
+  const int per_stage = encoder ? s.num_layers / split : s.num_decoder_layers / (pp - split);
+  const int first = encoder ? stage * per_stage : s.num_layers + (stage - split) * per_stage;
+  return {first, per_stage, first == 0 || first == s.num_layers, stage == pp - 1};
+}
+
+void T5Model::require_whole_model(const char* what) const {
+  MESH_REQUIRE(whole_model(), "model.arch = t5: " << what
+                                  << " over pipeline stages is not built "
+                                     "(parallel.pipeline_parallel = 1)");
 }
 
 void T5Model::initialise(const LayerContext& ctx, std::uint64_t seed) {
   const int r = ctx.tp.rank(), p = ctx.tp.size();
   const double h = spec_.hidden_size, inner = spec_.block.attention.context_width();
   const double q_std = 1.0 / std::sqrt(h * spec_.head_dim()), kv_std = 1.0 / std::sqrt(h);
-  init_normal(embedding.word, seed, 1.0, r, p);
+  if (embedding) init_normal(embedding->word, seed, 1.0, r, p);
   if (output_weight) init_normal(*output_weight, seed, 1.0, r, p);
   const auto init_attention = [&](T5Attention& a) {
     if (a.kv) {
@@ -125,7 +185,7 @@ void T5Model::initialise(const LayerContext& ctx, std::uint64_t seed) {
 
 ParameterList T5Model::parameters() {
   ParameterList out;
-  embedding.collect(out);
+  if (embedding) embedding->collect(out);
   encoder.collect(out);
   decoder.collect(out);
   if (output_weight) out.push_back(&*output_weight);
@@ -185,7 +245,7 @@ Tensor T5Model::encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx)
   Cache c;
   const index_t s = ids.numel() / ctx.micro_batch;
   LayerContext enc = stack_context(ctx, s);
-  const Tensor x = embedding.forward(ids, enc, c.encoder_embedding);
+  const Tensor x = embedding->forward(ids, enc, c.encoder_embedding);
   return encoder.forward(x, in_space(mask, ctx.space), Tensor(), Tensor(), enc, c.encoder);
 }
 
@@ -222,7 +282,7 @@ Tensor T5Model::decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& 
                "T5Model::decode_step: the cache holds " << state.capacity << " tokens per sample");
   LayerContext step = step_context(ctx);
   Embedding::Cache embedding_cache;
-  Tensor x = embedding.forward(ids, step, embedding_cache);
+  Tensor x = embedding->forward(ids, step, embedding_cache);
   // Keys 0..t are filled: the rest hidden by the key mask.
   Tensor filled = Tensor::zeros({b, state.capacity}, DType::I32);
   for (index_t i = 0; i < b; ++i)
@@ -235,10 +295,10 @@ Tensor T5Model::decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& 
   for (std::size_t i = 0; i < decoder.blocks.size(); ++i)
     x = decoder.blocks[i].forward_step(x, t, masks, step, state.self[i], state.cross[i]);
   LayerNorm::Cache norm;
-  Tensor sequence = decoder.final_norm.forward(x, norm);
+  Tensor sequence = decoder.final_norm->forward(x, norm);
   if (head_scale() != 1.0) ops::scale(sequence, head_scale());
   ++state.position;
-  return head_.logits(sequence, step);
+  return head_->logits(sequence, step);
 }
 
 void T5Model::select_samples(DecoderState& state, const std::vector<index_t>& from) {
@@ -268,7 +328,7 @@ void T5Model::select_samples(DecoderState& state, const std::vector<index_t>& fr
 Tensor T5Model::decoder_embedding(const Tensor& ids, LayerContext& ctx, Cache& c) const {
   LayerContext lookup = ctx;  // the embedding's own dropout is the encoder's stream
   lookup.training = false;
-  Tensor x = embedding.forward(ids, lookup, c.decoder_embedding);
+  Tensor x = embedding->forward(ids, lookup, c.decoder_embedding);
   if (!ctx.training || spec_.hidden_dropout == 0) return x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.space());
   ops::dropout_forward(x, spec_.hidden_dropout,
@@ -285,29 +345,61 @@ void T5Model::decoder_embedding_backward(const Tensor& dy, LayerContext& ctx, co
   }
   LayerContext lookup = ctx;
   lookup.training = false;
-  embedding.backward(dx, lookup, c.decoder_embedding);
+  embedding->backward(dx, lookup, c.decoder_embedding);
 }
 
-double T5Model::forward(const T5Batch& in, LayerContext& ctx, Cache& c) const {
+void T5Model::start_cache(const T5Batch& in, const LayerContext& ctx, Cache& c) const {
   check_batch(in, ctx);
   const index_t b = ctx.micro_batch;
   c.encoder_length = in.encoder_ids.numel() / b;
   c.decoder_length = in.decoder_ids.numel() / b;
   c.encoder_mask = in_space(in.encoder_mask, ctx.space);
-  LayerContext enc = stack_context(ctx, c.encoder_length);
-  const Tensor x = embedding.forward(in.encoder_ids, enc, c.encoder_embedding);
-  c.encoder_out = encoder.forward(x, c.encoder_mask, Tensor(), Tensor(), enc, c.encoder);
+}
 
+double T5Model::forward(const T5Batch& in, LayerContext& ctx, Cache& c) const {
+  require_whole_model("T5Model::forward(T5Batch)");
+  start_cache(in, ctx, c);
+  c.encoder_out = encoder_stage_forward(in.encoder_ids, ctx, c);
+  decoder_stage_forward(c.encoder_out, in, ctx, c);
+  return c.loss;
+}
+
+Tensor T5Model::encoder_stage_forward(const Tensor& input, LayerContext& ctx, Cache& c) const {
+  LayerContext enc = stack_context(ctx, c.encoder_length);
+  const bool first = placement_.first_layer == 0;
+  const Tensor x = first ? embedding->forward(input, enc, c.encoder_embedding) : input;
+  return encoder.forward(x, c.encoder_mask, Tensor(), Tensor(), enc, c.encoder);
+}
+
+Tensor T5Model::decoder_stage_forward(const Tensor& input, const T5Batch& in, LayerContext& ctx,
+                                      Cache& c) const {
+  // input: the encoder output, then (after the first decoder stage) the
+  // decoder's hidden rows.
+  const index_t memory_rows = c.encoder_length * ctx.micro_batch / ctx.sp_size();
+  c.encoder_out = input.slice_rows(0, memory_rows);
   LayerContext dec = stack_context(ctx, c.decoder_length);
-  const Tensor y = decoder_embedding(in.decoder_ids, dec, c);
+  const Tensor y = placement_.has_embedding ? decoder_embedding(in.decoder_ids, dec, c)
+                                            : input.slice_rows(memory_rows, input.dim(0));
   const Tensor decoder_mask =
       in.decoder_mask.defined() ? in_space(in.decoder_mask, ctx.space) : Tensor();
-  Tensor sequence = decoder.forward(y, decoder_mask, c.encoder_out, c.encoder_mask, dec, c.decoder);
+  Tensor out = decoder.forward(y, decoder_mask, c.encoder_out, c.encoder_mask, dec, c.decoder);
+  if (placement_.has_head) {
+    head_loss(out, in.labels, dec, c);
+    return Tensor();
+  }
+  Tensor both = Tensor::empty({memory_rows + out.dim(0), out.dim(1)}, out.dtype(), out.space());
+  both.slice_rows(0, memory_rows).copy_from(c.encoder_out);
+  both.slice_rows(memory_rows, both.dim(0)).copy_from(out);
+  return both;
+}
+
+double T5Model::head_loss(Tensor sequence, const Tensor& labels, LayerContext& dec,
+                          Cache& c) const {
   if (head_scale() != 1.0) ops::scale(sequence, head_scale());
 
   // Unlabelled rows predict token 0 with weight 0: the loss and its
   // gradient see labelled rows only, each 1 / count (transformers' mean).
-  const std::vector<std::int32_t> label = ints(in.labels);
+  const std::vector<std::int32_t> label = ints(labels);
   Tensor targets = Tensor::empty({index_t(label.size())}, DType::I32);
   Tensor weights = Tensor::zeros({index_t(label.size())}, stats_dtype(sequence), MemorySpace::Host);
   index_t count = 0;
@@ -316,8 +408,8 @@ double T5Model::forward(const T5Batch& in, LayerContext& ctx, Cache& c) const {
     targets.data<std::int32_t>()[i] = label[i] == -100 ? 0 : label[i];
     if (label[i] != -100) set_element_from_double(weights, index_t(i), 1.0 / double(count));
   }
-  c.weights = in_space(weights, ctx.space);
-  c.losses = head_.forward(sequence, targets, dec, c.head);
+  c.weights = in_space(weights, dec.space);
+  c.losses = head_->forward(sequence, targets, dec, c.head);
   const std::vector<double> loss = c.losses.to_doubles(), w = weights.to_doubles();
   c.loss = 0;
   for (std::size_t i = 0; i < loss.size(); ++i) c.loss += w[i] * loss[i];
@@ -327,23 +419,60 @@ double T5Model::forward(const T5Batch& in, LayerContext& ctx, Cache& c) const {
 void T5Model::backward(LayerContext& ctx, const Cache& c) { backward_from(c.weights, ctx, c); }
 
 void T5Model::backward_from(const Tensor& dlosses, LayerContext& ctx, const Cache& c) {
-  LayerContext dec = stack_context(ctx, c.decoder_length);
-  Tensor dsequence = head_.backward(dlosses, dec, c.head);
-  if (head_scale() != 1.0) ops::scale(dsequence, head_scale());
-  Tensor dmemory;  // every decoder block's cross-attention adds its share
-  const Tensor dy = decoder.backward(dsequence, dec, c.decoder, &dmemory);
-  decoder_embedding_backward(dy, dec, c);
-  LayerContext enc = stack_context(ctx, c.encoder_length);
-  const Tensor dx = encoder.backward(dmemory, enc, c.encoder, nullptr);
-  embedding.backward(dx, enc, c.encoder_embedding);
+  require_whole_model("T5Model::backward");
+  encoder_stage_backward(decoder_stage_backward(dlosses, ctx, c), ctx, c);
 }
 
-Tensor T5Model::forward(const Tensor& input, const MicroBatch& mb, LayerContext& ctx,
-                        StageCache& cache) const {
-  if (ctx.param_gather) ctx.param_gather->before_forward(const_cast<T5Model&>(*this).parameters());
-  auto& c = static_cast<Cache&>(cache);
-  forward(T5Batch{input, mb.padding_mask, mb.decoder_ids, mb.decoder_padding_mask, mb.targets},
-          ctx, c);
+Tensor T5Model::decoder_stage_backward(const Tensor& dout, LayerContext& ctx, const Cache& c) {
+  LayerContext dec = stack_context(ctx, c.decoder_length);
+  const index_t memory_rows = c.encoder_out.dim(0);
+  Tensor dsequence, dmemory;  // every decoder block's cross-attention adds to dmemory
+  if (placement_.has_head) {  // dout: d(loss)/d(each token's cross-entropy)
+    dsequence = head_->backward(dout, dec, c.head);
+    if (head_scale() != 1.0) ops::scale(dsequence, head_scale());
+  } else {  // dout: [d(encoder output) ; d(hidden)], ours to add into
+    dmemory = dout.slice_rows(0, memory_rows);
+    dsequence = dout.slice_rows(memory_rows, dout.dim(0));
+  }
+  const Tensor dy = decoder.backward(dsequence, dec, c.decoder, &dmemory);
+  if (placement_.has_embedding) {
+    decoder_embedding_backward(dy, dec, c);
+    return dmemory;
+  }
+  Tensor both = Tensor::empty({memory_rows + dy.dim(0), dy.dim(1)}, dy.dtype(), dy.space());
+  both.slice_rows(0, memory_rows).copy_from(dmemory);
+  both.slice_rows(memory_rows, both.dim(0)).copy_from(dy);
+  return both;
+}
+
+Tensor T5Model::encoder_stage_backward(const Tensor& dout, LayerContext& ctx, const Cache& c) {
+  LayerContext enc = stack_context(ctx, c.encoder_length);
+  const Tensor dx = encoder.backward(dout, enc, c.encoder, nullptr);
+  if (placement_.first_layer > 0) return dx;
+  embedding->backward(dx, enc, c.encoder_embedding);
+  return Tensor();
+}
+
+index_t T5Model::encoder_rows(const MicroBatch& mb, const LayerContext& ctx) {
+  return mb.ids.numel() / ctx.sp_size();
+}
+
+index_t T5Model::decoder_rows(const MicroBatch& mb, const LayerContext& ctx) {
+  return mb.decoder_ids.numel() / ctx.sp_size();
+}
+
+Shape T5Model::input_shape(const MicroBatch& mb, const LayerContext& ctx) const {
+  const bool carries_decoder = !decoder.blocks.empty() && !placement_.has_embedding;
+  return {encoder_rows(mb, ctx) + (carries_decoder ? decoder_rows(mb, ctx) : 0),
+          spec_.hidden_size};
+}
+
+Shape T5Model::output_shape(const MicroBatch& mb, const LayerContext& ctx) const {
+  const bool decoder_stage = !decoder.blocks.empty();
+  return {encoder_rows(mb, ctx) + (decoder_stage ? decoder_rows(mb, ctx) : 0), spec_.hidden_size};
+}
+
+Tensor T5Model::per_token_losses(const Cache& c, const LayerContext& ctx) {
   const index_t n = c.losses.numel();
   const std::vector<double> loss = c.losses.to_doubles(), w = c.weights.to_doubles();
   Tensor per_token = Tensor::zeros({n}, c.losses.dtype(), MemorySpace::Host);
@@ -352,18 +481,36 @@ Tensor T5Model::forward(const Tensor& input, const MicroBatch& mb, LayerContext&
   return in_space(per_token, ctx.space);
 }
 
-Tensor T5Model::backward(const Tensor& dout, LayerContext& ctx, const StageCache& cache,
-                         const std::function<void(const ParameterList&)>& grads_done) {
+Tensor T5Model::forward(const Tensor& input, const MicroBatch& mb, LayerContext& ctx,
+                        StageCache& cache) const {
+  if (ctx.param_gather) ctx.param_gather->before_forward(const_cast<T5Model&>(*this).parameters());
+  auto& c = static_cast<Cache&>(cache);
+  const T5Batch in{mb.ids, mb.padding_mask, mb.decoder_ids, mb.decoder_padding_mask, mb.targets};
+  start_cache(in, ctx, c);
+  Tensor out = input;
+  if (!encoder.blocks.empty()) out = encoder_stage_forward(out, ctx, c);
+  if (!decoder.blocks.empty()) out = decoder_stage_forward(out, in, ctx, c);
+  return placement_.has_head ? per_token_losses(c, ctx) : out;
+}
+
+Tensor T5Model::dlosses_of(const Tensor& dout, const Cache& c, const LayerContext& ctx) {
   // The chain rule through forward()'s per-token loss (see the header).
-  const auto& c = static_cast<const Cache&>(cache);
   const std::vector<double> d = dout.to_doubles(), w = c.weights.to_doubles();
   const index_t n = index_t(d.size());
   Tensor dlosses = Tensor::zeros({n}, c.weights.dtype(), MemorySpace::Host);
   for (index_t i = 0; i < n; ++i)
     set_element_from_double(dlosses, i, d[std::size_t(i)] * double(n) * w[std::size_t(i)]);
-  backward_from(in_space(dlosses, ctx.space), ctx, c);
+  return in_space(dlosses, ctx.space);
+}
+
+Tensor T5Model::backward(const Tensor& dout, LayerContext& ctx, const StageCache& cache,
+                         const std::function<void(const ParameterList&)>& grads_done) {
+  const auto& c = static_cast<const Cache&>(cache);
+  Tensor d = placement_.has_head ? dlosses_of(dout, c, ctx) : dout;
+  if (!decoder.blocks.empty()) d = decoder_stage_backward(d, ctx, c);
+  if (!encoder.blocks.empty()) d = encoder_stage_backward(d, ctx, c);
   if (grads_done) grads_done(parameters());
-  return Tensor();
+  return d;
 }
 
 }  // namespace meshtron

@@ -1,6 +1,7 @@
 // T5Model: transformers' T5ForConditionalGeneration (T5 v1.0: ReLU, the
 // head tied to the shared table) and MT5ForConditionalGeneration / T5 v1.1
-// (gated gelu_new, an untied lm_head), the whole model on one pipeline stage:
+// (gated gelu_new, an untied lm_head), the whole model or one pipeline stage
+// of it:
 //
 //   embedding   the shared vocab-parallel word table (Embedding), no
 //               positions, dropout; the encoder's and the decoder's ids
@@ -38,7 +39,25 @@
 // (initializer_factor 1): the word table and untied head N(0, 1); q
 // N(0, (h d_kv)^-1/2), k and v N(0, h^-1/2), o N(0, (heads d_kv)^-1/2);
 // wi N(0, h^-1/2), wo N(0, d_ff^-1/2); relative-bias tables N(0, h^-1/2);
-// norms 1. Keyed by name and global index: the same model on any tp.
+// norms 1. Keyed by name and global index: the same model on any tp and pp.
+//
+// Pipeline parallelism as Megatron splits an encoder-decoder model
+// (stage_placement): stages [0, split) hold the encoder's blocks, evenly,
+// [split, pp) the decoder's. The word table lives on the first encoder
+// stage, the first decoder stage and (tied head) the last stage, its
+// copies' gradients summed over the embedding group; the encoder's final
+// norm on the last encoder stage; each stage that holds blocks of a stack
+// holds that stack's relative-bias table (T5Stack). What travels between
+// stages ([rows, h], rows in order):
+//
+//   encoder stage -> next     its blocks' output (the last encoder stage:
+//                             the encoder output, after the final norm)
+//   decoder stage -> next     [encoder output ; decoder hidden states]
+//
+// so every decoder stage's cross-attention reads the encoder output, and
+// the gradient going back is [d(encoder output) ; d(hidden)], each decoder
+// stage adding its cross-attentions' share to the first half; the first
+// decoder stage sends d(encoder output) alone to the last encoder stage.
 #pragma once
 
 #include <cstdint>
@@ -84,9 +103,18 @@ class T5Model final : public StageModel {
 
   /// Rejects a spec whose model_class is not T5, and what its layers reject.
   T5Model(const ModelSpec& spec, LayerContext& ctx, DType dtype, std::uint64_t seed);
-  /// The trainer's check of a stage's placement: a UserError unless it
-  /// holds the whole model (pipeline parallelism is not built for T5 yet).
-  static void require_whole_model(const StagePlacement& place);
+  /// One pipeline stage: `place` over the layers of both stacks, the
+  /// encoder's first ([0, num_layers), then the decoder's), either the
+  /// whole model or within one stack (stage_placement).
+  T5Model(const ModelSpec& spec, const StagePlacement& place, LayerContext& ctx, DType dtype,
+          std::uint64_t seed);
+  /// Stage `stage` of `pp` under Megatron's split: the encoder's layers
+  /// evenly over stages [0, split), the decoder's over [split, pp); a
+  /// UserError where they do not divide evenly.
+  static StagePlacement stage_placement(const ModelSpec& spec, int stage, int pp, int split);
+  /// Generation and evaluation hold the whole model: a UserError naming
+  /// `what` otherwise.
+  void require_whole_model(const char* what) const;
   /// Mean cross-entropy over the labelled decoder tokens; checks the batch
   /// (a UserError naming the offending input).
   double forward(const T5Batch& batch, LayerContext& ctx, Cache& cache) const;
@@ -138,17 +166,42 @@ class T5Model final : public StageModel {
   const ModelSpec& config() const override { return spec_; }
   const StagePlacement& placement() const override { return placement_; }
   Parameter* head_word_weight() override {
-    return spec_.tie_word_embeddings ? &embedding.word : nullptr;
+    return placement_.has_head && spec_.tie_word_embeddings ? &embedding->word : nullptr;
   }
+  /// Encoder stage: [s_enc*b/sp, h]; decoder stage: the encoder output
+  /// (first decoder stage) or [encoder output ; hidden] (see the file comment).
+  Shape input_shape(const MicroBatch& mb, const LayerContext& ctx) const override;
+  Shape output_shape(const MicroBatch& mb, const LayerContext& ctx) const override;
   const ModelSpec& spec() const { return spec_; }
 
-  Embedding embedding;  ///< "embedding.word.weight", T5's `shared`
-  T5Stack encoder;
-  T5Stack decoder;
+  /// "embedding.word.weight", T5's `shared`: on the first stage of each
+  /// stack and on a tied head's stage.
+  std::optional<Embedding> embedding;
+  T5Stack encoder;  ///< this stage's encoder blocks (none on a decoder stage)
+  T5Stack decoder;  ///< this stage's decoder blocks (none on an encoder stage)
   std::optional<Parameter> output_weight;  ///< untied: "output_layer.weight"
 
  private:
   void check_batch(const T5Batch& batch, const LayerContext& ctx) const;
+  bool whole_model() const { return !encoder.blocks.empty() && !decoder.blocks.empty(); }
+  /// Rows of the encoder's and the decoder's streams on this rank.
+  static index_t encoder_rows(const MicroBatch& mb, const LayerContext& ctx);
+  static index_t decoder_rows(const MicroBatch& mb, const LayerContext& ctx);
+  /// Fills c's lengths and encoder mask from the batch.
+  void start_cache(const T5Batch& in, const LayerContext& ctx, Cache& c) const;
+  /// The head on the decoder's output: the loss of the labelled tokens.
+  double head_loss(Tensor sequence, const Tensor& labels, LayerContext& dec, Cache& c) const;
+  /// StageModel's per-token loss: s_dec*b x weight x cross-entropy.
+  static Tensor per_token_losses(const Cache& c, const LayerContext& ctx);
+  /// The forward and backward of this stage's part of each stack (the
+  /// whole model: both, the encoder output passed straight on).
+  Tensor encoder_stage_forward(const Tensor& input, LayerContext& ctx, Cache& c) const;
+  Tensor decoder_stage_forward(const Tensor& input, const T5Batch& in, LayerContext& ctx,
+                               Cache& c) const;
+  Tensor encoder_stage_backward(const Tensor& dout, LayerContext& ctx, const Cache& c);
+  Tensor decoder_stage_backward(const Tensor& dout, LayerContext& ctx, const Cache& c);
+  /// d(loss)/d(each token's cross-entropy) from StageModel's dout [s_dec*b].
+  static Tensor dlosses_of(const Tensor& dout, const Cache& c, const LayerContext& ctx);
   /// ctx for a stack of sequence length s.
   static LayerContext stack_context(const LayerContext& ctx, index_t s);
   /// The decoder's embedding rows, with their dropout (a stream apart from the encoder's).
@@ -162,7 +215,7 @@ class T5Model final : public StageModel {
 
   ModelSpec spec_;
   StagePlacement placement_;
-  LmHeadLoss head_;
+  std::optional<LmHeadLoss> head_;  ///< on the last stage
 };
 
 }  // namespace meshtron

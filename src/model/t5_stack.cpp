@@ -142,26 +142,29 @@ Tensor T5Block::backward_stored(const Tensor& dy, const T5Masks& masks, LayerCon
 
 T5Stack::T5Stack(const std::string& name, bool decoder, const ModelSpec& s,
                  int first_stream_layer, std::uint32_t final_stream, const LayerContext& ctx,
-                 DType dtype)
+                 DType dtype, std::optional<T5StackPart> part)
     : relative_bias(relative_bias_param(name, s, ctx, dtype)),
-      final_norm(name + ".final_norm", s.hidden_size, s.block.norm, dtype, ctx.sequence_parallel,
-                 ctx.space),
       decoder_(decoder),
       num_buckets_(s.relative_attention_num_buckets),
       max_distance_(s.relative_attention_max_distance),
       heads_local_(s.num_heads() / ctx.tp.size()),
       hidden_dropout_(s.hidden_dropout),
       final_stream_(final_stream) {
-  const int count = decoder ? s.num_decoder_layers : s.num_layers;
-  blocks.reserve(std::size_t(count));
-  for (int i = 0; i < count; ++i)
+  const T5StackPart here =
+      part.value_or(T5StackPart::whole(decoder ? s.num_decoder_layers : s.num_layers));
+  if (here.final_norm)
+    final_norm.emplace(name + ".final_norm", s.hidden_size, s.block.norm, dtype,
+                       ctx.sequence_parallel, ctx.space);
+  blocks.reserve(std::size_t(here.count));
+  for (int i = here.first; i < here.first + here.count; ++i)
     blocks.emplace_back(name, i, first_stream_layer + i, decoder, s, ctx, dtype);
+  relative_bias.stage_copy = here.first > 0;
 }
 
 void T5Stack::collect(ParameterList& out) {
-  out.push_back(&relative_bias);
+  if (!blocks.empty()) out.push_back(&relative_bias);
   for (auto& block : blocks) block.collect(out);
-  final_norm.collect(out);
+  if (final_norm) final_norm->collect(out);
 }
 
 DType T5Stack::bias_dtype(const LayerContext& ctx) const {
@@ -204,7 +207,8 @@ Tensor T5Stack::forward(const Tensor& x, const Tensor& key_mask, const Tensor& m
     h = ctx.recompute_layer(int(i))
             ? blocks[i].forward_checkpointed(h, memory, c.masks, ctx, c.blocks[i])
             : blocks[i].forward(h, memory, c.masks, ctx, c.blocks[i]);
-  Tensor out = final_norm.forward(h, c.final_norm);
+  if (!final_norm) return h;
+  Tensor out = final_norm->forward(h, c.final_norm);
   if (ctx.training && hidden_dropout_ > 0)
     ops::dropout_forward(out, hidden_dropout_, final_site(ctx), out);
   return out;
@@ -212,11 +216,13 @@ Tensor T5Stack::forward(const Tensor& x, const Tensor& key_mask, const Tensor& m
 
 Tensor T5Stack::backward(const Tensor& dy, LayerContext& ctx, const Cache& c, Tensor* dmemory) {
   Tensor dx = dy;
-  if (ctx.training && hidden_dropout_ > 0) {
-    dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
-    ops::dropout_backward(dy, hidden_dropout_, final_site(ctx), dx);
+  if (final_norm) {
+    if (ctx.training && hidden_dropout_ > 0) {
+      dx = Tensor::empty(dy.shape(), dy.dtype(), dy.space());
+      ops::dropout_backward(dy, hidden_dropout_, final_site(ctx), dx);
+    }
+    dx = final_norm->backward(dx, c.final_norm);
   }
-  dx = final_norm.backward(dx, c.final_norm);
   // The blocks' d(bias) summed here, then scattered into the table once.
   Tensor dbias = Tensor::zeros(c.masks.self.bias.shape(), bias_dtype(ctx), ctx.space);
   Tensor unused;

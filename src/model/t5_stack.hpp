@@ -21,6 +21,13 @@
 // Dropout streams: block i of a stack whose first block is stream layer L
 // draws from layer L + i (T5Model: the encoder's blocks 0.., the decoder's
 // after them), so no two sites of the model share a stream.
+//
+// Pipeline stages (T5StackPart): a stage holds blocks [first, first + count)
+// of the stack, named and keyed by their index in the whole stack, the
+// final norm (and its dropout) only on the stack's last stage, and the
+// relative-bias table on every stage that holds blocks: each computes the
+// bias its own blocks add, and the copies' gradients are summed over the
+// stack's stages (Parameter::stage_copy; the trainer's stack group).
 #pragma once
 
 #include <array>
@@ -93,6 +100,15 @@ class T5Block {
   double hidden_dropout_;
 };
 
+/// The blocks of a stack one pipeline stage holds.
+struct T5StackPart {
+  int first = 0;            ///< the stack's index of the first block here
+  int count = 0;            ///< blocks here (0: none of this stack)
+  bool final_norm = true;   ///< the stack's last block is here
+  /// The whole stack of `blocks` blocks.
+  static T5StackPart whole(int blocks) { return {0, blocks, true}; }
+};
+
 class T5Stack {
  public:
   struct Cache {
@@ -104,9 +120,12 @@ class T5Stack {
   };
   /// `name` "encoder" or "decoder"; `first_stream_layer` the dropout
   /// stream layer of its block 0; `final_stream` the final dropout's stream.
+  /// `part` the blocks this stage holds (the whole stack by default).
   T5Stack(const std::string& name, bool decoder, const ModelSpec& spec, int first_stream_layer,
-          std::uint32_t final_stream, const LayerContext& ctx, DType dtype);
-  /// x [s/sp * b, h] (ctx.seq_length = s) -> dropout(final_norm(blocks(x))).
+          std::uint32_t final_stream, const LayerContext& ctx, DType dtype,
+          std::optional<T5StackPart> part = std::nullopt);
+  /// x [s/sp * b, h] (ctx.seq_length = s) -> dropout(final_norm(blocks(x)))
+  /// (blocks(x) on a stage without the final norm).
   /// `key_mask` int32 [b, s] (may be undefined in the decoder: every key
   /// real); decoder: `memory` [s_enc/sp * b, h] and its `memory_mask` [b, s_enc].
   Tensor forward(const Tensor& x, const Tensor& key_mask, const Tensor& memory,
@@ -122,15 +141,15 @@ class T5Stack {
                        Tensor* buckets = nullptr) const;
 
   Parameter relative_bias;  ///< "<name>.relative_bias.weight" [buckets, heads/tp]
-  std::vector<T5Block> blocks;
-  LayerNorm final_norm;
+  std::vector<T5Block> blocks;        ///< this stage's
+  std::optional<LayerNorm> final_norm;  ///< on the stack's last stage
 
  private:
   /// The bias and its gradient: fp32, or fp64 for an fp64 model on the host
   /// (the gradient checks).
   DType bias_dtype(const LayerContext& ctx) const;
   ops::DropoutSite final_site(const LayerContext& ctx) const {
-    return ctx.hidden_site(final_stream_, final_norm.weight.value.numel());
+    return ctx.hidden_site(final_stream_, final_norm->weight.value.numel());
   }
   bool decoder_;
   int num_buckets_, max_distance_, heads_local_;

@@ -86,11 +86,23 @@ Topology::Topology(MPI_Comm world, const ParallelDegrees& degrees) : world_(worl
   pp_comm_ = cart_sub(grid_, true, false, false);
   mp_comm_ = cart_sub(grid_, true, false, true);
 
-  // Embedding group: first and last stage of each (tp, dp) pipeline. With
-  // pp = 1 that is the rank alone (the tied weights live on one stage).
-  const bool in_group = is_first_stage() || is_last_stage();
-  const int color = in_group ? coord_.tp + tp_ * coord_.dp : MPI_UNDEFINED;
-  MPI_CHECK(MPI_Comm_split(world, color, coord_.pp, &embedding_comm_));
+  split_ = degrees.pipeline_split_rank;
+  MESH_REQUIRE(split_ == 0 || (split_ > 0 && split_ < pp_),
+               "pipeline split rank " << split_ << " must be 0 (none) or in [1, pipeline_parallel = "
+                                      << pp_ << ")");
+  // Embedding group: the stages of each (tp, dp) pipeline that hold the word
+  // table: the first, the last (a tied head) and, under a split, the first
+  // decoder stage. With pp = 1 that is the rank alone.
+  const int pipeline = coord_.tp + tp_ * coord_.dp;
+  const bool in_group = is_first_stage() ||
+                        (is_last_stage() && degrees.last_stage_holds_word_table) ||
+                        (split_ > 0 && coord_.pp == split_);
+  MPI_CHECK(MPI_Comm_split(world, in_group ? pipeline : MPI_UNDEFINED, coord_.pp,
+                           &embedding_comm_));
+  // Stack groups: the encoder's stages and the decoder's, per pipeline.
+  const int stack = coord_.pp < split_ ? 0 : 1;
+  MPI_CHECK(MPI_Comm_split(world, split_ > 0 ? pipeline * 2 + stack : MPI_UNDEFINED, coord_.pp,
+                           &stack_comm_));
 
   MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, world_rank_,
                                 MPI_INFO_NULL, &node_comm_));
@@ -103,7 +115,7 @@ Topology::Topology(MPI_Comm world, const ParallelDegrees& degrees) : world_(worl
 }
 
 Topology::~Topology() {
-  for (MPI_Comm* c : {&embedding_comm_, &mp_comm_, &pp_comm_, &dp_comm_, &tp_comm_,
+  for (MPI_Comm* c : {&stack_comm_, &embedding_comm_, &mp_comm_, &pp_comm_, &dp_comm_, &tp_comm_,
                       &node_comm_, &grid_})
     free_comm(*c);
 }

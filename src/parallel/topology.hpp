@@ -21,6 +21,12 @@ struct ParallelDegrees {
   int tensor_parallel = 1;
   int pipeline_parallel = 1;
   int data_parallel = 0;
+  /// Encoder-decoder models (Megatron's --pipeline-model-parallel-split-rank):
+  /// stages [0, split) hold the encoder, [split, pp) the decoder; 0 = one stack.
+  int pipeline_split_rank = 0;
+  /// Whether the last stage holds a copy of the word table (a tied head),
+  /// so that it belongs to the embedding group.
+  bool last_stage_holds_word_table = true;
 };
 
 /// Position of a rank in the grid.
@@ -71,10 +77,16 @@ class Topology {
   MPI_Comm pp_comm() const { return pp_comm_; }
   /// tp x pp ranks holding one full model replica.
   MPI_Comm model_parallel_comm() const { return mp_comm_; }
-  /// First and last stage of this (tp, dp) pipeline (tied embeddings);
-  /// MPI_COMM_NULL on middle stages.
+  /// The stages of this (tp, dp) pipeline that hold the word table: the
+  /// first and the last (tied embeddings), and the first decoder stage under
+  /// a pipeline split (Megatron's embedding group); MPI_COMM_NULL on the others.
   MPI_Comm embedding_comm() const { return embedding_comm_; }
   bool in_embedding_group() const { return embedding_comm_ != MPI_COMM_NULL; }
+  /// Under a pipeline split: the stages of this (tp, dp) pipeline that hold
+  /// this rank's stack (encoder stages or decoder stages), which share the
+  /// stack's tables; MPI_COMM_NULL without a split.
+  MPI_Comm stack_comm() const { return stack_comm_; }
+  int pipeline_split_rank() const { return split_; }
 
   /// Node-local rank (MPI_COMM_TYPE_SHARED) and the GPU it maps to.
   int local_rank() const { return local_rank_; }
@@ -87,9 +99,10 @@ class Topology {
   MPI_Comm grid_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL,
            dp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL,
            mp_comm_ = MPI_COMM_NULL, embedding_comm_ = MPI_COMM_NULL,
+           stack_comm_ = MPI_COMM_NULL,
            node_comm_ = MPI_COMM_NULL;  ///< Owned.
   int world_size_ = 1, world_rank_ = 0;
-  int tp_ = 1, pp_ = 1, dp_ = 1;
+  int tp_ = 1, pp_ = 1, dp_ = 1, split_ = 0;
   GridCoord coord_;
   int local_rank_ = 0, local_size_ = 1;
   std::string host_;

@@ -14,7 +14,8 @@ namespace meshtron {
 
 namespace {
 
-constexpr const char* kGroupNames[] = {"world", "tp", "dp", "pp", "model-parallel", "embedding"};
+constexpr const char* kGroupNames[] = {"world", "tp", "dp", "pp", "model-parallel", "embedding",
+                                       "stack"};
 static_assert(std::size(kGroupNames) == std::size_t(GroupKind::kCount));
 
 constexpr const char* kOpNames[] = {

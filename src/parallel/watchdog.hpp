@@ -33,8 +33,8 @@
 namespace meshtron {
 
 /// The groups of a rank (one communicator of each kind per rank).
-enum class GroupKind : int { World, Tp, Dp, Pp, Model, Embedding, kCount };
-/// "world", "tp", "dp", "pp", "model-parallel", "embedding".
+enum class GroupKind : int { World, Tp, Dp, Pp, Model, Embedding, Stack, kCount };
+/// "world", "tp", "dp", "pp", "model-parallel", "embedding", "stack".
 const char* group_name(GroupKind kind);
 
 /// What a rank waits in.

@@ -14,21 +14,35 @@ namespace meshtron {
 bool counts_in_grad_norm(const Parameter& p, const OptimizerGroups& g,
                          const Parameter* tied_head_copy) {
   // A tensor held identically by several ranks counts once: tp-replicated
-  // ones on tp rank 0, the tied word table on the first stage only.
+  // ones on tp rank 0, the tied word table (and any table another stage
+  // holds too) on the first stage holding it only.
   if (p.tp_replicated() && g.tp.rank() != 0) return false;
-  return &p != tied_head_copy;
+  return &p != tied_head_copy && !p.stage_copy;
 }
 
 namespace {
 
 bool is_tied_word_table(const Parameter& p) { return p.name == "embedding.word.weight"; }
 
-/// The tied word table's gradient summed over the embedding group (first
-/// and last pipeline stage), where there is one.
-void reduce_tied_word_table(const ParameterList& params, OptimizerGroups& g) {
-  if (g.embedding == nullptr) return;
+/// The group of pipeline stages that hold copies of `p` and sum its
+/// gradient, or null: the word table's embedding group (first and last
+/// stage, and the first decoder stage under a split), a T5 stack's
+/// relative-bias table's stack group.
+Communicator* stage_group(const Parameter& p, const OptimizerGroups& g) {
+  if (is_tied_word_table(p)) return g.embedding;
+  if (p.name.ends_with(".relative_bias.weight")) return g.stack;
+  return nullptr;
+}
+
+/// Whether `p` may have copies on other pipeline stages (its own bucket).
+bool is_stage_shared(const Parameter& p) {
+  return is_tied_word_table(p) || p.name.ends_with(".relative_bias.weight");
+}
+
+/// The stage-shared tables' gradients summed over their groups, where there are any.
+void reduce_stage_shared_tables(const ParameterList& params, OptimizerGroups& g) {
   for (Parameter* p : params)
-    if (is_tied_word_table(*p)) g.embedding->all_reduce(p->grad);
+    if (Communicator* group = stage_group(*p, g)) group->all_reduce(p->grad);
 }
 
 /// zero_grad()'s marks, for both optimizers: under Deferred every gradient
@@ -51,7 +65,7 @@ void zero_stale_grads(const ParameterList& params) {
 void reduce_model_gradients(const ParameterList& params, OptimizerGroups& g, bool dp) {
   // Reductions 1-2 of the file comment; each communicator's list goes out as
   // one group (a few hundred small tensors: one launch instead of one each).
-  reduce_tied_word_table(params, g);
+  reduce_stage_shared_tables(params, g);
   std::vector<Tensor*> tp_partial, replicated;
   for (Parameter* p : params) {
     if (p->shard.tp_partial_grad) tp_partial.push_back(&p->grad);
@@ -290,7 +304,7 @@ void AdamW::reduce_gradients(OptimizerGroups& g) {
   // Reductions 1-3 of the file comment over grads_, in the order of
   // reduce_model_gradients: the tied table's, one tp all-reduce of the
   // leading tp-partial range, then one dp all-reduce of the whole buffer.
-  reduce_tied_word_table(params_, g);
+  reduce_stage_shared_tables(params_, g);
   if (g.tp.size() > 1 && tp_partial_elements_ > 0) {
     Tensor partial = grads_.slice_rows(0, tp_partial_elements_);
     g.tp.all_reduce(partial);
@@ -388,8 +402,9 @@ DistributedAdamW::~DistributedAdamW() {
 }
 
 // Walk the parameters backwards (the backward finishes the last ones first)
-// and close a bucket once it holds bucket_elements; the tied word table is
-// always a bucket of its own. The first bucket also covers the padding.
+// and close a bucket once it holds bucket_elements; a stage-shared table (the
+// tied word table, a T5 stack's relative-bias table) is always a bucket of
+// its own. The first bucket also covers the padding.
 void DistributedAdamW::make_buckets(index_t bucket_elements) {
   Bucket current;
   index_t size = 0;
@@ -404,7 +419,7 @@ void DistributedAdamW::make_buckets(index_t bucket_elements) {
     size = 0;
   };
   for (std::size_t i = params_.size(); i-- > 0;) {
-    const bool tied = is_tied_word_table(*params_[i]);
+    const bool tied = is_stage_shared(*params_[i]);
     if (tied) close();
     current.params.push_back(i);
     current.tied = tied;
@@ -421,9 +436,9 @@ void DistributedAdamW::grads_ready(const ParameterList& ready, OptimizerGroups& 
     MESH_VERIFY(it != bucket_of_.end(), "grads_ready: " << p->name << " is not optimized here");
     Bucket& b = buckets_[it->second];
     ++b.ready;
-    // The tied table's embedding-group all-reduce would wait for the other
-    // pipeline end, still in its backward: left to step().
-    const bool deferred = b.tied && g.embedding != nullptr;
+    // A stage-shared table's all-reduce would wait for the other stages
+    // holding it, still in their backward: left to step().
+    const bool deferred = b.tied && stage_group(*params_[b.params.front()], g) != nullptr;
     if (b.ready == b.params.size() && !b.started && !deferred) {
       start_bucket(b, g);
       ++started_early_;

@@ -4,7 +4,8 @@
 //   1. sequence-parallel partial gradients (norms, row-parallel biases) are
 //      all-reduced over tp;
 //   2. the tied word-embedding gradient is all-reduced over the embedding
-//      group (first + last pipeline stage) when pp > 1;
+//      group (first + last pipeline stage; T5: also the first decoder stage)
+//      when pp > 1, a T5 stack's relative-bias table over its stack's stages;
 //   3. all gradients are all-reduced over dp (the loss is already divided
 //      by the global token count, so the sum is the mean gradient);
 //   4. under fp16 the gradients are unscaled (x 1/loss scale);
@@ -44,6 +45,9 @@ struct OptimizerGroups {
   Communicator& dp;         ///< Not owned.
   Communicator& model;      ///< tp x pp ranks (norm reduction). Not owned.
   Communicator* embedding;  ///< first+last stage; null when pp = 1 or middle stage.
+  /// The stages of this rank's stack under a pipeline split (a T5 stack's
+  /// relative-bias table); null without one or with one stage per stack.
+  Communicator* stack = nullptr;
 };
 
 struct AdamWConfig {
@@ -268,7 +272,7 @@ class DistributedAdamW final : public Optimizer, public ParamGatherHook {
     std::vector<std::size_t> params;   ///< indices into params_
     std::size_t ready = 0;             ///< parameters reported this step
     bool started = false;
-    bool tied = false;                 ///< holds the tied word table
+    bool tied = false;                 ///< holds a stage-shared table (word, relative bias)
     bool gathering = false;            ///< parameter all-gather in flight
     long gather_ticket = 0;            ///< its Communicator ticket
   };

@@ -25,6 +25,9 @@ ParallelRuntime::ParallelRuntime(MPI_Comm world_comm, const ParallelDegrees& deg
   // The tied word table needs a reduction only when first and last stage
   // are different ranks.
   if (topo.pp() > 1 && topo.in_embedding_group()) embedding = &make(topo.embedding_comm());
+  const int split = topo.pipeline_split_rank();
+  const int stack_stages = topo.pp_rank() < split ? split : topo.pp() - split;
+  if (split > 0 && stack_stages > 1) stack = &make(topo.stack_comm());
   if (watchdog_) watch_groups();
 }
 
@@ -35,6 +38,7 @@ void ParallelRuntime::watch_groups() {
   pp.watch(*watchdog_, GroupKind::Pp);
   model.watch(*watchdog_, GroupKind::Model);
   if (embedding) embedding->watch(*watchdog_, GroupKind::Embedding);
+  if (stack) stack->watch(*watchdog_, GroupKind::Stack);
 }
 
 MemorySpace ParallelRuntime::checked_space(MemorySpace space) {

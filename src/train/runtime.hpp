@@ -37,7 +37,7 @@ class ParallelRuntime {
   ParallelRuntime(const ParallelRuntime&) = delete;
   ParallelRuntime& operator=(const ParallelRuntime&) = delete;
 
-  OptimizerGroups optimizer_groups() { return {tp, dp, model, embedding}; }
+  OptimizerGroups optimizer_groups() { return {tp, dp, model, embedding, stack}; }
   /// Where the groups' collectives expect their tensors.
   MemorySpace space() const { return space_; }
   /// This rank's GPU, -1 on the host path.
@@ -54,6 +54,9 @@ class ParallelRuntime {
   /// First + last stage (tied word table) when pp > 1 and this rank is on
   /// one of them; null otherwise (no reduction needed).
   Communicator* embedding = nullptr;
+  /// Under a pipeline split, the other stages of this rank's stack (the
+  /// stack's relative-bias table) when it has several; null otherwise.
+  Communicator* stack = nullptr;
   TensorParallelGroup tp_group;
 
  private:

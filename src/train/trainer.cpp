@@ -188,14 +188,16 @@ Trainer::Trainer(const RunConfig& run, const ModelSpec& model, ParallelRuntime& 
       run.parallel.chunk_layers(model.num_layers, head_cost_in_layers(model));
   MESH_REQUIRE(int(chunk_layers.size()) == total_chunks,
                "pipeline split of " << chunk_layers.size() << " chunks for " << total_chunks);
-  layers_per_chunk_ = chunk_layers[std::size_t(global_chunk(0))];
   for (int c = 0; c < virtual_stages_; ++c) {
     const int g = global_chunk(c);
     int first = 0;
     for (int k = 0; k < g; ++k) first += chunk_layers[std::size_t(k)];
     StagePlacement place{first, chunk_layers[std::size_t(g)], g == 0, g == total_chunks - 1};
+    if (model.model_class == ModelClass::T5)  // Megatron's encoder | decoder split
+      place = T5Model::stage_placement(model, g, total_chunks, rt.topo.pipeline_split_rank());
     chunks_.push_back(make_stage(model, place, dtype));
   }
+  layers_per_chunk_ = chunks_.front()->placement().num_layers;
   Parameter* tied_copy = nullptr;
   for (auto& chunk : chunks_)
     if (chunk->placement().has_head && !chunk->placement().has_embedding)
@@ -216,10 +218,8 @@ std::unique_ptr<StageModel> Trainer::make_stage(const ModelSpec& model,
                                                 const StagePlacement& place, DType dtype) {
   if (model.model_class == ModelClass::BertPretraining)
     return std::make_unique<BertModel>(model, place, base_ctx_, dtype, run_.run.seed);
-  if (model.model_class == ModelClass::T5) {
-    T5Model::require_whole_model(place);
-    return std::make_unique<T5Model>(model, base_ctx_, dtype, run_.run.seed);
-  }
+  if (model.model_class == ModelClass::T5)
+    return std::make_unique<T5Model>(model, place, base_ctx_, dtype, run_.run.seed);
   return std::make_unique<GptModel>(model, place, base_ctx_, dtype, run_.run.seed);
 }
 
@@ -239,7 +239,9 @@ std::vector<GptModel*> Trainer::gpt_chunks() {
 
 OptimizerGroups Trainer::optimizer_groups() {
   OptimizerGroups groups = rt_.optimizer_groups();
-  if (!model_spec_.tie_word_embeddings) groups.embedding = nullptr;
+  // T5's encoder and decoder stages share the word table even when untied.
+  if (!model_spec_.tie_word_embeddings && model_spec_.model_class != ModelClass::T5)
+    groups.embedding = nullptr;
   return groups;
 }
 
@@ -322,14 +324,14 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
     const MicroBatch& mb = batch[std::size_t(t.micro_batch)];
     if (training) tell_watchdog(step, t.micro_batch);
     LayerContext ctx = context_for(mb, step, training);
-    const Shape hidden{ctx.local_tokens(), model_spec_.hidden_size};
     std::unique_ptr<StageCache>& cached = caches[{t.micro_batch, t.chunk}];
     if (!cached) cached = chunk.make_cache();
     StageCache& cache = *cached;
     if (t.kind == PipelineTask::Forward) {
       Tensor input = mb.ids;
-      if (!chunk.placement().has_embedding) {
-        input = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
+      if (g > 0) {
+        input = Tensor::empty(chunk.input_shape(mb, ctx), chunk.parameters()[0]->value.dtype(),
+                              ctx.space);
         receive(input, (rank + pp - 1) % pp, tag(t.micro_batch, g, kActivationLane));
       }
       Tensor out = chunk.forward(input, mb, ctx, cache);
@@ -348,14 +350,15 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
       if (chunk.placement().has_head) {
         dout = dloss;
       } else {
-        dout = Tensor::empty(hidden, chunk.parameters()[0]->value.dtype(), ctx.space);
+        dout = Tensor::empty(chunk.output_shape(mb, ctx), chunk.parameters()[0]->value.dtype(),
+                             ctx.space);
         receive(dout, (rank + 1) % pp, tag(t.micro_batch, g, kGradientLane));
       }
       Tensor dx = chunk.backward(dout, ctx, cache, training && final_backward[k]
                                                       ? grads_done
                                                       : std::function<void(const ParameterList&)>{});
       caches.erase({t.micro_batch, t.chunk});
-      if (!chunk.placement().has_embedding) {
+      if (g > 0) {
         rt_.pp.isend(dx.raw(), std::size_t(dx.numel()), dx.dtype(), (rank + pp - 1) % pp,
                      tag(t.micro_batch, g - 1, kGradientLane), kGradientLane);
         in_flight_sends.push_back(dx);

@@ -19,7 +19,8 @@ FullState gather_state(Trainer& trainer) {
 }
 
 /// Checkpoint entries for this rank's parameters. The last stage's copy of
-/// the tied word table is written by the first stage only, but loaded by both.
+/// the tied word table (and any other stage copy, Parameter::stage_copy) is
+/// written by the first stage holding it only, but loaded by all.
 std::vector<io::CheckpointTensor> checkpoint_tensors(Trainer& trainer, FullState& s,
                                                      bool saving) {
   std::vector<io::CheckpointTensor> out;
@@ -28,7 +29,7 @@ std::vector<io::CheckpointTensor> checkpoint_tensors(Trainer& trainer, FullState
     bool head_copy = false;
     for (auto& chunk : trainer.chunks())
       head_copy |= !chunk->placement().has_embedding && chunk->head_word_weight() == params[i];
-    if (saving && head_copy) continue;
+    if (saving && (head_copy || params[i]->stage_copy)) continue;
     Tensor* master = i < s.master.size() && s.master[i].defined() ? &s.master[i] : nullptr;
     out.push_back({params[i], &s.exp_avg[i], &s.exp_avg_sq[i], master});
   }

@@ -47,7 +47,7 @@ PY
 done
 [ "$(cat "$work/one_sample.jsonl")" != "$(cat "$work/one_greedy.jsonl")" ] ||
   { echo "FAIL: sampling gave the greedy ids"; exit 1; }
-"$here/../foundation/expect_error.sh" "model.arch = t5: pipeline parallelism is not built yet" \
+"$here/../foundation/expect_error.sh" "model.arch = t5: generation over pipeline stages is not built" \
   "$mpiexec" --oversubscribe -np 2 "$meshtron" generate "${decks[@]}" \
   --set run.output_dir="$work/gen" --set checkpoint.load="$work/ckpt/iter_0000002.h5" \
   --set generate.prompts="$work/prompts.jsonl" --set parallel.pipeline_parallel=2

@@ -208,8 +208,7 @@ TEST(ModelSpec, T5ArchIsTheEncoderDecoderWithRelativeBuckets) {
   expect_user_error(
       [] { spec_of_deck("arch = t5\ndecoder_seq_length = 8\nrelative_attention_max_distance = 16\n"); },
       {"model.relative_attention_max_distance = 16 must exceed half"});
-  for (const char* bad : {"data.vocab_extra_ids=0", "logging.sample_interval=10",
-                          "parallel.pipeline_parallel=2"})
+  for (const char* bad : {"data.vocab_extra_ids=0", "logging.sample_interval=10"})
     expect_user_error(
         [&] {
           RunConfig c = RunConfig::from_text(
@@ -218,6 +217,57 @@ TEST(ModelSpec, T5ArchIsTheEncoderDecoderWithRelativeBuckets) {
           c.validate(2);
         },
         {"model.arch = t5"});
+}
+
+// model.arch = t5 over pipeline stages: Megatron's split rank, half the
+// stages by default; which stages hold the word table; what is refused.
+TEST(ModelSpec, T5PipelineSplit) {
+  const auto deck = [](std::vector<std::string> sets, int world) {
+    RunConfig c = RunConfig::from_text(
+        "[model]\narch = t5\ndecoder_seq_length = 8\nnum_layers = 2\nhidden_size = 64\n"
+        "num_attention_heads = 8\n",
+        sets);
+    c.validate(world);
+    return c;
+  };
+  const ParallelDegrees two = deck({"parallel.pipeline_parallel=2"}, 2).degrees();
+  EXPECT_EQ(two.pipeline_split_rank, 1);
+  EXPECT_TRUE(two.last_stage_holds_word_table);
+  const ParallelDegrees untied =
+      deck({"parallel.pipeline_parallel=4", "model.untie_embeddings_and_output_weights=true"}, 4)
+          .degrees();
+  EXPECT_EQ(untied.pipeline_split_rank, 2);
+  EXPECT_FALSE(untied.last_stage_holds_word_table);
+  EXPECT_EQ(deck({"parallel.pipeline_parallel=3", "parallel.pipeline_split_rank=1",
+                  "model.decoder_num_layers=4"}, 3)
+                .degrees()
+                .pipeline_split_rank,
+            1);
+  EXPECT_EQ(deck({}, 1).degrees().pipeline_split_rank, 0);
+  expect_user_error(
+      [&] { deck({"parallel.pipeline_parallel=4", "parallel.pipeline_split_rank=3"}, 4); },
+      {"the encoder's 2 layers over 3 stages and the decoder's 2 over 1",
+                     "must both divide evenly"});
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"parallel.pipeline_parallel=2", "parallel.pipeline_split_rank=2"},
+       "parallel.pipeline_split_rank = 2 must be in [1, parallel.pipeline_parallel = 2)"},
+      {{"parallel.pipeline_parallel=2", "parallel.pipeline_split_rank=-1"}, "must be in [1"},
+      {{"parallel.pipeline_split_rank=1"}, "needs parallel.pipeline_parallel > 1"},
+      {{"parallel.pipeline_parallel=2", "parallel.schedule=interleaved",
+        "parallel.virtual_stages=2", "training.global_batch_size=4"},
+       "the interleaved schedule is not built for the encoder-decoder pipeline split"},
+      {{"parallel.pipeline_parallel=2", "parallel.pipeline_layers=1,1"},
+       "the split is parallel.pipeline_split_rank"}};
+  for (const auto& [sets, message] : refused)
+    expect_user_error([&] { deck(sets, 4); }, {message});
+  expect_user_error(
+      [] {
+        RunConfig c = RunConfig::from_text("[model]\nnum_layers = 2\n",
+                                           {"parallel.pipeline_parallel=2",
+                                            "parallel.pipeline_split_rank=1"});
+        c.validate(2);
+      },
+      {"parallel.pipeline_split_rank = 1 needs model.arch = t5"});
 }
 
 // What convert stores with a T5 checkpoint reads back as the spec.

@@ -296,8 +296,14 @@ TEST(T5Model, BadBatchesAreOneLineErrors) {
   biased.block.mlp.bias = true;
   expect_user_error([&] { T5Model m(biased, r.ctx, DType::F64, 1); },
                     {"biases on the linear layers"});
-  expect_user_error([&] { T5Model::require_whole_model(StagePlacement{0, 2, true, false}); },
-                    {"T5: pipeline parallelism is not built yet"});
+  const ModelSpec spec = tiny_spec(false);
+  const StagePlacement decoder_stage = T5Model::stage_placement(spec, 1, 2, 1);
+  T5Model stage(spec, decoder_stage, r.ctx, DType::F64, 1);
+  expect_user_error([&] { stage.require_whole_model("generation"); },
+                    {"model.arch = t5: generation over pipeline stages is not built"});
+  expect_user_error([&] { T5Model::stage_placement(spec, 0, 4, 3); }, {"must both divide evenly"});
+  expect_user_error([&] { T5Model m(spec, StagePlacement{1, 2, false, false}, r.ctx, DType::F64, 1); },
+                    {"a pipeline stage holds blocks of one stack"});
 }
 
 }  // namespace

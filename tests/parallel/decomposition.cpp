@@ -79,7 +79,8 @@ std::vector<double> gather_global(Trainer& trainer, const std::string& name,
         if (chunk->head_word_weight() == p && !chunk->placement().has_embedding) return true;
       return false;
     }();
-    if (topo.dp_rank() != 0 || is_head_copy || (p->tp_replicated() && topo.tp_rank() != 0))
+    if (topo.dp_rank() != 0 || is_head_copy || p->stage_copy ||
+        (p->tp_replicated() && topo.tp_rank() != 0))
       continue;
     const Tensor value = p->value.is_host() ? p->value : p->value.to_host();
     for_each_global_index(*p, topo.tp_rank(), topo.tp(), [&](index_t local, index_t g) {
@@ -115,7 +116,7 @@ RunResult train_layout(MPI_Comm comm, const Layout& layout, DType dtype, int ste
   int world = 1;
   MPI_Comm_size(comm, &world);
   RunConfig config = tiny_config(layout, world, space);
-  ParallelRuntime rt(comm, config.parallel.degrees(), space);
+  ParallelRuntime rt(comm, config.degrees(), space);
   const ModelSpec model = model_spec_from_deck(config, 100, rt.topo.tp());
   Trainer trainer(config, model, rt, dtype);
   DataLayout data{model.seq_length, config.training.micro_batch_size,
@@ -165,7 +166,7 @@ MemorisedRun memorise(const std::vector<std::string>& overrides, DType dtype, in
   layout.overrides.push_back("training.train_iters=" + std::to_string(steps));
   RunConfig config = tiny_config(layout, 1);
   const MemorySpace space = config.run.device == "cuda" ? MemorySpace::Cuda : MemorySpace::Host;
-  ParallelRuntime rt(MPI_COMM_SELF, config.parallel.degrees(), space);
+  ParallelRuntime rt(MPI_COMM_SELF, config.degrees(), space);
   const ModelSpec model = model_spec_from_deck(config, 100, 1);
   Trainer trainer(config, model, rt, dtype, scaler);
   DataLayout data{model.seq_length, config.training.micro_batch_size,

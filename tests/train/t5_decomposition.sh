@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # T5 trains the same on 1 rank and on tp 2 x dp 2 (DESIGN.md invariant 1;
 # there also with sequence parallelism, and with the distributed optimizer,
-# overlaps and full recompute): losses and gradient norms of 4 steps to 1e-5,
-# dropout on, on synthetic batches (tiny.deck + t5.deck) and, when the corpus
-# is there (DATA_DIR/brown.jsonl), on Megatron's T5 span-corruption samples
-# of 40 Brown documents preprocessed with the SentencePiece Brown model and
-# --split-sentences; there also the validation losses (every 2 steps) and
-# meshtron evaluate's loss of the 1-rank checkpoint on both layouts. A
-# deck whose decoder differs from the 1-rank checkpoint is one line.
+# overlaps and full recompute), and over Megatron's encoder | decoder
+# pipeline split: pp 2 x dp 2 (1f1b), tp 2 x pp 2 (gpipe, sequence
+# parallelism), pp 4 of 2 + 2 stages (the relative-bias tables' and the
+# word table's copies summed over their stages; distributed optimizer with
+# overlapped reduction), and pp 4 with an untied head (v1.1: the word table
+# on the first encoder and decoder stages only). Losses and gradient norms
+# of 4 steps to 1e-5, dropout on, on synthetic batches (tiny.deck + t5.deck)
+# and, when the corpus is there (DATA_DIR/brown.jsonl), on Megatron's T5
+# span-corruption samples of 40 Brown documents preprocessed with the
+# SentencePiece Brown model and --split-sentences (tp 2 x dp 2 and tp 2 x
+# pp 2); there also the validation losses (every 2 steps) and meshtron
+# evaluate's loss of the 1-rank checkpoint on tp 2 x dp 2. A deck whose
+# decoder differs from the 1-rank checkpoint, the interleaved schedule, an
+# uneven split and meshtron evaluate over pipeline stages are one line each.
 #   t5_decomposition.sh MESHTRON WORKDIR DATA_DIR MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
 meshtron=$1 work=$2 data=$3; shift 3
@@ -32,6 +39,32 @@ run overlap 4 2 "${nosave[@]}" --set parallel.distributed_optimizer=true \
   --set parallel.overlap_grad_reduce=true --set parallel.overlap_param_gather=true \
   --set training.recompute=full
 compare one overlap
+run pp2 4 1 "${nosave[@]}" --set parallel.pipeline_parallel=2
+compare one pp2
+run tp2_pp2 4 2 "${nosave[@]}" --set parallel.pipeline_parallel=2 --set parallel.schedule=gpipe \
+  --set parallel.sequence_parallel=true
+compare one tp2_pp2
+run pp4 4 1 "${nosave[@]}" --set parallel.pipeline_parallel=4 \
+  --set parallel.distributed_optimizer=true --set parallel.overlap_grad_reduce=true
+compare one pp4
+v11=(--set model.activation=geglu_tanh --set model.untie_embeddings_and_output_weights=true)
+run one_v11 1 1 "${nosave[@]}" "${v11[@]}"
+run pp4_v11 4 1 "${nosave[@]}" "${v11[@]}" --set parallel.pipeline_parallel=4
+compare one_v11 pp4_v11
+# The interleaved schedule and an uneven split are one line each.
+refused() {  # refused REGEX RANKS [--set ...]
+  local regex=$1 ranks=$2; shift 2
+  "$here/../foundation/expect_error.sh" "$regex" "${mpiexec[@]}" -np "$ranks" "$meshtron" train \
+    "$here/tiny.deck" "$here/t5.deck" --set run.output_dir="$work/runs" "${nosave[@]}" "$@"
+}
+refused "the interleaved schedule is not built for the encoder-decoder" 2 \
+  --set parallel.pipeline_parallel=2 --set parallel.schedule=interleaved \
+  --set parallel.virtual_stages=2
+refused "the encoder's 4 layers over 3 stages and the decoder's 4 over 1" 4 \
+  --set parallel.pipeline_parallel=4 --set parallel.pipeline_split_rank=3
+"$here/../foundation/expect_error.sh" "meshtron evaluate over pipeline stages is not built" \
+  "${mpiexec[@]}" -np 2 "$meshtron" evaluate "$here/tiny.deck" "$here/t5.deck" \
+  --set parallel.pipeline_parallel=2 --set checkpoint.load="$work/ckpt/iter_0000004.h5"
 # A deck whose decoder differs from the checkpoint's is named, one line.
 status=0
 run mismatch 1 1 "${nosave[@]}" --set model.decoder_num_layers=3 \
@@ -53,13 +86,17 @@ if [[ -f "$data/brown.jsonl" ]]; then
   run one_indexed 1 1 "${corpus[@]}" --set checkpoint.save_dir="$work/ckpt_indexed"
   run grid_indexed 4 2 "${nosave[@]}" "${corpus[@]}"
   compare one_indexed grid_indexed
-  python3 - "$work/runs/one_indexed/metrics.jsonl" "$work/runs/grid_indexed/metrics.jsonl" <<'PY'
+  run tp2_pp2_indexed 4 2 "${nosave[@]}" "${corpus[@]}" --set parallel.pipeline_parallel=2
+  compare one_indexed tp2_pp2_indexed
+  for layout in grid_indexed tp2_pp2_indexed; do
+    python3 - "$work/runs/one_indexed/metrics.jsonl" "$work/runs/$layout/metrics.jsonl" <<'PY'
 import json, sys
 evals = [[json.loads(l)["eval_loss"] for l in open(p) if "eval_loss" in l] for p in sys.argv[1:]]
 print("validation losses:", evals[0], "vs", evals[1])
 assert len(evals[0]) == 2 and len(evals[1]) == 2, "expected 2 validation losses each"
 assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(*evals)), "validation losses differ"
 PY
+  done
   score() {  # score RANKS TP: the result line of meshtron evaluate
     "${mpiexec[@]}" -np "$1" "$meshtron" evaluate "$here/tiny.deck" "$here/t5.deck" "${corpus[@]}" \
       --set parallel.tensor_parallel="$2" --set checkpoint.load="$work/ckpt_indexed/iter_0000004.h5" |
