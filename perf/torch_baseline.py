@@ -28,6 +28,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_gpu import BERT_VOCAB, LLAMA, SHAPES, T5, padded_vocab, report, seq_of  # noqa: E402 (the same shapes, FLOPs formula and peak as meshtron's)
 
 
+def sdpa_or_eager(model_class, config_class, family, kwargs):
+    """model_class(config_class(**kwargs)) with SDPA attention where this transformers has it
+    for `family`, else with its eager attention (said on stderr)."""
+    try:
+        return model_class(config_class(attn_implementation="sdpa", **kwargs))
+    except (ValueError, ImportError) as error:  # no SDPA for this family in this version
+        print(f"{family}: no SDPA ({error}); eager attention", file=sys.stderr)
+        return model_class(config_class(attn_implementation="eager", **kwargs))
+
+
 def make_bert(name, dropout):
     """MegatronBertForPreTraining (pre-LN, learned positions, two token types,
     erf GeLU, the MLM head tied to the word table) with SDPA where this
@@ -39,13 +49,8 @@ def make_bert(name, dropout):
                   vocab_size=padded_vocab(name), type_vocab_size=2, hidden_act="gelu",
                   layer_norm_eps=1e-12, hidden_dropout_prob=dropout,
                   attention_probs_dropout_prob=dropout)
-    try:
-        return transformers.MegatronBertForPreTraining(
-            transformers.MegatronBertConfig(attn_implementation="sdpa", **kwargs))
-    except (ValueError, ImportError) as error:  # no SDPA for MegatronBert in this version
-        print(f"MegatronBert: no SDPA ({error}); eager attention", file=sys.stderr)
-        return transformers.MegatronBertForPreTraining(
-            transformers.MegatronBertConfig(attn_implementation="eager", **kwargs))
+    return sdpa_or_eager(transformers.MegatronBertForPreTraining, transformers.MegatronBertConfig,
+                         "MegatronBert", kwargs)
 
 
 def bert_batches(name, shape):
@@ -77,13 +82,8 @@ def make_t5(name, dropout):
                   dropout_rate=dropout, layer_norm_epsilon=1e-6, feed_forward_proj="relu",
                   tie_word_embeddings=True, pad_token_id=0, decoder_start_token_id=0,
                   eos_token_id=1)
-    try:
-        return transformers.T5ForConditionalGeneration(
-            transformers.T5Config(attn_implementation="sdpa", **kwargs))
-    except (ValueError, ImportError) as error:  # no SDPA for T5 in this version
-        print(f"T5: no SDPA ({error}); eager attention", file=sys.stderr)
-        return transformers.T5ForConditionalGeneration(
-            transformers.T5Config(attn_implementation="eager", **kwargs))
+    return sdpa_or_eager(transformers.T5ForConditionalGeneration, transformers.T5Config, "T5",
+                         kwargs)
 
 
 def t5_batches(name, shape):

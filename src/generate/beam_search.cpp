@@ -85,12 +85,19 @@ const Hypothesis& best_hypothesis(BeamGroup& g) {
   return g.finished.best();
 }
 
-namespace {
-
-/// Slot of beam k of prompt i.
-index_t beam_slot(std::size_t i, int k, int beams) { return index_t(i) * beams + k; }
-
-}  // namespace
+std::vector<Result> beam_results(std::vector<BeamGroup>& groups, const std::vector<Request>& batch,
+                                 const TokenCallback& on_token) {
+  std::vector<Result> out(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const Hypothesis& best = best_hypothesis(groups[i]);
+    out[i] = {batch[i].index, batch[i].prompt, best.ids, best.logprobs,
+              best.stopped ? "stop" : "length"};
+    if (on_token)
+      for (std::size_t t = 0; t < best.ids.size(); ++t)
+        on_token(batch[i].index, best.ids[t], best.logprobs[t]);
+  }
+  return out;
+}
 
 std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
                                              const GenerateParams& p,
@@ -168,16 +175,7 @@ std::vector<Result> Generator::generate_beam(const std::vector<Request>& batch,
                      kv);
   }
 
-  std::vector<Result> out(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const Hypothesis& best = best_hypothesis(groups[i]);
-    out[i] = {batch[i].index, batch[i].prompt, best.ids, best.logprobs,
-              best.stopped ? "stop" : "length"};
-    if (on_token)
-      for (std::size_t t = 0; t < best.ids.size(); ++t)
-        on_token(batch[i].index, best.ids[t], best.logprobs[t]);
-  }
-  return out;
+  return beam_results(groups, batch, on_token);
 }
 
 }  // namespace meshtron::generate

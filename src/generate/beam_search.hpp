@@ -20,6 +20,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "generate/generator.hpp"
 #include "generate/sampler.hpp"
 
 namespace meshtron::generate {
@@ -80,5 +81,13 @@ std::vector<int> advance_beams(BeamGroup& g, const std::vector<BeamCandidate>& c
 /// transformers' BeamSearchScorer.finalize: the running beams of a search
 /// that was not done join its hypotheses; the best one.
 const Hypothesis& best_hypothesis(BeamGroup& g);
+
+/// Slot (sequence) of beam k of prompt i: each prompt's `beams` beams side by side.
+inline index_t beam_slot(std::size_t i, int k, int beams) { return index_t(i) * beams + k; }
+
+/// The results of a finished search of `batch` (groups[i] is batch[i]'s):
+/// each prompt's best hypothesis, its tokens given to `on_token` in order.
+std::vector<Result> beam_results(std::vector<BeamGroup>& groups, const std::vector<Request>& batch,
+                                 const TokenCallback& on_token);
 
 }  // namespace meshtron::generate

@@ -190,7 +190,6 @@ std::vector<Result> T5Generator::generate_beam(const std::vector<Request>& batch
                                                const TokenCallback& on_token) {
   const int K = p.num_beams;
   const std::size_t n = batch.size();
-  const auto sequence = [K](std::size_t i, int k) { return index_t(i) * K + k; };
   T5Decoding decoding(model_, batch, K, p.max_new_tokens, pad_id_, ctx_);
   const std::unordered_set<std::int32_t> stop_ids(p.stop_ids.begin(), p.stop_ids.end());
   const int wanted = beam_candidate_count(K, stop_ids.size());
@@ -206,7 +205,7 @@ std::vector<Result> T5Generator::generate_beam(const std::vector<Request>& batch
     std::vector<std::vector<double>> scores(active.size());
     for (std::size_t a = 0; a < active.size(); ++a)
       for (std::size_t k = 0; k < groups[active[a]].running.size(); ++k) {
-        rows[a].push_back(sequence(active[a], int(k)));
+        rows[a].push_back(beam_slot(active[a], int(k), K));
         scores[a].push_back(groups[active[a]].running[k].score);
       }
     const std::vector<std::vector<BeamCandidate>> candidates = beam_candidates(
@@ -220,29 +219,20 @@ std::vector<Result> T5Generator::generate_beam(const std::vector<Request>& batch
       MESH_VERIFY(!searching || int(sources.size()) == K,
                   "T5Generator: " << sources.size() << " continuing beams of " << K);
       for (int k = 0; k < K; ++k)
-        ids[std::size_t(sequence(i, k))] =
+        ids[std::size_t(beam_slot(i, k, K))] =
             searching ? groups[i].running[std::size_t(k)].ids.back() : pad_id_;
       if (!searching) continue;
       next.push_back(i);
       for (int k = 0; k < K; ++k) {
-        to.push_back(sequence(i, k));
-        from.push_back(sequence(i, sources[std::size_t(k)]));
+        to.push_back(beam_slot(i, k, K));
+        from.push_back(beam_slot(i, sources[std::size_t(k)], K));
       }
     }
     active = std::move(next);
     if (!active.empty()) decoding.reorder(to, from);
   }
 
-  std::vector<Result> out(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const Hypothesis& best = best_hypothesis(groups[i]);
-    out[i] = {batch[i].index, batch[i].prompt, best.ids, best.logprobs,
-              best.stopped ? "stop" : "length"};
-    if (on_token)
-      for (std::size_t t = 0; t < best.ids.size(); ++t)
-        on_token(batch[i].index, best.ids[t], best.logprobs[t]);
-  }
-  return out;
+  return beam_results(groups, batch, on_token);
 }
 
 }  // namespace meshtron::generate

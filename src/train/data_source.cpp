@@ -109,6 +109,29 @@ std::pair<std::int64_t, std::int64_t> split_documents(const std::string& split, 
   return {bounds[std::size_t(k)], bounds[std::size_t(k) + 1]};
 }
 
+/// The key of sample `sample` (its index in the global batch) of synthetic
+/// batch `stream` (train step s: 2s, eval batch k: 2k + 1): no rank in it,
+/// so the data do not depend on the decomposition.
+std::uint64_t synthetic_key(const DataLayout& l, long stream, index_t sample) {
+  return splitmix64(l.seed ^ splitmix64(std::uint64_t(stream) * l.global_batch + std::uint64_t(sample)));
+}
+
+/// This dp rank's micro-batches of synthetic sentence batch `stream` (BERT,
+/// T5), each sample `make_sample(its synthetic_key)`.
+template <class MakeSample>
+std::vector<MicroBatch> synthetic_batch(const DataLayout& l, long stream,
+                                        const MakeSample& make_sample) {
+  std::vector<MicroBatch> out;
+  for (index_t m = 0; m < l.micro_batches(); ++m) {
+    const index_t first = l.sample_offset(m);
+    std::vector<decltype(make_sample(std::uint64_t{}))> samples;
+    for (index_t j = 0; j < l.micro_batch; ++j)
+      samples.push_back(make_sample(synthetic_key(l, stream, first + j)));
+    out.push_back(micro_batch_of(samples, first));
+  }
+  return out;
+}
+
 class SyntheticBertData final : public DataSource {
  public:
   SyntheticBertData(const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {}
@@ -118,16 +141,7 @@ class SyntheticBertData final : public DataSource {
 
  private:
   std::vector<MicroBatch> batch(long stream) const {
-    std::vector<MicroBatch> out;
-    for (index_t m = 0; m < l_.micro_batches(); ++m) {
-      const index_t first = l_.sample_offset(m);
-      std::vector<data::BertSample> samples;
-      for (index_t j = 0; j < l_.micro_batch; ++j)
-        samples.push_back(sample(splitmix64(
-            l_.seed ^ splitmix64(std::uint64_t(stream) * l_.global_batch + std::uint64_t(first + j)))));
-      out.push_back(bert_micro_batch(samples, first));
-    }
-    return out;
+    return synthetic_batch(l_, stream, [this](std::uint64_t key) { return sample(key); });
   }
   /// Real tokens up to a length in [s/2, s], segment B from the middle, a
   /// label on token 1 and on about 15 % of the others.
@@ -212,16 +226,7 @@ class SyntheticT5Data final : public DataSource {
 
  private:
   std::vector<MicroBatch> batch(long stream) const {
-    std::vector<MicroBatch> out;
-    for (index_t m = 0; m < l_.micro_batches(); ++m) {
-      const index_t first = l_.sample_offset(m);
-      std::vector<data::T5Sample> samples;
-      for (index_t j = 0; j < l_.micro_batch; ++j)
-        samples.push_back(sample(splitmix64(
-            l_.seed ^ splitmix64(std::uint64_t(stream) * l_.global_batch + std::uint64_t(first + j)))));
-      out.push_back(t5_micro_batch(samples, first));
-    }
-    return out;
+    return synthetic_batch(l_, stream, [this](std::uint64_t key) { return sample(key); });
   }
   std::int32_t token(std::uint64_t h) const { return std::int32_t(h % std::uint64_t(vocab_)); }
   data::T5Sample sample(std::uint64_t key) const {
@@ -264,8 +269,7 @@ class SyntheticData final : public DataSource {
       Tensor tokens = Tensor::empty({l_.micro_batch, s1}, DType::I32);
       for (index_t j = 0; j < l_.micro_batch; ++j)
         for (index_t i = 0; i < s1; ++i) {
-          const std::uint64_t key = splitmix64(l_.seed ^ splitmix64(std::uint64_t(stream) * l_.global_batch +
-                                                      std::uint64_t(first + j)));
+          const std::uint64_t key = synthetic_key(l_, stream, first + j);
           tokens.data<std::int32_t>()[j * s1 + i] = std::int32_t(splitmix64(key + i) % vocab_);
         }
       out.push_back(to_seq_major(tokens, first));

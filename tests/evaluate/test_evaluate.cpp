@@ -26,6 +26,7 @@
 #include "data/indexed_dataset.hpp"
 #include "data/ordered_gpt_samples.hpp"
 #include "io/safetensors.hpp"
+#include "tests/evaluate/evaluate_rows.hpp"
 
 namespace meshtron {
 namespace {
@@ -83,11 +84,7 @@ Scored evaluate(const std::string& name, std::vector<std::string> sets) {
           j.at("lm_loss").get<double>()};
 }
 
-/// Rank 0 writes `text` to `path`; every rank waits for it.
-void write_on_rank0(const std::string& path, const std::string& text) {
-  if (world_rank() == 0) std::ofstream(path) << text;
-  MPI_Barrier(MPI_COMM_WORLD);
-}
+using evaluate_test::write_on_rank0;
 
 /// Rank 0 writes `documents` (one sequence each) as an indexed dataset.
 void write_dataset(const std::string& prefix, const std::vector<Ids>& documents) {

@@ -18,14 +18,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "app/commands.hpp"
 #include "common/expect_user_error.hpp"
 #include "common/mpi_test_util.hpp"
 #include "config/model_spec_from_deck.hpp"
-#include "io/checkpoint.hpp"
 #include "model/bert_model.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/topology.hpp"
+#include "tests/evaluate/evaluate_rows.hpp"
 
 namespace meshtron {
 namespace {
@@ -35,10 +34,9 @@ using testing_util::world_rank;
 using testing_util::world_size;
 constexpr int kSeq = 16, kVocab = 100;
 
-std::string work_path(const std::string& name) {
-  return std::string(MESHTRON_EVALUATE_WORK) + "/bert_" + name + "_np" +
-         std::to_string(world_size());
-}
+constexpr const char* kFamily = "bert";  ///< the prefix of this test's files
+
+std::string work_path(const std::string& name) { return evaluate_test::work_path(kFamily, name); }
 
 ModelSpec tiny_bert() { return bert_spec(2, 32, 4, 64, kVocab, kSeq, kSeq, 2); }
 
@@ -103,14 +101,15 @@ struct FixedModel {
     ctx.micro_batch = 1;
     ctx.global_batch = 1;
     model = std::make_unique<BertModel>(tiny_bert(), ctx, DType::F32, 3);
-    std::mt19937 engine(11);
-    std::uniform_real_distribution<float> noise(-0.5f, 0.5f);
-    for (Parameter* p : model->parameters())
-      for (index_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] += noise(engine);
+    evaluate_test::add_weight_noise(model->parameters());
   }
   MpiCommunicator self{MPI_COMM_SELF};
   TensorParallelGroup tp{self};
   LayerContext ctx{tp};
+  /// Rank 0 saves the model as a checkpoint of deck_text(); its path.
+  std::string save_checkpoint() const {
+    return evaluate_test::save_fixed_checkpoint(kFamily, model->parameters(), deck_text());
+  }
   std::unique_ptr<BertModel> model;
 };
 
@@ -141,10 +140,7 @@ Expected score_rows_alone(FixedModel& m, const std::vector<Row>& rows) {
       const std::int32_t label = r.labels.empty() ? -100 : r.labels[std::size_t(t)];
       if (label == -100) continue;
       const double* row = z.data() + t * kVocab;
-      const double max = *std::max_element(row, row + kVocab);
-      double sum_exp = 0;
-      for (int v = 0; v < kVocab; ++v) sum_exp += std::exp(row[v] - max);
-      e.mlm_loss_sum += max + std::log(sum_exp) - row[label];
+      e.mlm_loss_sum += evaluate_test::cross_entropy(row, kVocab, label);
       e.masked += 1;
     }
     if (r.next_sentence >= 0) {
@@ -156,44 +152,6 @@ Expected score_rows_alone(FixedModel& m, const std::vector<Row>& rows) {
   return e;
 }
 
-/// Rank 0 saves the fixed model as a checkpoint of deck_text(); returns its path.
-std::string save_fixed_checkpoint(FixedModel& m) {
-  const std::string dir = work_path("checkpoint");
-  if (world_rank() == 0) {
-    Topology topo(MPI_COMM_SELF, {1, 1, 1});
-    std::vector<io::CheckpointTensor> tensors;
-    for (Parameter* p : m.model->parameters()) tensors.push_back({p, nullptr, nullptr});
-    io::TrainState state;
-    state.deck_text = deck_text();
-    io::save_checkpoint(dir, topo, tensors, state, /*keep_last=*/0);
-    std::ofstream(work_path("deck") + ".deck") << deck_text();
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return dir + "/" + io::checkpoint_file_name(0);
-}
-
-/// `meshtron evaluate` of `inputs` on this run's layout (1 rank, or tp 2 x dp 2).
-nlohmann::json evaluate(const std::string& checkpoint, const std::string& inputs) {
-  const std::string output = work_path("result") + ".json";
-  std::vector<std::string> args = {work_path("deck") + ".deck",
-                                   "--set", "run.output_dir=" + work_path("runs"),
-                                   "--set", "checkpoint.load=" + checkpoint,
-                                   "--set", "evaluate.inputs=" + inputs,
-                                   "--set", "evaluate.output=" + output};
-  if (world_size() > 1)
-    for (const char* s : {"parallel.tensor_parallel=2", "parallel.data_parallel=2"})
-      args.insert(args.end(), {"--set", s});
-  EXPECT_EQ(app::run_evaluate(args), 0);
-  MPI_Barrier(MPI_COMM_WORLD);
-  std::ifstream in(output);
-  return nlohmann::json::parse(in);
-}
-
-void write_on_rank0(const std::string& path, const std::string& text) {
-  if (world_rank() == 0) std::ofstream(path) << text;
-  MPI_Barrier(MPI_COMM_WORLD);
-}
-
 TEST(EvaluateBert, InputRowsScoreAsEachRowAlone) {
   ASSERT_TRUE(world_size() == 1 || world_size() == 4) << "1 rank, or tp 2 x dp 2";
   FixedModel m;
@@ -201,14 +159,14 @@ TEST(EvaluateBert, InputRowsScoreAsEachRowAlone) {
   const Expected e = score_rows_alone(m, rows);
   ASSERT_EQ(e.masked, 12);
   ASSERT_EQ(e.labelled_rows, 4);
-  const std::string checkpoint = save_fixed_checkpoint(m);
+  const std::string checkpoint = m.save_checkpoint();
   std::string text;
   for (const Row& r : rows) text += r.json() + "\n";
   const std::string inputs = work_path("rows") + ".jsonl";
-  write_on_rank0(inputs, text);
+  evaluate_test::write_on_rank0(inputs, text);
 
   // 5 rows in batches of 2 (1 rank) or 4 (dp 2): the last one partial.
-  const nlohmann::json j = evaluate(checkpoint, inputs);
+  const nlohmann::json j = evaluate_test::evaluate(kFamily, checkpoint, inputs);
   const double mlm = e.mlm_loss_sum / e.masked;
   EXPECT_LE(std::fabs(j.at("mlm_loss").get<double>() - mlm) / mlm, 1e-5)
       << j.dump() << " vs mlm loss " << mlm;
@@ -220,7 +178,7 @@ TEST(EvaluateBert, InputRowsScoreAsEachRowAlone) {
 
 TEST(EvaluateBert, BadRowsAreNamed) {
   FixedModel m;
-  const std::string checkpoint = save_fixed_checkpoint(m);
+  const std::string checkpoint = m.save_checkpoint();
   const std::pair<std::string, std::string> cases[] = {
       {R"({"input_ids": [1, 2, 3], "labels": [-100, 100, 5]})",
        "line 1: labels[1] = 100 is outside [0, 100) and not -100"},
@@ -233,9 +191,10 @@ TEST(EvaluateBert, BadRowsAreNamed) {
   };
   for (const auto& [row, message] : cases) {
     const std::string inputs = work_path("bad") + ".jsonl";
-    write_on_rank0(inputs, row + "\n");
+    evaluate_test::write_on_rank0(inputs, row + "\n");
     SCOPED_TRACE(row);
-    testing_util::expect_user_error([&] { evaluate(checkpoint, inputs); }, {inputs, message});
+    testing_util::expect_user_error(
+        [&] { evaluate_test::evaluate(kFamily, checkpoint, inputs); }, {inputs, message});
     MPI_Barrier(MPI_COMM_WORLD);
   }
 }

@@ -22,6 +22,7 @@
 
 #include "common/expect_user_error.hpp"
 #include "common/mpi_test_util.hpp"
+#include "common/tp_pair.hpp"
 #include "generate/t5_generator.hpp"
 #include "parallel/communicator.hpp"
 #include "tests/model/t5_fixture.hpp"
@@ -306,35 +307,30 @@ TEST(T5Generate, EmptyPromptAndSmallVocabularyAreOneLineErrors) {
 
 TEST(T5GenerateTp2, SameIdsAsOneRank) {
   if (testing_util::world_size() % 2) GTEST_SKIP() << "needs an even world";
-  MPI_Comm pair;
-  MPI_Comm_split(MPI_COMM_WORLD, testing_util::world_rank() / 2, 0, &pair);
-  {
-    MpiCommunicator self(MPI_COMM_SELF), comm(pair);
-    TensorParallelGroup one{self}, two{comm};
-    LayerContext ref_ctx = context(one), ctx = context(two);
-    for (const bool v11 : {false, true}) {
-      T5Model ref(tiny_spec(v11, 2), ref_ctx, DType::F32, 4),
-          model(tiny_spec(v11, 2), ctx, DType::F32, 4);
-      T5Generator ref_generator(ref, one, MemorySpace::Host), generator(model, two, MemorySpace::Host);
-      GenerateParams greedy, sample, beam;
-      greedy.max_new_tokens = sample.max_new_tokens = beam.max_new_tokens = 6;
-      sample.decoding = Decoding::Sample;
-      sample.temperature = 0.8;
-      sample.top_k = 7;
-      sample.top_p = 0.9;
-      beam.decoding = Decoding::Beam;
-      beam.num_beams = 3;
-      for (const GenerateParams* p : {&greedy, &sample, &beam}) {
-        const std::vector<Result> want = ref_generator.generate(prompts(), *p);
-        const std::vector<Result> got = generator.generate(prompts(), *p);
-        for (std::size_t i = 0; i < want.size(); ++i) {
-          EXPECT_EQ(got[i].ids, want[i].ids) << "v11 " << v11 << " prompt " << i;
-          EXPECT_EQ(got[i].ids.size(), 6u);
-        }
+  testing_util::TpPair pair;
+  LayerContext ref_ctx = context(pair.one), ctx = context(pair.two);
+  for (const bool v11 : {false, true}) {
+    T5Model ref(tiny_spec(v11, 2), ref_ctx, DType::F32, 4),
+        model(tiny_spec(v11, 2), ctx, DType::F32, 4);
+    T5Generator ref_generator(ref, pair.one, MemorySpace::Host),
+        generator(model, pair.two, MemorySpace::Host);
+    GenerateParams greedy, sample, beam;
+    greedy.max_new_tokens = sample.max_new_tokens = beam.max_new_tokens = 6;
+    sample.decoding = Decoding::Sample;
+    sample.temperature = 0.8;
+    sample.top_k = 7;
+    sample.top_p = 0.9;
+    beam.decoding = Decoding::Beam;
+    beam.num_beams = 3;
+    for (const GenerateParams* p : {&greedy, &sample, &beam}) {
+      const std::vector<Result> want = ref_generator.generate(prompts(), *p);
+      const std::vector<Result> got = generator.generate(prompts(), *p);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got[i].ids, want[i].ids) << "v11 " << v11 << " prompt " << i;
+        EXPECT_EQ(got[i].ids.size(), 6u);
       }
     }
   }
-  MPI_Comm_free(&pair);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 // Inputs, tolerances and the NaN poisoning: gpu_ops_test_util.hpp.
 // Run: ctest -R gpu_ops --output-on-failure   (skips, exit 0, without a GPU)
 #include "gpu_ops_test_util.hpp"
+#include "tests/ops/attention_softmax_case.hpp"
 
 namespace meshtron::ops {
 namespace {
@@ -52,19 +53,8 @@ TEST_F(GpuOps, RelativeBiasBackwardMatchesHost) {
 
 // ======================================================= Attention softmax ==
 
-struct SoftmaxCase {
-  index_t batch, heads, Sq, Sk;
-  bool bias, key_mask, causal;
-};
-
-/// Sample b's last b keys masked; sample 1 has none left (rows of zeros).
-Tensor key_mask_for(index_t batch, index_t Sk) {
-  Tensor m = Tensor::empty({batch, Sk}, DType::I32);
-  for (index_t b = 0; b < batch; ++b)
-    for (index_t j = 0; j < Sk; ++j)
-      m.data<std::int32_t>()[b * Sk + j] = b == 1 ? 0 : (j < Sk - b ? 1 : 0);
-  return m;
-}
+using test_support::key_mask_for;
+using test_support::SoftmaxCase;
 
 TEST_F(GpuOps, AttentionSoftmaxForwardBackwardAndBiasGradientMatchHost) {
   const std::vector<SoftmaxCase> cases = {

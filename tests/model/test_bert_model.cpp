@@ -22,6 +22,7 @@
 #include "io/hf/megatron_bert.hpp"
 #include "parallel/communicator.hpp"
 #include "tests/model/bert_fixture.hpp"
+#include "tests/model/recompute_check.hpp"
 
 namespace meshtron::bert_test {
 namespace {
@@ -100,16 +101,8 @@ TEST(BertModel, RecomputeGivesTheSameLossAndGradients) {
   OneRank r;
   BertModel model(tiny_spec(), r.ctx, DType::F64, 5);
   const BertBatch batch = tiny_batch();
-  const double loss = loss_and_grads(model, batch, r.ctx);
-  std::vector<std::vector<double>> grads;
-  for (Parameter* p : model.parameters()) grads.push_back(p->grad.to_doubles());
-  for (Recompute mode : {Recompute::Selective, Recompute::Full}) {
-    r.ctx.recompute = mode;
-    EXPECT_EQ(loss_and_grads(model, batch, r.ctx), loss);
-    const ParameterList params = model.parameters();
-    for (std::size_t k = 0; k < params.size(); ++k)
-      EXPECT_EQ(params[k]->grad.to_doubles(), grads[k]) << params[k]->name;
-  }
+  testing_util::expect_recompute_bit_equal([&] { return loss_and_grads(model, batch, r.ctx); },
+                                           model.parameters(), r.ctx);
 }
 
 TEST(BertModel, BadBatchesAreOneLineErrors) {

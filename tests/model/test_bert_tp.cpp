@@ -11,7 +11,7 @@
 #include <cmath>
 
 #include "common/mpi_test_util.hpp"
-#include "parallel/communicator.hpp"
+#include "common/tp_pair.hpp"
 #include "tests/model/bert_fixture.hpp"
 
 namespace meshtron::bert_test {
@@ -21,40 +21,20 @@ class BertModelTp2 : public ::testing::TestWithParam<double> {};
 
 TEST_P(BertModelTp2, LossAndGradientsMatchOneRank) {
   if (testing_util::world_size() % 2) GTEST_SKIP() << "needs an even world";
-  MPI_Comm pair;
-  MPI_Comm_split(MPI_COMM_WORLD, testing_util::world_rank() / 2, 0, &pair);
-  {
-    MpiCommunicator self(MPI_COMM_SELF), comm(pair);
-    TensorParallelGroup one{self}, two{comm};
-    LayerContext ref_ctx = context(one), ctx = context(two);
-    ModelSpec spec = tiny_spec(2);
-    spec.hidden_dropout = spec.attention_dropout = GetParam();  // masks keyed by global index
-    BertModel ref(spec, ref_ctx, DType::F64, 3), model(spec, ctx, DType::F64, 3);
-    const BertBatch batch = tiny_batch();
-    const double ref_loss = loss_and_grads(ref, batch, ref_ctx);
-    const double loss = loss_and_grads(model, batch, ctx);
-    EXPECT_NEAR(loss, ref_loss, 1e-10 * std::fabs(ref_loss));
-    if (GetParam() > 0) {  // the masks drop something
-      BertModel plain(tiny_spec(2), ref_ctx, DType::F64, 3);
-      EXPECT_NE(loss_and_grads(plain, batch, ref_ctx), ref_loss);
-    }
-    const ParameterList got = model.parameters(), want = ref.parameters();
-    ASSERT_EQ(got.size(), want.size());
-    for (std::size_t k = 0; k < got.size(); ++k) {
-      const Parameter& p = *got[k];
-      ASSERT_EQ(p.name, want[k]->name);
-      const double* g = p.grad.data<double>();
-      const double* r = want[k]->grad.data<double>();
-      int compared = 0;
-      for_each_global_index(p, ctx.tp.rank(), 2, [&](index_t local, index_t global) {
-        ++compared;
-        ASSERT_NEAR(g[local], r[global], 1e-10 * (1 + std::fabs(r[global])))
-            << p.name << " local " << local << " global " << global;
-      });
-      EXPECT_GT(compared, 0) << p.name;
-    }
+  testing_util::TpPair pair;
+  LayerContext ref_ctx = context(pair.one), ctx = context(pair.two);
+  ModelSpec spec = tiny_spec(2);
+  spec.hidden_dropout = spec.attention_dropout = GetParam();  // masks keyed by global index
+  BertModel ref(spec, ref_ctx, DType::F64, 3), model(spec, ctx, DType::F64, 3);
+  const BertBatch batch = tiny_batch();
+  const double ref_loss = loss_and_grads(ref, batch, ref_ctx);
+  const double loss = loss_and_grads(model, batch, ctx);
+  EXPECT_NEAR(loss, ref_loss, 1e-10 * std::fabs(ref_loss));
+  if (GetParam() > 0) {  // the masks drop something
+    BertModel plain(tiny_spec(2), ref_ctx, DType::F64, 3);
+    EXPECT_NE(loss_and_grads(plain, batch, ref_ctx), ref_loss);
   }
-  MPI_Comm_free(&pair);
+  testing_util::expect_tp2_grads_match(model.parameters(), ref.parameters(), ctx.tp.rank());
 }
 
 INSTANTIATE_TEST_SUITE_P(Dropout, BertModelTp2, ::testing::Values(0.0, 0.2),

@@ -18,6 +18,7 @@
 #include "common/expect_user_error.hpp"
 #include "parallel/communicator.hpp"
 #include "tests/model/t5_fixture.hpp"
+#include "tests/model/recompute_check.hpp"
 
 namespace meshtron::t5_test {
 namespace {
@@ -118,16 +119,8 @@ TEST_P(T5ModelVersions, RecomputeGivesTheSameLossAndGradients) {
   spec.hidden_dropout = spec.attention_dropout = 0.2;  // the rebuilt masks must match too
   T5Model model(spec, r.ctx, DType::F64, 5);
   const T5Batch batch = tiny_batch();
-  const double loss = loss_and_grads(model, batch, r.ctx);
-  std::vector<std::vector<double>> grads;
-  for (Parameter* p : model.parameters()) grads.push_back(p->grad.to_doubles());
-  for (Recompute mode : {Recompute::Selective, Recompute::Full}) {
-    r.ctx.recompute = mode;
-    EXPECT_EQ(loss_and_grads(model, batch, r.ctx), loss);
-    const ParameterList params = model.parameters();
-    for (std::size_t k = 0; k < params.size(); ++k)
-      EXPECT_EQ(params[k]->grad.to_doubles(), grads[k]) << params[k]->name;
-  }
+  testing_util::expect_recompute_bit_equal([&] { return loss_and_grads(model, batch, r.ctx); },
+                                           model.parameters(), r.ctx);
 }
 
 TEST_P(T5ModelVersions, DecodeStepsMatchTheFullForward) {

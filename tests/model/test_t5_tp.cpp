@@ -15,7 +15,7 @@
 #include <tuple>
 
 #include "common/mpi_test_util.hpp"
-#include "parallel/communicator.hpp"
+#include "common/tp_pair.hpp"
 #include "tests/model/t5_fixture.hpp"
 
 namespace meshtron::t5_test {
@@ -33,75 +33,55 @@ void sum_partial_grad(Parameter& p, MPI_Comm pair) {
 TEST_P(T5ModelTp2, LossLogitsAndGradientsMatchOneRank) {
   if (testing_util::world_size() % 2) GTEST_SKIP() << "needs an even world";
   const auto [v11, dropout, sequence_parallel] = GetParam();
-  MPI_Comm pair;
-  MPI_Comm_split(MPI_COMM_WORLD, testing_util::world_rank() / 2, 0, &pair);
-  {
-    MpiCommunicator self(MPI_COMM_SELF), comm(pair);
-    TensorParallelGroup one{self}, two{comm};
-    LayerContext ref_ctx = context(one), ctx = context(two);
-    ctx.sequence_parallel = sequence_parallel;
-    ModelSpec spec = tiny_spec(v11, 2);
-    spec.hidden_dropout = spec.attention_dropout = dropout;
-    T5Model ref(spec, ref_ctx, DType::F64, 3), model(spec, ctx, DType::F64, 3);
-    const T5Batch batch = tiny_batch();
-    T5Model::Cache ref_cache, cache;
-    const double ref_loss = loss_and_grads(ref, batch, ref_ctx, &ref_cache);
-    const double loss = loss_and_grads(model, batch, ctx, &cache);
-    EXPECT_NEAR(loss, ref_loss, 1e-10 * std::fabs(ref_loss));
-    if (dropout > 0) {  // the masks drop something
-      T5Model plain(tiny_spec(v11, 2), ref_ctx, DType::F64, 3);
-      EXPECT_NE(loss_and_grads(plain, batch, ref_ctx), ref_loss);
+  testing_util::TpPair pair;
+  LayerContext ref_ctx = context(pair.one), ctx = context(pair.two);
+  ctx.sequence_parallel = sequence_parallel;
+  ModelSpec spec = tiny_spec(v11, 2);
+  spec.hidden_dropout = spec.attention_dropout = dropout;
+  T5Model ref(spec, ref_ctx, DType::F64, 3), model(spec, ctx, DType::F64, 3);
+  const T5Batch batch = tiny_batch();
+  T5Model::Cache ref_cache, cache;
+  const double ref_loss = loss_and_grads(ref, batch, ref_ctx, &ref_cache);
+  const double loss = loss_and_grads(model, batch, ctx, &cache);
+  EXPECT_NEAR(loss, ref_loss, 1e-10 * std::fabs(ref_loss));
+  if (dropout > 0) {  // the masks drop something
+    T5Model plain(tiny_spec(v11, 2), ref_ctx, DType::F64, 3);
+    EXPECT_NE(loss_and_grads(plain, batch, ref_ctx), ref_loss);
+  }
+  const Tensor& full = T5Model::logits(ref_cache);
+  const Tensor& shard = T5Model::logits(cache);
+  const index_t width = shard.dim(1), first = width * ctx.tp.rank();
+  ASSERT_EQ(full.dim(1), 2 * width);
+  for (index_t row = 0; row < shard.dim(0); ++row)
+    for (index_t col = 0; col < width; ++col) {
+      const double want = full.data<double>()[row * full.dim(1) + first + col];
+      ASSERT_NEAR(shard.data<double>()[row * width + col], want, 1e-10 * (1 + std::fabs(want)))
+          << "logit row " << row << " column " << first + col;
     }
-    const Tensor& full = T5Model::logits(ref_cache);
-    const Tensor& shard = T5Model::logits(cache);
-    const index_t width = shard.dim(1), first = width * ctx.tp.rank();
-    ASSERT_EQ(full.dim(1), 2 * width);
-    for (index_t row = 0; row < shard.dim(0); ++row)
-      for (index_t col = 0; col < width; ++col) {
-        const double want = full.data<double>()[row * full.dim(1) + first + col];
-        ASSERT_NEAR(shard.data<double>()[row * width + col], want, 1e-10 * (1 + std::fabs(want)))
-            << "logit row " << row << " column " << first + col;
-      }
-    if (dropout == 0 && !sequence_parallel) {  // generation: each decode step's logit shard
-      T5Batch prefix = batch;
-      prefix.decoder_mask = Tensor();
-      auto ref_state = ref.start_decoding(
-          ref.encode(prefix.encoder_ids, prefix.encoder_mask, ref_ctx), prefix.encoder_mask,
-          kDecSeq, ref_ctx);
-      auto state = model.start_decoding(model.encode(prefix.encoder_ids, prefix.encoder_mask, ctx),
-                                        prefix.encoder_mask, kDecSeq, ctx);
-      for (index_t t = 0; t < kDecSeq; ++t) {
-        const std::int32_t* row = prefix.decoder_ids.data<std::int32_t>() + t * kBatch;
-        const Tensor want_step =
-            ref.decode_step(ints({kBatch}, {row[0], row[1]}), ref_ctx, ref_state);
-        const Tensor got_step = model.decode_step(ints({kBatch}, {row[0], row[1]}), ctx, state);
-        for (index_t i = 0; i < kBatch; ++i)
-          for (index_t col = 0; col < width; ++col) {
-            const double want_logit = want_step.data<double>()[i * 2 * width + first + col];
-            ASSERT_NEAR(got_step.data<double>()[i * width + col], want_logit,
-                        1e-10 * (1 + std::fabs(want_logit)))
-                << "decode step " << t << " sample " << i << " column " << first + col;
-          }
-      }
-    }
-    const ParameterList got = model.parameters(), want = ref.parameters();
-    ASSERT_EQ(got.size(), want.size());
-    for (std::size_t k = 0; k < got.size(); ++k) {
-      sum_partial_grad(*got[k], pair);
-      const Parameter& p = *got[k];
-      ASSERT_EQ(p.name, want[k]->name);
-      const double* g = p.grad.data<double>();
-      const double* r = want[k]->grad.data<double>();
-      int compared = 0;
-      for_each_global_index(p, ctx.tp.rank(), 2, [&](index_t local, index_t global) {
-        ++compared;
-        ASSERT_NEAR(g[local], r[global], 1e-10 * (1 + std::fabs(r[global])))
-            << p.name << " local " << local << " global " << global;
-      });
-      EXPECT_GT(compared, 0) << p.name;
+  if (dropout == 0 && !sequence_parallel) {  // generation: each decode step's logit shard
+    T5Batch prefix = batch;
+    prefix.decoder_mask = Tensor();
+    auto ref_state = ref.start_decoding(
+        ref.encode(prefix.encoder_ids, prefix.encoder_mask, ref_ctx), prefix.encoder_mask,
+        kDecSeq, ref_ctx);
+    auto state = model.start_decoding(model.encode(prefix.encoder_ids, prefix.encoder_mask, ctx),
+                                      prefix.encoder_mask, kDecSeq, ctx);
+    for (index_t t = 0; t < kDecSeq; ++t) {
+      const std::int32_t* row = prefix.decoder_ids.data<std::int32_t>() + t * kBatch;
+      const Tensor want_step =
+          ref.decode_step(ints({kBatch}, {row[0], row[1]}), ref_ctx, ref_state);
+      const Tensor got_step = model.decode_step(ints({kBatch}, {row[0], row[1]}), ctx, state);
+      for (index_t i = 0; i < kBatch; ++i)
+        for (index_t col = 0; col < width; ++col) {
+          const double want_logit = want_step.data<double>()[i * 2 * width + first + col];
+          ASSERT_NEAR(got_step.data<double>()[i * width + col], want_logit,
+                      1e-10 * (1 + std::fabs(want_logit)))
+              << "decode step " << t << " sample " << i << " column " << first + col;
+        }
     }
   }
-  MPI_Comm_free(&pair);
+  for (Parameter* p : model.parameters()) sum_partial_grad(*p, pair.comm());
+  testing_util::expect_tp2_grads_match(model.parameters(), ref.parameters(), ctx.tp.rank());
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ops/ops.hpp"
+#include "tests/ops/attention_softmax_case.hpp"
 #include "tests/ops/float_types.hpp"
 #include "tests/ops/op_test_support.hpp"
 
@@ -148,20 +149,7 @@ TEST(T5OpsDeathTest, ArgumentErrorsNameTheOpAndTheTensor) {
 
 // --------------------------------------------------- attention softmax ---
 
-struct Case {
-  index_t batch, heads, Sq, Sk;
-  bool bias, key_mask, causal;
-};
-
-/// Sample b's keys: the last b are masked; sample 1 (when there is one and
-/// masking) has none left, so its rows are all zero.
-Tensor key_mask_for(index_t batch, index_t Sk) {
-  Tensor m = Tensor::empty({batch, Sk}, DType::I32);
-  for (index_t b = 0; b < batch; ++b)
-    for (index_t j = 0; j < Sk; ++j)
-      m.data<std::int32_t>()[b * Sk + j] = b == 1 ? 0 : (j < Sk - b ? 1 : 0);
-  return m;
-}
+using Case = SoftmaxCase;
 
 bool visible(const Case& c, const SoftmaxMasks& masks, index_t m, index_t i, index_t j) {
   if (c.causal && j > i + (c.Sk - c.Sq)) return false;

@@ -116,6 +116,25 @@ void write_hf_weights(const std::string& model_dir,
                   {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
 }
 
+Tensor stacked_rows(const std::vector<Tensor>& parts) {
+  Shape shape = parts[0].shape();
+  shape[0] = 0;
+  std::size_t bytes = 0;
+  for (const Tensor& p : parts) {
+    shape[0] += p.dim(0);
+    bytes += std::size_t(p.bytes());
+  }
+  Tensor out = Tensor::empty(shape, parts[0].dtype());
+  MESH_VERIFY(std::size_t(out.bytes()) == bytes,
+              "stacked_rows: parts of one dtype and trailing shape");
+  auto* dst = static_cast<char*>(out.raw());
+  for (const Tensor& p : parts) {
+    std::memcpy(dst, p.raw(), p.bytes());
+    dst += p.bytes();
+  }
+  return out;
+}
+
 Tensor transposed(const Tensor& t) {
   MESH_VERIFY(t.rank() == 2 && t.is_host(), "transposed: a host matrix, got "
                                                 << shape_string(t.shape()));

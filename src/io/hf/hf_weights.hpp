@@ -48,6 +48,11 @@ class HfWeights {
 /// nn.Linear's [out, in] <-> meshtron's [in, out].
 Tensor transposed(const Tensor& t);
 
+/// Host parts of one fused parameter (q | k | v, gate | up) one after the
+/// other along dimension 0; the caller has checked that they share a dtype
+/// and trailing shape (each family names the offending file tensor).
+Tensor stacked_rows(const std::vector<Tensor>& parts);
+
 /// Writes `tensors` (host) into `model_dir` as save_pretrained does: one
 /// model.safetensors when they fit in `max_shard_bytes`, else shards filled
 /// in order up to that size (a larger tensor alone in its shard) and the

@@ -1,6 +1,5 @@
 #include "io/hf/llama.hpp"
 
-#include <cstring>
 #include <regex>
 
 #include "common/error.hpp"
@@ -41,21 +40,6 @@ const std::vector<LlamaRule>& llama_tensor_rules() {
       {std::regex(R"(^output_layer\.weight$)"), {"lm_head.weight"}, false},
   };
   return rules;
-}
-
-/// The parts stacked along dimension 0 (one dtype, equal trailing shapes).
-Tensor stacked_rows(const std::vector<Tensor>& parts) {
-  index_t rows = 0;
-  for (const Tensor& p : parts) rows += p.dim(0);
-  Shape shape = parts[0].shape();
-  shape[0] = rows;
-  Tensor out = Tensor::empty(shape, parts[0].dtype());
-  auto* dst = static_cast<char*>(out.raw());
-  for (const Tensor& p : parts) {
-    std::memcpy(dst, p.raw(), p.bytes());
-    dst += p.bytes();
-  }
-  return out;
 }
 
 /// Output columns of each part of a fused linear (q | k | v, gate | up).

@@ -85,18 +85,11 @@ BertMapping mapping_of(const std::string& name) {
 
 /// q, k, v (each `rows` leading entries) one after the other along dim 0.
 Tensor stacked(const std::vector<Tensor>& parts) {
-  Shape shape = parts[0].shape();
-  shape[0] = 0;
-  for (const Tensor& p : parts) shape[0] += p.dim(0);
-  Tensor out = Tensor::empty(shape, parts[0].dtype());
-  auto* dst = static_cast<char*>(out.raw());
-  for (const Tensor& p : parts) {
-    MESH_REQUIRE(p.dtype() == parts[0].dtype() && p.numel() * shape[0] == out.numel() * p.dim(0),
+  for (const Tensor& p : parts)  // the same trailing size: numel / dim(0) alike
+    MESH_REQUIRE(p.dtype() == parts[0].dtype() &&
+                     p.numel() * parts[0].dim(0) == parts[0].numel() * p.dim(0),
                  "MegatronBert: query, key and value must share dtype and shape");
-    std::memcpy(dst, p.raw(), p.bytes());
-    dst += p.bytes();
-  }
-  return out;
+  return stacked_rows(parts);
 }
 
 /// Leading-dimension slice [begin, end) of a host tensor of rank 1 or 2, copied.

@@ -1,6 +1,5 @@
 #include "io/hf/t5.hpp"
 
-#include <cstring>
 #include <regex>
 
 #include "common/error.hpp"
@@ -95,14 +94,7 @@ Tensor stacked_parts(const std::vector<Tensor>& parts, const std::vector<std::st
                             << shape_string(parts[k].shape()) << ") differs from '" << names[0]
                             << "' (" << dtype_name(parts[0].dtype()) << " "
                             << shape_string(shape) << "): the parts of one fused linear agree");
-  shape[0] *= index_t(parts.size());
-  Tensor out = Tensor::empty(shape, parts[0].dtype());
-  auto* dst = static_cast<char*>(out.raw());
-  for (const Tensor& p : parts) {
-    std::memcpy(dst, p.raw(), p.bytes());
-    dst += p.bytes();
-  }
-  return out;
+  return stacked_rows(parts);
 }
 
 bool gated(const ModelSpec& spec) { return is_gated(spec.block.mlp.activation); }
