@@ -301,30 +301,6 @@ Tensor T5Model::decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& 
   return head_->logits(sequence, step);
 }
 
-void T5Model::select_samples(DecoderState& state, const std::vector<index_t>& from) {
-  const index_t b = state.encoder_mask.dim(0);
-  MESH_REQUIRE(index_t(from.size()) == b,
-               "T5Model::select_samples: " << from.size() << " sources for " << b << " samples");
-  for (index_t f : from)
-    MESH_REQUIRE(f >= 0 && f < b, "T5Model::select_samples: sample " << f << " of " << b);
-  // Each tensor's sample i is one contiguous row block ([b * heads, ...] or [b, s]).
-  const auto select = [&](Tensor& t) {
-    const Tensor rows = t.reshape({b, t.numel() / b});
-    Tensor picked = Tensor::empty(rows.shape(), t.dtype(), t.space());
-    for (index_t i = 0; i < b; ++i) {
-      const index_t source = from[std::size_t(i)];
-      picked.slice_rows(i, i + 1).copy_from(rows.slice_rows(source, source + 1));
-    }
-    t = picked.reshape(t.shape());
-  };
-  select(state.encoder_mask);
-  for (auto* per_block : {&state.self, &state.cross})
-    for (T5Attention::KeyValues& kv : *per_block) {
-      select(kv.k);
-      select(kv.v);
-    }
-}
-
 Tensor T5Model::decoder_embedding(const Tensor& ids, LayerContext& ctx, Cache& c) const {
   LayerContext lookup = ctx;  // the embedding's own dropout is the encoder's stream
   lookup.training = false;

@@ -148,9 +148,6 @@ class T5Model final : public StageModel {
   /// (LmHeadLoss::logits, after T5's scaling of a tied head): the rows
   /// forward() gives at that position for the same decoder prefix.
   Tensor decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& state) const;
-  /// Beam search's reordering: sample i of the state becomes its sample
-  /// from[i] (caches, encoder keys and values, encoder mask); from.size() = b.
-  static void select_samples(DecoderState& state, const std::vector<index_t>& from);
 
   // StageModel (the whole model on one stage): mb.ids are the encoder's
   // ids, mb.padding_mask its mask, mb.decoder_ids / decoder_padding_mask
