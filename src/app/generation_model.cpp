@@ -35,10 +35,12 @@ io::TrainState GenerationModel::load(const std::string& checkpoint, const data::
   if (model_.model_class == ModelClass::T5) {
     const auto* t5 = dynamic_cast<const T5Model*>(trainer_.chunks().front().get());
     MESH_VERIFY(t5 != nullptr, "GenerationModel: model.arch = t5 built no T5Model");
-    t5->require_whole_model("generation");
     const T5GenerationIds ids = t5_generation_ids(config_, tok);
+    generate::T5Pipeline pipeline;
+    if (rt_.topo.pp() > 1)
+      pipeline = {&rt_.pp, config_.degrees().pipeline_split_rank, dtype_};
     t5_generator_ = std::make_unique<generate::T5Generator>(*t5, rt_.tp_group, rt_.space(),
-                                                            ids.pad, ids.pad);
+                                                            ids.pad, ids.pad, pipeline);
     return state;
   }
   generator_ = std::make_unique<generate::Generator>(trainer_.gpt_chunks(), rt_, dtype_);

@@ -32,8 +32,7 @@ struct T5GenerationIds {
 T5GenerationIds t5_generation_ids(const RunConfig& c, const data::Tokenizer* tok);
 
 /// The model of a validated (for_generation) deck on MPI_COMM_WORLD: a
-/// decoder-only model (generator()) or T5 (t5_generator(); pipeline
-/// parallelism rejected by the trainer, one line).
+/// decoder-only model (generator()) or T5 (t5_generator(), on any tp x pp).
 class GenerationModel {
  public:
   /// `c` must outlive this object (the trainer keeps a reference). Not owned.

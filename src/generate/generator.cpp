@@ -72,8 +72,8 @@ Tensor ids_tensor(const std::vector<std::int32_t>& ids) {
   return t;
 }
 
-void Generator::share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n) {
-  if (rt_.topo.pp() == 1) return;
+void broadcast_candidates(Communicator& pp, int root,
+                          std::vector<std::vector<BeamCandidate>>& groups, int n) {
   const std::size_t width = 1 + 3 * std::size_t(n);
   std::vector<double> buf(groups.size() * width, 0.0);
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -84,7 +84,7 @@ void Generator::share_candidates(std::vector<std::vector<BeamCandidate>>& groups
       buf[g * width + 3 + 3 * c] = groups[g][c].id;
     }
   }
-  rt_.pp.broadcast(buf.data(), buf.size(), DType::F64, rt_.topo.pp() - 1);
+  pp.broadcast(buf.data(), buf.size(), DType::F64, root);
   for (std::size_t g = 0; g < groups.size(); ++g) {
     groups[g].resize(std::size_t(buf[g * width]));
     for (std::size_t c = 0; c < groups[g].size(); ++c)
@@ -93,16 +93,23 @@ void Generator::share_candidates(std::vector<std::vector<BeamCandidate>>& groups
   }
 }
 
-void Generator::share_choices(std::vector<TokenChoice>& choices) {
-  if (rt_.topo.pp() == 1) return;
+void broadcast_choices(Communicator& pp, int root, std::vector<TokenChoice>& choices) {
   std::vector<double> buf(2 * choices.size());
   for (std::size_t i = 0; i < choices.size(); ++i) {
     buf[2 * i] = choices[i].id;
     buf[2 * i + 1] = choices[i].logprob;
   }
-  rt_.pp.broadcast(buf.data(), buf.size(), DType::F64, rt_.topo.pp() - 1);
+  pp.broadcast(buf.data(), buf.size(), DType::F64, root);
   for (std::size_t i = 0; i < choices.size(); ++i)
     choices[i] = {std::int32_t(buf[2 * i]), buf[2 * i + 1]};
+}
+
+void Generator::share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n) {
+  if (rt_.topo.pp() > 1) broadcast_candidates(rt_.pp, rt_.topo.pp() - 1, groups, n);
+}
+
+void Generator::share_choices(std::vector<TokenChoice>& choices) {
+  if (rt_.topo.pp() > 1) broadcast_choices(rt_.pp, rt_.topo.pp() - 1, choices);
 }
 
 std::vector<Result> Generator::generate(const std::vector<Request>& batch,

@@ -69,6 +69,13 @@ using TokenCallback = std::function<void(std::int64_t index, std::int32_t id, do
 /// int32 [ids.size()] on the host.
 Tensor ids_tensor(const std::vector<std::int32_t>& ids);
 
+/// The pipeline's share of the last stage's decisions: `root`'s choices
+/// (every rank passes as many) become every rank's of the group `pp`.
+void broadcast_choices(Communicator& pp, int root, std::vector<TokenChoice>& choices);
+/// Likewise up to `n` candidates of each group (every rank passes as many groups).
+void broadcast_candidates(Communicator& pp, int root,
+                          std::vector<std::vector<BeamCandidate>>& groups, int n);
+
 class Generator {
  public:
   /// `chunks`: this rank's model chunks (Trainer::chunks order: chunk c is

@@ -73,15 +73,19 @@ LayerContext generation_context(const LayerContext& base, index_t b) {
 // ------------------------------------------------------------ T5Decoding ---
 
 T5Decoding::T5Decoding(const T5Model& model, const std::vector<Request>& batch, int copies,
-                       index_t capacity, std::int32_t pad_id, const LayerContext& ctx)
-    : model_(model), ctx_(generation_context(ctx, index_t(batch.size()) * copies)) {
+                       index_t capacity, std::int32_t pad_id, const LayerContext& ctx,
+                       const T5Pipeline& pipeline)
+    : model_(model),
+      ctx_(generation_context(ctx, index_t(batch.size()) * copies)),
+      pipeline_(pipeline) {
   MESH_VERIFY(!batch.empty() && copies >= 1 && capacity >= 1,
               "T5Decoding: a batch, at least one copy and one position");
   const index_t b = index_t(batch.size());
   const EncoderInput in = encoder_input(batch, pad_id);
   LayerContext encode_ctx = generation_context(ctx, b);
   encode_ctx.seq_length = longest_prompt(batch);
-  Tensor memory = model_.encode(in.ids, in.mask, encode_ctx);
+  Tensor memory = encoder_output(in.ids, in.mask, encode_ctx);
+  if (!pipeline_.decodes()) return;
   Tensor mask = in.mask;
   if (copies > 1) {
     memory = repeat_samples(memory, b, copies, ctx_.space);
@@ -90,13 +94,53 @@ T5Decoding::T5Decoding(const T5Model& model, const std::vector<Request>& batch, 
   state_ = model_.start_decoding(memory, mask, capacity, ctx_);
 }
 
+Tensor T5Decoding::encoder_output(const Tensor& ids, const Tensor& mask,
+                                  LayerContext& ctx) const {
+  if (!pipeline_.comm) return model_.encode(ids, mask, ctx);
+  Communicator& pp = *pipeline_.comm;
+  const int me = pipeline_.stage(), last_encoder = pipeline_.split - 1;
+  const auto received = [&](int from) {
+    Tensor x = Tensor::empty({ids.numel(), model_.spec().hidden_size}, pipeline_.dtype, ctx.space);
+    pp.recv(x.raw(), std::size_t(x.numel()), pipeline_.dtype, from);
+    return x;
+  };
+  if (pipeline_.decodes()) return received(last_encoder);
+  const Tensor x = model_.encode(me == 0 ? ids : received(me - 1), mask, ctx);
+  MESH_VERIFY(x.dtype() == pipeline_.dtype, "T5Decoding: the encoder's rows are not in the "
+                                            "pipeline's activation dtype");
+  // The next encoder stage, or (the encoder output) every decoder stage:
+  // each one's cross-attentions read it.
+  const int end = me == last_encoder ? pipeline_.stages() : me + 2;
+  for (int to = me + 1; to < end; ++to)
+    pp.send(x.raw(), std::size_t(x.numel()), pipeline_.dtype, to);
+  return Tensor();
+}
+
 Tensor T5Decoding::step(const std::vector<std::int32_t>& ids) {
   MESH_VERIFY(index_t(ids.size()) == sequences(),
               "T5Decoding::step: " << ids.size() << " ids for " << sequences() << " sequences");
-  return model_.decode_step(ids_tensor(ids), ctx_, state_);
+  if (!pipeline_.comm) return model_.decode_step(ids_tensor(ids), ctx_, state_);
+  if (!pipeline_.decodes()) {  // the position only, which the sampler keys draws by
+    ++state_.position;
+    return Tensor();
+  }
+  Communicator& pp = *pipeline_.comm;
+  const int me = pipeline_.stage();
+  Tensor x = ids_tensor(ids);
+  if (me > pipeline_.split) {
+    x = Tensor::empty({sequences(), model_.spec().hidden_size}, pipeline_.dtype, ctx_.space);
+    pp.recv(x.raw(), std::size_t(x.numel()), pipeline_.dtype, me - 1);
+  }
+  const Tensor y = model_.decode_step(x, ctx_, state_);
+  if (pipeline_.last()) return y;
+  MESH_VERIFY(y.dtype() == pipeline_.dtype, "T5Decoding: the decoder's rows are not in the "
+                                            "pipeline's activation dtype");
+  pp.send(y.raw(), std::size_t(y.numel()), pipeline_.dtype, me + 1);
+  return Tensor();
 }
 
 void T5Decoding::reorder(const std::vector<index_t>& to, const std::vector<index_t>& from) {
+  if (state_.self.empty()) return;  // an encoder stage: no decoder caches
   // The self caches [sequences * heads_local, capacity, d] are sequence-major:
   // one KvCache slot per sequence.
   KvCache slots;
@@ -109,10 +153,24 @@ void T5Decoding::reorder(const std::vector<index_t>& to, const std::vector<index
 // ----------------------------------------------------------- T5Generator ---
 
 T5Generator::T5Generator(const T5Model& model, TensorParallelGroup& tp, MemorySpace space,
-                         std::int32_t decoder_start_id, std::int32_t pad_id)
-    : model_(model), ctx_{tp}, start_id_(decoder_start_id), pad_id_(pad_id) {
+                         std::int32_t decoder_start_id, std::int32_t pad_id,
+                         const T5Pipeline& pipeline)
+    : model_(model), ctx_{tp}, start_id_(decoder_start_id), pad_id_(pad_id), pipeline_(pipeline) {
   ctx_.space = space;
   ctx_.training = false;
+  MESH_VERIFY(pipeline_.comm ? pipeline_.encodes() == !model_.encoder.blocks.empty() &&
+                                   pipeline_.decodes() == !model_.decoder.blocks.empty()
+                             : !model_.encoder.blocks.empty() && !model_.decoder.blocks.empty(),
+              "T5Generator: stage " << pipeline_.stage() << " of split " << pipeline_.split
+                                    << " does not hold the stack it runs");
+}
+
+void T5Generator::share_choices(std::vector<TokenChoice>& choices) const {
+  if (pipeline_.comm) broadcast_choices(*pipeline_.comm, pipeline_.stages() - 1, choices);
+}
+
+void T5Generator::share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n) const {
+  if (pipeline_.comm) broadcast_candidates(*pipeline_.comm, pipeline_.stages() - 1, groups, n);
 }
 
 index_t T5Generator::vocab_begin() const { return meshtron::vocab_begin(model_.spec(), ctx_.tp); }
@@ -123,7 +181,7 @@ index_t T5Generator::cache_bytes(index_t sequences, index_t capacity, index_t en
   // cross k and v [sequences * heads/tp, encoder_length, d_kv].
   const ModelSpec& s = model_.spec();
   const index_t heads = s.block.attention.num_heads / ctx_.tp.size();
-  return index_t(s.num_decoder_layers) * 2 * sequences * heads * (capacity + encoder_length) *
+  return index_t(model_.decoder.blocks.size()) * 2 * sequences * heads * (capacity + encoder_length) *
          s.head_dim() * index_t(dtype_size(dtype));
 }
 
@@ -153,7 +211,7 @@ std::vector<Result> T5Generator::generate_sampled(const std::vector<Request>& ba
                                                   const GenerateParams& p,
                                                   const TokenCallback& on_token) {
   const std::size_t n = batch.size();
-  T5Decoding decoding(model_, batch, 1, p.max_new_tokens, pad_id_, ctx_);
+  T5Decoding decoding(model_, batch, 1, p.max_new_tokens, pad_id_, ctx_, pipeline_);
   const SamplingParams sampling{p.decoding == Decoding::Greedy, p.temperature, p.top_k, p.top_p,
                                 p.seed};
   const std::unordered_set<std::int32_t> stop_ids(p.stop_ids.begin(), p.stop_ids.end());
@@ -165,9 +223,11 @@ std::vector<Result> T5Generator::generate_sampled(const std::vector<Request>& ba
     const Tensor logits = decoding.step(ids);
     std::vector<DrawKey> keys;  // the drawn token sits at the next decoder position
     for (std::size_t i = 0; i < n; ++i) keys.push_back({batch[i].index, decoding.position()});
-    const std::vector<TokenChoice> choices =
-        choose_tokens(logits, vocab_begin(), model_.spec().vocab_size, sampling, keys,
-                      ctx_.tp.comm);
+    std::vector<TokenChoice> choices(n);
+    if (pipeline_.last())
+      choices = choose_tokens(logits, vocab_begin(), model_.spec().vocab_size, sampling, keys,
+                              ctx_.tp.comm);
+    share_choices(choices);
     for (std::size_t i = 0; i < n; ++i) {
       Result& r = out[i];
       if (!r.finish_reason.empty()) continue;
@@ -190,7 +250,7 @@ std::vector<Result> T5Generator::generate_beam(const std::vector<Request>& batch
                                                const TokenCallback& on_token) {
   const int K = p.num_beams;
   const std::size_t n = batch.size();
-  T5Decoding decoding(model_, batch, K, p.max_new_tokens, pad_id_, ctx_);
+  T5Decoding decoding(model_, batch, K, p.max_new_tokens, pad_id_, ctx_, pipeline_);
   const std::unordered_set<std::int32_t> stop_ids(p.stop_ids.begin(), p.stop_ids.end());
   const int wanted = beam_candidate_count(K, stop_ids.size());
   std::vector<BeamGroup> groups(n, BeamGroup(K, p.length_penalty, p.early_stopping));
@@ -208,8 +268,11 @@ std::vector<Result> T5Generator::generate_beam(const std::vector<Request>& batch
         rows[a].push_back(beam_slot(active[a], int(k), K));
         scores[a].push_back(groups[active[a]].running[k].score);
       }
-    const std::vector<std::vector<BeamCandidate>> candidates = beam_candidates(
-        logits, vocab_begin(), model_.spec().vocab_size, rows, scores, wanted, ctx_.tp.comm);
+    std::vector<std::vector<BeamCandidate>> candidates(active.size());
+    if (pipeline_.last())
+      candidates = beam_candidates(logits, vocab_begin(), model_.spec().vocab_size, rows, scores,
+                                   wanted, ctx_.tp.comm);
+    share_candidates(candidates, wanted);
     std::vector<std::size_t> next;
     std::vector<index_t> to, from;
     for (std::size_t a = 0; a < active.size(); ++a) {

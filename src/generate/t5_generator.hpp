@@ -21,8 +21,16 @@
 // start token is position 0, never by rank) and beam search's
 // advance_beams / best_hypothesis with beam_candidates, the self caches
 // reordered by source beam between steps. Tensor parallel through the
-// model's tp group (vocab-parallel logits, small collectives); the whole
-// model on one pipeline stage.
+// model's tp group (vocab-parallel logits, small collectives).
+//
+// Pipeline (T5Pipeline, Megatron's split): the encoder stages encode the
+// batch once, each passing its rows [s_enc*b, h] on; the last one sends the
+// encoder output (after the final norm) to every decoder stage, which
+// computes its blocks' cross-attention keys and values once. Each step runs
+// the decoder stages one after another on the step's rows [b*K, h]; the
+// last stage chooses the tokens (or the beam candidates) and broadcasts
+// them over the pipeline, so every rank holds the same sequences and
+// reorders its own caches, as the GPT Generator does.
 #pragma once
 
 #include <cstdint>
@@ -33,17 +41,34 @@
 
 namespace meshtron::generate {
 
+/// This rank's place in a pipeline of T5 stages: stages [0, split) hold
+/// the encoder, [split, stages) the decoder. The default: the whole model
+/// on this rank.
+struct T5Pipeline {
+  Communicator* comm = nullptr;  ///< the pp group; null: one stage. Not owned.
+  int split = 0;
+  DType dtype = DType::F32;      ///< the activations passed between stages
+  int stages() const { return comm ? comm->size() : 1; }
+  int stage() const { return comm ? comm->rank() : 0; }
+  bool encodes() const { return !comm || stage() < split; }
+  bool decodes() const { return !comm || stage() >= split; }
+  bool last() const { return stage() == stages() - 1; }
+};
+
 /// The decoder side of one batch: encoded once, `copies` decoder sequences
 /// per prompt (sequence i * copies + k reads prompt i's encoder output).
 class T5Decoding {
  public:
   /// `ctx`: the model's tp group and memory space (copied; the batch
-  /// sizes are set here). `model` not owned.
+  /// sizes are set here). `model` not owned. Collective over the pipeline
+  /// (the encoder stages' rows travel to the decoder stages).
   T5Decoding(const T5Model& model, const std::vector<Request>& batch, int copies,
-             index_t capacity, std::int32_t pad_id, const LayerContext& ctx);
+             index_t capacity, std::int32_t pad_id, const LayerContext& ctx,
+             const T5Pipeline& pipeline = {});
   /// Feeds one token per sequence (ids.size() == sequences()) at the next
   /// decoder position; this rank's vocabulary shard of their logits
-  /// [sequences, V_pad/tp]. Collective over tp.
+  /// [sequences, V_pad/tp] on the last stage, an empty tensor on the others.
+  /// Collective over tp and the pipeline.
   Tensor step(const std::vector<std::int32_t>& ids);
   /// Sequence to[j]'s self-attention caches become copies of from[j]'s
   /// (every source read before any is written).
@@ -53,8 +78,13 @@ class T5Decoding {
   index_t position() const { return state_.position; }
 
  private:
+  /// The encoder output of the batch on a decoder stage (through the
+  /// encoder stages under a pipeline); undefined on an encoder stage.
+  Tensor encoder_output(const Tensor& ids, const Tensor& mask, LayerContext& ctx) const;
+
   const T5Model& model_;  ///< Not owned.
   LayerContext ctx_;
+  T5Pipeline pipeline_;
   T5Model::DecoderState state_;
 };
 
@@ -64,13 +94,16 @@ class T5Generator {
   /// transformers' decoder_start_token_id (T5: the pad id, 0); finished
   /// sequences are fed pad_id.
   T5Generator(const T5Model& model, TensorParallelGroup& tp, MemorySpace space,
-              std::int32_t decoder_start_id = 0, std::int32_t pad_id = 0);
-  /// Collective over the tp group; every rank passes the same batch and
-  /// gets the same results. Result::prompt is the encoder's input.
+              std::int32_t decoder_start_id = 0, std::int32_t pad_id = 0,
+              const T5Pipeline& pipeline = {});
+  /// Collective over the tp group and the pipeline; every rank passes the
+  /// same batch and gets the same results. Result::prompt is the encoder's
+  /// input.
   std::vector<Result> generate(const std::vector<Request>& batch, const GenerateParams& params,
                                const TokenCallback& on_token = {});
-  /// Bytes of this rank's decoder caches for `sequences` sequences of
-  /// `capacity` tokens over an encoder input of `encoder_length` tokens.
+  /// Bytes of this rank's decoder caches (its stage's decoder blocks) for
+  /// `sequences` sequences of `capacity` tokens over an encoder input of
+  /// `encoder_length` tokens.
   index_t cache_bytes(index_t sequences, index_t capacity, index_t encoder_length,
                       DType dtype) const;
 
@@ -80,10 +113,14 @@ class T5Generator {
   std::vector<Result> generate_beam(const std::vector<Request>& batch, const GenerateParams& p,
                                     const TokenCallback& on_token);
   index_t vocab_begin() const;
+  /// The last stage's choices (or candidates) become every stage's.
+  void share_choices(std::vector<TokenChoice>& choices) const;
+  void share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n) const;
 
   const T5Model& model_;  ///< Not owned.
   LayerContext ctx_;
   std::int32_t start_id_, pad_id_;
+  T5Pipeline pipeline_;
 };
 
 }  // namespace meshtron::generate

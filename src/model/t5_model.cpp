@@ -241,11 +241,12 @@ void T5Model::check_batch(const T5Batch& in, const LayerContext& ctx) const {
                                    << ")");
 }
 
-Tensor T5Model::encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx) const {
+Tensor T5Model::encode(const Tensor& input, const Tensor& mask, LayerContext& ctx) const {
   Cache c;
-  const index_t s = ids.numel() / ctx.micro_batch;
+  const index_t s = input.dim(0) / ctx.micro_batch;
   LayerContext enc = stack_context(ctx, s);
-  const Tensor x = embedding->forward(ids, enc, c.encoder_embedding);
+  const Tensor x =
+      placement_.has_embedding ? embedding->forward(input, enc, c.encoder_embedding) : input;
   return encoder.forward(x, in_space(mask, ctx.space), Tensor(), Tensor(), enc, c.encoder);
 }
 
@@ -275,14 +276,14 @@ T5Model::DecoderState T5Model::start_decoding(const Tensor& encoder_out,
   return state;
 }
 
-Tensor T5Model::decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& state) const {
+Tensor T5Model::decode_step(const Tensor& input, LayerContext& ctx, DecoderState& state) const {
   const index_t b = ctx.micro_batch, t = state.position;
-  MESH_REQUIRE(ids.numel() == b, "T5Model::decode_step: one id per sample (b = " << b << ")");
+  MESH_REQUIRE(input.dim(0) == b, "T5Model::decode_step: one row per sample (b = " << b << ")");
   MESH_REQUIRE(t < state.capacity,
                "T5Model::decode_step: the cache holds " << state.capacity << " tokens per sample");
   LayerContext step = step_context(ctx);
   Embedding::Cache embedding_cache;
-  Tensor x = embedding->forward(ids, step, embedding_cache);
+  Tensor x = placement_.has_embedding ? embedding->forward(input, step, embedding_cache) : input;
   // Keys 0..t are filled: the rest hidden by the key mask.
   Tensor filled = Tensor::zeros({b, state.capacity}, DType::I32);
   for (index_t i = 0; i < b; ++i)
@@ -294,10 +295,11 @@ Tensor T5Model::decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& 
   masks.cross.key_mask = state.encoder_mask;
   for (std::size_t i = 0; i < decoder.blocks.size(); ++i)
     x = decoder.blocks[i].forward_step(x, t, masks, step, state.self[i], state.cross[i]);
+  ++state.position;
+  if (!placement_.has_head) return x;
   LayerNorm::Cache norm;
   Tensor sequence = decoder.final_norm->forward(x, norm);
   if (head_scale() != 1.0) ops::scale(sequence, head_scale());
-  ++state.position;
   return head_->logits(sequence, step);
 }
 

@@ -112,7 +112,7 @@ class T5Model final : public StageModel {
   /// evenly over stages [0, split), the decoder's over [split, pp); a
   /// UserError where they do not divide evenly.
   static StagePlacement stage_placement(const ModelSpec& spec, int stage, int pp, int split);
-  /// Generation and evaluation hold the whole model: a UserError naming
+  /// Evaluation holds the whole model: a UserError naming
   /// `what` otherwise.
   void require_whole_model(const char* what) const;
   /// Mean cross-entropy over the labelled decoder tokens; checks the batch
@@ -127,8 +127,10 @@ class T5Model final : public StageModel {
   /// Generation: the encoder's output [s_enc*b, h] (this rank's sequence
   /// shard under sequence parallelism) of ids int32 [s_enc*b] ([s, b] rows,
   /// b = ctx.micro_batch) and mask int32 [b, s_enc]; no dropout is drawn
-  /// unless ctx.training.
-  Tensor encode(const Tensor& ids, const Tensor& mask, LayerContext& ctx) const;
+  /// unless ctx.training. On an encoder stage: its blocks' part, `input`
+  /// the ids on the first stage, else the previous stage's rows
+  /// [s_enc*b, h]; the final norm on the last.
+  Tensor encode(const Tensor& input, const Tensor& mask, LayerContext& ctx) const;
 
   /// Generation's decoder state: the self-attention caches of every
   /// decoder block and the cross-attention keys and values of the encoder
@@ -146,8 +148,11 @@ class T5Model final : public StageModel {
   /// Feeds ids int32 [b] (one token per sample, at state.position) and
   /// returns this rank's vocabulary shard of their logits [b, V_pad/tp]
   /// (LmHeadLoss::logits, after T5's scaling of a tied head): the rows
-  /// forward() gives at that position for the same decoder prefix.
-  Tensor decode_step(const Tensor& ids, LayerContext& ctx, DecoderState& state) const;
+  /// forward() gives at that position for the same decoder prefix. On a
+  /// decoder stage: its blocks' part, `input` the ids on the first decoder
+  /// stage, else the previous stage's rows [b, h]; the rows [b, h] it
+  /// passes on, the logits on the last stage.
+  Tensor decode_step(const Tensor& input, LayerContext& ctx, DecoderState& state) const;
 
   // StageModel (the whole model on one stage): mb.ids are the encoder's
   // ids, mb.padding_mask its mask, mb.decoder_ids / decoder_padding_mask

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # meshtron generate on a T5 checkpoint (tiny.deck + t5.deck, 2 training
 # steps on synthetic T5 batches): the encoder inputs of three prompts of
-# different lengths, greedy, sampled and beam ids equal on 1 rank, tp 2 and
-# tp 2 x dp 2, every result max_new_tokens long or ended by eos (1); pp 2 is
-# one error line.
+# different lengths, greedy, sampled and beam ids equal on 1 rank, tp 2,
+# tp 2 x dp 2, pp 2 (encoder | decoder) and tp 2 x pp 2, and the beam ids on
+# pp 4 split 2 (two encoder stages, two decoder stages); every result
+# max_new_tokens long or ended by eos (1).
 #   t5_generate.sh MPIEXEC MESHTRON WORK
 set -euo pipefail
 mpiexec=$1 meshtron=$2 work=$3
@@ -29,7 +30,16 @@ for decoding in greedy sample beam; do
   generate 2 "tp2_$decoding" "${sets[@]}" --set parallel.tensor_parallel=2
   generate 4 "tp2dp2_$decoding" "${sets[@]}" --set parallel.tensor_parallel=2 \
     --set parallel.data_parallel=2
-  for layout in tp2 tp2dp2; do
+  generate 2 "pp2_$decoding" "${sets[@]}" --set parallel.pipeline_parallel=2
+  generate 4 "tp2pp2_$decoding" "${sets[@]}" --set parallel.tensor_parallel=2 \
+    --set parallel.pipeline_parallel=2
+  layouts=(tp2 tp2dp2 pp2 tp2pp2)
+  if [ "$decoding" = beam ]; then
+    generate 4 "pp4_$decoding" "${sets[@]}" --set parallel.pipeline_parallel=4 \
+      --set parallel.pipeline_split_rank=2
+    layouts+=(pp4)
+  fi
+  for layout in "${layouts[@]}"; do
     cmp -s "$work/one_$decoding.jsonl" "$work/${layout}_$decoding.jsonl" ||
       { echo "FAIL: $decoding ids differ between 1 rank and $layout";
         cat "$work/one_$decoding.jsonl" "$work/${layout}_$decoding.jsonl"; exit 1; }
@@ -47,8 +57,4 @@ PY
 done
 [ "$(cat "$work/one_sample.jsonl")" != "$(cat "$work/one_greedy.jsonl")" ] ||
   { echo "FAIL: sampling gave the greedy ids"; exit 1; }
-"$here/../foundation/expect_error.sh" "model.arch = t5: generation over pipeline stages is not built" \
-  "$mpiexec" --oversubscribe -np 2 "$meshtron" generate "${decks[@]}" \
-  --set run.output_dir="$work/gen" --set checkpoint.load="$work/ckpt/iter_0000002.h5" \
-  --set generate.prompts="$work/prompts.jsonl" --set parallel.pipeline_parallel=2
 echo "PASS"
