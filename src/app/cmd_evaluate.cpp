@@ -18,7 +18,10 @@
 // tokens and the binary head's accuracy. model.arch = t5: the whole batches
 // of Megatron's T5 span-corruption samples of evaluate.split, or the rows of
 // evaluate.inputs (train/t5_evaluation.hpp, each row's loss too), scored for
-// the mean cross-entropy over their labelled decoder tokens.
+// the mean cross-entropy over their labelled decoder tokens. Both run
+// through the trainer's evaluation schedule (Trainer::evaluate_heads) on any
+// pipeline: the last stage reads its scores from the head's cache, and the
+// sums go over the pipeline and dp.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -141,8 +144,10 @@ class EvaluateRun {
                             c_.training.global_batch_size, topo.dp_rank(), topo.dp(), 0, 0,
                             c_.run.seed, c_.model.decoder_seq_length};
     T5RowScores s = score_t5_rows(trainer_, rows, layout);
-    for (std::vector<double>* v : {&s.loss_sum, &s.labelled})
+    for (std::vector<double>* v : {&s.loss_sum, &s.labelled}) {
+      rt_.pp.all_reduce(v->data(), v->size(), DType::F64, ReduceOp::Sum);
       rt_.dp.all_reduce(v->data(), v->size(), DType::F64, ReduceOp::Sum);
+    }
     if (!rank0_) return 0;
     const double loss_sum = std::accumulate(s.loss_sum.begin(), s.loss_sum.end(), 0.0);
     const double labelled = std::accumulate(s.labelled.begin(), s.labelled.end(), 0.0);
@@ -177,7 +182,6 @@ class EvaluateRun {
   /// batch holding them all.
   int run_t5_split() {
     MESH_REQUIRE(c_.evaluate.split != "all", "evaluate.split = all: T5 scores valid or test");
-    dynamic_cast<T5Model&>(*trainer_.chunks().front()).require_whole_model("meshtron evaluate");
     const int split = c_.evaluate.split == "test" ? 2 : 1;
     const auto tokenizer = load_tokenizer(c_.data);
     const auto samples = t5_split_samples(
@@ -192,25 +196,20 @@ class EvaluateRun {
     const DataLayout layout{c_.model.seq_length, c_.training.micro_batch_size, global,
                             topo.dp_rank(),       topo.dp(),                    0,
                             0,                    c_.run.seed,                  c_.model.decoder_seq_length};
-    auto& t5 = dynamic_cast<T5Model&>(*trainer_.chunks().front());
-    double loss_sum = 0, labelled = 0;
-    for (std::int64_t k = 0; k < batches; ++k)
-      for (const MicroBatch& mb : t5_batch(*samples, layout, k * global)) {
-        LayerContext ctx = trainer_.evaluation_context(mb);
-        T5Model::Cache cache;
-        const auto space = [&](const Tensor& t) { return in_space(t, ctx.space); };
-        const double loss = t5.forward(T5Batch{space(mb.ids), space(mb.padding_mask),
-                                               space(mb.decoder_ids),
-                                               space(mb.decoder_padding_mask), space(mb.targets)},
-                                       ctx, cache);
-        const auto* labels = mb.targets.data<std::int32_t>();
-        const auto n = double(std::count_if(labels, labels + mb.targets.numel(),
+    double loss_sum = 0, labelled = 0;  // on the last stage
+    for (std::int64_t k = 0; k < batches; ++k) {
+      const std::vector<MicroBatch> batch = t5_batch(*samples, layout, k * global);
+      trainer_.evaluate_heads(batch, [&](int m, const StageCache& cache) {
+        const Tensor& targets = batch[std::size_t(m)].targets;
+        const auto* labels = targets.data<std::int32_t>();
+        const auto n = double(std::count_if(labels, labels + targets.numel(),
                                             [](std::int32_t l) { return l != -100; }));
-        loss_sum += loss * n;
+        loss_sum += static_cast<const T5Model::Cache&>(cache).loss * n;
         labelled += n;
-      }
-    loss_sum = rt_.dp.all_reduce_scalar(loss_sum);
-    labelled = rt_.dp.all_reduce_scalar(labelled);
+      });
+    }
+    loss_sum = rt_.dp.all_reduce_scalar(rt_.pp.all_reduce_scalar(loss_sum));
+    labelled = rt_.dp.all_reduce_scalar(rt_.pp.all_reduce_scalar(labelled));
     if (!rank0_) return 0;
     const double loss = loss_sum / labelled;
     std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
@@ -239,7 +238,7 @@ class EvaluateRun {
     BertModel::Scores sum = c_.evaluate.inputs.empty() ? bert_split_scores(layout, what, detail)
                                                        : bert_input_scores(layout, what, detail);
     for (double* v : {&sum.mlm_loss_sum, &sum.labelled, &sum.binary_correct, &sum.samples})
-      *v = rt_.dp.all_reduce_scalar(*v);
+      *v = rt_.dp.all_reduce_scalar(rt_.pp.all_reduce_scalar(*v));  // the last stage's
     if (!rank0_) return 0;
     const double mlm = sum.mlm_loss_sum / sum.labelled, accuracy = sum.binary_correct / sum.samples;
     std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
@@ -277,22 +276,17 @@ class EvaluateRun {
     MESH_REQUIRE(batches > 0, "evaluate.split = " << c_.evaluate.split << ": data.split "
                                   << c_.data.split << " gives fewer BERT samples than one batch of "
                                   << global);
-    auto& bert = dynamic_cast<BertModel&>(*trainer_.chunks().front());
-    BertModel::Scores sum;
+    BertModel::Scores sum;  // on the last stage
     for (std::int64_t k = 0; k < batches; ++k)
-      for (const MicroBatch& mb : bert_batch(*samples, layout, k * global)) {
-        LayerContext ctx = trainer_.evaluation_context(mb);
-        BertModel::Cache cache;
-        bert.forward(BertBatch{in_space(mb.ids, ctx.space), in_space(mb.token_types, ctx.space),
-                               mb.padding_mask, in_space(mb.targets, ctx.space),
-                               mb.next_sentence},
-                     ctx, cache);
-        const BertModel::Scores s = BertModel::scores(cache);
-        sum.mlm_loss_sum += s.mlm_loss_sum;
-        sum.labelled += s.labelled;
-        sum.binary_correct += s.binary_correct;
-        sum.samples += s.samples;
-      }
+      trainer_.evaluate_heads(bert_batch(*samples, layout, k * global),
+                              [&](int, const StageCache& cache) {
+                                const BertModel::Scores s =
+                                    BertModel::scores(static_cast<const BertModel::Cache&>(cache));
+                                sum.mlm_loss_sum += s.mlm_loss_sum;
+                                sum.labelled += s.labelled;
+                                sum.binary_correct += s.binary_correct;
+                                sum.samples += s.samples;
+                              });
     what = c_.evaluate.split + " split";
     detail = MESH_MSG("samples (" << batches << " whole batches of " << samples->size() << ")");
     return sum;

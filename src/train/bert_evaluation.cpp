@@ -96,40 +96,40 @@ std::vector<BertEvalRow> bert_jsonl_rows(const std::string& path, std::int64_t s
 
 BertModel::Scores score_bert_rows(Trainer& trainer, const std::vector<BertEvalRow>& rows,
                                   const DataLayout& layout) {
-  auto& bert = dynamic_cast<BertModel&>(*trainer.chunks().front());
   const BertEvalRow filler = filler_row(layout.seq_length);
   const auto count = std::int64_t(rows.size());
   BertModel::Scores sum;
-  for (std::int64_t start = 0; start < count; start += layout.global_batch)
+  for (std::int64_t start = 0; start < count; start += layout.global_batch) {
+    std::vector<std::vector<data::BertSample>> samples(std::size_t(layout.micro_batches()));
+    std::vector<std::vector<bool>> binary_counted(samples.size());
+    std::vector<MicroBatch> batch;
     for (index_t m = 0; m < layout.micro_batches(); ++m) {
       const std::int64_t first = start + layout.sample_offset(m);
-      std::vector<data::BertSample> samples;
-      std::vector<bool> binary_counted;
       for (index_t j = 0; j < layout.micro_batch; ++j) {
         const bool real = first + j < count;
         const BertEvalRow& r = real ? rows[std::size_t(first + j)] : filler;
-        samples.push_back(r.sample);
-        binary_counted.push_back(real && r.has_next_sentence);
+        samples[std::size_t(m)].push_back(r.sample);
+        binary_counted[std::size_t(m)].push_back(real && r.has_next_sentence);
       }
-      const MicroBatch mb = bert_micro_batch(samples, first);
-      LayerContext ctx = trainer.evaluation_context(mb);
-      BertModel::Cache cache;
-      bert.forward(BertBatch{in_space(mb.ids, ctx.space), in_space(mb.token_types, ctx.space),
-                             mb.padding_mask, in_space(mb.targets, ctx.space), mb.next_sentence},
-                   ctx, cache);
+      batch.push_back(bert_micro_batch(samples[std::size_t(m)], first));
+    }
+    trainer.evaluate_heads(batch, [&](int m, const StageCache& stage_cache) {
+      const auto& cache = static_cast<const BertModel::Cache&>(stage_cache);
       // Fillers have no labels: the MLM sums are the rows'. The binary
       // head's right answers are recounted over the rows that carry a label.
       const BertModel::Scores s = BertModel::scores(cache);
       sum.mlm_loss_sum += s.mlm_loss_sum;
       sum.labelled += s.labelled;
       const std::vector<double> logits = BertModel::binary_logits(cache).to_doubles();
-      for (std::size_t j = 0; j < binary_counted.size(); ++j) {
-        if (!binary_counted[j]) continue;
+      const std::vector<bool>& counted = binary_counted[std::size_t(m)];
+      for (std::size_t j = 0; j < counted.size(); ++j) {
+        if (!counted[j]) continue;
         const int predicted = logits[2 * j + 1] > logits[2 * j] ? 1 : 0;
-        sum.binary_correct += predicted == samples[j].is_random;
+        sum.binary_correct += predicted == samples[std::size_t(m)][j].is_random;
         sum.samples += 1;
       }
-    }
+    });
+  }
   return sum;
 }
 

@@ -52,9 +52,10 @@ struct BertEvalRow {
 std::vector<BertEvalRow> bert_jsonl_rows(const std::string& path, std::int64_t seq_length,
                                          int vocab, int num_token_types);
 
-/// The summed scores of `rows` under `trainer` (a BERT model, one chunk),
-/// this rank's share; the caller sums them over dp. `layout` as
-/// evaluate_rows takes it.
+/// The summed scores of `rows` under `trainer` (a BERT model on any
+/// pipeline), this rank's share (0 off the last stage); the caller sums them
+/// over the pipeline and dp. `layout` as evaluate_rows takes it. Collective
+/// over the pipeline.
 BertModel::Scores score_bert_rows(Trainer& trainer, const std::vector<BertEvalRow>& rows,
                                   const DataLayout& layout);
 

@@ -131,37 +131,37 @@ std::vector<data::T5Sample> t5_jsonl_rows(const std::string& path, std::int64_t 
 
 T5RowScores score_t5_rows(Trainer& trainer, const std::vector<data::T5Sample>& rows,
                           const DataLayout& layout) {
-  auto& t5 = dynamic_cast<T5Model&>(*trainer.chunks().front());
   const data::T5Sample filler = filler_row(layout.seq_length, layout.decoder_seq_length);
   const auto count = std::int64_t(rows.size());
   T5RowScores out{std::vector<double>(rows.size(), 0.0), std::vector<double>(rows.size(), 0.0)};
   const index_t b = layout.micro_batch;
-  for (std::int64_t start = 0; start < count; start += layout.global_batch)
+  for (std::int64_t start = 0; start < count; start += layout.global_batch) {
+    std::vector<std::vector<data::T5Sample>> samples(std::size_t(layout.micro_batches()));
+    std::vector<std::int64_t> firsts;
+    std::vector<MicroBatch> batch;
     for (index_t m = 0; m < layout.micro_batches(); ++m) {
       const std::int64_t first = start + layout.sample_offset(m);
-      std::vector<data::T5Sample> samples;
       for (index_t j = 0; j < b; ++j)
-        samples.push_back(first + j < count ? rows[std::size_t(first + j)] : filler);
-      const MicroBatch mb = t5_micro_batch(samples, first);
-      LayerContext ctx = trainer.evaluation_context(mb);
-      const auto space = [&](const Tensor& t) { return in_space(t, ctx.space); };
-      T5Model::Cache cache;
-      t5.forward(T5Batch{space(mb.ids), space(mb.padding_mask), space(mb.decoder_ids),
-                         space(mb.decoder_padding_mask), space(mb.targets)},
-                 ctx, cache);
+        samples[std::size_t(m)].push_back(first + j < count ? rows[std::size_t(first + j)] : filler);
+      firsts.push_back(first);
+      batch.push_back(t5_micro_batch(samples[std::size_t(m)], first));
+    }
+    trainer.evaluate_heads(batch, [&](int m, const StageCache& cache) {
       // Token t of sample j is row t * b + j of the per-token losses.
-      const std::vector<double> losses = cache.losses.to_doubles();
-      const std::vector<std::int32_t>& labels_of_first = samples.front().labels;
-      MESH_VERIFY(losses.size() == labels_of_first.size() * std::size_t(b),
+      const std::vector<double> losses = static_cast<const T5Model::Cache&>(cache).losses.to_doubles();
+      const std::vector<data::T5Sample>& mine = samples[std::size_t(m)];
+      const std::int64_t first = firsts[std::size_t(m)];
+      MESH_VERIFY(losses.size() == mine.front().labels.size() * std::size_t(b),
                   "T5 per-token losses: " << losses.size() << " for " << b << " samples of "
-                                          << labels_of_first.size() << " decoder tokens");
+                                          << mine.front().labels.size() << " decoder tokens");
       for (index_t j = 0; j < b && first + j < count; ++j)
-        for (std::size_t t = 0; t < samples[std::size_t(j)].labels.size(); ++t) {
-          if (samples[std::size_t(j)].labels[t] == -100) continue;
+        for (std::size_t t = 0; t < mine[std::size_t(j)].labels.size(); ++t) {
+          if (mine[std::size_t(j)].labels[t] == -100) continue;
           out.loss_sum[std::size_t(first + j)] += losses[t * std::size_t(b) + std::size_t(j)];
           out.labelled[std::size_t(first + j)] += 1;
         }
-    }
+    });
+  }
   return out;
 }
 

@@ -49,14 +49,15 @@ std::vector<data::T5Sample> t5_jsonl_rows(const std::string& path, std::int64_t 
                                           std::int64_t decoder_length, int vocab);
 
 /// Each row's summed cross-entropy over its labelled tokens and their
-/// number: this rank's rows filled in, the others 0 (the caller sums them
-/// over dp).
+/// number: this rank's rows filled in on the last pipeline stage, the others
+/// 0 (the caller sums them over the pipeline and dp).
 struct T5RowScores {
   std::vector<double> loss_sum, labelled;
 };
 
-/// The scores of `rows` under `trainer` (a T5 model, one chunk); `layout`
-/// as evaluate_rows takes it, with decoder_seq_length set.
+/// The scores of `rows` under `trainer` (a T5 model on any pipeline);
+/// `layout` as evaluate_rows takes it, with decoder_seq_length set.
+/// Collective over the pipeline.
 T5RowScores score_t5_rows(Trainer& trainer, const std::vector<data::T5Sample>& rows,
                           const DataLayout& layout);
 

@@ -287,7 +287,7 @@ void Trainer::draw_masks_ahead(long step, const std::vector<MicroBatch>& batch) 
 
 std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks,
                                           const std::vector<MicroBatch>& host_batch, long step,
-                                          bool training) {
+                                          bool training, const HeadCacheFn& on_head) {
   // Graphs from the second step on: the first, eager, chooses the GEMM
   // algorithms and makes the plans and workspaces a capture must not make.
   if (training && run_.training.cuda_graphs && steps_run_ > 0) return run_graphed(host_batch, step);
@@ -338,6 +338,7 @@ std::vector<Tensor> Trainer::run_schedule(const std::vector<PipelineTask>& tasks
       if (chunk.placement().has_head) {
         // Summed after the schedule: no host wait mid-step.
         losses[std::size_t(t.micro_batch)] = out;
+        if (on_head) on_head(t.micro_batch, cache);
         if (!training) caches.erase({t.micro_batch, t.chunk});
       } else {
         rt_.pp.isend(out.raw(), std::size_t(out.numel()), out.dtype(), (rank + 1) % pp,
@@ -594,13 +595,18 @@ StepReport Trainer::train_step(long step, const std::vector<MicroBatch>& batch) 
   return r;
 }
 
-std::vector<Tensor> Trainer::forward_only(const std::vector<MicroBatch>& batch) {
+std::vector<Tensor> Trainer::forward_only(const std::vector<MicroBatch>& batch,
+                                          const HeadCacheFn& on_head) {
   std::vector<PipelineTask> tasks;
   for (int m = 0; m < int(batch.size()); ++m)
     for (int c = 0; c < virtual_stages_; ++c) tasks.push_back({PipelineTask::Forward, m, c});
   // Chunks must run in dependency order per micro-batch: forward of chunk c
   // before c + 1, which the loop above gives.
-  return run_schedule(tasks, batch, 0, /*training=*/false);
+  return run_schedule(tasks, batch, 0, /*training=*/false, on_head);
+}
+
+void Trainer::evaluate_heads(const std::vector<MicroBatch>& batch, const HeadCacheFn& on_head) {
+  forward_only(batch, on_head);
 }
 
 double Trainer::evaluate(const std::vector<MicroBatch>& batch) {

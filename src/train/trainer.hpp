@@ -58,6 +58,14 @@ class Trainer {
   /// same on every dp rank.
   LossSum evaluate_sum(const std::vector<MicroBatch>& batch);
 
+  /// Called with each micro-batch's index and the cache of the stage that
+  /// heads it, on that (last) stage only, after its forward.
+  using HeadCacheFn = std::function<void(int micro_batch, const StageCache& cache)>;
+  /// `batch` without dropout or update through the evaluation schedule (any
+  /// pipeline): the scores a model keeps beside its per-token loss (BERT's
+  /// binary head, T5's labelled tokens) read from the head's cache.
+  void evaluate_heads(const std::vector<MicroBatch>& batch, const HeadCacheFn& on_head);
+
   /// The layers' context of `mb` in a forward without dropout.
   LayerContext evaluation_context(const MicroBatch& mb) const {
     return context_for(mb, 0, /*training=*/false);
@@ -88,9 +96,10 @@ class Trainer {
  private:
   /// Runs `tasks` over the micro-batches; returns the per-token losses of
   /// each micro-batch on the last stage (none elsewhere), not yet read.
+  /// `on_head` (evaluation) sees the head's cache after each forward.
   std::vector<Tensor> run_schedule(const std::vector<PipelineTask>& tasks,
                                    const std::vector<MicroBatch>& batch, long step,
-                                   bool training);
+                                   bool training, const HeadCacheFn& on_head = {});
   /// parallel.tp_interleave: the micro-batches' tasks in pairs on fibers_,
   /// switching at the tp group's collectives.
   void run_interleaved(const std::vector<PipelineTask>& tasks,
@@ -125,7 +134,8 @@ class Trainer {
   /// Sum over the pipeline and dp of a last-stage quantity: everyone's copy.
   double reduce_loss(double local_sum, index_t tokens);
   /// The per-token losses of `batch`, forward only (none off the last stage).
-  std::vector<Tensor> forward_only(const std::vector<MicroBatch>& batch);
+  std::vector<Tensor> forward_only(const std::vector<MicroBatch>& batch,
+                                   const HeadCacheFn& on_head = {});
 
   const RunConfig& run_;
   ModelSpec model_spec_;

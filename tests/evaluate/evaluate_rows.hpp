@@ -60,7 +60,7 @@ inline std::string save_fixed_checkpoint(const std::string& family, const Parame
 }
 
 /// `meshtron evaluate` of `inputs` with the deck save_fixed_checkpoint
-/// wrote, on this run's layout (1 rank, or tp 2 x dp 2).
+/// wrote, on this run's layout (1 rank, pp 2 on 2 ranks, or tp 2 x dp 2).
 inline nlohmann::json evaluate(const std::string& family, const std::string& checkpoint,
                                const std::string& inputs) {
   const std::string output = work_path(family, "result") + ".json";
@@ -69,7 +69,9 @@ inline nlohmann::json evaluate(const std::string& family, const std::string& che
                                    "--set", "checkpoint.load=" + checkpoint,
                                    "--set", "evaluate.inputs=" + inputs,
                                    "--set", "evaluate.output=" + output};
-  if (testing_util::world_size() > 1)
+  if (testing_util::world_size() == 2)
+    args.insert(args.end(), {"--set", "parallel.pipeline_parallel=2"});
+  if (testing_util::world_size() == 4)
     for (const char* s : {"parallel.tensor_parallel=2", "parallel.data_parallel=2"})
       args.insert(args.end(), {"--set", s});
   EXPECT_EQ(app::run_evaluate(args), 0);

@@ -1,5 +1,5 @@
 // meshtron evaluate on BERT rows (evaluate.inputs, train/bert_evaluation.hpp)
-// on one rank and on tp 2 x dp 2 (4 ranks): a fixed tiny BertModel, saved as
+// on one rank, on pp 2 (2 ranks) and on tp 2 x dp 2 (4 ranks): a fixed tiny BertModel, saved as
 // a checkpoint, scored by `meshtron evaluate` over rows of different lengths
 // (token types given or not, padding given by an attention mask, rows
 // without labels or without a next-sentence label, a partial last batch),
@@ -153,7 +153,8 @@ Expected score_rows_alone(FixedModel& m, const std::vector<Row>& rows) {
 }
 
 TEST(EvaluateBert, InputRowsScoreAsEachRowAlone) {
-  ASSERT_TRUE(world_size() == 1 || world_size() == 4) << "1 rank, or tp 2 x dp 2";
+  ASSERT_TRUE(world_size() == 1 || world_size() == 2 || world_size() == 4)
+      << "1 rank, pp 2, or tp 2 x dp 2";
   FixedModel m;
   const std::vector<Row> rows = fixed_rows();
   const Expected e = score_rows_alone(m, rows);

@@ -1,5 +1,5 @@
 // meshtron evaluate on T5 rows (evaluate.inputs, train/t5_evaluation.hpp)
-// on one rank and on tp 2 x dp 2 (4 ranks): a fixed tiny T5Model, saved as
+// on one rank, on pp 2 (2 ranks) and on tp 2 x dp 2 (4 ranks): a fixed tiny T5Model, saved as
 // a checkpoint, scored by `meshtron evaluate` over rows of different
 // encoder and decoder lengths (attention_mask given or not, encoder padding
 // given by it, decoder_input_ids given or shifted right from the labels,
@@ -155,7 +155,8 @@ Expected score_rows_alone(FixedModel& m, const std::vector<Row>& rows) {
 }
 
 TEST(EvaluateT5, InputRowsScoreAsEachRowAlone) {
-  ASSERT_TRUE(world_size() == 1 || world_size() == 4) << "1 rank, or tp 2 x dp 2";
+  ASSERT_TRUE(world_size() == 1 || world_size() == 2 || world_size() == 4)
+      << "1 rank, pp 2, or tp 2 x dp 2";
   FixedModel m;
   const std::vector<Row> rows = fixed_rows();
   const Expected e = score_rows_alone(m, rows);

@@ -8,7 +8,7 @@
 # preprocessed with --split-sentences (there also on tp 2 + SP x pp 2:
 # Megatron's samples through the pipeline); there, meshtron evaluate's
 # MLM loss and binary-head accuracy of the 1-rank checkpoint are the same on
-# both layouts. parallel_bert_decomposition holds the 8-rank layouts of
+# tp 2 x dp 2 and tp 2 x pp 2. parallel_bert_decomposition holds the 8-rank layouts of
 # synthetic batches to 1e-10 in fp64.
 #   bert_decomposition.sh MESHTRON WORKDIR DATA_DIR MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
@@ -48,14 +48,16 @@ if [[ -f "$data/brown.jsonl" && -f "$vocab" ]]; then
   run pipeline_indexed 4 2 "${corpus[@]}" --set checkpoint.save_dir= \
     --set parallel.pipeline_parallel=2 --set parallel.sequence_parallel=true
   compare one_indexed pipeline_indexed
-  score() {  # score RANKS TP: the result line of meshtron evaluate
-    "${mpiexec[@]}" -np "$1" "$meshtron" evaluate "$here/tiny.deck" "$here/bert.deck" "${corpus[@]}" \
-      --set parallel.tensor_parallel="$2" --set checkpoint.load="$work/ckpt/iter_0000004.h5" |
-      grep "valid split | MLM loss"
+  score() {  # score RANKS TP [--set ...]: the result line of meshtron evaluate
+    local ranks=$1 tp=$2; shift 2
+    "${mpiexec[@]}" -np "$ranks" "$meshtron" evaluate "$here/tiny.deck" "$here/bert.deck" "${corpus[@]}" \
+      --set parallel.tensor_parallel="$tp" --set checkpoint.load="$work/ckpt/iter_0000004.h5" \
+      "$@" | grep "valid split | MLM loss"
   }
-  one=$(score 1 1) grid=$(score 4 2)
-  echo "1 rank:      $one"; echo "tp 2 x dp 2: $grid"
-  [[ "$one" == "$grid" && "$one" =~ binary-head\ accuracy\ (0|1|0\.[0-9]+)\ \| ]] ||
+  one=$(score 1 1) grid=$(score 4 2) pipeline=$(score 4 2 --set parallel.pipeline_parallel=2)
+  echo "1 rank:      $one"; echo "tp 2 x dp 2: $grid"; echo "tp 2 x pp 2: $pipeline"
+  [[ "$one" == "$grid" && "$one" == "$pipeline" &&
+     "$one" =~ binary-head\ accuracy\ (0|1|0\.[0-9]+)\ \| ]] ||
     { echo "bert decomposition: evaluate differs or has no accuracy"; exit 1; }
 else
   echo "bert decomposition: no $data/brown.jsonl or $vocab: the indexed case is skipped"

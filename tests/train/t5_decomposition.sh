@@ -12,9 +12,9 @@
 # span-corruption samples of 40 Brown documents preprocessed with the
 # SentencePiece Brown model and --split-sentences (tp 2 x dp 2 and tp 2 x
 # pp 2); there also the validation losses (every 2 steps) and meshtron
-# evaluate's loss of the 1-rank checkpoint on tp 2 x dp 2. A deck whose
-# decoder differs from the 1-rank checkpoint, the interleaved schedule, an
-# uneven split and meshtron evaluate over pipeline stages are one line each.
+# evaluate's loss of the 1-rank checkpoint on tp 2 x dp 2 and tp 2 x pp 2.
+# A deck whose decoder differs from the 1-rank checkpoint, the interleaved
+# schedule and an uneven split are one line each.
 #   t5_decomposition.sh MESHTRON WORKDIR DATA_DIR MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
 meshtron=$1 work=$2 data=$3; shift 3
@@ -62,9 +62,6 @@ refused "the interleaved schedule is not built for the encoder-decoder" 2 \
   --set parallel.virtual_stages=2
 refused "the encoder's 4 layers over 3 stages and the decoder's 4 over 1" 4 \
   --set parallel.pipeline_parallel=4 --set parallel.pipeline_split_rank=3
-"$here/../foundation/expect_error.sh" "meshtron evaluate over pipeline stages is not built" \
-  "${mpiexec[@]}" -np 2 "$meshtron" evaluate "$here/tiny.deck" "$here/t5.deck" \
-  --set parallel.pipeline_parallel=2 --set checkpoint.load="$work/ckpt/iter_0000004.h5"
 # A deck whose decoder differs from the checkpoint's is named, one line.
 status=0
 run mismatch 1 1 "${nosave[@]}" --set model.decoder_num_layers=3 \
@@ -97,14 +94,15 @@ assert len(evals[0]) == 2 and len(evals[1]) == 2, "expected 2 validation losses 
 assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(*evals)), "validation losses differ"
 PY
   done
-  score() {  # score RANKS TP: the result line of meshtron evaluate
-    "${mpiexec[@]}" -np "$1" "$meshtron" evaluate "$here/tiny.deck" "$here/t5.deck" "${corpus[@]}" \
-      --set parallel.tensor_parallel="$2" --set checkpoint.load="$work/ckpt_indexed/iter_0000004.h5" |
-      grep "valid split | loss"
+  score() {  # score RANKS TP [--set ...]: the result line of meshtron evaluate
+    local ranks=$1 tp=$2; shift 2
+    "${mpiexec[@]}" -np "$ranks" "$meshtron" evaluate "$here/tiny.deck" "$here/t5.deck" "${corpus[@]}" \
+      --set parallel.tensor_parallel="$tp" --set checkpoint.load="$work/ckpt_indexed/iter_0000004.h5" \
+      "$@" | grep "valid split | loss"
   }
-  one=$(score 1 1) grid=$(score 4 2)
-  echo "1 rank:      $one"; echo "tp 2 x dp 2: $grid"
-  [[ "$one" == "$grid" && "$one" =~ \ [1-9][0-9]*\ labelled\ tokens ]] ||
+  one=$(score 1 1) grid=$(score 4 2) pipeline=$(score 4 2 --set parallel.pipeline_parallel=2)
+  echo "1 rank:      $one"; echo "tp 2 x dp 2: $grid"; echo "tp 2 x pp 2: $pipeline"
+  [[ "$one" == "$grid" && "$one" == "$pipeline" && "$one" =~ \ [1-9][0-9]*\ labelled\ tokens ]] ||
     { echo "t5 decomposition: evaluate differs or scored no token"; exit 1; }
 else
   echo "t5 decomposition: no $data/brown.jsonl: the indexed case is skipped"
