@@ -181,8 +181,9 @@ index_t T5Generator::cache_bytes(index_t sequences, index_t capacity, index_t en
   // cross k and v [sequences * heads/tp, encoder_length, d_kv].
   const ModelSpec& s = model_.spec();
   const index_t heads = s.block.attention.num_heads / ctx_.tp.size();
-  return index_t(model_.decoder.blocks.size()) * 2 * sequences * heads * (capacity + encoder_length) *
-         s.head_dim() * index_t(dtype_size(dtype));
+  const auto layers = index_t(model_.decoder.blocks.size());
+  return layers * 2 * sequences * heads * (capacity + encoder_length) * s.head_dim() *
+         index_t(dtype_size(dtype));
 }
 
 std::vector<Result> T5Generator::generate(const std::vector<Request>& batch,

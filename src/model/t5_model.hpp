@@ -112,8 +112,8 @@ class T5Model final : public StageModel {
   /// evenly over stages [0, split), the decoder's over [split, pp); a
   /// UserError where they do not divide evenly.
   static StagePlacement stage_placement(const ModelSpec& spec, int stage, int pp, int split);
-  /// Evaluation holds the whole model: a UserError naming
-  /// `what` otherwise.
+  /// The whole-batch calls (forward(T5Batch), backward) hold the whole
+  /// model: a UserError naming `what` otherwise.
   void require_whole_model(const char* what) const;
   /// Mean cross-entropy over the labelled decoder tokens; checks the batch
   /// (a UserError naming the offending input).

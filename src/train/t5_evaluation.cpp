@@ -141,14 +141,16 @@ T5RowScores score_t5_rows(Trainer& trainer, const std::vector<data::T5Sample>& r
     std::vector<MicroBatch> batch;
     for (index_t m = 0; m < layout.micro_batches(); ++m) {
       const std::int64_t first = start + layout.sample_offset(m);
+      std::vector<data::T5Sample>& mine = samples[std::size_t(m)];
       for (index_t j = 0; j < b; ++j)
-        samples[std::size_t(m)].push_back(first + j < count ? rows[std::size_t(first + j)] : filler);
+        mine.push_back(first + j < count ? rows[std::size_t(first + j)] : filler);
       firsts.push_back(first);
-      batch.push_back(t5_micro_batch(samples[std::size_t(m)], first));
+      batch.push_back(t5_micro_batch(mine, first));
     }
     trainer.evaluate_heads(batch, [&](int m, const StageCache& cache) {
       // Token t of sample j is row t * b + j of the per-token losses.
-      const std::vector<double> losses = static_cast<const T5Model::Cache&>(cache).losses.to_doubles();
+      const std::vector<double> losses =
+          static_cast<const T5Model::Cache&>(cache).losses.to_doubles();
       const std::vector<data::T5Sample>& mine = samples[std::size_t(m)];
       const std::int64_t first = firsts[std::size_t(m)];
       MESH_VERIFY(losses.size() == mine.front().labels.size() * std::size_t(b),

@@ -287,8 +287,8 @@ TEST(T5Model, BadBatchesAreOneLineErrors) {
   const ModelSpec spec = tiny_spec(false);
   const StagePlacement decoder_stage = T5Model::stage_placement(spec, 1, 2, 1);
   T5Model stage(spec, decoder_stage, r.ctx, DType::F64, 1);
-  expect_user_error([&] { stage.require_whole_model("generation"); },
-                    {"model.arch = t5: generation over pipeline stages is not built"});
+  expect_user_error([&] { stage.require_whole_model("T5Model::forward(T5Batch)"); },
+                    {"model.arch = t5: T5Model::forward(T5Batch) over pipeline stages"});
   expect_user_error([&] { T5Model::stage_placement(spec, 0, 4, 3); }, {"must both divide evenly"});
   expect_user_error([&] { T5Model m(spec, StagePlacement{1, 2, false, false}, r.ctx, DType::F64, 1); },
                     {"a pipeline stage holds blocks of one stack"});
