@@ -120,7 +120,7 @@ Tensor T5Decoding::step(const std::vector<std::int32_t>& ids) {
   MESH_VERIFY(index_t(ids.size()) == sequences(),
               "T5Decoding::step: " << ids.size() << " ids for " << sequences() << " sequences");
   if (!pipeline_.comm) return model_.decode_step(ids_tensor(ids), ctx_, state_);
-  if (!pipeline_.decodes()) {  // the position only, which the sampler keys draws by
+  if (!pipeline_.decodes()) {  // an encoder stage keeps the position only (the draws key by it)
     ++state_.position;
     return Tensor();
   }
