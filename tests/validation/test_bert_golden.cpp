@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -93,6 +95,18 @@ TEST_F(BertGolden, LogitsAndLossMatchTransformers) {
             1e-5);
 }
 
+bool is_key_bias(const std::string& hf_name) {
+  const std::string suffix = "attention.self.key.bias";
+  return hf_name.size() >= suffix.size() &&
+         hf_name.compare(hf_name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
 TEST_F(BertGolden, EveryGradientMatchesTransformers) {
   BertModel::Cache cache;
   for (Parameter* p : model->parameters()) p->grad.fill(0.0);
@@ -110,7 +124,15 @@ TEST_F(BertGolden, EveryGradientMatchesTransformers) {
     const std::vector<double> expected = golden_values("grad." + name);
     std::vector<double> ours = grad.to_doubles();
     ASSERT_EQ(ours.size(), expected.size()) << name;
-    EXPECT_LE(rel_error(ours, expected), 1e-4) << name;
+    if (is_key_bias(name)) {
+      // q . b_k adds one constant to every score of a row, which the softmax
+      // cancels: d loss / d b_k is exactly 0 and both sides hold round-off
+      // (transformers: ~3e-9 against ~2e-2 for the query bias).
+      EXPECT_LE(max_abs(ours), 1e-7) << name;
+      EXPECT_LE(max_abs(expected), 1e-7) << name;
+    } else {
+      EXPECT_LE(rel_error(ours, expected), 1e-4) << name;
+    }
     ++compared;
   }
   EXPECT_EQ(compared, golden->entries().size() - 8);  // all but the inputs, outputs and loss
