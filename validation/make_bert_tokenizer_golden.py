@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Golden BERT WordPiece ids for meshtron's bert_wordpiece_lowercase and
-bert_wordpiece_cased tokenizers, made by transformers' (slow, Python)
-BertTokenizer on bert-base-uncased's vocab.txt (data/, from
+bert_wordpiece_cased tokenizers, made by transformers' BertTokenizer (slow,
+Python, before transformers 5; the Rust tokenizers' from 5 on, which lowercase
+each character alone: the C++ test leaves out lowercase texts with a capital
+sigma, whose word-final form only Python's str.lower() gives) on
+bert-base-uncased's vocab.txt (data/, from
 tools/fetch-corpus.sh), for every non-empty line of
 tests/tokenizer/hard_strings.txt and every text of
 tests/tokenizer/bert_hard_strings.jsonl.

@@ -128,7 +128,12 @@ constexpr const char kGpt2Pattern[] =
     "|[" MESH_GPT2_SPACE "]+(?![^" MESH_GPT2_SPACE "])"
     "|[" MESH_GPT2_SPACE "]+";
 
-constexpr const char kEcmaScriptSpace[] = MESH_GPT2_SPACE;
+// A tokenizer.json Split regex's \s as the Rust tokenizers (Oniguruma)
+// read it, which transformers runs: ECMAScript's set without U+FEFF, a
+// format character (Cf) that JavaScript alone counts as space
+// (tokenizer_golden: " \uFEFF!" is one pre-token for tokenizers 0.23).
+constexpr const char kTokenizerJsonSpace[] =
+    "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 
 #undef MESH_GPT2_SPACE
 
@@ -155,10 +160,10 @@ std::string split_regex_to_pcre2(std::string_view pattern) {
       MESH_REQUIRE(!(next == 'S' && in_class),
                    "tokenizer.json Split regex: \\S inside [...] is not supported");
       if (next == 's') {
-        out += in_class ? std::string(kEcmaScriptSpace)
-                        : "[" + std::string(kEcmaScriptSpace) + "]";
+        out += in_class ? std::string(kTokenizerJsonSpace)
+                        : "[" + std::string(kTokenizerJsonSpace) + "]";
       } else if (next == 'S') {
-        out += "[^" + std::string(kEcmaScriptSpace) + "]";
+        out += "[^" + std::string(kTokenizerJsonSpace) + "]";
       } else {
         out += '\\';
         out += next;

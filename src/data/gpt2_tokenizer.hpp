@@ -90,8 +90,8 @@ bool is_valid_utf8(std::string_view text);
 
 /// GPT-2's pre-tokenizer regex, compiled once (JIT where PCRE2 has it).
 /// `pattern` (a tokenizer.json Split regex, written for JavaScript /
-/// Oniguruma) in PCRE2 syntax: \\s and \\S become the ECMAScript white-space
-/// set used by GPT-2's regex, and Llama 3's (?i:'s|'t|...) its explicit
+/// Oniguruma) in PCRE2 syntax: \\s and \\S become the white-space set of the
+/// Rust tokenizers (ECMAScript's without U+FEFF), and Llama 3's (?i:'s|'t|...) its explicit
 /// [sS] spelling, as transformers.js rewrites it (so that no Unicode case
 /// folding such as U+017F -> 's' applies). Throws UserError on \\S inside [].
 std::string split_regex_to_pcre2(std::string_view pattern);

@@ -49,11 +49,17 @@ class HfReference : public ::testing::Test {
     if (!scratch_.empty()) fs::remove_all(scratch_);
   }
 
-  /// Writes `texts` as JSON lines and compares our ids with the reference's.
+  /// Writes `texts` as JSON lines and compares our ids with the reference's,
+  /// but for texts holding U+FEFF: JavaScript's \\s counts it as space, the
+  /// Rust tokenizers' (meshtron's reference, tokenizer_golden) does not.
   void expect_same_ids(const std::vector<std::string>& texts) const {
+    std::vector<std::string> comparable;
+    for (const std::string& text : texts)
+      if (text.find("\xEF\xBB\xBF") == std::string::npos) comparable.push_back(text);
+    ASSERT_GT(comparable.size(), texts.size() / 2);
     expect_same_ids_as_js([](const std::string& text) { return tokenizer_->encode(text); },
                           "reference_encode_hf.js", shell_quote(data_dir().string()) + " jsonl",
-                          texts, scratch_);
+                          comparable, scratch_);
   }
 
   static Gpt2Tokenizer* tokenizer_;  // Owned.
