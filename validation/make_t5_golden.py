@@ -109,6 +109,13 @@ def build_model(feed_forward_proj, tie_word_embeddings, num_decoder_layers):
     torch.manual_seed(SEED)
     model = T5ForConditionalGeneration(config).float()
     model.config._attn_implementation = "eager"
+    if not tie_word_embeddings and model.lm_head.weight is model.shared.weight:
+        # transformers 5.17 built this v1.1 model with its head tied to the
+        # shared table although the config says untied; give the head its
+        # own parameter, as loading a v1.1 checkpoint does.
+        print("untying lm_head from shared.weight (tied at construction)")
+        model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+    model.config.tie_word_embeddings = tie_word_embeddings
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape)
