@@ -63,12 +63,6 @@ LayerContext rows_replicated(const LayerContext& ctx) {
   return out;
 }
 
-std::vector<std::int32_t> ints(const Tensor& t) {
-  const Tensor host = t.to_host();
-  const auto* p = host.data<std::int32_t>();
-  return std::vector<std::int32_t>(p, p + host.numel());
-}
-
 }  // namespace
 
 ReplicatedLinear::ReplicatedLinear(const std::string& name, index_t in, index_t out, DType dtype,
@@ -189,24 +183,24 @@ void BertModel::check_batch(const BertBatch& in, const LayerContext& ctx) const 
                "BertModel: padding_mask must be int32 [b = " << b << ", s = " << s << "], got "
                                                             << shape_string(in.padding_mask.shape()));
   if (first) {
-    for (std::int32_t v : ints(in.tokens))
+    for (std::int32_t v : host_ints(in.tokens))
       MESH_REQUIRE(v >= 0 && v < spec_.vocab_size, "BertModel: token " << v
                                                        << " is outside the vocabulary [0, "
                                                        << spec_.vocab_size << ")");
-    for (std::int32_t v : ints(in.token_types))
+    for (std::int32_t v : host_ints(in.token_types))
       MESH_REQUIRE(v >= 0 && v < spec_.num_token_types,
                    "BertModel: token type " << v << " is outside [0, " << spec_.num_token_types
                                             << ")");
   }
   if (last) {
-    for (std::int32_t v : ints(in.labels))
+    for (std::int32_t v : host_ints(in.labels))
       MESH_REQUIRE(v == -100 || (v >= 0 && v < spec_.vocab_size),
                    "BertModel: label " << v << " is neither -100 nor in [0, " << spec_.vocab_size
                                        << ")");
-    for (std::int32_t v : ints(in.next_sentence))
+    for (std::int32_t v : host_ints(in.next_sentence))
       MESH_REQUIRE(v == 0 || v == 1, "BertModel: next_sentence label " << v << " is not 0 or 1");
   }
-  for (std::int32_t v : ints(in.padding_mask))
+  for (std::int32_t v : host_ints(in.padding_mask))
     MESH_REQUIRE(v == 0 || v == 1, "BertModel: padding_mask value " << v << " is not 0 or 1");
 }
 
@@ -239,17 +233,7 @@ Tensor BertModel::stage_forward(const Tensor& hidden, const BertBatch& in, Layer
 
 double BertModel::mlm_forward(const Tensor& sequence, const Tensor& labels, LayerContext& ctx,
                               Cache& c) const {
-  // Unlabelled rows predict token 0 with weight 0: the loss and its
-  // gradient see labelled rows only, each 1 / count (transformers' mean).
-  const std::vector<std::int32_t> label = ints(labels);
-  Tensor targets = Tensor::empty({index_t(label.size())}, DType::I32);
-  Tensor weights = Tensor::zeros({index_t(label.size())}, stats_dtype(sequence), MemorySpace::Host);
-  index_t count = 0;
-  for (std::int32_t v : label) count += v != -100;
-  for (std::size_t i = 0; i < label.size(); ++i) {
-    targets.data<std::int32_t>()[i] = label[i] == -100 ? 0 : label[i];
-    if (label[i] != -100) set_element_from_double(weights, index_t(i), 1.0 / double(count));
-  }
+  const auto [targets, weights] = labelled_targets(labels, stats_dtype(sequence));
   c.mlm_weights = in_space(weights, ctx.space);
   Tensor pre = heads_->transform.forward(sequence);
   c.transform_pre_gelu = pre;
@@ -294,7 +278,7 @@ BertModel::Scores BertModel::scores(const Cache& c) {
       s.labelled += 1;
     }
   const std::vector<double> logits = c.binary_logits.to_doubles();
-  const std::vector<std::int32_t> target = ints(c.binary_targets);
+  const std::vector<std::int32_t> target = host_ints(c.binary_targets);
   for (std::size_t j = 0; j < target.size(); ++j) {
     const int predicted = logits[2 * j + 1] > logits[2 * j] ? 1 : 0;
     s.binary_correct += predicted == target[j];

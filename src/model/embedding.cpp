@@ -192,4 +192,24 @@ Tensor LmHeadLoss::backward(const Tensor& dloss, LayerContext& ctx, const Cache&
   });
 }
 
+std::vector<std::int32_t> host_ints(const Tensor& t) {
+  const Tensor host = t.to_host();
+  const auto* p = host.data<std::int32_t>();
+  return std::vector<std::int32_t>(p, p + host.numel());
+}
+
+LabelledTargets labelled_targets(const Tensor& labels, DType weight_dtype) {
+  const std::vector<std::int32_t> label = host_ints(labels);
+  const index_t n = index_t(label.size());
+  LabelledTargets out{Tensor::empty({n}, DType::I32), Tensor::zeros({n}, weight_dtype)};
+  const auto count = double(std::count_if(label.begin(), label.end(),
+                                          [](std::int32_t v) { return v != -100; }));
+  for (index_t i = 0; i < n; ++i) {
+    const std::int32_t v = label[std::size_t(i)];
+    out.targets.data<std::int32_t>()[i] = v == -100 ? 0 : v;
+    if (v != -100) set_element_from_double(out.weights, i, 1.0 / count);
+  }
+  return out;
+}
+
 }  // namespace meshtron

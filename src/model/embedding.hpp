@@ -12,7 +12,9 @@
 // parallelism) before the dropout.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "model/layer_norm.hpp"
 #include "model/model_spec.hpp"
@@ -75,6 +77,19 @@ class Embedding {
   mutable Tensor positions_;
   mutable index_t positions_micro_batch_ = 0;  ///< the b they were built for
 };
+
+/// An int32 tensor's values, read to the host.
+std::vector<std::int32_t> host_ints(const Tensor& t);
+
+/// Targets and weights of a loss over labelled rows only (transformers'
+/// CrossEntropyLoss, ignore_index -100): an unlabelled row predicts token 0
+/// with weight 0, each labelled row weighs 1 / (labelled rows), so the
+/// weighted sum of the per-row losses is their mean. Host tensors.
+struct LabelledTargets {
+  Tensor targets;  ///< int32 [n]
+  Tensor weights;  ///< [n] in the requested dtype
+};
+LabelledTargets labelled_targets(const Tensor& labels, DType weight_dtype);
 
 /// The output layer and loss: logits = x W_word^T on each rank's vocabulary
 /// shard, and vocab-parallel cross-entropy (two all-reduces of [s*b] scalars;

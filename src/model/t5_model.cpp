@@ -29,12 +29,6 @@ Parameter untied_output_weight(const ModelSpec& s, const LayerContext& ctx, DTyp
   return p;
 }
 
-std::vector<std::int32_t> ints(const Tensor& t) {
-  const Tensor host = t.to_host();
-  const auto* p = host.data<std::int32_t>();
-  return std::vector<std::int32_t>(p, p + host.numel());
-}
-
 /// Multiplies the local columns of each of a column-parallel weight's
 /// `factors.size()` fused parts by its factor (q | k | v drawn N(0, 1) together).
 void scale_column_parts(Parameter& p, const std::vector<double>& factors) {
@@ -218,7 +212,7 @@ void T5Model::check_batch(const T5Batch& in, const LayerContext& ctx) const {
                      m.dim(1) == s,
                  "T5Model: " << what << " must be int32 [b = " << b << ", s = " << s << "], got "
                              << (m.defined() ? shape_string(m.shape()) : std::string("none")));
-    for (std::int32_t v : ints(m))
+    for (std::int32_t v : host_ints(m))
       MESH_REQUIRE(v == 0 || v == 1, "T5Model: " << what << " value " << v << " is not 0 or 1");
   };
   for (const index_t s : {s_enc, s_dec})
@@ -231,11 +225,11 @@ void T5Model::check_batch(const T5Batch& in, const LayerContext& ctx) const {
                    in.labels.numel() == s_dec * b,
                "T5Model: labels must be int32 with s_dec * b = " << s_dec * b << " entries");
   for (const Tensor* ids : {&in.encoder_ids, &in.decoder_ids})
-    for (std::int32_t v : ints(*ids))
+    for (std::int32_t v : host_ints(*ids))
       MESH_REQUIRE(v >= 0 && v < spec_.vocab_size,
                    "T5Model: token " << v << " is outside the vocabulary [0, " << spec_.vocab_size
                                      << ")");
-  for (std::int32_t v : ints(in.labels))
+  for (std::int32_t v : host_ints(in.labels))
     MESH_REQUIRE(v == -100 || (v >= 0 && v < spec_.vocab_size),
                  "T5Model: label " << v << " is neither -100 nor in [0, " << spec_.vocab_size
                                    << ")");
@@ -375,17 +369,7 @@ double T5Model::head_loss(Tensor sequence, const Tensor& labels, LayerContext& d
                           Cache& c) const {
   if (head_scale() != 1.0) ops::scale(sequence, head_scale());
 
-  // Unlabelled rows predict token 0 with weight 0: the loss and its
-  // gradient see labelled rows only, each 1 / count (transformers' mean).
-  const std::vector<std::int32_t> label = ints(labels);
-  Tensor targets = Tensor::empty({index_t(label.size())}, DType::I32);
-  Tensor weights = Tensor::zeros({index_t(label.size())}, stats_dtype(sequence), MemorySpace::Host);
-  index_t count = 0;
-  for (std::int32_t v : label) count += v != -100;
-  for (std::size_t i = 0; i < label.size(); ++i) {
-    targets.data<std::int32_t>()[i] = label[i] == -100 ? 0 : label[i];
-    if (label[i] != -100) set_element_from_double(weights, index_t(i), 1.0 / double(count));
-  }
+  const auto [targets, weights] = labelled_targets(labels, stats_dtype(sequence));
   c.weights = in_space(weights, dec.space);
   c.losses = head_->forward(sequence, targets, dec, c.head);
   const std::vector<double> loss = c.losses.to_doubles(), w = weights.to_doubles();
