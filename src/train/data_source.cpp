@@ -132,15 +132,28 @@ std::vector<MicroBatch> synthetic_batch(const DataLayout& l, long stream,
   return out;
 }
 
-class SyntheticBertData final : public DataSource {
+/// The synthetic sources' common part: train step s is batch stream 2s,
+/// evaluation batch k stream 2k + 1 (synthetic_key's convention), each
+/// stream's batch made by the family's batch().
+class SyntheticSource : public DataSource {
  public:
-  SyntheticBertData(const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {}
-  std::vector<MicroBatch> train_step(long step) override { return batch(2 * step); }
-  std::vector<MicroBatch> eval_batch(long k) override { return batch(2 * k + 1); }
-  int vocab_size() const override { return vocab_; }
+  SyntheticSource(const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {}
+  std::vector<MicroBatch> train_step(long step) final { return batch(2 * step); }
+  std::vector<MicroBatch> eval_batch(long k) final { return batch(2 * k + 1); }
+  int vocab_size() const final { return vocab_; }
+
+ protected:
+  virtual std::vector<MicroBatch> batch(long stream) const = 0;
+  DataLayout l_;
+  int vocab_;
+};
+
+class SyntheticBertData final : public SyntheticSource {
+ public:
+  using SyntheticSource::SyntheticSource;
 
  private:
-  std::vector<MicroBatch> batch(long stream) const {
+  std::vector<MicroBatch> batch(long stream) const override {
     return synthetic_batch(l_, stream, [this](std::uint64_t key) { return sample(key); });
   }
   /// Real tokens up to a length in [s/2, s], segment B from the middle, a
@@ -161,8 +174,6 @@ class SyntheticBertData final : public DataSource {
     }
     return x;
   }
-  DataLayout l_;
-  int vocab_;
 };
 
 /// The training and validation splits of a sentence sample builder
@@ -214,18 +225,15 @@ class IndexedSentenceData final : public DataSource {
 /// Random T5 micro-batches: encoder tokens up to a length in [s/2, s]
 /// (padded with 0), a decoder of 2 to s_dec real tokens starting from 0 (the
 /// pad id, T5's decoder start), a label on each real decoder position.
-class SyntheticT5Data final : public DataSource {
+class SyntheticT5Data final : public SyntheticSource {
  public:
-  SyntheticT5Data(const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {
+  SyntheticT5Data(const DataLayout& l, int vocab) : SyntheticSource(l, vocab) {
     MESH_REQUIRE(l.decoder_seq_length > 1, "synthetic T5 data: decoder length "
                                                << l.decoder_seq_length << " is below 2");
   }
-  std::vector<MicroBatch> train_step(long step) override { return batch(2 * step); }
-  std::vector<MicroBatch> eval_batch(long k) override { return batch(2 * k + 1); }
-  int vocab_size() const override { return vocab_; }
 
  private:
-  std::vector<MicroBatch> batch(long stream) const {
+  std::vector<MicroBatch> batch(long stream) const override {
     return synthetic_batch(l_, stream, [this](std::uint64_t key) { return sample(key); });
   }
   std::int32_t token(std::uint64_t h) const { return std::int32_t(h % std::uint64_t(vocab_)); }
@@ -248,36 +256,28 @@ class SyntheticT5Data final : public DataSource {
     }
     return x;
   }
-  DataLayout l_;
-  int vocab_;
 };
 
-class SyntheticData final : public DataSource {
+class SyntheticData final : public SyntheticSource {
  public:
-  SyntheticData(const DataLayout& l, int vocab) : l_(l), vocab_(vocab) {}
-  std::vector<MicroBatch> train_step(long step) override { return batch(2 * step); }
-  std::vector<MicroBatch> eval_batch(long k) override { return batch(2 * k + 1); }
-  int vocab_size() const override { return vocab_; }
+  using SyntheticSource::SyntheticSource;
 
  private:
-  /// Samples of batch `stream`; an odd stream is evaluation data.
-  std::vector<MicroBatch> batch(long stream) {
+  std::vector<MicroBatch> batch(long stream) const override {
     std::vector<MicroBatch> out;
     const index_t s1 = l_.seq_length + 1;
     for (index_t m = 0; m < l_.micro_batches(); ++m) {
       const index_t first = l_.sample_offset(m);
       Tensor tokens = Tensor::empty({l_.micro_batch, s1}, DType::I32);
-      for (index_t j = 0; j < l_.micro_batch; ++j)
-        for (index_t i = 0; i < s1; ++i) {
-          const std::uint64_t key = synthetic_key(l_, stream, first + j);
+      for (index_t j = 0; j < l_.micro_batch; ++j) {
+        const std::uint64_t key = synthetic_key(l_, stream, first + j);
+        for (index_t i = 0; i < s1; ++i)
           tokens.data<std::int32_t>()[j * s1 + i] = std::int32_t(splitmix64(key + i) % vocab_);
-        }
+      }
       out.push_back(to_seq_major(tokens, first));
     }
     return out;
   }
-  DataLayout l_;
-  int vocab_;
 };
 
 class IndexedData final : public DataSource {
