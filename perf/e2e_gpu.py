@@ -49,6 +49,7 @@ import datetime
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -177,6 +178,7 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
     cmd = ["mpirun", "-np", str(ranks), binary, "train", DECKS[name]]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
+    planned = planned_peak_mib(binary, cmd[cmd.index("train") + 1:])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -190,9 +192,20 @@ def run_meshtron(binary, name, micro_batch, steps, warmup, tp=1, dp=1, recompute
     timed = [l for l in lines if l["iteration"] > warmup]
     ms = sum(l["ms_per_step"] for l in timed) / len(timed)
     last = timed[-1]
+    measured = max(l.get("tensor_memory_mib", 0) for l in lines)
     return {"ms_per_step": ms, "memory_mib": max(l["memory_mib"] for l in timed), "loss": last["loss"],
+            # issue 67's check of `meshtron plan`: its peak against the allocator's measured peak
+            "tensor_memory_mib": measured, "plan_mib": planned,
+            "plan_over_measured": planned / measured if planned and measured else None,
             # meshtron's own model FLOPs per token (its log's F), for checking flops_per_token
             "flops_per_token": last["tflops_per_rank"] * 1e12 / last["tokens_per_s_per_rank"]}
+
+
+def planned_peak_mib(binary, deck_and_sets):
+    """`meshtron plan`'s "peak tensor memory (max over ranks)" for the same deck and settings."""
+    proc = subprocess.run([binary, "plan", *deck_and_sets], capture_output=True, text=True)
+    found = re.search(r"^peak tensor memory \(max over ranks\): ([0-9.]+) MiB", proc.stdout, re.M)
+    return float(found.group(1)) if found else None
 
 
 def machine():
@@ -326,7 +339,9 @@ def main():
                 continue
             one[tag] = run
             row = report(name, "meshtron", mb, 1, run["ms_per_step"],
-                         {"memory_mib": round(run["memory_mib"]), "recompute": args.recompute},
+                         {"memory_mib": round(run["memory_mib"]), "recompute": args.recompute,
+                          "tensor_memory_mib": round(run["tensor_memory_mib"]), "plan_mib": run["plan_mib"],
+                          "plan_over_measured": run["plan_over_measured"] and round(run["plan_over_measured"], 3)},
                          accumulate=acc, echo=False)
             print(json.dumps(tagged(tag, row)), flush=True)
             if tag == "main":
