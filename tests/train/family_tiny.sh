@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A model family's tiny deck end to end: 4 steps on 1 rank, tp 2 x dp 2 and
-# pp 2 x dp 2 give the same losses; the checkpoint goes to Hugging Face (as
+# A model family's tiny deck end to end: 4 steps on 1 rank, on 4 ranks in the
+# deck's own layout (tp 2 x dp 2 for most) and pp 2 x dp 2 give the same losses; the checkpoint goes to Hugging Face (as
 # ARCHITECTURE, e.g. LlamaForCausalLM) and back bit for bit.
 #   family_tiny.sh MESHTRON WORKDIR DECK ARCHITECTURE MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
@@ -18,13 +18,13 @@ run() {  # NAME NP [--set ...]
       --set checkpoint.save_dir="$name" "$@" > "$name.txt"
 }
 run one 1 --set parallel.tensor_parallel=1
-run tp2_dp2 4
+run deck_np4 4
 run pp2_dp2 4 --set parallel.tensor_parallel=1 --set parallel.pipeline_parallel=2
-for layout in tp2_dp2 pp2_dp2; do
+for layout in deck_np4 pp2_dp2; do
   python3 "$here/compare_losses.py" runs/one/metrics.jsonl "runs/$layout/metrics.jsonl" 1 4 1e-5
 done
-"$meshtron" convert --from tp2_dp2/iter_0000004.h5 --to hf hf
+"$meshtron" convert --from deck_np4/iter_0000004.h5 --to hf hf
 grep -q "\"architectures\": \[ *\"$architecture\"" <(tr -d '\n' < hf/config.json)
 "$meshtron" convert --from hf hf --to back
-h5diff tp2_dp2/iter_0000004.h5 back/iter_0000000.h5 /model /model
+h5diff deck_np4/iter_0000004.h5 back/iter_0000000.h5 /model /model
 echo "$(basename "$deck" .deck): ok"
