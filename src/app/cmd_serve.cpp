@@ -187,15 +187,15 @@ class ServeRun {
     const Topology& t = model_.runtime().topo;
     const generate::CompletionLimits l = limits();
     json h = {{"status", "ok"},
-            {"model", c_.run.name},
-            {"arch", c_.model.arch},
-            {"checkpoint", checkpoint_},
-            {"iteration", iteration},
-            {"context_length", l.context},
-            {"vocab_size", vocab_},
-            {"tokenizer", tokenizer_ ? json(tokenizer_->name()) : json()},
-            {"layout", {{"tensor_parallel", t.tp()}, {"pipeline_parallel", t.pp()},
-                        {"data_parallel", t.dp()}, {"world", t.world_size()}}}};
+              {"model", c_.run.name},
+              {"arch", c_.model.arch},
+              {"checkpoint", checkpoint_},
+              {"iteration", iteration},
+              {"context_length", l.context},
+              {"vocab_size", vocab_},
+              {"tokenizer", tokenizer_ ? json(tokenizer_->name()) : json()},
+              {"layout", {{"tensor_parallel", t.tp()}, {"pipeline_parallel", t.pp()},
+                          {"data_parallel", t.dp()}, {"world", t.world_size()}}}};
     if (l.prompt_context > 0) h["encoder_length"] = l.prompt_context;
     return h;
   }
