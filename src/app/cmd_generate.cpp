@@ -49,12 +49,7 @@ std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* t
     MESH_REQUIRE(j["text"].is_string(), where << ": \"text\" must be a string");
     MESH_REQUIRE(tok, where << ": a text prompt needs the run's tokenizer (data.vocab_file and "
                                 "data.merge_file, or data.tokenizer = hf)");
-    if (end_with_eod) {  // T5's encoder input: no BOS, EOD last (T5Tokenizer's </s>)
-      tok->encode_append(j["text"].get<std::string>(), ids);
-      ids.push_back(tok->eod_id());
-    } else {
-      ids = text_prompt_ids(*tok, j["text"].get<std::string>());
-    }
+    ids = text_prompt_ids(*tok, j["text"].get<std::string>(), end_with_eod);
   } else {
     MESH_REQUIRE(j["ids"].is_array(), where << ": \"ids\" must be an array of token ids");
     for (const auto& v : j["ids"]) {
@@ -67,13 +62,12 @@ std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* t
   return ids;
 }
 
-std::string result_json(const generate::Result& r, const data::Tokenizer* tok,
-                        bool logprobs) {
+std::string result_json(const generate::Result& r, const TextDecode& decode, bool logprobs) {
   nlohmann::json j;
   j["index"] = r.index;
   j["prompt_ids"] = r.prompt;
   j["ids"] = r.ids;
-  if (tok) j["text"] = tok->decode(r.ids);
+  if (decode) j["text"] = decode(r.ids);
   j["finish_reason"] = r.finish_reason;
   if (logprobs) j["logprobs"] = r.logprobs;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -112,6 +106,7 @@ class GenerateRun {
         checkpoint_(checkpoint_to_load(c_, "generate")),
         vocab_(resolve_vocab(c_)),
         tokenizer_(run_tokenizer(c_)),
+        decode_(text_decode(c_, tokenizer_.get())),
         prompts_(prompts_of(c_, tokenizer_.get(), vocab_)),
         params_(generate_params(c_.generate, tokenizer_.get(), vocab_,
                                 c_.model.arch == "t5" ? t5_generation_ids(c_, nullptr).eos : -1)),
@@ -153,7 +148,7 @@ class GenerateRun {
       print_batch_time(b / std::size_t(c_.generate.batch_size) + 1, results,
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       for (const auto& r : results)
-        lines.push_back(result_json(r, tokenizer_.get(), c_.generate.logprobs));
+        lines.push_back(result_json(r, decode_, c_.generate.logprobs));
     }
     write(in_prompt_order(gather_lines(lines, rt_.dp)));
     return 0;
@@ -259,6 +254,7 @@ class GenerateRun {
   std::string checkpoint_;
   int vocab_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
+  TextDecode decode_;
   std::vector<std::vector<std::int32_t>> prompts_;
   generate::GenerateParams params_;
   GenerationModel model_;

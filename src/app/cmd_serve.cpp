@@ -1,5 +1,7 @@
 // meshtron serve DECK... [--set k=v ...]: an OpenAI-compatible completions
-// server for checkpoint.load on any tp x pp x dp layout (src/generate/).
+// server for checkpoint.load on any tp x pp x dp layout (src/generate/): a
+// decoder-only model continues the prompt; T5 (model.arch = t5) encodes
+// the prompt and answers with its decoder's output.
 //
 //   mpirun -np 2 meshtron serve input_decks/gpt-tiny.deck --set checkpoint.load=auto
 //       --set parallel.tensor_parallel=2 --set serve.port=8000
@@ -10,7 +12,7 @@
 //   2. rank 0 listens (serve.host:serve.port) on HTTP threads that parse and
 //      validate each request (a bad one: 4xx, nothing reaches the others)
 //   3. rank 0's main thread takes one request at a time and broadcasts it;
-//      every rank runs the same Generator call (dp replicas repeat it)
+//      every rank runs the same CompletionModel call (dp replicas repeat it)
 //   4. SIGTERM or SIGINT on rank 0: it stops listening and broadcasts the
 //      end; every rank returns 0
 #include <unistd.h>
@@ -61,12 +63,15 @@ class ServeRun {
         checkpoint_(checkpoint_to_load(c_, "serve")),
         vocab_(resolve_vocab(c_)),
         tokenizer_(run_tokenizer(c_)),
-        base_(generate_params(c_.generate, tokenizer_.get(), vocab_)),
+        decode_(text_decode(c_, tokenizer_.get())),
+        base_(generate_params(c_.generate, tokenizer_.get(), vocab_,
+                              t5() ? t5_generation_ids(c_, nullptr).eos : -1)),
         model_(c_, vocab_),
         rank0_(model_.runtime().topo.world_rank() == 0) {}
 
   int run() {
-    const io::TrainState state = model_.load(checkpoint_);
+    const io::TrainState state = model_.load(checkpoint_, tokenizer_.get());
+    completions_ = completion_model();
     StopRequest stop(0);  // every rank: a signal to the whole job must not kill the followers
     if (rank0_) serve(state.iteration, stop);
     else follow();
@@ -97,9 +102,20 @@ class ServeRun {
       answer(generate::completion_request_from_json(json::parse(m)), nullptr);
   }
 
+  bool t5() const { return c_.model.arch == "t5"; }
+
+  /// T5: a prompt fills at most the encoder's seq_length, a completion the
+  /// decoder's (relative positions would take more; the caches would grow).
+  std::unique_ptr<generate::CompletionModel> completion_model() {
+    if (generate::T5Generator* g = model_.t5_generator())
+      return std::make_unique<generate::T5Completions>(*g, c_.model.seq_length,
+                                                       c_.model.decoder_seq_length);
+    return std::make_unique<generate::DecoderCompletions>(model_.generator("serve"));
+  }
+
   generate::CompletionLimits limits() {
     generate::CompletionLimits l;
-    l.context = model_.generator("serve").context_length();
+    completions_->set_positions(l);
     l.vocab = vocab_;
     l.max_n = c_.serve.max_n;
     l.max_prompts = c_.serve.max_prompts;
@@ -107,16 +123,16 @@ class ServeRun {
     if (tokenizer_)
       l.encode = [this](const std::string& text) {
         std::lock_guard lock(tokenizer_mutex_);
-        return text_prompt_ids(*tokenizer_, text);
+        return text_prompt_ids(*tokenizer_, text, /*encoder_input=*/t5());
       };
     return l;
   }
 
   /// The tokenizer is shared by the HTTP threads (encode) and the engine.
   std::string decode(const std::vector<std::int32_t>& ids) {
-    if (!tokenizer_) return "";
+    if (!decode_) return "";
     std::lock_guard lock(tokenizer_mutex_);
-    return tokenizer_->decode(ids);
+    return decode_(ids);
   }
 
   /// The ids a choice's text shows: without the stop id that ended it.
@@ -147,7 +163,7 @@ class ServeRun {
         const std::string piece = streams[std::size_t(index)].next(decode(ids));
         if (!piece.empty()) job->push(generate::completion_chunk(header, index, piece, ""));
       };
-    const auto results = model_.generator("serve").generate(batch, params, on_token);
+    const auto results = completions_->generate(batch, params, on_token);
     if (!job) return;
     std::vector<generate::ChoiceText> texts;
     for (const auto& res : results) {
@@ -169,16 +185,19 @@ class ServeRun {
 
   json health(long iteration) {
     const Topology& t = model_.runtime().topo;
-    return {{"status", "ok"},
-            {"model", c_.run.name},
-            {"arch", c_.model.arch},
-            {"checkpoint", checkpoint_},
-            {"iteration", iteration},
-            {"context_length", model_.generator("serve").context_length()},
-            {"vocab_size", vocab_},
-            {"tokenizer", tokenizer_ ? json(tokenizer_->name()) : json()},
-            {"layout", {{"tensor_parallel", t.tp()}, {"pipeline_parallel", t.pp()},
-                        {"data_parallel", t.dp()}, {"world", t.world_size()}}}};
+    const generate::CompletionLimits l = limits();
+    json h = {{"status", "ok"},
+              {"model", c_.run.name},
+              {"arch", c_.model.arch},
+              {"checkpoint", checkpoint_},
+              {"iteration", iteration},
+              {"context_length", l.context},
+              {"vocab_size", vocab_},
+              {"tokenizer", tokenizer_ ? json(tokenizer_->name()) : json()},
+              {"layout", {{"tensor_parallel", t.tp()}, {"pipeline_parallel", t.pp()},
+                          {"data_parallel", t.dp()}, {"world", t.world_size()}}}};
+    if (l.prompt_context > 0) h["encoder_length"] = l.prompt_context;
+    return h;
   }
 
   void print_banner(long iteration, int port) {
@@ -194,9 +213,11 @@ class ServeRun {
   std::string checkpoint_;
   int vocab_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
+  TextDecode decode_;  ///< through tokenizer_
   std::mutex tokenizer_mutex_;
   generate::GenerateParams base_;
   GenerationModel model_;
+  std::unique_ptr<generate::CompletionModel> completions_;  ///< made by run() after the weights
   bool rank0_;
   long requests_ = 0;
 };

@@ -52,11 +52,21 @@ generate::Generator& GenerationModel::generator(const char* what) {
   return *generator_;
 }
 
-std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text) {
+std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text,
+                                          bool encoder_input) {
   std::vector<std::int32_t> ids;
-  if (tok.bos_id() >= 0) ids.push_back(tok.bos_id());  // as preprocess starts documents
+  if (!encoder_input && tok.bos_id() >= 0) ids.push_back(tok.bos_id());  // as preprocess starts documents
   tok.encode_append(text, ids);
+  if (encoder_input) ids.push_back(tok.eod_id());
   return ids;
+}
+
+TextDecode text_decode(const RunConfig& c, const data::Tokenizer* tok) {
+  if (!tok) return {};
+  if (c.model.arch != "t5")
+    return [tok](const std::vector<std::int32_t>& ids) { return tok->decode(ids); };
+  return [tok, special = data::t5_special_tokens(*tok, c.data.vocab_extra_ids)](
+             const std::vector<std::int32_t>& ids) { return data::t5_decode(*tok, special, ids); };
 }
 
 std::function<bool(const std::vector<std::int32_t>&)> stop_strings_predicate(

@@ -57,8 +57,17 @@ class GenerationModel {
 };
 
 /// A text prompt's ids: the tokenizer's BOS (when it uses one, as
-/// preprocess starts documents) and the text's ids.
-std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text);
+/// preprocess starts documents) and the text's ids; T5's encoder input
+/// (`encoder_input`): no BOS, the text's ids and EOD (T5Tokenizer's </s>).
+std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text,
+                                          bool encoder_input = false);
+
+/// The text of generated ids.
+using TextDecode = std::function<std::string(const std::vector<std::int32_t>&)>;
+/// The run's: `tok`'s decode (not owned; must outlive the result), under
+/// T5 data::t5_decode (appended sentinels spelled <extra_id_N>); empty
+/// without a tokenizer.
+TextDecode text_decode(const RunConfig& c, const data::Tokenizer* tok);
 
 /// True once the text of the generated ids (through `decode`) holds one of
 /// `strings`; empty `strings`: no predicate. The same answer on every rank.

@@ -1,5 +1,6 @@
 #include "data/t5_vocabulary.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "common/error.hpp"
@@ -46,6 +47,20 @@ SpecialTokens t5_special_tokens(const Tokenizer& tokenizer, int extra_ids) {
   }
   s.mask = s.sentinels.front();  // the masking's [MASK]; T5's encoder writes the sentinels
   return s;
+}
+
+std::string t5_decode(const Tokenizer& tokenizer, const SpecialTokens& special,
+                      std::span<const std::int32_t> ids) {
+  std::string text;
+  std::size_t from = 0;  // the first id not yet decoded
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto k = std::find(special.sentinels.begin(), special.sentinels.end(), ids[i]);
+    if (ids[i] < tokenizer.vocab_size() || k == special.sentinels.end()) continue;
+    text += tokenizer.decode(ids.subspan(from, i - from)) +
+            extra_id(int(k - special.sentinels.begin()));
+    from = i + 1;
+  }
+  return text + tokenizer.decode(ids.subspan(from));
 }
 
 }  // namespace meshtron::data

@@ -14,6 +14,9 @@
 // piece does.
 #pragma once
 
+#include <span>
+#include <string>
+
 #include "data/masking.hpp"
 #include "data/tokenizer.hpp"
 
@@ -24,5 +27,12 @@ namespace meshtron::data {
 /// UserError (one line) for another tokenizer, a model without </s>, no
 /// sentinels, or a model with only some of the <extra_id_N> pieces.
 SpecialTokens t5_special_tokens(const Tokenizer& tokenizer, int extra_ids);
+
+/// T5Tokenizer's text of `ids`: the tokenizer's decode, each sentinel that
+/// lies after its vocabulary spelled "<extra_id_N>" (an added token of
+/// transformers' T5Tokenizer, which the SentencePiece model cannot decode).
+/// `special`: t5_special_tokens of `tokenizer`.
+std::string t5_decode(const Tokenizer& tokenizer, const SpecialTokens& special,
+                      std::span<const std::int32_t> ids);
 
 }  // namespace meshtron::data

@@ -128,6 +128,15 @@ void require_fit(const CompletionRequest& r, const CompletionLimits& limits) {
   if (!r.stop.empty() && !limits.encode) bad("'stop' strings need the run's tokenizer");
   for (const auto& p : r.prompts) {
     if (p.empty()) bad("'prompt': an empty prompt");
+    if (limits.prompt_context > 0) {
+      if (std::int64_t(p.size()) > limits.prompt_context)
+        bad("this model's encoder takes at most " + std::to_string(limits.prompt_context) +
+            " tokens, however your prompt has " + std::to_string(p.size()));
+      if (r.max_tokens > limits.context)  // the default 16 is not checked on parsing
+        bad("this model's decoder gives at most " + std::to_string(limits.context) +
+            " tokens, however you requested " + std::to_string(r.max_tokens));
+      continue;
+    }
     if (std::int64_t(p.size()) + r.max_tokens > limits.context)
       bad("this model's maximum context length is " + std::to_string(limits.context) +
           " tokens, however you requested " + std::to_string(p.size() + std::size_t(r.max_tokens)) +
@@ -137,6 +146,28 @@ void require_fit(const CompletionRequest& r, const CompletionLimits& limits) {
 }
 
 }  // namespace
+
+void DecoderCompletions::set_positions(CompletionLimits& l) const {
+  l.context = g_.context_length();
+  l.prompt_context = 0;
+}
+
+std::vector<Result> DecoderCompletions::generate(const std::vector<Request>& batch,
+                                                 const GenerateParams& p,
+                                                 const TokenCallback& on_token) {
+  return g_.generate(batch, p, on_token);
+}
+
+void T5Completions::set_positions(CompletionLimits& l) const {
+  l.context = decoder_positions_;
+  l.prompt_context = encoder_positions_;
+}
+
+std::vector<Result> T5Completions::generate(const std::vector<Request>& batch,
+                                            const GenerateParams& p,
+                                            const TokenCallback& on_token) {
+  return g_.generate(batch, p, on_token);
+}
 
 CompletionRequest parse_completion_request(const std::string& body_text,
                                            const CompletionLimits& limits) {

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "generate/generator.hpp"
+#include "generate/t5_generator.hpp"
 
 namespace meshtron::generate {
 
@@ -32,7 +33,12 @@ struct BadRequest : std::runtime_error {
 
 /// What a request may ask for.
 struct CompletionLimits {
-  std::int64_t context = 0;  ///< positions of the model (prompt + max_tokens)
+  /// Positions of the model: prompt + max_tokens for a decoder-only model;
+  /// max_tokens alone for an encoder-decoder one (prompt_context > 0).
+  std::int64_t context = 0;
+  /// Encoder-decoder: a prompt's most tokens (the encoder's input); 0: the
+  /// prompt shares `context` with the completion.
+  std::int64_t prompt_context = 0;
   int vocab = 0;             ///< ids of a token-id prompt lie in [0, vocab)
   int max_n = 1;             ///< completions per prompt
   int max_prompts = 1;       ///< prompts per request
@@ -52,6 +58,47 @@ struct CompletionRequest {
   std::uint64_t seed = 0;
   std::optional<int> logprobs;  ///< set: each token's log-probability in the answer
   bool stream = false;
+};
+
+/// The model a server answers with, the one place the completions reach a
+/// generator: a decoder-only Generator (the completion continues the
+/// prompt) or T5's (the prompt is the encoder's input, the completion the
+/// decoder's output, without the prompt).
+class CompletionModel {
+ public:
+  virtual ~CompletionModel() = default;
+  /// `l` with the positions a request may use (context, prompt_context).
+  virtual void set_positions(CompletionLimits& l) const = 0;
+  /// Collective over the replica; every rank passes the same batch and
+  /// gets the same results.
+  virtual std::vector<Result> generate(const std::vector<Request>& batch, const GenerateParams& p,
+                                       const TokenCallback& on_token) = 0;
+};
+
+class DecoderCompletions final : public CompletionModel {
+ public:
+  explicit DecoderCompletions(Generator& g) : g_(g) {}
+  void set_positions(CompletionLimits& l) const override;
+  std::vector<Result> generate(const std::vector<Request>& batch, const GenerateParams& p,
+                               const TokenCallback& on_token) override;
+
+ private:
+  Generator& g_;  ///< Not owned.
+};
+
+class T5Completions final : public CompletionModel {
+ public:
+  /// `encoder_positions`: a prompt's most tokens (the encoder's
+  /// seq_length); `decoder_positions`: max_tokens' bound (the decoder's).
+  T5Completions(T5Generator& g, index_t encoder_positions, index_t decoder_positions)
+      : g_(g), encoder_positions_(encoder_positions), decoder_positions_(decoder_positions) {}
+  void set_positions(CompletionLimits& l) const override;
+  std::vector<Result> generate(const std::vector<Request>& batch, const GenerateParams& p,
+                               const TokenCallback& on_token) override;
+
+ private:
+  T5Generator& g_;  ///< Not owned.
+  index_t encoder_positions_, decoder_positions_;
 };
 
 /// The request of an HTTP body; BadRequest names the first offending field.

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""meshtron serve on tp 2 against meshtron generate on the same checkpoint.
+"""meshtron serve against meshtron generate on the same checkpoint.
 
-    serve_test.py MPIEXEC MESHTRON DECK TOKENIZER_MODEL WORK
+    serve_test.py MPIEXEC MESHTRON DECK TOKENIZER_MODEL WORK gpt|t5
 
-Greedy text equals generate's; seeded n = 2 sampling repeats; a stream
-spells the same text as the whole answer; malformed JSON and an over-long
-prompt get 400 and the server keeps answering; SIGTERM to rank 0 stops
-every rank with status 0.
+gpt: a decoder-only model on tp 2; t5: an encoder-decoder on pp 2 (the
+encoder's stage, the decoder's stage), whose answer is the decoder's output.
+Greedy text (of a text and of a token-id prompt) equals generate's, and so
+does sampled text with the deck's seed (the draws are keyed by seed, prompt
+index and position); seeded n = 2 sampling repeats; a stream spells the same text as the whole answer;
+malformed JSON and an over-long prompt get 400 and the server keeps
+answering; SIGTERM to rank 0 stops every rank with status 0.
 """
 import json
 import os
@@ -17,12 +20,19 @@ import sys
 import urllib.error
 import urllib.request
 
-mpiexec, meshtron, deck, tokenizer_model, work = sys.argv[1:6]
+mpiexec, meshtron, deck, tokenizer_model, work, arch = sys.argv[1:7]
 os.makedirs(work, exist_ok=True)
 common = [deck, "--set", f"data.tokenizer_model={tokenizer_model}",
           "--set", f"checkpoint.save_dir={work}/ckpt", "--set", f"run.output_dir={work}/run"]
-tp2 = ["--set", "parallel.tensor_parallel=2", "--set", "checkpoint.load=auto"]
 PROMPT = "The jury said"
+ID_PROMPT = [5, 7, 11, 3, 19]
+if arch == "t5":  # seq_length 16: the encoder's positions
+    NAME, LAYOUT, TOO_LONG = "serve-t5-test", {"pipeline_parallel": 2}, list(range(17))
+else:  # seq_length 32: prompt and completion share it
+    NAME, LAYOUT, TOO_LONG = "serve-test", {"tensor_parallel": 2}, list(range(30))
+grid = ["--set", "checkpoint.load=auto"]
+for key, degree in LAYOUT.items():
+    grid += ["--set", f"parallel.{key}={degree}"]
 
 
 def fail(message):
@@ -54,16 +64,18 @@ def health(port):
         return r.status, json.loads(r.read())
 
 
-# 1. a checkpoint, and generate's greedy answer on tp 2
+# 1. a checkpoint, and generate's greedy answers on the layout
 run(1, "train", *common)
 with open(f"{work}/prompts.jsonl", "w") as f:
-    f.write(json.dumps({"text": PROMPT}) + "\n")
-run(2, "generate", *common, *tp2, "--set", f"generate.prompts={work}/prompts.jsonl",
-    "--set", f"generate.output={work}/generated.jsonl")
-expected = json.loads(open(f"{work}/generated.jsonl").readline())
+    f.write(json.dumps({"text": PROMPT}) + "\n" + json.dumps({"ids": ID_PROMPT}) + "\n")
+for decoding in ["greedy", "sample"]:
+    run(2, "generate", *common, *grid, "--set", f"generate.prompts={work}/prompts.jsonl",
+        "--set", f"generate.decoding={decoding}", "--set", f"generate.output={work}/{decoding}.jsonl")
+expected = [json.loads(l) for l in open(f"{work}/greedy.jsonl")]
+expected_sampled = [json.loads(l) for l in open(f"{work}/sample.jsonl")]
 
 # 2. the server, on a free port
-server = subprocess.Popen([mpiexec, "--oversubscribe", "-np", "2", meshtron, "serve", *common, *tp2,
+server = subprocess.Popen([mpiexec, "--oversubscribe", "-np", "2", meshtron, "serve", *common, *grid,
                            "--set", "serve.port=0"], stdout=subprocess.PIPE, text=True)
 port = pid = None
 banner = []
@@ -78,22 +90,35 @@ if port is None:
 
 try:
     status, h = health(port)
-    if status != 200 or h["layout"]["tensor_parallel"] != 2 or h["model"] != "serve-test":
+    if status != 200 or h["model"] != NAME or h["arch"] != arch or \
+            any(h["layout"][key] != degree for key, degree in LAYOUT.items()):
         fail(f"/health: {status} {h}")
 
-    # 3. greedy: generate's text and token count
-    status, body = post(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 0})
-    answer = json.loads(body)
-    if status != 200 or answer["object"] != "text_completion":
-        fail(f"greedy: {status} {body}")
-    choice = answer["choices"][0]
-    if choice["text"] != expected["text"] or answer["usage"]["completion_tokens"] != len(expected["ids"]):
-        fail(f"greedy {choice} differs from generate's {expected}")
-    if len(choice["logprobs"]["token_logprobs"]) != len(expected["ids"]):
-        fail(f"logprobs: {choice['logprobs']}")
-    print("greedy:", repr(choice["text"]))
+    # 3. greedy: generate's text and token count, for a text and a token-id prompt
+    for prompt, want in [(PROMPT, expected[0]), (ID_PROMPT, expected[1])]:
+        status, body = post(port, {"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                   "logprobs": 0})
+        answer = json.loads(body)
+        if status != 200 or answer["object"] != "text_completion":
+            fail(f"greedy: {status} {body}")
+        choice = answer["choices"][0]
+        if choice["text"] != want["text"] or \
+                answer["usage"]["completion_tokens"] != len(want["ids"]) or \
+                answer["usage"]["prompt_tokens"] != len(want["prompt_ids"]):
+            fail(f"greedy {answer} differs from generate's {want}")
+        if len(choice["logprobs"]["token_logprobs"]) != len(want["ids"]):
+            fail(f"logprobs: {choice['logprobs']}")
+        print("greedy:", repr(choice["text"]), "ids", want["ids"])
 
-    # 4. n = 2 sampled with a seed: the same twice
+    # 4. sampled with the deck's seed: generate's texts (prompt i: choice i)
+    status, body = post(port, {"prompt": [e["prompt_ids"] for e in expected_sampled],
+                               "max_tokens": 8, "temperature": 1.0})
+    got = [c["text"] for c in json.loads(body)["choices"]] if status == 200 else body
+    if got != [e["text"] for e in expected_sampled]:
+        fail(f"sampled {got} differs from generate's {expected_sampled}")
+    print("sampled like generate:", got)
+
+    # 5. n = 2 sampled with a seed: the same twice
     sampled = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "n": 2, "seed": 11}
     first, second = post(port, sampled), post(port, sampled)
     texts = [c["text"] for c in json.loads(first[1])["choices"]]
@@ -102,7 +127,7 @@ try:
         fail(f"seeded sampling: {first} {second}")
     print("sampled:", texts)
 
-    # 5. stream: the same text as the whole answer
+    # 6. stream: the same text as the whole answer
     status, body = post(port, dict(sampled, stream=True))
     events = [l[len("data: "):] for l in body.split("\n\n") if l.startswith("data: ")]
     if status != 200 or events[-1] != "[DONE]":
@@ -114,9 +139,9 @@ try:
     if streamed != texts:
         fail(f"streamed {streamed} != {texts}")
 
-    # 6. bad requests: 400 with an invalid_request_error, the server still up
+    # 7. bad requests: 400 with an invalid_request_error, the server still up
     for name, body, raw in [("malformed JSON", b'{"prompt": "x", ', True),
-                            ("over-long prompt", {"prompt": list(range(30)), "max_tokens": 8}, False),
+                            ("over-long prompt", {"prompt": TOO_LONG, "max_tokens": 8}, False),
                             ("max_tokens 0", {"prompt": PROMPT, "max_tokens": 0}, False),
                             ("n over the limit", {"prompt": PROMPT, "n": 100}, False),
                             ("wrong type", {"prompt": PROMPT, "temperature": "hot"}, False)]:

@@ -57,6 +57,30 @@ TEST(Completions, RejectsBadRequests) {
   expect_bad(R"({"prompt": [[1], [2], [3]]})", "at most 2");
 }
 
+// T5: the prompt fills the encoder's positions, max_tokens the decoder's;
+// the two do not add up.
+TEST(Completions, EncoderDecoderBoundsPromptAndCompletionApart) {
+  CompletionLimits l = limits();
+  l.context = 8;
+  l.prompt_context = 16;
+  const std::vector<std::int32_t> sixteen(16, 7);
+  const auto r = parse_completion_request(
+      nlohmann::json{{"prompt", sixteen}, {"max_tokens", 8}}.dump(), l);
+  EXPECT_EQ(r.prompts.front().size(), 16u);
+  const auto bad = [&](const nlohmann::json& body, const std::string& words) {
+    try {
+      parse_completion_request(body.dump(), l);
+      ADD_FAILURE() << "accepted " << body.dump();
+    } catch (const BadRequest& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  bad({{"prompt", std::vector<std::int32_t>(17, 7)}, {"max_tokens", 1}},
+      "encoder takes at most 16 tokens, however your prompt has 17");
+  bad({{"prompt", sixteen}, {"max_tokens", 9}}, "'max_tokens' = 9 is not in [1, 8]");
+  bad({{"prompt", sixteen}}, "decoder gives at most 8 tokens, however you requested 16");
+}
+
 TEST(Completions, StopStringsAreCut) {
   EXPECT_EQ(cut_at_stop("one. two\n", {"\n", "."}), "one");
   EXPECT_EQ(cut_at_stop("one", {"x"}), "one");

@@ -191,6 +191,23 @@ TEST(SentencePieceT5, AppendsSentinelsAfterTheVocabulary) {
                     {"data.vocab_extra_ids > 0"});
 }
 
+// Generated ids may hold the appended sentinels: T5Tokenizer spells them as
+// added tokens between the decoded pieces.
+TEST(SentencePieceT5, DecodeSpellsAppendedSentinels) {
+  SentencePieceTokenizer tok(kModel);
+  const meshtron::data::SpecialTokens s = meshtron::data::t5_special_tokens(tok, 100);
+  const Ids jury = tok.encode("The jury said");
+  Ids ids{3099};
+  ids.insert(ids.end(), jury.begin(), jury.end());
+  ids.push_back(3000);
+  EXPECT_EQ(meshtron::data::t5_decode(tok, s, ids),
+            "<extra_id_0>" + tok.decode(jury) + "<extra_id_99>");
+  EXPECT_EQ(meshtron::data::t5_decode(tok, s, jury), tok.decode(jury));
+  EXPECT_EQ(meshtron::data::t5_decode(tok, s, Ids{}), "");
+  expect_user_error([&] { meshtron::data::t5_decode(tok, s, Ids{3100}); },
+                    {"token id 3100 is outside the vocabulary"});
+}
+
 // A model trained with T5's pieces (<pad>=0 </s>=1 <unk>=2 and the
 // <extra_id_N> as user-defined symbols) keeps its own ids.
 TEST(SentencePieceT5, UsesTheModelsOwnSentinels) {
