@@ -25,14 +25,28 @@ ops::GatedActivation kernel_activation(Activation a) {
 // (The MLP's fused add costs more than the attention's: its GEMM, K = ffn /
 // tp, takes a slower out-of-place algorithm.)
 Mlp::Mlp(const std::string& name, int layer, index_t hidden, const MlpSpec& spec,
-         const LayerContext& ctx, DType dtype)
+         const LayerContext& ctx, DType dtype, const MlpInnerDropout& inner)
     : fc(name + ".fc", hidden, fc_width(spec), /*fused_parts=*/is_gated(spec.activation) ? 2 : 1,
          ctx, dtype, spec.bias),
       proj(name + ".proj", spec.ffn_hidden_size, hidden, ctx, dtype, /*epilogue_rank=*/layer + 1,
            spec.bias),
       gated_(is_gated(spec.activation)),
-      gelu_in_gemm_(spec.activation == Activation::GeluTanh),
-      act_(kernel_activation(spec.activation)) {}
+      gelu_in_gemm_(spec.activation == Activation::GeluTanh && inner.p == 0),
+      act_(kernel_activation(spec.activation)),
+      inner_(inner) {}
+
+// fc's output [s * b, ffn / tp] viewed as [s, b, ffn]: every token (fc
+// gathers them under SP) and this rank's block of the ffn columns, so a
+// column's mask does not depend on tp.
+ops::DropoutSite Mlp::inner_site(const LayerContext& ctx) const {
+  const index_t ffn = proj.weight.global_shape[0];
+  ops::DropoutSite s = ctx.hidden_site(inner_.stream, ffn);
+  s.a = ctx.seq_length;
+  s.a_offset = 0;
+  s.c = ffn / ctx.tp.size();
+  s.c_offset = index_t(ctx.tp.rank()) * s.c;
+  return s;
+}
 
 Tensor Mlp::activated(const Tensor& x, LayerContext& ctx, Cache& c) const {
   if (gelu_in_gemm_) return fc.forward_gelu(x, ctx, c.fc, c.pre_activation);
@@ -42,6 +56,7 @@ Tensor Mlp::activated(const Tensor& x, LayerContext& ctx, Cache& c) const {
                              pre.space());
   if (gated_) ops::gated_activation_forward(pre, act_, out);
   else ops::activation_forward(pre, act_, out);
+  if (drops_inner(ctx)) ops::dropout_forward(out, inner_.p, inner_site(ctx), out);
   return out;
 }
 
@@ -77,7 +92,8 @@ Tensor Mlp::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) {
 }
 
 Tensor Mlp::backward_unfused(const Tensor& dy, LayerContext& ctx, const Cache& c) {
-  const Tensor dactivated = proj.backward(dy, ctx, c.proj);
+  Tensor dactivated = proj.backward(dy, ctx, c.proj);
+  if (drops_inner(ctx)) ops::dropout_backward(dactivated, inner_.p, inner_site(ctx), dactivated);
   Tensor dpre = Tensor::empty(c.pre_activation.shape(), dy.dtype(), dy.space());
   if (gated_) ops::gated_activation_backward(dactivated, c.pre_activation, act_, dpre);
   else ops::activation_backward(dactivated, c.pre_activation, act_, dpre);

@@ -20,9 +20,11 @@
 // vocabulary rows. Dropout masks are keyed by global positions (the
 // encoder's blocks draw from stream layers 0.., the decoder's from
 // num_layers..; the embeddings and the stacks' final dropouts from streams
-// of their own), so every tp layout drops what one rank does. transformers'
-// dropout inside the feed-forward (between the activation and wo) is not
-// applied: Mlp has no such site.
+// of their own; the feed-forward's inner dropout by global ffn column), so
+// every tp layout drops what one rank does. The dropouts are transformers':
+// after each embedding, on the attention probabilities, inside the
+// feed-forward (between the activation and wo), on each branch before its
+// residual add and after each stack's final norm.
 //
 // Sequence parallelism (ctx.sequence_parallel): both stacks' residual
 // streams are sharded by sequence ([s/tp * b, h] rows per rank, both

@@ -33,7 +33,9 @@ T5Block::T5Block(const std::string& prefix, int index, int stream_layer, bool de
       ln_mlp(block_name(prefix, index) + (decoder ? ".ln_3" : ".ln_2"), s.hidden_size,
              s.block.norm, dtype, ctx.sequence_parallel, ctx.space),
       mlp(block_name(prefix, index) + ".mlp", stream_layer, s.hidden_size, s.block.mlp,
-          ctx, dtype),
+          ctx, dtype,
+          MlpInnerDropout{s.hidden_dropout,
+                          std::uint32_t(stream_layer) * kStreamsPerLayer + kStreamMlpInner}),
       stream_layer_(stream_layer),
       hidden_dropout_(s.hidden_dropout) {
   if (!decoder) return;

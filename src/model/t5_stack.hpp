@@ -9,6 +9,10 @@
 //                  x = x + dropout(Mlp(ln_3(x)))
 //   stack output   dropout(final_norm(x))
 //
+// Mlp(x) = proj(dropout(act(fc x))) (transformers' T5DenseActDense /
+// T5DenseGatedActDense), every dropout at model.hidden_dropout (T5's
+// dropout_rate), the attention probabilities' at model.attention_dropout.
+//
 // The norms are T5LayerNorm (RMSNorm without bias). The relative position
 // bias is the stack's: its table `relative_bias` [buckets, heads] (columns
 // split over tp with the heads) gives one bias [heads_local, s, s] per
@@ -42,9 +46,11 @@
 
 namespace meshtron {
 
-/// Dropout sites of a decoder block beyond kStreamAttentionProbs,
-/// kStreamAttentionOut and kStreamMlpOut (layer_context.hpp).
-constexpr std::uint32_t kStreamCrossAttentionProbs = 4, kStreamCrossAttentionOut = 5;
+/// Dropout sites of a block beyond kStreamAttentionProbs, kStreamAttentionOut
+/// and kStreamMlpOut (layer_context.hpp): a decoder block's cross-attention,
+/// and the MLP's inner dropout (Mlp, between the activation and proj).
+constexpr std::uint32_t kStreamCrossAttentionProbs = 4, kStreamCrossAttentionOut = 5,
+                        kStreamMlpInner = 6;
 
 /// What a block's attentions add to their scores and mask (this rank's heads).
 struct T5Masks {

@@ -1,9 +1,10 @@
 // T5Model on one rank, fp64: finite differences of the whole model's loss
 // against its backward on a few elements of every parameter (v1.0: ReLU and
-// the tied head; v1.1: gated gelu_new and the untied head); one relative
-// bias table per stack; encoder padding and the decoder's causal mask;
-// selective and full recompute bit-equal to none; the StageModel per-token
-// loss; bad batches as one-line errors.
+// the tied head; v1.1: gated gelu_new and the untied head), without and
+// with dropout (its masks fixed); the feed-forward's inner dropout against
+// masks drawn here; one relative bias table per stack; encoder padding and
+// the decoder's causal mask; selective and full recompute bit-equal to
+// none; the StageModel per-token loss; bad batches as one-line errors.
 //
 // Run: ctest -R model_t5 --output-on-failure   (from the build folder)
 #include <gtest/gtest.h>
@@ -11,8 +12,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/expect_user_error.hpp"
@@ -33,9 +36,12 @@ struct OneRank {
 
 class T5ModelVersions : public ::testing::TestWithParam<bool> {};
 
-TEST_P(T5ModelVersions, GradientsMatchFiniteDifferences) {
+/// Central differences of the loss (the dropout masks fixed: the same
+/// counters every forward) against the backward on the first, middle, last
+/// and largest-gradient elements of every parameter.
+void expect_finite_differences_match(const ModelSpec& spec, bool untied) {
   OneRank r;
-  T5Model model(tiny_spec(GetParam()), r.ctx, DType::F64, 5);
+  T5Model model(spec, r.ctx, DType::F64, 5);
   const T5Batch batch = tiny_batch();
   loss_and_grads(model, batch, r.ctx);
   const auto objective = [&] {
@@ -69,8 +75,58 @@ TEST_P(T5ModelVersions, GradientsMatchFiniteDifferences) {
   }
   // word table, 2 x (relative bias, final norm), 2 encoder blocks of 6,
   // 2 decoder blocks of 10, and the untied head (v1.1)
-  const int parameters = 1 + 2 * 2 + 2 * 6 + 2 * 10 + (GetParam() ? 1 : 0);
+  const int parameters = 1 + 2 * 2 + 2 * 6 + 2 * 10 + (untied ? 1 : 0);
   EXPECT_EQ(checked, 4 * parameters);
+}
+
+TEST_P(T5ModelVersions, GradientsMatchFiniteDifferences) {
+  expect_finite_differences_match(tiny_spec(GetParam()), GetParam());
+}
+
+TEST_P(T5ModelVersions, GradientsMatchFiniteDifferencesWithDropout) {
+  ModelSpec spec = tiny_spec(GetParam());
+  spec.hidden_dropout = spec.attention_dropout = 0.2;
+  expect_finite_differences_match(spec, GetParam());
+}
+
+TEST_P(T5ModelVersions, FeedForwardDropsBetweenActivationAndProj) {
+  // transformers' T5DenseActDense / T5DenseGatedActDense: proj's input is
+  // dropout(act(fc x)), the mask drawn here from dropout_keep at the block's
+  // kStreamMlpInner site and global index ((t * b_global + sample) * d_ff +
+  // column).
+  OneRank r;
+  ModelSpec spec = tiny_spec(GetParam());
+  const double p = 0.3;
+  spec.hidden_dropout = p;
+  T5Model model(spec, r.ctx, DType::F64, 5);
+  T5Model::Cache cache;
+  model.forward(tiny_batch(), r.ctx, cache);
+  const auto act = GetParam() ? ops::GatedActivation::GeLUTanh : ops::GatedActivation::ReLU;
+  const index_t ff = spec.block.mlp.ffn_hidden_size;
+  const std::pair<const Mlp::Cache*, int> blocks[] = {
+      {&cache.encoder.blocks[1].mlp, 1},                 // encoder block 1
+      {&cache.decoder.blocks[0].mlp, spec.num_layers}};  // decoder block 0
+  int dropped = 0;
+  for (const auto& [mlp, stream_layer] : blocks) {
+    const Tensor& pre = mlp->pre_activation;
+    Tensor activated = Tensor::empty({pre.dim(0), ff}, DType::F64);
+    if (GetParam()) ops::gated_activation_forward(pre, act, activated);
+    else ops::activation_forward(pre, act, activated);
+    const Tensor& got = mlp->proj.x;
+    ASSERT_EQ(got.shape(), activated.shape());
+    const std::uint32_t stream = std::uint32_t(stream_layer) * kStreamsPerLayer + kStreamMlpInner;
+    for (index_t row = 0; row < got.dim(0); ++row)
+      for (index_t col = 0; col < ff; ++col) {
+        const index_t t = row / kBatch, sample = row % kBatch;
+        const auto global = std::uint64_t((t * kBatch + sample) * ff + col);
+        const bool keep = ops::dropout_keep(r.ctx.seed, r.ctx.step, stream, global, p);
+        const double a = activated.data<double>()[row * ff + col];
+        EXPECT_DOUBLE_EQ(got.data<double>()[row * ff + col], keep ? a / (1 - p) : 0.0)
+            << "stream layer " << stream_layer << " row " << row << " column " << col;
+        dropped += !keep && a != 0;
+      }
+  }
+  EXPECT_GT(dropped, 0);
 }
 
 TEST_P(T5ModelVersions, NamesAndShapesAreTheDesignTable) {
