@@ -108,7 +108,7 @@ class GenerateRun {
         tokenizer_(run_tokenizer(c_)),
         decode_(text_decode(c_, tokenizer_.get())),
         prompts_(prompts_of(c_, tokenizer_.get(), vocab_)),
-        params_(generate_params(c_.generate, tokenizer_.get(), vocab_,
+        params_(generate_params(c_.generate, tokenizer_.get(), decode_, vocab_,
                                 c_.model.arch == "t5" ? t5_generation_ids(c_, nullptr).eos : -1)),
         model_(c_, vocab_),
         rt_(model_.runtime()),

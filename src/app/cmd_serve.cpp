@@ -64,7 +64,7 @@ class ServeRun {
         vocab_(resolve_vocab(c_)),
         tokenizer_(run_tokenizer(c_)),
         decode_(text_decode(c_, tokenizer_.get())),
-        base_(generate_params(c_.generate, tokenizer_.get(), vocab_,
+        base_(generate_params(c_.generate, tokenizer_.get(), decode_, vocab_,
                               t5() ? t5_generation_ids(c_, nullptr).eos : -1)),
         model_(c_, vocab_),
         rank0_(model_.runtime().topo.world_rank() == 0) {}

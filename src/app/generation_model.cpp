@@ -128,7 +128,7 @@ std::vector<std::string> parse_stop_strings(const std::string& s) {
 }  // namespace
 
 generate::GenerateParams generate_params(const GenerateSection& g, const data::Tokenizer* tok,
-                                         int vocab, std::int32_t eod) {
+                                         const TextDecode& decode, int vocab, std::int32_t eod) {
   generate::GenerateParams p;
   p.decoding = generate::decoding_from_string(g.decoding);
   p.max_new_tokens = g.max_new_tokens;
@@ -141,12 +141,10 @@ generate::GenerateParams generate_params(const GenerateSection& g, const data::T
   p.early_stopping = g.early_stopping;
   p.stop_ids = parse_stop_ids(g.stop_ids, tok, vocab, eod);
   const auto strings = parse_stop_strings(g.stop);
-  MESH_REQUIRE(strings.empty() || tok,
+  MESH_REQUIRE(strings.empty() || decode,
                "generate.stop strings need the run's tokenizer (data.vocab_file and "
                "data.merge_file, or data.tokenizer = hf)");
-  if (tok)
-    p.stop_when = stop_strings_predicate(
-        [tok](const std::vector<std::int32_t>& ids) { return tok->decode(ids); }, strings);
+  if (decode) p.stop_when = stop_strings_predicate(decode, strings);
   return p;
 }
 

@@ -75,10 +75,12 @@ std::function<bool(const std::vector<std::int32_t>&)> stop_strings_predicate(
     std::function<std::string(const std::vector<std::int32_t>&)> decode,
     std::vector<std::string> strings);
 
-/// The decoding settings of the [generate] section (stop_ids and stop
-/// resolved through `tok`; UserError on a bad one).
+/// The decoding settings of the [generate] section (stop_ids resolved
+/// through `tok`, stop strings matched in `decode`'s text, the run's
+/// text_decode; UserError on a bad one).
 /// Without a tokenizer, "eod" in stop_ids means `eod` when >= 0 (T5's eos).
 generate::GenerateParams generate_params(const GenerateSection& g, const data::Tokenizer* tok,
-                                         int vocab, std::int32_t eod = -1);
+                                         const TextDecode& decode, int vocab,
+                                         std::int32_t eod = -1);
 
 }  // namespace meshtron::app
