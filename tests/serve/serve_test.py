@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""meshtron serve on tp 2 against meshtron generate on the same checkpoint.
+"""meshtron serve on 2 ranks against meshtron generate on the same checkpoint.
 
-    serve_test.py MPIEXEC MESHTRON DECK TOKENIZER_MODEL WORK
+    serve_test.py MPIEXEC MESHTRON DECK TOKENIZER_MODEL WORK [LAYOUT]
 
-Greedy text equals generate's; seeded n = 2 sampling repeats; a stream
+LAYOUT: tensor_parallel (default) or pipeline_parallel, of degree 2 (on
+pp 2 the n = 2 samples decode as two micro-batches in flight).
+
+Greedy text equals generate's; seeded n = 2 sampling repeats and equals
+one rank's generate of the prompt twice; a stream
 spells the same text as the whole answer; malformed JSON and an over-long
 prompt get 400 and the server keeps answering; SIGTERM to rank 0 stops
 every rank with status 0.
@@ -18,10 +22,11 @@ import urllib.error
 import urllib.request
 
 mpiexec, meshtron, deck, tokenizer_model, work = sys.argv[1:6]
+layout = sys.argv[6] if len(sys.argv) > 6 else "tensor_parallel"
 os.makedirs(work, exist_ok=True)
 common = [deck, "--set", f"data.tokenizer_model={tokenizer_model}",
           "--set", f"checkpoint.save_dir={work}/ckpt", "--set", f"run.output_dir={work}/run"]
-tp2 = ["--set", "parallel.tensor_parallel=2", "--set", "checkpoint.load=auto"]
+two = ["--set", f"parallel.{layout}=2", "--set", "checkpoint.load=auto"]
 PROMPT = "The jury said"
 
 
@@ -54,16 +59,24 @@ def health(port):
         return r.status, json.loads(r.read())
 
 
-# 1. a checkpoint, and generate's greedy answer on tp 2
+# 1. a checkpoint, and generate's greedy answer on the layout
 run(1, "train", *common)
 with open(f"{work}/prompts.jsonl", "w") as f:
     f.write(json.dumps({"text": PROMPT}) + "\n")
-run(2, "generate", *common, *tp2, "--set", f"generate.prompts={work}/prompts.jsonl",
+run(2, "generate", *common, *two, "--set", f"generate.prompts={work}/prompts.jsonl",
     "--set", f"generate.output={work}/generated.jsonl")
 expected = json.loads(open(f"{work}/generated.jsonl").readline())
+# the seeded samples of step 4 from one rank: prompt i's draws are keyed by
+# (seed, i, position) there as completion i's are in serve
+with open(f"{work}/twice.jsonl", "w") as f:
+    f.write((json.dumps({"text": PROMPT}) + "\n") * 2)
+run(1, "generate", *common, "--set", "checkpoint.load=auto", "--set", f"generate.prompts={work}/twice.jsonl",
+    "--set", "generate.decoding=sample", "--set", "generate.seed=11",
+    "--set", f"generate.output={work}/sampled.jsonl")
+one_rank_samples = [json.loads(l)["text"] for l in open(f"{work}/sampled.jsonl")]
 
 # 2. the server, on a free port
-server = subprocess.Popen([mpiexec, "--oversubscribe", "-np", "2", meshtron, "serve", *common, *tp2,
+server = subprocess.Popen([mpiexec, "--oversubscribe", "-np", "2", meshtron, "serve", *common, *two,
                            "--set", "serve.port=0"], stdout=subprocess.PIPE, text=True)
 port = pid = None
 banner = []
@@ -78,7 +91,7 @@ if port is None:
 
 try:
     status, h = health(port)
-    if status != 200 or h["layout"]["tensor_parallel"] != 2 or h["model"] != "serve-test":
+    if status != 200 or h["layout"][layout] != 2 or h["model"] != "serve-test":
         fail(f"/health: {status} {h}")
 
     # 3. greedy: generate's text and token count
@@ -100,6 +113,8 @@ try:
     if first[0] != 200 or len(texts) != 2 or \
             texts != [c["text"] for c in json.loads(second[1])["choices"]]:
         fail(f"seeded sampling: {first} {second}")
+    if texts != one_rank_samples:
+        fail(f"seeded sampling {texts} differs from one rank's generate {one_rank_samples}")
     print("sampled:", texts)
 
     # 5. stream: the same text as the whole answer
