@@ -126,6 +126,7 @@ class GenerateRun {
     generate::Generator& generator = model_.generator();
     require_prompts_fit(generator.context_length());
     print_banner(state.iteration, gpt_cache_mib(generator, mine));
+    print_micro_batches(generator, mine);
     return decode(mine, [&generator](const std::vector<generate::Request>& batch,
                                      const generate::GenerateParams& p) {
       return generator.generate(batch, p);
@@ -213,6 +214,19 @@ class GenerateRun {
               << " positions, its layers and kv heads"
               << (c_.model.arch == "t5" ? "; the encoder's cross-attention keys and values" : "")
               << ")" << std::endl;
+  }
+
+  /// How many parts of a batch decode at once over the pipeline stages.
+  void print_micro_batches(const generate::Generator& g,
+                           const std::vector<generate::Request>& mine) const {
+    if (!rank0_) return;
+    const std::size_t prompts = std::min(mine.size(), std::size_t(c_.generate.batch_size));
+    const int parts = g.micro_batches(prompts, params_);
+    std::cout << " > pipeline: " << parts << (parts == 1 ? " micro-batch" : " micro-batches")
+              << " of a batch of " << prompts << " prompts in flight over pp "
+              << rt_.topo.pp() << " (generate.micro_batches = " << c_.generate.micro_batches
+              << (params_.decoding == generate::Decoding::Beam ? "; beam search: 1" : "") << ")"
+              << std::endl;
   }
 
   /// Rank 0's batches (perf/bench_generate.py reads these lines): the

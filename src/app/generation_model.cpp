@@ -139,6 +139,7 @@ generate::GenerateParams generate_params(const GenerateSection& g, const data::T
   p.num_beams = g.num_beams;
   p.length_penalty = g.length_penalty;
   p.early_stopping = g.early_stopping;
+  p.micro_batches = positive_or_auto("generate.micro_batches", g.micro_batches);
   p.stop_ids = parse_stop_ids(g.stop_ids, tok, vocab, eod);
   const auto strings = parse_stop_strings(g.stop);
   MESH_REQUIRE(strings.empty() || decode,

@@ -417,6 +417,9 @@ void DeckSchema::bind(RunConfig& c) {
   key("generate.seed", &n.seed, "uint", "sample: seed of the draws (keyed by prompt and position)");
   key("generate.logprobs", &n.logprobs, "bool", "per-token log-probabilities in the output");
   key("generate.batch_size", &n.batch_size, "int", "prompts decoded together on each dp rank");
+  key("generate.micro_batches", &n.micro_batches, "string",
+      "auto | N: parts of a batch in flight at once over the pipeline stages (auto = "
+      "min(pp, prompts); 1 = the stages one after another; beam search: 1)");
 
   auto& v = c.serve;
   key("serve.host", &v.host, "string",
@@ -489,17 +492,6 @@ std::string override_line(const std::string& o) {
   return o + "\n";
 }
 
-int parse_data_parallel(const std::string& text) {
-  if (text == "auto") return 0;
-  try {
-    std::size_t used = 0;
-    const int v = std::stoi(text, &used);
-    if (used == text.size() && v >= 1) return v;
-  } catch (const std::exception&) {
-  }
-  throw UserError(MESH_MSG("parallel.data_parallel = '" << text
-                           << "' is neither a positive integer nor auto"));
-}
 
 /// model.arch: each family's architecture keys, applied as defaults after the
 /// decks and --set are read, so a key given anywhere wins over its family's
@@ -588,11 +580,22 @@ RunConfig parse_decks(const std::vector<Deck>& decks, const std::vector<std::str
     throw UserError(MESH_MSG(decks.back().origin << ": " << e.what()));
   }
   schema.read_unsigned_keys();
-  c.parallel.data_parallel = parse_data_parallel(schema.data_parallel_text);
+  c.parallel.data_parallel = positive_or_auto("parallel.data_parallel", schema.data_parallel_text);
   return c;
 }
 
 }  // namespace
+
+int positive_or_auto(const std::string& key, const std::string& text) {
+  if (text == "auto") return 0;
+  try {
+    std::size_t used = 0;
+    const int v = std::stoi(text, &used);
+    if (used == text.size() && v >= 1) return v;
+  } catch (const std::exception&) {
+  }
+  throw UserError(MESH_MSG(key << " = '" << text << "' is neither a positive integer nor auto"));
+}
 
 RunConfig RunConfig::from_text(const std::string& text,
                                const std::vector<std::string>& overrides,
@@ -1014,6 +1017,7 @@ void RunConfig::validate(int world_size) {
   require_positive("generate.max_new_tokens", generate.max_new_tokens);
   require_positive("generate.num_beams", generate.num_beams);
   require_positive("generate.batch_size", generate.batch_size);
+  positive_or_auto("generate.micro_batches", generate.micro_batches);
   MESH_REQUIRE(generate.top_k >= 0, "generate.top_k = " << generate.top_k << " is negative");
   MESH_REQUIRE(!serve.host.empty(), "serve.host is empty (127.0.0.1: this host only)");
   MESH_REQUIRE(serve.port >= 0 && serve.port <= 65535,

@@ -325,6 +325,9 @@ struct GenerateSection {
   std::uint64_t seed = 1234;
   bool logprobs = false;  ///< per-token log-probabilities in the output
   int batch_size = 8;     ///< prompts decoded together on each dp rank
+  /// "auto" | a positive count: the batch's parts in flight at once over
+  /// the pipeline stages (auto = min(pp, prompts); 1 = one stage at a time).
+  std::string micro_batches = "auto";
 };
 
 /// `meshtron serve`: the HTTP server of rank 0 (decoding defaults and stop
@@ -335,6 +338,10 @@ struct ServeSection {
   int max_n = 8;                   ///< completions per prompt a request may ask for
   int max_prompts = 16;            ///< prompts per request
 };
+
+/// A key's value "auto" (0) or a positive integer; anything else is a
+/// UserError naming `key`.
+int positive_or_auto(const std::string& key, const std::string& text);
 
 struct RunConfig {
   RunSection run;

@@ -1,6 +1,7 @@
 #include "generate/generator.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <unordered_set>
 
 #include "common/error.hpp"
@@ -93,23 +94,35 @@ void broadcast_candidates(Communicator& pp, int root,
   }
 }
 
-void broadcast_choices(Communicator& pp, int root, std::vector<TokenChoice>& choices) {
+namespace {
+
+/// Choices travel as (id, logprob) pairs of doubles.
+std::vector<double> pack_choices(const std::vector<TokenChoice>& choices) {
   std::vector<double> buf(2 * choices.size());
   for (std::size_t i = 0; i < choices.size(); ++i) {
     buf[2 * i] = choices[i].id;
     buf[2 * i + 1] = choices[i].logprob;
   }
-  pp.broadcast(buf.data(), buf.size(), DType::F64, root);
+  return buf;
+}
+
+std::vector<TokenChoice> unpack_choices(const std::vector<double>& buf) {
+  std::vector<TokenChoice> choices(buf.size() / 2);
   for (std::size_t i = 0; i < choices.size(); ++i)
     choices[i] = {std::int32_t(buf[2 * i]), buf[2 * i + 1]};
+  return choices;
+}
+
+}  // namespace
+
+void broadcast_choices(Communicator& pp, int root, std::vector<TokenChoice>& choices) {
+  std::vector<double> buf = pack_choices(choices);
+  pp.broadcast(buf.data(), buf.size(), DType::F64, root);
+  choices = unpack_choices(buf);
 }
 
 void Generator::share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n) {
   if (rt_.topo.pp() > 1) broadcast_candidates(rt_.pp, rt_.topo.pp() - 1, groups, n);
-}
-
-void Generator::share_choices(std::vector<TokenChoice>& choices) {
-  if (rt_.topo.pp() > 1) broadcast_choices(rt_.pp, rt_.topo.pp() - 1, choices);
 }
 
 std::vector<Result> Generator::generate(const std::vector<Request>& batch,
@@ -127,26 +140,41 @@ std::vector<Result> Generator::generate(const std::vector<Request>& batch,
                                       : generate_sampled(batch, p, on_token);
 }
 
+int Generator::micro_batches(std::size_t prompts, const GenerateParams& p) const {
+  if (p.decoding == Decoding::Beam) return 1;
+  const int wanted = p.micro_batches > 0 ? p.micro_batches : rt_.topo.pp();
+  return int(std::min(std::size_t(wanted), std::max<std::size_t>(prompts, 1)));
+}
+
+std::vector<TokenChoice> Generator::choose(const Tensor& logits,
+                                           const std::vector<std::size_t>& active,
+                                           const std::vector<Result>& out,
+                                           const SamplingParams& s) {
+  std::vector<DrawKey> keys;
+  for (std::size_t i : active)
+    keys.push_back({out[i].index, std::int64_t(out[i].prompt.size() + out[i].ids.size())});
+  return choose_tokens(logits, vocab_begin(), chunks_.front()->config().vocab_size, s, keys, rt_.tp);
+}
+
 namespace {
 
-/// Every prompt token of the batch, prompt i in slot i * slots_per_prompt.
+/// Every prompt token of the prompts `which` of the batch, prompt i in slot i.
 struct Prefill {
   std::vector<std::int32_t> ids;
   CachedRows rows;
 };
-Prefill prefill_rows(const std::vector<Request>& batch, index_t slots_per_prompt,
+Prefill prefill_rows(const std::vector<Request>& batch, const std::vector<std::size_t>& which,
                      MemorySpace space) {
   Prefill out;
-  std::vector<index_t> slot, position;
-  for (std::size_t i = 0; i < batch.size(); ++i) {
+  std::vector<index_t> slot, position, logit_rows;
+  for (std::size_t i : which) {
     for (std::size_t t = 0; t < batch[i].prompt.size(); ++t) {
       out.ids.push_back(batch[i].prompt[t]);
-      slot.push_back(index_t(i) * slots_per_prompt);
+      slot.push_back(index_t(i));
       position.push_back(index_t(t));
     }
-    out.rows.logit_rows.push_back(index_t(out.ids.size()) - 1);
+    logit_rows.push_back(index_t(out.ids.size()) - 1);
   }
-  auto logit_rows = std::move(out.rows.logit_rows);
   out.rows = CachedRows::make(std::move(slot), std::move(position), space);
   out.rows.logit_rows = std::move(logit_rows);
   return out;
@@ -158,6 +186,95 @@ index_t longest_prompt(const std::vector<Request>& batch) {
   return index_t(n);
 }
 
+/// A part of the batch decoded as one: its sequences still generating
+/// (batch indices, which are also their cache slots: the parts share one
+/// cache) and, on the last stage, the choices of its step in flight.
+struct MicroBatch {
+  std::vector<std::size_t> active;
+  std::vector<TokenChoice> choices;
+};
+
+/// `parts` runs of consecutive prompts, the first n % parts one longer.
+std::vector<MicroBatch> split_batch(std::size_t n, int parts) {
+  std::vector<MicroBatch> out(static_cast<std::size_t>(parts));
+  std::size_t next = 0;
+  for (std::size_t m = 0; m < out.size(); ++m) {
+    const std::size_t size = n / out.size() + (m < n % out.size() ? 1 : 0);
+    for (std::size_t k = 0; k < size; ++k) out[m].active.push_back(next++);
+  }
+  return out;
+}
+
+/// The last stage's choices on their way to the other stages: sent as soon
+/// as they are made (isend: the last stage goes on with the next micro-batch)
+/// and received by a stage when it next needs them. Messages of one sender
+/// and tag arrive in order, and every stage takes them in the order the last
+/// stage posts them (the same task order everywhere). kTag keeps them apart
+/// from hidden states (tag 0), which the last stage also sends to stage 0
+/// when model chunks are interleaved.
+class ChoiceChannel {
+ public:
+  ChoiceChannel(Communicator& pp, int last) : pp_(pp), last_(last) {}
+  /// Last stage: `choices` to every other stage.
+  void post(const std::vector<TokenChoice>& choices) {
+    if (pp_.size() == 1) return;
+    sent_.push_back(pack_choices(choices));
+    for (int s = 0; s < pp_.size(); ++s)
+      if (s != last_) pp_.isend(sent_.back().data(), sent_.back().size(), DType::F64, s, kTag);
+  }
+  /// Another stage: the last stage's next `n` choices.
+  std::vector<TokenChoice> take(std::size_t n) {
+    std::vector<double> buf(2 * n);
+    pp_.recv(buf.data(), buf.size(), DType::F64, last_, kTag);
+    return unpack_choices(buf);
+  }
+  /// Completes the sends (their buffers live until then).
+  void finish() {
+    if (!sent_.empty()) pp_.wait_sends();
+    sent_.clear();
+  }
+
+ private:
+  static constexpr int kTag = 1;
+  Communicator& pp_;
+  int last_;
+  std::deque<std::vector<double>> sent_;  ///< a deque: posted buffers never move
+};
+
+/// The rows of a micro-batch's next decode step.
+struct StepRows {
+  std::vector<std::int32_t> ids;
+  std::vector<index_t> slot, position;
+};
+
+/// Appends `choices` (one per `active` sequence) to the results, reports
+/// each through `on_token` and ends the sequences that stop or reach
+/// max_new_tokens; `active` keeps the others, whose next rows it returns.
+StepRows advance(const std::vector<TokenChoice>& choices, std::vector<std::size_t>& active,
+                 std::vector<Result>& out, const GenerateParams& p,
+                 const std::unordered_set<std::int32_t>& stop_ids, const TokenCallback& on_token) {
+  StepRows next;
+  std::vector<std::size_t> still;
+  for (std::size_t a = 0; a < active.size(); ++a) {
+    Result& r = out[active[a]];
+    r.ids.push_back(choices[a].id);
+    r.logprobs.push_back(choices[a].logprob);
+    if (on_token) on_token(r.index, choices[a].id, choices[a].logprob);
+    if (stop_ids.count(choices[a].id) || (p.stop_when && p.stop_when(r.ids))) {
+      r.finish_reason = "stop";
+    } else if (int(r.ids.size()) >= p.max_new_tokens) {
+      r.finish_reason = "length";
+    } else {
+      still.push_back(active[a]);
+      next.ids.push_back(choices[a].id);
+      next.slot.push_back(index_t(active[a]));
+      next.position.push_back(index_t(r.prompt.size() + r.ids.size()) - 1);
+    }
+  }
+  active = std::move(still);
+  return next;
+}
+
 }  // namespace
 
 std::vector<Result> Generator::generate_sampled(const std::vector<Request>& batch,
@@ -165,52 +282,42 @@ std::vector<Result> Generator::generate_sampled(const std::vector<Request>& batc
                                                 const TokenCallback& on_token) {
   const std::size_t n = batch.size();
   std::vector<KvCache> kv = make_cache(index_t(n), longest_prompt(batch) + p.max_new_tokens);
-  SamplingParams sampling{p.decoding == Decoding::Greedy, p.temperature, p.top_k, p.top_p, p.seed};
+  const SamplingParams sampling{p.decoding == Decoding::Greedy, p.temperature, p.top_k, p.top_p,
+                                p.seed};
   const std::unordered_set<std::int32_t> stop_ids(p.stop_ids.begin(), p.stop_ids.end());
   std::vector<Result> out(n);
   for (std::size_t i = 0; i < n; ++i) {
     out[i].index = batch[i].index;
     out[i].prompt = batch[i].prompt;
   }
-  std::vector<std::size_t> active(n);  // sequences still generating, the rows of the next step
-  for (std::size_t i = 0; i < n; ++i) active[i] = i;
-
-  Prefill pre = prefill_rows(batch, 1, ctx_.space);
-  Tensor logits = forward(ids_tensor(pre.ids), pre.rows, kv);
-  for (int step = 0; !active.empty(); ++step) {
-    std::vector<TokenChoice> choices(active.size());
-    if (last_stage()) {
-      std::vector<DrawKey> keys;
-      for (std::size_t i : active)
-        keys.push_back({batch[i].index, std::int64_t(out[i].prompt.size() + out[i].ids.size())});
-      choices = choose_tokens(logits, vocab_begin(), chunks_.front()->config().vocab_size,
-                              sampling, keys, rt_.tp);
-    }
-    share_choices(choices);
-    std::vector<std::size_t> next;
-    std::vector<std::int32_t> ids;
-    std::vector<index_t> slot, position;
-    for (std::size_t a = 0; a < active.size(); ++a) {
-      Result& r = out[active[a]];
-      r.ids.push_back(choices[a].id);
-      r.logprobs.push_back(choices[a].logprob);
-      if (on_token) on_token(r.index, choices[a].id, choices[a].logprob);
-      if (stop_ids.count(choices[a].id) || (p.stop_when && p.stop_when(r.ids))) {
-        r.finish_reason = "stop";
-      } else if (int(r.ids.size()) >= p.max_new_tokens) {
-        r.finish_reason = "length";
-      } else {
-        next.push_back(active[a]);
-        ids.push_back(choices[a].id);
-        slot.push_back(index_t(active[a]));
-        position.push_back(index_t(r.prompt.size() + r.ids.size()) - 1);
-      }
-    }
-    active = std::move(next);
-    if (active.empty()) break;
-    logits = forward(ids_tensor(ids),
-                     CachedRows::make(std::move(slot), std::move(position), ctx_.space), kv);
+  ChoiceChannel channel(rt_.pp, rt_.topo.pp() - 1);
+  const auto run_step = [&](MicroBatch& m, const std::vector<std::int32_t>& ids,
+                            const CachedRows& rows) {
+    const Tensor logits = forward(ids_tensor(ids), rows, kv);
+    if (!last_stage()) return;
+    m.choices = choose(logits, m.active, out, sampling);
+    channel.post(m.choices);
+  };
+  // Tasks in (step, micro-batch) order on every rank (see the header).
+  std::vector<MicroBatch> parts = split_batch(n, micro_batches(n, p));
+  for (MicroBatch& m : parts) {
+    const Prefill pre = prefill_rows(batch, m.active, ctx_.space);
+    run_step(m, pre.ids, pre.rows);
   }
+  for (bool running = true; running;) {
+    running = false;
+    for (MicroBatch& m : parts) {
+      if (m.active.empty()) continue;
+      const std::vector<TokenChoice> choices =
+          last_stage() ? std::move(m.choices) : channel.take(m.active.size());
+      StepRows next = advance(choices, m.active, out, p, stop_ids, on_token);
+      if (m.active.empty()) continue;
+      running = true;
+      run_step(m, next.ids,
+               CachedRows::make(std::move(next.slot), std::move(next.position), ctx_.space));
+    }
+  }
+  channel.finish();
   return out;
 }
 

@@ -12,11 +12,23 @@
 //   3. decode: one row per unfinished sequence per step, at the next
 //      position, until max_new_tokens, a stop id, or the stop predicate.
 //
-// Pipeline: the stages run one after another on the step's rows (stage p
-// receives the hidden states from p - 1); the last stage chooses the tokens
-// (tp collectives, sampler.hpp) and broadcasts them over the pipeline, so
-// every rank of the replica holds the same sequences. Interleaved model
-// chunks are visited in their global order.
+// Pipeline: stage p receives a step's hidden states from p - 1; the last
+// stage chooses the tokens (tp collectives, sampler.hpp). Greedy and sampled
+// decoding split the batch into micro-batches (GenerateParams::micro_batches)
+// of contiguous prompts, each in its own cache slots, and visit them round
+// robin: step k of micro-batch m, then step k of m + 1, ..., then step k + 1
+// of m once its tokens have come back. While stage p runs micro-batch m,
+// stage p - 1 runs m + 1, so with pp micro-batches every stage is busy. The
+// last stage sends each step's choices to every other stage at once
+// (isend); a stage receives them when it next needs that micro-batch, so
+// every rank of the replica holds the same sequences, and every rank runs
+// the same (step, micro-batch) order: each wait is for an earlier task or an
+// earlier stage of the same one, so the order cannot deadlock. Beam search
+// (beam_search.cpp) keeps the whole batch as one micro-batch and broadcasts
+// its candidates over the pipeline each step: pipelining it would need each
+// micro-batch's hypotheses, slot reorders and candidates kept apart in the
+// same way. Interleaved model chunks are visited in their global order
+// within a task.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +56,9 @@ struct GenerateParams {
   int num_beams = 1;
   double length_penalty = 1.0;
   bool early_stopping = false;
+  /// Micro-batches of the batch in flight over the pipeline stages; 0 =
+  /// auto: min(pp, prompts). Clamped to the number of prompts; beam: 1.
+  int micro_batches = 0;
   /// Ids that end a sequence (kept as its last token); the EOD / EOS id.
   std::vector<std::int32_t> stop_ids;
   /// Ends a sequence when true for its generated ids so far (stop strings);
@@ -91,6 +106,8 @@ class Generator {
   /// Positions the model can take (model.max_position_embeddings, else
   /// seq_length).
   index_t context_length() const;
+  /// Micro-batches that generate() runs `prompts` prompts in under `params`.
+  int micro_batches(std::size_t prompts, const GenerateParams& params) const;
 
   /// One cached forward through the pipeline: on the last stage this rank's
   /// vocabulary shard of the logits of rows.logit_rows, elsewhere an empty
@@ -100,9 +117,12 @@ class Generator {
 
  private:
   bool last_stage() const;
-  /// Broadcasts `choices` from the last stage to every pp rank.
-  void share_choices(std::vector<TokenChoice>& choices);
-  /// Broadcasts up to `n` candidates of each group likewise.
+  /// Last stage: the tokens of the rows of `logits`, one per `active`
+  /// sequence of `out` (drawn at its next position).
+  std::vector<TokenChoice> choose(const Tensor& logits, const std::vector<std::size_t>& active,
+                                  const std::vector<Result>& out, const SamplingParams& s);
+  /// Broadcasts up to `n` candidates of each group from the last stage to
+  /// every pp rank.
   void share_candidates(std::vector<std::vector<BeamCandidate>>& groups, int n);
   index_t vocab_begin() const;
   std::vector<Result> generate_sampled(const std::vector<Request>& batch, const GenerateParams& p,

@@ -6,6 +6,11 @@
 //  * layouts (4 ranks): greedy, sampled (plain, top-k, top-p) and beam
 //    search ids on tp 2 x pp 2 (also with 2 interleaved chunks per stage),
 //    tp 4 and pp 4 equal those of one rank;
+//  * pipelined decoding (4 ranks): greedy and sampled ids on pp 2, pp 4
+//    and tp 2 x pp 2 equal one rank's for every number of micro-batches
+//    (auto, 1, 2, 3, more than the prompts), five prompts of different
+//    lengths; stage 0 runs one forward per (micro-batch, step), so the
+//    micro-batches really are decoded apart;
 //  * statistics: top-k / top-p draws follow the renormalised probabilities
 //    (chi-square, fixed seed).
 #include <gtest/gtest.h>
@@ -114,8 +119,10 @@ TEST(GenerateCache, DecodeStepsEqualFullForward) {
   }
 }
 
+/// Five prompts of different lengths: pp 2 and pp 4 split them unevenly.
 std::vector<Request> prompts() {
-  return {{0, some_ids(4, 3)}, {1, some_ids(9, 4)}, {2, some_ids(1, 5)}};
+  return {{0, some_ids(4, 3)}, {1, some_ids(9, 4)}, {2, some_ids(1, 5)},
+          {3, some_ids(6, 6)}, {4, some_ids(2, 7)}};
 }
 
 std::map<std::string, GenerateParams> decodings() {
@@ -175,6 +182,63 @@ TEST(GenerateLayouts, SameTokensOnEveryLayout) {
       EXPECT_EQ(generated(layout, params), generated(reference, params))
           << c.family << " tp " << c.tp << " pp " << c.pp << " " << name;
   }
+}
+
+/// Forwards stage 0 runs for `results` in `parts` micro-batches (split as
+/// Generator does: runs of consecutive prompts, the first ones one longer):
+/// each micro-batch's prefill and decode steps until its last sequence ends.
+long stage0_forwards(const std::vector<generate::Result>& results, int parts) {
+  long forwards = 0;
+  std::size_t next = 0;
+  for (int m = 0; m < parts; ++m) {
+    const std::size_t size =
+        results.size() / std::size_t(parts) + (std::size_t(m) < results.size() % std::size_t(parts));
+    std::size_t longest = 0;
+    for (std::size_t k = 0; k < size; ++k) longest = std::max(longest, results[next++].ids.size());
+    forwards += long(longest);
+  }
+  return forwards;
+}
+
+TEST(GeneratePipeline, MicroBatchesKeepTheTokensOfOneRank) {
+  if (world_size() != 4) GTEST_SKIP() << "the 4-rank run compares pipelined layouts";
+  MPI_Comm pair;  // pp 2 on ranks (0, 1) and on (2, 3)
+  MPI_Comm_split(MPI_COMM_WORLD, testing_util::world_rank() / 2, 0, &pair);
+  struct Case {
+    MPI_Comm comm;
+    int tp, pp;
+  };
+  const std::vector<Case> cases = {{pair, 1, 2}, {MPI_COMM_WORLD, 1, 4}, {MPI_COMM_WORLD, 2, 2}};
+  Replica reference(MPI_COMM_SELF, "gpt2", 1, 1, DType::F64);
+  auto params = decodings();
+  for (const Case& c : cases) {
+    Replica layout(c.comm, "gpt2", c.tp, c.pp, DType::F64);
+    for (const std::string name : {"greedy", "sample", "sample_top_k"}) {
+      const std::vector<std::vector<std::int32_t>> want = generated(reference, params[name]);
+      for (const int micro_batches : {0, 1, 2, 3, 8}) {
+        GenerateParams p = params[name];
+        p.micro_batches = micro_batches;
+        const int parts = layout.generator->micro_batches(prompts().size(), p);
+        EXPECT_EQ(parts, micro_batches == 0 ? c.pp : std::min(micro_batches, 5));
+        layout.rt.pp.reset_stats();
+        const auto results = layout.generator->generate(prompts(), p);
+        std::vector<std::vector<std::int32_t>> got;
+        for (const auto& r : results) got.push_back(r.ids);
+        const std::string where = "tp " + std::to_string(c.tp) + " pp " + std::to_string(c.pp) +
+                                  " " + name + " micro_batches " + std::to_string(micro_batches);
+        EXPECT_EQ(got, want) << where;
+        if (layout.rt.topo.pp_rank() == 0)
+          EXPECT_EQ(layout.rt.pp.stats().count(CollectiveKind::Send),
+                    stage0_forwards(results, parts)) << where;
+        EXPECT_EQ(layout.rt.pp.stats().count(CollectiveKind::Broadcast), 0) << where;
+      }
+    }
+  }
+  GenerateParams beam = params["beam"];
+  beam.micro_batches = 3;
+  EXPECT_EQ(Replica(MPI_COMM_WORLD, "gpt2", 1, 4, DType::F64).generator->micro_batches(5, beam), 1)
+      << "beam search runs the batch as one";
+  MPI_Comm_free(&pair);
 }
 
 /// Draws from one row of logits with top_k / top_p and compares the counts

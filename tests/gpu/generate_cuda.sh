@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # generate_cuda.sh MPIEXEC MESHTRON DECK CHECKPOINT PROMPTS DIR: `meshtron
-# generate` (greedy, fp32) on one GPU gives the host's ids, and so does tp 2
-# on two GPUs where the node has them. Skips (exit 0) without a GPU.
+# generate` (greedy, fp32) on one GPU gives the host's ids, and so do tp 2
+# and pp 2 (micro-batches in flight) on two GPUs where the node has them.
+# Skips (exit 0) without a GPU.
 set -eu
 mpiexec=$1 meshtron=$2 deck=$3 ckpt=$4 prompts=$5 dir=$6
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
@@ -37,5 +38,7 @@ same_as_host cuda
 if [ "$gpus" -ge 2 ]; then
   run cuda_tp2 2 cuda --set parallel.tensor_parallel=2
   same_as_host cuda_tp2
+  run cuda_pp2 2 cuda --set parallel.pipeline_parallel=2
+  same_as_host cuda_pp2
 fi
 echo PASS

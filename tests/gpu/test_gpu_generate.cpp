@@ -190,13 +190,17 @@ TEST(GpuGenerate, IdsEqualHostOnOneGpu) {
   }
 }
 
-TEST(GpuGenerate, IdsEqualHostOnTwoGpusTp2) {
+// tp 2, and pp 2 (greedy and sampled: two micro-batches in flight, hidden
+// states over NCCL, the chosen tokens over MPI).
+TEST(GpuGenerate, IdsEqualHostOnTwoGpusTp2AndPp2) {
   if (world_size() != 2) GTEST_SKIP() << "needs mpirun -np 2";
   if (device::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   for (const std::string family : {"gpt2", "llama"}) {
     Replica host(MPI_COMM_SELF, family, 1, 1, DType::F32);
-    Replica gpu(MPI_COMM_WORLD, family, 2, 1, DType::F32, {}, MemorySpace::Cuda);
-    expect_same_ids(gpu, host, family + " tp 2");
+    Replica tp2(MPI_COMM_WORLD, family, 2, 1, DType::F32, {}, MemorySpace::Cuda);
+    expect_same_ids(tp2, host, family + " tp 2");
+    Replica pp2(MPI_COMM_WORLD, family, 1, 2, DType::F32, {}, MemorySpace::Cuda);
+    expect_same_ids(pp2, host, family + " pp 2");
   }
 }
 

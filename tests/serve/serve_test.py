@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """meshtron serve against meshtron generate on the same checkpoint.
 
-    serve_test.py MPIEXEC MESHTRON DECK TOKENIZER_MODEL WORK gpt|t5
+    serve_test.py MPIEXEC MESHTRON DECK TOKENIZER_MODEL WORK gpt|t5 LAYOUT
 
-gpt: a decoder-only model on tp 2; t5: an encoder-decoder on pp 2 (the
-encoder's stage, the decoder's stage), whose answer is the decoder's output.
+gpt: a decoder-only model; t5: an encoder-decoder (on pp 2: the encoder's
+stage, the decoder's stage), whose answer is the decoder's output. LAYOUT:
+tensor_parallel or pipeline_parallel, of degree 2 (a GPT on pp 2 decodes
+n = 2 samples as two micro-batches in flight).
 Greedy text (of a text and of a token-id prompt) equals generate's, and so
 does sampled text with the deck's seed (the draws are keyed by seed, prompt
 index and position); seeded n = 2 sampling repeats; a stream spells the same text as the whole answer;
@@ -20,16 +22,17 @@ import sys
 import urllib.error
 import urllib.request
 
-mpiexec, meshtron, deck, tokenizer_model, work, arch = sys.argv[1:7]
+mpiexec, meshtron, deck, tokenizer_model, work, arch, layout = sys.argv[1:8]
 os.makedirs(work, exist_ok=True)
 common = [deck, "--set", f"data.tokenizer_model={tokenizer_model}",
           "--set", f"checkpoint.save_dir={work}/ckpt", "--set", f"run.output_dir={work}/run"]
 PROMPT = "The jury said"
 ID_PROMPT = [5, 7, 11, 3, 19]
 if arch == "t5":  # seq_length 16: the encoder's positions
-    NAME, LAYOUT, TOO_LONG = "serve-t5-test", {"pipeline_parallel": 2}, list(range(17))
+    NAME, TOO_LONG = "serve-t5-test", list(range(17))
 else:  # seq_length 32: prompt and completion share it
-    NAME, LAYOUT, TOO_LONG = "serve-test", {"tensor_parallel": 2}, list(range(30))
+    NAME, TOO_LONG = "serve-test", list(range(30))
+LAYOUT = {layout: 2}
 grid = ["--set", "checkpoint.load=auto"]
 for key, degree in LAYOUT.items():
     grid += ["--set", f"parallel.{key}={degree}"]
