@@ -25,9 +25,10 @@
 //    words are every visible word (w <= i / 32 of row i) once, in row
 //    order, and its block search is exact at block boundaries up to the
 //    largest count it takes;
-//  * the tiny GPT (head dim 4) trained 3 steps in fp64 with
-//    attention_backend = fused: losses and parameters equal the unfused
-//    run to 1e-10, with attention dropout off and on.
+//  * the tiny GPT, a tiny BLOOM (ALiBi) and a tiny BERT (padding mask), head
+//    dim 4, trained 3 steps in fp64 with attention_backend = fused: losses
+//    and parameters equal the unfused run to 1e-10, with attention dropout
+//    off and on.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -514,16 +515,37 @@ TEST(FusedAttentionHost, TinyGptFusedBackendWithAttentionDropoutEqualsUnfused) {
 }
 
 
-TEST(FusedAttentionHost, AlibiRunsUnfusedUnderAutoAndRejectsFused) {
-  auto run = [](const std::string& backend) {
-    testing::Layout layout;
-    layout.overrides = {"model.position_embedding_type=alibi",
-                        "model.attention_backend=" + backend};
-    return testing::train_layout(MPI_COMM_SELF, layout, DType::F64, 2);
-  };
-  EXPECT_EQ(run("auto").losses, run("unfused").losses);
-  testing_util::expect_user_error([&] { run("fused"); },
-                                  {"model.attention_backend = fused", "alibi"});
+testing::RunResult train_family(const std::vector<std::string>& family, const std::string& backend,
+                                double attention_dropout) {
+  testing::Layout layout;
+  layout.overrides = family;
+  layout.overrides.push_back("model.attention_backend=" + backend);
+  layout.overrides.push_back("model.attention_dropout=" + std::to_string(attention_dropout));
+  return testing::train_layout(MPI_COMM_SELF, layout, DType::F64, 3);
+}
+
+const std::vector<std::string> kBloom = {"model.arch=bloom", "model.position_embedding_type=alibi",
+                                         "model.embedding_norm=true"};
+const std::vector<std::string> kBert = {"model.arch=bert"};
+
+TEST(FusedAttentionHost, TinyBloomFusedBackendEqualsUnfused) {
+  for (double p : {0.0, 0.1}) {
+    const testing::RunResult unfused = train_family(kBloom, "unfused", p);
+    expect_same_training(train_family(kBloom, "fused", p), unfused);
+    // auto on the host is the unfused path: bitwise the same run.
+    EXPECT_EQ(train_family(kBloom, "auto", p).losses, unfused.losses);
+  }
+  // ALiBi was on: not the run with learned positions.
+  const testing::RunResult learned = train_with("unfused", 0.0);
+  EXPECT_GT(std::fabs(learned.losses.back() - train_family(kBloom, "unfused", 0.0).losses.back()),
+            1e-8);
+}
+
+TEST(FusedAttentionHost, TinyBertFusedBackendEqualsUnfused) {
+  for (double p : {0.0, 0.1}) {
+    const testing::RunResult unfused = train_family(kBert, "unfused", p);
+    expect_same_training(train_family(kBert, "fused", p), unfused);
+  }
 }
 
 // ------------------------------------------------ the CUDA mask numbering ---
