@@ -329,13 +329,13 @@ kernels::AttentionScores attention_scores(const char* op, const FusedAttentionSc
                     mask.dim(1) == S && mask.space() == space,
                 op << ": " << describe(am) << " must be [batch, " << S
                    << "] beside the activations, batch dividing " << B);
-    // The mask drawn ahead covers the causal rows' words only; cuDNN's
-    // path takes no key mask.
+    // The mask drawn ahead covers the causal rows' words only.
     MESH_VERIFY(!dropout.mask_drawn,
                 op << ": attention dropout drawn ahead (mask_drawn) is causal only");
     out.key_mask = mask.data<std::int32_t>();
     out.mask_heads = B / mask.dim(0);
   }
+  // cuDNN's path (the only one drawing with cuDNN's generator) takes neither.
   MESH_VERIFY(!(dropout.p > 0 && dropout.cudnn_rng && (slopes.defined() || mask.defined())),
               op << ": cuDNN's attention dropout (cudnn_rng) runs without ALiBi or a key mask");
   return out;
