@@ -59,7 +59,9 @@
 // Each path also with attention dropout 0.1 ("p.1" rows: the fused kernels'
 // own Philox mask, stored by the forward for the backward as the model runs
 // it, and "drawn" by every pass; unfused: dropout_forward/backward on
-// [B, S, S] as in Attention).
+// [B, S, S] as in Attention). Then with ALiBi (BLOOM's shape) and with a
+// key padding mask (BERT-base's), against the unfused core with the
+// matching softmax.
 // On the token-major layout the model uses (qkv [s*b, 3*heads*d], what
 // ops::fused_attention_*_token_major read in place), our kernels ("own tm")
 // against cuDNN's fused attention ("cudnn tm", kernels/cuda/cudnn_attention.cu;
@@ -1078,44 +1080,54 @@ struct AttentionCalls {
 
 AttentionTimes time_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& dout, double scale,
-                                    const ops::AttentionDropout& dropout = {}) {
+                                    const ops::AttentionDropout& dropout = {},
+                                    const ops::FusedAttentionScores& scores = {}) {
   const index_t B = q.dim(0), S = q.dim(1);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), MemorySpace::Cuda);
   Tensor lse = Tensor::empty({B, S}, DType::F32, MemorySpace::Cuda);
   Tensor dq = out.clone(), dk = out.clone(), dv = out.clone();
   const double fwd =
-      median_ms([&] { ops::fused_attention_forward(q, k, v, scale, out, lse, dropout); });
+      median_ms([&] { ops::fused_attention_forward(q, k, v, scale, out, lse, dropout, scores); });
   const double bwd = median_ms([&] {
-    ops::fused_attention_backward(dout, q, k, v, out, lse, scale, dq, dk, dv, dropout);
+    ops::fused_attention_backward(dout, q, k, v, out, lse, scale, dq, dk, dv, dropout, scores);
   });
   return {fwd, bwd};
 }
 
 /// With dropout.p > 0, the probabilities are dropped as in Attention
-/// (dropout_forward into a third [B, S, S] tensor; dropout_backward).
+/// (dropout_forward into a third [B, S, S] tensor; dropout_backward). With
+/// `scores`, Attention's softmax of them: causal with the ALiBi slopes, or
+/// masked by the key mask.
 AttentionTimes time_unfused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& dout, double scale,
-                                      const ops::AttentionDropout& dropout = {}) {
+                                      const ops::AttentionDropout& dropout = {},
+                                      const ops::FusedAttentionScores& scores = {}) {
   using namespace ops;
   const index_t B = q.dim(0), S = q.dim(1);
-  const bool drop = dropout.p > 0;
-  Tensor scores = Tensor::empty({B, S, S}, q.dtype(), MemorySpace::Cuda), probs = scores.clone();
-  Tensor kept = drop ? scores.clone() : probs;
+  const bool drop = dropout.p > 0, masked = scores.key_mask.defined();
+  Tensor logits = Tensor::empty({B, S, S}, q.dtype(), MemorySpace::Cuda), probs = logits.clone();
+  Tensor kept = drop ? logits.clone() : probs;
   Tensor out = Tensor::empty(q.shape(), q.dtype(), MemorySpace::Cuda);
   Tensor dq = out.clone(), dk = out.clone(), dv = out.clone();
   const double fwd = median_ms([&] {
-    gemm_batched(q, false, k, true, scores);
-    scaled_causal_softmax_forward(scores, scale, probs);
+    gemm_batched(q, false, k, true, logits);
+    if (masked)
+      scaled_masked_softmax_forward(logits, scores.key_mask, scale, probs);
+    else
+      scaled_causal_softmax_forward(logits, scale, probs, scores.alibi_slopes);
     if (drop) dropout_forward(probs, dropout.p, dropout.site, kept);
     gemm_batched(kept, false, v, false, out);
   });
-  Tensor& dprobs = scores;  // the scores are dead after the forward, as in Attention
+  Tensor& dprobs = logits;  // the scores are dead after the forward, as in Attention
   Tensor dscores = Tensor::empty({B, S, S}, q.dtype(), MemorySpace::Cuda);
   const double bwd = median_ms([&] {
     gemm_batched(dout, false, v, true, dprobs);
     gemm_batched(kept, true, dout, false, dv);
     if (drop) dropout_backward(dprobs, dropout.p, dropout.site, dprobs);
-    scaled_causal_softmax_backward(dprobs, probs, scale, dscores);
+    if (masked)
+      scaled_masked_softmax_backward(dprobs, probs, scale, dscores);
+    else
+      scaled_causal_softmax_backward(dprobs, probs, scale, dscores);
     gemm_batched(dscores, false, k, false, dq);
     gemm_batched(dscores, true, q, false, dk);
   });
@@ -1318,6 +1330,64 @@ void register_attention_benchmarks(const Baselines& baselines,
   }
 }
 
+/// ALiBi (BLOOM: 8 x 16 heads, S = 1024, D = 64) and a key padding mask
+/// (BERT-base: 8 x 12 heads, S = 512, D = 64, each sample's last quarter
+/// padding), fused against unfused, without and with attention dropout 0.1
+/// (fused: the forward stores its decisions for the backward, as the model
+/// runs it). The key mask's TFLOP/s count the whole S x S.
+void bench_attention_scores(const Baselines& baselines, bool fused_only) {
+  struct Case {
+    const char* what;
+    index_t batch, heads, S, D;
+    bool alibi;
+  };
+  const Case cases[] = {{"alibi B=8x16 S=1024 D=64 (BLOOM)", 8, 16, 1024, 64, true},
+                        {"key mask B=8x12 S=512 D=64 (BERT)", 8, 12, 512, 64, false}};
+  for (const Case& c : cases) {
+    const index_t B = c.batch * c.heads;
+    const Shape shape{B, c.S, c.D};
+    const Tensor q = random_device(shape, DType::BF16, -2, 2),
+                 k = random_device(shape, DType::BF16, -2, 2), v = random_device(shape, DType::BF16),
+                 dout = random_device(shape, DType::BF16);
+    ops::FusedAttentionScores scores;
+    if (c.alibi) {
+      Tensor slopes = Tensor::empty({c.heads}, DType::F32);
+      const std::vector<double> all = ops::alibi_slopes(c.heads);
+      for (index_t h = 0; h < c.heads; ++h) slopes.data<float>()[h] = float(all[std::size_t(h)]);
+      scores.alibi_slopes = slopes.to_device();
+    } else {
+      Tensor mask = Tensor::zeros({c.batch, c.S}, DType::I32);
+      for (index_t i = 0; i < c.batch * c.S; ++i)
+        mask.data<std::int32_t>()[i] = i % c.S < 3 * c.S / 4;
+      scores.key_mask = mask.to_device();
+    }
+    const double scale = 1.0 / std::sqrt(double(c.D));
+    const double fwd_flop =
+        4.0 * double(B) * double(c.S) * double(c.S) * double(c.D) / (c.alibi ? 2 : 1);
+    auto row = [&](const char* path, const AttentionTimes& t) {
+      print_attention_row(c.what, path, t, fwd_flop, 2.5 * fwd_flop, baselines);
+    };
+    const ops::AttentionDropout dropout = attention_dropout(0.1, B, c.S);
+    const ops::AttentionDropout stored(
+        dropout.p, dropout.site,
+        Tensor::empty(ops::attention_keep_bits_shape(B, c.S), DType::I32, MemorySpace::Cuda));
+    const AttentionTimes fused = time_fused_attention(q, k, v, dout, scale, {}, scores);
+    row("fused", fused);
+    const AttentionTimes fused_drop = time_fused_attention(q, k, v, dout, scale, stored, scores);
+    row("fused p.1", fused_drop);
+    if (fused_only) continue;
+    const AttentionTimes unfused = time_unfused_attention(q, k, v, dout, scale, {}, scores);
+    row("unfused", unfused);
+    const AttentionTimes unfused_drop =
+        time_unfused_attention(q, k, v, dout, scale, dropout, scores);
+    row("unfused p.1", unfused_drop);
+    std::printf("%-34s speed-up fused/unfused: fwd+bwd %.2fx, with dropout 0.1 %.2fx\n", c.what,
+                (unfused.fwd_ms + unfused.bwd_ms) / (fused.fwd_ms + fused.bwd_ms),
+                (unfused_drop.fwd_ms + unfused_drop.bwd_ms) /
+                    (fused_drop.fwd_ms + fused_drop.bwd_ms));
+  }
+}
+
 void bench_attention(const Baselines& baselines, bool fused_only) {
   std::printf("\n%-50s %9s %9s %9s %9s %9s %9s %7s\n", "causal attention core, bf16", "fwd ms",
               "fwd TF/s", "bwd ms", "bwd TF/s", "f+b ms", "f+b TF/s", "/gemm");
@@ -1370,6 +1440,7 @@ void bench_attention(const Baselines& baselines, bool fused_only) {
                 (unfused_drop.fwd_ms + unfused_drop.bwd_ms) /
                     (fused_drop.fwd_ms + fused_drop.bwd_ms));
   }
+  bench_attention_scores(baselines, fused_only);
   bench_attention_token_major(baselines);
 }
 

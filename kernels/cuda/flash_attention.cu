@@ -41,6 +41,12 @@
 //
 // Grids run the heaviest CTAs (longest causal walk) first.
 //
+// Scores (the kScores template switch; see "scores" below): causal as
+// above; causal with ALiBi (Press et al., 2022), the bias slope_h (j - i)
+// added to each score tile before the softmax; or bidirectional over a
+// per-sample key mask (BERT), every key block walked, the masked keys and
+// those past S at -inf. The backward needs no bias gradient.
+//
 // Backend choice (the token-major entry points, what the model calls): where
 // meshtron is built with cuDNN, cuDNN loads, and it plans the shape
 // (kernels/cuda/cudnn_attention.cu), its fused attention runs instead of
@@ -585,6 +591,82 @@ __device__ __forceinline__ float dz_minus_delta(float keep_scale, float dp, unsi
     return fmaf(kept(dp, bits, e), keep_scale, -delta);
 }
 
+// ------------------------------------------------------------------ scores ---
+//
+// The kernels' score modes (their kScores template argument). kAlibi adds
+// slope / scale (j - i) to the raw score q_i . k_j, so that the softmax
+// scale the kernels fold into the exponent's fma scales the score alone and
+// the bias comes out as slope (j - i): the unfused path's
+// scale q.k + slope (j - i) (kernels/kokkos/softmax.hpp). kKeyMask walks every
+// key block (no diagonal) and sets the score of a key past S or with a zero
+// flag to -inf; a row with no visible key ends with l = 0: out = 0 and
+// lse = +inf, so that the backward's P = exp(x - lse) is 0 on it.
+
+constexpr int kCausal = 0;   // j <= i, no bias: the kernels as without scores
+constexpr int kAlibi = 1;    // j <= i, plus slope_h (j - i)
+constexpr int kKeyMask = 2;  // every real key of the entry's sample
+
+/// The scores of one entry (a CTA's blockIdx.y).
+struct EntryScores {
+  float alibi = 0.f;                       // slope / scale of the entry's head (kAlibi)
+  const std::int32_t* key_mask = nullptr;  // the entry's sample's [S] flags (kKeyMask)
+  kindex S;
+
+  __device__ EntryScores(const FlashScores& f, kindex bh, kindex S_, float scale) : S(S_) {
+    if (f.alibi_slopes != nullptr) alibi = f.alibi_slopes[bh % f.alibi_heads] / scale;
+    if (f.key_mask != nullptr) key_mask = f.key_mask + (bh / f.mask_heads) * S_;
+  }
+  __device__ bool real_key(kindex key) const { return key < S && key_mask[key] != 0; }
+};
+
+/// The scores of a warp's raw 16M x N tile s before its softmax: row r,
+/// column c of m-tile mi is row0 + 16 mi + r and col0 + c, queries and keys
+/// (or keys and queries: kKeyRows, the dK/dV pass's S^T). kAlibi adds the
+/// bias (the causal mask stays the caller's); kKeyMask sets the masked
+/// keys to -inf. kCausal: nothing.
+template <int kScores, bool kKeyRows, int M, int N>
+__device__ __forceinline__ void apply_scores(float (&s)[M][N / 8][4], const EntryScores& sc,
+                                             kindex row0, kindex col0, int lane) {
+  if constexpr (kScores == kAlibi) {
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+      for (int nb = 0; nb < N / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const kindex row = row0 + mi * 16 + elem_row(lane, e), col = col0 + elem_col(lane, nb, e);
+          const kindex key_minus_query = kKeyRows ? row - col : col - row;
+          s[mi][nb][e] = fmaf(sc.alibi, float(key_minus_query), s[mi][nb][e]);
+        }
+  } else if constexpr (kScores == kKeyMask && kKeyRows) {
+#pragma unroll
+    for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // this lane's keys: rows g and g + 8
+        if (sc.real_key(row0 + mi * 16 + lane / 4 + 8 * h)) continue;
+#pragma unroll
+        for (int nb = 0; nb < N / 8; ++nb) s[mi][nb][2 * h] = s[mi][nb][2 * h + 1] = -INFINITY;
+      }
+  } else if constexpr (kScores == kKeyMask) {
+#pragma unroll
+    for (int nb = 0; nb < N / 8; ++nb)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {  // this lane's keys: columns 8 nb + 2t + c
+        if (sc.real_key(col0 + elem_col(lane, nb, c))) continue;
+#pragma unroll
+        for (int mi = 0; mi < M; ++mi) s[mi][nb][c] = s[mi][nb][2 + c] = -INFINITY;
+      }
+  }
+}
+
+/// Key blocks of Bc a query block [q0, q0 + Br) walks: up to the diagonal,
+/// or (kKeyMask) all of them.
+template <int kScores, int Br, int Bc>
+__device__ __forceinline__ int key_blocks(kindex q0, kindex S) {
+  if constexpr (kScores == kKeyMask) return int((S + Bc - 1) / Bc);
+  return int(((q0 + Br < S ? q0 + Br : S) + Bc - 1) / Bc);
+}
+
 // ----------------------------------------------------------------- forward ---
 
 /// Tiling of the forward: `Warps` warps of 16 M query rows each, key blocks
@@ -599,11 +681,12 @@ struct FwdTiles {
   static constexpr std::size_t kSmem = std::size_t(kBr + 4 * kBc) * kLd * 2;  // Q, 2 x (K, V)
 };
 
-template <class T, class Tile, int kDrop>
+template <class T, class Tile, int kDrop, int kScores>
 __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     flash_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                          HeadStrides in, kindex S, float scale_log2, T* __restrict__ out,
-                         HeadStrides os, float* __restrict__ lse, FlashDropout drop) {
+                         HeadStrides os, float* __restrict__ lse, FlashDropout drop,
+                         FlashScores scores) {
   constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
                 kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -614,8 +697,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
   const kindex q0 = kindex(gridDim.x - 1 - blockIdx.x) * kBr;  // last (longest) blocks first
   const kindex base = in.base(blockIdx.y);
   q += base, k += base, v += base, out += os.base(blockIdx.y), lse += kindex(blockIdx.y) * S;
-  const int n_kv = int(((q0 + kBr < S ? q0 + kBr : S) + kBc - 1) / kBc);  // up to the diagonal
+  const int n_kv = key_blocks<kScores, kBr, kBc>(q0, S);
   const EntryDropout dropout(drop, blockIdx.y, S);
+  const EntryScores sc(scores, blockIdx.y, S, scale_log2 / kLog2e);
 
   load_tile<T, kBr, D, kThreads>(sQ, q, q0, S, in.ld);
   load_tile<T, kBc, D, kThreads>(sK, k, 0, S, in.ld);
@@ -636,7 +720,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
     if constexpr (Tile::kQRegs)
       if (j == 0) load_a<T, M, D>(qf, sQw, kLd, lane);
     const kindex k0 = kindex(j) * kBc;
-    if (k0 <= row_lo + kRows - 1) {  // some key of the block is visible to some row of the warp
+    // some key of the block is visible to some row of the warp
+    if (kScores == kKeyMask || k0 <= row_lo + kRows - 1) {
       const T* sKs = sK + (j % 2) * kBc * kLd;
       const T* sVs = sV + (j % 2) * kBc * kLd;
       [[maybe_unused]] std::uint32_t stored[M][2][kDrop == kReadMask ? kBc / 32 : 1];
@@ -647,7 +732,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
         mma_rabt<T, M, kBc, D>(s, qf, sKs, kLd, lane);
       else
         mma_abt<T, M, kBc, D>(s, sQw, kLd, sKs, kLd, lane);
-      if (k0 + kBc - 1 > row_lo) {  // the diagonal crosses the warp's tile
+      apply_scores<kScores, false, M, kBc>(s, sc, row_lo, k0, lane);
+      if (kScores != kKeyMask && k0 + kBc - 1 > row_lo) {  // the diagonal crosses the warp's tile
 #pragma unroll
         for (int mi = 0; mi < M; ++mi)
 #pragma unroll
@@ -726,6 +812,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
       l[mi][h] += __shfl_xor_sync(0xffffffffu, l[mi][h], 1);
       l[mi][h] += __shfl_xor_sync(0xffffffffu, l[mi][h], 2);
       inv_l[mi][h] = 1.f / l[mi][h];
+      if constexpr (kScores == kKeyMask)  // no visible key: out = 0
+        if (l[mi][h] == 0.f) inv_l[mi][h] = 0.f;
     }
   store_rows<T, M, D>(out, os.ld, o, row_lo, S, inv_l, lane);
   if (lane % 4 == 0)
@@ -734,7 +822,10 @@ __global__ void __launch_bounds__(Tile::kWarps * 32, Tile::kMinBlocks)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const kindex row = row_lo + mi * 16 + lane / 4 + 8 * h;
-        if (row < S) lse[row] = (m[mi][h] + log2f(l[mi][h])) * kLn2;
+        float row_lse = (m[mi][h] + log2f(l[mi][h])) * kLn2;
+        if constexpr (kScores == kKeyMask)
+          if (l[mi][h] == 0.f) row_lse = INFINITY;  // P = 0 in the backward
+        if (row < S) lse[row] = row_lse;
       }
 }
 
@@ -825,14 +916,14 @@ __device__ __forceinline__ void load_row_stats(float* sL, float* sDelta, const f
   }
 }
 
-template <class T, class Tile, int kDrop>
+template <class T, class Tile, int kDrop, int kScores>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                const T* __restrict__ v, const T* __restrict__ dout,
                                const float* __restrict__ lse, const float* __restrict__ delta,
                                HeadStrides in, HeadStrides os, kindex S, float scale,
                                float scale_log2, T* __restrict__ dk, T* __restrict__ dv,
-                               FlashDropout drop) {
+                               FlashDropout drop, FlashScores scores) {
   constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
                 kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -849,8 +940,10 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   const kindex base = in.base(blockIdx.y);
   q += base, k += base, v += base, dout += os.base(blockIdx.y), dk += base, dv += base;
   lse += kindex(blockIdx.y) * S, delta += kindex(blockIdx.y) * S;
-  const int qb_begin = int(k0 / kBr), qb_end = int((S + kBr - 1) / kBr);
+  // From the diagonal on (every query block under a key mask).
+  const int qb_begin = kScores == kKeyMask ? 0 : int(k0 / kBr), qb_end = int((S + kBr - 1) / kBr);
   const EntryDropout dropout(drop, blockIdx.y, S);
+  const EntryScores sc(scores, blockIdx.y, S, scale);
 
   load_tile<T, kBc, D, kThreads>(sK, k, k0, S, in.ld);
   load_tile<T, kBc, D, kThreads>(sV, v, k0, S, in.ld);
@@ -884,7 +977,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
     if constexpr (Tile::kKVRegs)
       if (qb == qb_begin) load_a<T, M, D>(kf, sKw, kLd, lane), load_a<T, M, D>(vf, sVw, kLd, lane);
     const kindex q0 = kindex(qb) * kBr;
-    if (q0 + kBr - 1 >= key_lo) {  // some query of the block sees some key of the warp
+    // some query of the block sees some key of the warp
+    if (kScores == kKeyMask || q0 + kBr - 1 >= key_lo) {
       const T* sQs = sQ + st * kBr * kLd;
       const T* sdOs = sdO + st * kBr * kLd;
       const float* sLs = sL + st * kBr;
@@ -903,7 +997,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
         mma_rabt<T, M, kBr, D>(pt, kf, sQs, kLd, lane);
       else
         mma_abt<T, M, kBr, D>(pt, sKw, kLd, sQs, kLd, lane);
-      const bool diagonal = key_lo + kRows - 1 > q0;
+      apply_scores<kScores, true, M, kBr>(pt, sc, key_lo, q0, lane);
+      const bool diagonal = kScores != kKeyMask && key_lo + kRows - 1 > q0;
 #pragma unroll
       for (int mi = 0; mi < M; ++mi)
 #pragma unroll
@@ -974,13 +1069,14 @@ struct DqTiles {
       std::size_t(2 * kBr + 4 * kBc) * kLd * 2;  // Q, dO, 2 x (K, V)
 };
 
-template <class T, class Tile, int kDrop>
+template <class T, class Tile, int kDrop, int kScores>
 __global__ void __launch_bounds__(Tile::kWarps * 32)
     flash_backward_dq_kernel(const T* __restrict__ q, const T* __restrict__ k,
                              const T* __restrict__ v, const T* __restrict__ dout,
                              const float* __restrict__ lse, const float* __restrict__ delta,
                              HeadStrides in, HeadStrides os, kindex S, float scale,
-                             float scale_log2, T* __restrict__ dq, FlashDropout drop) {
+                             float scale_log2, T* __restrict__ dq, FlashDropout drop,
+                             FlashScores scores) {
   constexpr int D = Tile::kD, M = Tile::kM, kRows = Tile::kRows, kBr = Tile::kBr,
                 kBc = Tile::kBc, kLd = Tile::kLd, kThreads = Tile::kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -993,8 +1089,9 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
   const kindex base = in.base(blockIdx.y);
   q += base, k += base, v += base, dout += os.base(blockIdx.y), dq += base;
   lse += kindex(blockIdx.y) * S, delta += kindex(blockIdx.y) * S;
-  const int n_kv = int(((q0 + kBr < S ? q0 + kBr : S) + kBc - 1) / kBc);
+  const int n_kv = key_blocks<kScores, kBr, kBc>(q0, S);
   const EntryDropout dropout(drop, blockIdx.y, S);
+  const EntryScores sc(scores, blockIdx.y, S, scale);
 
   load_tile<T, kBr, D, kThreads>(sQ, q, q0, S, in.ld);
   load_tile<T, kBr, D, kThreads>(sdO, dout, q0, S, os.ld);
@@ -1022,7 +1119,7 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
     if constexpr (Tile::kQRegs)
       if (j == 0) load_a<T, M, D>(qf, sQw, kLd, lane), load_a<T, M, D>(dof, sdOw, kLd, lane);
     const kindex k0 = kindex(j) * kBc;
-    if (k0 <= row_lo + kRows - 1) {
+    if (kScores == kKeyMask || k0 <= row_lo + kRows - 1) {
       const T* sKs = sK + (j % 2) * kBc * kLd;
       const T* sVs = sV + (j % 2) * kBc * kLd;
       [[maybe_unused]] std::uint32_t stored[M][2][kDrop == kReadMask ? kBc / 32 : 1];
@@ -1033,7 +1130,8 @@ __global__ void __launch_bounds__(Tile::kWarps * 32)
         mma_rabt<T, M, kBc, D>(p, qf, sKs, kLd, lane);
       else
         mma_abt<T, M, kBc, D>(p, sQw, kLd, sKs, kLd, lane);  // S = Q K^T
-      const bool diagonal = k0 + kBc - 1 > row_lo;
+      apply_scores<kScores, false, M, kBc>(p, sc, row_lo, k0, lane);
+      const bool diagonal = kScores != kKeyMask && k0 + kBc - 1 > row_lo;
 #pragma unroll
       for (int mi = 0; mi < M; ++mi)
 #pragma unroll
@@ -1180,14 +1278,16 @@ struct FlashArgs {
   bool dropout = false;  // the kDrawMask / kReadMask kernels with `drop`
   FlashDropout drop{};
   bool mask_drawn = false;  // drop.keep_bits already drawn (draw_attention_mask)
+  FlashScores scores{};     // the kAlibi / kKeyMask kernels
 };
 
-template <class T, class Tile, int kDrop>
+template <class T, class Tile, int kDrop, int kScores>
 void launch_forward(const FlashArgs& a) {
-  launch<flash_forward_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
+  launch<flash_forward_kernel<T, Tile, kDrop, kScores>>(
+         dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), a.in, kindex(a.S), float(a.scale * kLog2e),
-         static_cast<T*>(a.o), a.os, const_cast<float*>(a.lse), a.drop);
+         static_cast<T*>(a.o), a.os, const_cast<float*>(a.lse), a.drop, a.scores);
 }
 
 void launch_draw_mask(const FlashArgs& a, cudaStream_t stream = compute_stream()) {
@@ -1209,40 +1309,62 @@ void launch_row_dot(const FlashArgs& a) {
   MESH_CUDA_LAUNCHED();
 }
 
-template <class T, class Tile, int kDrop>
+template <class T, class Tile, int kDrop, int kScores>
 void launch_dkdv(const FlashArgs& a) {
-  launch<flash_backward_dkdv_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
+  launch<flash_backward_dkdv_kernel<T, Tile, kDrop, kScores>>(
+         dim3(blocks_of(a.S, Tile::kBc), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem + (kDrop == kReadMask ? Tile::kMaskSmem : 0),
          static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
          static_cast<const float*>(a.delta), a.in, a.os, kindex(a.S), float(a.scale),
-         float(a.scale * kLog2e), static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.drop);
+         float(a.scale * kLog2e), static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.drop,
+         a.scores);
 }
 
-template <class T, class Tile, int kDrop>
+template <class T, class Tile, int kDrop, int kScores>
 void launch_dq(const FlashArgs& a) {
-  launch<flash_backward_dq_kernel<T, Tile, kDrop>>(dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
+  launch<flash_backward_dq_kernel<T, Tile, kDrop, kScores>>(
+         dim3(blocks_of(a.S, Tile::kBr), unsigned(a.B)),
          Tile::kWarps * 32, Tile::kSmem, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
          static_cast<const T*>(a.v), static_cast<const T*>(a.dout), a.lse,
          static_cast<const float*>(a.delta), a.in, a.os, kindex(a.S), float(a.scale),
-         float(a.scale * kLog2e), static_cast<T*>(a.dq), a.drop);
+         float(a.scale * kLog2e), static_cast<T*>(a.dq), a.drop, a.scores);
 }
 
 }  // namespace
 
 namespace {
 
+/// Calls f(std::integral_constant<int, kScores>{}) for the scores of `a`.
+template <class F>
+void with_score_mode(const FlashArgs& a, F&& f) {
+  if (a.scores.key_mask != nullptr)
+    f(std::integral_constant<int, kKeyMask>{});
+  else if (a.scores.alibi_slopes != nullptr)
+    f(std::integral_constant<int, kAlibi>{});
+  else
+    f(std::integral_constant<int, kCausal>{});
+}
+
 void forward(DType t, const FlashArgs& a, index_t D) {
   with_flash_types(t, D, "fused_attention_forward", [&](auto zero, auto dim) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
-    if (a.dropout && a.drop.keep_bits != nullptr && philox::whole_groups(a.S)) {
-      if (!a.mask_drawn) launch_draw_mask(a);
-      launch_forward<T, FwdReadMaskTiling<kD>, kReadMask>(a);
-    } else if (a.dropout) {
-      launch_forward<T, FwdDropoutTiling<kD>, kDrawMask>(a);
-    } else
-      launch_forward<T, FwdTiling<kD>, kNoDropout>(a);
+    with_score_mode(a, [&](auto mode) {
+      constexpr int kS = decltype(mode)::value;
+      // The mask kernel draws the causal rows' words only: under a key mask
+      // the forward draws (and stores) its decisions itself.
+      if constexpr (kS != kKeyMask)
+        if (a.dropout && a.drop.keep_bits != nullptr && philox::whole_groups(a.S)) {
+          if (!a.mask_drawn) launch_draw_mask(a);
+          launch_forward<T, FwdReadMaskTiling<kD>, kReadMask, kS>(a);
+          return;
+        }
+      if (a.dropout)
+        launch_forward<T, FwdDropoutTiling<kD>, kDrawMask, kS>(a);
+      else
+        launch_forward<T, FwdTiling<kD>, kNoDropout, kS>(a);
+    });
   });
 }
 
@@ -1251,16 +1373,19 @@ void backward(DType t, const FlashArgs& a, index_t D) {
     using T = decltype(zero);
     constexpr int kD = decltype(dim)::value;
     launch_row_dot<T, kD>(a);
-    if (a.dropout && a.drop.keep_bits != nullptr) {  // the forward's stored decisions
-      launch_dkdv<T, DkDvTiling<kD>, kReadMask>(a);
-      launch_dq<T, DqDropoutTiling<kD>, kReadMask>(a);
-    } else if (a.dropout) {
-      launch_dkdv<T, DkDvTiling<kD>, kDrawMask>(a);
-      launch_dq<T, DqTiling<kD>, kDrawMask>(a);
-    } else {
-      launch_dkdv<T, DkDvTiling<kD>, kNoDropout>(a);
-      launch_dq<T, DqTiling<kD>, kNoDropout>(a);
-    }
+    with_score_mode(a, [&](auto mode) {
+      constexpr int kS = decltype(mode)::value;
+      if (a.dropout && a.drop.keep_bits != nullptr) {  // the forward's stored decisions
+        launch_dkdv<T, DkDvTiling<kD>, kReadMask, kS>(a);
+        launch_dq<T, DqDropoutTiling<kD>, kReadMask, kS>(a);
+      } else if (a.dropout) {
+        launch_dkdv<T, DkDvTiling<kD>, kDrawMask, kS>(a);
+        launch_dq<T, DqTiling<kD>, kDrawMask, kS>(a);
+      } else {
+        launch_dkdv<T, DkDvTiling<kD>, kNoDropout, kS>(a);
+        launch_dq<T, DqTiling<kD>, kNoDropout, kS>(a);
+      }
+    });
   });
 }
 
@@ -1286,6 +1411,19 @@ FlashArgs with_dropout(FlashArgs a, const AttentionDropoutSite& d) {
   return a;
 }
 
+/// `a` with `scores` (checked: not both; a mask drawn ahead is causal only).
+FlashArgs with_scores(FlashArgs a, const FlashScores& scores) {
+  MESH_VERIFY(scores.alibi_slopes == nullptr || scores.key_mask == nullptr,
+              "fused attention: ALiBi and a key mask together are not built");
+  MESH_VERIFY(scores.key_mask == nullptr || !a.mask_drawn,
+              "fused attention: a dropout mask drawn ahead is causal only, not for a key mask");
+  MESH_VERIFY(scores.alibi_heads > 0 && a.B % scores.alibi_heads == 0 &&
+                  scores.mask_heads > 0 && a.B % scores.mask_heads == 0,
+              "fused attention: the scores' heads must divide " << a.B << " entries");
+  a.scores = scores;
+  return a;
+}
+
 /// The token-major layout [s * b, parts * heads * D] (rows in [s, b] order).
 HeadStrides token_major(index_t b, int parts, index_t heads, index_t D) {
   return {b * parts * heads * D, parts * heads * D, D, int(heads)};
@@ -1306,45 +1444,52 @@ void draw_attention_mask(const AttentionDropoutSite& dropout, index_t B, index_t
 
 void fused_attention_forward(DType t, const void* q, const void* k, const void* v, index_t B,
                              index_t S, index_t D, double scale, void* out, float* lse,
-                             const AttentionDropoutSite& dropout) {
+                             const AttentionDropoutSite& dropout, const FlashScores& scores) {
   if (B == 0 || S == 0) return;
   const void* ptrs[] = {q, k, v, out};
   check_extents("fused_attention_forward", ptrs, 4, B);
   const HeadStrides hm = head_major(S, D);
   forward(t,
-          with_dropout({q, k, v, nullptr, nullptr, lse, nullptr, out, nullptr, nullptr, nullptr, B,
-                        S, scale, hm, hm},
-                       dropout),
+          with_scores(with_dropout({q, k, v, nullptr, nullptr, lse, nullptr, out, nullptr, nullptr,
+                                    nullptr, B, S, scale, hm, hm},
+                                   dropout),
+                      scores),
           D);
 }
 
 void fused_attention_backward(DType t, const void* dout, const void* q, const void* k,
                               const void* v, const void* out, const float* lse, index_t B,
                               index_t S, index_t D, double scale, float* delta, void* dq, void* dk,
-                              void* dv, const AttentionDropoutSite& dropout) {
+                              void* dv, const AttentionDropoutSite& dropout,
+                              const FlashScores& scores) {
   if (B == 0 || S == 0) return;
   const void* ptrs[] = {dout, q, k, v, out, dq, dk, dv};
   check_extents("fused_attention_backward", ptrs, 8, B);
   const HeadStrides hm = head_major(S, D);
   backward(t,
-           with_dropout({q, k, v, dout, out, lse, delta, nullptr, dq, dk, dv, B, S, scale, hm, hm},
-                        dropout),
+           with_scores(with_dropout({q, k, v, dout, out, lse, delta, nullptr, dq, dk, dv, B, S,
+                                     scale, hm, hm},
+                                    dropout),
+                       scores),
            D);
 }
 
 void flash_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse, const AttentionDropoutSite& dropout) {
+                                         float* lse, const AttentionDropoutSite& dropout,
+                                         const FlashScores& scores) {
   if (s == 0 || b == 0 || heads == 0) return;
   const char* base = static_cast<const char*>(qkv);
   const std::size_t part = std::size_t(heads * D) * dtype_size(t);
   const void* ptrs[] = {qkv, base + part, base + 2 * part, context};
   check_extents("fused_attention_forward", ptrs, 4, b * heads);
   forward(t,
-          with_dropout({base, base + part, base + 2 * part, nullptr, nullptr, lse, nullptr, context,
-                        nullptr, nullptr, nullptr, b * heads, s, scale,
-                        token_major(b, 3, heads, D), token_major(b, 1, heads, D)},
-                       dropout),
+          with_scores(with_dropout({base, base + part, base + 2 * part, nullptr, nullptr, lse,
+                                    nullptr, context, nullptr, nullptr, nullptr, b * heads, s,
+                                    scale, token_major(b, 3, heads, D),
+                                    token_major(b, 1, heads, D)},
+                                   dropout),
+                      scores),
           D);
 }
 
@@ -1352,7 +1497,8 @@ void flash_attention_backward_token_major(DType t, const void* dcontext, const v
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
                                           float* delta, void* dqkv,
-                                          const AttentionDropoutSite& dropout) {
+                                          const AttentionDropoutSite& dropout,
+                                          const FlashScores& scores) {
   if (s == 0 || b == 0 || heads == 0) return;
   const char* in = static_cast<const char*>(qkv);
   char* grad = static_cast<char*>(dqkv);
@@ -1360,10 +1506,12 @@ void flash_attention_backward_token_major(DType t, const void* dcontext, const v
   const void* ptrs[] = {dcontext, qkv, context, dqkv, in + part, grad + part};
   check_extents("fused_attention_backward", ptrs, 6, b * heads);
   backward(t,
-           with_dropout({in, in + part, in + 2 * part, dcontext, context, lse, delta, nullptr, grad,
-                         grad + part, grad + 2 * part, b * heads, s, scale,
-                         token_major(b, 3, heads, D), token_major(b, 1, heads, D)},
-                        dropout),
+           with_scores(with_dropout({in, in + part, in + 2 * part, dcontext, context, lse, delta,
+                                     nullptr, grad, grad + part, grad + 2 * part, b * heads, s,
+                                     scale, token_major(b, 3, heads, D),
+                                     token_major(b, 1, heads, D)},
+                                    dropout),
+                       scores),
            D);
 }
 
@@ -1491,9 +1639,16 @@ std::string attention_backend(DType t, index_t s, index_t b, index_t heads, inde
 
 void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse, const AttentionDropoutSite& dropout) {
+                                         float* lse, const AttentionDropoutSite& dropout,
+                                         const FlashScores& scores) {
   if (s == 0 || b == 0 || heads == 0) return;
-  if (dropout.p > 0.0 && dropout.cudnn_rng) {
+  if (!scores.plain()) {
+    MESH_VERIFY(!(dropout.p > 0.0 && dropout.cudnn_rng),
+                "fused attention: cuDNN's dropout generator runs without ALiBi or a key mask");
+    announce(Backends{}.describe(""), "ALiBi or a key mask");
+    flash_attention_forward_token_major(t, qkv, s, b, heads, D, scale, context, lse, dropout,
+                                        scores);
+  } else if (dropout.p > 0.0 && dropout.cudnn_rng) {
     const CudnnDropoutCall call(dropout, t, s, b, heads, D);
     cudnn_attention_forward_token_major(t, qkv, s, b, heads, D, scale, context, lse,
                                         call.dropout());
@@ -1510,9 +1665,15 @@ void fused_attention_backward_token_major(DType t, const void* dcontext, const v
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
                                           float* delta, void* dqkv,
-                                          const AttentionDropoutSite& dropout) {
+                                          const AttentionDropoutSite& dropout,
+                                          const FlashScores& scores) {
   if (s == 0 || b == 0 || heads == 0) return;
-  if (dropout.p > 0.0 && dropout.cudnn_rng) {
+  if (!scores.plain()) {  // as the forward
+    MESH_VERIFY(!(dropout.p > 0.0 && dropout.cudnn_rng),
+                "fused attention: cuDNN's dropout generator runs without ALiBi or a key mask");
+    flash_attention_backward_token_major(t, dcontext, qkv, context, lse, s, b, heads, D, scale,
+                                         delta, dqkv, dropout, scores);
+  } else if (dropout.p > 0.0 && dropout.cudnn_rng) {
     const CudnnDropoutCall call(dropout, t, s, b, heads, D);
     cudnn_attention_backward_token_major(t, dcontext, qkv, context, lse, s, b, heads, D, scale,
                                          delta, dqkv, call.dropout());

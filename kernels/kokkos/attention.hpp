@@ -26,7 +26,18 @@
 //   dP_ij  = z_ij dout_i . v_j,  dx_ij = P_ij (dP_ij - delta_i),
 //   dv_j   = sum_{i>=j} z_ij P_ij dout_i,
 // and delta_i = dout_i . out_i still equals sum_j P_ij dP_ij.
+//
+// Scores (AttentionScores): the keys j <= i are visible (causal), each
+// logit gaining the ALiBi bias slope_h (j - i) of the entry's head where
+// slopes are given (as ops::scaled_causal_softmax_forward); or, with a key
+// mask (BERT), every key of the entry's sample whose flag is non-zero (as
+// ops::scaled_masked_softmax_forward). The sums above run over the visible
+// keys only. A row with no visible key has out = 0, lse = +inf (so P = 0),
+// and no gradient, as the unfused masked softmax's all-zero row.
 #pragma once
+
+#include <cmath>
+#include <cstdint>
 
 #include "kernels/kokkos/common.hpp"
 #include "kernels/kokkos/dropout.hpp"
@@ -47,6 +58,31 @@ struct AttentionMask {
   }
 };
 
+/// Which keys row r (= entry S + i, entry = sample x heads + head) sees and
+/// the bias of its logits; see the file comment.
+struct AttentionScores {
+  const float* alibi_slopes = nullptr;     ///< [alibi_heads], or none
+  kindex alibi_heads = 1;
+  const std::int32_t* key_mask = nullptr;  ///< [B / mask_heads, S]; none: causal
+  kindex mask_heads = 1;
+
+  KOKKOS_INLINE_FUNCTION bool causal() const { return key_mask == nullptr; }
+  /// The last key any row might see: i when causal, else S - 1.
+  KOKKOS_INLINE_FUNCTION kindex last_key(kindex r, kindex S) const {
+    return causal() ? r % S : S - 1;
+  }
+  /// The first query row that might see key j (of S): j when causal, else 0.
+  KOKKOS_INLINE_FUNCTION kindex first_query(kindex j) const { return causal() ? j : 0; }
+  /// Whether key j <= last_key(r, S) is visible to row r.
+  KOKKOS_INLINE_FUNCTION bool visible(kindex r, kindex j, kindex S) const {
+    return causal() || key_mask[(r / S / mask_heads) * S + j] != 0;
+  }
+  KOKKOS_INLINE_FUNCTION accum_t bias(kindex r, kindex j, kindex S) const {
+    if (!alibi_slopes) return 0;
+    return accum_t(alibi_slopes[(r / S) % alibi_heads]) * accum_t(j - r % S);
+  }
+};
+
 template <class ExecSpace>
 using Scratch = Kokkos::View<accum_t**, Kokkos::LayoutRight, typename ExecSpace::memory_space>;
 
@@ -64,25 +100,33 @@ struct CausalAttentionForward {
   kindex S, D;
   accum_t scale;
   AttentionMask z;
+  AttentionScores sc;
   Scratch<ExecSpace> acc;  // [B*S, D]
   T *out, *lse;
 
+  KOKKOS_INLINE_FUNCTION accum_t logit(const T* qi, kindex r, kindex first, kindex j) const {
+    return scale * row_dot(qi, k + (first + j) * D, D) + sc.bias(r, j, S);
+  }
+
   KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
     const kindex i = r % S, first = r - i;  // row of key 0 in this batch entry
+    const kindex last = sc.last_key(r, S);
     const T* qi = q + r * D;
-    accum_t m = scale * row_dot(qi, k + first * D, D);
-    for (kindex j = 1; j <= i; ++j) m = kmath::fmax(m, scale * row_dot(qi, k + (first + j) * D, D));
+    accum_t m = -accum_t(INFINITY);
+    for (kindex j = 0; j <= last; ++j)
+      if (sc.visible(r, j, S)) m = kmath::fmax(m, logit(qi, r, first, j));
     accum_t l = 0;
     for (kindex d = 0; d < D; ++d) acc(r, d) = 0;
-    for (kindex j = 0; j <= i; ++j) {
-      const accum_t e = kmath::exp(scale * row_dot(qi, k + (first + j) * D, D) - m);
+    for (kindex j = 0; j <= last; ++j) {
+      if (!sc.visible(r, j, S)) continue;
+      const accum_t e = kmath::exp(logit(qi, r, first, j) - m);
       l += e;
       const accum_t ez = e * z(r, j, S);
       const T* vj = v + (first + j) * D;
       for (kindex d = 0; d < D; ++d) acc(r, d) += ez * accum_t(vj[d]);
     }
-    for (kindex d = 0; d < D; ++d) out[r * D + d] = T(acc(r, d) / l);
-    lse[r] = T(m + kmath::log(l));
+    for (kindex d = 0; d < D; ++d) out[r * D + d] = l > 0 ? T(acc(r, d) / l) : T(0);
+    lse[r] = l > 0 ? T(m + kmath::log(l)) : T(INFINITY);  // no visible key: P = 0
   }
 };
 
@@ -93,19 +137,22 @@ struct CausalAttentionBackwardQuery {
   kindex S, D;
   accum_t scale;
   AttentionMask z;
+  AttentionScores sc;
   Scratch<ExecSpace> acc;  // [B*S, D]
   Kokkos::View<accum_t*, typename ExecSpace::memory_space> delta;
   T* dq;
 
   KOKKOS_INLINE_FUNCTION void operator()(kindex r) const {
-    const kindex i = r % S, first = r - i;
+    const kindex i = r % S, first = r - i, last = sc.last_key(r, S);
     const T *qi = q + r * D, *doi = dout + r * D;
     const accum_t delta_i = row_dot(doi, out + r * D, D);
     delta(r) = delta_i;
     for (kindex d = 0; d < D; ++d) acc(r, d) = 0;
-    for (kindex j = 0; j <= i; ++j) {
+    for (kindex j = 0; j <= last; ++j) {
+      if (!sc.visible(r, j, S)) continue;
       const T *kj = k + (first + j) * D, *vj = v + (first + j) * D;
-      const accum_t p = kmath::exp(scale * row_dot(qi, kj, D) - accum_t(lse[r]));
+      const accum_t p =
+          kmath::exp(scale * row_dot(qi, kj, D) + sc.bias(r, j, S) - accum_t(lse[r]));
       const accum_t dx = p * (z(r, j, S) * row_dot(doi, vj, D) - delta_i);
       for (kindex d = 0; d < D; ++d) acc(r, d) += dx * accum_t(kj[d]);
     }
@@ -120,6 +167,7 @@ struct CausalAttentionBackwardKey {
   kindex S, D;
   accum_t scale;
   AttentionMask z;
+  AttentionScores sc;
   Scratch<ExecSpace> acc_k, acc_v;  // [B*S, D]
   Kokkos::View<const accum_t*, typename ExecSpace::memory_space> delta;
   T *dk, *dv;
@@ -128,10 +176,12 @@ struct CausalAttentionBackwardKey {
     const kindex j = r % S, first = r - j;
     const T *kj = k + r * D, *vj = v + r * D;
     for (kindex d = 0; d < D; ++d) acc_k(r, d) = acc_v(r, d) = 0;
-    for (kindex i = j; i < S; ++i) {
+    for (kindex i = sc.first_query(j); i < S; ++i) {
       const kindex ri = first + i;
+      if (!sc.visible(ri, j, S)) continue;
       const T *qi = q + ri * D, *doi = dout + ri * D;
-      const accum_t p = kmath::exp(scale * row_dot(qi, kj, D) - accum_t(lse[ri]));
+      const accum_t p =
+          kmath::exp(scale * row_dot(qi, kj, D) + sc.bias(ri, j, S) - accum_t(lse[ri]));
       const accum_t zij = z(ri, j, S), pz = p * zij;
       const accum_t dx = p * (zij * row_dot(doi, vj, D) - delta(ri));
       for (kindex d = 0; d < D; ++d) {
@@ -151,10 +201,11 @@ struct CausalAttentionBackwardKey {
 /// q, k, v, out: [B, S, D]; lse: [B, S].
 template <class ExecSpace, class T>
 void causal_attention_forward(const T* q, const T* k, const T* v, kindex B, kindex S, kindex D,
-                              double scale, const AttentionMask& z, T* out, T* lse) {
+                              double scale, const AttentionMask& z, const AttentionScores& sc,
+                              T* out, T* lse) {
   const kindex rows = B * S;
   Scratch<ExecSpace> acc("meshtron::attention_acc", rows, D);
-  CausalAttentionForward<ExecSpace, T> f{q, k, v, S, D, scale, z, acc, out, lse};
+  CausalAttentionForward<ExecSpace, T> f{q, k, v, S, D, scale, z, sc, acc, out, lse};
   Kokkos::parallel_for("meshtron::attention_forward", Range<ExecSpace>(0, rows), f);
   Kokkos::fence();
 }
@@ -162,16 +213,17 @@ void causal_attention_forward(const T* q, const T* k, const T* v, kindex B, kind
 template <class ExecSpace, class T>
 void causal_attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out,
                                const T* lse, kindex B, kindex S, kindex D, double scale,
-                               const AttentionMask& z, T* dq, T* dk, T* dv) {
+                               const AttentionMask& z, const AttentionScores& sc, T* dq, T* dk,
+                               T* dv) {
   const kindex rows = B * S;
   Scratch<ExecSpace> acc_a("meshtron::attention_acc_a", rows, D),
       acc_b("meshtron::attention_acc_b", rows, D);
   Kokkos::View<accum_t*, typename ExecSpace::memory_space> delta("meshtron::attention_delta", rows);
-  CausalAttentionBackwardQuery<ExecSpace, T> fq{dout, q, k, v,     out,   lse,   S,
-                                                D,    scale, z, acc_a, delta, dq};
+  CausalAttentionBackwardQuery<ExecSpace, T> fq{dout, q,  k,     v,   out,   lse,   S,
+                                                D,    scale, z, sc, acc_a, delta, dq};
   Kokkos::parallel_for("meshtron::attention_backward_dq", Range<ExecSpace>(0, rows), fq);
-  CausalAttentionBackwardKey<ExecSpace, T> fk{dout, q, k,     v,     lse,   S,  D,
-                                              scale, z, acc_a, acc_b, delta, dk, dv};
+  CausalAttentionBackwardKey<ExecSpace, T> fk{dout, q,  k,     v,     lse,   S,  D, scale,
+                                              z,    sc, acc_a, acc_b, delta, dk, dv};
   Kokkos::parallel_for("meshtron::attention_backward_dkdv", Range<ExecSpace>(0, rows), fk);
   Kokkos::fence();
 }

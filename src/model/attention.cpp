@@ -58,12 +58,6 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, const A
       padding_mask_(spec.mask == AttentionMask::Padding),
       backend_(attention_backend_from_string(spec.backend)) {
   reject_unbuilt(spec);
-  MESH_REQUIRE(!(padding_mask_ && backend_ == AttentionBackend::Fused),
-               "model.attention_backend = fused does not compute a padding mask; use auto or "
-               "unfused");
-  MESH_REQUIRE(!(alibi_slopes_.defined() && backend_ == AttentionBackend::Fused),
-               "model.attention_backend = fused does not compute position_embedding_type = "
-               "alibi; use auto or unfused");
   MESH_REQUIRE(spec.num_query_groups > 0 && spec.num_heads % spec.num_query_groups == 0 &&
                    spec.num_query_groups % ctx.tp.size() == 0,
                "Attention: num_query_groups = " << spec.num_query_groups
@@ -77,8 +71,6 @@ Attention::Attention(const std::string& name, int layer, index_t hidden, const A
 
 bool Attention::use_fused(DType activations, MemorySpace space) const {
   if (backend_ == AttentionBackend::Unfused) return false;
-  if (alibi_slopes_.defined()) return false;  // the fused kernels take no position bias
-  if (padding_mask_) return false;            // nor a key-padding mask
   const bool host = space == MemorySpace::Host;
   // Grouped queries run the fused kernels too, on k and v repeated per
   // query head (expand_kv_groups): (heads - groups) x 2 head vectors more
@@ -199,8 +191,10 @@ ops::DropoutSite Attention::probs_site(const LayerContext& ctx) const {
 
 bool Attention::draws_mask_ahead(const LayerContext& ctx) const {
   // Where core_forward's fused kernels would store the mask, drawn by its
-  // own kernel ahead of their pass (the activations are the weights' dtype).
-  return fused_dropout(ctx).p > 0 && !ctx.attention_dropout_cudnn &&
+  // own kernel ahead of their pass (the activations are the weights' dtype);
+  // that kernel draws the causal rows' words only, so not under a padding
+  // mask (the forward draws and stores the whole rows itself).
+  return fused_dropout(ctx).p > 0 && !ctx.attention_dropout_cudnn && !padding_mask_ &&
          ctx.space != MemorySpace::Host &&
          use_fused(qkv.weight.value.dtype(), ctx.space) &&
          ops::attention_mask_drawn_alone(ctx.seq_length);
@@ -218,6 +212,13 @@ void Attention::draw_mask_ahead(const LayerContext& ctx, void* stream) {
               "Attention::draw_mask_ahead: the micro-batch changed shape between steps");
   dropout.keep_bits = ahead_keep_bits_;
   ops::draw_attention_mask(dropout, entries, s, stream);
+}
+
+ops::FusedAttentionScores Attention::fused_scores(const LayerContext& ctx) const {
+  ops::FusedAttentionScores scores;
+  scores.alibi_slopes = alibi_slopes_;
+  if (padding_mask_) scores.key_mask = key_padding_mask(ctx);
+  return scores;
 }
 
 ops::AttentionDropout Attention::fused_dropout(const LayerContext& ctx) const {
@@ -289,6 +290,9 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
     merged = Tensor::empty({s * b, heads_local_ * head_dim_}, x.dtype(), x.space());
     c.lse = Tensor::empty({b * heads_local_, s}, stats_dtype(x), x.space());
     ops::AttentionDropout dropout = fused_dropout(ctx);
+    MESH_REQUIRE(!(dropout.cudnn_rng && (alibi_slopes_.defined() || padding_mask_)),
+                 "training.attention_dropout_rng = cudnn runs cuDNN's fused attention, which "
+                 "meshtron gives no ALiBi or padding mask; use attention_dropout_rng = meshtron");
     if (dropout.cudnn_rng) {
       // cuDNN draws (and redraws in the backward) its own mask: nothing stored.
     } else if (dropout.p > 0 && ctx.attention_masks_drawn && ahead_keep_bits_.defined()) {
@@ -304,7 +308,7 @@ Tensor Attention::core_forward(const Tensor& x, LayerContext& ctx, Cache& c) con
       qkv_out = c.qkv_out;
     }
     ops::fused_attention_forward_token_major(qkv_out, s, b, heads_local_, scale(), merged, c.lse,
-                                             dropout);
+                                             dropout, fused_scores(ctx));
   } else {
     MESH_REQUIRE(!fused_dropout(ctx).cudnn_rng,
                  "training.attention_dropout_rng = cudnn needs the fused attention on the GPU "
@@ -355,7 +359,8 @@ Tensor Attention::backward(const Tensor& dy, LayerContext& ctx, const Cache& c) 
     ops::AttentionDropout dropout = fused_dropout(ctx);
     dropout.keep_bits = c.keep_bits;
     ops::fused_attention_backward_token_major(dmerged, c.qkv_out, c.proj.x, c.lse, s, b,
-                                              heads_local_, scale(), dqkv, dropout);
+                                              heads_local_, scale(), dqkv, dropout,
+                                              fused_scores(ctx));
     if (groups_local_ != heads_local_) {  // c.qkv_out holds k and v per query head
       Tensor dexpanded = dqkv;
       ops::reduce_kv_groups(dexpanded, heads_local_, groups_local_, dqkv);

@@ -24,8 +24,8 @@
 //
 // ALiBi (Press et al., 2022): the softmax adds -slope_h (i - j) to the
 // scaled scores of query i and key j (ops::scaled_causal_softmax_forward);
-// each rank holds the slopes of its global heads. The fused kernels take no
-// bias, so ALiBi runs the unfused core (auto) or is a UserError (fused).
+// each rank holds the slopes of its global heads, which the fused core takes
+// too (ops::FusedAttentionScores), as it takes the padding mask.
 //
 // The core runs either unfused (scores GEMM, scaled causal softmax, dropout,
 // probs @ V, keeping the [b*heads, s, s] probabilities for the backward) or
@@ -76,8 +76,7 @@ class Attention {
     /// so that the backward passes read the mask instead of drawing it again.
     Tensor keep_bits;
   };
-  /// Rejects mask none, ALiBi other than causal, and ALiBi or a padding
-  /// mask under the fused backend.
+  /// Rejects mask none and ALiBi other than causal.
   Attention(const std::string& name, int layer, index_t hidden, const AttentionSpec& spec,
             double dropout, const LayerContext& ctx, DType dtype);
   /// forward() + residual, the add riding in proj's GEMM where it can
@@ -121,6 +120,8 @@ class Attention {
   /// The fused core's attention dropout: the unfused path's mask (probs_site)
   /// while training with p > 0, else none.
   ops::AttentionDropout fused_dropout(const LayerContext& ctx) const;
+  /// The fused core's ALiBi slopes or key-padding mask (ctx's), or neither.
+  ops::FusedAttentionScores fused_scores(const LayerContext& ctx) const;
   /// probs = softmax(q k^T / sqrt(d) + ALiBi) (causal) and probs_kept = dropout(probs)
   /// (the same tensor when dropout is off): the part selective recompute
   /// runs twice. Deterministic, so the rebuilt tensors equal the first ones.
@@ -163,7 +164,7 @@ class Attention {
   mutable index_t positions_b_ = 0, positions_offset_ = 0;
   double dropout_;
   /// Bidirectional over the real keys (ctx.key_padding_mask): the unfused
-  /// core's masked softmax; the fused kernels are causal only.
+  /// core's masked softmax, the fused core's key mask.
   bool padding_mask_;
   AttentionBackend backend_;
   /// [b * heads_local, s, words] decisions drawn by draw_mask_ahead.

@@ -387,8 +387,23 @@ inline Shape attention_keep_bits_shape(index_t B, index_t S) {
 /// own kernel ahead of its pass (whole 8-key Philox groups per row), so that
 /// draw_attention_mask can draw them apart from it.
 inline bool attention_mask_drawn_alone(index_t S) { return S % 8 == 0; }
+/// Which keys the fused attention's queries see, and the bias of their
+/// scores (none set: causal, no bias). Entry e of the B = batch x heads
+/// entries is sample e / heads, head e % heads.
+///  * alibi_slopes fp32 [heads] (causal): the scaled score of query i and key
+///    j gains slope[e % heads] (j - i), as scaled_causal_softmax_forward's
+///    ALiBi (the slopes of the call's own heads: a tp rank's global heads);
+///  * key_mask int32 [batch, S]: bidirectional, over the keys j of sample
+///    e / heads whose flag is non-zero, as scaled_masked_softmax_forward; a
+///    query row without such a key gets out = 0 (lse +inf) and no gradient.
+/// Not both. Beside the activations. The backward takes the forward's.
+struct FusedAttentionScores {
+  Tensor alibi_slopes;
+  Tensor key_mask;
+};
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                             Tensor& out, Tensor& lse, const AttentionDropout& dropout = {});
+                             Tensor& out, Tensor& lse, const AttentionDropout& dropout = {},
+                             const FusedAttentionScores& scores = {});
 /// The decisions the device forward stores in dropout.keep_bits (p > 0, a
 /// device keep_bits; S % 8 == 0, where the forward draws them with their
 /// own kernel), drawn alone: row i of an entry gets its words w <= i / 32
@@ -403,7 +418,8 @@ void draw_attention_mask(const AttentionDropout& dropout, index_t B, index_t S,
 void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
                               Tensor& dq, Tensor& dk, Tensor& dv,
-                              const AttentionDropout& dropout = {});
+                              const AttentionDropout& dropout = {},
+                              const FusedAttentionScores& scores = {});
 /// The same attention read and written in the linear layers' token-major
 /// layout (ops::split_heads' input), so the head split/merge copies vanish:
 /// qkv [s*b, 3*heads*d] (q | k | v, rows in [s, b] order) -> context
@@ -412,13 +428,15 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
 /// kernels address the token-major rows directly. Same numbers either way.
 void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b, index_t heads,
                                          double scale, Tensor& context, Tensor& lse,
-                                         const AttentionDropout& dropout = {});
+                                         const AttentionDropout& dropout = {},
+                                         const FusedAttentionScores& scores = {});
 /// dqkv [s*b, 3*heads*d] (overwrite) from dcontext and the forward's qkv,
 /// context and lse, in the same layouts.
 void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& qkv,
                                           const Tensor& context, const Tensor& lse, index_t s,
                                           index_t b, index_t heads, double scale, Tensor& dqkv,
-                                          const AttentionDropout& dropout = {});
+                                          const AttentionDropout& dropout = {},
+                                          const FusedAttentionScores& scores = {});
 /// Whether the fused op takes these tensors: on the host any fp32/fp64 head
 /// dim (the reference implementation); on the device bf16 or fp16 with head
 /// dim 64 or 128, when the CUDA path is built. Both apply attention dropout.

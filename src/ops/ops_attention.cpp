@@ -1,7 +1,7 @@
 // The attention ops (ops.hpp: Softmax, Attention softmax, Fused attention):
 // the causal and masked softmax, the general one (bias, key mask, causal
-// with Sq != Sk), the fused causal attention in the head-major and token-major
-// layouts, and its dropout.
+// with Sq != Sk), the fused attention (causal with optional ALiBi, or over a
+// key mask) in the head-major and token-major layouts, and its dropout.
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -305,6 +305,42 @@ void check_attention_dropout(const char* op, const AttentionDropout& d, index_t 
                  << ", offset " << s.c_offset << ") must be the whole S*S = " << S * S);
 }
 
+/// The checked scores of B entries of S x S (FusedAttentionScores) as the
+/// host kernels take them; the device launchers copy the same fields.
+kernels::AttentionScores attention_scores(const char* op, const FusedAttentionScores& sc,
+                                          const AttentionDropout& dropout, index_t B, index_t S,
+                                          MemorySpace space) {
+  kernels::AttentionScores out;
+  const Tensor &slopes = sc.alibi_slopes, &mask = sc.key_mask;
+  MESH_VERIFY(!(slopes.defined() && mask.defined()),
+              op << ": ALiBi slopes and a key mask together are not built");
+  if (slopes.defined()) {
+    MESH_VERIFY(slopes.dtype() == DType::F32 && slopes.rank() == 1 && slopes.numel() > 0 &&
+                    B % slopes.numel() == 0 && slopes.space() == space,
+                op << ": " << describe({"alibi_slopes", slopes})
+                   << " must be fp32 [heads] beside the activations, heads dividing " << B);
+    out.alibi_slopes = slopes.data<float>();
+    out.alibi_heads = slopes.numel();
+  }
+  if (mask.defined()) {
+    const Arg am{"key_mask", mask};
+    require_index_arg(op, am);
+    MESH_VERIFY(mask.rank() == 2 && mask.dim(0) > 0 && B % mask.dim(0) == 0 &&
+                    mask.dim(1) == S && mask.space() == space,
+                op << ": " << describe(am) << " must be [batch, " << S
+                   << "] beside the activations, batch dividing " << B);
+    // The mask drawn ahead covers the causal rows' words only.
+    MESH_VERIFY(!dropout.mask_drawn,
+                op << ": attention dropout drawn ahead (mask_drawn) is causal only");
+    out.key_mask = mask.data<std::int32_t>();
+    out.mask_heads = B / mask.dim(0);
+  }
+  // cuDNN's path (the only one drawing with cuDNN's generator) takes neither.
+  MESH_VERIFY(!(dropout.p > 0 && dropout.cudnn_rng && (slopes.defined() || mask.defined())),
+              op << ": cuDNN's attention dropout (cudnn_rng) runs without ALiBi or a key mask");
+  return out;
+}
+
 /// Only the device token-major ops run cuDNN's fused attention, which draws
 /// its own mask: every other path would silently draw meshtron's instead.
 void refuse_cudnn_rng(const char* op, const AttentionDropout& d) {
@@ -321,6 +357,11 @@ kernels::AttentionMask attention_mask(const char* op, const AttentionDropout& d)
 }
 
 #ifdef MESHTRON_HAVE_CUDA
+/// The CUDA kernels' form of checked scores.
+cuda::FlashScores device_scores(const kernels::AttentionScores& sc) {
+  return {sc.alibi_slopes, sc.alibi_heads, sc.key_mask, sc.mask_heads};
+}
+
 /// The CUDA kernels' dropout of a checked dropout (B entries of S x S), with
 /// its stored-decision words where given.
 cuda::AttentionDropoutSite device_dropout(const char* op, const AttentionDropout& d, index_t B,
@@ -348,7 +389,8 @@ cuda::AttentionDropoutSite device_dropout(const char* op, const AttentionDropout
 }  // namespace
 
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                             Tensor& out, Tensor& lse, const AttentionDropout& dropout) {
+                             Tensor& out, Tensor& lse, const AttentionDropout& dropout,
+                             const FusedAttentionScores& scores) {
   const char* op = "fused_attention_forward";
   const Arg aq{"q", q}, ak{"k", k}, av{"v", v}, ao{"out", out}, al{"lse", lse};
   on_device(op, {aq, ak, av, ao, al});
@@ -358,17 +400,18 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     MESH_VERIFY(!overlaps(out, a.t), op << ": out must not share memory with " << a.name);
   const index_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
   check_attention_dropout(op, dropout, B, S);
+  const kernels::AttentionScores sc = attention_scores(op, scores, dropout, B, S, q.space());
   if (device) {
     ON_CUDA(cuda::fused_attention_forward(q.dtype(), q.raw(), k.raw(), v.raw(), B, S, D, scale,
                                           out.raw(), lse.data<float>(),
-                                          device_dropout(op, dropout, B, S)));
+                                          device_dropout(op, dropout, B, S), device_scores(sc)));
     return;
   }
   const kernels::AttentionMask z = attention_mask(op, dropout);
   with_float_type(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     kernels::causal_attention_forward<Host>(q.data<T>(), k.data<T>(), v.data<T>(), B, S, D, scale,
-                                            z, out.data<T>(), lse.data<T>());
+                                            z, sc, out.data<T>(), lse.data<T>());
   });
 }
 
@@ -383,7 +426,8 @@ void draw_attention_mask(const AttentionDropout& dropout, index_t B, index_t S, 
 
 void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, double scale,
-                              Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout& dropout) {
+                              Tensor& dq, Tensor& dk, Tensor& dv, const AttentionDropout& dropout,
+                              const FusedAttentionScores& scores) {
   const char* op = "fused_attention_backward";
   const Arg ado{"dout", dout}, aq{"q", q}, ak{"k", k}, av{"v", v}, ao{"out", out},
       al{"lse", lse}, adq{"dq", dq}, adk{"dk", dk}, adv{"dv", dv};
@@ -396,12 +440,13 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
                                           << a.name);
   const index_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
   check_attention_dropout(op, dropout, B, S);
+  const kernels::AttentionScores sc = attention_scores(op, scores, dropout, B, S, q.space());
   if (device) {
     Tensor delta = Tensor::empty({B, S}, DType::F32, q.space());
     ON_CUDA(cuda::fused_attention_backward(q.dtype(), dout.raw(), q.raw(), k.raw(), v.raw(),
                                            out.raw(), lse.data<float>(), B, S, D, scale,
                                            delta.data<float>(), dq.raw(), dk.raw(), dv.raw(),
-                                           device_dropout(op, dropout, B, S)));
+                                           device_dropout(op, dropout, B, S), device_scores(sc)));
     return;
   }
   const kernels::AttentionMask z = attention_mask(op, dropout);
@@ -409,7 +454,8 @@ void fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
     using T = decltype(zero);
     kernels::causal_attention_backward<Host>(dout.data<T>(), q.data<T>(), k.data<T>(),
                                              v.data<T>(), out.data<T>(), lse.data<T>(), B, S, D,
-                                             scale, z, dq.data<T>(), dk.data<T>(), dv.data<T>());
+                                             scale, z, sc, dq.data<T>(), dk.data<T>(),
+                                             dv.data<T>());
   });
 }
 
@@ -440,7 +486,8 @@ bool check_token_major(const char* op, const Arg& qkv, const Arg& context, index
 
 void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b, index_t heads,
                                          double scale, Tensor& context, Tensor& lse,
-                                         const AttentionDropout& dropout) {
+                                         const AttentionDropout& dropout,
+                                         const FusedAttentionScores& scores) {
   const char* op = "fused_attention_forward_token_major";
   const Arg aqkv{"qkv", qkv}, ac{"context", context}, al{"lse", lse};
   on_device(op, {aqkv, ac, al});
@@ -448,16 +495,19 @@ void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b
   index_t d = 0;
   if (check_token_major(op, aqkv, ac, s, b, heads, al, d)) {
     check_attention_dropout(op, dropout, b * heads, s);
+    const kernels::AttentionScores sc =
+        attention_scores(op, scores, dropout, b * heads, s, qkv.space());
     ON_CUDA(cuda::fused_attention_forward_token_major(qkv.dtype(), qkv.raw(), s, b, heads, d,
                                                       scale, context.raw(), lse.data<float>(),
                                                       device_dropout(op, dropout, b * heads, s,
-                                                                     /*token_major=*/true)));
+                                                                     /*token_major=*/true),
+                                                      device_scores(sc)));
     return;
   }
   Tensor parts[3];
   split_heads(qkv, s, b, heads, 3, parts);
   Tensor head_major = Tensor::empty(parts[0].shape(), qkv.dtype(), qkv.space());
-  fused_attention_forward(parts[0], parts[1], parts[2], scale, head_major, lse, dropout);
+  fused_attention_forward(parts[0], parts[1], parts[2], scale, head_major, lse, dropout, scores);
   Tensor merged;
   merge_heads(&head_major, 1, s, b, heads, merged);
   context.copy_from(merged);
@@ -466,7 +516,8 @@ void fused_attention_forward_token_major(const Tensor& qkv, index_t s, index_t b
 void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& qkv,
                                           const Tensor& context, const Tensor& lse, index_t s,
                                           index_t b, index_t heads, double scale, Tensor& dqkv,
-                                          const AttentionDropout& dropout) {
+                                          const AttentionDropout& dropout,
+                                          const FusedAttentionScores& scores) {
   const char* op = "fused_attention_backward_token_major";
   const Arg adc{"dcontext", dcontext}, aqkv{"qkv", qkv}, ac{"context", context}, al{"lse", lse},
       adq{"dqkv", dqkv};
@@ -481,11 +532,13 @@ void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& 
     MESH_VERIFY(!overlaps(dqkv, a.t), op << ": dqkv must not share memory with " << a.name);
   if (device) {
     check_attention_dropout(op, dropout, b * heads, s);
+    const kernels::AttentionScores sc =
+        attention_scores(op, scores, dropout, b * heads, s, qkv.space());
     Tensor delta = Tensor::empty({b * heads, s}, DType::F32, qkv.space());
     ON_CUDA(cuda::fused_attention_backward_token_major(
         qkv.dtype(), dcontext.raw(), qkv.raw(), context.raw(), lse.data<float>(), s, b, heads, d,
         scale, delta.data<float>(), dqkv.raw(),
-        device_dropout(op, dropout, b * heads, s, /*token_major=*/true)));
+        device_dropout(op, dropout, b * heads, s, /*token_major=*/true), device_scores(sc)));
     return;
   }
   Tensor parts[3], dout, out;
@@ -495,7 +548,7 @@ void fused_attention_backward_token_major(const Tensor& dcontext, const Tensor& 
   Tensor dparts[3];
   for (Tensor& g : dparts) g = Tensor::empty(parts[0].shape(), qkv.dtype(), qkv.space());
   fused_attention_backward(dout, parts[0], parts[1], parts[2], out, lse, scale, dparts[0],
-                           dparts[1], dparts[2], dropout);
+                           dparts[1], dparts[2], dropout, scores);
   Tensor merged;
   merge_heads(dparts, 3, s, b, heads, merged);
   dqkv.copy_from(merged);

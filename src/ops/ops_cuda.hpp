@@ -198,28 +198,43 @@ void draw_attention_mask(const AttentionDropoutSite& dropout, index_t B, index_t
                          void* stream = nullptr);
 
 // ------------------------------------------------------- Fused attention ---
+/// ops::FusedAttentionScores on the device: entry e (of B = batch x heads)
+/// gets the ALiBi slope alibi_slopes[e % alibi_heads] (causal), or sees the
+/// keys of key_mask row e / mask_heads ([B / mask_heads, S] int32, non-zero:
+/// real; bidirectional). Neither: causal, no bias. Never both.
+struct FlashScores {
+  const float* alibi_slopes = nullptr;
+  index_t alibi_heads = 1;
+  const std::int32_t* key_mask = nullptr;
+  index_t mask_heads = 1;
+  bool plain() const { return alibi_slopes == nullptr && key_mask == nullptr; }
+};
 /// kernels/cuda/flash_attention.cu: t bf16 or fp16, D 64 or 128; q, k, v,
 /// out, dout, dq, dk, dv [B, S, D] 16-byte aligned; lse [B, S]; delta is a
 /// [B, S] fp32 workspace of the backward. The backward takes the forward's
 /// dropout.
 void fused_attention_forward(DType t, const void* q, const void* k, const void* v, index_t B,
                              index_t S, index_t D, double scale, void* out, float* lse,
-                             const AttentionDropoutSite& dropout = {});
+                             const AttentionDropoutSite& dropout = {},
+                             const FlashScores& scores = {});
 void fused_attention_backward(DType t, const void* dout, const void* q, const void* k,
                               const void* v, const void* out, const float* lse, index_t B,
                               index_t S, index_t D, double scale, float* delta, void* dq,
-                              void* dk, void* dv, const AttentionDropoutSite& dropout = {});
+                              void* dk, void* dv, const AttentionDropoutSite& dropout = {},
+                              const FlashScores& scores = {});
 /// The same on the linear layers' token-major layout, read and written in
 /// place: qkv and dqkv [s * b, 3 * heads * D], context and dcontext
 /// [s * b, heads * D] (rows in [s, b] order); lse and delta [b * heads, s].
 void fused_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse, const AttentionDropoutSite& dropout = {});
+                                         float* lse, const AttentionDropoutSite& dropout = {},
+                                         const FlashScores& scores = {});
 void fused_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
                                           float* delta, void* dqkv,
-                                          const AttentionDropoutSite& dropout = {});
+                                          const AttentionDropoutSite& dropout = {},
+                                          const FlashScores& scores = {});
 /// The two implementations behind the token-major entry points above, which
 /// pick one per shape (cuDNN when built, loaded and able to plan the shape,
 /// unless set_fused_attention_kernels(Own); see flash_attention.cu), except
@@ -228,12 +243,14 @@ void fused_attention_backward_token_major(DType t, const void* dcontext, const v
 /// Ours (kernels/cuda/flash_attention.cu), whatever the choice:
 void flash_attention_forward_token_major(DType t, const void* qkv, index_t s, index_t b,
                                          index_t heads, index_t D, double scale, void* context,
-                                         float* lse, const AttentionDropoutSite& dropout = {});
+                                         float* lse, const AttentionDropoutSite& dropout = {},
+                                         const FlashScores& scores = {});
 void flash_attention_backward_token_major(DType t, const void* dcontext, const void* qkv,
                                           const void* context, const float* lse, index_t s,
                                           index_t b, index_t heads, index_t D, double scale,
                                           float* delta, void* dqkv,
-                                          const AttentionDropoutSite& dropout = {});
+                                          const AttentionDropoutSite& dropout = {},
+                                          const FlashScores& scores = {});
 /// cuDNN's fused flash attention (kernels/cuda/cudnn_attention.cu), usable
 /// where cudnn_attention_support() says so (else they abort). lse is cuDNN's
 /// softmax Stats (natural log, as ours); the backward uses delta as cuDNN's

@@ -14,26 +14,34 @@
 //    probabilities at the same site (so the same mask), to 1e-12; a call on
 //    a shard of the heads and samples (the site's offsets, as under tp and
 //    dp) equals the same rows of the whole call bit for bit;
+//  * with ALiBi slopes (causal) and with a key-padding mask (bidirectional,
+//    one sample without a real key): forward, lse and backward equal the
+//    unfused composition (scaled_causal_softmax with the slopes,
+//    scaled_masked_softmax with the mask), without and with attention
+//    dropout, to 1e-12; the rows without a real key are 0 with lse +inf;
 //  * fused_attention_supported's rules, and model.attention_backend's
 //    deck validation;
 //  * the CUDA mask kernel's numbering (ops/attention_mask_layout.hpp): its
 //    words are every visible word (w <= i / 32 of row i) once, in row
 //    order, and its block search is exact at block boundaries up to the
 //    largest count it takes;
-//  * the tiny GPT (head dim 4) trained 3 steps in fp64 with
-//    attention_backend = fused: losses and parameters equal the unfused
-//    run to 1e-10, with attention dropout off and on.
+//  * the tiny GPT, a tiny BLOOM (ALiBi) and a tiny BERT (padding mask), head
+//    dim 4, trained 3 steps in fp64 with attention_backend = fused: losses
+//    and parameters equal the unfused run to 1e-10, with attention dropout
+//    off and on.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <vector>
 
 #include "common/expect_user_error.hpp"
 #include "../parallel/decomposition.hpp"
 #include "ops/attention_mask_layout.hpp"
+#include "ops/head_layout.hpp"
 #include "common/error.hpp"
 #include "ops/ops.hpp"
 
@@ -245,6 +253,215 @@ TEST(FusedAttentionHost, DropoutOnAShardEqualsTheSameRowsOfTheWholeCall) {
   EXPECT_GT(max_rel(sout, gather_entries(out, entries)), 0.01);
 }
 
+// ------------------------------------------- ALiBi and key-padding mask ---
+
+/// The unfused composition the fused op must equal: scores, the softmax of
+/// the scores' kind (causal with the slopes, or masked), dropout at the
+/// site, P V; and its backward.
+struct MaskedReference {
+  Tensor probs, out, lse, dq, dk, dv;
+};
+
+MaskedReference masked_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& dout, double scale,
+                                 const ops::FusedAttentionScores& sc,
+                                 const ops::AttentionDropout& dropout) {
+  const index_t B = q.dim(0), S = q.dim(1);
+  MaskedReference r;
+  Tensor scores = Tensor::empty({B, S, S}, DType::F64);
+  ops::gemm_batched(q, false, k, true, scores);
+  r.probs = Tensor::empty(scores.shape(), DType::F64);
+  const bool masked = sc.key_mask.defined();
+  if (masked)
+    ops::scaled_masked_softmax_forward(scores, sc.key_mask, scale, r.probs);
+  else
+    ops::scaled_causal_softmax_forward(scores, scale, r.probs, sc.alibi_slopes);
+  Tensor kept = r.probs;
+  if (dropout.p > 0) {
+    kept = Tensor::empty(r.probs.shape(), DType::F64);
+    ops::dropout_forward(r.probs, dropout.p, dropout.site, kept);
+  }
+  r.out = Tensor::empty(q.shape(), DType::F64);
+  ops::gemm_batched(kept, false, v, false, r.out);
+
+  // lse over the visible keys, in long double; +inf where none is visible.
+  r.lse = Tensor::empty({B, S}, DType::F64);
+  for (index_t b = 0; b < B; ++b)
+    for (index_t i = 0; i < S; ++i) {
+      const double* row = scores.data<double>() + (b * S + i) * S;
+      std::vector<long double> x;
+      for (index_t j = 0; j < S; ++j) {
+        if (masked) {
+          const index_t sample = b / (B / sc.key_mask.dim(0));
+          if (sc.key_mask.data<std::int32_t>()[sample * S + j] != 0)
+            x.push_back((long double)(scale * row[j]));
+        } else if (j <= i) {
+          const index_t heads = sc.alibi_slopes.defined() ? sc.alibi_slopes.numel() : 1;
+          const double slope =
+              sc.alibi_slopes.defined() ? sc.alibi_slopes.data<float>()[b % heads] : 0.0;
+          x.push_back((long double)(scale * row[j] + slope * double(j - i)));
+        }
+      }
+      long double m = -INFINITY, sum = 0;
+      for (long double xi : x) m = std::max(m, xi);
+      for (long double xi : x) sum += std::exp(xi - m);
+      r.lse.data<double>()[b * S + i] = x.empty() ? INFINITY : double(m + std::log(sum));
+    }
+
+  Tensor dkept = Tensor::empty(r.probs.shape(), DType::F64), dprobs = dkept,
+         dscores = Tensor::empty(r.probs.shape(), DType::F64);
+  r.dq = Tensor::empty(q.shape(), DType::F64), r.dk = r.dq.clone(), r.dv = r.dq.clone();
+  ops::gemm_batched(dout, false, v, true, dkept);
+  ops::gemm_batched(kept, true, dout, false, r.dv);
+  if (dropout.p > 0) {
+    dprobs = Tensor::empty(r.probs.shape(), DType::F64);
+    ops::dropout_backward(dkept, dropout.p, dropout.site, dprobs);
+  }
+  if (masked)
+    ops::scaled_masked_softmax_backward(dprobs, r.probs, scale, dscores);
+  else
+    ops::scaled_causal_softmax_backward(dprobs, r.probs, scale, dscores);
+  ops::gemm_batched(dscores, false, k, false, r.dq);
+  ops::gemm_batched(dscores, true, q, false, r.dk);
+  return r;
+}
+
+/// max |a - b| / max |b| over the finite entries of b; 1 where one of a
+/// pair is infinite and the other is not (or they differ in sign).
+double max_rel_lse(const Tensor& a, const Tensor& b) {
+  double err = 0, scale = 0;
+  for (index_t i = 0; i < a.numel(); ++i) {
+    const double x = a.data<double>()[i], y = b.data<double>()[i];
+    if (std::isinf(y) || std::isinf(x)) {
+      if (x != y) return 1.0;
+      continue;
+    }
+    err = std::max(err, std::fabs(x - y));
+    scale = std::max(scale, std::fabs(y));
+  }
+  return err / std::max(scale, 1e-300);
+}
+
+/// The fused op (head-major and token-major) against masked_reference, to 1e-12.
+void expect_fused_equals_unfused(index_t batch, index_t heads, index_t S, index_t D,
+                                 const ops::FusedAttentionScores& sc, double p) {
+  const index_t B = batch * heads;
+  const double scale = 1.0 / std::sqrt(double(D));
+  const Tensor q = random_tensor({B, S, D}, 41, -2, 2), k = random_tensor(q.shape(), 42, -2, 2),
+               v = random_tensor(q.shape(), 43), dout = random_tensor(q.shape(), 44);
+  ops::AttentionDropout dropout;
+  if (p > 0) dropout = {p, testing::attention_probs_site(batch, heads, S)};
+  Tensor out = Tensor::empty(q.shape(), DType::F64), lse = Tensor::empty({B, S}, DType::F64);
+  ops::fused_attention_forward(q, k, v, scale, out, lse, dropout, sc);
+  Tensor dq = Tensor::empty(q.shape(), DType::F64), dk = dq.clone(), dv = dq.clone();
+  ops::fused_attention_backward(dout, q, k, v, out, lse, scale, dq, dk, dv, dropout, sc);
+
+  const MaskedReference r = masked_reference(q, k, v, dout, scale, sc, dropout);
+  EXPECT_LE(max_rel(out, r.out), 1e-12) << "out, S=" << S << " p=" << p;
+  EXPECT_LE(max_rel_lse(lse, r.lse), 1e-12) << "lse, S=" << S;
+  EXPECT_LE(max_rel(dq, r.dq), 1e-12) << "dq, S=" << S << " p=" << p;
+  EXPECT_LE(max_rel(dk, r.dk), 1e-12) << "dk, S=" << S << " p=" << p;
+  EXPECT_LE(max_rel(dv, r.dv), 1e-12) << "dv, S=" << S << " p=" << p;
+
+  // The same call in the token-major layout (the model's).
+  Tensor qkv;
+  const Tensor parts[3] = {q, k, v};
+  ops::merge_heads(parts, 3, S, batch, heads, qkv);
+  Tensor dcontext;
+  ops::merge_heads(&dout, 1, S, batch, heads, dcontext);
+  Tensor context = Tensor::empty({S * batch, heads * D}, DType::F64),
+         tlse = Tensor::empty({B, S}, DType::F64), dqkv = Tensor::empty(qkv.shape(), DType::F64);
+  ops::fused_attention_forward_token_major(qkv, S, batch, heads, scale, context, tlse, dropout,
+                                           sc);
+  ops::fused_attention_backward_token_major(dcontext, qkv, context, tlse, S, batch, heads, scale,
+                                            dqkv, dropout, sc);
+  Tensor ref_context, ref_dqkv;
+  ops::merge_heads(&r.out, 1, S, batch, heads, ref_context);
+  const Tensor dparts[3] = {r.dq, r.dk, r.dv};
+  ops::merge_heads(dparts, 3, S, batch, heads, ref_dqkv);
+  EXPECT_LE(max_rel(context, ref_context), 1e-12) << "token-major context, p=" << p;
+  EXPECT_LE(max_rel(dqkv, ref_dqkv), 1e-12) << "token-major dqkv, p=" << p;
+}
+
+Tensor alibi_slopes_tensor(index_t heads) {
+  Tensor t = Tensor::empty({heads}, DType::F32);
+  const std::vector<double> slopes = ops::alibi_slopes(heads);
+  for (index_t h = 0; h < heads; ++h) t.data<float>()[h] = float(slopes[std::size_t(h)]);
+  return t;
+}
+
+/// [batch, S] flags: sample 0 all real, sample 1 its first S/2 keys, sample
+/// 2 every third key, sample 3 (if any) none.
+Tensor padding_mask(index_t batch, index_t S) {
+  Tensor m = Tensor::zeros({batch, S}, DType::I32);
+  std::int32_t* f = m.data<std::int32_t>();
+  for (index_t j = 0; j < S; ++j) {
+    f[j] = 1;
+    if (batch > 1) f[S + j] = j < S / 2;
+    if (batch > 2) f[2 * S + j] = j % 3 == 1;
+  }
+  return m;
+}
+
+TEST(FusedAttentionHost, AlibiEqualsUnfusedComposition) {
+  // 6 heads: slopes of a power of two (4) and the interleaved rest.
+  for (const Shape3& s : {Shape3{1, 1, 4}, Shape3{2, 19, 8}, Shape3{1, 70, 16}}) {
+    ops::FusedAttentionScores sc;
+    sc.alibi_slopes = alibi_slopes_tensor(6);
+    expect_fused_equals_unfused(s.B, 6, s.S, s.D, sc, 0.0);
+  }
+  // The bias changed the result: not the plain causal attention.
+  const index_t B = 6, S = 19, D = 8;
+  const Tensor q = random_tensor({B, S, D}, 41, -2, 2), k = random_tensor(q.shape(), 42, -2, 2),
+               v = random_tensor(q.shape(), 43);
+  ops::FusedAttentionScores sc;
+  sc.alibi_slopes = alibi_slopes_tensor(6);
+  Tensor out = Tensor::empty(q.shape(), DType::F64), plain = out.clone(),
+         lse = Tensor::empty({B, S}, DType::F64);
+  ops::fused_attention_forward(q, k, v, 0.35, out, lse, {}, sc);
+  ops::fused_attention_forward(q, k, v, 0.35, plain, lse);
+  EXPECT_GT(max_rel(out, plain), 1e-3);
+}
+
+TEST(FusedAttentionHost, AlibiWithDropoutEqualsUnfusedComposition) {
+  ops::FusedAttentionScores sc;
+  sc.alibi_slopes = alibi_slopes_tensor(3);
+  expect_fused_equals_unfused(2, 3, 19, 8, sc, 0.3);
+}
+
+TEST(FusedAttentionHost, KeyPaddingMaskEqualsUnfusedComposition) {
+  for (const Shape3& s : {Shape3{1, 1, 4}, Shape3{4, 13, 8}, Shape3{3, 64, 16}}) {
+    ops::FusedAttentionScores sc;
+    sc.key_mask = padding_mask(s.B, s.S);
+    expect_fused_equals_unfused(s.B, 2, s.S, s.D, sc, 0.0);
+  }
+  // The fourth sample has no real key: its rows are 0, lse +inf, no gradient.
+  const index_t batch = 4, heads = 2, S = 13, D = 8, B = batch * heads;
+  ops::FusedAttentionScores sc;
+  sc.key_mask = padding_mask(batch, S);
+  const Tensor q = random_tensor({B, S, D}, 51, -2, 2), k = random_tensor(q.shape(), 52, -2, 2),
+               v = random_tensor(q.shape(), 53), dout = random_tensor(q.shape(), 54);
+  Tensor out = Tensor::empty(q.shape(), DType::F64), lse = Tensor::empty({B, S}, DType::F64);
+  ops::fused_attention_forward(q, k, v, 0.35, out, lse, {}, sc);
+  Tensor dq = Tensor::empty(q.shape(), DType::F64), dk = dq.clone(), dv = dq.clone();
+  ops::fused_attention_backward(dout, q, k, v, out, lse, 0.35, dq, dk, dv, {}, sc);
+  for (index_t e = 3 * heads; e < B; ++e) {
+    for (index_t i = 0; i < S * D; ++i) {
+      EXPECT_EQ(out.data<double>()[e * S * D + i], 0.0);
+      EXPECT_EQ(dq.data<double>()[e * S * D + i], 0.0);
+      EXPECT_EQ(dk.data<double>()[e * S * D + i], 0.0);
+      EXPECT_EQ(dv.data<double>()[e * S * D + i], 0.0);
+    }
+    for (index_t i = 0; i < S; ++i) EXPECT_EQ(lse.data<double>()[e * S + i], INFINITY);
+  }
+}
+
+TEST(FusedAttentionHost, KeyPaddingMaskWithDropoutEqualsUnfusedComposition) {
+  ops::FusedAttentionScores sc;
+  sc.key_mask = padding_mask(4, 17);
+  expect_fused_equals_unfused(4, 3, 17, 8, sc, 0.25);
+}
+
 TEST(FusedAttentionHost, SupportedRules) {
   using ops::fused_attention_supported;
   EXPECT_TRUE(fused_attention_supported(DType::F64, MemorySpace::Host, 4));
@@ -298,16 +515,37 @@ TEST(FusedAttentionHost, TinyGptFusedBackendWithAttentionDropoutEqualsUnfused) {
 }
 
 
-TEST(FusedAttentionHost, AlibiRunsUnfusedUnderAutoAndRejectsFused) {
-  auto run = [](const std::string& backend) {
-    testing::Layout layout;
-    layout.overrides = {"model.position_embedding_type=alibi",
-                        "model.attention_backend=" + backend};
-    return testing::train_layout(MPI_COMM_SELF, layout, DType::F64, 2);
-  };
-  EXPECT_EQ(run("auto").losses, run("unfused").losses);
-  testing_util::expect_user_error([&] { run("fused"); },
-                                  {"model.attention_backend = fused", "alibi"});
+testing::RunResult train_family(const std::vector<std::string>& family, const std::string& backend,
+                                double attention_dropout) {
+  testing::Layout layout;
+  layout.overrides = family;
+  layout.overrides.push_back("model.attention_backend=" + backend);
+  layout.overrides.push_back("model.attention_dropout=" + std::to_string(attention_dropout));
+  return testing::train_layout(MPI_COMM_SELF, layout, DType::F64, 3);
+}
+
+const std::vector<std::string> kBloom = {"model.arch=bloom", "model.position_embedding_type=alibi",
+                                         "model.embedding_norm=true"};
+const std::vector<std::string> kBert = {"model.arch=bert"};
+
+TEST(FusedAttentionHost, TinyBloomFusedBackendEqualsUnfused) {
+  for (double p : {0.0, 0.1}) {
+    const testing::RunResult unfused = train_family(kBloom, "unfused", p);
+    expect_same_training(train_family(kBloom, "fused", p), unfused);
+    // auto on the host is the unfused path: bitwise the same run.
+    EXPECT_EQ(train_family(kBloom, "auto", p).losses, unfused.losses);
+  }
+  // ALiBi was on: not the run with learned positions.
+  const testing::RunResult learned = train_with("unfused", 0.0);
+  EXPECT_GT(std::fabs(learned.losses.back() - train_family(kBloom, "unfused", 0.0).losses.back()),
+            1e-8);
+}
+
+TEST(FusedAttentionHost, TinyBertFusedBackendEqualsUnfused) {
+  for (double p : {0.0, 0.1}) {
+    const testing::RunResult unfused = train_family(kBert, "unfused", p);
+    expect_same_training(train_family(kBert, "fused", p), unfused);
+  }
 }
 
 // ------------------------------------------------ the CUDA mask numbering ---

@@ -523,8 +523,8 @@ TEST(GpuBloom, AlibiEmbeddingNormTrainAsOnTheHost) {
   EXPECT_LE(worst_param_error(on_gpu, on_host), 1e-3);
 }
 
-// Head dim 64 in bf16: auto declines the fused core for ALiBi, and the run
-// stays close to the host's fp32 one.
+// Head dim 64 in bf16: auto takes the fused core with the ALiBi bias, and
+// the run stays close to the host's fp32 one.
 TEST(GpuBloom, AlibiInBf16TracksTheHost) {
   REQUIRE_GPU();
   std::vector<std::string> keys = {"model.hidden_size=128", "model.num_attention_heads=2"};
