@@ -208,6 +208,13 @@ def planned_peak_mib(binary, deck_and_sets):
     return float(found.group(1)) if found else None
 
 
+def plan_against_measured(run):
+    """The row's memory check: plan's peak, the measured one and their ratio (None where absent)."""
+    ratio = run.get("plan_over_measured")
+    return {"tensor_memory_mib": run.get("tensor_memory_mib") and round(run["tensor_memory_mib"]),
+            "plan_mib": run.get("plan_mib"), "plan_over_measured": ratio and round(ratio, 3)}
+
+
 def machine():
     """Where and when a run happened, for its perf/RESULTS.md entry: the UTC
     time, each GPU's name and driver (nvidia-smi; none without it), the command."""
@@ -340,8 +347,7 @@ def main():
             one[tag] = run
             row = report(name, "meshtron", mb, 1, run["ms_per_step"],
                          {"memory_mib": round(run["memory_mib"]), "recompute": args.recompute,
-                          "tensor_memory_mib": round(run["tensor_memory_mib"]), "plan_mib": run["plan_mib"],
-                          "plan_over_measured": run["plan_over_measured"] and round(run["plan_over_measured"], 3)},
+                          **plan_against_measured(run)},
                          accumulate=acc, echo=False)
             print(json.dumps(tagged(tag, row)), flush=True)
             if tag == "main":

@@ -111,6 +111,9 @@ class PerfDrivers(unittest.TestCase):
         self.assertTrue(math.isfinite(run["loss"]) and run["ms_per_step"] > 0, run)
         # meshtron's F from its own metrics (TFLOP/s over tokens/s, 10 digits logged)
         self.assertAlmostEqual(run["flops_per_token"] / want, 1.0, places=6)
+        # meshtron plan on the same deck and settings against the measured peak
+        self.assertIsNotNone(run["plan_over_measured"], run)
+        self.assertLess(abs(run["plan_over_measured"] - 1.0), 0.10, run)
 
     def test_bert_flops_per_token_equals_meshtrons(self):
         # bert-large through the driver's own run, cut to one small layer on a
