@@ -12,6 +12,7 @@ BlockSpec block_spec_from_deck(const ModelSection& m) {
   BlockSpec b;
   b.norm.kind = parse_norm_kind(m.normalization, "model.normalization");
   b.norm.epsilon = m.layernorm_epsilon;
+  b.norm.placement = parse_norm_placement(m.norm_placement, "model.norm_placement");
   b.norm.bias = true;  // Megatron-LM's norms keep theirs under add_bias_linear = false
   auto& a = b.attention;
   a.num_heads = m.num_attention_heads;
@@ -81,11 +82,9 @@ void write_architecture(std::ostream& os, const ModelSpec& c) {
   const bool bert = c.model_class == ModelClass::BertPretraining;
   const bool t5 = c.model_class == ModelClass::T5;
   const AttentionMask mask = bert || t5 ? AttentionMask::Padding : AttentionMask::Causal;
-  MESH_REQUIRE(n.placement == NormPlacement::Pre && n.bias != t5 && a.scale_scores != t5 &&
-                   a.mask == mask,
-               "no deck key states a post-norm, a norm without bias, unscaled scores or an "
-               "attention mask other than causal (but model.arch = bert or model.arch = t5 "
-               "for theirs)");
+  MESH_REQUIRE(n.bias != t5 && a.scale_scores != t5 && a.mask == mask,
+               "no deck key states a norm without bias, unscaled scores or an attention mask "
+               "other than causal (but model.arch = bert or model.arch = t5 for theirs)");
   if (bert) os << "arch = bert\nnum_token_types = " << c.num_token_types << "\n";
   if (t5)
     os << "arch = t5\ndecoder_num_layers = " << c.num_decoder_layers
@@ -93,6 +92,7 @@ void write_architecture(std::ostream& os, const ModelSpec& c) {
        << "\nrelative_attention_num_buckets = " << c.relative_attention_num_buckets
        << "\nrelative_attention_max_distance = " << c.relative_attention_max_distance << "\n";
   if (n.kind != NormKind::LayerNorm) os << "normalization = " << to_string(n.kind) << "\n";
+  if (n.placement != NormPlacement::Pre) os << "norm_placement = " << to_string(n.placement) << "\n";
   if (a.position != PositionEmbedding::LearnedAbsolute)
     os << "position_embedding_type = " << to_string(a.position) << "\n";
   if (a.num_query_groups != a.num_heads) os << "num_query_groups = " << a.num_query_groups << "\n";

@@ -202,6 +202,9 @@ void DeckSchema::bind(RunConfig& c) {
   };
   key("model.normalization", &m.normalization, "string",
       "LayerNorm | RMSNorm");
+  key("model.norm_placement", &m.norm_placement, "string",
+      "pre (norm before each branch, a final norm) | post (norm after each residual add, no "
+      "final norm: Google BERT, transformers' BertForPreTraining)");
   key("model.position_embedding_type", &m.position_embedding_type, "string",
       "learned_absolute | rope | alibi | relative (T5) | none");
   key("model.num_query_groups", &m.num_query_groups, "int",
@@ -684,6 +687,7 @@ void require_counts_non_negative(const RunConfig& c) {
 /// The architecture keys: names the spec knows, head counts that divide.
 void require_architecture(const ModelSection& m) {
   parse_norm_kind(m.normalization, "model.normalization");
+  parse_norm_placement(m.norm_placement, "model.norm_placement");
   parse_position_embedding(m.position_embedding_type, "model.position_embedding_type");
   parse_activation(m.activation, "model.activation");
   MESH_REQUIRE(m.num_query_groups >= 0,

@@ -59,6 +59,7 @@ struct ModelSection {
   // GPT-2's. Other values pass validation and are rejected, one line, when
   // the model is built, until its layers compute them.
   std::string normalization = "LayerNorm";                ///< LayerNorm | RMSNorm
+  std::string norm_placement = "pre";                     ///< pre | post
   std::string position_embedding_type = "learned_absolute";  ///< learned_absolute | rope | alibi | none
   int num_query_groups = 0;  ///< key/value heads (0 = num_attention_heads)
   int kv_channels = 0;       ///< head dim (0 = hidden_size / num_attention_heads)

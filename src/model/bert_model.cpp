@@ -27,6 +27,15 @@ ModelSpec bert_spec(int layers, int hidden, int heads, int ffn, int vocab, int s
   return s;
 }
 
+ModelSpec google_bert_spec(int layers, int hidden, int heads, int ffn, int vocab, int seq_length,
+                           int max_positions, int num_token_types) {
+  ModelSpec s = bert_spec(layers, hidden, heads, ffn, vocab, seq_length, max_positions,
+                          num_token_types);
+  s.block.norm.placement = NormPlacement::Post;
+  s.embedding_norm = true;
+  return s;
+}
+
 namespace {
 
 Parameter replicated_param(const std::string& name, Shape shape, bool decay, DType dtype,
@@ -97,17 +106,19 @@ const ModelSpec& checked(const ModelSpec& s) {
 }  // namespace
 
 BertModel::Heads::Heads(const ModelSpec& s, const LayerContext& ctx, DType dtype, Parameter& word)
-    : final_norm("final_norm", s.hidden_size, s.block.norm, dtype, ctx.sequence_parallel,
-                 ctx.space),
-      transform("mlm_head.dense", s.hidden_size, s.hidden_size, dtype, ctx.space),
+    : transform("mlm_head.dense", s.hidden_size, s.hidden_size, dtype, ctx.space),
       transform_norm("mlm_head.norm", s.hidden_size, s.block.norm, dtype, false, ctx.space),
       mlm_bias(mlm_bias_param(s, ctx, dtype)),
       pooler("pooler", s.hidden_size, s.hidden_size, dtype, ctx.space),
       binary_head("binary_head", s.hidden_size, 2, dtype, ctx.space),
-      mlm_loss(s, word, &mlm_bias) {}
+      mlm_loss(s, word, &mlm_bias) {
+  if (s.has_final_norm())
+    final_norm.emplace("final_norm", s.hidden_size, s.block.norm, dtype, ctx.sequence_parallel,
+                       ctx.space);
+}
 
 void BertModel::Heads::collect(ParameterList& out) {
-  final_norm.collect(out);
+  if (final_norm) final_norm->collect(out);
   transform.collect(out);
   transform_norm.collect(out);
   out.push_back(&mlm_bias);
@@ -223,7 +234,7 @@ Tensor BertModel::stage_forward(const Tensor& hidden, const BertBatch& in, Layer
     x = ctx.recompute_layer(int(i)) ? layers_[i].forward_checkpointed(x, ctx, c.layers[i])
                                     : layers_[i].forward(x, ctx, c.layers[i]);
   if (!heads_) return x;
-  const Tensor normed = heads_->final_norm.forward(x, c.final_norm);
+  const Tensor normed = heads_->final_norm ? heads_->final_norm->forward(x, c.final_norm) : x;
   c.sequence = ctx.sequence_parallel ? mapping::gather_from_sp(ctx.tp, normed) : normed;
   LayerContext whole_rows = rows_replicated(ctx);
   c.mlm_loss = mlm_forward(c.sequence, in.labels, whole_rows, c);
@@ -308,7 +319,7 @@ Tensor BertModel::heads_backward(LayerContext& ctx, const Cache& c, const Tensor
   Tensor dfirst = dsequence.slice_rows(0, b);
   ops::add(dfirst, h.pooler.backward(dpooled, first_tokens), dfirst);
   if (ctx.sequence_parallel) dsequence = mapping::gather_from_sp_backward(ctx.tp, dsequence);
-  return h.final_norm.backward(dsequence, c.final_norm);
+  return h.final_norm ? h.final_norm->backward(dsequence, c.final_norm) : dsequence;
 }
 
 void BertModel::backward(LayerContext& ctx, const Cache& c) {

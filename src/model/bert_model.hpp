@@ -6,6 +6,11 @@
 //   blocks        pre-LN transformer layers, bidirectional attention over
 //                 each sample's real tokens (AttentionMask::Padding)
 //   final norm
+//
+// or, with post-norm blocks and the embedding norm (google_bert_spec), the
+// original Google BERT, transformers' BertForPreTraining: the embedding
+// sum normed (embeddings.LayerNorm) before its dropout, post-LN blocks
+// (TransformerLayer), no final norm; the heads below are the same.
 //   MLM head      dense h->h, GeLU, LayerNorm, logits = x W_word^T + bias
 //                 (vocab-parallel, tied to the word table), vocab-parallel
 //                 cross-entropy (LmHeadLoss)
@@ -44,6 +49,10 @@ namespace meshtron {
 /// `num_token_types` segments, the head tied to the word table.
 ModelSpec bert_spec(int layers, int hidden, int heads, int ffn, int vocab, int seq_length,
                     int max_positions, int num_token_types);
+/// bert_spec's sizes as Google BERT (transformers' BertForPreTraining):
+/// post-norm blocks and the embedding norm.
+ModelSpec google_bert_spec(int layers, int hidden, int heads, int ffn, int vocab, int seq_length,
+                           int max_positions, int num_token_types);
 
 /// One micro-batch of BERT's inputs; token rows in [s, b] order, as
 /// GptModel's (row t * b + i is token t of sample i).
@@ -76,7 +85,7 @@ class BertModel final : public StageModel {
     std::vector<TransformerLayer::Cache> layers;
     LayerNorm::Cache final_norm;
     Tensor padding_mask;  ///< [b, s] where the layers live (ctx.key_padding_mask)
-    Tensor sequence;      ///< the final norm's output [s*b, h], gathered under SP
+    Tensor sequence;      ///< the final norm's (or last block's) output [s*b, h], gathered under SP
     Tensor transform_pre_gelu;
     LayerNorm::Cache transform_norm;
     LmHeadLoss::Cache mlm;
@@ -144,7 +153,7 @@ class BertModel final : public StageModel {
     Heads(const Heads&) = delete;
     Heads& operator=(const Heads&) = delete;
     void collect(ParameterList& out);
-    LayerNorm final_norm;
+    std::optional<LayerNorm> final_norm;  ///< pre-norm blocks only (ModelSpec::has_final_norm)
     ReplicatedLinear transform;  ///< "mlm_head.dense"
     LayerNorm transform_norm;    ///< "mlm_head.norm"
     Parameter mlm_bias;          ///< "mlm_head.bias" [V_pad/tp], split by rows as the word table

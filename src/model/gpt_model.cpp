@@ -13,11 +13,10 @@ GptModel::GptModel(const ModelSpec& c, const StagePlacement& placement, LayerCon
   layers_.reserve(std::size_t(placement.num_layers));
   for (int i = 0; i < placement.num_layers; ++i)
     layers_.emplace_back(placement.first_layer + i, c, ctx, dtype);
-  if (placement.has_head) {
+  if (placement.has_head && c.has_final_norm())
     final_norm_.emplace("final_norm", c.hidden_size, c.block.norm, dtype, ctx.sequence_parallel,
                         ctx.space);
-    head_.emplace(c, head_weight(ctx, dtype));
-  }
+  if (placement.has_head) head_.emplace(c, head_weight(ctx, dtype));
   initialise(ctx, seed);
 }
 
@@ -97,10 +96,10 @@ Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContex
   }
   if (!head_) return x;
   gathered([&](ParameterList& out) {
-    self.final_norm_->collect(out);
+    if (self.final_norm_) self.final_norm_->collect(out);
     self.collect_head(out);
   });
-  Tensor normed = final_norm_->forward(x, cache.final_norm);
+  const Tensor normed = final_norm_ ? final_norm_->forward(x, cache.final_norm) : x;
   return head_->forward(normed, targets, ctx, cache.head);
 }
 
@@ -122,7 +121,7 @@ Tensor GptModel::forward_cached(const Tensor& input, const CachedRows& rows, Lay
     x = picked;
   }
   LayerNorm::Cache norm;
-  return head_->logits(final_norm_->forward(x, norm), ctx);
+  return head_->logits(final_norm_ ? final_norm_->forward(x, norm) : x, ctx);
 }
 
 KvCache GptModel::make_kv_cache(index_t slots, index_t capacity, DType dtype,
@@ -159,13 +158,13 @@ Tensor GptModel::backward(const Tensor& dout, LayerContext& ctx, const Cache& ca
   };
   Tensor dx = dout;
   if (head_) {
-    dx = final_norm_->backward(head_->backward(dout, ctx, cache.head), cache.final_norm, nullptr,
-                               &chain);
+    dx = head_->backward(dout, ctx, cache.head);
+    if (final_norm_) dx = final_norm_->backward(dx, cache.final_norm, nullptr, &chain);
     // The head's weight is final here when it is the head's own (untied,
     // or the last stage's copy); with pp = 1 a tied head uses the
     // embedding's table, reported with the embedding.
     report([&](ParameterList& out) {
-      final_norm_->collect(out);
+      if (final_norm_) final_norm_->collect(out);
       collect_head(out);
     });
   }

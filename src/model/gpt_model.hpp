@@ -3,7 +3,7 @@
 //
 //   first stage:  token + position embedding (+ its norm)
 //   every stage:  its contiguous block of transformer layers
-//   last stage:   final norm, LM head, loss
+//   last stage:   final norm (pre-norm blocks only), LM head, loss
 //
 // A tied head (tie_word_embeddings) uses the word embedding: with pp = 1 the
 // embedding's own table; with pp > 1 the last stage keeps a copy
@@ -104,7 +104,7 @@ class GptModel final : public StageModel {
   StagePlacement placement_;
   std::optional<Embedding> embedding_;
   std::vector<TransformerLayer> layers_;
-  std::optional<LayerNorm> final_norm_;
+  std::optional<LayerNorm> final_norm_;  ///< a pre-norm model's last stage (ModelSpec::has_final_norm)
   std::optional<Parameter> head_copy_;  ///< tied: word table copy on a last stage without embedding
   std::optional<Parameter> output_weight_;  ///< untied: the head's own weight
   std::optional<LmHeadLoss> head_;

@@ -126,6 +126,10 @@ struct ModelSpec {
   int num_heads() const { return block.attention.num_heads; }
   int head_dim() const { return block.attention.head_dim; }
   int ffn_hidden_size() const { return block.mlp.ffn_hidden_size; }
+  /// A norm after the last block: pre-norm blocks leave the residual stream
+  /// un-normed; post-norm blocks end in their own norm (Google BERT's
+  /// encoder has none after it).
+  bool has_final_norm() const { return block.norm.placement == NormPlacement::Pre; }
   /// Positions per sample of a stage's per-token loss (stage_model.hpp):
   /// the decoder's for T5, else seq_length.
   int loss_length() const { return model_class == ModelClass::T5 ? decoder_seq_length : seq_length; }

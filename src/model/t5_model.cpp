@@ -20,6 +20,8 @@ const ModelSpec& checked(const ModelSpec& s, const LayerContext& ctx) {
                    << s.num_layers << " and " << s.num_decoder_layers << ")");
   require_built(!s.block.attention.bias && !s.block.mlp.bias, "T5Model",
                 "biases on the linear layers (T5 has none)");
+  require_built(s.block.norm.placement == NormPlacement::Pre, "T5Model",
+                "norm placement " + to_string(s.block.norm.placement));
   return s;
 }
 

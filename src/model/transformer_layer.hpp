@@ -6,6 +6,14 @@
 // both branches reading the block's input through their own norm:
 //   x = x + dropout(attention(ln_1(x))) + dropout(mlp(ln_2(x)))
 // Under sequence parallelism each branch reduce-scatters its own output.
+//
+// A post-norm block (the original Transformer's and Google BERT's,
+// transformers' BertLayer) normalises after each residual add instead:
+//   h = ln_1(x + dropout(attention(x)))
+//   y = ln_2(h + dropout(mlp(h)))
+// so its output is already normed and the model has no final norm
+// (ModelSpec::has_final_norm). Its linears take the plain path (no ones
+// column: their inputs are not the output of the norm right before them).
 #pragma once
 
 #include "model/attention.hpp"
@@ -27,7 +35,8 @@ class TransformerLayer {
     bool checkpointed = false;
   };
   /// `index` is the global layer number (names, dropout streams, init).
-  /// Rejects post-norm blocks (and, through its parts, what they reject).
+  /// Rejects a post-norm block with a parallel residual (and, through its
+  /// parts, what they reject).
   TransformerLayer(int index, const ModelSpec& config, const LayerContext& ctx, DType dtype);
   Tensor forward(const Tensor& x, LayerContext& ctx, Cache& cache) const;
   /// Full recompute: the same output as forward(), keeping only x in `cache`.
@@ -54,9 +63,18 @@ class TransformerLayer {
                      const LayerContext& ctx) const;
   Tensor dropout_backward(const Tensor& dy, std::uint32_t site, const LayerContext& ctx) const;
   Tensor backward_stored(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  Tensor forward_post_norm(const Tensor& x, LayerContext& ctx, Cache& cache) const;
+  Tensor backward_post_norm(const Tensor& dy, LayerContext& ctx, const Cache& cache);
+  /// residual + dropout(branch) at `site`: the add in the branch's last GEMM
+  /// without hidden dropout, in the dropout kernel with it.
+  template <class Branch>
+  Tensor residual_branch(Branch& branch, const Tensor& x, const Tensor& residual,
+                         std::uint32_t site, LayerContext& ctx,
+                         typename Branch::Cache& cache) const;
   int index_;
   double hidden_dropout_;
   bool parallel_residual_;
+  bool post_norm_;
 };
 
 }  // namespace meshtron

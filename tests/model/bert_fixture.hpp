@@ -1,4 +1,4 @@
-// A tiny BERT and one fixed micro-batch for the BertModel tests: s = 6,
+// A tiny BERT (either layout) and one fixed micro-batch for the BertModel tests: s = 6,
 // b = 2, sample 1's last two tokens padding, both token types, some labels
 // -100, both next-sentence classes.
 #pragma once
@@ -13,9 +13,13 @@ namespace meshtron::bert_test {
 constexpr index_t kSeq = 6, kBatch = 2;
 constexpr int kVocab = 30;
 
-inline ModelSpec tiny_spec(int tp = 1) {
-  ModelSpec s = bert_spec(/*layers=*/2, /*hidden=*/16, /*heads=*/2, /*ffn=*/32, kVocab, int(kSeq),
-                          /*max_positions=*/8, /*num_token_types=*/2);
+/// MegatronBert's layout, or with `google` Google BERT's (post-norm blocks,
+/// the embedding norm, no final norm).
+inline ModelSpec tiny_spec(int tp = 1, bool google = false) {
+  ModelSpec s = (google ? google_bert_spec : bert_spec)(/*layers=*/2, /*hidden=*/16, /*heads=*/2,
+                                                        /*ffn=*/32, kVocab, int(kSeq),
+                                                        /*max_positions=*/8,
+                                                        /*num_token_types=*/2);
   s.padded_vocab_size = padded_vocab_size(kVocab, 4, tp);  // 32: rows past the vocabulary
   s.init_std = 0.3;  // large enough that every part moves the loss
   return s;

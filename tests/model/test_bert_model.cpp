@@ -2,7 +2,8 @@
 // against its backward on a few elements of every parameter; padding keys
 // that change nothing for the real tokens; selective and full recompute
 // bit-equal to none; bad batches as one-line errors;
-// the Hugging Face MegatronBertForPreTraining round trip, bit-exact.
+// the Hugging Face MegatronBertForPreTraining and BertForPreTraining round
+// trips, bit-exact; unsupported BertConfig values as one-line errors.
 //
 // Run: ctest -R model_bert --output-on-failure   (from the build folder)
 #include <gtest/gtest.h>
@@ -13,6 +14,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -36,9 +39,12 @@ struct OneRank {
   LayerContext ctx = context(tp);
 };
 
-TEST(BertModel, GradientsMatchFiniteDifferences) {
+/// MegatronBert's layout (false) and Google BERT's (true: post-norm blocks).
+class BertLayouts : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BertLayouts, GradientsMatchFiniteDifferences) {
   OneRank r;
-  BertModel model(tiny_spec(), r.ctx, DType::F64, 5);
+  BertModel model(tiny_spec(1, GetParam()), r.ctx, DType::F64, 5);
   const BertBatch batch = tiny_batch();
   loss_and_grads(model, batch, r.ctx);
   const auto objective = [&] {
@@ -71,6 +77,13 @@ TEST(BertModel, GradientsMatchFiniteDifferences) {
     EXPECT_GT(scale, 1e-8) << p->name << " has no gradient";
   }
   EXPECT_GE(checked, 4 * 30);
+  // Google's layout: the embedding norm, and no final norm.
+  const ParameterList params = model.parameters();
+  const auto has = [&](const std::string& name) {
+    return std::any_of(params.begin(), params.end(), [&](Parameter* p) { return p->name == name; });
+  };
+  EXPECT_EQ(has("embedding.norm.weight"), GetParam());
+  EXPECT_EQ(has("final_norm.weight"), !GetParam());
 }
 
 TEST(BertModel, PaddingKeysChangeNothingForRealTokens) {
@@ -95,14 +108,29 @@ TEST(BertModel, PaddingKeysChangeNothingForRealTokens) {
   EXPECT_NE(model.forward(batch, r.ctx, c), loss);
 }
 
-TEST(BertModel, RecomputeGivesTheSameLossAndGradients) {
+TEST_P(BertLayouts, RecomputeGivesTheSameLossAndGradients) {
   // Selective recompute rebuilds the masked probabilities in the backward
   // (from ctx's mask), full recompute each block's forward: both bit-equal.
   OneRank r;
-  BertModel model(tiny_spec(), r.ctx, DType::F64, 5);
+  BertModel model(tiny_spec(1, GetParam()), r.ctx, DType::F64, 5);
   const BertBatch batch = tiny_batch();
   testing_util::expect_recompute_bit_equal([&] { return loss_and_grads(model, batch, r.ctx); },
                                            model.parameters(), r.ctx);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layout, BertLayouts, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "google" : "megatron"; });
+
+TEST(BertModel, PostNormDiffersFromPreNorm) {
+  // The same weights (post-norm has no final norm, the embedding norm is
+  // the identity at initialisation): the placement alone moves the loss.
+  OneRank r;
+  ModelSpec post = tiny_spec();
+  post.block.norm.placement = NormPlacement::Post;
+  BertModel pre_model(tiny_spec(), r.ctx, DType::F64, 5), post_model(post, r.ctx, DType::F64, 5);
+  const BertBatch batch = tiny_batch();
+  BertModel::Cache a, b;
+  EXPECT_NE(pre_model.forward(batch, r.ctx, a), post_model.forward(batch, r.ctx, b));
 }
 
 TEST(BertModel, BadBatchesAreOneLineErrors) {
@@ -131,6 +159,94 @@ TEST(BertModel, BadBatchesAreOneLineErrors) {
   untied.tie_word_embeddings = false;
   expect_user_error([&] { BertModel m(untied, r.ctx, DType::F64, 1); },
                     {"untie_embeddings_and_output_weights must be false"});
+}
+
+/// A fresh folder under the temporary directory, removed by its destructor.
+struct TempDir {
+  explicit TempDir(const std::string& tag)
+      : path(fs::temp_directory_path() / ("meshtron_" + tag + "_" + std::to_string(getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  fs::path path;
+};
+
+/// Exports a random model of `spec` as `family_name`, reads it back into
+/// another model: every parameter bit-equal. Returns the tensors written.
+std::size_t expect_round_trip(const ModelSpec& spec, const std::string& family_name,
+                              const fs::path& dir, LayerContext& ctx) {
+  BertModel written(spec, ctx, DType::F32, 7);
+  const io::HfFamily& family = io::hf_family_of_spec(spec);
+  EXPECT_EQ(family.name, family_name);
+  const std::size_t count = family.export_model(dir.string(), spec, written.parameters());
+  const io::HfFamily& read = io::hf_family_of_folder(dir.string());
+  EXPECT_EQ(read.name, family_name);
+  const ModelSpec back = read.read_spec(dir.string());
+  EXPECT_EQ(back.block.norm.placement, spec.block.norm.placement);
+  EXPECT_EQ(back.embedding_norm, spec.embedding_norm);
+  BertModel loaded(back, ctx, DType::F32, 99);
+  read.import_weights(dir.string(), back, loaded.parameters());
+  const ParameterList a = written.parameters(), b = loaded.parameters();
+  EXPECT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_EQ(a[i]->name, b[i]->name);
+    EXPECT_EQ(std::memcmp(a[i]->value.raw(), b[i]->value.raw(), a[i]->value.bytes()), 0)
+        << a[i]->name;
+  }
+  return count;
+}
+
+TEST(BertModel, GoogleBertRoundTripIsBitExact) {
+  OneRank r;
+  ModelSpec spec = tiny_spec(1, true);
+  spec.padded_vocab_size = spec.vocab_size;  // one rank, as convert builds it
+  const TempDir dir("google_bert");
+  // embeddings (3 tables + their norm), layers (16 each: no final norm), heads
+  EXPECT_EQ(expect_round_trip(spec, "bert", dir.path, r.ctx), 3 + 2 + 2 * 16 + 2 + 4 + 1 + 2);
+  const std::string config = [&] {
+    std::ifstream in(dir.path / "config.json");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  EXPECT_NE(config.find("\"BertForPreTraining\""), std::string::npos);
+  EXPECT_NE(config.find("\"model_type\": \"bert\""), std::string::npos);
+  const io::HfWeights weights(dir.path.string());
+  for (const char* name : {"bert.embeddings.LayerNorm.weight",
+                           "bert.encoder.layer.1.attention.output.LayerNorm.bias",
+                           "bert.encoder.layer.1.output.LayerNorm.weight"})
+    EXPECT_TRUE(weights.contains(name)) << name;
+  EXPECT_FALSE(weights.contains("bert.encoder.ln.weight"));
+}
+
+TEST(BertModel, UnsupportedBertConfigsAreOneLineErrors) {
+  OneRank r;
+  ModelSpec spec = tiny_spec(1, true);
+  spec.padded_vocab_size = spec.vocab_size;
+  BertModel model(spec, r.ctx, DType::F32, 7);
+  const TempDir dir("bad_bert");
+  io::hf_family_of_spec(spec).export_model(dir.path.string(), spec, model.parameters());
+  const fs::path config = dir.path / "config.json";
+  std::ifstream in(config);
+  const std::string good(std::istreambuf_iterator<char>(in), {});
+  const auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const std::size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    std::ofstream(config) << text.replace(at, from.size(), to);
+  };
+  with("\"absolute\"", "\"relative_key\"");
+  expect_user_error([&] { io::hf_family_of_folder(dir.path.string()).read_spec(dir.path.string()); },
+                    {"position_embedding_type", "absolute"});
+  with("\"gelu\"", "\"relu\"");
+  expect_user_error([&] { io::hf_family_of_folder(dir.path.string()).read_spec(dir.path.string()); },
+                    {"hidden_act"});
+  // A post-norm BERT without the embedding norm is neither layout.
+  ModelSpec neither = spec;
+  neither.embedding_norm = false;
+  BertModel odd(neither, r.ctx, DType::F32, 7);
+  expect_user_error(
+      [&] { io::hf_family_of_spec(neither).export_model(dir.path.string(), neither, odd.parameters()); },
+      {"BertForPreTraining config: the model is not its layout"});
 }
 
 TEST(BertModel, HuggingFaceRoundTripIsBitExact) {

@@ -11,7 +11,7 @@ namespace meshtron::io {
 
 const std::vector<HfFamily>& hf_families() {
   static const std::vector<HfFamily> families = {
-      hf_family_megatron_bert(), hf_family_t5(), hf_family_llama(), hf_family_bloom(), hf_family_gpt_neox(), hf_family_gpt_bigcode(),
+      hf_family_megatron_bert(), hf_family_bert(), hf_family_t5(), hf_family_llama(), hf_family_bloom(), hf_family_gpt_neox(), hf_family_gpt_bigcode(),
       hf_family_gpt2()};
   return families;
 }

@@ -49,6 +49,7 @@ HfFamily hf_family_llama();
 HfFamily hf_family_bloom();
 HfFamily hf_family_gpt_neox();
 HfFamily hf_family_megatron_bert();
+HfFamily hf_family_bert();
 HfFamily hf_family_t5();
 
 }  // namespace meshtron::io
