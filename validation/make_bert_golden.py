@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Golden reference for meshtron's BERT: a tiny random Hugging Face
-MegatronBertForPreTraining in float32, one forward and backward on fixed
-inputs, with every number meshtron must reproduce written to safetensors.
+MegatronBertForPreTraining (or, with --layout google, Google's original
+BertForPreTraining: post-norm blocks, a LayerNorm after the embeddings, no
+final norm) in float32, one forward and backward on fixed inputs, with every
+number meshtron must reproduce written to safetensors.
 
 How to rerun
 ------------
@@ -10,6 +12,7 @@ seconds; no GPU is used.
 
     cd validation
     python3 make_bert_golden.py --out bert-golden
+    python3 make_bert_golden.py --layout google --out bert-postnorm-golden
 
 Where torch is not installed, run it on a machine that has the packages,
 writing to a scratch folder, and copy the outputs back:
@@ -22,14 +25,15 @@ Outputs (in --out)
 ------------------
 config.json, model.safetensors
     MegatronBertForPreTraining.save_pretrained(safe_serialization=True) of
-    the model: MegatronBertConfig(vocab_size=100, hidden_size=32,
+    the model: MegatronBertConfig (--layout google: BertConfig)(vocab_size=100, hidden_size=32,
     num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
     max_position_embeddings=16, type_vocab_size=2, hidden_act gelu,
     layer_norm_eps=1e-12, dropout 0, eager attention). After transformers'
     initialisation every parameter is redrawn from N(0, 0.1) (norm weights
     1 + N(0, 0.1)), so that no bias is zero and a wrong mapping shows.
     The MLM decoder is tied to the word table (and its bias is
-    cls.predictions.bias).
+    cls.predictions.bias); tie_weights() is called explicitly, whatever the
+    transformers version ties at construction.
 
 golden.safetensors (float32 unless noted; metadata names the versions)
     input_ids             int32 [2, 8]  torch.randint(5, 100), seed 1234;
@@ -54,23 +58,35 @@ import safetensors
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import MegatronBertConfig, MegatronBertForPreTraining
+from transformers import (BertConfig, BertForPreTraining, MegatronBertConfig,
+                          MegatronBertForPreTraining)
 
 SEED = 1234
 BATCH, SEQ, VOCAB = 2, 8, 100
 PADDING = 3  # padding tokens at the end of sample 1
 
 
-def build_model():
-    config = MegatronBertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+# --layout: Megatron-LM's pre-norm BERT or Google's post-norm one.
+LAYOUTS = {"megatron": (MegatronBertConfig, MegatronBertForPreTraining),
+           "google": (BertConfig, BertForPreTraining)}
+
+
+def build_model(layout):
+    config_class, model_class = LAYOUTS[layout]
+    config = config_class(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                 num_attention_heads=4, intermediate_size=64,
                                 max_position_embeddings=16, type_vocab_size=2,
                                 hidden_act="gelu", layer_norm_eps=1e-12,
                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                                 initializer_range=0.02, attn_implementation="eager")
+    config.tie_word_embeddings = True
     torch.manual_seed(SEED)
-    model = MegatronBertForPreTraining(config).float()
+    model = model_class(config).float()
     model.config._attn_implementation = "eager"
+    model.tie_weights()
+    word = model.bert.embeddings.word_embeddings.weight
+    if model.cls.predictions.decoder.weight is not word:  # one tensor, as meshtron keeps it
+        model.cls.predictions.decoder.weight = word
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape) * 0.1
@@ -101,6 +117,8 @@ def inputs():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bert-golden", help="output folder (created if missing)")
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="megatron",
+                        help="megatron: MegatronBertForPreTraining; google: BertForPreTraining")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.use_deterministic_algorithms(True)
@@ -110,7 +128,7 @@ def main():
                 f"safetensors {safetensors.__version__}")
     print(versions)
 
-    model = build_model()
+    model = build_model(args.layout)
     model.save_pretrained(args.out, safe_serialization=True)
     batch = inputs()
     out = model(**batch, return_dict=True)

@@ -1,7 +1,7 @@
 // meshtron convert: the Hugging Face models of io::hf_families()
 // (GPT2LMHeadModel, GPTBigCodeForCausalLM, LlamaForCausalLM,
 // MistralForCausalLM, BloomForCausalLM, GPTNeoXForCausalLM,
-// MegatronBertForPreTraining, T5ForConditionalGeneration,
+// MegatronBertForPreTraining, BertForPreTraining, T5ForConditionalGeneration,
 // MT5ForConditionalGeneration) <-> meshtron checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR

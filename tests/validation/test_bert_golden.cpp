@@ -1,5 +1,7 @@
 // The golden MegatronBertForPreTraining (validation/bert-golden, made by
-// validation/make_bert_golden.py with transformers) through meshtron's
+// validation/make_bert_golden.py with transformers), or Google's
+// BertForPreTraining (validation/bert-postnorm-golden, --layout google;
+// MESHTRON_BERT_GOLDEN names the folder), through meshtron's
 // BertModel on one rank in fp32: prediction logits, seq-relationship logits
 // and the total loss within 1e-5 of transformers', every gradient within
 // 1e-4 (norm-wise: max |ours - theirs| / max |theirs|), the export of the
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -65,7 +68,9 @@ class BertGolden : public ::testing::Test {
     return golden->load(name, DType::F32).to_doubles();
   }
 
-  const std::string dir = std::string(MESHTRON_SOURCE_DIR) + "/validation/bert-golden";
+  const std::string dir = std::string(MESHTRON_SOURCE_DIR) + "/validation/" +
+                          (std::getenv("MESHTRON_BERT_GOLDEN") ? std::getenv("MESHTRON_BERT_GOLDEN")
+                                                               : "bert-golden");
   MpiCommunicator self{MPI_COMM_SELF};
   TensorParallelGroup tp{self};
   LayerContext ctx{tp};
