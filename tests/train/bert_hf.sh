@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
 # BERT to Hugging Face and back: a random BERT (tiny.deck + bert.deck, two
-# steps) exported as MegatronBertForPreTraining, converted back into a
+# steps) exported as MegatronBertForPreTraining (LAYOUT megatron) or, with
+# post-norm blocks and an embedding norm, as Google's BertForPreTraining
+# (LAYOUT google), converted back into a
 # meshtron checkpoint (the same /model tensors) and exported again (the same
 # files, byte for byte); then fine-tuned from that checkpoint on 1 rank and
 # tp 2 x dp 2 (the same losses) and exported once more.
-#   bert_hf.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
+#   bert_hf.sh MESHTRON WORKDIR megatron|google MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
-meshtron=$1 work=$2; shift 2
+meshtron=$1 work=$2 layout=$3; shift 3
 mpiexec=("$@")
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-"$meshtron" train "$here/tiny.deck" "$here/bert.deck" --set training.train_iters=2 \
+case $layout in
+  megatron) architecture=MegatronBertForPreTraining layout_keys=() ;;
+  google) architecture=BertForPreTraining
+          layout_keys=(--set model.norm_placement=post --set model.embedding_norm=true) ;;
+  *) fail "layout '$layout' is not megatron or google" ;;
+esac
+"$meshtron" train "$here/tiny.deck" "$here/bert.deck" --set training.train_iters=2 "${layout_keys[@]}" \
     --set run.name=random --set run.output_dir="$work/runs" --set checkpoint.save_dir=random
 "$meshtron" convert --from random/iter_0000002.h5 --to hf exported
-grep -q '"MegatronBertForPreTraining"' exported/config.json || fail "not a MegatronBert export"
+grep -q "\"$architecture\"" exported/config.json || fail "not a $architecture export"
 "$meshtron" convert --from hf exported --to pretrained
 grep -q "^arch = bert" pretrained/model.deck || fail "model.deck does not state arch = bert"
+if [ "$layout" = google ]; then
+  grep -q "^norm_placement = post" pretrained/model.deck || fail "model.deck does not state post-norm"
+fi
 h5diff random/iter_0000002.h5 pretrained/iter_0000000.h5 /model /model
 "$meshtron" convert --from pretrained/iter_0000000.h5 --to hf reexported
 for f in config.json model.safetensors; do cmp "exported/$f" "reexported/$f"; done
