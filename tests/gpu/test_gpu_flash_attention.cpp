@@ -82,6 +82,23 @@ bool all_finite(const Tensor& t) {
   return true;
 }
 
+/// The fused results' errors against the fp64 reference (each finite and
+/// within 1e-2, as bf16/fp16 attention keeps).
+struct FusedErrors {
+  double out, lse, dq, dk, dv;
+};
+FusedErrors expect_near_reference(const Tensor& out, const Tensor& lse, const Tensor& gq,
+                                  const Tensor& gk, const Tensor& gv, const Tensor& out_ref,
+                                  const Tensor& lse_ref, const Tensor& dq_ref,
+                                  const Tensor& dk_ref, const Tensor& dv_ref,
+                                  const std::string& what) {
+  for (const Tensor* t : {&out, &lse, &gq, &gk, &gv}) EXPECT_TRUE(all_finite(*t)) << what;
+  const FusedErrors e{norm_rel(out, out_ref), norm_rel(lse, lse_ref), norm_rel(gq, dq_ref),
+                      norm_rel(gk, dk_ref), norm_rel(gv, dv_ref)};
+  for (double err : {e.out, e.lse, e.dq, e.dk, e.dv}) EXPECT_LE(err, 1e-2) << what;
+  return e;
+}
+
 struct Case {
   index_t B, S, D;
   DType dt;
@@ -135,21 +152,14 @@ void check_case(const Case& c, std::uint64_t seed) {
 
   const std::string what = std::string(dtype_name(c.dt)) + " B=" + std::to_string(c.B) +
                            " S=" + std::to_string(c.S) + " D=" + std::to_string(c.D);
-  for (const Tensor* t : {&out, &lse, &gq, &gk, &gv}) EXPECT_TRUE(all_finite(*t)) << what;
-  const double e_out = norm_rel(out, out_ref), e_lse = norm_rel(lse, lse_ref),
-               e_dq = norm_rel(gq, dq_ref), e_dk = norm_rel(gk, dk_ref),
-               e_dv = norm_rel(gv, dv_ref);
-  EXPECT_LE(e_out, 1e-2) << what;
-  EXPECT_LE(e_lse, 1e-2) << what;
-  EXPECT_LE(e_dq, 1e-2) << what;
-  EXPECT_LE(e_dk, 1e-2) << what;
-  EXPECT_LE(e_dv, 1e-2) << what;
+  const FusedErrors e =
+      expect_near_reference(out, lse, gq, gk, gv, out_ref, lse_ref, dq_ref, dk_ref, dv_ref, what);
   const UnfusedErrors u =
       unfused_errors(dq_, dk_, dv_, ddo, scale, out_ref, dq_ref, dk_ref, dv_ref);
   std::printf(
       "%-24s fused: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e | unfused: out %.2e "
       "dq %.2e dk %.2e dv %.2e\n",
-      what.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, u.out, u.dq, u.dk, u.dv);
+      what.c_str(), e.out, e.lse, e.dq, e.dk, e.dv, u.out, u.dq, u.dk, u.dv);
 
   // Deterministic backward: the same bits again.
   Tensor gq2 = poisoned(shape, c.dt), gk2 = poisoned(shape, c.dt), gv2 = poisoned(shape, c.dt);
@@ -207,18 +217,12 @@ void check_dropout_case(const DropoutCase& c, double p, std::uint64_t seed) {
   const std::string what = "dropout b=" + std::to_string(c.batch) + " heads=" +
                            std::to_string(c.heads) + " S=" + std::to_string(c.S) +
                            " D=" + std::to_string(c.D);
-  for (const Tensor* t : {&out, &lse, &gq, &gk, &gv}) EXPECT_TRUE(all_finite(*t)) << what;
-  const double e_out = norm_rel(out, out_ref), e_lse = norm_rel(lse, lse_ref),
-               e_dq = norm_rel(gq, dq_ref), e_dk = norm_rel(gk, dk_ref),
-               e_dv = norm_rel(gv, dv_ref), dropped = norm_rel(out, undropped);
-  EXPECT_LE(e_out, 1e-2) << what;
-  EXPECT_LE(e_lse, 1e-2) << what;
-  EXPECT_LE(e_dq, 1e-2) << what;
-  EXPECT_LE(e_dk, 1e-2) << what;
-  EXPECT_LE(e_dv, 1e-2) << what;
+  const FusedErrors e =
+      expect_near_reference(out, lse, gq, gk, gv, out_ref, lse_ref, dq_ref, dk_ref, dv_ref, what);
+  const double dropped = norm_rel(out, undropped);
   EXPECT_GT(dropped, 0.05) << what;  // the mask was applied
   std::printf("%-36s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e | from undropped %.2e\n",
-              what.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, dropped);
+              what.c_str(), e.out, e.lse, e.dq, e.dk, e.dv, dropped);
   Tensor gq2 = poisoned(shape, dt), gk2 = poisoned(shape, dt), gv2 = poisoned(shape, dt);
   ops::fused_attention_backward(gdo, gq_in, gk_in, gv_in, out, lse, scale, gq2, gk2, gv2, dropout);
   EXPECT_EQ(gq2.to_doubles(), gq.to_doubles()) << what;
@@ -351,17 +355,10 @@ void check_scores_case(const ScoresCase& c, double p, std::uint64_t seed) {
   ops::fused_attention_backward(gdo, gq_in, gk_in, gv_in, out, lse, scale, gq, gk, gv, dropout,
                                 dsc);
   const std::string what = describe(c, p);
-  for (const Tensor* t : {&out, &lse, &gq, &gk, &gv}) EXPECT_TRUE(all_finite(*t)) << what;
-  const double e_out = norm_rel(out, out_ref), e_lse = norm_rel(lse, lse_ref),
-               e_dq = norm_rel(gq, dq_ref), e_dk = norm_rel(gk, dk_ref),
-               e_dv = norm_rel(gv, dv_ref);
-  EXPECT_LE(e_out, 1e-2) << what;
-  EXPECT_LE(e_lse, 1e-2) << what;
-  EXPECT_LE(e_dq, 1e-2) << what;
-  EXPECT_LE(e_dk, 1e-2) << what;
-  EXPECT_LE(e_dv, 1e-2) << what;
-  std::printf("%-52s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", what.c_str(), e_out, e_lse,
-              e_dq, e_dk, e_dv);
+  const FusedErrors e =
+      expect_near_reference(out, lse, gq, gk, gv, out_ref, lse_ref, dq_ref, dk_ref, dv_ref, what);
+  std::printf("%-52s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", what.c_str(), e.out, e.lse,
+              e.dq, e.dk, e.dv);
 
   // The token-major dispatcher (the model's entry; meshtron's kernels for
   // these scores, never cuDNN's) on the same rows: the head-major bits.
