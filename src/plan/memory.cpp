@@ -297,19 +297,25 @@ T5Stage t5_stage(const RunConfig& c, const ModelSpec& m, int rank) {
   return st;
 }
 
+}  // namespace
+
 /// A stack's layer shape: the deck's with the stack's sequence length and
 /// T5's unfused core.
-LayerShape t5_shape(const RunConfig& c, const ModelSpec& m, bool decoder) {
+LayerShape t5_layer_shape(const RunConfig& c, const ModelSpec& m, bool decoder) {
   LayerShape x = layer_shape(c, m);
   x.s = decoder ? m.decoder_seq_length : m.seq_length;
   x.fused_core = false;
   return x;
 }
 
+namespace {
+
 /// A cross-attention's [b a/t, s_d, s_e] scores (x: the decoder's shape).
 double cross_scores(const LayerShape& x, double encoder_s) {
   return x.a * x.s * encoder_s * x.b / x.t;
 }
+
+}  // namespace
 
 /// What a decoder block's cross-attention stores beyond the GPT-like
 /// layer (T5Attention::Cache, T5Block::Cache::ln_cross): its norm's input
@@ -332,6 +338,8 @@ double cross_attention_bytes(const LayerShape& x, double encoder_s, const Activa
                            : e * cross_scores(x, encoder_s) * (x.attention_dropout ? 2 : 1);
   return norm + mask + e * sb * x.h * gathered + q_and_proj_input + kv_input + kv + probs;
 }
+
+namespace {
 
 /// The largest of an attention's backward temporaries on queries of x.s
 /// and `keys` keys (T5Attention::backward): d probs and d logits, dq, dk,
@@ -416,7 +424,7 @@ double t5_parameters(const RunConfig& c, const ModelSpec& m, const T5Stage& st) 
 double t5_chunk(const RunConfig& c, const ModelSpec& m, RankMemory& r,
                 std::vector<ChunkCost>& chunks) {
   const T5Stage st = t5_stage(c, m, r.pp_rank);
-  const LayerShape enc = t5_shape(c, m, false), dec = t5_shape(c, m, true);
+  const LayerShape enc = t5_layer_shape(c, m, false), dec = t5_layer_shape(c, m, true);
   const ActivationBytes w = meshtron_bytes(c);
   const double rows = w.element * enc.h / (enc.sequence_parallel ? enc.t : 1);
   const double encoder_out = rows * enc.s * enc.b, decoder_out = rows * dec.s * dec.b;
@@ -438,6 +446,7 @@ double t5_chunk(const RunConfig& c, const ModelSpec& m, RankMemory& r,
   chunks.push_back(out);
 
   r.layers = st.encoder_layers + st.decoder_layers;
+  r.decoder_layers = st.decoder_layers;
   r.embedding = st.first_encoder || st.first_decoder;
   r.head = st.last;
   return t5_parameters(c, m, st);

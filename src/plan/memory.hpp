@@ -69,6 +69,14 @@ double layer_backward_workspace_bytes(const LayerShape& x, const ActivationBytes
 /// The layer shape a validated deck trains with (micro-batch, tp, SP, the
 /// attention core the device takes).
 LayerShape layer_shape(const RunConfig& c, const ModelSpec& m);
+/// A T5 stack's layer shape: the deck's with the encoder's s_e or the
+/// decoder's s_d, and the unfused core (the fused kernels take no
+/// position bias).
+LayerShape t5_layer_shape(const RunConfig& c, const ModelSpec& m, bool decoder);
+/// What a T5 decoder block's cross-attention over `encoder_s` keys stores
+/// beyond the GPT-like layer of shape `x` (the decoder's).
+double cross_attention_bytes(const LayerShape& x, double encoder_s, const ActivationBytes& w,
+                             Recompute r);
 /// meshtron's byte widths: the compute dtype, no stored masks (dropout is
 /// redrawn from Philox in the backward), fp32 norm statistics.
 ActivationBytes meshtron_bytes(const RunConfig& c);
@@ -84,6 +92,7 @@ struct ParameterCount {
 struct RankMemory {
   int pp_rank = 0;
   int layers = 0;  ///< transformer layers on this rank (all its chunks)
+  int decoder_layers = 0;  ///< of `layers`, T5's decoder blocks (the rest: encoder blocks)
   bool embedding = false, head = false;
   double parameter_elements = 0;
   double parameters = 0;         ///< values in the compute dtype

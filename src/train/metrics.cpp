@@ -16,31 +16,38 @@ namespace meshtron {
 ///   the MLP       2 h f, or 3 h f gated  (gate, value and output matrices)
 /// For GPT-2 (g = n, n d = h): 4h^2 + 2hf + 2sh, Megatron-LM's count. Norms,
 /// biases and activations are left out, as there.
-static double layer_flops_half(const ModelSpec& c, double s) {
+MultiplyAdds layer_multiply_adds(const ModelSpec& c, double s) {
   const auto& a = c.block.attention;
   const double h = c.hidden_size, f = c.ffn_hidden_size();
   const double n = a.num_heads, g = a.num_query_groups, d = a.head_dim;
   const double mlp_matrices = is_gated(c.block.mlp.activation) ? 3 : 2;
-  return h * (n + 2 * g) * d + n * d * h + 2 * s * n * d + mlp_matrices * h * f;
+  return {h * (n + 2 * g) * d + n * d * h + mlp_matrices * h * f, 2 * s * n * d};
+}
+
+/// q and o on each decoder token (2 h i, i = heads x d_kv), the core over
+/// the s_e encoder outputs (2 s_e i), k and v of each encoder output (2 h i).
+CrossAttentionMultiplyAdds cross_attention_multiply_adds(const ModelSpec& c) {
+  const auto& a = c.block.attention;
+  const double h = c.hidden_size, inner = double(a.num_heads) * a.head_dim;
+  return {{2 * h * inner, 2 * c.seq_length * inner}, 2 * h * inner};
+}
+
+static double layer_flops_half(const ModelSpec& c, double s) {
+  return layer_multiply_adds(c, s).total();
 }
 
 /// T5's forward multiply-adds per encoder token (the tokens the step line
 /// counts): one sample's encoder layers over its s_e tokens, decoder layers
 /// over its s_d tokens (the causal self-attention dense over s_d keys, as
-/// GPT's) with their cross-attention (q and o on each decoder token, the
-/// core over s_e keys, k and v of each of the s_e encoder outputs), and the
+/// GPT's) with their cross-attention over the s_e encoder outputs, and the
 /// head on the s_d decoder tokens, divided by s_e.
 static double t5_forward_half_per_token(const ModelSpec& c) {
-  const auto& a = c.block.attention;
-  const double h = c.hidden_size, inner = double(a.num_heads) * a.head_dim;
-  const double se = c.seq_length, sd = c.decoder_seq_length;
-  const double cross_per_decoder_token = 2 * h * inner + 2 * se * inner;
-  const double cross_kv_per_encoder_token = 2 * h * inner;
+  const double h = c.hidden_size, se = c.seq_length, sd = c.decoder_seq_length;
+  const CrossAttentionMultiplyAdds cross = cross_attention_multiply_adds(c);
   const double sample =
       se * c.num_layers * layer_flops_half(c, se) +
-      c.num_decoder_layers *
-          (sd * (layer_flops_half(c, sd) + cross_per_decoder_token) +
-           se * cross_kv_per_encoder_token) +
+      c.num_decoder_layers * (sd * (layer_flops_half(c, sd) + cross.per_decoder_token.total()) +
+                              se * cross.per_encoder_token) +
       sd * h * c.padded_vocab_size;
   return sample / se;
 }

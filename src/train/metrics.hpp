@@ -19,6 +19,21 @@
 
 namespace meshtron {
 
+/// Forward multiply-adds (FLOPs / 2) per token, the GEMMs' and the
+/// attention core's apart.
+struct MultiplyAdds {
+  double gemm = 0, core = 0;
+  double total() const { return gemm + core; }
+};
+/// One transformer layer whose attention sees `keys` keys (F's bracket
+/// term: 4h^2 + 2hf + 2sh for GPT-2).
+MultiplyAdds layer_multiply_adds(const ModelSpec& c, double keys);
+/// A T5 decoder block's cross-attention beyond its GPT-like layer.
+struct CrossAttentionMultiplyAdds {
+  MultiplyAdds per_decoder_token;  ///< q and o, and the core over the s_e encoder outputs
+  double per_encoder_token = 0;    ///< k and v of each encoder output
+};
+CrossAttentionMultiplyAdds cross_attention_multiply_adds(const ModelSpec& c);
 /// Training FLOPs per token of the model `c` (forward and backward of the
 /// GEMMs, Megatron-LM's count; src/train/metrics.cpp lists the terms).
 double model_flops_per_token(const ModelSpec& c);
