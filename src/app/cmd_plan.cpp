@@ -110,7 +110,8 @@ void print_step(const plan::StepEstimate& s, const plan::Rates& rates) {
   std::cout << std::fixed << std::setprecision(3) << "communication per step per rank (MiB): tp "
             << s.bytes.tp / kMiB << ", pp " << s.bytes.pp / kMiB << ", dp " << s.bytes.dp / kMiB
             << ", embedding " << s.bytes.embedding / kMiB << "\n"
-            << "pipeline bubble (pp - 1) / (m v): " << std::setprecision(1) << 100 * s.bubble
+            << "pipeline bubble " << s.bubble_formula << ": " << std::setprecision(1)
+            << 100 * s.bubble
             << " %\n"
             << "step time (rates: " << rates.name << "): " << std::setprecision(2) << 1e3 * s.step_s
             << " ms = compute and tp " << 1e3 * s.compute_s << " (tp " << 1e3 * s.tp_s

@@ -34,6 +34,15 @@ bool accepted(RunConfig& c, int gpus) {
   }
 }
 
+/// T5 over pp > 1 stages: every encoder-decoder split [1, pp) (validate
+/// keeps those that divide both stacks evenly); else none (0).
+std::vector<int> split_ranks(const RunConfig& base, int pp) {
+  if (base.model.arch != "t5" || pp == 1) return {0};
+  std::vector<int> out;
+  for (int split = 1; split < pp; ++split) out.push_back(split);
+  return out;
+}
+
 double peak_of(const std::vector<RankMemory>& ranks) {
   double peak = 0;
   for (const RankMemory& r : ranks) peak = std::max(peak, r.peak());
@@ -48,6 +57,7 @@ std::string layout_name(const RunConfig& c) {
      << c.parallel.data_parallel << " v " << c.parallel.virtual_stages << " mb "
      << c.training.micro_batch_size << " recompute " << c.training.recompute << " sp "
      << (c.parallel.sequence_parallel ? "on" : "off");
+  if (c.parallel.pipeline_split_rank > 0) os << " split " << c.parallel.pipeline_split_rank;
   return os.str();
 }
 
@@ -61,34 +71,36 @@ std::vector<Candidate> search_layouts(const RunConfig& base, int vocab_size, int
   for (int tp : divisors(gpus))
     for (int pp : divisors(gpus / tp))
       for (int v : divisors(base.model.num_layers))
-        for (int mb : divisors(global))
-          for (const char* recompute : {"none", "selective", "full"})
-            for (bool sp : {false, true}) {
-              if ((pp == 1 && v > 1) || (tp == 1 && sp)) continue;
-              RunConfig c = base;
-              c.parallel.tensor_parallel = tp;
-              c.parallel.pipeline_parallel = pp;
-              c.parallel.data_parallel = gpus / (tp * pp);
-              c.parallel.virtual_stages = v;
-              c.parallel.schedule = v > 1    ? "interleaved"
-                                    : pp > 1 ? "1f1b"
-                                             : base.parallel.schedule;
-              c.parallel.sequence_parallel = sp;
-              c.parallel.sequence_parallel_keep_gathered =
-                  sp && base.parallel.sequence_parallel_keep_gathered;
-              c.parallel.pipeline_layers = "";
-              c.training.micro_batch_size = mb;
-              c.training.global_batch_size = global;
-              c.training.recompute = recompute;
-              if (!accepted(c, gpus)) continue;
-              Candidate k;
-              k.config = c;
-              k.model = model_spec_from_deck(c, vocab_size, tp);
-              k.peak_bytes = peak_of(plan_memory(c, k.model));
-              k.fits = k.peak_bytes <= memory_bytes;
-              k.step = estimate_step(c, k.model, rates, gpus_per_node);
-              out.push_back(std::move(k));
-            }
+        for (int split : split_ranks(base, pp))
+          for (int mb : divisors(global))
+            for (const char* recompute : {"none", "selective", "full"})
+              for (bool sp : {false, true}) {
+                if ((pp == 1 && v > 1) || (tp == 1 && sp)) continue;
+                RunConfig c = base;
+                c.parallel.pipeline_split_rank = split;
+                c.parallel.tensor_parallel = tp;
+                c.parallel.pipeline_parallel = pp;
+                c.parallel.data_parallel = gpus / (tp * pp);
+                c.parallel.virtual_stages = v;
+                c.parallel.schedule = v > 1    ? "interleaved"
+                                      : pp > 1 ? "1f1b"
+                                               : base.parallel.schedule;
+                c.parallel.sequence_parallel = sp;
+                c.parallel.sequence_parallel_keep_gathered =
+                    sp && base.parallel.sequence_parallel_keep_gathered;
+                c.parallel.pipeline_layers = "";
+                c.training.micro_batch_size = mb;
+                c.training.global_batch_size = global;
+                c.training.recompute = recompute;
+                if (!accepted(c, gpus)) continue;
+                Candidate k;
+                k.config = c;
+                k.model = model_spec_from_deck(c, vocab_size, tp);
+                k.peak_bytes = peak_of(plan_memory(c, k.model));
+                k.fits = k.peak_bytes <= memory_bytes;
+                k.step = estimate_step(c, k.model, rates, gpus_per_node);
+                out.push_back(std::move(k));
+              }
   std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;
     if (!a.fits) return a.peak_bytes < b.peak_bytes;  // none fits: the closest first

@@ -1,6 +1,7 @@
 // Every layout of a deck's model on a number of GPUs, ranked: `meshtron
 // plan --search`. A layout is the deck with other (tp, pp, dp, virtual
-// stages, micro-batch, recompute, SP) and is valid exactly when the trainer
+// stages, micro-batch, recompute, SP; T5's encoder-decoder split
+// parallel.pipeline_split_rank) and is valid exactly when the trainer
 // would accept it: RunConfig::validate and the schedule's own checks
 // (train/schedule.cpp) decide, not a copy of their rules.
 #pragma once
@@ -29,7 +30,8 @@ struct Candidate {
 std::vector<Candidate> search_layouts(const RunConfig& base, int vocab_size, int gpus,
                                       double memory_bytes, const Rates& rates, int gpus_per_node);
 
-/// "tp 2 pp 1 dp 4 v 1 mb 2 recompute selective sp on"
+/// "tp 2 pp 1 dp 4 v 1 mb 2 recompute selective sp on" (T5 over stages:
+/// "... split 1")
 std::string layout_name(const RunConfig& c);
 /// Why `best` ranks above `next`, one line per reason that differs.
 std::string why_better(const Candidate& best, const Candidate& next);

@@ -7,13 +7,20 @@
 //             recompute adds one forward of the layers, selective the core's
 //   tp        per layer and micro-batch: 2 all-reduces of s b h forward and 2
 //             backward (Shoeybi et al. 2019, fig. 4), each an all-gather +
-//             reduce-scatter pair under SP (Korthikanti et al. 2022, fig. 5)
+//             reduce-scatter pair under SP (Korthikanti et al. 2022, fig. 5);
+//             a T5 decoder block's cross-attention 2 more of s_d b h and
+//             one of s_e b h (the encoder output's gradient)
 //   pp        per micro-batch and chunk boundary: s b h (/t under SP) sent
-//             forward, its gradient back
+//             forward, its gradient back; T5: s_e b h up to the split,
+//             (s_e + s_d) b h between decoder stages
+//   T5        encoder layers at s_e, decoder layers at s_d with their
+//             cross-attention (q over decoder tokens, k and v over encoder
+//             tokens), the head on the s_d decoder tokens
 //   dp        fp32 gradients all-reduced, or reduce-scattered and the values
 //             all-gathered (distributed optimizer)
 //   bubble    (pp - 1) / (m v) of the ideal time (Narayanan et al. 2021,
-//             arXiv 2104.04473, sec. 2.2)
+//             arXiv 2104.04473, sec. 2.2); T5's unequal encoder and decoder
+//             stages: (m - 1) x the slowest stage + one pass through all
 // A collective of B bytes over n ranks takes latency x (n - 1) + B x
 // (n - 1) / n x (2 for an all-reduce) / bandwidth: the ring's bus bandwidth.
 #pragma once
@@ -53,10 +60,12 @@ struct StepEstimate {
   double compute_s = 0;                 ///< per step, all micro-batches, no bubble
   double tp_s = 0, pp_s = 0, dp_s = 0;  ///< exposed communication per step
   double optimizer_s = 0;
-  double bubble = 0;  ///< (pp - 1) / (m v)
+  double bubble = 0;  ///< of the ideal time, as bubble_formula states it
+  std::string bubble_formula;
   double step_s = 0;
   double tokens_per_s_per_gpu = 0;
-  double model_tflops_per_gpu = 0;  ///< train/metrics' FLOPs (no recompute) / step / GPUs
+  double model_flops = 0;  ///< per step, summed over the stages' layers and head (no recompute)
+  double model_tflops_per_gpu = 0;  ///< model_flops / step / GPUs
 };
 
 /// `gpus_per_node`: how the ranks sit on nodes (tp fastest, then dp, then
