@@ -252,10 +252,10 @@ TEST_F(LlamaIo, ConfigRejectsWhatMeshtronDoesNotComputeInOneLine) {
 }
 
 TEST_F(LlamaIo, ConvertNamesAnUnknownFamily) {
-  write("config.json", R"({"architectures": ["BertForMaskedLM"], "model_type": "bert"})");
+  write("config.json", R"({"architectures": ["RobertaForMaskedLM"], "model_type": "roberta"})");
   expect_user_error(
       [&] { app::run_convert({"--from", "hf", dir.string(), "--to", file("ckpt")}); },
-      {"model_type 'bert' (BertForMaskedLM) is not one of megatron-bert, t5, mt5, llama, mistral, bloom, gpt_neox, gpt_bigcode, gpt2"});
+      {"model_type 'roberta' (RobertaForMaskedLM) is not one of megatron-bert, bert, t5, mt5, llama, mistral, bloom, gpt_neox, gpt_bigcode, gpt2"});
 }
 
 }  // namespace
