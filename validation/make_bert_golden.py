@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
 """Golden reference for meshtron's BERT: a tiny random Hugging Face
-MegatronBertForPreTraining (or, with --layout google, Google's original
-BertForPreTraining: post-norm blocks, a LayerNorm after the embeddings, no
-final norm) in float32, one forward and backward on fixed inputs, with every
-number meshtron must reproduce written to safetensors.
+MegatronBertForPreTraining in float32, one forward and backward on fixed
+inputs, with every number meshtron must reproduce written to safetensors.
 
 How to rerun
 ------------
@@ -12,7 +10,6 @@ seconds; no GPU is used.
 
     cd validation
     python3 make_bert_golden.py --out bert-golden
-    python3 make_bert_golden.py --layout google --out bert-postnorm-golden
 
 Where torch is not installed, run it on a machine that has the packages,
 writing to a scratch folder, and copy the outputs back:
@@ -25,15 +22,14 @@ Outputs (in --out)
 ------------------
 config.json, model.safetensors
     MegatronBertForPreTraining.save_pretrained(safe_serialization=True) of
-    the model: MegatronBertConfig (--layout google: BertConfig)(vocab_size=100, hidden_size=32,
+    the model: MegatronBertConfig(vocab_size=100, hidden_size=32,
     num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
     max_position_embeddings=16, type_vocab_size=2, hidden_act gelu,
     layer_norm_eps=1e-12, dropout 0, eager attention). After transformers'
     initialisation every parameter is redrawn from N(0, 0.1) (norm weights
     1 + N(0, 0.1)), so that no bias is zero and a wrong mapping shows.
     The MLM decoder is tied to the word table (and its bias is
-    cls.predictions.bias); tie_weights() is called explicitly, whatever the
-    transformers version ties at construction.
+    cls.predictions.bias).
 
 golden.safetensors (float32 unless noted; metadata names the versions)
     input_ids             int32 [2, 8]  torch.randint(5, 100), seed 1234;
@@ -58,35 +54,37 @@ import safetensors
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import (BertConfig, BertForPreTraining, MegatronBertConfig,
-                          MegatronBertForPreTraining)
+from transformers import MegatronBertConfig, MegatronBertForPreTraining
 
 SEED = 1234
 BATCH, SEQ, VOCAB = 2, 8, 100
 PADDING = 3  # padding tokens at the end of sample 1
 
 
-# --layout: Megatron-LM's pre-norm BERT or Google's post-norm one.
-LAYOUTS = {"megatron": (MegatronBertConfig, MegatronBertForPreTraining),
-           "google": (BertConfig, BertForPreTraining)}
+def tiny_config_kwargs():
+    """The sizes both BERT goldens share (MegatronBertConfig and BertConfig
+    take the same fields)."""
+    return dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=16, type_vocab_size=2,
+                hidden_act="gelu", layer_norm_eps=1e-12,
+                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                initializer_range=0.02, attn_implementation="eager")
 
 
-def build_model(layout):
-    config_class, model_class = LAYOUTS[layout]
-    config = config_class(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                                num_attention_heads=4, intermediate_size=64,
-                                max_position_embeddings=16, type_vocab_size=2,
-                                hidden_act="gelu", layer_norm_eps=1e-12,
-                                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                initializer_range=0.02, attn_implementation="eager")
-    config.tie_word_embeddings = True
+def randomised(model_class, config):
+    """model_class(config) in fp32 with the MLM decoder tied to the word
+    table and its bias, every parameter then redrawn from N(0, 0.1) (norm
+    weights 1 + N(0, 0.1)) so that no bias is zero and a wrong mapping
+    shows."""
     torch.manual_seed(SEED)
     model = model_class(config).float()
     model.config._attn_implementation = "eager"
-    model.tie_weights()
-    word = model.bert.embeddings.word_embeddings.weight
-    if model.cls.predictions.decoder.weight is not word:  # one tensor, as meshtron keeps it
-        model.cls.predictions.decoder.weight = word
+    model.tie_weights()  # explicit: whether construction ties depends on the version
+    decoder = model.cls.predictions.decoder
+    assert decoder.weight is model.get_input_embeddings().weight, "decoder weight not tied"
+    if getattr(decoder, "bias", None) is not model.cls.predictions.bias:
+        decoder.bias = model.cls.predictions.bias
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape) * 0.1
@@ -95,6 +93,10 @@ def build_model(layout):
             p.copy_(1.0 + noise if is_norm_weight else noise)
     model.train()  # dropout is 0: train mode is deterministic
     return model
+
+
+def build_model():
+    return randomised(MegatronBertForPreTraining, MegatronBertConfig(**tiny_config_kwargs()))
 
 
 def inputs():
@@ -114,40 +116,47 @@ def inputs():
                 next_sentence_label=next_sentence_label)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bert-golden", help="output folder (created if missing)")
-    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="megatron",
-                        help="megatron: MegatronBertForPreTraining; google: BertForPreTraining")
-    args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float32)
+def write_golden(model, out, generator):
+    """save_pretrained of `model` and golden.safetensors (inputs, logits, loss,
+    every gradient) of one forward and backward on inputs() into `out`."""
+    os.makedirs(out, exist_ok=True)
     versions = (f"torch {torch.__version__} transformers {transformers.__version__} "
                 f"safetensors {safetensors.__version__}")
     print(versions)
-
-    model = build_model(args.layout)
-    model.save_pretrained(args.out, safe_serialization=True)
+    model.save_pretrained(out, safe_serialization=True)
     batch = inputs()
-    out = model(**batch, return_dict=True)
-    out.loss.backward()
+    result = model(**batch, return_dict=True)
+    result.loss.backward()
 
     golden = {k: v.to(torch.int32).contiguous() for k, v in batch.items()}
-    golden["prediction_logits"] = out.prediction_logits.detach().contiguous()
-    golden["seq_relationship_logits"] = out.seq_relationship_logits.detach().contiguous()
-    golden["loss"] = out.loss.detach().reshape(1).contiguous()
+    golden["prediction_logits"] = result.prediction_logits.detach().contiguous()
+    golden["seq_relationship_logits"] = result.seq_relationship_logits.detach().contiguous()
+    golden["loss"] = result.loss.detach().reshape(1).contiguous()
     for name, p in model.named_parameters():
         assert p.grad is not None, name
         golden["grad." + name] = p.grad.detach().contiguous()
-    save_file(golden, os.path.join(args.out, "golden.safetensors"),
-              metadata={"generator": "validation/make_bert_golden.py", "versions": versions,
-                        "seed": str(SEED)})
-    print("loss", out.loss.item())
+    save_file(golden, os.path.join(out, "golden.safetensors"),
+              metadata={"generator": generator, "versions": versions, "seed": str(SEED)})
+    print("loss", result.loss.item())
     print("gradients:", [n for n, _ in model.named_parameters()])
-    for name in sorted(os.listdir(args.out)):
-        print(f"{args.out}/{name}: {os.path.getsize(os.path.join(args.out, name))} bytes")
+    for name in sorted(os.listdir(out)):
+        print(f"{out}/{name}: {os.path.getsize(os.path.join(out, name))} bytes")
+
+
+def run(build, default_out, generator, description):
+    """The command line of a BERT golden script: --out, deterministic torch."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=default_out, help="output folder (created if missing)")
+    args = parser.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)
+    write_golden(build(), args.out, generator)
+
+
+def main():
+    run(build_model, "bert-golden", "validation/make_bert_golden.py",
+        __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

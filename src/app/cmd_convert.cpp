@@ -1,7 +1,9 @@
 // meshtron convert: the Hugging Face models of io::hf_families()
 // (GPT2LMHeadModel, GPTBigCodeForCausalLM, LlamaForCausalLM,
 // MistralForCausalLM, BloomForCausalLM, GPTNeoXForCausalLM,
-// MegatronBertForPreTraining, BertForPreTraining, T5ForConditionalGeneration,
+// MegatronBertForPreTraining, BertForPreTraining (read too:
+// BertForMaskedLM and BertModel, whose missing heads keep their
+// initialisation, named in one line), T5ForConditionalGeneration,
 // MT5ForConditionalGeneration) <-> meshtron checkpoint.
 //
 //   meshtron convert --from hf MODEL_DIR --to CKPT_DIR
@@ -90,11 +92,22 @@ struct SingleRankModel {
   std::unique_ptr<StageModel> model;
 };
 
+/// One line naming the parameters the folder has no tensor for (a
+/// BertForMaskedLM's pooler and binary head, say): they keep BertModel's
+/// initialisation, which fine-tuning must then train.
+void report_initialised(const std::string& dir, const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  std::cout << dir << " has no tensors for " << names.size()
+            << " parameters, initialised (weights N(0, initializer_range), biases 0, norms 1):";
+  for (const std::string& name : names) std::cout << " " << name;
+  std::cout << "\n";
+}
+
 int hf_to_checkpoint(const ConvertArgs& a) {
   const io::HfFamily& family = io::hf_family_of_folder(a.from);
   const ModelSpec c = family.read_spec(a.from);
   SingleRankModel m(c);
-  family.import_weights(a.from, c, m.parameters());
+  report_initialised(a.from, family.import_weights(a.from, c, m.parameters()));
   Topology topo(MPI_COMM_SELF, {1, 1, 1});
   std::vector<io::CheckpointTensor> tensors;
   for (Parameter* p : m.parameters()) tensors.push_back({p, nullptr, nullptr});

@@ -3,7 +3,8 @@
 // that change nothing for the real tokens; selective and full recompute
 // bit-equal to none; bad batches as one-line errors;
 // the Hugging Face MegatronBertForPreTraining and BertForPreTraining round
-// trips, bit-exact; unsupported BertConfig values as one-line errors.
+// trips, bit-exact; a BertForMaskedLM file's missing heads named and left at
+// their initialisation; unsupported BertConfig values as one-line errors.
 //
 // Run: ctest -R model_bert --output-on-failure   (from the build folder)
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -216,6 +218,49 @@ TEST(BertModel, GoogleBertRoundTripIsBitExact) {
                            "bert.encoder.layer.1.output.LayerNorm.weight"})
     EXPECT_TRUE(weights.contains(name)) << name;
   EXPECT_FALSE(weights.contains("bert.encoder.ln.weight"));
+}
+
+/// The Google BERT tensors of `params` (a model of `spec`) but those whose
+/// name starts with one of `dropped` (a BertForMaskedLM or BertModel file).
+void write_google_bert_without(const ModelSpec& spec, const ParameterList& params,
+                               const fs::path& dir, const std::vector<std::string>& dropped) {
+  std::vector<std::pair<std::string, Tensor>> kept;
+  for (auto& [name, tensor] : io::hf_megatron_bert_tensors(spec, params))
+    if (std::none_of(dropped.begin(), dropped.end(),
+                     [&](const std::string& d) { return name.rfind(d, 0) == 0; }))
+      kept.push_back({name, tensor});
+  io::write_hf_weights(dir.string(), kept);
+  io::write_hf_megatron_bert_config((dir / "config.json").string(),
+                                    io::hf_megatron_bert_config_from_spec(spec));
+}
+
+TEST(BertModel, MissingGoogleHeadsAreNamedAndKeepTheirInitialisation) {
+  OneRank r;
+  ModelSpec spec = tiny_spec(1, true);
+  spec.padded_vocab_size = spec.vocab_size;
+  BertModel source(spec, r.ctx, DType::F32, 7);
+  const TempDir dir("bert_masked_lm");
+  // BertForMaskedLM: no pooler, no next-sentence head.
+  write_google_bert_without(spec, source.parameters(), dir.path,
+                            {"bert.pooler.", "cls.seq_relationship."});
+  const io::HfFamily& family = io::hf_family_of_folder(dir.path.string());
+  BertModel loaded(spec, r.ctx, DType::F32, 99), fresh(spec, r.ctx, DType::F32, 99);
+  const std::vector<std::string> names =
+      family.import_weights(dir.path.string(), spec, loaded.parameters());
+  const std::set<std::string> initialised(names.begin(), names.end());
+  EXPECT_EQ(initialised, (std::set<std::string>{"pooler.weight", "pooler.bias",
+                                                "binary_head.weight", "binary_head.bias"}));
+  const ParameterList got = loaded.parameters(), from_file = source.parameters(),
+                      from_init = fresh.parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const Parameter& expected = initialised.count(got[i]->name) ? *from_init[i] : *from_file[i];
+    EXPECT_EQ(std::memcmp(got[i]->value.raw(), expected.value.raw(), got[i]->value.bytes()), 0)
+        << got[i]->name;
+  }
+  // A complete BertForPreTraining file initialises nothing.
+  const TempDir full("bert_pretraining");
+  write_google_bert_without(spec, source.parameters(), full.path, {});
+  EXPECT_TRUE(family.import_weights(full.path.string(), spec, loaded.parameters()).empty());
 }
 
 TEST(BertModel, UnsupportedBertConfigsAreOneLineErrors) {

@@ -325,7 +325,7 @@ TEST(ModelSpec, LayersRejectWhatTheyDoNotBuild) {
   build(spec_of_deck("position_embedding_type = alibi\nembedding_norm = true\n"));  // BLOOM's
   ModelSpec post = spec_of_deck("");
   post.block.norm.placement = NormPlacement::Post;
-  build(post);  // Google BERT's blocks
+  build(post);  // post-norm blocks without a final norm (Google BERT's)
   post.parallel_residual = true;
   expect_user_error([&] { build(post); },
                     {"TransformerLayer: a parallel residual with norm placement post"});

@@ -1,33 +1,39 @@
 #!/usr/bin/env bash
 # BERT to Hugging Face and back: a random BERT (tiny.deck + bert.deck, two
-# steps) exported as MegatronBertForPreTraining (LAYOUT megatron) or, with
-# post-norm blocks and an embedding norm, as Google's BertForPreTraining
-# (LAYOUT google), converted back into a
+# steps) exported as MegatronBertForPreTraining, converted back into a
 # meshtron checkpoint (the same /model tensors) and exported again (the same
 # files, byte for byte); then fine-tuned from that checkpoint on 1 rank and
 # tp 2 x dp 2 (the same losses) and exported once more.
-#   bert_hf.sh MESHTRON WORKDIR megatron|google MPIEXEC [MPIEXEC ARGS...]
+# BERT_LAYOUT=google does the same with Google's layout (+ bert_google.deck:
+# post-norm blocks, the embedding norm) through BertForPreTraining.
+#   [BERT_LAYOUT=megatron|google] bert_hf.sh MESHTRON WORKDIR MPIEXEC [MPIEXEC ARGS...]
 set -euo pipefail
-meshtron=$1 work=$2 layout=$3; shift 3
+meshtron=$1 work=$2; shift 2
 mpiexec=("$@")
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-case $layout in
-  megatron) architecture=MegatronBertForPreTraining layout_keys=() ;;
-  google) architecture=BertForPreTraining
-          layout_keys=(--set model.norm_placement=post --set model.embedding_norm=true) ;;
-  *) fail "layout '$layout' is not megatron or google" ;;
+case "${BERT_LAYOUT:-megatron}" in
+  megatron) decks=("$here/tiny.deck" "$here/bert.deck")
+            architecture=MegatronBertForPreTraining model_type=megatron-bert ;;
+  google)   decks=("$here/tiny.deck" "$here/bert.deck" "$here/bert_google.deck")
+            architecture=BertForPreTraining model_type=bert ;;
+  *) fail "BERT_LAYOUT=$BERT_LAYOUT: expected megatron or google" ;;
 esac
-"$meshtron" train "$here/tiny.deck" "$here/bert.deck" --set training.train_iters=2 "${layout_keys[@]}" \
+
+"$meshtron" train "${decks[@]}" --set training.train_iters=2 \
     --set run.name=random --set run.output_dir="$work/runs" --set checkpoint.save_dir=random
 "$meshtron" convert --from random/iter_0000002.h5 --to hf exported
-grep -q "\"$architecture\"" exported/config.json || fail "not a $architecture export"
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1]))
+sys.exit(c["architectures"] != [sys.argv[2]] or c["model_type"] != sys.argv[3])' \
+    exported/config.json "$architecture" "$model_type" ||
+  fail "exported/config.json is not $architecture (model_type $model_type)"
 "$meshtron" convert --from hf exported --to pretrained
 grep -q "^arch = bert" pretrained/model.deck || fail "model.deck does not state arch = bert"
-if [ "$layout" = google ]; then
-  grep -q "^norm_placement = post" pretrained/model.deck || fail "model.deck does not state post-norm"
+if [[ $model_type == bert ]]; then
+  grep -q "^norm_placement = post" pretrained/model.deck || fail "model.deck is not post-norm"
+  grep -q "^embedding_norm = true" pretrained/model.deck || fail "model.deck has no embedding norm"
 fi
 h5diff random/iter_0000002.h5 pretrained/iter_0000000.h5 /model /model
 "$meshtron" convert --from pretrained/iter_0000000.h5 --to hf reexported

@@ -1,20 +1,22 @@
-// The golden MegatronBertForPreTraining (validation/bert-golden, made by
-// validation/make_bert_golden.py with transformers), or Google's
-// BertForPreTraining (validation/bert-postnorm-golden, --layout google;
-// MESHTRON_BERT_GOLDEN names the folder), through meshtron's
-// BertModel on one rank in fp32: prediction logits, seq-relationship logits
-// and the total loss within 1e-5 of transformers', every gradient within
-// 1e-4 (norm-wise: max |ours - theirs| / max |theirs|), the export of the
-// loaded model bit-equal to the golden folder's tensors.
+// A golden BERT pre-training model made with transformers, through
+// meshtron's BertModel on one rank in fp32: prediction logits,
+// seq-relationship logits and the total loss within 1e-5 of transformers',
+// every gradient within 1e-4 (norm-wise: max |ours - theirs| / max |theirs|),
+// the export of the loaded model bit-equal to the golden folder's tensors.
+// One source, one binary per layout; CMake names the folder, its Hugging
+// Face family and the script that makes it:
+//   validation_bert_golden           validation/bert-golden, megatron_bert
+//                                    (MegatronBertForPreTraining, pre-norm)
+//   validation_bert_postnorm_golden  validation/bert-postnorm-golden, bert
+//                                    (BertForPreTraining, Google's post-norm)
 //
-// Run: ctest -R validation_bert_golden --output-on-failure
+// Run: ctest -R 'validation_bert(_postnorm)?_golden' --output-on-failure
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -37,7 +39,8 @@ class BertGolden : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(std::filesystem::exists(dir + "/golden.safetensors"))
         << dir << ": golden model absent: on a machine with torch and transformers run\n"
-        << "  python3 validation/make_bert_golden.py --out validation/bert-golden";
+        << "  python3 validation/" MESHTRON_BERT_GOLDEN_SCRIPT
+           " --out validation/" MESHTRON_BERT_GOLDEN_FOLDER;
     golden = std::make_unique<io::SafetensorsFile>(dir + "/golden.safetensors");
     const Tensor ids = golden->load("input_ids");
     b = ids.dim(0);
@@ -68,9 +71,8 @@ class BertGolden : public ::testing::Test {
     return golden->load(name, DType::F32).to_doubles();
   }
 
-  const std::string dir = std::string(MESHTRON_SOURCE_DIR) + "/validation/" +
-                          (std::getenv("MESHTRON_BERT_GOLDEN") ? std::getenv("MESHTRON_BERT_GOLDEN")
-                                                               : "bert-golden");
+  const std::string dir =
+      std::string(MESHTRON_SOURCE_DIR) + "/validation/" MESHTRON_BERT_GOLDEN_FOLDER;
   MpiCommunicator self{MPI_COMM_SELF};
   TensorParallelGroup tp{self};
   LayerContext ctx{tp};
@@ -80,6 +82,12 @@ class BertGolden : public ::testing::Test {
   std::unique_ptr<BertModel> model;
   std::unique_ptr<io::SafetensorsFile> golden;
 };
+
+TEST_F(BertGolden, FolderIsOfItsFamily) {
+  const io::HfFamily& family = io::hf_family_of_folder(dir);
+  EXPECT_EQ(family.name, MESHTRON_BERT_GOLDEN_FAMILY);
+  EXPECT_TRUE(family.owns(spec));
+}
 
 TEST_F(BertGolden, LogitsAndLossMatchTransformers) {
   BertModel::Cache cache;

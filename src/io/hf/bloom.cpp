@@ -120,7 +120,10 @@ HfFamily hf_family_bloom() {
     return model_spec_from_hf(hf, int(hf.seq_length), 1, 1);
   };
   f.import_weights = [](const std::string& dir, const ModelSpec& spec,
-                        const ParameterList& params) { import_hf_bloom(dir, spec, params, 0, 1); };
+                        const ParameterList& params) -> std::vector<std::string> {
+    import_hf_bloom(dir, spec, params, 0, 1);
+    return {};
+  };
   f.owns = is_bloom_family;
   f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {
     const auto tensors = hf_bloom_tensors(spec, params);

@@ -51,8 +51,10 @@ HfFamily hf_family_gpt2() {
     const HfGpt2Config hf = read_hf_gpt2_config(dir);
     return model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
   };
-  f.import_weights = [](const std::string& dir, const ModelSpec&, const ParameterList& params) {
+  f.import_weights = [](const std::string& dir, const ModelSpec&,
+                        const ParameterList& params) -> std::vector<std::string> {
     import_hf_gpt2(dir, params, 0, 1);
+    return {};
   };
   f.owns = [](const ModelSpec&) { return true; };  // the last family: hf_gpt2_config_from_spec checks
   f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {

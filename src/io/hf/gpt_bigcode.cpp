@@ -54,8 +54,10 @@ HfFamily hf_family_gpt_bigcode() {
     const HfGptBigCodeConfig hf = read_hf_gpt_bigcode_config(dir);
     return model_spec_from_hf(hf, int(hf.n_positions), 1, 1);
   };
-  f.import_weights = [](const std::string& dir, const ModelSpec&, const ParameterList& params) {
+  f.import_weights = [](const std::string& dir, const ModelSpec&,
+                        const ParameterList& params) -> std::vector<std::string> {
     import_hf_gpt_bigcode(dir, params, 0, 1);
+    return {};
   };
   f.owns = is_gpt_bigcode_family;
   f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {

@@ -129,8 +129,9 @@ HfFamily hf_family_gpt_neox() {
     return model_spec_from_hf(hf, int(hf.max_position_embeddings), 1, 1);
   };
   f.import_weights = [](const std::string& dir, const ModelSpec& spec,
-                        const ParameterList& params) {
+                        const ParameterList& params) -> std::vector<std::string> {
     import_hf_gpt_neox(dir, spec, params, 0, 1);
+    return {};
   };
   f.owns = is_gpt_neox_family;
   f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {

@@ -21,8 +21,11 @@ struct HfFamily {
   std::vector<std::string> architectures;  ///< architectures[0] values (no model_type)
   /// The spec of a model folder's config.json (one rank, no vocab padding).
   std::function<ModelSpec(const std::string& dir)> read_spec;
-  /// Load every parameter of `params` (a model of `spec`) from the folder.
-  std::function<void(const std::string& dir, const ModelSpec& spec, const ParameterList& params)>
+  /// Load every parameter of `params` (a model of `spec`) from the folder;
+  /// returns the names of those the folder may lack and lacks (BERT's heads
+  /// in a BertForMaskedLM or BertModel file), left at their initialisation.
+  std::function<std::vector<std::string>(const std::string& dir, const ModelSpec& spec,
+                                         const ParameterList& params)>
       import_weights;
   /// Whether `spec` is of this family (the export's choice).
   std::function<bool(const ModelSpec& spec)> owns;

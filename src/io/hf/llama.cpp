@@ -123,7 +123,10 @@ HfFamily hf_family_llama() {
     return model_spec_from_hf(hf, int(hf.max_position_embeddings), 1, 1);
   };
   f.import_weights = [](const std::string& dir, const ModelSpec& spec,
-                        const ParameterList& params) { import_hf_llama(dir, spec, params, 0, 1); };
+                        const ParameterList& params) -> std::vector<std::string> {
+    import_hf_llama(dir, spec, params, 0, 1);
+    return {};
+  };
   f.owns = is_llama_family;
   f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {
     const auto tensors = hf_llama_tensors(spec, params);

@@ -274,10 +274,13 @@ bool head_may_be_absent(BertLayout layout, const std::string& hf_name) {
 }
 }  // namespace
 
-void import_hf_megatron_bert(const std::string& model_dir, const ModelSpec& spec,
-                             const ParameterList& params, int tp_rank, int tp_size) {
+std::vector<std::string> import_hf_megatron_bert(const std::string& model_dir,
+                                                 const ModelSpec& spec,
+                                                 const ParameterList& params, int tp_rank,
+                                                 int tp_size) {
   const HfWeights weights(model_dir);
   const BertLayout layout = bert_layout_of(spec);
+  std::vector<std::string> initialised;
   for (Parameter* p : params) {
     const BertMapping m = mapping_of(p->name, layout);
     std::vector<Tensor> parts;
@@ -286,10 +289,14 @@ void import_hf_megatron_bert(const std::string& model_dir, const ModelSpec& spec
       if (!weights.contains(stored) && head_may_be_absent(layout, hf)) break;
       parts.push_back(weights.load(stored, p->name));
     }
-    if (parts.size() != m.hf_names.size()) continue;
+    if (parts.size() != m.hf_names.size()) {
+      initialised.push_back(p->name);
+      continue;
+    }
     const Tensor rows = parts.size() == 1 ? parts[0] : stacked(parts);
     load_shard(*p, m.transposed ? transposed(rows) : rows, tp_rank, tp_size);
   }
+  return initialised;
 }
 
 std::vector<std::pair<std::string, Tensor>> hf_megatron_bert_tensors(const ModelSpec& spec,
@@ -324,7 +331,7 @@ HfFamily bert_family(BertLayout layout) {
   };
   f.import_weights = [](const std::string& dir, const ModelSpec& spec,
                         const ParameterList& params) {
-    import_hf_megatron_bert(dir, spec, params, 0, 1);
+    return import_hf_megatron_bert(dir, spec, params, 0, 1);
   };
   f.owns = [layout](const ModelSpec& s) {
     return s.model_class == ModelClass::BertPretraining && bert_layout_of(s) == layout;

@@ -93,9 +93,14 @@ class HfWeights;
 std::string megatron_bert_stored_name(const std::string& name, const HfWeights& weights);
 
 /// Loads every parameter of `params` (a BertModel of `spec`, this rank's
-/// shards) from a Hugging Face folder of the spec's layout.
-void import_hf_megatron_bert(const std::string& model_dir, const ModelSpec& spec,
-                             const ParameterList& params, int tp_rank, int tp_size);
+/// shards) from a Hugging Face folder of the spec's layout; returns the
+/// names of the head parameters a Google file lacks (BertForMaskedLM: the
+/// pooler and the binary head; BertModel: the MLM and binary heads), which
+/// keep their initialisation.
+std::vector<std::string> import_hf_megatron_bert(const std::string& model_dir,
+                                                 const ModelSpec& spec,
+                                                 const ParameterList& params, int tp_rank,
+                                                 int tp_size);
 /// The Hugging Face tensors (name, host tensor) of a 1-rank BertModel.
 std::vector<std::pair<std::string, Tensor>> hf_megatron_bert_tensors(const ModelSpec& spec,
                                                                      const ParameterList& params);

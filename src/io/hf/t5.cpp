@@ -158,7 +158,10 @@ HfFamily hf_family_t5() {
     return model_spec_from_hf(read_hf_t5_config(dir), 1, 1);
   };
   f.import_weights = [](const std::string& dir, const ModelSpec& spec,
-                        const ParameterList& params) { import_hf_t5(dir, spec, params, 0, 1); };
+                        const ParameterList& params) -> std::vector<std::string> {
+    import_hf_t5(dir, spec, params, 0, 1);
+    return {};
+  };
   f.owns = [](const ModelSpec& s) { return s.model_class == ModelClass::T5; };
   f.export_model = [](const std::string& dir, const ModelSpec& spec, const ParameterList& params) {
     const auto tensors = hf_t5_tensors(spec, params);
