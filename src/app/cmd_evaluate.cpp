@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
+#include "app/sft_rows.hpp"
 #include "config/model_spec_from_deck.hpp"
 #include "common/error.hpp"
 #include "data/bert_samples.hpp"
@@ -74,6 +75,7 @@ RunConfig with_evaluation_batch(RunConfig c) {
 
 std::unique_ptr<EvalRows> rows_to_score(const RunConfig& c, int vocab) {
   if (c.model.arch == "bert" || c.model.arch == "t5") return nullptr;  // run_bert, run_t5
+  if (c.data.source == "jsonl" && c.evaluate.inputs.empty()) return nullptr;  // sft_valid_rows
   if (!c.evaluate.inputs.empty()) return jsonl_rows(c.evaluate.inputs, c.model.seq_length, vocab);
   MESH_REQUIRE(!c.data.path.empty(), "evaluate.split = " << c.evaluate.split
                                          << " needs data.path (or evaluate.inputs)");
@@ -101,22 +103,23 @@ class EvaluateRun {
   int run() {
     if (c_.model.arch == "bert") return run_bert();
     if (c_.model.arch == "t5") return run_t5();
+    const auto sft = scores_jsonl() ? sft_valid_rows() : nullptr;
     const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
     const std::string what = c_.evaluate.inputs.empty() ? c_.evaluate.split : "inputs";
     if (rank0_)
       std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
-                << " (iteration " << state.iteration << ")\n > " << rows_->size() << " rows of "
-                << (c_.evaluate.inputs.empty() ? "the " + what + " split of " + c_.data.path
-                                               : c_.evaluate.inputs)
+                << " (iteration " << state.iteration << ")\n > "
+                << (sft ? sft->size() : rows_->size()) << " rows of "
+                << (sft ? c_.data.valid_path + " (their completion tokens scored)"
+                    : c_.evaluate.inputs.empty() ? "the " + what + " split of " + c_.data.path
+                                                 : c_.evaluate.inputs)
                 << ", " << c_.training.global_batch_size << " per batch ("
                 << c_.training.micro_batch_size << " per micro-batch) on tp "
                 << rt_.topo.tp() << " x pp " << rt_.topo.pp() << " x dp " << rt_.topo.dp()
                 << std::endl;
-    const Topology& topo = rt_.topo;
-    const DataLayout layout{c_.model.seq_length, c_.training.micro_batch_size,
-                            c_.training.global_batch_size, topo.dp_rank(), topo.dp(),
-                            0, 0, c_.run.seed};
-    const EvalResult r = evaluate_rows(trainer_, *rows_, layout);
+    const DataLayout layout = evaluation_layout();
+    const EvalResult r =
+        sft ? evaluate_sft(*sft, layout) : evaluate_rows(trainer_, *rows_, layout);
     if (!rank0_) return 0;
     std::cout << r.line() << std::endl;
     if (!c_.evaluate.output.empty()) {
@@ -128,16 +131,61 @@ class EvaluateRun {
   }
 
  private:
-  int run_t5() {
-    return c_.evaluate.inputs.empty() ? run_t5_split() : run_t5_inputs();
+  DataLayout evaluation_layout() const {
+    return {c_.model.seq_length, c_.training.micro_batch_size, c_.training.global_batch_size,
+            rt_.topo.dp_rank(), rt_.topo.dp(), 0, 0, c_.run.seed, c_.model.decoder_seq_length};
   }
 
-  /// The rows of evaluate.inputs (train/t5_evaluation.hpp): the mean
-  /// cross-entropy over every labelled decoder token of all rows, and each
-  /// row's own (null for a row without a label).
+  /// data.source = jsonl without evaluate.inputs: the rows of
+  /// data.valid_path, scored on their completion (T5: target) tokens.
+  bool scores_jsonl() const { return c_.data.source == "jsonl" && c_.evaluate.inputs.empty(); }
+  std::shared_ptr<const SftSamples> sft_valid_rows() const {
+    MESH_REQUIRE(c_.evaluate.split == "valid", "evaluate.split = " << c_.evaluate.split
+                     << ": data.source = jsonl scores data.valid_path (evaluate.split = valid)");
+    MESH_REQUIRE(!c_.data.valid_path.empty(),
+                 "evaluate.split = valid on data.source = jsonl needs data.valid_path");
+    return sft_samples(c_, c_.data.valid_path, "data.valid_path", vocab_, rank0_);
+  }
+
+  /// Every row of `samples` once, the sum and number of the losses of its
+  /// scored tokens (their masks: with_loss_mask) over the whole grid.
+  EvalResult evaluate_sft(const SftSamples& samples, const DataLayout& layout) {
+    EvalResult r;
+    r.samples = samples.size();
+    for (std::int64_t first = 0; first < r.samples; first += layout.global_batch) {
+      std::vector<MicroBatch> batch;
+      for (MicroBatch& mb : sft_eval_batch(samples, layout, first))
+        batch.push_back(with_loss_mask(std::move(mb)));
+      const LossSum s = trainer_.evaluate_sum(batch);
+      r.loss_sum += s.sum;
+      r.tokens += s.tokens;
+    }
+    return r;
+  }
+
+  int run_t5() {
+    return c_.evaluate.inputs.empty() && !scores_jsonl() ? run_t5_split() : run_t5_inputs();
+  }
+
+  /// The rows of evaluate.inputs (train/t5_evaluation.hpp), or of
+  /// data.valid_path on data.source = jsonl.
+  std::vector<data::T5Sample> t5_rows_to_score() const {
+    if (!scores_jsonl())
+      return t5_jsonl_rows(c_.evaluate.inputs, c_.model.seq_length, c_.model.decoder_seq_length,
+                           vocab_);
+    const auto samples = sft_valid_rows();
+    std::vector<data::T5Sample> rows;
+    for (std::int64_t i = 0; i < samples->size(); ++i) rows.push_back(samples->t5_sample(i));
+    return rows;
+  }
+
+  /// The rows of t5_rows_to_score: the mean cross-entropy over every
+  /// labelled decoder token of all rows, and each row's own (null for a row
+  /// without a label).
   int run_t5_inputs() {
-    const auto rows = t5_jsonl_rows(c_.evaluate.inputs, c_.model.seq_length,
-                                    c_.model.decoder_seq_length, vocab_);
+    const std::vector<data::T5Sample> rows = t5_rows_to_score();
+    const std::string what = scores_jsonl() ? "valid" : "inputs";
+    const std::string& from = scores_jsonl() ? c_.data.valid_path : c_.evaluate.inputs;
     const io::TrainState state = load_trainer_weights(trainer_, checkpoint_);
     const Topology& topo = rt_.topo;
     const DataLayout layout{c_.model.seq_length, c_.training.micro_batch_size,
@@ -153,15 +201,15 @@ class EvaluateRun {
     const double labelled = std::accumulate(s.labelled.begin(), s.labelled.end(), 0.0);
     const double loss = loss_sum / labelled;
     std::cout << "meshtron evaluate " << c_.deck_path << "\n > checkpoint " << checkpoint_
-              << " (iteration " << state.iteration << ")\n inputs | loss " << loss << " | PPL "
-              << std::exp(loss) << " | " << rows.size() << " rows of " << c_.evaluate.inputs
+              << " (iteration " << state.iteration << ")\n " << what << " | loss " << loss
+              << " | PPL " << std::exp(loss) << " | " << rows.size() << " rows of " << from
               << ", " << std::int64_t(labelled) << " labelled tokens" << std::endl;
     if (!c_.evaluate.output.empty()) {
       const auto number_or_null = [](double v) {
         return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
       };
       nlohmann::ordered_json j;
-      j["split"] = "inputs";
+      j["split"] = what;
       j["checkpoint"] = checkpoint_;
       j["loss"] = number_or_null(loss);
       j["ppl"] = number_or_null(std::exp(loss));

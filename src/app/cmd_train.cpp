@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "app/commands.hpp"
+#include "app/sft_rows.hpp"
 #include "app/training_samples.hpp"
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
@@ -53,6 +54,7 @@ std::unique_ptr<DataSource> make_data(const RunConfig& c, const ParallelRuntime&
                     c.training.eval_iters,
                     c.run.seed,
                     c.model.decoder_seq_length};
+  if (c.data.source == "jsonl") return make_jsonl_data(c, layout, vocab, rt.topo.world_rank() == 0);
   if (c.model.arch == "t5" && c.data.source != "indexed") return make_synthetic_t5_data(layout, vocab);
   if (c.model.arch == "t5") {
     const auto tokenizer = run_tokenizer(c);

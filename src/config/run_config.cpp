@@ -340,8 +340,10 @@ void DeckSchema::bind(RunConfig& c) {
       "step at which lr reaches min_lr (0 = train_iters)");
 
   auto& d = c.data;
-  key("data.source", &d.source, "string", "synthetic | indexed");
-  key("data.path", &d.path, "string", "indexed dataset prefix (without .bin/.idx)");
+  key("data.source", &d.source, "string", "synthetic | indexed | jsonl (fine-tuning rows)");
+  key("data.path", &d.path, "string",
+      "indexed dataset prefix (without .bin/.idx); jsonl: the training rows");
+  key("data.valid_path", &d.valid_path, "string", "jsonl: the validation rows (\"\" = none)");
   key("data.split", &d.split, "string", "train,valid,test weights by documents");
   key("data.tokenizer", &d.tokenizer, "string",
       "gpt2 | hf | sentencepiece | bert_wordpiece_lowercase | bert_wordpiece_cased");
@@ -716,6 +718,20 @@ void require_capturable(const RunConfig& c) {
                needs << "parallel.overlap_grad_reduce = overlap_param_gather = false");
 }
 
+/// data.source = jsonl (train/sft_data.hpp): its files, and what its
+/// batches cannot go through.
+void require_jsonl_usable(const RunConfig& c) {
+  if (c.data.source != "jsonl") return;
+  MESH_REQUIRE(!c.data.path.empty(), "data.source = jsonl needs data.path (a JSONL file of rows)");
+  MESH_REQUIRE(c.model.arch != "bert",
+               "data.source = jsonl: fine-tuning rows are for decoder models and T5, not BERT");
+  MESH_REQUIRE(c.training.eval_interval == 0 || !c.data.valid_path.empty(),
+               "data.source = jsonl: training.eval_interval = " << c.training.eval_interval
+                   << " needs data.valid_path (a JSONL file of validation rows)");
+  MESH_REQUIRE(!c.training.cuda_graphs,
+               "data.source = jsonl: training.cuda_graphs needs a loss without host reads");
+}
+
 /// model.arch = bert: what BertModel does not build yet (docs/bert.md).
 void require_bert_buildable(const RunConfig& c) {
   const bool bert = c.model.arch == "bert";
@@ -1000,9 +1016,10 @@ void RunConfig::validate(int world_size) {
                "lr_schedule.warmup_iters (" << lr_schedule.warmup_iters
                    << ") must be in [0, decay_iters = " << lr_schedule.decay_iters << "]");
 
-  require_one_of("data.source", data.source, {"synthetic", "indexed"});
+  require_one_of("data.source", data.source, {"synthetic", "indexed", "jsonl"});
   MESH_REQUIRE(data.source != "indexed" || !data.path.empty(),
                "data.source = indexed needs data.path (the .bin/.idx prefix)");
+  require_jsonl_usable(*this);
   require_one_of("data.tokenizer", data.tokenizer,
                  {"gpt2", "hf", "sentencepiece", "bert_wordpiece_lowercase", "bert_wordpiece_cased"});
   MESH_REQUIRE(data.tokenizer != "hf" || !data.tokenizer_file.empty(),

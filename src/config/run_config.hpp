@@ -247,8 +247,9 @@ struct LrScheduleSection {
 };
 
 struct DataSection {
-  std::string source = "synthetic";  ///< synthetic | indexed
-  std::string path;                  ///< indexed dataset prefix (no .bin/.idx)
+  std::string source = "synthetic";  ///< synthetic | indexed | jsonl
+  std::string path;                  ///< indexed dataset prefix (no .bin/.idx); jsonl: the file
+  std::string valid_path;            ///< jsonl: the validation rows ("" = none)
   std::string split = "969,30,1";
   std::string tokenizer = "gpt2";
   std::string vocab_file;

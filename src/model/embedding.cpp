@@ -212,4 +212,13 @@ LabelledTargets labelled_targets(const Tensor& labels, DType weight_dtype) {
   return out;
 }
 
+Tensor spread_by_weights(const Tensor& values, const Tensor& weights, MemorySpace space) {
+  const std::vector<double> v = values.to_doubles(), w = weights.to_doubles();
+  const index_t n = index_t(v.size());
+  Tensor out = Tensor::zeros({n}, values.dtype(), MemorySpace::Host);
+  for (index_t i = 0; i < n; ++i)
+    set_element_from_double(out, i, double(n) * w[std::size_t(i)] * v[std::size_t(i)]);
+  return in_space(out, space);
+}
+
 }  // namespace meshtron

@@ -90,6 +90,11 @@ struct LabelledTargets {
   Tensor weights;  ///< [n] in the requested dtype
 };
 LabelledTargets labelled_targets(const Tensor& labels, DType weight_dtype);
+/// values[i] x n x weights[i] (n = values.numel()), in `space`: a loss over
+/// labelled rows spread over all n rows, so that the plain mean the
+/// schedules take (stage_model.hpp) is the weighted sum; and its chain rule
+/// on the way back. Read through the host.
+Tensor spread_by_weights(const Tensor& values, const Tensor& weights, MemorySpace space);
 
 /// The output layer and loss: logits = x W_word^T on each rank's vocabulary
 /// shard, and vocab-parallel cross-entropy (two all-reduces of [s*b] scalars;

@@ -75,7 +75,7 @@ void GptModel::collect_head(ParameterList& out) {
 }
 
 Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContext& ctx,
-                         Cache& cache) const {
+                         Cache& cache, bool labelled_only) const {
   // parallel.overlap_param_gather: each part's parameters may still be in
   // flight from the last optimizer step; the hook waits for them.
   auto gathered = [&](auto&& collect) {
@@ -100,7 +100,15 @@ Tensor GptModel::forward(const Tensor& input, const Tensor& targets, LayerContex
     self.collect_head(out);
   });
   const Tensor normed = final_norm_ ? final_norm_->forward(x, cache.final_norm) : x;
-  return head_->forward(normed, targets, ctx, cache.head);
+  cache.target_weights = Tensor();
+  if (!labelled_only) return head_->forward(normed, targets, ctx, cache.head);
+  // Right padding needs no attention mask: attention is causal, so a real
+  // token never sees the padding after it, and the padding's targets are
+  // -100 (weight 0).
+  auto [labels, weights] = labelled_targets(targets, stats_dtype(normed));
+  cache.target_weights = std::move(weights);
+  const Tensor losses = head_->forward(normed, labels, ctx, cache.head);
+  return spread_by_weights(losses, cache.target_weights, ctx.space);
 }
 
 Tensor GptModel::forward_cached(const Tensor& input, const CachedRows& rows, LayerContext& ctx,
@@ -158,7 +166,10 @@ Tensor GptModel::backward(const Tensor& dout, LayerContext& ctx, const Cache& ca
   };
   Tensor dx = dout;
   if (head_) {
-    dx = head_->backward(dout, ctx, cache.head);
+    const Tensor dlosses = cache.target_weights.defined()
+                               ? spread_by_weights(dout, cache.target_weights, ctx.space)
+                               : dout;
+    dx = head_->backward(dlosses, ctx, cache.head);
     if (final_norm_) dx = final_norm_->backward(dx, cache.final_norm, nullptr, &chain);
     // The head's weight is final here when it is the head's own (untied,
     // or the last stage's copy); with pp = 1 a tied head uses the

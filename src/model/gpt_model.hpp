@@ -33,6 +33,9 @@ class GptModel final : public StageModel {
     std::vector<TransformerLayer::Cache> layers;
     LayerNorm::Cache final_norm;
     LmHeadLoss::Cache head;
+    /// labelled_only: labelled_targets' weights (undefined: every target
+    /// counts alike).
+    Tensor target_weights;
   };
 
   /// Its layers reject what they do not build.
@@ -42,8 +45,11 @@ class GptModel final : public StageModel {
   /// First stage: `input` is token ids int32 [s*b] in [s, b] order; other
   /// stages: the previous stage's hidden states. Last stage: returns the
   /// per-token loss [s*b] (needs `targets`); others: hidden states.
+  /// `labelled_only`: targets of -100 are not scored and the loss is the
+  /// mean over the others (transformers' ignore_index), spread over the
+  /// s*b rows as BertModel spreads its MLM loss (stage_model.hpp).
   Tensor forward(const Tensor& input, const Tensor& targets, LayerContext& ctx,
-                 Cache& cache) const;
+                 Cache& cache, bool labelled_only = false) const;
   /// Last stage: `dout` is dloss [s*b]; others: d hidden. Returns d input
   /// hidden (empty tensor on the first stage). Accumulates parameter grads.
   /// `grads_done`, if set, is called with each part's parameters (head and
@@ -56,7 +62,7 @@ class GptModel final : public StageModel {
   std::unique_ptr<StageCache> make_cache() const override { return std::make_unique<Cache>(); }
   Tensor forward(const Tensor& input, const MicroBatch& mb, LayerContext& ctx,
                  StageCache& cache) const override {
-    return forward(input, mb.targets, ctx, static_cast<Cache&>(cache));
+    return forward(input, mb.targets, ctx, static_cast<Cache&>(cache), mb.unlabelled_targets);
   }
   Tensor backward(const Tensor& dout, LayerContext& ctx, const StageCache& cache,
                   const std::function<void(const ParameterList&)>& grads_done) override {

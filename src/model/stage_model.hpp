@@ -29,6 +29,11 @@ namespace meshtron {
 struct MicroBatch {
   Tensor ids;      ///< int32 [s * b]
   Tensor targets;  ///< int32 [s * b]; BERT: the masked-LM labels, -100 = none
+  /// GPT: some targets are -100 (not scored: a fine-tuning prompt, padding),
+  /// and the loss is the mean over the others (labelled_targets). Set by
+  /// the data source, so that a pretraining batch's device targets are
+  /// never read back to look.
+  bool unlabelled_targets = false;
   index_t sample_offset = 0;  ///< index of its first sample within the step
   /// Evaluation only: host float32 [s * b], 1 where the target counts, 0 for
   /// padding (rows shorter than s + 1, samples past the end of a split);

@@ -437,12 +437,7 @@ Shape T5Model::output_shape(const MicroBatch& mb, const LayerContext& ctx) const
 }
 
 Tensor T5Model::per_token_losses(const Cache& c, const LayerContext& ctx) {
-  const index_t n = c.losses.numel();
-  const std::vector<double> loss = c.losses.to_doubles(), w = c.weights.to_doubles();
-  Tensor per_token = Tensor::zeros({n}, c.losses.dtype(), MemorySpace::Host);
-  for (index_t i = 0; i < n; ++i)
-    set_element_from_double(per_token, i, double(n) * w[std::size_t(i)] * loss[std::size_t(i)]);
-  return in_space(per_token, ctx.space);
+  return spread_by_weights(c.losses, c.weights, ctx.space);
 }
 
 Tensor T5Model::forward(const Tensor& input, const MicroBatch& mb, LayerContext& ctx,
@@ -459,12 +454,7 @@ Tensor T5Model::forward(const Tensor& input, const MicroBatch& mb, LayerContext&
 
 Tensor T5Model::dlosses_of(const Tensor& dout, const Cache& c, const LayerContext& ctx) {
   // The chain rule through forward()'s per-token loss (see the header).
-  const std::vector<double> d = dout.to_doubles(), w = c.weights.to_doubles();
-  const index_t n = index_t(d.size());
-  Tensor dlosses = Tensor::zeros({n}, c.weights.dtype(), MemorySpace::Host);
-  for (index_t i = 0; i < n; ++i)
-    set_element_from_double(dlosses, i, d[std::size_t(i)] * double(n) * w[std::size_t(i)]);
-  return in_space(dlosses, ctx.space);
+  return spread_by_weights(dout, c.weights, ctx.space);
 }
 
 Tensor T5Model::backward(const Tensor& dout, LayerContext& ctx, const StageCache& cache,
