@@ -7,7 +7,7 @@
 //    dp rank r of 2 or 4 reads the slots of one rank's micro-batches;
 //  * the GPT loss over labelled targets only equals the mean of the plain
 //    per-token losses over the completion tokens (fp64), whatever the
-//    prompt's targets;
+//    prompt's targets, and its gradient is that mean's (finite differences);
 //  * the reader's one-line errors: malformed JSON at line N, a row of no
 //    known shape, an empty file, a missing file.
 #include <gtest/gtest.h>
@@ -185,6 +185,52 @@ TEST(SftLoss, MeanOverCompletionTokensWhateverThePromptTargets) {
     if (plain.loss_mask.data<float>()[i] != 0) other_sum += other[i];
   EXPECT_EQ(other_sum, sum);
   EXPECT_NE(other, each);
+}
+
+TEST(SftLoss, GradientIsTheCompletionMeansFiniteDifference) {
+  generate_test::Replica r(MPI_COMM_SELF, "gpt2", 1, 1, DType::F64);
+  GptModel& model = *r.trainer.gpt_chunks().front();
+  const index_t s = 32, b = 2;
+  const SftSamples samples({{{11, 12, 13}, {21, 22}, 1}, {{}, {41, 42, 43, 44}, 2}}, s, 0,
+                           "rows.jsonl");
+  const MicroBatch mb = samples.micro_batch({0, 1}, 0);
+  const auto mean_loss = [&] {
+    const std::vector<double> l = gpt_losses(r, mb, s, b, true);
+    return std::accumulate(l.begin(), l.end(), 0.0) / double(s * b);
+  };
+  // d(mean)/d(per-token loss) = 1 / (s b), as the schedules start it.
+  LayerContext ctx{r.rt.tp_group};
+  ctx.training = false;
+  ctx.seq_length = s;
+  ctx.micro_batch = b;
+  ctx.global_batch = b;
+  GptModel::Cache cache;
+  ParameterList params = model.parameters();
+  std::vector<std::vector<double>> before;
+  for (Parameter* p : params) before.push_back(p->grad.to_doubles());
+  model.forward(mb.ids, mb.targets, ctx, cache, true);
+  Tensor dout = Tensor::empty({s * b}, DType::F64);
+  for (index_t i = 0; i < s * b; ++i) dout.data<double>()[i] = 1.0 / double(s * b);
+  model.backward(dout, ctx, cache);
+  int checked = 0;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    Parameter& p = *params[k];
+    if (p.name != "layers.1.mlp.proj.weight" && p.name != "final_norm.weight") continue;
+    const std::vector<double> after = p.grad.to_doubles();
+    for (index_t i : {index_t(0), index_t(5)}) {
+      const double v = p.value.data<double>()[i], h = 1e-6;
+      p.value.data<double>()[i] = v + h;
+      const double up = mean_loss();
+      p.value.data<double>()[i] = v - h;
+      const double down = mean_loss();
+      p.value.data<double>()[i] = v;
+      const double numeric = (up - down) / (2 * h);
+      const double analytic = after[std::size_t(i)] - before[k][std::size_t(i)];
+      EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << p.name << " " << i;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4);
 }
 
 /// read_sft_rows' error on a file of `text` (decoder rows, no tokenizer).
