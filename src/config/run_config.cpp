@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "common/error.hpp"
+#include "data/tokenizer.hpp"
 #include "model/model_spec.hpp"
 
 namespace po = boost::program_options;
@@ -721,8 +722,10 @@ void require_bert_buildable(const RunConfig& c) {
   MESH_REQUIRE(c.model.num_token_types > 0, "model.arch = bert needs model.num_token_types > 0");
   MESH_REQUIRE(!c.training.cuda_graphs,
                "model.arch = bert: training.cuda_graphs needs a model without host reads");
-  MESH_REQUIRE(c.logging.sample_interval == 0,
-               "model.arch = bert: logging.sample_interval generates text, which needs a GPT model");
+  MESH_REQUIRE(c.logging.sample_interval == 0 || data::is_bert_wordpiece(c.data.tokenizer),
+               "model.arch = bert: logging.sample_interval (fill-mask) needs data.tokenizer = "
+               "bert_wordpiece_lowercase or bert_wordpiece_cased ([MASK], [CLS] and [SEP]), got "
+                   << c.data.tokenizer);
 }
 
 /// model.arch = t5 over pipeline stages: Megatron's split (the encoder's
@@ -794,8 +797,6 @@ void require_t5_buildable(const RunConfig& c) {
   require_t5_pipeline_split(c);
   MESH_REQUIRE(!c.training.cuda_graphs,
                "model.arch = t5: training.cuda_graphs needs a model without host reads");
-  MESH_REQUIRE(c.logging.sample_interval == 0,
-               "model.arch = t5: logging.sample_interval generates text, which needs a GPT model");
 }
 
 /// parallel.collective_timeout_s and its test hook.
