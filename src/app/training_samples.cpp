@@ -118,7 +118,7 @@ void TrainingSamples::print_bert(long step) {
       const char* separator = " ";
       for (const auto& t : m["tokens"]) {
         char score[32];
-        std::snprintf(score, sizeof score, " %.3f", t["score"].get<double>());
+        std::snprintf(score, sizeof score, " %.3g", t["score"].get<double>());
         body += separator + json_text(t["token"]) + score;
         separator = ", ";
       }

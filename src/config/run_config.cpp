@@ -366,9 +366,11 @@ void DeckSchema::bind(RunConfig& c) {
   auto& g = c.logging;
   key("logging.log_interval", &g.log_interval, "int", "print a step line every N steps");
   key("logging.sample_interval", &g.sample_interval, "int",
-      "every N steps print greedy continuations of logging.sample_prompts (0 = off)");
+      "every N steps print samples of logging.sample_prompts: greedy continuations (GPT), "
+      "decoder outputs (T5), fill-mask (BERT) (0 = off)");
   key("logging.sample_prompts", &g.sample_prompts, "string",
-      "JSONL of prompts as generate.prompts (\"\" = one prompt of the EOD token)");
+      "JSONL of prompts as generate.prompts (\"\" = one built-in prompt: EOD, T5's </s>, "
+      "BERT's \"the capital of france is [MASK] .\")");
   key("logging.sample_tokens", &g.sample_tokens, "int", "tokens generated per sample");
   key("logging.metrics_file", &g.metrics_file, "string", "JSON lines in the run folder");
   key("logging.progress", &g.progress, "string", "progress bar: auto | on | off");
@@ -402,7 +404,8 @@ void DeckSchema::bind(RunConfig& c) {
   key("generate.max_new_tokens", &n.max_new_tokens, "int", "tokens generated per prompt at most");
   key("generate.decoding", &n.decoding, "string", "greedy | sample | beam");
   key("generate.temperature", &n.temperature, "float", "sample: logits divided by it", kPositive);
-  key("generate.top_k", &n.top_k, "int", "sample: keep the k likeliest tokens (0 = all)");
+  key("generate.top_k", &n.top_k, "int", "sample: keep the k likeliest tokens (0 = all); BERT fill-mask: tokens per [MASK] "
+      "(0 = 5)");
   key("generate.top_p", &n.top_p, "float",
       "sample: keep the likeliest tokens while the mass above them is < top_p (1 = all)",
       FloatRange{0, 1, true, false});
