@@ -23,8 +23,10 @@ std::int32_t eod_id(const data::Tokenizer* tok, int vocab) {
   return vocab == kGpt2VocabSize ? kGpt2VocabSize - 1 : 0;
 }
 
-/// BERT's built-in prompt: a sentence whose blank a trained model fills.
-constexpr const char* kBertPrompt = "the capital of france is [MASK] .";
+/// BERT's built-in prompts: sentences whose blanks a trained model fills.
+constexpr const char* kBertPrompts[] = {"the capital of france is [MASK] .",
+                                        "the man worked as a [MASK] .",
+                                        "she went to the [MASK] to buy some milk ."};
 
 /// The [MASK] id of the run's tokenizer (a UserError without a WordPiece one).
 std::int32_t mask_id(const data::Tokenizer* tok) {
@@ -69,7 +71,7 @@ void TrainingSamples::read_prompts(int vocab) {
     prompts_ = read_prompt_file(path, "logging.sample_prompts", tokenizer_.get(), vocab, form);
   } else if (form == PromptForm::FillMask) {
     mask_id(tokenizer_.get());  // the WordPiece tokenizer's UserError first
-    prompts_ = {text_prompt_ids(*tokenizer_, kBertPrompt, form)};
+    for (const char* text : kBertPrompts) prompts_.push_back(text_prompt_ids(*tokenizer_, text, form));
   } else if (form == PromptForm::EncoderInput) {
     prompts_ = {{t5_generation_ids(c_, tokenizer_.get()).eos}};
   } else {

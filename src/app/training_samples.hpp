@@ -13,9 +13,10 @@
 //
 // Text through the run's tokenizer (ids without one, GPT and T5). Prompts:
 // logging.sample_prompts (JSONL as generate.prompts: text through the
-// tokenizer in the family's form, or ids) or a built-in one: the EOD token
-// (GPT), T5's </s> alone, or "the capital of france is [MASK] ." (BERT,
-// whose [MASK] needs the WordPiece tokenizer). The models are the
+// tokenizer in the family's form, or ids) or built-in ones: the EOD token
+// (GPT), T5's </s> alone, or three sentences with a [MASK] (BERT, "the
+// capital of france is [MASK] ." first; [MASK] needs the WordPiece
+// tokenizer). The models are the
 // trainer's own (no copy of the weights); greedy decoding and the
 // evaluation forward draw no random numbers and leave the layers' training
 // state alone, so the run's losses are the same with or without samples.

@@ -369,8 +369,8 @@ void DeckSchema::bind(RunConfig& c) {
       "every N steps print samples of logging.sample_prompts: greedy continuations (GPT), "
       "decoder outputs (T5), fill-mask (BERT) (0 = off)");
   key("logging.sample_prompts", &g.sample_prompts, "string",
-      "JSONL of prompts as generate.prompts (\"\" = one built-in prompt: EOD, T5's </s>, "
-      "BERT's \"the capital of france is [MASK] .\")");
+      "JSONL of prompts as generate.prompts (\"\" = built-in: the EOD token, T5's </s>, "
+      "three BERT sentences with a [MASK])");
   key("logging.sample_tokens", &g.sample_tokens, "int", "tokens generated per sample");
   key("logging.metrics_file", &g.metrics_file, "string", "JSON lines in the run folder");
   key("logging.progress", &g.progress, "string", "progress bar: auto | on | off");
