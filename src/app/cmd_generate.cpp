@@ -11,7 +11,9 @@
 //      the run's tokenizer, or {"ids": [...]}
 //   3. build the model under the deck's layout and load the weights
 //   4. each dp rank decodes prompts i with i % dp == its dp rank, in batches
-//      of generate.batch_size; rank 0 writes the results in prompt order
+//      of generate.batch_size; rank 0 writes the results in prompt order.
+//      BERT (model.arch = bert): the fill-mask of each prompt instead
+//      (app/fill_mask.hpp), its [MASK] tokens' top generate.top_k
 #include <chrono>
 #include <fstream>
 #include <functional>
@@ -23,8 +25,10 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
+#include "app/fill_mask.hpp"
 #include "app/generation_model.hpp"
 #include "common/error.hpp"
+#include "data/bert_tokenizer.hpp"
 #include "data/json_line.hpp"
 #include "generate/generator.hpp"
 
@@ -41,7 +45,7 @@ std::unique_ptr<data::Tokenizer> run_tokenizer(const RunConfig& c) {
 namespace {
 
 std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* tok,
-                                     const std::string& where, int vocab, bool end_with_eod) {
+                                     const std::string& where, int vocab, PromptForm form) {
   MESH_REQUIRE(j.is_object() && (j.contains("text") != j.contains("ids")),
                where << ": a prompt is {\"text\": \"...\"} or {\"ids\": [...]}");
   std::vector<std::int32_t> ids;
@@ -49,7 +53,7 @@ std::vector<std::int32_t> prompt_ids(const nlohmann::json& j, data::Tokenizer* t
     MESH_REQUIRE(j["text"].is_string(), where << ": \"text\" must be a string");
     MESH_REQUIRE(tok, where << ": a text prompt needs the run's tokenizer (data.vocab_file and "
                                 "data.merge_file, or data.tokenizer = hf)");
-    ids = text_prompt_ids(*tok, j["text"].get<std::string>(), end_with_eod);
+    ids = text_prompt_ids(*tok, j["text"].get<std::string>(), form);
   } else {
     MESH_REQUIRE(j["ids"].is_array(), where << ": \"ids\" must be an array of token ids");
     for (const auto& v : j["ids"]) {
@@ -73,30 +77,11 @@ std::string result_json(const generate::Result& r, const TextDecode& decode, boo
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-/// Every dp rank's lines (in the order each produced them) on every rank
-/// of the dp group, rank 0's first.
-std::vector<std::string> gather_lines(const std::vector<std::string>& mine, Communicator& dp) {
-  std::string packed;
-  for (const auto& l : mine) packed += l + "\n";
-  double size = double(packed.size()), longest = size;
-  dp.all_reduce(&longest, 1, DType::F64, ReduceOp::Max);
-  std::vector<std::uint8_t> send(std::size_t(longest) + 1, 0), recv(send.size() * std::size_t(dp.size()));
-  std::copy(packed.begin(), packed.end(), send.begin());
-  dp.all_gather(send.data(), recv.data(), send.size(), DType::U8);
-  std::vector<std::string> lines;
-  for (int q = 0; q < dp.size(); ++q) {
-    std::stringstream in(std::string(reinterpret_cast<const char*>(&recv[std::size_t(q) * send.size()])));
-    for (std::string l; std::getline(in, l);) lines.push_back(l);
-  }
-  return lines;
-}
-
 std::vector<std::vector<std::int32_t>> prompts_of(const RunConfig& c, data::Tokenizer* tok,
                                                   int vocab) {
   MESH_REQUIRE(!c.generate.prompts.empty(),
                "generate needs generate.prompts (a JSONL file of prompts)");
-  return read_prompt_file(c.generate.prompts, "generate.prompts", tok, vocab,
-                          /*end_with_eod=*/c.model.arch == "t5");
+  return read_prompt_file(c.generate.prompts, "generate.prompts", tok, vocab, prompt_form(c));
 }
 
 class GenerateRun {
@@ -115,6 +100,7 @@ class GenerateRun {
         rank0_(rt_.topo.world_rank() == 0) {}
 
   int run() {
+    if (c_.model.arch == "bert") return fill_masks();
     const io::TrainState state = model_.load(checkpoint_, tokenizer_.get());
     const auto mine = my_requests();
     if (generate::T5Generator* t5 = model_.t5_generator()) {
@@ -152,6 +138,28 @@ class GenerateRun {
         lines.push_back(result_json(r, decode_, c_.generate.logprobs));
     }
     write(in_prompt_order(gather_lines(lines, rt_.dp)));
+    return 0;
+  }
+
+  /// BERT: every prompt's fill-mask (app/fill_mask.hpp); rank 0 writes them.
+  int fill_masks() {
+    MESH_REQUIRE(tokenizer_, "generate: fill-mask needs the run's WordPiece tokenizer "
+                             "(data.tokenizer = bert_wordpiece_lowercase or bert_wordpiece_cased)");
+    const std::int32_t mask = data::bert_special_ids(*tokenizer_).mask;
+    const int top_k = fill_mask_top_k(c_.generate);
+    require_fill_mask_prompts(prompts_, mask, c_.model.seq_length, "generate.prompts");
+    const io::TrainState state = model_.load(checkpoint_, tokenizer_.get());
+    if (rank0_)
+      std::cout << "meshtron generate " << c_.deck_path << "\n > checkpoint " << checkpoint_
+                << " (iteration " << state.iteration << ")\n > " << prompts_.size()
+                << " prompts of " << c_.generate.prompts << ", fill-mask top " << top_k
+                << " on tp " << rt_.topo.tp() << " x pp " << rt_.topo.pp() << " x dp "
+                << rt_.topo.dp() << std::endl;
+    std::vector<std::string> lines;
+    for (const FillMaskResult& r : fill_mask(model_.trainer(), c_, prompts_, mask, top_k))
+      lines.push_back(fill_mask_json(r, *tokenizer_)
+                          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    write(lines);
     return 0;
   }
 
@@ -281,7 +289,7 @@ class GenerateRun {
 std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
                                                         const std::string& key,
                                                         data::Tokenizer* tok, int vocab,
-                                                        bool end_with_eod) {
+                                                        PromptForm form) {
   std::ifstream in(path);
   MESH_REQUIRE(in.good(), key << ": cannot read '" << path << "'");
   std::vector<std::vector<std::int32_t>> prompts;
@@ -291,7 +299,7 @@ std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
     const std::string where = path + ":" + std::to_string(n);
     const auto j = data::parse_json_line(line, why);
     MESH_REQUIRE(j, where << ": " << why);
-    prompts.push_back(prompt_ids(*j, tok, where, vocab, end_with_eod));
+    prompts.push_back(prompt_ids(*j, tok, where, vocab, form));
   }
   MESH_REQUIRE(!prompts.empty(), key << ": no prompt in '" << path << "'");
   return prompts;

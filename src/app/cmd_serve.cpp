@@ -123,7 +123,8 @@ class ServeRun {
     if (tokenizer_)
       l.encode = [this](const std::string& text) {
         std::lock_guard lock(tokenizer_mutex_);
-        return text_prompt_ids(*tokenizer_, text, /*encoder_input=*/t5());
+        return text_prompt_ids(*tokenizer_, text,
+                               t5() ? PromptForm::EncoderInput : PromptForm::Continuation);
       };
     return l;
   }

@@ -58,16 +58,22 @@ void require_same_model(const RunConfig& deck, const std::string& checkpoint_dec
 /// when there is none.
 std::string checkpoint_to_load(const RunConfig& c, const std::string& command);
 
-/// The prompts of a JSONL file, one {"text": ...} (through `tokenizer`;
-/// none: a UserError) or {"ids": [...]} a line; a malformed line, an id
-/// outside [0, vocab) or an empty prompt is a UserError naming file:line.
-/// `key` names the setting in messages. `end_with_eod`: a text prompt is
-/// its ids and the tokenizer's EOD id, no BOS (T5's encoder input, as
-/// transformers' T5Tokenizer ends it with </s>).
-std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
-                                                        const std::string& key,
-                                                        data::Tokenizer* tokenizer, int vocab,
-                                                        bool end_with_eod = false);
+/// What a text prompt becomes (text_prompt_ids): a decoder-only model's
+/// prompt (the tokenizer's BOS when it uses one, then the text), T5's
+/// encoder input (the text and EOD, no BOS, as transformers' T5Tokenizer
+/// ends it with </s>), or BERT's fill-mask input ([CLS] text [SEP], each
+/// "[MASK]" of the text the [MASK] id, as BertTokenizer keeps it whole).
+enum class PromptForm { Continuation, EncoderInput, FillMask };
+/// The form of the deck's model.arch.
+PromptForm prompt_form(const RunConfig& c);
+
+/// The prompts of a JSONL file, one {"text": ...} (through `tokenizer` in
+/// `form`; none: a UserError) or {"ids": [...]} (as they are) a line; a
+/// malformed line, an id outside [0, vocab) or an empty prompt is a
+/// UserError naming file:line. `key` names the setting in messages.
+std::vector<std::vector<std::int32_t>> read_prompt_file(
+    const std::string& path, const std::string& key, data::Tokenizer* tokenizer, int vocab,
+    PromptForm form = PromptForm::Continuation);
 /// The run's tokenizer (data.tokenizer and its files), or null when the
 /// deck names none: the one place that picks it.
 std::unique_ptr<data::Tokenizer> run_tokenizer(const RunConfig& c);

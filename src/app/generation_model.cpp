@@ -5,6 +5,7 @@
 #include "app/commands.hpp"
 #include "common/error.hpp"
 #include "config/model_spec_from_deck.hpp"
+#include "data/bert_tokenizer.hpp"
 #include "data/json_line.hpp"
 #include "data/t5_vocabulary.hpp"
 
@@ -30,35 +31,97 @@ T5GenerationIds t5_generation_ids(const RunConfig& c, const data::Tokenizer* tok
   return {special.pad, special.eos};
 }
 
+std::unique_ptr<generate::T5Generator> make_t5_generator(const RunConfig& c, Trainer& trainer,
+                                                         ParallelRuntime& rt, DType dtype,
+                                                         const data::Tokenizer* tok) {
+  const auto* t5 = dynamic_cast<const T5Model*>(trainer.chunks().front().get());
+  MESH_VERIFY(t5 != nullptr, "make_t5_generator: model.arch = t5 built no T5Model");
+  const T5GenerationIds ids = t5_generation_ids(c, tok);
+  generate::T5Pipeline pipeline;
+  if (rt.topo.pp() > 1) pipeline = {&rt.pp, c.degrees().pipeline_split_rank, dtype};
+  return std::make_unique<generate::T5Generator>(*t5, rt.tp_group, rt.space(), ids.pad, ids.pad,
+                                                 pipeline);
+}
+
 io::TrainState GenerationModel::load(const std::string& checkpoint, const data::Tokenizer* tok) {
   const io::TrainState state = load_trainer_weights(trainer_, checkpoint);
-  if (model_.model_class == ModelClass::T5) {
-    const auto* t5 = dynamic_cast<const T5Model*>(trainer_.chunks().front().get());
-    MESH_VERIFY(t5 != nullptr, "GenerationModel: model.arch = t5 built no T5Model");
-    const T5GenerationIds ids = t5_generation_ids(config_, tok);
-    generate::T5Pipeline pipeline;
-    if (rt_.topo.pp() > 1)
-      pipeline = {&rt_.pp, config_.degrees().pipeline_split_rank, dtype_};
-    t5_generator_ = std::make_unique<generate::T5Generator>(*t5, rt_.tp_group, rt_.space(),
-                                                            ids.pad, ids.pad, pipeline);
-    return state;
-  }
-  generator_ = std::make_unique<generate::Generator>(trainer_.gpt_chunks(), rt_, dtype_);
+  if (model_.model_class == ModelClass::T5)
+    t5_generator_ = make_t5_generator(config_, trainer_, rt_, dtype_, tok);
+  else if (model_.model_class != ModelClass::BertPretraining)
+    generator_ = std::make_unique<generate::Generator>(trainer_.gpt_chunks(), rt_, dtype_);
   return state;
 }
 
 generate::Generator& GenerationModel::generator(const char* what) {
-  MESH_REQUIRE(generator_, what << " needs a decoder-only model (model.arch), not T5");
+  MESH_REQUIRE(generator_, what << " needs a decoder-only model (model.arch), not T5 or BERT");
   return *generator_;
 }
 
-std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text,
-                                          bool encoder_input) {
-  std::vector<std::int32_t> ids;
-  if (!encoder_input && tok.bos_id() >= 0) ids.push_back(tok.bos_id());  // as preprocess starts documents
-  tok.encode_append(text, ids);
-  if (encoder_input) ids.push_back(tok.eod_id());
+PromptForm prompt_form(const RunConfig& c) {
+  if (c.model.arch == "t5") return PromptForm::EncoderInput;
+  if (c.model.arch == "bert") return PromptForm::FillMask;
+  return PromptForm::Continuation;
+}
+
+namespace {
+
+/// [CLS] text [SEP] with each "[MASK]" of the text the [MASK] id (the
+/// WordPiece tokenizer reads "[MASK]" as plain text, five pieces).
+std::vector<std::int32_t> fill_mask_ids(data::Tokenizer& tok, const std::string& text) {
+  static const std::string kMask = "[MASK]";
+  const data::BertSpecialIds& special = data::bert_special_ids(tok);
+  std::vector<std::int32_t> ids{special.cls};
+  std::size_t from = 0;
+  for (std::size_t at; (at = text.find(kMask, from)) != std::string::npos; from = at + kMask.size()) {
+    tok.encode_append(text.substr(from, at - from), ids);
+    ids.push_back(special.mask);
+  }
+  tok.encode_append(text.substr(from), ids);
+  ids.push_back(special.sep);
   return ids;
+}
+
+}  // namespace
+
+std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text,
+                                          PromptForm form) {
+  if (form == PromptForm::FillMask) return fill_mask_ids(tok, text);
+  std::vector<std::int32_t> ids;
+  if (form == PromptForm::Continuation && tok.bos_id() >= 0)
+    ids.push_back(tok.bos_id());  // as preprocess starts documents
+  tok.encode_append(text, ids);
+  if (form == PromptForm::EncoderInput) ids.push_back(tok.eod_id());
+  return ids;
+}
+
+std::vector<std::string> gather_lines(const std::vector<std::string>& mine, Communicator& dp) {
+  std::string packed;
+  for (const auto& l : mine) packed += l + "\n";
+  double longest = double(packed.size());
+  dp.all_reduce(&longest, 1, DType::F64, ReduceOp::Max);
+  std::vector<std::uint8_t> send(std::size_t(longest) + 1, 0), recv(send.size() * std::size_t(dp.size()));
+  std::copy(packed.begin(), packed.end(), send.begin());
+  dp.all_gather(send.data(), recv.data(), send.size(), DType::U8);
+  std::vector<std::string> lines;
+  for (int q = 0; q < dp.size(); ++q) {
+    std::stringstream in(std::string(reinterpret_cast<const char*>(&recv[std::size_t(q) * send.size()])));
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  return lines;
+}
+
+std::vector<std::string> broadcast_lines(const std::vector<std::string>& lines, Communicator& group,
+                                         int root) {
+  std::string packed;
+  for (const auto& l : lines) packed += l + "\n";
+  double size = double(packed.size());
+  group.broadcast(&size, 1, DType::F64, root);
+  packed.resize(std::size_t(size));
+  group.broadcast(packed.data(), packed.size(), DType::U8, root);
+  std::vector<std::string> out;
+  std::stringstream in(packed);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
 }
 
 TextDecode text_decode(const RunConfig& c, const data::Tokenizer* tok) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "app/commands.hpp"
 #include "config/run_config.hpp"
 #include "data/tokenizer.hpp"
 #include "generate/generator.hpp"
@@ -31,8 +32,16 @@ struct T5GenerationIds {
 };
 T5GenerationIds t5_generation_ids(const RunConfig& c, const data::Tokenizer* tok);
 
+/// T5's generator over `trainer`'s model (its stage's T5Model, the
+/// pipeline of `rt` split at parallel.pipeline_split_rank), the weights
+/// read in place; `tok` (optional) gives the special ids.
+std::unique_ptr<generate::T5Generator> make_t5_generator(const RunConfig& c, Trainer& trainer,
+                                                         ParallelRuntime& rt, DType dtype,
+                                                         const data::Tokenizer* tok);
+
 /// The model of a validated (for_generation) deck on MPI_COMM_WORLD: a
-/// decoder-only model (generator()) or T5 (t5_generator(), on any tp x pp).
+/// decoder-only model (generator()), T5 (t5_generator(), on any tp x pp)
+/// or BERT (trainer(): app/fill_mask.hpp).
 class GenerationModel {
  public:
   /// `c` must outlive this object (the trainer keeps a reference). Not owned.
@@ -42,8 +51,10 @@ class GenerationModel {
   io::TrainState load(const std::string& checkpoint, const data::Tokenizer* tok = nullptr);
   /// The decoder-only generator; a UserError for T5 (`what` names the caller).
   generate::Generator& generator(const char* what = "this command");
-  /// T5's generator, null for a decoder-only model.
+  /// T5's generator, null for a decoder-only model and BERT.
   generate::T5Generator* t5_generator() { return t5_generator_.get(); }
+  /// The model's trainer (BERT's fill-mask runs its evaluation schedule).
+  Trainer& trainer() { return trainer_; }
   ParallelRuntime& runtime() { return rt_; }
 
  private:
@@ -56,11 +67,18 @@ class GenerationModel {
   std::unique_ptr<generate::T5Generator> t5_generator_;
 };
 
-/// A text prompt's ids: the tokenizer's BOS (when it uses one, as
-/// preprocess starts documents) and the text's ids; T5's encoder input
-/// (`encoder_input`): no BOS, the text's ids and EOD (T5Tokenizer's </s>).
+/// A text prompt's ids in `form` (commands.hpp's PromptForm; BOS as
+/// preprocess starts documents). FillMask needs a BERT WordPiece tokenizer
+/// (bert_special_ids' UserError otherwise).
 std::vector<std::int32_t> text_prompt_ids(data::Tokenizer& tok, const std::string& text,
-                                          bool encoder_input = false);
+                                          PromptForm form = PromptForm::Continuation);
+
+/// Every dp rank's lines (in the order each produced them) on every rank
+/// of the dp group, rank 0's first.
+std::vector<std::string> gather_lines(const std::vector<std::string>& mine, Communicator& dp);
+/// Rank `root`'s lines on every rank of `group`.
+std::vector<std::string> broadcast_lines(const std::vector<std::string>& lines, Communicator& group,
+                                         int root);
 
 /// The text of generated ids.
 using TextDecode = std::function<std::string(const std::vector<std::int32_t>&)>;

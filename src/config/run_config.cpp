@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "common/error.hpp"
+#include "data/tokenizer.hpp"
 #include "model/model_spec.hpp"
 
 namespace po = boost::program_options;
@@ -370,9 +371,11 @@ void DeckSchema::bind(RunConfig& c) {
   auto& g = c.logging;
   key("logging.log_interval", &g.log_interval, "int", "print a step line every N steps");
   key("logging.sample_interval", &g.sample_interval, "int",
-      "every N steps print greedy continuations of logging.sample_prompts (0 = off)");
+      "every N steps print samples of logging.sample_prompts: greedy continuations (GPT), "
+      "decoder outputs (T5), fill-mask (BERT) (0 = off)");
   key("logging.sample_prompts", &g.sample_prompts, "string",
-      "JSONL of prompts as generate.prompts (\"\" = one prompt of the EOD token)");
+      "JSONL of prompts as generate.prompts (\"\" = built-in: the EOD token, T5's </s>, "
+      "three BERT sentences with a [MASK])");
   key("logging.sample_tokens", &g.sample_tokens, "int", "tokens generated per sample");
   key("logging.metrics_file", &g.metrics_file, "string", "JSON lines in the run folder");
   key("logging.progress", &g.progress, "string", "progress bar: auto | on | off");
@@ -406,7 +409,8 @@ void DeckSchema::bind(RunConfig& c) {
   key("generate.max_new_tokens", &n.max_new_tokens, "int", "tokens generated per prompt at most");
   key("generate.decoding", &n.decoding, "string", "greedy | sample | beam");
   key("generate.temperature", &n.temperature, "float", "sample: logits divided by it", kPositive);
-  key("generate.top_k", &n.top_k, "int", "sample: keep the k likeliest tokens (0 = all)");
+  key("generate.top_k", &n.top_k, "int", "sample: keep the k likeliest tokens (0 = all); BERT fill-mask: tokens per [MASK] "
+      "(0 = 5)");
   key("generate.top_p", &n.top_p, "float",
       "sample: keep the likeliest tokens while the mass above them is < top_p (1 = all)",
       FloatRange{0, 1, true, false});
@@ -741,8 +745,10 @@ void require_bert_buildable(const RunConfig& c) {
   MESH_REQUIRE(c.model.num_token_types > 0, "model.arch = bert needs model.num_token_types > 0");
   MESH_REQUIRE(!c.training.cuda_graphs,
                "model.arch = bert: training.cuda_graphs needs a model without host reads");
-  MESH_REQUIRE(c.logging.sample_interval == 0,
-               "model.arch = bert: logging.sample_interval generates text, which needs a GPT model");
+  MESH_REQUIRE(c.logging.sample_interval == 0 || data::is_bert_wordpiece(c.data.tokenizer),
+               "model.arch = bert: logging.sample_interval (fill-mask) needs data.tokenizer = "
+               "bert_wordpiece_lowercase or bert_wordpiece_cased ([MASK], [CLS] and [SEP]), got "
+                   << c.data.tokenizer);
 }
 
 /// model.arch = t5 over pipeline stages: Megatron's split (the encoder's
@@ -814,8 +820,6 @@ void require_t5_buildable(const RunConfig& c) {
   require_t5_pipeline_split(c);
   MESH_REQUIRE(!c.training.cuda_graphs,
                "model.arch = t5: training.cuda_graphs needs a model without host reads");
-  MESH_REQUIRE(c.logging.sample_interval == 0,
-               "model.arch = t5: logging.sample_interval generates text, which needs a GPT model");
 }
 
 /// parallel.collective_timeout_s and its test hook.

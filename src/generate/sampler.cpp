@@ -308,6 +308,18 @@ std::vector<TokenChoice> choose_from_rows(const Tensor& logits, index_t vocab_be
 
 }  // namespace
 
+std::vector<std::vector<TokenChoice>> top_k_tokens(const Tensor& logits, index_t vocab_begin,
+                                                   index_t vocab, int k, Communicator& tp) {
+  MESH_VERIFY(k >= 1 && k <= kMaxShardCandidates,
+              "top_k_tokens: k = " << k << " outside [1, " << kMaxShardCandidates << "]");
+  const auto all = gather_lists(shard_best(logits, vocab_begin, vocab, k, tp), tp);
+  std::vector<std::vector<TokenChoice>> out(all.size());
+  for (std::size_t r = 0; r < all.size(); ++r)
+    for (std::size_t i = 0; i < std::min(all[r].size(), std::size_t(k)); ++i)
+      out[r].push_back({std::int32_t(all[r][i].id), all[r][i].value});
+  return out;
+}
+
 std::vector<TokenChoice> choose_tokens(const Tensor& logits, index_t vocab_begin, index_t vocab,
                                        const SamplingParams& p, const std::vector<DrawKey>& keys,
                                        Communicator& tp) {

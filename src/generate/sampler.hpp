@@ -65,6 +65,14 @@ std::vector<TokenChoice> choose_tokens(const Tensor& logits, index_t vocab_begin
                                        const SamplingParams& params,
                                        const std::vector<DrawKey>& keys, Communicator& tp);
 
+/// Each row's k most probable tokens (k in [1, 1024]) with their
+/// log-probabilities under softmax over the whole vocabulary, best first
+/// (ties: the lower id): each rank's own best k (shard_best's summary) are
+/// all-gathered and merged, never the whole row on one rank. Collective
+/// over `tp`; the same on every rank.
+std::vector<std::vector<TokenChoice>> top_k_tokens(const Tensor& logits, index_t vocab_begin,
+                                                   index_t vocab, int k, Communicator& tp);
+
 /// log softmax of each row over the whole vocabulary, this rank's columns
 /// (padding at -inf): [rows][V_local] (beam search scores every token).
 std::vector<std::vector<double>> log_softmax_rows(const Tensor& logits, index_t vocab_begin,

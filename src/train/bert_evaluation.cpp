@@ -94,42 +94,48 @@ std::vector<BertEvalRow> bert_jsonl_rows(const std::string& path, std::int64_t s
   return rows;
 }
 
-BertModel::Scores score_bert_rows(Trainer& trainer, const std::vector<BertEvalRow>& rows,
-                                  const DataLayout& layout) {
-  const BertEvalRow filler = filler_row(layout.seq_length);
-  const auto count = std::int64_t(rows.size());
-  BertModel::Scores sum;
+void evaluate_bert_samples(Trainer& trainer, const std::vector<data::BertSample>& samples,
+                           const DataLayout& layout, const BertHeadFn& on_head) {
+  const data::BertSample filler = filler_row(layout.seq_length).sample;
+  const auto count = std::int64_t(samples.size());
   for (std::int64_t start = 0; start < count; start += layout.global_batch) {
-    std::vector<std::vector<data::BertSample>> samples(std::size_t(layout.micro_batches()));
-    std::vector<std::vector<bool>> binary_counted(samples.size());
+    std::vector<std::int64_t> firsts;
     std::vector<MicroBatch> batch;
     for (index_t m = 0; m < layout.micro_batches(); ++m) {
       const std::int64_t first = start + layout.sample_offset(m);
-      for (index_t j = 0; j < layout.micro_batch; ++j) {
-        const bool real = first + j < count;
-        const BertEvalRow& r = real ? rows[std::size_t(first + j)] : filler;
-        samples[std::size_t(m)].push_back(r.sample);
-        binary_counted[std::size_t(m)].push_back(real && r.has_next_sentence);
-      }
-      batch.push_back(bert_micro_batch(samples[std::size_t(m)], first));
+      std::vector<data::BertSample> rows;
+      for (index_t j = 0; j < layout.micro_batch; ++j)
+        rows.push_back(first + j < count ? samples[std::size_t(first + j)] : filler);
+      firsts.push_back(first);
+      batch.push_back(bert_micro_batch(rows, first));
     }
-    trainer.evaluate_heads(batch, [&](int m, const StageCache& stage_cache) {
-      const auto& cache = static_cast<const BertModel::Cache&>(stage_cache);
-      // Fillers have no labels: the MLM sums are the rows'. The binary
-      // head's right answers are recounted over the rows that carry a label.
-      const BertModel::Scores s = BertModel::scores(cache);
-      sum.mlm_loss_sum += s.mlm_loss_sum;
-      sum.labelled += s.labelled;
-      const std::vector<double> logits = BertModel::binary_logits(cache).to_doubles();
-      const std::vector<bool>& counted = binary_counted[std::size_t(m)];
-      for (std::size_t j = 0; j < counted.size(); ++j) {
-        if (!counted[j]) continue;
-        const int predicted = logits[2 * j + 1] > logits[2 * j] ? 1 : 0;
-        sum.binary_correct += predicted == samples[std::size_t(m)][j].is_random;
-        sum.samples += 1;
-      }
+    trainer.evaluate_heads(batch, [&](int m, const StageCache& cache) {
+      on_head(firsts[std::size_t(m)], static_cast<const BertModel::Cache&>(cache));
     });
   }
+}
+
+BertModel::Scores score_bert_rows(Trainer& trainer, const std::vector<BertEvalRow>& rows,
+                                  const DataLayout& layout) {
+  std::vector<data::BertSample> samples;
+  for (const BertEvalRow& r : rows) samples.push_back(r.sample);
+  const auto count = std::int64_t(rows.size());
+  BertModel::Scores sum;
+  evaluate_bert_samples(trainer, samples, layout, [&](std::int64_t first, const BertModel::Cache& cache) {
+    // Fillers have no labels: the MLM sums are the rows'. The binary
+    // head's right answers are recounted over the rows that carry a label.
+    const BertModel::Scores s = BertModel::scores(cache);
+    sum.mlm_loss_sum += s.mlm_loss_sum;
+    sum.labelled += s.labelled;
+    const std::vector<double> logits = BertModel::binary_logits(cache).to_doubles();
+    for (std::int64_t j = 0; j < layout.micro_batch && first + j < count; ++j) {
+      const BertEvalRow& r = rows[std::size_t(first + j)];
+      if (!r.has_next_sentence) continue;
+      const int predicted = logits[2 * j + 1] > logits[2 * j] ? 1 : 0;
+      sum.binary_correct += predicted == r.sample.is_random;
+      sum.samples += 1;
+    }
+  });
   return sum;
 }
 

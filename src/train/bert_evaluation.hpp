@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,17 @@ struct BertEvalRow {
 /// the line.
 std::vector<BertEvalRow> bert_jsonl_rows(const std::string& path, std::int64_t seq_length,
                                          int vocab, int num_token_types);
+
+/// The last stage's view of micro-batch rows: `first` is the index in
+/// `samples` of the micro-batch's row 0 (rows past the end are fillers).
+using BertHeadFn = std::function<void(std::int64_t first, const BertModel::Cache& cache)>;
+
+/// `samples` (each seq_length long) through `trainer`'s evaluation schedule
+/// (any pipeline) in whole batches of `layout`, as score_bert_rows batches
+/// them; `on_head` on the last stage after each micro-batch's forward.
+/// Collective over the pipeline.
+void evaluate_bert_samples(Trainer& trainer, const std::vector<data::BertSample>& samples,
+                           const DataLayout& layout, const BertHeadFn& on_head);
 
 /// The summed scores of `rows` under `trainer` (a BERT model on any
 /// pipeline), this rank's share (0 off the last stage); the caller sums them
