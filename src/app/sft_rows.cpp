@@ -69,7 +69,8 @@ class RowReader {
   std::vector<std::int32_t> text_ids(const std::string& text, bool ends_with_eod) const {
     MESH_REQUIRE(tok_, where_ << ": a text row needs the run's tokenizer (data.tokenizer and "
                                  "its files)");
-    return text_prompt_ids(*tok_, text, ends_with_eod);
+    return text_prompt_ids(*tok_, text,
+                           ends_with_eod ? PromptForm::EncoderInput : PromptForm::Continuation);
   }
   std::vector<std::int32_t> id_field(const char* key) const {
     MESH_REQUIRE(has(key) && row_[key].is_array(),
