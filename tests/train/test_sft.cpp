@@ -139,15 +139,21 @@ TEST(SftData, SameSamplesOnOneTwoAndFourDpRanks) {
   EXPECT_EQ(rows_read(13, 4, 5), one);
 }
 
-/// Per-token losses of the GPT model of generate_test (fp64, one rank) on
-/// `mb`, its targets read as the flag says.
-std::vector<double> gpt_losses(generate_test::Replica& r, const MicroBatch& mb, index_t s,
-                               index_t b, bool labelled_only) {
+/// An evaluation context of one [s, b] micro-batch on `r`'s tp group.
+LayerContext eval_context(generate_test::Replica& r, index_t s, index_t b) {
   LayerContext ctx{r.rt.tp_group};
   ctx.training = false;
   ctx.seq_length = s;
   ctx.micro_batch = b;
   ctx.global_batch = b;
+  return ctx;
+}
+
+/// Per-token losses of the GPT model of generate_test (fp64, one rank) on
+/// `mb`, its targets read as the flag says.
+std::vector<double> gpt_losses(generate_test::Replica& r, const MicroBatch& mb, index_t s,
+                               index_t b, bool labelled_only) {
+  LayerContext ctx = eval_context(r, s, b);
   GptModel::Cache cache;
   return r.trainer.gpt_chunks().front()->forward(mb.ids, mb.targets, ctx, cache, labelled_only)
       .to_doubles();
@@ -199,11 +205,7 @@ TEST(SftLoss, GradientIsTheCompletionMeansFiniteDifference) {
     return std::accumulate(l.begin(), l.end(), 0.0) / double(s * b);
   };
   // d(mean)/d(per-token loss) = 1 / (s b), as the schedules start it.
-  LayerContext ctx{r.rt.tp_group};
-  ctx.training = false;
-  ctx.seq_length = s;
-  ctx.micro_batch = b;
-  ctx.global_batch = b;
+  LayerContext ctx = eval_context(r, s, b);
   GptModel::Cache cache;
   ParameterList params = model.parameters();
   std::vector<std::vector<double>> before;
