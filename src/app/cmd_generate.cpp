@@ -290,17 +290,11 @@ std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path,
                                                         const std::string& key,
                                                         data::Tokenizer* tok, int vocab,
                                                         PromptForm form) {
-  std::ifstream in(path);
-  MESH_REQUIRE(in.good(), key << ": cannot read '" << path << "'");
   std::vector<std::vector<std::int32_t>> prompts;
-  std::string line, why;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(n);
-    const auto j = data::parse_json_line(line, why);
-    MESH_REQUIRE(j, where << ": " << why);
-    prompts.push_back(prompt_ids(*j, tok, where, vocab, form));
-  }
+  data::for_each_json_line(path, key, [&](const nlohmann::json& j, const std::string& where,
+                                          long) {
+    prompts.push_back(prompt_ids(j, tok, where, vocab, form));
+  });
   MESH_REQUIRE(!prompts.empty(), key << ": no prompt in '" << path << "'");
   return prompts;
 }

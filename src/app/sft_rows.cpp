@@ -1,6 +1,5 @@
 #include "app/sft_rows.hpp"
 
-#include <fstream>
 #include <iostream>
 
 #include "app/commands.hpp"
@@ -93,19 +92,13 @@ class RowReader {
 
 std::vector<SftExample> read_sft_rows(const std::string& path, const std::string& key, bool t5,
                                       data::Tokenizer* tokenizer, int vocab) {
-  std::ifstream in(path);
-  MESH_REQUIRE(in.good(), key << ": cannot read '" << path << "'");
   std::vector<SftExample> rows;
-  std::string line, why;
-  for (long n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(n);
-    const auto row = data::parse_json_line(line, why);
-    MESH_REQUIRE(row, where << ": " << why);
-    MESH_REQUIRE(row->is_object(), where << ": a row is " << shapes_of(t5));
-    rows.push_back(RowReader(*row, where, t5, tokenizer, vocab).read());
+  data::for_each_json_line(path, key, [&](const nlohmann::json& row, const std::string& where,
+                                          long n) {
+    MESH_REQUIRE(row.is_object(), where << ": a row is " << shapes_of(t5));
+    rows.push_back(RowReader(row, where, t5, tokenizer, vocab).read());
     rows.back().line = n;
-  }
+  });
   MESH_REQUIRE(!rows.empty(), key << ": no row in '" << path << "'");
   return rows;
 }

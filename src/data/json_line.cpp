@@ -1,6 +1,7 @@
 #include "data/json_line.hpp"
 
 #include <algorithm>
+#include <fstream>
 
 #include "common/error.hpp"
 
@@ -55,6 +56,21 @@ std::string read_int_field(const nlohmann::json& row, const IntField& f, std::si
     out[i] = std::int32_t(x);
   }
   return "";
+}
+
+void for_each_json_line(
+    const std::string& path, const std::string& key,
+    const std::function<void(const nlohmann::json&, const std::string&, long)>& row) {
+  std::ifstream in(path);
+  MESH_REQUIRE(in.good(), key << ": cannot read '" << path << "'");
+  std::string line, why;
+  for (long n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(n);
+    const auto value = parse_json_line(line, why);
+    MESH_REQUIRE(value, where << ": " << why);
+    row(*value, where, n);
+  }
 }
 
 }  // namespace meshtron::data
